@@ -1,0 +1,151 @@
+"""Hardware: GPUs, links and the fleet they form.
+
+All bandwidths are bytes/s per GPU and per direction (the figure collective
+bus-bandwidth models use); capacities are bytes. Vendor GB are 10**9 bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from meshplan.units import DType
+
+
+class LinkKind(StrEnum):
+    """Physical family of an interconnect."""
+
+    NVLINK = "nvlink"
+    """NVIDIA NVLink / NVSwitch scale-up fabric."""
+    XGMI = "xgmi"
+    """AMD Infinity Fabric links between GPUs of one node."""
+    PCIE = "pcie"
+    """PCI Express through the host (no GPU-to-GPU fabric)."""
+    INFINIBAND = "infiniband"
+    """InfiniBand RDMA between nodes."""
+    ROCE = "roce"
+    """RDMA over converged Ethernet between nodes."""
+    ETHERNET = "ethernet"
+    """Plain TCP Ethernet between nodes."""
+
+
+class LinkTier(StrEnum):
+    """Where a group of GPUs talks: inside one scale-up domain or across the fabric."""
+
+    SCALE_UP = "scale-up"
+    """Inside one NVLink / xGMI domain."""
+    SCALE_OUT = "scale-out"
+    """Across nodes, over the NICs."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    """One interconnect, seen from one GPU."""
+
+    name: str
+    kind: LinkKind
+    tier: LinkTier
+    bandwidth_bytes_per_s: float
+    """Nominal bandwidth per GPU, per direction."""
+    efficiency: float
+    """Share of the nominal bandwidth a large collective reaches (nccl-tests bus bandwidth)."""
+    latency_s: float
+    """Start-up cost of one step of a collective (the alpha of the alpha-beta model)."""
+    description: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.bandwidth_bytes_per_s <= 0:
+            raise ValueError(f"link {self.name}: bandwidth must be positive, got {self.bandwidth_bytes_per_s}")
+        if not 0 < self.efficiency <= 1:
+            raise ValueError(f"link {self.name}: efficiency must be in (0, 1], got {self.efficiency}")
+        if self.latency_s < 0:
+            raise ValueError(f"link {self.name}: latency must be >= 0, got {self.latency_s}")
+
+    @property
+    def effective_bytes_per_s(self) -> float:
+        """Bandwidth a large collective really gets."""
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuCalibration:
+    """Per-GPU-kind constants of the step-time and memory models, each with its source.
+
+    These are data of the GPU kind, never fitted to one published run.
+    """
+
+    matmul_efficiency_max: float = 0.80
+    """Best fraction of dense peak a large GEMM reaches (maximum achievable matmul FLOPs)."""
+    matmul_half_flops: float = 2.0e9
+    """GEMM size (FLOPs of one call) at which efficiency reaches half of its maximum."""
+    hbm_efficiency: float = 0.80
+    """Fraction of HBM bandwidth memory-bound kernels reach."""
+    framework_bytes: float = 1.5e9
+    """CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers resident on every GPU."""
+    fragmentation: float = 0.05
+    """Caching-allocator fragmentation, as a fraction of dynamic memory."""
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GPU:
+    """One accelerator kind."""
+
+    name: str
+    vendor: str
+    hbm_bytes: float
+    hbm_bandwidth_bytes_per_s: float
+    peak_flops: Mapping[DType, float]
+    """Dense (no sparsity) peak FLOP/s per compute dtype."""
+    scale_up_link: str
+    """Name of the link inside the scale-up domain (links catalog)."""
+    scale_up_domain: int
+    """GPUs per NVLink / xGMI domain (8 for HGX, 72 for NVL72)."""
+    gpus_per_node: int
+    """GPUs per host, which share the host's NICs."""
+    scale_out_link: str
+    """Name of the default per-GPU NIC link (links catalog)."""
+    calibration: GpuCalibration = field(default_factory=GpuCalibration)
+    description: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.hbm_bytes <= 0 or self.hbm_bandwidth_bytes_per_s <= 0:
+            raise ValueError(f"gpu {self.name}: HBM capacity and bandwidth must be positive")
+        if DType.BF16 not in self.peak_flops:
+            raise ValueError(f"gpu {self.name}: peak_flops must give bf16")
+        if self.scale_up_domain < 1 or self.gpus_per_node < 1:
+            raise ValueError(f"gpu {self.name}: scale_up_domain and gpus_per_node must be >= 1")
+
+    def peak(self, dtype: DType) -> float:
+        """Dense peak FLOP/s of matmuls in ``dtype``; fp16 falls back on bf16."""
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]
+        if dtype is DType.FP16:
+            return self.peak_flops[DType.BF16]
+        raise ValueError(f"gpu {self.name} has no {dtype} tensor-core peak (has {', '.join(self.peak_flops)})")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """A fleet of identical GPUs: scale-up domains joined by a scale-out fabric."""
+
+    gpu: GPU
+    num_gpus: int
+    scale_up: Link
+    scale_out: Link
+    domain_size: int
+    """GPUs that share the scale-up link (one NVLink domain)."""
+
+    def __post_init__(self) -> None:
+        if self.num_gpus < 1:
+            raise ValueError(f"num_gpus must be >= 1, got {self.num_gpus}")
+        if self.domain_size < 1:
+            raise ValueError(f"domain_size must be >= 1, got {self.domain_size}")
+
+    @property
+    def num_domains(self) -> int:
+        """Scale-up domains the fleet spans (the last one may be partial)."""
+        return -(-self.num_gpus // self.domain_size)

@@ -1,0 +1,221 @@
+"""ModelSpec: the shape of a transformer, and nothing else.
+
+Architecture differences (GQA, MLA, MoE, sliding windows, gated MLPs) are
+fields here, never ``if family == ...`` branches in the formulas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class MlpKind(StrEnum):
+    """Shape of the feed-forward block."""
+
+    GATED = "gated"
+    """SwiGLU / GeGLU: gate and up projections, then down (three matrices)."""
+    PLAIN = "plain"
+    """GELU MLP of GPT and Megatron: up, then down (two matrices)."""
+
+
+class NormKind(StrEnum):
+    """Normalization layer: decides whether a norm has a bias vector."""
+
+    RMSNORM = "rmsnorm"
+    """RMSNorm: one scale vector."""
+    LAYERNORM = "layernorm"
+    """LayerNorm: a scale and a bias vector."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _positive(**values: int) -> None:
+    for name, value in values.items():
+        _require(isinstance(value, int) and value > 0, f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoESpec:
+    """Mixture-of-experts feed-forward layers."""
+
+    num_experts: int
+    """Routed experts per MoE layer."""
+    experts_per_token: int
+    """Routed experts each token visits (top-k)."""
+    expert_ffn_hidden: int
+    """Intermediate size of one routed expert."""
+    num_shared_experts: int = 0
+    """Experts every token visits (DeepSeek, Qwen2-MoE)."""
+    shared_ffn_hidden: int = 0
+    """Intermediate size of one shared expert (0: same as a routed expert)."""
+    num_dense_layers: int = 0
+    """Leading layers that keep a dense MLP (DeepSeek-V3: the first 3)."""
+    router_bias: bool = False
+    """A per-expert bias on the router scores (DeepSeek-V3's correction bias)."""
+    shared_expert_gate: bool = False
+    """A sigmoid gate (hidden -> 1) on the shared expert (Qwen2-MoE)."""
+
+    def __post_init__(self) -> None:
+        _positive(
+            num_experts=self.num_experts,
+            experts_per_token=self.experts_per_token,
+            expert_ffn_hidden=self.expert_ffn_hidden,
+        )
+        _require(
+            self.experts_per_token <= self.num_experts,
+            f"experts_per_token={self.experts_per_token} must not exceed num_experts={self.num_experts}",
+        )
+        _require(self.num_shared_experts >= 0, f"num_shared_experts must be >= 0, got {self.num_shared_experts}")
+        _require(self.num_dense_layers >= 0, f"num_dense_layers must be >= 0, got {self.num_dense_layers}")
+        _require(self.shared_ffn_hidden >= 0, f"shared_ffn_hidden must be >= 0, got {self.shared_ffn_hidden}")
+
+    @property
+    def shared_hidden(self) -> int:
+        """Intermediate size of one shared expert, resolved."""
+        return self.shared_ffn_hidden or self.expert_ffn_hidden
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank Q and a compressed KV cache."""
+
+    kv_lora_rank: int
+    """Width of the compressed KV latent c_KV (the cache stores it)."""
+    qk_rope_head_dim: int
+    """Width of the decoupled RoPE key, shared by all heads (also cached)."""
+    qk_nope_head_dim: int
+    """Per-head query/key width without RoPE."""
+    v_head_dim: int
+    """Per-head value width."""
+    q_lora_rank: int = 0
+    """Width of the compressed query latent (0: a direct query projection)."""
+
+    def __post_init__(self) -> None:
+        _positive(
+            kv_lora_rank=self.kv_lora_rank,
+            qk_rope_head_dim=self.qk_rope_head_dim,
+            qk_nope_head_dim=self.qk_nope_head_dim,
+            v_head_dim=self.v_head_dim,
+        )
+        _require(self.q_lora_rank >= 0, f"q_lora_rank must be >= 0, got {self.q_lora_rank}")
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Query/key width per head: the no-RoPE part plus the RoPE part."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer, by its shapes.
+
+    Symbols (docs/notation.md): L = num_layers, h = hidden, a = num_heads,
+    k = num_kv_heads, d = head_dim, f = ffn_hidden, V = vocab_size.
+    """
+
+    name: str
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden: int
+    vocab_size: int
+    mlp: MlpKind = MlpKind.GATED
+    norm: NormKind = NormKind.RMSNORM
+    tied_embeddings: bool = False
+    learned_positions: int = 0
+    """Rows of a learned position-embedding table (0: rotary, no table)."""
+    qkv_bias: bool = False
+    out_bias: bool = False
+    """Bias on the attention output projection."""
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    """Per-head RMSNorm on queries and keys (Qwen3)."""
+    dropout: bool = False
+    """Dropout layers in training (GPT-3 / Megatron models); adds 1-byte masks to activations."""
+    sliding_window: int = 0
+    """Window of the sliding-window attention layers, in tokens (0: none)."""
+    num_sliding_layers: int = 0
+    """How many layers use the sliding window (the rest attend to the full context)."""
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    mtp_layers: int = 0
+    """Multi-token-prediction modules (DeepSeek-V3: 1); counted apart from the main model."""
+    max_seq_len: int = 0
+    """Longest context the model was trained for (informative; 0 if unknown)."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.name), "a model needs a name")
+        _positive(
+            num_layers=self.num_layers,
+            hidden=self.hidden,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            ffn_hidden=self.ffn_hidden,
+            vocab_size=self.vocab_size,
+        )
+        _require(
+            self.num_heads % self.num_kv_heads == 0,
+            f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}",
+        )
+        _require(
+            0 <= self.num_sliding_layers <= self.num_layers,
+            f"num_sliding_layers={self.num_sliding_layers} must be within 0..num_layers={self.num_layers}",
+        )
+        _require(
+            (self.sliding_window > 0) == (self.num_sliding_layers > 0),
+            f"sliding_window={self.sliding_window} and num_sliding_layers={self.num_sliding_layers} "
+            "must be both zero or both positive",
+        )
+        if self.moe is not None:
+            _require(
+                self.moe.num_dense_layers <= self.num_layers,
+                f"moe.num_dense_layers={self.moe.num_dense_layers} exceeds num_layers={self.num_layers}",
+            )
+        _require(self.mtp_layers >= 0, f"mtp_layers must be >= 0, got {self.mtp_layers}")
+        _require(self.learned_positions >= 0, f"learned_positions must be >= 0, got {self.learned_positions}")
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts."""
+        return 0 if self.moe is None else self.num_layers - self.moe.num_dense_layers
+
+    @property
+    def num_dense_mlp_layers(self) -> int:
+        """Layers with a dense MLP."""
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def q_width(self) -> int:
+        """Width of all query heads together (a * d, or a * (d_nope + d_rope) under MLA)."""
+        if self.mla is not None:
+            return self.num_heads * self.mla.qk_head_dim
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width of one of K or V across the KV heads (k * d); MLA expands to a * d_v for V."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def attn_out_width(self) -> int:
+        """Input width of the attention output projection (a * d, or a * d_v under MLA)."""
+        if self.mla is not None:
+            return self.num_heads * self.mla.v_head_dim
+        return self.num_heads * self.head_dim
+
+    @property
+    def norm_params(self) -> int:
+        """Parameters of one norm layer over the hidden size."""
+        return self.hidden * (2 if self.norm is NormKind.LAYERNORM else 1)
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of one MLP (3 gated, 2 plain)."""
+        return 3 if self.mlp is MlpKind.GATED else 2

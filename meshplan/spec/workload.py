@@ -1,0 +1,163 @@
+"""Workload: what is trained, on what data shape, with what numerics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from meshplan.units import DTYPE_BYTES, DType
+
+
+class Attention(StrEnum):
+    """Attention kernel, which decides whether the s x s score matrix is stored."""
+
+    FLASH = "flash"
+    """Fused attention (FlashAttention / cuDNN SDPA): no score matrix, only a log-sum-exp per row."""
+    EAGER = "eager"
+    """Unfused attention: scores, softmax and its dropout are kept (the 2022 Megatron runs)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrecisionPolicy:
+    """Dtype of every copy of the model the training state keeps."""
+
+    name: str
+    compute: DType = DType.BF16
+    """Matmul input dtype: picks the tensor-core peak."""
+    weights: DType = DType.BF16
+    """The parameters the forward pass reads."""
+    master: DType | None = DType.FP32
+    """A separate higher-precision copy the optimizer updates (None: the weights are the master)."""
+    grads: DType = DType.BF16
+    """Gradient buffers (fp32 when gradients accumulate in fp32)."""
+    moments: DType = DType.FP32
+    """Optimizer moments."""
+    activations: DType = DType.BF16
+    """Activations saved for backward."""
+    description: str = ""
+
+    @property
+    def weight_bytes(self) -> float:
+        return DTYPE_BYTES[self.weights]
+
+    @property
+    def master_bytes(self) -> float:
+        return 0.0 if self.master is None else DTYPE_BYTES[self.master]
+
+    @property
+    def grad_bytes(self) -> float:
+        return DTYPE_BYTES[self.grads]
+
+    @property
+    def moment_bytes(self) -> float:
+        return DTYPE_BYTES[self.moments]
+
+    @property
+    def activation_bytes(self) -> float:
+        return DTYPE_BYTES[self.activations]
+
+
+PRECISIONS: dict[str, PrecisionPolicy] = {
+    p.name: p
+    for p in (
+        PrecisionPolicy(
+            name="bf16",
+            description="bf16 weights and gradients, fp32 master weights and Adam moments (16 bytes/param)",
+        ),
+        PrecisionPolicy(
+            name="bf16-fp32-grads",
+            grads=DType.FP32,
+            description="as bf16 but gradients accumulate in fp32 (Megatron main_grad, Llama 3): 18 bytes/param",
+        ),
+        PrecisionPolicy(
+            name="fp16",
+            compute=DType.FP16,
+            weights=DType.FP16,
+            grads=DType.FP32,
+            activations=DType.FP16,
+            description="fp16 mixed precision with fp32 main gradients, as the 2021-22 Megatron runs (18 bytes/param)",
+        ),
+        PrecisionPolicy(
+            name="fsdp2-bf16",
+            weights=DType.FP32,
+            master=None,
+            grads=DType.FP32,
+            description="FSDP2 MixedPrecisionPolicy(param_dtype=bf16): fp32 sharded parameters and gradients, "
+            "bf16 only while gathered (16 bytes/param)",
+        ),
+        PrecisionPolicy(
+            name="fp8",
+            compute=DType.FP8,
+            description="FP8 matmuls (Transformer Engine) on a bf16 policy: 16 bytes/param",
+        ),
+        PrecisionPolicy(
+            name="deepseek-fp8",
+            compute=DType.FP8,
+            grads=DType.FP32,
+            moments=DType.BF16,
+            description="DeepSeek-V3: FP8 matmuls, fp32 master weights and gradients, bf16 Adam moments (14 bytes/param)",
+        ),
+        PrecisionPolicy(
+            name="fp32",
+            compute=DType.TF32,
+            weights=DType.FP32,
+            master=None,
+            grads=DType.FP32,
+            activations=DType.FP32,
+            description="plain fp32 training on TF32 tensor cores (16 bytes/param)",
+        ),
+    )
+}
+
+
+class OptimizerKind(StrEnum):
+    """Optimizer, which decides the state kept per parameter."""
+
+    ADAMW = "adamw"
+    """Adam / AdamW: two moments per parameter."""
+    SGD_MOMENTUM = "sgd-momentum"
+    """SGD with momentum: one moment per parameter."""
+    SGD = "sgd"
+    """Plain SGD: no state."""
+    ADAFACTOR = "adafactor"
+    """Adafactor without momentum: factored second moment (a row and a column vector per matrix)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Optimizer:
+    """The optimizer, or an explicit state size."""
+
+    kind: OptimizerKind = OptimizerKind.ADAMW
+    state_bytes_per_param: float | None = None
+    """Overrides the moments' bytes per parameter (master weights are counted apart)."""
+
+    def __post_init__(self) -> None:
+        if self.state_bytes_per_param is not None and self.state_bytes_per_param < 0:
+            raise ValueError(f"state_bytes_per_param must be >= 0, got {self.state_bytes_per_param}")
+
+    @property
+    def num_moments(self) -> int:
+        """Full-size moment tensors per parameter (Adafactor's factored moment counts as 0)."""
+        return {OptimizerKind.ADAMW: 2, OptimizerKind.SGD_MOMENTUM: 1}.get(self.kind, 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """What one training step processes."""
+
+    seq_len: int
+    global_batch: int
+    """Sequences per optimizer step, over all data-parallel ranks."""
+    precision: PrecisionPolicy = field(default_factory=lambda: PRECISIONS["bf16"])
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    attention: Attention = Attention.FLASH
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "global_batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch
