@@ -203,7 +203,9 @@ def approx_params(model: ModelSpec) -> float:
 
     Exact for nothing; kept beside ``count_params`` as the check a person does by hand.
     """
-    return 12 * model.num_layers * model.hidden**2 + (1 if model.tied_embeddings else 2) * model.vocab_size * model.hidden
+    return (
+        12 * model.num_layers * model.hidden**2 + (1 if model.tied_embeddings else 2) * model.vocab_size * model.hidden
+    )
 
 
-__all__ = ["LayerParams", "ParamCount", "approx_params", "count_params", "NormKind"]
+__all__ = ["LayerParams", "NormKind", "ParamCount", "approx_params", "count_params"]

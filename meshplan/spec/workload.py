@@ -95,7 +95,7 @@ PRECISIONS: dict[str, PrecisionPolicy] = {
             compute=DType.FP8,
             grads=DType.FP32,
             moments=DType.BF16,
-            description="DeepSeek-V3: FP8 matmuls, fp32 master weights and gradients, bf16 Adam moments (14 bytes/param)",
+            description="DeepSeek-V3: FP8 matmuls, fp32 master weights and gradients, bf16 moments (14 bytes/param)",
         ),
         PrecisionPolicy(
             name="fp32",

@@ -1,0 +1,204 @@
+"""The ``meshplan`` command: parse arguments, call a report, print a table or JSON.
+
+Bad input exits with code 2 and one line on stderr. Heavy modules are
+imported inside the command that needs them, so start-up stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+
+class UsageError(Exception):
+    """A mistake in the command line, reported in one line with exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
+    return value
+
+
+def _add_fleet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu", required=True, help="GPU kind from the catalog (meshplan gpus lists them)")
+    p.add_argument("--gpus", type=_positive_int, required=True, help="number of GPUs")
+
+
+def _add_layout(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("layout")
+    g.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree")
+    g.add_argument("--pp", type=_positive_int, default=1, help="pipeline-parallel degree")
+    g.add_argument("--vpp", type=_positive_int, default=1, help="virtual pipeline stages per rank (interleaved)")
+    g.add_argument("--cp", type=_positive_int, default=1, help="context-parallel degree")
+    g.add_argument("--ep", type=_positive_int, default=1, help="expert-parallel degree (carved out of dp x cp)")
+    g.add_argument("--dp-shard", type=_positive_int, default=None, help="ZeRO/FSDP shard group (default: all DP ranks)")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage")
+    g.add_argument("--sp", action="store_true", help="sequence parallelism inside the TP group")
+    g.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zero-bubble", "dualpipe"), default=None)
+    g.add_argument("--cp-kind", choices=("ring", "all-gather"), default="ring")
+    g.add_argument("--micro-batch", type=_positive_int, default=1, help="sequences per micro-batch")
+    w = p.add_argument_group("workload")
+    w.add_argument("--seq", type=_positive_int, default=4096, help="sequence length in tokens")
+    w.add_argument(
+        "--global-batch", type=_positive_int, default=None, help="sequences per step (default: pp x micro-batch x dp)"
+    )
+    w.add_argument(
+        "--precision", default="bf16", help="bf16, bf16-fp32-grads, fp16, fsdp2-bf16, fp8, deepseek-fp8, fp32"
+    )
+    w.add_argument("--optimizer", default="adamw", help="adamw, sgd-momentum, sgd, adafactor")
+    w.add_argument("--optimizer-bytes", type=float, default=None, help="explicit optimizer-state bytes per parameter")
+    w.add_argument("--attention", choices=("flash", "eager"), default="flash")
+
+
+def _layout_request(args: argparse.Namespace) -> Any:
+    from meshplan.reports import LayoutRequest
+
+    return LayoutRequest(
+        tp=args.tp,
+        pp=args.pp,
+        vpp=args.vpp,
+        cp=args.cp,
+        ep=args.ep,
+        dp_shard=args.dp_shard,
+        zero=args.zero,
+        sp=args.sp,
+        recompute=args.recompute,
+        schedule=args.schedule,
+        cp_kind=args.cp_kind,
+        micro_batch=args.micro_batch,
+    )
+
+
+def _workload_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(
+        seq=args.seq,
+        global_batch=args.global_batch,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        optimizer_bytes=args.optimizer_bytes,
+        attention=args.attention,
+    )
+
+
+def _cmd_params(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports import params_report
+
+    return params_report(args.model)
+
+
+def _cmd_memory(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports import memory_report
+
+    return memory_report(
+        args.model, gpu=args.gpu, gpus=args.gpus, layout=_layout_request(args), **_workload_kwargs(args)
+    )
+
+
+def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports import fit_report
+
+    return fit_report(args.model, gpu=args.gpu, gpus=args.gpus, dtype=args.dtype)
+
+
+def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports import serving_report
+
+    return serving_report(
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        tp=args.tp,
+        pp=args.pp,
+        ep=args.ep,
+        dtype=args.dtype,
+        kv_dtype=args.kv_dtype,
+        context=args.context,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="meshplan", description="Plan how a transformer is split across GPUs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(
+        name: str, handler: Callable[[argparse.Namespace], dict[str, Any]], text: str
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+        p.set_defaults(handler=handler)
+        return p
+
+    p = command("params", _cmd_params, "exact parameter counts, total and active per token, by component")
+    p.add_argument("model", help="catalog name, model TOML, or a Hugging Face config.json")
+
+    p = command("memory", _cmd_memory, "per-GPU training memory, term by term, for a layout")
+    p.add_argument("model")
+    _add_fleet(p)
+    _add_layout(p)
+
+    p = command("fit", _cmd_fit, "weights split over N GPUs: per-GPU share, free memory, fewest GPUs")
+    p.add_argument("model")
+    _add_fleet(p)
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"), default="bf16")
+
+    p = command("serving", _cmd_serving, "serving memory: weights, KV cache per token, tokens and sequences that fit")
+    p.add_argument("model")
+    _add_fleet(p)
+    p.add_argument("--tp", type=_positive_int, default=None, help="tensor-parallel degree (default: gpus / pp)")
+    p.add_argument("--pp", type=_positive_int, default=1)
+    p.add_argument("--ep", type=_positive_int, default=1)
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"), default="bf16")
+    p.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"), default="bf16")
+    p.add_argument("--context", type=_positive_int, default=None, help="tokens per sequence (default: model maximum)")
+    p.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        result = args.handler(args)
+    except UsageError as exc:
+        print(f"{exc}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError, OSError) as exc:
+        message = exc.args[0] if exc.args else type(exc).__name__
+        print(f"meshplan: error: {message}", file=sys.stderr)
+        return 2
+    if args.json:
+        from meshplan.render import to_json
+
+        print(to_json(result))
+    else:
+        from meshplan.tables import render_table
+
+        print(render_table(args.command, result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

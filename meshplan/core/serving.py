@@ -1,0 +1,174 @@
+"""The serving bill of one GPU: weights, the KV cache, a prefill chunk, and what fits.
+
+KV cache per token per layer: 2 * k * d * bytes (K and V of every KV head;
+Kwon et al. 2023 Sec. 3 give 800 KiB/token for a 13B MHA model in fp16); MLA
+caches only the latent and the RoPE key, (d_c + d_R) * bytes (DeepSeek-V2/V3
+Sec. 2.1); sliding-window layers cache at most ``window`` tokens per sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from meshplan.core.memory import StageParams, stage_params
+from meshplan.core.params import ParamCount, count_params
+from meshplan.spec.cluster import GPU
+from meshplan.spec.model import ModelSpec
+from meshplan.units import DTYPE_BYTES, DType
+
+QUANT_GROUP = 128
+"""Weights per scale group of int4 quantization (AWQ / GPTQ default)."""
+
+SERVING_WEIGHT_DTYPES = (DType.BF16, DType.FP16, DType.FP8, DType.INT8, DType.INT4, DType.FP4)
+
+
+def weight_bytes_per_param(dtype: DType, *, hidden: int) -> float:
+    """Bytes per quantized matmul weight, scales included.
+
+    int4: a 16-bit scale and a 16-bit zero point per group of 128 (AWQ/GPTQ);
+    fp4: NVFP4's 8-bit scale per 16 values; int8: a 16-bit scale per output
+    row (1/h per weight); fp8 and 16-bit: one scale per tensor (negligible).
+    """
+    if dtype not in SERVING_WEIGHT_DTYPES:
+        raise ValueError(f"serving weights cannot be {dtype}; choose one of {', '.join(SERVING_WEIGHT_DTYPES)}")
+    overhead = {DType.INT4: 4 / QUANT_GROUP, DType.FP4: 1 / 16, DType.INT8: 2 / hidden}.get(dtype, 0.0)
+    return DTYPE_BYTES[dtype] + overhead
+
+
+def _unquantized_params(params: ParamCount) -> int:
+    """Parameters that stay in 16 bits when matmul weights are quantized: embeddings, head, norms, routers."""
+    layers = params.num_dense_layers * (params.dense_layer.norms + params.dense_layer.router)
+    layers += params.num_moe_layers * (params.moe_layer.norms + params.moe_layer.router)
+    return params.embedding + params.lm_head + params.final_norm + layers
+
+
+def _stage_unquantized(
+    params: ParamCount, model: ModelSpec, *, tp: int, pp: int, stage: int, sp_: StageParams
+) -> float:
+    """16-bit parameters on one GPU of ``stage``: its share of embedding and head, its norms and routers."""
+    layers = sp_.dense_layers * (params.dense_layer.norms + params.dense_layer.router)
+    layers += sp_.moe_layers * (params.moe_layer.norms + params.moe_layer.router)
+    vocab_rows = model.vocab_size * model.hidden / tp
+    first = vocab_rows + params.position_embedding if stage == 0 else 0.0
+    last = (0.0 if model.tied_embeddings and pp == 1 else vocab_rows) + params.final_norm if stage == pp - 1 else 0.0
+    return float(layers + first + last)
+
+
+def weights_bytes_total(model: ModelSpec, dtype: DType) -> float:
+    """All weights of the model in ``dtype`` (matmul weights quantized, the rest 16-bit)."""
+    params = count_params(model)
+    plain = _unquantized_params(params)
+    return (params.total - plain) * weight_bytes_per_param(dtype, hidden=model.hidden) + plain * 2.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingBill:
+    """One GPU of a serving replica (the heaviest pipeline stage)."""
+
+    weights_bytes: float
+    kv_bytes_per_token: float
+    """KV-cache bytes one token adds on this GPU, as if every layer kept every token."""
+    kv_bytes_per_sequence: float
+    """KV-cache bytes of one sequence of ``context`` tokens on this GPU (sliding windows capped)."""
+    activations_bytes: float
+    framework_bytes: float
+    usable_bytes: float
+    """HBM the engine may use (capacity x gpu_memory_utilization)."""
+    context: int
+
+    @property
+    def kv_budget_bytes(self) -> float:
+        return max(self.usable_bytes - self.weights_bytes - self.activations_bytes - self.framework_bytes, 0.0)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return int(self.kv_budget_bytes // self.kv_bytes_per_token)
+
+    @property
+    def max_concurrent_sequences(self) -> int:
+        return int(self.kv_budget_bytes // self.kv_bytes_per_sequence)
+
+    @property
+    def fits(self) -> bool:
+        return self.max_concurrent_sequences >= 1
+
+
+def kv_bytes_per_token_per_layer(model: ModelSpec, *, tp: int, kv_dtype: DType) -> float:
+    """KV bytes one token adds to one layer on one TP rank (KV heads split over tp, copied past k ranks)."""
+    if model.mla is not None:  # the latent is not split by TP: every rank caches it whole
+        return (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * DTYPE_BYTES[kv_dtype]
+    heads_per_rank = max(model.num_kv_heads / tp, 1.0)
+    return 2 * heads_per_rank * model.head_dim * DTYPE_BYTES[kv_dtype]
+
+
+def prefill_activation_bytes(model: ModelSpec, *, tp: int, chunk_tokens: int) -> float:
+    """Largest live set of one layer while a prefill chunk passes (nothing is kept for backward).
+
+    Residual and norm output (2h), Q/K/V and attention output split over tp,
+    and three f-wide MLP tensors (gate, up, product) split over tp; for MoE
+    layers the k routed copies of each token with the expert's width.
+    """
+    beta = 2.0
+    attn = model.q_width + 2 * model.kv_width + model.attn_out_width
+    if model.moe is not None:
+        moe = model.moe
+        mlp = moe.experts_per_token * (2 * model.hidden + 3 * moe.expert_ffn_hidden / tp)
+        mlp = max(mlp, 3 * model.ffn_hidden / tp)
+    else:
+        mlp = 3 * model.ffn_hidden / tp
+    return chunk_tokens * beta * (2 * model.hidden + attn / tp + mlp)
+
+
+def serving_bill(
+    model: ModelSpec,
+    *,
+    gpu: GPU,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    weight_dtype: DType = DType.BF16,
+    kv_dtype: DType = DType.BF16,
+    context: int | None = None,
+    gpu_memory_utilization: float = 0.9,
+    prefill_chunk_tokens: int = 8192,
+) -> ServingBill:
+    """What one GPU of a TP x PP (x EP) serving replica holds, and how much KV cache is left."""
+    for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("prefill_chunk_tokens", prefill_chunk_tokens)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if pp > model.num_layers:
+        raise ValueError(f"pp={pp} exceeds num_layers={model.num_layers}")
+    if ep > 1 and (model.moe is None or model.moe.num_experts % ep):
+        raise ValueError(f"ep={ep} must divide the number of experts ({model.moe.num_experts if model.moe else 0})")
+    context = context or model.max_seq_len or 8192
+    params = count_params(model)
+    per_param = weight_bytes_per_param(weight_dtype, hidden=model.hidden)
+    weights = 0.0
+    layers_max = 0.0
+    for stage in {0, pp - 1}:
+        sp_ = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage)
+        held = float(sp_.dense + sp_.experts)
+        plain = _stage_unquantized(params, model, tp=tp, pp=pp, stage=stage, sp_=sp_)
+        weights = max(weights, (held - plain) * per_param + plain * 2.0)
+        layers_max = max(layers_max, float(sp_.dense_layers + sp_.moe_layers))
+    per_layer = kv_bytes_per_token_per_layer(model, tp=tp, kv_dtype=kv_dtype)
+    sliding_share = model.num_sliding_layers / model.num_layers
+    window = min(context, model.sliding_window) if model.sliding_window else context
+    per_sequence = layers_max * per_layer * ((1 - sliding_share) * context + sliding_share * window)
+    return ServingBill(
+        weights_bytes=weights,
+        kv_bytes_per_token=layers_max * per_layer,
+        kv_bytes_per_sequence=per_sequence,
+        activations_bytes=prefill_activation_bytes(model, tp=tp, chunk_tokens=prefill_chunk_tokens),
+        framework_bytes=gpu.calibration.framework_bytes,
+        usable_bytes=gpu.hbm_bytes * gpu_memory_utilization,
+        context=context,
+    )
+
+
+def min_gpus(total_bytes: float, hbm_bytes: float) -> int:
+    """Fewest GPUs whose HBM holds ``total_bytes`` split evenly (nothing else counted)."""
+    return max(1, math.ceil(total_bytes / hbm_bytes))

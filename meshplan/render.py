@@ -1,0 +1,81 @@
+"""The one place units are formatted: bytes, times, counts, tables and JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+def gb(num_bytes: float) -> str:
+    """Decimal gigabytes, as vendors and the seed pages quote HBM (1 GB = 1e9 bytes)."""
+    if num_bytes >= 1e12:
+        return f"{num_bytes / 1e12:.2f} TB"
+    if abs(num_bytes) >= 1e9:
+        return f"{num_bytes / 1e9:.1f} GB"
+    if abs(num_bytes) >= 1e6:
+        return f"{num_bytes / 1e6:.1f} MB"
+    if abs(num_bytes) >= 1e3:
+        return f"{num_bytes / 1e3:.1f} kB"
+    return f"{num_bytes:.0f} B"
+
+
+def count(n: float) -> str:
+    """A parameter or token count: 8.03B, 70.6B, 41.9M."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{suffix}" if n / scale < 100 else f"{n / scale:.1f}{suffix}"
+    return f"{n:.0f}"
+
+
+def seconds(t: float) -> str:
+    if t >= 86400:
+        return f"{t / 86400:.1f} d"
+    if t >= 1:
+        return f"{t:.2f} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.2f} ms"
+    return f"{t * 1e6:.1f} us"
+
+
+def percent(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def table(rows: Iterable[Sequence[object]], headers: Sequence[str], *, align: str | None = None) -> str:
+    """A plain-text table; ``align`` gives 'l' or 'r' per column (default: first left, rest right)."""
+    body = [[str(c) for c in row] for row in rows]
+    cols = len(headers)
+    align = align or "l" + "r" * (cols - 1)
+    widths = [max([len(headers[i])] + [len(r[i]) for r in body]) for i in range(cols)]
+
+    def line(cells: Sequence[str]) -> str:
+        out = [c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(cells, widths, align, strict=True)]
+        return "  ".join(out).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(r) for r in body)])
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON data from dataclasses, enums, numpy scalars, tuples and dicts."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value if isinstance(obj.value, str) else obj.name.lower()
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):
+        return jsonable(obj.item())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(jsonable(obj), indent=2)
