@@ -78,10 +78,16 @@ class GpuCalibration:
 
     matmul_efficiency_max: float = 0.80
     """Best fraction of dense peak a large GEMM reaches (maximum achievable matmul FLOPs)."""
-    matmul_half_flops: float = 2.0e9
-    """GEMM size (FLOPs of one call) at which efficiency reaches half of its maximum."""
+    matmul_half_dim: float = 32.0
+    """GEMM dimension at which that dimension alone halves efficiency: each of M, N, K scales it by d/(d + this)."""
+    attention_efficiency: float = 0.50
+    """Fraction of dense peak a fused (flash) attention kernel reaches in forward; backward reaches 0.8 of it."""
     hbm_efficiency: float = 0.80
     """Fraction of HBM bandwidth memory-bound kernels reach."""
+    kernel_overhead_s: float = 4e-6
+    """Launch and scheduling gap per kernel, paid by every op of every layer."""
+    overlap_efficiency: float = 0.85
+    """Share of communication run beside compute that really hides (NCCL kernels take SMs from the matmuls)."""
     framework_bytes: float = 1.5e9
     """CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers resident on every GPU."""
     fragmentation: float = 0.05

@@ -142,6 +142,28 @@ class Optimizer:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Overlap:
+    """Which communication the engine runs concurrently with compute."""
+
+    dp: bool = True
+    """Data-parallel gradient reduction overlaps the backward pass (DDP buckets, FSDP reduce-scatter)."""
+    param_gather: bool = True
+    """ZeRO-1/2 parameter all-gather after the optimizer overlaps the next forward."""
+    fsdp_prefetch: bool = True
+    """ZeRO-3 all-gathers of the next layer overlap the current layer's compute."""
+    tp: bool = False
+    """TP collectives overlap their matmuls (async TP / comm-GEMM fusion); off: forward TP traffic is exposed."""
+    tp_backward: bool = True
+    """The backward all-reduce of input gradients overlaps the weight-gradient matmul (Megatron default)."""
+    pp: bool = True
+    """Pipeline sends and receives overlap compute in the interleaved schedule."""
+    cp: bool = True
+    """Ring attention hides each K/V transfer behind the previous block's attention."""
+    ep: bool = False
+    """MoE all-to-alls overlap compute (DeepSeek's DualPipe pairs a forward and a backward chunk)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
     """What one training step processes."""
 
@@ -151,6 +173,7 @@ class Workload:
     precision: PrecisionPolicy = field(default_factory=lambda: PRECISIONS["bf16"])
     optimizer: Optimizer = field(default_factory=Optimizer)
     attention: Attention = Attention.FLASH
+    overlap: Overlap = field(default_factory=Overlap)
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "global_batch"):

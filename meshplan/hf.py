@@ -1,0 +1,237 @@
+"""Hugging Face ``config.json`` to ModelSpec, for the model families meshplan reads.
+
+Field semantics follow the transformers modeling code of each family (not
+only its docstrings): defaults for absent keys, which layers slide, which
+leading layers stay dense.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from meshplan.spec.model import MLASpec, MlpKind, ModelSpec, MoESpec, NormKind
+
+
+class _HfConfig:
+    """Typed reads from a config.json; a null value counts as absent, as transformers treats it."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.config = config
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.config.get(key)
+        return default if value is None else value
+
+    def integer(self, key: str, default: int | None = None) -> int:
+        value = self.get(key, default)
+        if value is None:
+            raise ValueError(f"'{key}' is missing")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"'{key}' must be an integer, got {value!r}")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise ValueError(f"'{key}' must be true or false, got {value!r}")
+        return value
+
+    def positive(self, *keys: str, default: float = 0.0) -> bool:
+        """Whether any of ``keys`` (dropout probabilities) is above zero."""
+        return any(float(self.get(key, default)) > 0 for key in keys)
+
+
+def _decoder(
+    c: _HfConfig, *, head_dim: int | None = None, qkv_bias: bool = False, out_bias: bool = False
+) -> dict[str, Any]:
+    """Fields shared by the Llama-like families (RMSNorm, gated MLP, rotary positions)."""
+    h, a = c.integer("hidden_size"), c.integer("num_attention_heads")
+    return {
+        "num_layers": c.integer("num_hidden_layers"),
+        "hidden": h,
+        "num_heads": a,
+        "num_kv_heads": c.integer("num_key_value_heads", a),
+        "head_dim": c.integer("head_dim", head_dim or h // a),
+        "ffn_hidden": c.integer("intermediate_size"),
+        "vocab_size": c.integer("vocab_size"),
+        "tied_embeddings": c.flag("tie_word_embeddings", False),
+        "qkv_bias": qkv_bias,
+        "out_bias": out_bias,
+        "mlp_bias": c.flag("mlp_bias", False),
+        "dropout": c.positive("attention_dropout", "hidden_dropout"),
+        "max_seq_len": c.integer("max_position_embeddings", 0),
+    }
+
+
+def _sliding(c: _HfConfig, num_layers: int, *, every_layer: bool) -> dict[str, int]:
+    """Sliding layers: Mistral windows every layer; Qwen only with use_sliding_window, layers >= max_window_layers."""
+    window = c.get("sliding_window")
+    if not every_layer and not c.flag("use_sliding_window", False):
+        window = None
+    if c.get("layer_types") is not None:
+        count = sum(kind == "sliding_attention" for kind in c.get("layer_types"))
+    elif window is None:
+        count = 0
+    else:
+        count = num_layers if every_layer else max(0, num_layers - c.integer("max_window_layers", 28))
+    if count and not window:
+        raise ValueError("layer_types has sliding layers but sliding_window is unset")
+    return {"sliding_window": c.integer("sliding_window") if count else 0, "num_sliding_layers": count}
+
+
+def _leading_dense_layers(c: _HfConfig, num_layers: int) -> int:
+    """Qwen MoE: dense layers are mlp_only_layers and those off the decoder_sparse_step grid."""
+    step, only = c.integer("decoder_sparse_step", 1), set(c.get("mlp_only_layers", []))
+    dense = [i for i in range(num_layers) if i in only or (i + 1) % step != 0]
+    if dense != list(range(len(dense))):
+        raise ValueError(f"dense layers {dense} are not a leading block, which is all ModelSpec can describe")
+    return len(dense)
+
+
+def _llama(c: _HfConfig) -> dict[str, Any]:
+    bias = c.flag("attention_bias", False)
+    return _decoder(c, qkv_bias=bias, out_bias=bias)
+
+
+def _mistral(c: _HfConfig) -> dict[str, Any]:
+    fields = _decoder(c)
+    return fields | _sliding(c, fields["num_layers"], every_layer=True)
+
+
+def _mixtral(c: _HfConfig) -> dict[str, Any]:
+    moe = MoESpec(
+        num_experts=c.integer("num_local_experts"),
+        experts_per_token=c.integer("num_experts_per_tok"),
+        expert_ffn_hidden=c.integer("intermediate_size"),
+    )
+    return _mistral(c) | {"moe": moe}
+
+
+def _qwen2(c: _HfConfig) -> dict[str, Any]:
+    fields = _decoder(c, qkv_bias=c.flag("qkv_bias", True))  # Q/K/V carry biases, the output projection none
+    return fields | _sliding(c, fields["num_layers"], every_layer=False)
+
+
+def _qwen2_moe(c: _HfConfig) -> dict[str, Any]:
+    fields = _qwen2(c)
+    shared = c.integer("shared_expert_intermediate_size", 0)
+    moe = MoESpec(
+        num_experts=c.integer("num_experts"),
+        experts_per_token=c.integer("num_experts_per_tok"),
+        expert_ffn_hidden=c.integer("moe_intermediate_size"),
+        num_shared_experts=1 if shared else 0,
+        shared_ffn_hidden=shared,
+        num_dense_layers=_leading_dense_layers(c, fields["num_layers"]),
+        shared_expert_gate=bool(shared),
+    )
+    return fields | {"moe": moe}
+
+
+def _qwen3(c: _HfConfig) -> dict[str, Any]:
+    bias = c.flag("attention_bias", False)
+    # transformers' Qwen3Config defaults head_dim to 128, not hidden / heads
+    fields = _decoder(c, head_dim=128, qkv_bias=bias, out_bias=bias)
+    return fields | _sliding(c, fields["num_layers"], every_layer=False) | {"qk_norm": True}
+
+
+def _qwen3_moe(c: _HfConfig) -> dict[str, Any]:
+    fields = _qwen3(c)
+    moe = MoESpec(
+        num_experts=c.integer("num_experts"),
+        experts_per_token=c.integer("num_experts_per_tok"),
+        expert_ffn_hidden=c.integer("moe_intermediate_size"),
+        num_dense_layers=_leading_dense_layers(c, fields["num_layers"]),
+    )
+    return fields | {"moe": moe}
+
+
+def _deepseek(c: _HfConfig, *, router_bias: bool) -> dict[str, Any]:
+    if c.flag("attention_bias", False):
+        raise ValueError("attention_bias=true on MLA projections is not modeled")
+    if c.integer("moe_layer_freq", 1) != 1:
+        raise ValueError(f"moe_layer_freq={c.integer('moe_layer_freq')} is not modeled (only 1)")
+    mla = MLASpec(
+        kv_lora_rank=c.integer("kv_lora_rank"),
+        qk_rope_head_dim=c.integer("qk_rope_head_dim"),
+        qk_nope_head_dim=c.integer("qk_nope_head_dim"),
+        v_head_dim=c.integer("v_head_dim"),
+        q_lora_rank=c.integer("q_lora_rank", 0),
+    )
+    fields = _decoder(c, qkv_bias=False) | {"head_dim": mla.qk_nope_head_dim, "mla": mla}
+    if c.integer("n_routed_experts", 0):
+        fields["moe"] = MoESpec(
+            num_experts=c.integer("n_routed_experts"),
+            experts_per_token=c.integer("num_experts_per_tok"),
+            expert_ffn_hidden=c.integer("moe_intermediate_size"),
+            num_shared_experts=c.integer("n_shared_experts", 0),
+            num_dense_layers=min(c.integer("first_k_dense_replace", 0), fields["num_layers"]),
+            router_bias=router_bias,
+        )
+    return fields | {"mtp_layers": c.integer("num_nextn_predict_layers", 0)}
+
+
+def _gpt2(c: _HfConfig) -> dict[str, Any]:
+    h, a, positions = c.integer("n_embd"), c.integer("n_head"), c.integer("n_positions")
+    return {
+        "num_layers": c.integer("n_layer"),
+        "hidden": h,
+        "num_heads": a,
+        "num_kv_heads": a,
+        "head_dim": h // a,
+        "ffn_hidden": c.integer("n_inner", 4 * h),
+        "vocab_size": c.integer("vocab_size"),
+        "mlp": MlpKind.PLAIN,
+        "norm": NormKind.LAYERNORM,
+        "tied_embeddings": c.flag("tie_word_embeddings", True),
+        "learned_positions": positions,
+        "qkv_bias": True,
+        "out_bias": True,
+        "mlp_bias": True,
+        "dropout": c.positive("resid_pdrop", "embd_pdrop", "attn_pdrop", default=0.1),  # GPT2Config defaults: 0.1
+        "max_seq_len": positions,
+    }
+
+
+def _gpt_neox(c: _HfConfig) -> dict[str, Any]:
+    # The parallel residual changes the data flow, not the tensors: counts are those of a sequential block.
+    bias = c.flag("attention_bias", True)
+    fields = _decoder(c, qkv_bias=bias, out_bias=bias)
+    return fields | {
+        "mlp": MlpKind.PLAIN,
+        "norm": NormKind.LAYERNORM,
+        "mlp_bias": True,
+        "num_kv_heads": fields["num_heads"],
+    }
+
+
+_HF_FAMILIES: dict[str, Callable[[_HfConfig], dict[str, Any]]] = {
+    "deepseek_v2": lambda c: _deepseek(c, router_bias=c.get("topk_method") == "noaux_tc"),
+    "deepseek_v3": lambda c: _deepseek(c, router_bias=True),
+    "gpt2": _gpt2,
+    "gpt_neox": _gpt_neox,
+    "llama": _llama,
+    "mistral": _mistral,
+    "mixtral": _mixtral,
+    "qwen2": _qwen2,
+    "qwen2_moe": _qwen2_moe,
+    "qwen3": _qwen3,
+    "qwen3_moe": _qwen3_moe,
+}
+
+
+def model_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelSpec:
+    """The ModelSpec of a Hugging Face ``config.json`` (already parsed); ``name`` names the result."""
+    model_type = config.get("model_type")
+    family = _HF_FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if family is None:
+        raise ValueError(
+            f"config of {name}: unsupported model_type {model_type!r} (supported: {', '.join(sorted(_HF_FAMILIES))})"
+        )
+    try:
+        return ModelSpec(name=name, **family(_HfConfig(config)))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"config of {name} ({model_type}): {exc}") from None
+
+
+__all__ = ["model_from_hf_config"]

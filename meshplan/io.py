@@ -1,0 +1,253 @@
+"""Specs in and out of files: the TOML catalog, Hugging Face ``config.json``, and TOML text.
+
+Standard library only (tomllib, json), so the CLI starts fast. Unknown keys are errors, and every
+user error is a one-line ``ValueError`` that names the file and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from collections.abc import Mapping
+from functools import cache
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any
+
+from meshplan.spec.cluster import GPU, GpuCalibration, Link, LinkKind, LinkTier
+from meshplan.spec.model import MLASpec, MlpKind, ModelSpec, MoESpec, NormKind
+from meshplan.units import DType
+
+_ENUMS: dict[str, type[Any]] = {"MlpKind": MlpKind, "NormKind": NormKind, "LinkKind": LinkKind, "LinkTier": LinkTier}
+_TABLES: dict[str, type[Any]] = {"MoESpec | None": MoESpec, "MLASpec | None": MLASpec, "GpuCalibration": GpuCalibration}
+_SINGULAR = {"models": "model", "gpus": "gpu", "links": "link"}
+
+
+# --- the catalog -------------------------------------------------------------------------------------------------
+
+
+@cache
+def _catalog(kind: str) -> dict[str, Traversable]:
+    folder = resources.files("meshplan") / "catalog" / kind
+    return {entry.name[: -len(".toml")]: entry for entry in folder.iterdir() if entry.name.endswith(".toml")}
+
+
+def list_models() -> list[str]:
+    """Names of the catalog models."""
+    return sorted(_catalog("models"))
+
+
+def list_gpus() -> list[str]:
+    """Names of the catalog GPUs."""
+    return sorted(_catalog("gpus"))
+
+
+def list_links() -> list[str]:
+    """Names of the catalog links."""
+    return sorted(_catalog("links"))
+
+
+def _unknown_name(kind: str, name: str) -> ValueError:
+    import difflib
+
+    names = sorted(_catalog(kind))
+    close = difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.5)
+    hint = f"closest: {', '.join(close)}" if close else f"known: {', '.join(names)}"
+    return ValueError(f"unknown {_SINGULAR[kind]} '{name}' ({hint})")
+
+
+def _parse_toml(text: str, label: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"malformed TOML in {label}: {exc}") from None
+
+
+def _read_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"no such file: {path}") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _looks_like_path(text: str) -> bool:
+    return "/" in text or "\\" in text or text.endswith((".toml", ".json")) or Path(text).exists()
+
+
+def _load_table(kind: str, name_or_path: str) -> tuple[dict[str, Any], str, str]:
+    """(table, label for messages, default name) of a catalog entry or a TOML file."""
+    if _looks_like_path(name_or_path):
+        path = Path(name_or_path)
+        return _parse_toml(_read_file(path), path.name), path.name, path.stem
+    entry = _catalog(kind).get(name_or_path) or _catalog(kind).get(name_or_path.lower())
+    if entry is None:
+        raise _unknown_name(kind, name_or_path)
+    return _parse_toml(entry.read_text(encoding="utf-8"), entry.name), entry.name, entry.name[: -len(".toml")]
+
+
+# --- tables -> dataclasses ---------------------------------------------------------------------------------------
+
+
+def _convert(type_name: str, value: Any, key: str, where: str) -> Any:
+    what = f"'{key}' in {where}"
+    if type_name == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"{what} must be true or false, got {value!r}")
+        return value
+    if type_name == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{what} must be an integer, got {value!r}")
+        return value
+    if type_name == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{what} must be a number, got {value!r}")
+        return float(value)
+    if type_name == "str":
+        if not isinstance(value, str):
+            raise ValueError(f"{what} must be a string, got {value!r}")
+        return value
+    if type_name in _ENUMS:
+        enum = _ENUMS[type_name]
+        try:
+            return enum(value)
+        except ValueError:
+            raise ValueError(f"{what} must be one of {', '.join(m.value for m in enum)}, got {value!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a table, got {value!r}")
+    if type_name in _TABLES:
+        return _build(_TABLES[type_name], value, f"[{key}] of {where}")
+    if type_name == "Mapping[DType, float]":
+        return _peak_flops(value, f"[{key}] of {where}")
+    raise AssertionError(f"no converter for field type {type_name}")
+
+
+def _peak_flops(table: Mapping[str, Any], where: str) -> dict[DType, float]:
+    known = [d.value for d in DType]
+    flops = {}
+    for key, value in table.items():
+        if key not in known:
+            raise ValueError(f"unknown dtype '{key}' in {where} (known: {', '.join(known)})")
+        flops[DType(key)] = _convert("float", value, key, where)
+    return flops
+
+
+def _build(cls: type[Any], table: Mapping[str, Any], where: str, **given: Any) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in table:
+        if key not in fields:
+            raise ValueError(f"unknown key '{key}' in {where} (known: {', '.join(fields)})")
+    kwargs = dict(given)
+    for name, f in fields.items():
+        if name in table:
+            kwargs[name] = _convert(str(f.type), table[name], name, where)
+        elif name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ValueError(f"missing key '{name}' in {where}")
+    try:
+        return cls(**kwargs)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _without_meta(table: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    body = dict(table)
+    meta = body.pop("meta", {})
+    if not isinstance(meta, dict):
+        raise ValueError(f"'meta' in {where} must be a table")
+    return body, meta
+
+
+def _model_from_table(table: dict[str, Any], where: str, default_name: str) -> ModelSpec:
+    body, _ = _without_meta(table, where)
+    name = {} if "name" in body else {"name": default_name}
+    spec: ModelSpec = _build(ModelSpec, body, where, **name)
+    return spec
+
+
+# --- public loaders ----------------------------------------------------------------------------------------------
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A catalog model by name, a model TOML file, or a Hugging Face ``config.json`` (or a folder holding one)."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".json" or path.name == "config.json":
+        try:
+            config = json.loads(_read_file(path))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"malformed JSON in {path.name}: {exc}") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"{path.name} must hold a JSON object, got {type(config).__name__}")
+        name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+        from meshplan.hf import model_from_hf_config
+
+        return model_from_hf_config(config, name=name)
+    return _model_from_table(*_load_table("models", name_or_path))
+
+
+def model_meta(name: str) -> dict[str, Any]:
+    """The ``[meta]`` table of a catalog model: source, published totals, notes."""
+    table, where, _ = _load_table("models", name)
+    return dict(_without_meta(table, where)[1])
+
+
+def load_gpu(name_or_path: str) -> GPU:
+    """A catalog GPU by name, or a GPU TOML file."""
+    table, where, stem = _load_table("gpus", name_or_path)
+    body, _ = _without_meta(table, where)
+    gpu: GPU = _build(GPU, body, where, **({} if "name" in body else {"name": stem}))
+    return gpu
+
+
+def load_link(name_or_path: str) -> Link:
+    """A catalog link by name, or a link TOML file."""
+    table, where, stem = _load_table("links", name_or_path)
+    body, _ = _without_meta(table, where)
+    link: Link = _build(Link, body, where, **({} if "name" in body else {"name": stem}))
+    return link
+
+
+# --- dataclasses -> TOML -----------------------------------------------------------------------------------------
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):  # enums are str subclasses; JSON escapes are valid TOML basic-string escapes
+        return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")  # TOML also forbids raw DEL
+    raise TypeError(f"cannot write {type(value).__name__} as a TOML value")
+
+
+def _toml_lines(obj: Any) -> list[str]:
+    """Scalar fields only; nested specs are written as their own tables."""
+    values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    return [f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None and not dataclasses.is_dataclass(v)]
+
+
+def model_to_toml(spec: ModelSpec, *, meta: Mapping[str, Any] | None = None) -> str:
+    """The model as TOML text that ``load_model`` reads back to an equal spec."""
+    lines = _toml_lines(spec)
+    for title, table in (("moe", spec.moe), ("mla", spec.mla)):
+        if table is not None:
+            lines += ["", f"[{title}]", *_toml_lines(table)]
+    if meta:
+        lines += ["", "[meta]", *(f"{key} = {_toml_value(value)}" for key, value in meta.items())]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "list_gpus",
+    "list_links",
+    "list_models",
+    "load_gpu",
+    "load_link",
+    "load_model",
+    "model_meta",
+    "model_to_toml",
+]

@@ -1,0 +1,134 @@
+"""Parameter totals against published checkpoint sizes, with the arithmetic re-derived here from the shapes.
+
+Published totals are the element counts of the released checkpoints (safetensors index ``total_size`` in
+bytes divided by the bytes per element, or a tensor-by-tensor recount); each catalog file names its
+source in ``[meta]``. Totals must match exactly: a parameter count has no tolerance.
+"""
+
+import pytest
+
+from meshplan.core.params import count_params
+from meshplan.io import list_models, load_model, model_meta
+
+# The totals this suite pins, independent of what the catalog files say about themselves.
+PINNED_TOTALS = {
+    "llama-3.1-8b": 8_030_261_248,
+    "llama-3.1-70b": 70_553_706_496,
+    "llama-3.1-405b": 405_853_388_800,
+    "mixtral-8x7b": 46_702_792_704,
+    "qwen2.5-7b": 7_615_616_512,
+    "deepseek-v3": 671_026_419_200,  # main model only; the MTP module is reported apart
+}
+
+PUBLISHED = {
+    name: meta["published_total_params"]
+    for name in list_models()
+    if "published_total_params" in (meta := model_meta(name))
+}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_TOTALS))
+def test_pinned_totals(name: str) -> None:
+    assert count_params(load_model(name)).total == PINNED_TOTALS[name]
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_catalog_published_totals(name: str) -> None:
+    assert count_params(load_model(name)).total == PUBLISHED[name]
+
+
+def test_pinned_totals_are_recorded_in_the_catalog() -> None:
+    for name, total in PINNED_TOTALS.items():
+        assert PUBLISHED.get(name) == total, name
+
+
+# --- independent re-derivations: one line per tensor of the Hugging Face checkpoint -----------------------------
+
+
+def test_llama_3_1_8b_by_tensor() -> None:
+    L, h, a, k, d, f, V = 32, 4096, 32, 8, 128, 14336, 128256
+    per_layer = (
+        h * a * d  # q_proj
+        + 2 * h * k * d  # k_proj, v_proj
+        + a * d * h  # o_proj
+        + 3 * h * f  # gate_proj, up_proj, down_proj
+        + 2 * h  # input_layernorm, post_attention_layernorm
+    )
+    total = V * h + L * per_layer + h + V * h  # embed_tokens, layers, norm, lm_head
+    assert total == 8_030_261_248
+    assert count_params(load_model("llama-3.1-8b")).total == total
+
+
+def test_mixtral_8x7b_by_tensor() -> None:
+    L, h, a, k, d, f, V, E = 32, 4096, 32, 8, 128, 14336, 32000, 8
+    attention = h * a * d + 2 * h * k * d + a * d * h
+    moe = h * E + E * 3 * h * f  # block_sparse_moe.gate, experts.*.w1/w2/w3
+    total = V * h + L * (attention + moe + 2 * h) + h + V * h
+    assert total == 46_702_792_704
+    assert count_params(load_model("mixtral-8x7b")).total == total
+
+
+DSV3 = dict(L=61, h=7168, a=128, V=129280, q_lora=1536, kv_lora=512, nope=128, rope=64, v=128)
+
+
+def _dsv3_attention() -> int:
+    h, a, q_lora, kv_lora = DSV3["h"], DSV3["a"], DSV3["q_lora"], DSV3["kv_lora"]
+    nope, rope, v = DSV3["nope"], DSV3["rope"], DSV3["v"]
+    return (
+        h * q_lora  # q_a_proj
+        + q_lora  # q_a_layernorm
+        + q_lora * a * (nope + rope)  # q_b_proj
+        + h * (kv_lora + rope)  # kv_a_proj_with_mqa
+        + kv_lora  # kv_a_layernorm
+        + kv_lora * a * (nope + v)  # kv_b_proj
+        + a * v * h  # o_proj
+    )
+
+
+def _dsv3_moe_mlp() -> int:
+    h, E, f_expert = DSV3["h"], 256, 2048
+    return (
+        E * 3 * h * f_expert  # experts.*.gate_proj/up_proj/down_proj
+        + 3 * h * f_expert  # shared_experts (1 expert of the same width)
+        + E * h  # gate.weight
+        + E  # gate.e_score_correction_bias
+    )
+
+
+def test_deepseek_v3_by_tensor() -> None:
+    L, h, V, dense_layers, f_dense = DSV3["L"], DSV3["h"], DSV3["V"], 3, 18432
+    layer_common = _dsv3_attention() + 2 * h  # attention and the two RMSNorms
+    total = (
+        V * h  # embed_tokens
+        + dense_layers * (layer_common + 3 * h * f_dense)
+        + (L - dense_layers) * (layer_common + _dsv3_moe_mlp())
+        + h  # norm
+        + V * h  # lm_head
+    )
+    assert total == 671_026_419_200
+    count = count_params(load_model("deepseek-v3"))
+    assert count.total == total
+    # MTP module (layer 61): enorm, hnorm, eh_proj (2h -> h), one MoE layer, shared_head.norm; it shares
+    # the embedding and the output head with the main model.
+    mtp = 2 * h + 2 * h * h + _dsv3_attention() + 2 * h + _dsv3_moe_mlp() + h
+    assert count.mtp == mtp
+
+
+# --- active parameters per token: published figures are rounded, so a tolerance is stated -------------------------
+
+
+def test_deepseek_v3_active_params() -> None:
+    # DeepSeek-V3 report (arXiv:2412.19437) abstract: "37B activated for each token". Rounded to 1B, and
+    # conventions differ on counting the 0.93B input embedding, so 3% is allowed.
+    active = count_params(load_model("deepseek-v3")).active_per_token
+    assert active == pytest.approx(37e9, rel=0.03)
+    h, E, k, f_expert = DSV3["h"], 256, 8, 2048
+    skipped = (DSV3["L"] - 3) * (E - k) * 3 * h * f_expert
+    assert active == 671_026_419_200 - skipped
+
+
+def test_mixtral_8x7b_active_params() -> None:
+    # Mistral AI, "Mixtral of experts" announcement: 46.7B total, 12.9B used per token; 1% tolerance for rounding.
+    active = count_params(load_model("mixtral-8x7b")).active_per_token
+    assert active == pytest.approx(12.9e9, rel=0.01)
+    assert active == 46_702_792_704 - 32 * 6 * 3 * 4096 * 14336
