@@ -117,6 +117,47 @@ def _cmd_memory(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def _add_fleet_shape(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("fleet")
+    g.add_argument("--node-size", type=_positive_int, default=None, help="GPUs per scale-up (NVLink) domain")
+    g.add_argument("--scale-out", default=None, help="scale-out link from the catalog (e.g. ib-ndr, roce-400g)")
+    g.add_argument(
+        "--axis-order", default=None, help="mesh axes innermost first (default tp,cp,ep,dp_shard,dp_replicate,pp)"
+    )
+
+
+def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.estimate import estimate_report
+
+    return estimate_report(
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        layout=_layout_request(args),
+        kernels=args.kernels,
+        node_size=args.node_size,
+        scale_out=args.scale_out,
+        axis_order=args.axis_order,
+        tokens=args.tokens,
+        **_workload_kwargs(args),
+    )
+
+
+def _cmd_collectives(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.estimate import collectives_report
+
+    size = None if args.size_mb is None else args.size_mb * 1e6
+    return collectives_report(
+        model=args.model, size_bytes=size, group=args.group, seq=args.seq, micro_batch=args.micro_batch
+    )
+
+
+def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.validate import validate
+
+    return validate(args.source)
+
+
 def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports import fit_report
 
@@ -160,6 +201,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fleet(p)
     _add_layout(p)
 
+    p = command("estimate", _cmd_estimate, "step time, MFU, every collective and where it runs, for one layout")
+    p.add_argument("model")
+    _add_fleet(p)
+    _add_layout(p)
+    _add_fleet_shape(p)
+    p.add_argument("--kernels", choices=("fused", "eager"), default="fused", help="fused (Megatron/TE) or eager ops")
+    p.add_argument("--tokens", type=float, default=None, help="tokens to train: adds time and GPU-hours to train")
+
+    p = command(
+        "collectives", _cmd_collectives, "the bandwidth wall: one all-reduce timed over NVLink, InfiniBand, Ethernet"
+    )
+    p.add_argument(
+        "--model", default=None, help="size the all-reduce as one TP all-reduce of this model (default llama-3.1-70b)"
+    )
+    p.add_argument("--size-mb", type=float, default=None, help="buffer size in MB (1e6 bytes) instead")
+    p.add_argument("--group", type=_positive_int, default=8, help="ranks in the ring")
+    p.add_argument("--seq", type=_positive_int, default=8192)
+    p.add_argument("--micro-batch", type=_positive_int, default=1)
+
+    p = command("validate", _cmd_validate, "predictions against published measured runs, with the error of each")
+    p.add_argument("--source", default=None, help="one source only (korthikanti2022, narayanan2021, llama3)")
+
     p = command("fit", _cmd_fit, "weights split over N GPUs: per-GPU share, free memory, fewest GPUs")
     p.add_argument("model")
     _add_fleet(p)
@@ -197,6 +260,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from meshplan.tables import render_table
 
         print(render_table(args.command, result))
+    return exit_code(args.command, result)
+
+
+def exit_code(command: str, result: dict[str, Any]) -> int:
+    """0, or 1 when a check the command runs did not hold (validate, check)."""
+    if command in ("validate", "check"):
+        return 0 if result.get("all_ok") else 1
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from meshplan.render import count, gb, percent, table
+from meshplan.render import count, gb, percent, seconds, table
 
 
 def _params(r: dict[str, Any]) -> str:
@@ -75,7 +75,113 @@ def _serving(r: dict[str, Any]) -> str:
     return "\n".join([head, f"weights {r['dtype']}, KV cache {r['kv_dtype']}", "", table(rows, ["", "value"])])
 
 
+def _estimate(r: dict[str, Any]) -> str:
+    b = r["breakdown"]
+    rows = [
+        ("compute", seconds(b["compute_s"])),
+        ("exposed communication", seconds(b["exposed_comm_s"])),
+        ("  tensor / sequence parallel", seconds(b["exposed_tp_s"])),
+        ("  context parallel", seconds(b["exposed_cp_s"])),
+        ("  expert parallel", seconds(b["exposed_ep_s"])),
+        ("  pipeline sends", seconds(b["exposed_pp_s"])),
+        ("  data parallel / ZeRO", seconds(b["exposed_dp_s"])),
+        ("pipeline bubble", seconds(b["bubble_s"])),
+        ("optimizer step", seconds(b["optimizer_s"])),
+        ("step", seconds(r["step_time_s"])),
+    ]
+    head = [
+        f"{r['model']} on {r['gpus']} x {r['gpu']}: {_layout_line(r['layout'])}",
+        f"seq {r['seq']}, global batch {r['global_batch']} sequences, precision {r['precision']}",
+        "",
+        table(rows, ["step time", ""]),
+        "",
+        f"MFU {percent(r['mfu'])}, HFU {percent(r['hfu'])}, {r['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU; "
+        f"memory {gb(r['per_gpu']['total_bytes'])} of {gb(r['hbm_bytes'])} ({'fits' if r['fits'] else 'does NOT fit'})",
+    ]
+    if "time_to_train" in r:
+        t = r["time_to_train"]
+        head.append(f"{count(t['tokens'])} tokens: {t['days']:.1f} days, {t['gpu_hours']:,.0f} GPU-hours")
+    place = [(axis, p["size"], p["inside_domain"], p["domains"], p["link"]) for axis, p in r["placement"].items()]
+    calls = [
+        (
+            c["strategy"],
+            c["op"],
+            c["phase"],
+            c["group_size"],
+            gb(c["bytes"]),
+            f"{c['count_per_step']:,.0f}",
+            c["link"],
+            seconds(c["time_s"]),
+            seconds(c["exposed_s"]),
+        )
+        for c in r["collectives"]
+    ]
+    out = [*head, "", "placement (axis order " + ",".join(r["axis_order"]) + ")"]
+    out.append(table(place, ["axis", "size", "per domain", "domains", "link"]))
+    out += [
+        "",
+        "collectives of one GPU per step",
+        table(
+            calls, ["strategy", "op", "phase", "group", "bytes", "count", "link", "time", "exposed"], align="lllrrrlrr"
+        ),
+    ]
+    out += [f"WARNING: {w}" for w in r["warnings"]]
+    return "\n".join(out)
+
+
+def _collectives(r: dict[str, Any]) -> str:
+    rows = [
+        (
+            x["link"],
+            x["tier"],
+            gb(x["bandwidth_bytes_per_s"]) + "/s",
+            seconds(x["bandwidth_only_s"]),
+            f"{x['ratio_bandwidth_only']:.0f}x",
+            seconds(x["modeled_s"]),
+            f"{x['ratio_modeled']:.0f}x",
+        )
+        for x in r["links"]
+    ]
+    return "\n".join(
+        [
+            f"one ring all-reduce of {gb(r['size_bytes'])} over {r['group_size']} GPUs "
+            f"(one TP all-reduce of {r['model']}'s activations unless a size is given)",
+            "",
+            table(rows, ["link", "tier", "per GPU", "bandwidth only", "ratio", "modeled", "ratio"], align="llrrrrr"),
+            "",
+            f"{r['model']} pays {r['tp_collectives_per_forward']} TP collectives per forward pass "
+            f"(2 per layer), {r['tp_collectives_per_step_per_micro_batch']} per forward and backward.",
+        ]
+    )
+
+
+def _validate(r: dict[str, Any]) -> str:
+    out = []
+    for src in r["sources"]:
+        runs = [x for x in r["runs"] if x["source"] == src["source"]]
+        unit = {"iteration_time_s": "s", "mfu": "", "tflops_per_gpu_eq3": "TFLOP/s"}[src["metric"]]
+        rows = [
+            (x["case"], f"{x['measured']:.3g} {unit}", f"{x['predicted']:.3g} {unit}", f"{100 * x['error']:+.1f}%")
+            for x in runs
+        ]
+        out += [
+            f"{src['title']}",
+            table(rows, ["run", "published", "predicted", "error"]),
+            f"mean |error| {percent(src['mean_abs_error'])}, max {percent(src['max_abs_error'])}",
+        ]
+        out += [
+            f"  [{'ok' if c['ok'] else 'FAIL'}] {c['check']}: {c['value']:.4g} (bound {c['bound']:.4g})"
+            for c in src["checks"]
+        ]
+        out.append("")
+    out.append("all targets hold" if r["all_ok"] else "some targets do NOT hold")
+    return "\n".join(out)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "estimate": _estimate,
+    "collectives": _collectives,
+    "validate": _validate,
     "params": _params,
     "memory": _memory,
     "fit": _fit,

@@ -26,17 +26,17 @@ from __future__ import annotations
 from meshplan.core.num import Num, maximum, where
 from meshplan.spec.layout import Recompute
 from meshplan.spec.model import MlpKind, ModelSpec
-from meshplan.spec.workload import Attention
+from meshplan.spec.workload import Attention, Kernels
 
-GATED_SAVED_TENSORS = 4
-"""f-wide tensors an eager gated MLP keeps: gate out, up out, act(gate), act(gate) * up."""
+GATED_SAVED_TENSORS = {Kernels.EAGER: 4, Kernels.FUSED: 3}
+"""f-wide tensors a gated MLP keeps: gate out, up out and act(gate) * up; run eagerly, act(gate) too."""
 PLAIN_SAVED_TENSORS = 2
 """f-wide tensors a GELU MLP keeps: the up output (GELU input) and the GELU output."""
 FP32_BYTES = 4
 
 
-def _mlp_tensors(model: ModelSpec) -> int:
-    return GATED_SAVED_TENSORS if model.mlp is MlpKind.GATED else PLAIN_SAVED_TENSORS
+def _mlp_tensors(model: ModelSpec, kernels: Kernels) -> int:
+    return GATED_SAVED_TENSORS[kernels] if model.mlp is MlpKind.GATED else PLAIN_SAVED_TENSORS
 
 
 def attention_bytes_per_token(
@@ -63,12 +63,14 @@ def attention_bytes_per_token(
     return replicated + qkv + out + core
 
 
-def mlp_bytes_per_token(model: ModelSpec, *, tp: Num, sp: Num, act_bytes: float, moe_layer: bool) -> Num:
+def mlp_bytes_per_token(
+    model: ModelSpec, *, tp: Num, sp: Num, act_bytes: float, moe_layer: bool, kernels: Kernels = Kernels.FUSED
+) -> Num:
     """Bytes one MLP (or MoE) block keeps per local token (norm included)."""
     rep = where(sp, 1.0 / tp, 1.0)
     beta, h, mask = act_bytes, model.hidden, 1.0 if model.dropout else 0.0
     replicated = (2 * beta + mask) * h * rep
-    n = _mlp_tensors(model)
+    n = _mlp_tensors(model, kernels)
     if not moe_layer or model.moe is None:
         return replicated + n * beta * model.ffn_hidden / tp
     moe = model.moe
@@ -96,13 +98,14 @@ def layer_bytes(
     attention: Attention,
     act_bytes: float,
     moe_layer: bool,
+    kernels: Kernels = Kernels.FUSED,
 ) -> Num:
     """Bytes one layer keeps for one micro-batch under the given recompute policy."""
     tokens = seq_len / cp * micro_batch
     keep_scores = where(recompute == Recompute.NONE, 1.0, 0.0)
     kept = attention_bytes_per_token(
         model, seq_len=seq_len, tp=tp, sp=sp, attention=attention, act_bytes=act_bytes, keep_scores=keep_scores
-    ) + mlp_bytes_per_token(model, tp=tp, sp=sp, act_bytes=act_bytes, moe_layer=moe_layer)
+    ) + mlp_bytes_per_token(model, tp=tp, sp=sp, act_bytes=act_bytes, moe_layer=moe_layer, kernels=kernels)
     full = layer_input_bytes_per_token(model, tp=tp, sp=sp, act_bytes=act_bytes)
     return tokens * where(recompute == Recompute.FULL, full, kept)
 

@@ -176,7 +176,9 @@ def stage_bill(
 
     acts, logits, workspace = _stage_activations(model, lay, workload, stage=stage, sp_=sp_)
     gathered = where(
-        zero >= ZeroStage.PARAMETERS, sp_.largest_layer * (2 * _gather_bytes(workload) + prec.grad_bytes), 0
+        (zero >= ZeroStage.PARAMETERS) & (shard > 1),
+        sp_.largest_layer * (2 * _gather_bytes(workload) + prec.grad_bytes),
+        0,
     )
     dynamic = acts + logits + workspace + gathered
     return MemoryBill(
@@ -200,7 +202,16 @@ def _stage_activations(
     tp, pp, cp, sp = lay.tp, lay.pp, lay.cp, lay.sp  # type: ignore[attr-defined]
     b, recompute = lay.micro_batch, lay.recompute  # type: ignore[attr-defined]
     s, beta = workload.seq_len, workload.precision.activation_bytes
-    common = dict(seq_len=s, micro_batch=b, tp=tp, sp=sp, cp=cp, attention=workload.attention, act_bytes=beta)
+    common = dict(
+        seq_len=s,
+        micro_batch=b,
+        tp=tp,
+        sp=sp,
+        cp=cp,
+        attention=workload.attention,
+        act_bytes=beta,
+        kernels=workload.kernels,
+    )
     dense = act.layer_bytes(model, recompute=recompute, moe_layer=False, **common)
     moe = act.layer_bytes(model, recompute=recompute, moe_layer=True, **common)
     per_mb = sp_.dense_layers * dense + sp_.moe_layers * moe

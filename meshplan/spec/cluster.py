@@ -86,6 +86,8 @@ class GpuCalibration:
     """Fraction of HBM bandwidth memory-bound kernels reach."""
     kernel_overhead_s: float = 4e-6
     """Launch and scheduling gap per kernel, paid by every op of every layer."""
+    pipeline_step_overhead_s: float = 0.0
+    """Fixed cost of each forward or backward chunk a pipeline stage runs (schedule sync, launch gaps)."""
     overlap_efficiency: float = 0.85
     """Share of communication run beside compute that really hides (NCCL kernels take SMs from the matmuls)."""
     framework_bytes: float = 1.5e9

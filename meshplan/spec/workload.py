@@ -17,6 +17,16 @@ class Attention(StrEnum):
     """Unfused attention: scores, softmax and its dropout are kept (the 2022 Megatron runs)."""
 
 
+class Kernels(StrEnum):
+    """How elementwise work around the matmuls runs, which decides what the MLP keeps and how often HBM is read."""
+
+    FUSED = "fused"
+    """Fused kernels (Megatron-LM / Transformer Engine / torch.compile): a gated MLP keeps its two inputs and
+    its product; norms and activations read and write each tensor once."""
+    EAGER = "eager"
+    """Plain PyTorch ops: a gated MLP also keeps act(gate); each op reads and writes its own tensors."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrecisionPolicy:
     """Dtype of every copy of the model the training state keeps."""
@@ -173,6 +183,7 @@ class Workload:
     precision: PrecisionPolicy = field(default_factory=lambda: PRECISIONS["bf16"])
     optimizer: Optimizer = field(default_factory=Optimizer)
     attention: Attention = Attention.FLASH
+    kernels: Kernels = Kernels.FUSED
     overlap: Overlap = field(default_factory=Overlap)
 
     def __post_init__(self) -> None:

@@ -1,14 +1,7 @@
-"""Reports: the JSON-shaped answers the CLI prints and the HTTP API returns.
-
-One function per question. Both edges call these and nothing else, so a
-number on a web page and the same number on the command line come from one
-place. Inputs are names and plain values (as a user gives them); outputs are
-plain dicts of JSON data whose keys are part of the command-line contract.
-"""
+"""Memory reports: parameter counts, the training bill, the weights split, the serving bill."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from meshplan import io
@@ -17,115 +10,9 @@ from meshplan.core.serving import min_gpus, serving_bill, weights_bytes_total
 from meshplan.core.terms import explain
 from meshplan.core.training import training_memory
 from meshplan.render import jsonable
-from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
+from meshplan.reports.inputs import LayoutRequest, choice, layout_dict, resolve_layout, resolve_workload
 from meshplan.spec.model import ModelSpec
-from meshplan.spec.workload import PRECISIONS, Attention, Optimizer, OptimizerKind, Workload
 from meshplan.units import DType
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LayoutRequest:
-    """A layout as a user states it: unset data-parallel degrees are resolved from the GPU count."""
-
-    tp: int = 1
-    pp: int = 1
-    vpp: int = 1
-    cp: int = 1
-    ep: int = 1
-    dp_shard: int | None = None
-    zero: int = 0
-    sp: bool = False
-    recompute: str = "none"
-    schedule: str | None = None
-    cp_kind: str = "ring"
-    micro_batch: int = 1
-
-
-def _choice(enum_type: Any, value: str, what: str) -> Any:
-    key = value.strip().lower().replace("-", "_")
-    aliases = {"1f1b": "one_f_one_b", "zb": "zero_bubble", "allgather": "all_gather"}
-    key = aliases.get(key, key)
-    for member in enum_type:
-        if member.name.lower() == key:
-            return member
-    names = ", ".join(m.name.lower().replace("one_f_one_b", "1f1b") for m in enum_type)
-    raise ValueError(f"unknown {what} {value!r} (choose from {names})")
-
-
-def resolve_layout(req: LayoutRequest, *, gpus: int) -> Layout:
-    """Turn a user's layout into resolved degrees; dp_replicate takes what is left of the GPUs."""
-    if gpus < 1:
-        raise ValueError(f"gpus must be >= 1, got {gpus}")
-    for name in ("tp", "pp", "cp", "vpp", "ep", "micro_batch"):
-        if getattr(req, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(req, name)}")
-    model_ranks = req.tp * req.pp * req.cp
-    if gpus % model_ranks:
-        raise ValueError(f"tp*pp*cp = {req.tp}*{req.pp}*{req.cp} = {model_ranks} does not divide gpus = {gpus}")
-    data = gpus // model_ranks
-    if req.zero not in (0, 1, 2, 3):
-        raise ValueError(f"zero must be 0, 1, 2 or 3, got {req.zero}")
-    dp_shard = req.dp_shard if req.dp_shard is not None else (data if req.zero else 1)
-    if dp_shard < 1 or data % dp_shard:
-        raise ValueError(f"dp_shard={dp_shard} must divide the data-parallel ranks gpus/(tp*pp*cp) = {data}")
-    schedule = req.schedule or ("interleaved" if req.vpp > 1 else "1f1b")
-    return Layout(
-        tp=req.tp,
-        pp=req.pp,
-        vpp=req.vpp,
-        cp=req.cp,
-        ep=req.ep,
-        dp_shard=dp_shard,
-        dp_replicate=data // dp_shard,
-        sp=req.sp,
-        zero=ZeroStage(req.zero),
-        recompute=_choice(Recompute, req.recompute, "recompute"),
-        schedule=_choice(Schedule, schedule, "schedule"),
-        cp_kind=_choice(ContextParallel, req.cp_kind, "cp kind"),
-        micro_batch=req.micro_batch,
-    )
-
-
-def resolve_workload(
-    *,
-    layout: Layout,
-    seq: int,
-    global_batch: int | None = None,
-    precision: str = "bf16",
-    optimizer: str = "adamw",
-    optimizer_bytes: float | None = None,
-    attention: str = "flash",
-) -> Workload:
-    """A workload; the global batch defaults to pp micro-batches per data-parallel rank (a full 1F1B pipeline)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
-    batch = global_batch if global_batch is not None else layout.micro_batch * layout.dp * layout.pp
-    return Workload(
-        seq_len=seq,
-        global_batch=batch,
-        precision=PRECISIONS[precision],
-        optimizer=Optimizer(kind=_choice(OptimizerKind, optimizer, "optimizer"), state_bytes_per_param=optimizer_bytes),
-        attention=_choice(Attention, attention, "attention"),
-    )
-
-
-def layout_dict(layout: Layout) -> dict[str, Any]:
-    """The layout as the JSON contract names it."""
-    return {
-        "tp": layout.tp,
-        "pp": layout.pp,
-        "vpp": layout.vpp,
-        "cp": layout.cp,
-        "ep": layout.ep,
-        "dp_shard": layout.dp_shard,
-        "dp_replicate": layout.dp_replicate,
-        "zero": int(layout.zero),
-        "sp": layout.sp,
-        "recompute": layout.recompute.name.lower(),
-        "schedule": layout.schedule.name.lower().replace("one_f_one_b", "1f1b"),
-        "cp_kind": layout.cp_kind.name.lower(),
-        "micro_batch": layout.micro_batch,
-    }
 
 
 def params_report(model_name: str) -> dict[str, Any]:
@@ -192,7 +79,7 @@ def fit_report(model: ModelSpec | str, *, gpu: str, gpus: int, dtype: str = "bf1
     gpu_spec = io.load_gpu(gpu)
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
-    total = weights_bytes_total(spec, _choice(DType, dtype, "dtype"))
+    total = weights_bytes_total(spec, choice(DType, dtype, "dtype"))
     per_gpu = total / gpus
     state = count_params(spec).total * 16.0  # bf16 weights and grads, fp32 master and Adam moments
     return {
@@ -238,8 +125,8 @@ def serving_report(
         tp=tp,
         pp=pp,
         ep=ep,
-        weight_dtype=_choice(DType, dtype, "dtype"),
-        kv_dtype=_choice(DType, kv_dtype, "kv dtype"),
+        weight_dtype=choice(DType, dtype, "dtype"),
+        kv_dtype=choice(DType, kv_dtype, "kv dtype"),
         context=context,
         gpu_memory_utilization=gpu_memory_utilization,
     )

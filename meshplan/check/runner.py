@@ -1,0 +1,268 @@
+"""Launch N gloo processes, apply each layout, run a measured training step, and collect per-rank records.
+
+One process launch per world size: every layout shares its process group, one after the other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import socket
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.multiprocessing.spawn import start_processes
+
+from meshplan.check.comms import CollectiveCall, CommCounter
+from meshplan.check.layouts import (
+    Builder,
+    build_cp,
+    build_ddp,
+    build_ep,
+    build_fsdp_tp,
+    fsdp_builder,
+    tp_builder,
+)
+from meshplan.check.measure import (
+    SavedTensorTracker,
+    ddp_bucket_bytes,
+    fsdp_gathered_bytes,
+    state_bytes,
+)
+from meshplan.check.model import TinyConfig
+from meshplan.check.pipeline import pipeline_phase, pp_builder
+
+DENSE = TinyConfig()
+MOE = TinyConfig(num_experts=8, experts_per_token=2, expert_ffn_hidden=32)
+
+
+def _divisible(cfg: TinyConfig, n: int, *fields: str) -> list[str]:
+    return [f"{f}={getattr(cfg, f)} is not divisible by {n}" for f in fields if getattr(cfg, f) % n]
+
+
+def _tp_rules(cfg: TinyConfig, n: int) -> list[str]:
+    return _divisible(cfg, n, "num_heads", "num_kv_heads", "ffn_hidden")
+
+
+def _sp_rules(cfg: TinyConfig, n: int) -> list[str]:
+    return _tp_rules(cfg, n) + _divisible(cfg, n, "seq_len")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayoutRecipe:
+    build: Builder
+    moe: bool = False
+    """Runs on the MoE variant of the model."""
+    min_world_size: int = 2
+    rules: Callable[[TinyConfig, int], list[str]] = lambda cfg, n: []
+    """Broken shape rules for a world size (empty when the layout fits)."""
+
+
+LAYOUTS: dict[str, LayoutRecipe] = {
+    "ddp": LayoutRecipe(build=build_ddp),
+    "fsdp": LayoutRecipe(build=fsdp_builder()),
+    "fsdp_reshard_root": LayoutRecipe(build=fsdp_builder(reshard_after_forward=True)),
+    "fsdp_no_reshard": LayoutRecipe(build=fsdp_builder(reshard_after_forward=False)),
+    "fsdp_bf16": LayoutRecipe(
+        build=fsdp_builder(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    ),
+    "fsdp_bf16_reduce_bf16": LayoutRecipe(
+        build=fsdp_builder(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    ),
+    "tp": LayoutRecipe(build=tp_builder(sequence_parallel=False), rules=_tp_rules),
+    "sp": LayoutRecipe(build=tp_builder(sequence_parallel=True), rules=_sp_rules),
+    "fsdp_tp": LayoutRecipe(
+        build=build_fsdp_tp,
+        min_world_size=4,
+        rules=lambda cfg, n: ([f"world size {n} is odd"] if n % 2 else []) + _sp_rules(cfg, 2),
+    ),
+    "pp_gpipe": LayoutRecipe(build=pp_builder("gpipe"), rules=lambda cfg, n: _divisible(cfg, n, "num_layers")),
+    "pp_1f1b": LayoutRecipe(build=pp_builder("1f1b"), rules=lambda cfg, n: _divisible(cfg, n, "num_layers")),
+    "ep": LayoutRecipe(
+        build=build_ep,
+        moe=True,
+        rules=lambda cfg, n: _divisible(cfg, n, "num_experts") if cfg.num_experts else ["num_experts is 0"],
+    ),
+    "cp": LayoutRecipe(build=build_cp, rules=lambda cfg, n: _divisible(cfg, n, "seq_len")),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measurement:
+    """One measured number of one rank.
+
+    Quantities. Phase ``state``: params_bytes, params_storage_bytes, grads_bytes, grads_storage_bytes (after
+    backward), optimizer_bytes, optimizer_step_bytes, buffers_bytes, param_tensors, ddp_bucket_bytes. Phase
+    ``forward``: activations_bytes (saved for backward, each storage once, whole step), activations_peak_bytes,
+    saved_params_bytes, saved_buffers_bytes, saved_inputs_bytes, gathered_params_after_forward_bytes (FSDP2).
+    Collectives, per phase (forward, backward, optimizer, and step = all three) and process group:
+    ``<kind>_count`` and ``<kind>_bytes`` for kind in all_reduce, all_gather, reduce_scatter, all_to_all,
+    broadcast, send, recv. Phase ``step``: python_collective_calls, python_calls_bypassing_dispatch.
+    """
+
+    world_size: int
+    layout: str
+    rank: int
+    quantity: str
+    phase: str
+    """state (after backward / after the optimizer step), forward, backward, optimizer, or step (all phases)."""
+    measured: int
+    group_size: int = 0
+    """Size of the process group of a collective (0 for memory quantities)."""
+    group_ranks: str = ""
+    """Global ranks of that group, comma-separated (tells the axes of a 2-D mesh apart)."""
+
+
+class _Probe:
+    def __init__(self, counter: CommCounter | None) -> None:
+        self.counter = counter
+        self.gathered_after_forward_bytes = 0
+
+    def in_phase(self, phase: str) -> contextlib.AbstractContextManager[None]:
+        return self.counter.in_phase(phase) if self.counter is not None else contextlib.nullcontext()
+
+    def after_forward(self, model: nn.Module, loss: torch.Tensor) -> None:
+        self.gathered_after_forward_bytes = fsdp_gathered_bytes(model)
+
+
+def _collective_quantities(calls: list[CollectiveCall]) -> Iterator[tuple[str, str, str, int]]:
+    totals: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for call in calls:
+        for phase in (call.phase, "step"):
+            entry = totals[(phase, call.kind, call.group_ranks)]
+            entry[0] += 1
+            entry[1] += call.size_bytes
+    for (phase, kind, ranks), (count, size) in sorted(totals.items()):
+        yield f"{kind}_count", phase, ranks, count
+        yield f"{kind}_bytes", phase, ranks, size
+
+
+def measure_layout(name: str, recipe: LayoutRecipe, cfg: TinyConfig, world_size: int) -> list[Measurement]:
+    """Build the layout on this rank, warm it up, and measure one training step."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    trainer = recipe.build(cfg, world_size)
+    for _ in range(trainer.warmup_steps):
+        trainer.forward_backward(_Probe(None))
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad()
+    counter, tracker = CommCounter(), SavedTensorTracker(trainer.model, trainer.inputs)
+    probe = _Probe(counter)
+    with counter:
+        with tracker.track():
+            trainer.forward_backward(probe)
+        after_backward = state_bytes(trainer.model)
+        with counter.in_phase("optimizer"):
+            trainer.optimizer.step()
+    after_step = state_bytes(trainer.model, trainer.optimizer)
+    trainer.optimizer.zero_grad()
+    calls = [
+        CollectiveCall(**(asdict(c) | {"phase": pipeline_phase(c.kind, c.peer, rank)}))
+        if c.phase == "pipeline" and c.kind in ("send", "recv")
+        else c
+        for c in counter.calls
+    ]
+    values: list[tuple[str, str, str, int]] = [
+        ("grads_bytes", "state", "", after_backward["grads_bytes"]),
+        ("grads_storage_bytes", "state", "", after_backward["grads_storage_bytes"]),
+        *((q, "state", "", v) for q, v in after_step.items() if not q.startswith("grads")),
+        ("activations_bytes", "forward", "", tracker.saved_bytes["activation"]),
+        ("activations_peak_bytes", "forward", "", tracker.peak_activation_bytes),
+        ("saved_params_bytes", "forward", "", tracker.saved_bytes["param"]),
+        ("saved_buffers_bytes", "forward", "", tracker.saved_bytes["buffer"]),
+        ("saved_inputs_bytes", "forward", "", tracker.saved_bytes["input"]),
+        ("gathered_params_after_forward_bytes", "forward", "", probe.gathered_after_forward_bytes),
+        ("ddp_bucket_bytes", "state", "", ddp_bucket_bytes(trainer.model)),
+        ("python_collective_calls", "step", "", counter.python_calls),
+        ("python_calls_bypassing_dispatch", "step", "", counter.bypass_calls),
+        *_collective_quantities(calls),
+    ]
+    return [
+        Measurement(
+            world_size=world_size,
+            layout=name,
+            rank=rank,
+            quantity=q,
+            phase=p,
+            group_size=len(g.split(",")) if g else 0,
+            group_ranks=g,
+            measured=v,
+        )
+        for q, p, g, v in values
+    ]
+
+
+def _worker(
+    rank: int, world_size: int, port: int, layouts: list[str], dense: TinyConfig, moe: TinyConfig, out_dir: str
+) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        records = []
+        for name in layouts:
+            recipe = LAYOUTS[name]
+            records += measure_layout(name, recipe, moe if recipe.moe else dense, world_size)
+            dist.barrier()
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps([asdict(r) for r in records]))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _broken_rules(name: str, world_size: int, *, dense: TinyConfig, moe: TinyConfig) -> list[str]:
+    recipe = LAYOUTS[name]
+    if world_size < recipe.min_world_size:
+        return [f"needs world size >= {recipe.min_world_size}, got {world_size}"]
+    return recipe.rules(moe if recipe.moe else dense, world_size)
+
+
+def run_check(
+    world_size: int,
+    layouts: Sequence[str] | None = None,
+    *,
+    dense: TinyConfig = DENSE,
+    moe: TinyConfig = MOE,
+) -> list[Measurement]:
+    """Run ``layouts`` (default: every one that fits) on ``world_size`` local gloo processes; one record per
+    quantity, phase, process group and rank (see ``Measurement``). Raises ValueError for a layout that does not
+    fit the world size or the shapes."""
+    if world_size < 2:
+        raise ValueError(f"world_size must be at least 2, got {world_size}")
+    if layouts is None:
+        names = [n for n in LAYOUTS if not _broken_rules(n, world_size, dense=dense, moe=moe)]
+    else:
+        names = list(layouts)
+        unknown = [n for n in names if n not in LAYOUTS]
+        if unknown:
+            raise ValueError(f"unknown layouts {unknown}; known: {sorted(LAYOUTS)}")
+        broken = [f"{n}: {rule}" for n in names for rule in _broken_rules(n, world_size, dense=dense, moe=moe)]
+        if broken:
+            raise ValueError("layouts that do not fit: " + "; ".join(broken))
+    with tempfile.TemporaryDirectory() as out_dir:
+        # a fork server that imported torch once forks every worker: no 3 s torch import per process, and
+        # unlike a plain fork it never copies a parent whose OpenMP threads already ran
+        multiprocessing.set_forkserver_preload(["meshplan.check.runner"])
+        start_processes(  # type: ignore[no-untyped-call]
+            _worker,
+            args=(world_size, _free_port(), names, dense, moe, out_dir),
+            nprocs=world_size,
+            start_method="forkserver",
+        )
+        return [
+            Measurement(**r)
+            for rank in range(world_size)
+            for r in json.loads(Path(out_dir, f"rank{rank}.json").read_text())
+        ]

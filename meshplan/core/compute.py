@@ -1,0 +1,158 @@
+"""Compute time of one layer on one GPU: matmuls on a roofline, memory-bound ops at HBM speed.
+
+A matmul takes max(FLOPs / (peak * e), bytes / (HBM * e_hbm)) where
+e = e_max * prod over M, N, K of d / (d + d_half): large GEMMs reach the GPU
+kind's measured maximum achievable matmul throughput, thin ones (attention's
+per-head products, small experts) fall off, and skinny ones become memory
+bound. Norms, activations, residual adds, dropout, rotary, softmax and the
+MoE permutation move bytes at HBM speed. Every kernel also pays a launch gap.
+The constants are per GPU kind (catalog calibration), never per run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.core.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms
+from meshplan.core.num import Num, maximum, where
+from meshplan.spec.cluster import GpuCalibration
+from meshplan.spec.model import MlpKind, ModelSpec
+from meshplan.spec.workload import Attention, Kernels
+
+BACKWARD_FLASH_RATIO = 2.5
+"""Backward FLOPs of fused attention over forward: 5 matmuls against 2 (Dao 2023, FlashAttention-2 Sec. 3)."""
+BACKWARD_FLASH_EFFICIENCY = 0.8
+"""Backward fused attention reaches this share of the forward kernel's efficiency (FlashAttention-2 Fig. 6-7)."""
+EAGER_SCORE_BYTES_FWD = 13.0
+"""Bytes moved per attention-score element in an unfused forward: QK^T output, scale-mask-softmax read and
+write, dropout read, write and mask, AV input (2 + 4 + 5 + 2)."""
+EAGER_SCORE_BYTES_BWD = 17.0
+"""Bytes per score element in the unfused backward: dropout backward (grad, mask, out: 5), softmax backward
+(probs, grad, out: 6), the score gradient written and read by the two products, probs read for dV (6)."""
+KERNELS_PER_LAYER = 20
+"""Kernels one layer's forward launches (matmuls, norms, activations, adds, attention pieces)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerTime:
+    """Forward time of one layer for one micro-batch on one GPU, by kind of work."""
+
+    gemm_s: Num
+    attention_s: Num
+    """The attention core: fused kernel, or unfused products plus softmax and dropout traffic."""
+    memory_s: Num
+    """Norms, activations, residual adds, dropout, rotary and MoE permutes."""
+    backward_s: Num
+    """Backward of the whole layer (weight and input gradients, attention backward, memory ops)."""
+    attention_core_fwd_s: Num
+    """The attention core alone, forward (what selective recompute repeats)."""
+    attention_core_bwd_s: Num
+
+    @property
+    def forward_s(self) -> Num:
+        return self.gemm_s + self.attention_s + self.memory_s
+
+
+def gemm_time(g: Gemm, *, peak_flops: float, hbm_bytes_per_s: float, cal: GpuCalibration, act_bytes: float) -> Num:
+    """Roofline time of ``g`` with the size-dependent efficiency of the GPU kind."""
+    d = cal.matmul_half_dim
+    shape = (g.m / (g.m + d)) * (g.n / (g.n + d)) * (g.k / (g.k + d))
+    compute = g.flops / (peak_flops * cal.matmul_efficiency_max * shape)
+    traffic = act_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count / (hbm_bytes_per_s * cal.hbm_efficiency)
+    return maximum(compute, traffic)
+
+
+def _memory_bytes_per_token(
+    model: ModelSpec, *, tp: Num, sp: Num, moe_layer: bool, act_bytes: float, kernels: Kernels
+) -> Num:
+    """Bytes memory-bound ops of one layer's forward move per local token.
+
+    Hidden-size work (two norms, read + write; two residual adds, read 2 +
+    write 1; with dropout, fused into the add, one more 1-byte mask each) is
+    split over tp only with SP; the MLP activation (gated:
+    act and product, 5 f-wide passes; GELU: 2) and rotary (read+write of Q
+    and K) are split over tp.
+    """
+    rep = where(sp, 1.0 / tp, 1.0)
+    eager = kernels is Kernels.EAGER
+    hidden_passes = 2 * (6 if eager else 2) + 2 * 3 + (1 if model.dropout else 0)
+    act_passes = (5 if eager else 3) if model.mlp is MlpKind.GATED else 2
+    if moe_layer and model.moe is not None:
+        moe = model.moe
+        ffn = moe.experts_per_token * moe.expert_ffn_hidden + moe.num_shared_experts * moe.shared_hidden
+        permute = 4 * moe.experts_per_token * model.hidden  # dispatch and combine copies, read + write
+    else:
+        ffn, permute = model.ffn_hidden, 0
+    rotary = 0 if model.learned_positions else 2 * (model.q_width + model.kv_width) / tp
+    return act_bytes * (hidden_passes * model.hidden * rep + act_passes * ffn / tp + rotary + permute)
+
+
+def layer_time(
+    model: ModelSpec,
+    *,
+    tokens: Num,
+    seq_len: Num,
+    tp: Num,
+    sp: Num,
+    ep: Num,
+    moe_layer: bool,
+    attention: Attention,
+    peak_flops: float,
+    hbm_bytes_per_s: float,
+    cal: GpuCalibration,
+    act_bytes: float,
+    kernels: Kernels = Kernels.FUSED,
+) -> LayerTime:
+    """Forward and backward compute time of one layer for ``tokens`` local tokens on one GPU."""
+    hbm = hbm_bytes_per_s * cal.hbm_efficiency
+    kw = dict(peak_flops=peak_flops, hbm_bytes_per_s=hbm_bytes_per_s, cal=cal, act_bytes=act_bytes)
+    gemms = attention_gemms(model, tokens=tokens, tp=tp) + mlp_gemms(
+        model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer
+    )
+    gemm_s = sum(gemm_time(g, **kw) for g in gemms)
+    memory_s = (
+        tokens
+        * _memory_bytes_per_token(model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=act_bytes, kernels=kernels)
+        / hbm
+    )
+    if attention is Attention.FLASH:
+        flops = attention_core_flops(model, tokens=tokens, seq_len=seq_len, tp=tp, causal_skip=True)
+        attn_fwd = flops / (peak_flops * cal.attention_efficiency)
+        attn_bwd = BACKWARD_FLASH_RATIO * attn_fwd / BACKWARD_FLASH_EFFICIENCY
+    else:
+        heads = model.num_heads / tp
+        d = model.mla.qk_head_dim if model.mla else model.head_dim
+        scores = Gemm(name="scores", m=tokens, n=seq_len, k=d, count=heads)
+        values = Gemm(name="values", m=tokens, n=d, k=seq_len, count=heads)
+        products = gemm_time(scores, **kw) + gemm_time(values, **kw)
+        traffic = EAGER_SCORE_BYTES_FWD * heads * tokens * seq_len / hbm
+        attn_fwd = products + traffic
+        attn_bwd = 2 * products + traffic * EAGER_SCORE_BYTES_BWD / EAGER_SCORE_BYTES_FWD
+    launch = KERNELS_PER_LAYER * cal.kernel_overhead_s
+    backward = 2 * gemm_s + attn_bwd + 2 * memory_s + 2 * launch
+    return LayerTime(
+        gemm_s=gemm_s,
+        attention_s=attn_fwd,
+        memory_s=memory_s + launch,
+        backward_s=backward,
+        attention_core_fwd_s=attn_fwd,
+        attention_core_bwd_s=attn_bwd,
+    )
+
+
+def head_time(
+    model: ModelSpec,
+    *,
+    tokens: Num,
+    tp: Num,
+    peak_flops: float,
+    hbm_bytes_per_s: float,
+    cal: GpuCalibration,
+    act_bytes: float,
+) -> tuple[Num, Num]:
+    """(forward, backward) time of the output head and the loss on the last stage."""
+    g = Gemm(name="lm_head", m=tokens, n=model.vocab_size / tp, k=model.hidden)
+    gemm = gemm_time(g, peak_flops=peak_flops, hbm_bytes_per_s=hbm_bytes_per_s, cal=cal, act_bytes=act_bytes)
+    # fp32 upcast, log-softmax and its gradient: about four fp32 passes over the logits
+    loss = 4 * 4.0 * tokens * model.vocab_size / tp / (hbm_bytes_per_s * cal.hbm_efficiency)
+    return gemm + loss / 2, 2 * gemm + loss / 2

@@ -1,0 +1,126 @@
+"""FLOPs: the matmuls of one layer on one GPU, and the model FLOPs that MFU counts.
+
+Conventions: a matmul of (M x K) by (K x N) is 2MNK FLOPs; backward is
+twice forward for weight matmuls (input and weight gradients). Model FLOPs
+per token (for MFU) are 6 x the matmul parameters a token touches plus the
+attention score and value products over the full context, 6 L a (d_qk + d_v) s
+(PaLM, Chowdhery et al. 2022, App. B); this equals Korthikanti et al.
+2022 Eq. 7 for GPT models: 72 B L s h^2 (1 + s/6h + V/(12 h L)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.core.num import Num
+from meshplan.core.params import count_params
+from meshplan.spec.model import MlpKind, ModelSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Gemm:
+    """One forward matmul on one GPU: ``count`` calls of (m x k) @ (k x n)."""
+
+    name: str
+    m: Num
+    n: Num
+    k: Num
+    count: Num = 1
+
+    @property
+    def flops(self) -> Num:
+        return 2 * self.m * self.n * self.k * self.count
+
+
+def attention_gemms(model: ModelSpec, *, tokens: Num, tp: Num) -> list[Gemm]:
+    """Q/K/V and output projections of one layer for ``tokens`` local tokens."""
+    h, t = model.hidden, tp
+    if model.mla is not None:
+        mla, a = model.mla, model.num_heads
+        gemms = [Gemm(name="kv_down", m=tokens, n=mla.kv_lora_rank + mla.qk_rope_head_dim, k=h)]
+        if mla.q_lora_rank:
+            gemms += [
+                Gemm(name="q_down", m=tokens, n=mla.q_lora_rank, k=h),
+                Gemm(name="q_up", m=tokens, n=a * mla.qk_head_dim / t, k=mla.q_lora_rank),
+            ]
+        else:
+            gemms.append(Gemm(name="q", m=tokens, n=a * mla.qk_head_dim / t, k=h))
+        gemms.append(
+            Gemm(name="kv_up", m=tokens, n=a * (mla.qk_nope_head_dim + mla.v_head_dim) / t, k=mla.kv_lora_rank)
+        )
+    else:
+        gemms = [Gemm(name="qkv", m=tokens, n=(model.q_width + 2 * model.kv_width) / t, k=h)]
+    gemms.append(Gemm(name="attn_out", m=tokens, n=h, k=model.attn_out_width / t))
+    return gemms
+
+
+def mlp_gemms(model: ModelSpec, *, tokens: Num, tp: Num, ep: Num, moe_layer: bool) -> list[Gemm]:
+    """MLP, or routed plus shared experts, of one layer on one GPU.
+
+    Routed experts: each GPU runs its E/ep experts over the tokens routed to
+    them, tokens * k in total when routing is balanced (k copies per token
+    spread over ep ranks that each received tokens from ep ranks).
+    """
+    h, t = model.hidden, tp
+    up = 2 if model.mlp is MlpKind.GATED else 1
+    if not moe_layer or model.moe is None:
+        f = model.ffn_hidden
+        return [Gemm(name="mlp_up", m=tokens, n=up * f / t, k=h), Gemm(name="mlp_down", m=tokens, n=h, k=f / t)]
+    moe = model.moe
+    local_experts = moe.num_experts / ep
+    per_expert = tokens * moe.experts_per_token / local_experts
+    fe = moe.expert_ffn_hidden
+    gemms = [
+        Gemm(name="router", m=tokens, n=moe.num_experts, k=h),
+        Gemm(name="expert_up", m=per_expert, n=up * fe / t, k=h, count=local_experts),
+        Gemm(name="expert_down", m=per_expert, n=h, k=fe / t, count=local_experts),
+    ]
+    if moe.num_shared_experts:
+        fs = moe.shared_hidden * moe.num_shared_experts
+        gemms += [
+            Gemm(name="shared_up", m=tokens, n=up * fs / t, k=h),
+            Gemm(name="shared_down", m=tokens, n=h, k=fs / t),
+        ]
+    return gemms
+
+
+def attention_core_flops(model: ModelSpec, *, tokens: Num, seq_len: Num, tp: Num, causal_skip: bool) -> Num:
+    """Forward FLOPs of QK^T and AV for ``tokens`` local queries against ``seq_len`` keys.
+
+    ``causal_skip``: a fused kernel skips the masked upper triangle (half the
+    work); an unfused one computes the whole s x s product.
+    """
+    if model.mla is not None:
+        width = model.mla.qk_head_dim + model.mla.v_head_dim
+    else:
+        width = 2 * model.head_dim
+    full = 2 * tokens * seq_len * model.num_heads * width / tp
+    return full * (0.5 if causal_skip else 1.0)
+
+
+def model_flops_per_token(model: ModelSpec, *, seq_len: int) -> float:
+    """Model FLOPs per trained token: 6 N_matmul + 6 L a (d_qk + d_v) s (no recompute, full attention)."""
+    p = count_params(model)
+    matmul = p.active_per_token - p.embedding  # the input lookup does no math; the head (or tied table) does
+    if model.tied_embeddings:
+        matmul += model.vocab_size * model.hidden
+    norms = p.dense_layer.norms * p.num_dense_layers + p.moe_layer.norms * p.num_moe_layers + p.final_norm
+    matmul -= norms
+    width = (model.mla.qk_head_dim + model.mla.v_head_dim) if model.mla else 2 * model.head_dim
+    attention = 6 * model.num_layers * model.num_heads * width * seq_len
+    return 6.0 * matmul + attention
+
+
+def korthikanti_model_flops(*, batch: Num, layers: Num, seq: Num, hidden: Num, vocab: Num) -> Num:
+    """Korthikanti et al. 2022 Eq. 7: model FLOPs per iteration of a GPT model."""
+    return 72 * batch * layers * seq * hidden**2 * (1 + seq / (6 * hidden) + vocab / (12 * hidden * layers))
+
+
+def narayanan_flops(*, batch: Num, layers: Num, seq: Num, hidden: Num, vocab: Num) -> Num:
+    """Narayanan et al. 2021 Eq. 3: FLOPs per iteration with full recomputation (4 forward passes)."""
+    return 96 * batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+
+
+def six_nd(params: float, tokens: float) -> float:
+    """The back-of-envelope 6 N D training FLOPs (Kaplan et al. 2020)."""
+    return 6.0 * params * tokens

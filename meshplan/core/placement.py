@@ -1,0 +1,94 @@
+"""Placement: how the mesh axes land on scale-up domains and the scale-out fabric.
+
+Ranks are numbered with the first axis of ``order`` varying fastest, and
+consecutive ranks fill one scale-up domain (NVLink node) before the next.
+A group along an axis of size n whose ranks are ``stride`` apart keeps
+min(n, max(1, domain / stride)) members inside each domain it touches and
+spans the rest across domains. The default order puts the chattiest axis
+innermost, on the fastest link: tp, cp, ep, dp_shard, dp_replicate, pp.
+
+EP is not a mesh factor: expert groups take the innermost ``ep`` ranks of
+the cp x dp_shard x dp_replicate extent, in the order those axes appear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.core.num import Num, maximum, minimum, where
+from meshplan.spec.cluster import LinkTier
+
+AXES = ("tp", "cp", "ep", "dp_shard", "dp_replicate", "pp")
+DEFAULT_ORDER = AXES
+MESH_AXES = ("tp", "cp", "dp_shard", "dp_replicate", "pp")
+DATA_AXES = ("cp", "dp_shard", "dp_replicate")
+
+
+def parse_order(text: str) -> tuple[str, ...]:
+    """An axis order such as 'tp,cp,ep,dp_shard,dp_replicate,pp'; 'dp' stands for dp_shard,dp_replicate."""
+    names: list[str] = []
+    for raw in text.split(","):
+        name = raw.strip().lower().replace("-", "_")
+        names += ["dp_shard", "dp_replicate"] if name == "dp" else [name] if name else []
+    unknown = [n for n in names if n not in AXES]
+    if unknown:
+        raise ValueError(f"unknown axis {unknown[0]!r} in axis order (axes: {', '.join(AXES)})")
+    if len(set(names)) != len(names):
+        raise ValueError(f"axis order repeats an axis: {text}")
+    missing = [n for n in MESH_AXES if n not in names]
+    if missing:
+        raise ValueError(f"axis order misses {', '.join(missing)} (give all of {', '.join(MESH_AXES)})")
+    if "ep" not in names:
+        names.insert(names.index("dp_shard"), "ep")
+    return tuple(names)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AxisPlacement:
+    """Where the groups of one axis sit."""
+
+    axis: str
+    size: Num
+    stride: Num
+    """Rank distance between neighbours of one group."""
+    inner: Num
+    """Members of one group inside each scale-up domain."""
+    outer: Num
+    """Scale-up domains one group spans."""
+
+    @property
+    def tier(self) -> Num:
+        """Scale-up when a whole group sits in one domain, scale-out otherwise (vectorized as a bool array)."""
+        return self.outer > 1
+
+
+def _stride_of(axis: str, sizes: dict[str, Num], order: tuple[str, ...]) -> Num:
+    """Product of the mesh axes inside ``axis`` (EP's stride is that of the first data axis it spans)."""
+    stride: Num = 1
+    for name in order:
+        if name == axis:
+            return stride
+        if name != "ep":
+            stride = stride * sizes[name]
+    raise AssertionError(f"axis {axis} missing from order")
+
+
+def place_axis(axis: str, *, sizes: dict[str, Num], order: tuple[str, ...], domain: int) -> AxisPlacement:
+    """Placement of one axis for a layout given by ``sizes`` (ints or arrays)."""
+    size = sizes[axis]
+    if axis == "ep":  # expert groups start at the innermost data axis (exact while ep fits in that axis)
+        stride = _stride_of(next(n for n in order if n in DATA_AXES), sizes, order)
+    else:
+        stride = _stride_of(axis, sizes, order)
+    inner = where(stride >= domain, 1, minimum(size, maximum(1, domain // stride)))
+    return AxisPlacement(axis=axis, size=size, stride=stride, inner=inner, outer=size // inner)
+
+
+def place(sizes: dict[str, Num], *, order: tuple[str, ...] = DEFAULT_ORDER, domain: int) -> dict[str, AxisPlacement]:
+    """Placement of every axis; ``sizes`` maps tp, cp, ep, dp_shard, dp_replicate, pp to degrees."""
+    return {axis: place_axis(axis, sizes=sizes, order=order, domain=domain) for axis in AXES}
+
+
+def tier_name(placement: AxisPlacement) -> str:
+    """The link tier one (scalar) axis uses."""
+    return (LinkTier.SCALE_OUT if bool(placement.outer > 1) else LinkTier.SCALE_UP).value

@@ -1,0 +1,79 @@
+"""evaluate(): one layout on one fleet, all of it: memory per stage, placement, collectives, step time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.core.collectives import CollectiveCall
+from meshplan.core.constraints import check_layout
+from meshplan.core.params import count_params
+from meshplan.core.placement import DEFAULT_ORDER, AxisPlacement, place
+from meshplan.core.step_time import StepTime, step_time
+from meshplan.core.training import TrainingMemory, training_memory
+from meshplan.spec.cluster import Cluster
+from meshplan.spec.layout import Layout
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.workload import Workload
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """Everything meshplan predicts for one layout."""
+
+    model: ModelSpec
+    cluster: Cluster
+    layout: Layout
+    workload: Workload
+    order: tuple[str, ...]
+    memory: TrainingMemory
+    placement: dict[str, AxisPlacement]
+    step: StepTime
+    collectives: tuple[CollectiveCall, ...]
+    """The collectives of a full middle stage's GPU (counts per step)."""
+
+    @property
+    def tp_crosses_domain(self) -> bool:
+        """TP groups leave the scale-up domain: every layer's collectives cross the slow fabric."""
+        return bool(self.placement["tp"].outer > 1)
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.tp_crosses_domain:
+            out.append(
+                f"TP={self.layout.tp} spans {int(self.placement['tp'].outer)} scale-up domains of "
+                f"{self.cluster.domain_size} GPUs: its per-layer collectives run over {self.cluster.scale_out.name} "
+                f"at {self.cluster.scale_out.bandwidth_bytes_per_s / 1e9:.0f} GB/s instead of "
+                f"{self.cluster.scale_up.name} at {self.cluster.scale_up.bandwidth_bytes_per_s / 1e9:.0f} GB/s"
+            )
+        if not self.memory.fits:
+            out.append(
+                f"does not fit: {self.memory.per_gpu.total_bytes / 1e9:.1f} GB needed on stage "
+                f"{self.memory.heaviest_stage}, {self.memory.hbm_bytes / 1e9:.1f} GB of HBM"
+            )
+        return out
+
+
+def mesh_sizes(layout: object) -> dict[str, object]:
+    """Degrees of every placement axis, EP included (ints or arrays)."""
+    return {name: getattr(layout, name) for name in ("tp", "cp", "ep", "dp_shard", "dp_replicate", "pp")}
+
+
+def evaluate(
+    model: ModelSpec, cluster: Cluster, layout: Layout, workload: Workload, *, order: tuple[str, ...] = DEFAULT_ORDER
+) -> Plan:
+    """Evaluate one layout; raises ValueError naming the broken rule when it does not suit the model or fleet."""
+    check_layout(model, layout, workload, cluster.num_gpus)
+    memory = training_memory(model, layout, workload, gpu=cluster.gpu)
+    placement = place(mesh_sizes(layout), order=order, domain=cluster.domain_size)
+    step, calls = step_time(model, count_params(model), layout, workload, cluster, placement)
+    return Plan(
+        model=model,
+        cluster=cluster,
+        layout=layout,
+        workload=workload,
+        order=order,
+        memory=memory,
+        placement=placement,
+        step=step,
+        collectives=tuple(c for c in calls if bool(c.count_per_step > 0)),
+    )

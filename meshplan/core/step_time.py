@@ -1,0 +1,361 @@
+"""Step time = compute + exposed communication + pipeline bubble + optimizer step.
+
+Per micro-batch, a pipeline stage spends forward and backward compute
+(compute.py) plus the TP, CP and EP collectives that compute cannot hide:
+forward TP traffic is on the critical path unless TP overlap is on; the
+backward all-reduce of input gradients hides behind the weight-gradient
+matmul; ring CP hides each K/V block behind attention; EP all-to-alls are
+exposed unless overlapped. The pipeline runs m micro-batches plus a bubble:
+(p-1)(t_f + t_b) for GPipe and 1F1B, divided by v when interleaved
+(Narayanan et al. 2021 Sec. 2.2), (p-1) t_f for ZB-H1 and (p/2-1)(t_f+t_b)
+for DualPipe (DeepSeek-V3 Table 2, with W = t_b/2). Data-parallel traffic
+hides behind the last micro-batch's backward (ZeRO-0/1), every backward
+(ZeRO-2/3 reduce-scatters), and every forward (ZeRO-3 prefetch), up to the
+compute it overlaps. The optimizer step streams the sharded state at HBM speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.core import pipeline
+from meshplan.core.collectives import CollectiveCall, StageShape, inventory
+from meshplan.core.compute import head_time, layer_time
+from meshplan.core.flops import model_flops_per_token
+from meshplan.core.memory import moment_bytes_per_param, shard_degrees, stage_params
+from meshplan.core.num import Num, maximum, minimum, to_float, where
+from meshplan.core.params import ParamCount
+from meshplan.core.placement import AxisPlacement
+from meshplan.spec.cluster import Cluster
+from meshplan.spec.layout import Recompute, Schedule, ZeroStage
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.workload import Workload
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepTime:
+    """Where the time of one optimizer step goes, and what it buys."""
+
+    compute_s: Num
+    exposed_comm_s: Num
+    bubble_s: Num
+    optimizer_s: Num
+    exposed_tp_s: Num
+    exposed_cp_s: Num
+    exposed_ep_s: Num
+    exposed_pp_s: Num
+    exposed_dp_s: Num
+    model_flops_per_step: Num
+    hardware_flops_per_step: Num
+    tokens_per_step: Num
+    num_gpus: Num
+    peak_flops: float
+
+    @property
+    def step_time_s(self) -> Num:
+        return self.compute_s + self.exposed_comm_s + self.bubble_s + self.optimizer_s
+
+    @property
+    def mfu(self) -> Num:
+        """Model FLOPs per second over the fleet's dense peak (6N plus attention, no recompute)."""
+        return self.model_flops_per_step / (self.step_time_s * self.num_gpus * self.peak_flops)
+
+    @property
+    def hfu(self) -> Num:
+        """Hardware FLOPs (recompute included) per second over the fleet's dense peak."""
+        return self.hardware_flops_per_step / (self.step_time_s * self.num_gpus * self.peak_flops)
+
+    @property
+    def tokens_per_s_per_gpu(self) -> Num:
+        return self.tokens_per_step / (self.step_time_s * self.num_gpus)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageTimes:
+    """One micro-batch through one pipeline stage."""
+
+    fwd_compute_s: Num
+    bwd_compute_s: Num
+    weight_grad_s: Num
+    """The weight-gradient matmuls of backward: what backward TP traffic can hide behind."""
+    attention_fwd_s: Num
+    attention_bwd_s: Num
+
+
+def stage_times(
+    model: ModelSpec, lay: object, work: Workload, cluster: Cluster, *, stage: Num
+) -> tuple[StageTimes, Num, Num]:
+    """(times of one micro-batch on ``stage``, its dense layers, its MoE layers)."""
+    tp, pp, cp, b = lay.tp, lay.pp, lay.cp, lay.micro_batch  # type: ignore[attr-defined]
+    gpu = cluster.gpu
+    peak = gpu.peak(work.precision.compute)
+    tokens = work.seq_len / cp * b
+    layers = pipeline.stage_layers(model.num_layers, pp=pp, stage=stage)
+    first = pipeline.stage_first_layer(model.num_layers, pp=pp, stage=stage)
+    dense_layers = minimum(maximum(model.num_dense_mlp_layers - first, 0), layers)
+    moe_layers = layers - dense_layers
+    common = dict(
+        tokens=tokens,
+        seq_len=work.seq_len,
+        tp=tp,
+        sp=lay.sp,
+        ep=lay.ep,
+        attention=work.attention,  # type: ignore[attr-defined]
+        peak_flops=peak,
+        hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
+        cal=gpu.calibration,
+        act_bytes=work.precision.activation_bytes,
+        kernels=work.kernels,
+    )
+    dense = layer_time(model, moe_layer=False, **common)
+    moe = layer_time(model, moe_layer=True, **common)
+    recompute = lay.recompute  # type: ignore[attr-defined]
+    fwd = dense_layers * dense.forward_s + moe_layers * moe.forward_s
+    bwd = dense_layers * dense.backward_s + moe_layers * moe.backward_s
+    attn_fwd = dense_layers * dense.attention_core_fwd_s + moe_layers * moe.attention_core_fwd_s
+    attn_bwd = dense_layers * dense.attention_core_bwd_s + moe_layers * moe.attention_core_bwd_s
+    redo = where(recompute == Recompute.FULL, fwd, where(recompute == Recompute.SELECTIVE, attn_fwd, 0.0))
+    head_f, head_b = head_time(
+        model,
+        tokens=tokens,
+        tp=tp,
+        peak_flops=peak,
+        hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
+        cal=gpu.calibration,
+        act_bytes=work.precision.activation_bytes,
+    )
+    last = stage == pp - 1
+    weight_grad = dense_layers * dense.gemm_s + moe_layers * moe.gemm_s
+    times = StageTimes(
+        fwd_compute_s=fwd + where(last, head_f, 0.0),
+        bwd_compute_s=bwd + redo + where(last, head_b, 0.0),
+        weight_grad_s=weight_grad,
+        attention_fwd_s=attn_fwd,
+        attention_bwd_s=attn_bwd,
+    )
+    return times, dense_layers, moe_layers
+
+
+def _sum_time(
+    calls: list[CollectiveCall], *, strategies: tuple[str, ...], phase: str, ops: tuple[str, ...] = ()
+) -> Num:
+    """Total per-step time of the matching calls."""
+    return sum(
+        (c.time_s for c in calls if c.strategy in strategies and c.phase == phase and (not ops or c.op.value in ops)),
+        0.0,
+    )
+
+
+def _bubble(schedule: Num, *, pp: Num, vpp: Num, t_f: Num, t_b: Num) -> Num:
+    """Idle time of the slowest stage: (p-1)(t_f + t_b), over v when interleaved, (p-1) t_f for ZB-H1."""
+    slot = t_f + t_b
+    one_f_one_b = (pp - 1) * slot
+    out = where(schedule == Schedule.INTERLEAVED, one_f_one_b / vpp, one_f_one_b)
+    out = where(schedule == Schedule.ZERO_BUBBLE, (pp - 1) * t_f, out)
+    return where(schedule == Schedule.DUALPIPE, maximum(pp / 2 - 1, 0) * slot, out)
+
+
+def _hidden(comm: Num, behind: Num, on: bool, efficiency: float) -> Num:
+    """Exposed part of ``comm`` run beside ``behind`` seconds of compute (all of it when off).
+
+    What exceeds the compute is exposed, and of the overlapped part a share
+    (1 - efficiency) still shows: communication kernels slow the matmuls.
+    """
+    if not on:
+        return comm
+    return maximum(comm - behind, 0.0) + (1 - efficiency) * minimum(comm, behind)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageStep:
+    """One stage's share of a step: per micro-batch times and per-step exposed traffic."""
+
+    fwd_s: Num
+    bwd_s: Num
+    compute_s: Num
+    tp_s: Num
+    cp_s: Num
+    ep_s: Num
+    pp_s: Num
+    dp_s: Num
+    optimizer_s: Num
+    calls: list[CollectiveCall]
+
+
+def _stage_step(
+    model: ModelSpec,
+    params: ParamCount,
+    lay: object,
+    work: Workload,
+    cluster: Cluster,
+    placement: dict[str, AxisPlacement],
+    *,
+    stage: Num,
+    m: Num,
+) -> StageStep:
+    copies = pipeline.stage_copies(lay.schedule)  # type: ignore[attr-defined]
+    times, dense_layers, moe_layers = stage_times(model, lay, work, cluster, stage=stage)
+    sp_ = stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=stage, copies=copies)  # type: ignore[attr-defined]
+    shape = StageShape(
+        tokens=work.seq_len / lay.cp * lay.micro_batch,  # type: ignore[attr-defined]
+        dense_layers=dense_layers * copies,
+        moe_layers=moe_layers * copies,
+        micro_batches=m,
+        dense_params=sp_.dense,
+        expert_params=sp_.experts,
+    )
+    calls = inventory(model, lay, work, cluster, placement, shape)
+    eff = cluster.gpu.calibration.overlap_efficiency
+
+    def per_mb(strategies: tuple[str, ...], phase: str, overlappable: bool) -> Num:
+        total: Num = 0.0
+        for c in calls:
+            if c.strategy in strategies and c.phase == phase:
+                total = total + where(c.overlappable == overlappable, c.time_s, 0.0)
+        return total / m
+
+    def exposed(strategies: tuple[str, ...], phase: str, behind: Num) -> Num:
+        blocking = per_mb(strategies, phase, False)
+        return blocking + _hidden(per_mb(strategies, phase, True), behind, True, eff)
+
+    fwd_c, bwd_c = times.fwd_compute_s * copies, times.bwd_compute_s * copies
+    wgrad = times.weight_grad_s * copies
+    tp_f = exposed(("tp", "sp"), "forward", wgrad / 2)
+    tp_b = exposed(("tp", "sp"), "backward", wgrad)
+    cp_f = exposed(("cp",), "forward", times.attention_fwd_s * copies)
+    cp_b = exposed(("cp",), "backward", times.attention_bwd_s * copies)
+    ep_f = exposed(("ep",), "forward", fwd_c)
+    ep_b = exposed(("ep",), "backward", bwd_c)
+    chunk = where(lay.pp > 1, lay.vpp * cluster.gpu.calibration.pipeline_step_overhead_s, 0.0)  # type: ignore[attr-defined]
+    fwd, bwd = fwd_c + tp_f + cp_f + ep_f + chunk, bwd_c + tp_b + cp_b + ep_b + chunk
+    return StageStep(
+        fwd_s=fwd,
+        bwd_s=bwd,
+        compute_s=fwd_c + bwd_c,
+        tp_s=tp_f + tp_b,
+        cp_s=cp_f + cp_b,
+        ep_s=ep_f + ep_b,
+        pp_s=_pp_exposed(calls, lay=lay, m=m, ov_pp=work.overlap.pp) + 2 * m * chunk,
+        dp_s=_dp_exposed(calls, fwd_s=fwd, bwd_s=bwd, m=m, work=work, efficiency=eff),
+        optimizer_s=_optimizer_time(model, lay, work, cluster, sp_),
+        calls=calls,
+    )
+
+
+def _pp_exposed(calls: list[CollectiveCall], *, lay: object, m: Num, ov_pp: bool) -> Num:
+    """Pipeline sends on the critical path: every slot when blocking, only fill and drain when overlapped."""
+    p2p = sum((c.call_s for c in calls if c.strategy == "pp" and c.phase == "forward"), 0.0)
+    pp, vpp = lay.pp, lay.vpp  # type: ignore[attr-defined]
+    blocking = 2 * (m * vpp + pp - 1) * p2p
+    overlapped = 2 * (pp - 1) * vpp * p2p
+    interleaved = lay.schedule == Schedule.INTERLEAVED  # type: ignore[attr-defined]
+    return where(pp > 1, where(interleaved & ov_pp, overlapped, blocking), 0.0)
+
+
+def _dp_exposed(
+    calls: list[CollectiveCall], *, fwd_s: Num, bwd_s: Num, m: Num, work: Workload, efficiency: float
+) -> Num:
+    """Data-parallel and ZeRO traffic left after hiding behind the compute it overlaps.
+
+    Gradient traffic issued once per step hides behind the last micro-batch's
+    backward; per-micro-batch reduce-scatters and ZeRO-3 backward gathers
+    behind each backward; ZeRO-3 forward gathers behind each forward (prefetch);
+    the ZeRO-1/2 parameter all-gather behind the next step's first forward.
+    """
+    ov = work.overlap
+
+    def one_call(phase: str, per_mb: bool) -> Num:
+        total: Num = 0.0
+        for c in calls:
+            if c.strategy in ("dp", "dp-experts") and c.phase == phase:
+                issued = (c.count_per_step > 0) & (c.per_micro_batch == per_mb)
+                total = total + where(issued, c.call_s, 0.0)
+        return total
+
+    exposed = _hidden(one_call("backward", False), bwd_s, ov.dp, efficiency)
+    exposed = exposed + m * _hidden(one_call("backward", True), bwd_s, ov.dp, efficiency)
+    exposed = exposed + _hidden(one_call("step", False), fwd_s, ov.param_gather, efficiency)
+    return exposed + m * _hidden(one_call("forward", True), fwd_s, ov.fsdp_prefetch, efficiency)
+
+
+def _optimizer_time(model: ModelSpec, lay: object, work: Workload, cluster: Cluster, sp_: object) -> Num:
+    """The optimizer step over this GPU's shard, streamed at HBM speed.
+
+    Per parameter: gradients read three times (overflow check, global norm,
+    update) and zeroed once; master weights read, written and read again to
+    refresh the 16-bit weights, which are written; moments read and written.
+    """
+    prec = work.precision
+    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)  # type: ignore[attr-defined]
+    on = lay.zero >= ZeroStage.OPTIMIZER  # type: ignore[attr-defined]
+    n = sp_.dense / where(on, shard, 1) + sp_.experts / where(on, expert_shard, 1)  # type: ignore[attr-defined]
+    master = prec.master_bytes if prec.master is not None else prec.weight_bytes
+    per_param = 4 * prec.grad_bytes + 3 * master + 2 * moment_bytes_per_param(model, work) + prec.weight_bytes
+    gpu = cluster.gpu
+    return n * per_param / (gpu.hbm_bandwidth_bytes_per_s * gpu.calibration.hbm_efficiency)
+
+
+def _recompute_factor(model: ModelSpec, recompute: Num, work: Workload) -> Num:
+    """Hardware over model FLOPs: full recompute adds a forward (1/3), selective the attention scores' forward."""
+    per_token = model_flops_per_token(model, seq_len=work.seq_len)
+    width = (model.mla.qk_head_dim + model.mla.v_head_dim) if model.mla else 2 * model.head_dim
+    attention_fwd = 2 * model.num_layers * model.num_heads * width * work.seq_len
+    return where(
+        recompute == Recompute.FULL,
+        4.0 / 3.0,
+        where(recompute == Recompute.SELECTIVE, 1 + attention_fwd / per_token, 1.0),
+    )
+
+
+def step_time(
+    model: ModelSpec,
+    params: ParamCount,
+    lay: object,
+    work: Workload,
+    cluster: Cluster,
+    placement: dict[str, AxisPlacement],
+) -> tuple[StepTime, list[CollectiveCall]]:
+    """Step time of a layout (or a batch of layouts) and the collectives of its busiest stage.
+
+    The slowest of the first, a middle and the last stage sets the pace
+    (per-term maxima over those stages: an upper bound when they differ).
+    """
+    pp = lay.pp  # type: ignore[attr-defined]
+    dp = lay.dp_replicate * lay.dp_shard  # type: ignore[attr-defined]
+    m = pipeline.micro_batches(work.global_batch, micro_batch=lay.micro_batch, dp=dp)  # type: ignore[attr-defined]
+    busiest = minimum(1, pp - 1)
+    stages = [_stage_step(model, params, lay, work, cluster, placement, stage=s, m=m) for s in (0, busiest, pp - 1)]
+
+    def worst(name: str) -> Num:
+        out = getattr(stages[0], name)
+        for st in stages[1:]:
+            out = maximum(out, getattr(st, name))
+        return out
+
+    copies = pipeline.stage_copies(lay.schedule)  # type: ignore[attr-defined]
+    fwd, bwd = worst("fwd_s"), worst("bwd_s")
+    compute = m * worst("compute_s") / copies
+    per_mb_comm = worst("tp_s") + worst("cp_s") + worst("ep_s")
+    bubble = _bubble(lay.schedule, pp=pp, vpp=lay.vpp, t_f=fwd / copies, t_b=bwd / copies)  # type: ignore[attr-defined]
+    pp_s, dp_s = worst("pp_s"), worst("dp_s")
+    exposed = m * per_mb_comm / copies + pp_s + dp_s
+    tokens = work.seq_len * work.global_batch
+    model_flops = model_flops_per_token(model, seq_len=work.seq_len) * tokens
+    gpus = dp * lay.cp * lay.tp * pp  # type: ignore[attr-defined]
+    step = StepTime(
+        compute_s=to_float(compute),
+        exposed_comm_s=to_float(exposed),
+        bubble_s=to_float(bubble),
+        optimizer_s=to_float(worst("optimizer_s")),
+        exposed_tp_s=to_float(m * worst("tp_s") / copies),
+        exposed_cp_s=to_float(m * worst("cp_s") / copies),
+        exposed_ep_s=to_float(m * worst("ep_s") / copies),
+        exposed_pp_s=to_float(pp_s),
+        exposed_dp_s=to_float(dp_s),
+        model_flops_per_step=model_flops,
+        hardware_flops_per_step=to_float(model_flops * _recompute_factor(model, lay.recompute, work)),  # type: ignore[attr-defined]
+        tokens_per_step=tokens,
+        num_gpus=gpus,
+        peak_flops=cluster.gpu.peak(work.precision.compute),
+    )
+    return step, stages[1].calls

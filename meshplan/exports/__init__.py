@@ -1,0 +1,77 @@
+"""Exports: a plan becomes the launch configuration of a real engine.
+
+Training exports take the plan's specs; serving exports take the handful of numbers a server needs.
+Each returns an :class:`Export` (files, one command line, notes) or raises
+:class:`UnsupportedByEngine` naming what the engine lacks and the closest plan it can run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Protocol
+
+from meshplan.exports.common import Engine, Export, UnsupportedByEngine
+from meshplan.exports.deepspeed import export_deepspeed
+from meshplan.exports.megatron import export_megatron
+from meshplan.exports.sglang import export_sglang
+from meshplan.exports.torchtitan import export_torchtitan
+from meshplan.exports.vllm import export_vllm
+from meshplan.spec.layout import Layout
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.workload import Workload
+from meshplan.units import DType
+
+
+class TrainingExporter(Protocol):
+    def __call__(
+        self,
+        model: ModelSpec,
+        layout: Layout,
+        workload: Workload,
+        *,
+        model_path: str | None = None,
+        predicted: Mapping[str, float] | None = None,
+        gpus_per_node: int = 8,
+    ) -> Export: ...
+
+
+class ServingExporter(Protocol):
+    def __call__(
+        self,
+        *,
+        model_path: str,
+        tp: int = 1,
+        pp: int = 1,
+        ep: int = 1,
+        dp: int = 1,
+        max_model_len: int,
+        gpu_memory_utilization: float,
+        max_num_seqs: int,
+        kv_cache_dtype: DType | None = None,
+        quantization: str | None = None,
+        predicted: Mapping[str, float] | None = None,
+    ) -> Export: ...
+
+
+TRAINING_EXPORTERS: Mapping[Engine, TrainingExporter] = MappingProxyType(
+    {Engine.TORCHTITAN: export_torchtitan, Engine.MEGATRON: export_megatron, Engine.DEEPSPEED: export_deepspeed}
+)
+SERVING_EXPORTERS: Mapping[Engine, ServingExporter] = MappingProxyType(
+    {Engine.VLLM: export_vllm, Engine.SGLANG: export_sglang}
+)
+
+__all__ = [
+    "SERVING_EXPORTERS",
+    "TRAINING_EXPORTERS",
+    "Engine",
+    "Export",
+    "ServingExporter",
+    "TrainingExporter",
+    "UnsupportedByEngine",
+    "export_deepspeed",
+    "export_megatron",
+    "export_sglang",
+    "export_torchtitan",
+    "export_vllm",
+]

@@ -1,0 +1,134 @@
+"""What every engine export shares: the result type, the refusal, batch arithmetic, shell text.
+
+Exports are pure: they turn specs into text and never touch files, the network or an engine.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from meshplan.spec.layout import Layout, ZeroStage
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.workload import Workload
+
+
+class Engine(StrEnum):
+    """An engine a plan can be exported to."""
+
+    TORCHTITAN = "torchtitan"
+    """PyTorch-native pre-training (FSDP2, TP, PP, CP, EP), configured by Python config functions."""
+    MEGATRON = "megatron"
+    """Megatron-LM / Megatron-Core pre-training, configured by command-line arguments."""
+    DEEPSPEED = "deepspeed"
+    """DeepSpeed ZeRO training, configured by a JSON file and its launcher."""
+    VLLM = "vllm"
+    """vLLM serving, configured by `vllm serve` engine arguments."""
+    SGLANG = "sglang"
+    """SGLang serving, configured by `sglang.launch_server` server arguments."""
+
+
+class UnsupportedByEngine(ValueError):
+    """The plan uses something the engine cannot express; the message names the closest plan it can run."""
+
+    def __init__(self, engine: Engine, missing: str, closest: str) -> None:
+        self.engine = engine
+        self.missing = missing
+        self.closest = closest
+        super().__init__(f"{engine} cannot {missing}; closest: {closest}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Export:
+    """A ready launch configuration: the files to write, the command that starts the job, and remarks."""
+
+    engine: Engine
+    engine_version: str
+    """The engine release whose configuration format and flag names this export follows."""
+    files: Mapping[str, str]
+    """File name -> text; the command expects them in its working directory."""
+    command: str
+    """One shell command line that launches the job."""
+    notes: tuple[str, ...] = field(default=())
+    """What the user still has to do or should know (data, checkpoints, engine-side caveats)."""
+
+
+def predicted_lines(predicted: Mapping[str, float] | None, *, prefix: str = "# ") -> list[str]:
+    """The numbers meshplan predicted for the plan, one comment line each (units are in the key names)."""
+    if not predicted:
+        return []
+    lines = [f"{prefix}meshplan predicted:"]
+    lines += [f"{prefix}  {key} = {value:.6g}" for key, value in predicted.items()]
+    return lines
+
+
+def effective_zero(layout: Layout) -> ZeroStage:
+    """The ZeRO stage that really shards something: with dp_shard = 1 there is nothing to shard."""
+    return layout.zero if layout.dp_shard > 1 else ZeroStage.NONE
+
+
+def grad_accumulation_steps(layout: Layout, workload: Workload) -> int:
+    """Micro-batches each data-parallel rank runs per optimizer step."""
+    per_pass = layout.micro_batch * layout.dp
+    if workload.global_batch % per_pass:
+        raise ValueError(
+            f"global_batch={workload.global_batch} is not a multiple of micro_batch * dp = "
+            f"{layout.micro_batch} * {layout.dp} = {per_pass}"
+        )
+    return workload.global_batch // per_pass
+
+
+def check_experts(engine: Engine, model: ModelSpec, layout: Layout) -> None:
+    """Expert parallelism needs experts."""
+    if layout.ep > 1 and model.moe is None:
+        raise UnsupportedByEngine(engine, f"split experts (ep={layout.ep}) of the dense model {model.name}", "ep=1")
+
+
+def check_serving(*, gpu_memory_utilization: float, **counts: int) -> None:
+    """Serving inputs: counts are positive integers, the memory fraction lies in (0, 1]."""
+    for name, value in counts.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+
+
+def nodes(num_gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) for a launcher; a job smaller than one node runs on one node."""
+    if gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
+    if num_gpus <= gpus_per_node:
+        return 1, num_gpus
+    if num_gpus % gpus_per_node:
+        raise ValueError(f"{num_gpus} GPUs do not fill whole nodes of {gpus_per_node}")
+    return num_gpus // gpus_per_node, gpus_per_node
+
+
+_PLAIN = re.compile(r"^[\w@%+=:,./${}-]+$")
+
+
+def shell_join(tokens: Iterable[str | int | float]) -> str:
+    """A command line; tokens with ${VAR} stay unquoted so the shell expands them."""
+    return " ".join(text if _PLAIN.match(text) else shlex.quote(text) for text in map(str, tokens))
+
+
+def _wrapped(tokens: list[str]) -> str:
+    """The command one flag per line, continued with backslashes."""
+    lines: list[list[str]] = [[]]
+    for token in tokens:
+        if lines[-1] and (token.startswith("--") or token == "-m" or token.endswith(".py")):
+            lines.append([])
+        lines[-1].append(token)
+    return " \\\n    ".join(shell_join(line) for line in lines)
+
+
+def shell_script(
+    *, title: str, predicted: Mapping[str, float] | None, env: Mapping[str, str], tokens: list[str]
+) -> str:
+    """A bash launcher: a header comment, the predictions, exported variables, then the command."""
+    lines = ["#!/usr/bin/env bash", f"# {title}", *predicted_lines(predicted), "set -euo pipefail"]
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
+    return "\n".join([*lines, _wrapped(tokens), ""])

@@ -1,0 +1,223 @@
+"""Step-time reports: ``meshplan estimate`` and ``meshplan collectives``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan import io
+from meshplan.core.comms import BUS_FACTOR_DOC, Collective, bus_factor, ring_time
+from meshplan.core.plan import Plan, evaluate
+from meshplan.core.terms import explain
+from meshplan.render import jsonable
+from meshplan.reports.inputs import (
+    LayoutRequest,
+    layout_dict,
+    resolve_cluster,
+    resolve_layout,
+    resolve_order,
+    resolve_workload,
+)
+from meshplan.spec.model import ModelSpec
+from meshplan.units import SECONDS_PER_DAY, SECONDS_PER_HOUR
+
+STRATEGY_EXPOSED = {
+    "tp": "exposed_tp_s",
+    "sp": "exposed_tp_s",
+    "cp": "exposed_cp_s",
+    "ep": "exposed_ep_s",
+    "pp": "exposed_pp_s",
+    "dp": "exposed_dp_s",
+    "dp-experts": "exposed_dp_s",
+}
+
+
+def _collectives(plan: Plan) -> list[dict[str, Any]]:
+    """Each collective of a middle stage's GPU, with its share of its strategy's exposed time."""
+    step = plan.step
+    totals: dict[str, float] = {}
+    for c in plan.collectives:
+        totals[STRATEGY_EXPOSED[c.strategy]] = totals.get(STRATEGY_EXPOSED[c.strategy], 0.0) + float(c.time_s)
+    out = []
+    for c in plan.collectives:
+        key = STRATEGY_EXPOSED[c.strategy]
+        share = float(getattr(step, key)) / totals[key] if totals[key] > 0 else 0.0
+        link = plan.cluster.scale_out if bool(c.outer > 1) else plan.cluster.scale_up
+        out.append(
+            {
+                "strategy": c.strategy,
+                "op": c.op.value,
+                "axis": c.axis,
+                "phase": c.phase,
+                "group_size": int(c.group_size),
+                "bytes": float(c.size_bytes),
+                "count_per_step": float(c.count_per_step),
+                "link": link.name,
+                "crosses_fabric": bool(c.outer > 1),
+                "time_s": float(c.time_s),
+                "exposed_s": min(float(c.time_s), float(c.time_s) * share),
+            }
+        )
+    return out
+
+
+def _placement(plan: Plan) -> dict[str, Any]:
+    out = {}
+    for axis, p in plan.placement.items():
+        if int(p.size) == 1:
+            continue
+        crosses = bool(p.outer > 1)
+        out[axis] = {
+            "size": int(p.size),
+            "stride": int(p.stride),
+            "inside_domain": int(p.inner),
+            "domains": int(p.outer),
+            "link": (plan.cluster.scale_out if crosses else plan.cluster.scale_up).name,
+            "crosses_fabric": crosses,
+        }
+    return out
+
+
+def plan_report(plan: Plan, *, tokens: float | None = None) -> dict[str, Any]:
+    """The JSON of one evaluated layout: memory keys, step time, MFU, collectives, placement."""
+    step, mem = plan.step, plan.memory
+    out: dict[str, Any] = {
+        "model": plan.model.name,
+        "gpu": plan.cluster.gpu.name,
+        "gpus": plan.cluster.num_gpus,
+        "seq": plan.workload.seq_len,
+        "global_batch": plan.workload.global_batch,
+        "precision": plan.workload.precision.name,
+        "layout": layout_dict(plan.layout),
+        "per_gpu": jsonable(mem.per_gpu.as_dict()),
+        "heaviest_stage": mem.heaviest_stage,
+        "hbm_bytes": mem.hbm_bytes,
+        "free_bytes": mem.free_bytes,
+        "fits": mem.fits,
+        "stages": [jsonable(s.as_dict()) for s in mem.stages],
+        "terms": explain(mem.per_gpu),
+        "step_time_s": float(step.step_time_s),
+        "mfu": float(step.mfu),
+        "hfu": float(step.hfu),
+        "tokens_per_s_per_gpu": float(step.tokens_per_s_per_gpu),
+        "breakdown": {
+            "compute_s": float(step.compute_s),
+            "exposed_comm_s": float(step.exposed_comm_s),
+            "bubble_s": float(step.bubble_s),
+            "optimizer_s": float(step.optimizer_s),
+            "exposed_tp_s": float(step.exposed_tp_s),
+            "exposed_cp_s": float(step.exposed_cp_s),
+            "exposed_ep_s": float(step.exposed_ep_s),
+            "exposed_pp_s": float(step.exposed_pp_s),
+            "exposed_dp_s": float(step.exposed_dp_s),
+        },
+        "collectives": _collectives(plan),
+        "placement": _placement(plan),
+        "axis_order": list(plan.order),
+        "warnings": plan.warnings(),
+    }
+    if tokens:
+        seconds = tokens / (float(step.tokens_per_s_per_gpu) * plan.cluster.num_gpus)
+        out["time_to_train"] = {
+            "tokens": tokens,
+            "days": seconds / SECONDS_PER_DAY,
+            "gpu_hours": seconds * plan.cluster.num_gpus / SECONDS_PER_HOUR,
+        }
+    return out
+
+
+def estimate_report(
+    model: ModelSpec | str,
+    *,
+    gpu: str,
+    gpus: int,
+    layout: LayoutRequest,
+    seq: int = 4096,
+    global_batch: int | None = None,
+    precision: str = "bf16",
+    optimizer: str = "adamw",
+    optimizer_bytes: float | None = None,
+    attention: str = "flash",
+    kernels: str = "fused",
+    node_size: int | None = None,
+    scale_out: str | None = None,
+    axis_order: str | None = None,
+    tokens: float | None = None,
+) -> dict[str, Any]:
+    """``meshplan estimate``: memory, collectives, placement and step time of one layout."""
+    spec = io.load_model(model) if isinstance(model, str) else model
+    cluster = resolve_cluster(gpu=gpu, gpus=gpus, node_size=node_size, scale_out=scale_out)
+    lay = resolve_layout(layout, gpus=gpus)
+    work = resolve_workload(
+        layout=lay,
+        seq=seq,
+        global_batch=global_batch,
+        precision=precision,
+        optimizer=optimizer,
+        optimizer_bytes=optimizer_bytes,
+        attention=attention,
+        kernels=kernels,
+    )
+    plan = evaluate(spec, cluster, lay, work, order=resolve_order(axis_order))
+    return plan_report(plan, tokens=tokens)
+
+
+WALL_LINKS = ("nvlink5", "nvlink4", "ib-ndr", "eth-100g")
+
+
+def collectives_report(
+    *,
+    model: str | None = None,
+    size_bytes: float | None = None,
+    group: int = 8,
+    seq: int = 8192,
+    micro_batch: int = 1,
+    links: tuple[str, ...] = WALL_LINKS,
+) -> dict[str, Any]:
+    """The bandwidth wall: one ring all-reduce over each link, as times and as ratios to the fastest.
+
+    Without ``size_bytes`` the buffer is one TP all-reduce of ``model``'s activations (s b h, 16-bit).
+    """
+    if group < 2:
+        raise ValueError(f"group must be >= 2 ranks, got {group}")
+    spec = io.load_model(model or "llama-3.1-70b")
+    size = size_bytes if size_bytes is not None else seq * micro_batch * spec.hidden * 2.0
+    if size <= 0:
+        raise ValueError(f"size must be positive, got {size}")
+    rows = []
+    for name in links:
+        link = io.load_link(name)
+        wire = bus_factor(Collective.ALL_REDUCE, group) * size / link.bandwidth_bytes_per_s
+        modeled = ring_time(
+            Collective.ALL_REDUCE,
+            size_bytes=size,
+            n=group,
+            bandwidth_bytes_per_s=link.effective_bytes_per_s,
+            latency_s=link.latency_s,
+        )
+        rows.append(
+            {
+                "link": name,
+                "tier": link.tier.value,
+                "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
+                "bandwidth_only_s": wire,
+                "modeled_s": float(modeled),
+            }
+        )
+    fastest = min(r["bandwidth_only_s"] for r in rows)
+    fastest_modeled = min(r["modeled_s"] for r in rows)
+    for r in rows:
+        r["ratio_bandwidth_only"] = r["bandwidth_only_s"] / fastest
+        r["ratio_modeled"] = r["modeled_s"] / fastest_modeled
+    per_layer = 2
+    return {
+        "model": spec.name,
+        "op": Collective.ALL_REDUCE.value,
+        "bus_factor": BUS_FACTOR_DOC[Collective.ALL_REDUCE],
+        "group_size": group,
+        "size_bytes": size,
+        "links": rows,
+        "tp_collectives_per_forward": per_layer * spec.num_layers,
+        "tp_collectives_per_step_per_micro_batch": 2 * per_layer * spec.num_layers,
+        "note": "bandwidth_only: bus bytes over nominal per-direction bandwidth; modeled: with link efficiency and "
+        "per-step latency (alpha-beta ring).",
+    }

@@ -1,0 +1,152 @@
+"""Inputs as users state them (names, plain numbers) resolved into specs, with one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from meshplan import io
+from meshplan.core.placement import DEFAULT_ORDER, parse_order
+from meshplan.spec.cluster import Cluster
+from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
+from meshplan.spec.workload import PRECISIONS, Attention, Kernels, Optimizer, OptimizerKind, Overlap, Workload
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayoutRequest:
+    """A layout as a user states it: unset data-parallel degrees are resolved from the GPU count."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    cp: int = 1
+    ep: int = 1
+    dp_shard: int | None = None
+    zero: int = 0
+    sp: bool = False
+    recompute: str = "none"
+    schedule: str | None = None
+    cp_kind: str = "ring"
+    micro_batch: int = 1
+
+
+def choice(enum_type: Any, value: str, what: str) -> Any:
+    key = value.strip().lower().replace("-", "_")
+    aliases = {"1f1b": "one_f_one_b", "zb": "zero_bubble", "allgather": "all_gather"}
+    key = aliases.get(key, key)
+    for member in enum_type:
+        if member.name.lower() == key:
+            return member
+    names = ", ".join(m.name.lower().replace("one_f_one_b", "1f1b") for m in enum_type)
+    raise ValueError(f"unknown {what} {value!r} (choose from {names})")
+
+
+def resolve_layout(req: LayoutRequest, *, gpus: int) -> Layout:
+    """Turn a user's layout into resolved degrees; dp_replicate takes what is left of the GPUs."""
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    for name in ("tp", "pp", "cp", "vpp", "ep", "micro_batch"):
+        if getattr(req, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(req, name)}")
+    model_ranks = req.tp * req.pp * req.cp
+    if gpus % model_ranks:
+        raise ValueError(f"tp*pp*cp = {req.tp}*{req.pp}*{req.cp} = {model_ranks} does not divide gpus = {gpus}")
+    data = gpus // model_ranks
+    if req.zero not in (0, 1, 2, 3):
+        raise ValueError(f"zero must be 0, 1, 2 or 3, got {req.zero}")
+    dp_shard = req.dp_shard if req.dp_shard is not None else (data if req.zero else 1)
+    if dp_shard < 1 or data % dp_shard:
+        raise ValueError(f"dp_shard={dp_shard} must divide the data-parallel ranks gpus/(tp*pp*cp) = {data}")
+    schedule = req.schedule or ("interleaved" if req.vpp > 1 else "1f1b")
+    return Layout(
+        tp=req.tp,
+        pp=req.pp,
+        vpp=req.vpp,
+        cp=req.cp,
+        ep=req.ep,
+        dp_shard=dp_shard,
+        dp_replicate=data // dp_shard,
+        sp=req.sp,
+        zero=ZeroStage(req.zero),
+        recompute=choice(Recompute, req.recompute, "recompute"),
+        schedule=choice(Schedule, schedule, "schedule"),
+        cp_kind=choice(ContextParallel, req.cp_kind, "cp kind"),
+        micro_batch=req.micro_batch,
+    )
+
+
+def resolve_workload(
+    *,
+    layout: Layout,
+    seq: int,
+    global_batch: int | None = None,
+    precision: str = "bf16",
+    optimizer: str = "adamw",
+    optimizer_bytes: float | None = None,
+    attention: str = "flash",
+    kernels: str = "fused",
+    overlap: Mapping[str, bool] | None = None,
+) -> Workload:
+    """A workload; the global batch defaults to pp micro-batches per data-parallel rank (a full 1F1B pipeline)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
+    batch = global_batch if global_batch is not None else layout.micro_batch * layout.dp * layout.pp
+    return Workload(
+        seq_len=seq,
+        global_batch=batch,
+        precision=PRECISIONS[precision],
+        optimizer=Optimizer(kind=choice(OptimizerKind, optimizer, "optimizer"), state_bytes_per_param=optimizer_bytes),
+        attention=choice(Attention, attention, "attention"),
+        kernels=choice(Kernels, kernels, "kernels"),
+        overlap=_overlap(overlap or {}),
+    )
+
+
+def _overlap(settings: Mapping[str, bool]) -> Overlap:
+    known = {f.name for f in dataclasses.fields(Overlap)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise ValueError(f"unknown overlap setting {unknown[0]!r} (known: {', '.join(sorted(known))})")
+    return Overlap(**settings)
+
+
+def layout_dict(layout: Layout) -> dict[str, Any]:
+    """The layout as the JSON contract names it."""
+    return {
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "vpp": layout.vpp,
+        "cp": layout.cp,
+        "ep": layout.ep,
+        "dp_shard": layout.dp_shard,
+        "dp_replicate": layout.dp_replicate,
+        "zero": int(layout.zero),
+        "sp": layout.sp,
+        "recompute": layout.recompute.name.lower(),
+        "schedule": layout.schedule.name.lower().replace("one_f_one_b", "1f1b"),
+        "cp_kind": layout.cp_kind.name.lower(),
+        "micro_batch": layout.micro_batch,
+    }
+
+
+def resolve_cluster(*, gpu: str, gpus: int, node_size: int | None = None, scale_out: str | None = None) -> Cluster:
+    """The fleet: ``gpus`` of one catalog GPU, its scale-up link, and a scale-out link (default: the GPU's NIC)."""
+    spec = io.load_gpu(gpu)
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    domain = node_size if node_size is not None else spec.scale_up_domain
+    if domain < 1:
+        raise ValueError(f"node size must be >= 1, got {domain}")
+    return Cluster(
+        gpu=spec,
+        num_gpus=gpus,
+        scale_up=io.load_link(spec.scale_up_link),
+        scale_out=io.load_link(scale_out or spec.scale_out_link),
+        domain_size=domain,
+    )
+
+
+def resolve_order(text: str | None) -> tuple[str, ...]:
+    return DEFAULT_ORDER if not text else parse_order(text)

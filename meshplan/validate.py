@@ -1,0 +1,231 @@
+"""Published measured runs against meshplan's predictions (``meshplan validate``).
+
+Each file in catalog/runs describes one source: the fleet, the stated
+configuration of every run, the measured value, and the targets meshplan
+holds itself to. Settings a paper does not state but says it tuned (the
+micro-batch, the number of model chunks) are searched, and the best
+prediction among those that fit in memory is taken, as the authors did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import statistics
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from meshplan import io
+from meshplan.core.flops import narayanan_flops
+from meshplan.core.placement import DEFAULT_ORDER, parse_order
+from meshplan.core.plan import Plan, evaluate
+from meshplan.reports import LayoutRequest, resolve_cluster, resolve_layout, resolve_workload
+from meshplan.spec.cluster import Cluster
+from meshplan.spec.model import ModelSpec
+
+TUNABLE = {"micro_batch": (1, 2, 4, 8, 16, 32), "vpp": (1, 2, 3, 4, 5, 6, 8)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResult:
+    """One published run: what was measured, what meshplan predicts, and the relative error."""
+
+    source: str
+    case: str
+    metric: str
+    measured: float
+    predicted: float
+    layout: dict[str, Any]
+    memory_bytes: float
+    fits: bool
+    delta_from: str | None
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1
+
+
+@cache
+def sources() -> dict[str, dict[str, Any]]:
+    """Every catalog/runs file by name."""
+    folder = resources.files("meshplan") / "catalog" / "runs"
+    out = {}
+    for entry in folder.iterdir():
+        if entry.name.endswith(".toml"):
+            out[entry.name[: -len(".toml")]] = tomllib.loads(entry.read_text(encoding="utf-8"))
+    return dict(sorted(out.items()))
+
+
+def _model(case: dict[str, Any]) -> ModelSpec:
+    model = io.load_model(case["model"])
+    overrides = case.get("model_overrides", {})
+    if overrides:
+        name = f"{model.name} ({', '.join(f'{k}={v}' for k, v in overrides.items())})"
+        model = dataclasses.replace(model, name=name, **overrides)
+    return model
+
+
+def _cluster(case: dict[str, Any]) -> Cluster:
+    return resolve_cluster(gpu=case["gpu"], gpus=case["gpus"], scale_out=case.get("scale_out"))
+
+
+def _evaluate(case: dict[str, Any], layout: dict[str, Any]) -> Plan:
+    model, cluster = _model(case), _cluster(case)
+    req = LayoutRequest(**layout)
+    lay = resolve_layout(req, gpus=case["gpus"])
+    work = resolve_workload(
+        layout=lay,
+        seq=case["seq"],
+        global_batch=case["global_batch"],
+        precision=case["precision"],
+        attention=case["attention"],
+        kernels=case.get("kernels", "fused"),
+        overlap=case.get("overlap", {}),
+    )
+    order = parse_order(case["order"]) if "order" in case else DEFAULT_ORDER
+    return evaluate(model, cluster, lay, work, order=order)
+
+
+def _metric(plan: Plan, metric: str) -> float:
+    step = plan.step
+    if metric == "iteration_time_s":
+        return float(step.step_time_s)
+    if metric == "mfu":
+        return float(step.mfu)
+    if metric == "tflops_per_gpu_eq3":
+        m, w = plan.model, plan.workload
+        flops = narayanan_flops(
+            batch=w.global_batch, layers=m.num_layers, seq=w.seq_len, hidden=m.hidden, vocab=m.vocab_size
+        )
+        return float(flops / (step.step_time_s * plan.cluster.num_gpus) / 1e12)
+    raise ValueError(f"unknown metric {metric!r}")
+
+
+def _better(metric: str, a: float, b: float) -> bool:
+    """Whether prediction a is the faster run."""
+    return a < b if metric == "iteration_time_s" else a > b
+
+
+def _candidates(case: dict[str, Any]) -> list[dict[str, Any]]:
+    tune = case.get("tune", [])
+    base = dict(case["layout"])
+    options = [TUNABLE[name] for name in tune]
+    out = []
+    for values in itertools.product(*options):
+        lay = dict(base, **dict(zip(tune, values, strict=True)))
+        if lay.get("vpp", 1) > 1:
+            lay["schedule"] = "interleaved"
+        out.append(lay)
+    return out
+
+
+def run_case(source: str, case: dict[str, Any], metric: str) -> RunResult:
+    """Predict one published run, searching the settings the source tuned."""
+    plans = []
+    for layout in _candidates(case):
+        try:
+            plans.append((_evaluate(case, layout), layout))
+        except ValueError:
+            continue
+    if not plans:
+        raise ValueError(f"{source}: no configuration of case {case['id']!r} suits the model")
+    fitting = [(p, lay) for p, lay in plans if p.memory.fits] or plans  # the run happened: keep it if none fits
+    best: tuple[float, Plan, dict[str, Any]] | None = None
+    for plan, layout in fitting:
+        value = _metric(plan, metric)
+        if best is None or _better(metric, value, best[0]):
+            best = (value, plan, layout)
+    assert best is not None
+    value, plan, layout = best
+    return RunResult(
+        source=source,
+        case=case["id"],
+        metric=metric,
+        measured=float(case["measured"]),
+        predicted=value,
+        layout={k: v for k, v in layout.items()},
+        memory_bytes=float(plan.memory.per_gpu.total_bytes),
+        fits=plan.memory.fits,
+        delta_from=case.get("delta_from"),
+    )
+
+
+def run_source(name: str) -> list[RunResult]:
+    data = sources()[name]
+    defaults = data.get("defaults", {})
+    metric = data["source"]["metric"]
+    return [run_case(name, {**defaults, **case}, metric) for case in data["case"]]
+
+
+def best_constant_error(measured: list[float]) -> float:
+    """Mean relative error of the best single constant prediction (the bar a model must clear)."""
+    lo, hi = min(measured), max(measured)
+    grid = [lo + (hi - lo) * i / 2000 for i in range(2001)]
+    return min(statistics.mean(abs(c / m - 1) for m in measured) for c in grid)
+
+
+def summarize(name: str, results: list[RunResult]) -> dict[str, Any]:
+    """Mean and max errors of one source, and whether its targets hold."""
+    spec = sources()[name]["source"]
+    errors = [abs(r.error) for r in results]
+    out: dict[str, Any] = {
+        "source": name,
+        "title": spec["title"],
+        "metric": spec["metric"],
+        "cases": len(results),
+        "mean_abs_error": statistics.mean(errors),
+        "max_abs_error": max(errors),
+        "checks": [],
+    }
+    checks = out["checks"]
+    if "target_mean" in spec:
+        checks.append(_check("mean error", out["mean_abs_error"], spec["target_mean"]))
+        checks.append(_check("max error", out["max_abs_error"], spec["target_max"]))
+    if "target_vs_best_constant" in spec:
+        const = best_constant_error([r.measured for r in results])
+        out["best_constant_error"] = const
+        checks.append(
+            _check("mean error vs best constant", out["mean_abs_error"], spec["target_vs_best_constant"] * const)
+        )
+    if "target_abs" in spec:
+        by_case = {r.case: r for r in results}
+        for r in results:
+            checks.append(
+                _check(f"{r.case}: |predicted - measured|", abs(r.predicted - r.measured), spec["target_abs"])
+            )
+            if r.delta_from:
+                base = by_case[r.delta_from]
+                got, want = r.predicted - base.predicted, r.measured - base.measured
+                same_sign = (got > 0) == (want > 0)
+                checks.append(
+                    {
+                        "check": f"{r.delta_from} -> {r.case}: change {100 * got:+.1f} vs {100 * want:+.1f} points",
+                        "value": abs(got - want),
+                        "bound": spec["target_delta_abs"],
+                        "ok": same_sign and abs(got - want) <= spec["target_delta_abs"],
+                    }
+                )
+    out["ok"] = all(c["ok"] for c in checks)
+    return out
+
+
+def _check(label: str, value: float, bound: float) -> dict[str, Any]:
+    return {"check": label, "value": value, "bound": bound, "ok": value <= bound}
+
+
+def validate(only: str | None = None) -> dict[str, Any]:
+    """Every published run, predicted; per-source error summaries and whether all targets hold."""
+    names = list(sources())
+    if only is not None:
+        if only not in names:
+            raise ValueError(f"unknown source {only!r} (sources: {', '.join(names)})")
+        names = [only]
+    runs, summaries = [], []
+    for name in names:
+        results = run_source(name)
+        runs += [dict(dataclasses.asdict(r), error=r.error) for r in results]
+        summaries.append(summarize(name, results))
+    return {"runs": runs, "sources": summaries, "all_ok": all(s["ok"] for s in summaries)}

@@ -1,0 +1,260 @@
+"""Round trip: the degrees, batch and recompute read back from each export equal the plan's."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from export_helpers import (
+    FEATURE_CASES,
+    LLAMA2_7B,
+    LLAMA_8B,
+    LLAMA_70B,
+    LLAMA_405B,
+    QWEN3_30B_A3B,
+    ReadBack,
+    flags,
+    read_deepspeed,
+    read_megatron,
+    read_torchtitan,
+)
+
+from meshplan.exports import (
+    SERVING_EXPORTERS,
+    TRAINING_EXPORTERS,
+    Engine,
+    export_deepspeed,
+    export_megatron,
+    export_sglang,
+    export_torchtitan,
+    export_vllm,
+)
+from meshplan.exports.common import effective_zero
+from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.workload import PRECISIONS, Workload
+from meshplan.units import DType
+
+Case = tuple[str, ModelSpec, Layout, Workload]
+
+RECIPE_405B = Layout(tp=8, pp=16, vpp=2, dp_shard=128, zero=ZeroStage.GRADIENTS, sp=True, schedule=Schedule.INTERLEAVED)
+BF16_FP32_GRADS = PRECISIONS["bf16-fp32-grads"]
+
+TRAINING: list[Case] = [
+    ("405b-recipe", LLAMA_405B, RECIPE_405B, Workload(seq_len=8192, global_batch=2048, precision=BF16_FP32_GRADS)),
+    (
+        "70b-hsdp-zero3-full",
+        LLAMA_70B,
+        Layout(
+            tp=8,
+            dp_shard=16,
+            dp_replicate=2,
+            zero=ZeroStage.PARAMETERS,
+            sp=True,
+            recompute=Recompute.FULL,
+            micro_batch=2,
+        ),
+        Workload(seq_len=4096, global_batch=512),
+    ),
+    (
+        "8b-ddp-selective",
+        LLAMA_8B,
+        Layout(dp_replicate=8, recompute=Recompute.SELECTIVE, micro_batch=4),
+        Workload(seq_len=8192, global_batch=256),
+    ),
+    (
+        "8b-tp-cp-zero3",
+        LLAMA_8B,
+        Layout(tp=2, cp=2, cp_kind=ContextParallel.ALL_GATHER, dp_shard=4, zero=ZeroStage.PARAMETERS, sp=True),
+        Workload(seq_len=32768, global_batch=64),
+    ),
+    (
+        "70b-uneven-pp",
+        LLAMA_70B,
+        Layout(tp=8, pp=6, dp_shard=2, zero=ZeroStage.PARAMETERS, sp=True, micro_batch=1),
+        Workload(seq_len=8192, global_batch=64),
+    ),
+    (
+        "moe-ep8",
+        QWEN3_30B_A3B,
+        Layout(dp_shard=8, ep=8, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL),
+        Workload(seq_len=4096, global_batch=64),
+    ),
+]
+
+MEGATRON_ONLY: list[Case] = [
+    (
+        "70b-distributed-optimizer-hsdp",
+        LLAMA_70B,
+        Layout(tp=4, pp=4, dp_shard=4, dp_replicate=2, zero=ZeroStage.OPTIMIZER, sp=True, micro_batch=1),
+        Workload(seq_len=4096, global_batch=256),
+    ),
+    (
+        "8b-ring-cp",
+        LLAMA_8B,
+        Layout(tp=2, cp=4, dp_shard=2, zero=ZeroStage.OPTIMIZER, recompute=Recompute.SELECTIVE),
+        Workload(seq_len=65536, global_batch=16),
+    ),
+]
+
+DEEPSPEED: list[Case] = [
+    (
+        "7b-zero3-finetune",
+        LLAMA2_7B,
+        Layout(dp_shard=64, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL, micro_batch=4),
+        Workload(seq_len=4096, global_batch=1024),
+    ),
+    (
+        "7b-autotp-zero2",
+        LLAMA2_7B,
+        Layout(tp=2, dp_shard=4, zero=ZeroStage.GRADIENTS, micro_batch=2),
+        Workload(seq_len=2048, global_batch=64),
+    ),
+    ("7b-ddp", LLAMA2_7B, Layout(dp_replicate=8), Workload(seq_len=2048, global_batch=32)),
+    (
+        "moe-autoep",
+        QWEN3_30B_A3B,
+        Layout(dp_shard=8, ep=8, zero=ZeroStage.GRADIENTS),
+        Workload(seq_len=4096, global_batch=64),
+    ),
+]
+
+
+def expected(layout: Layout, workload: Workload) -> ReadBack:
+    zero = effective_zero(layout)
+    return ReadBack(
+        tp=layout.tp,
+        pp=layout.pp,
+        vpp=layout.vpp,
+        cp=layout.cp,
+        ep=layout.ep,
+        dp_shard=layout.dp_shard,
+        dp_replicate=layout.dp_replicate,
+        zero=zero,
+        recompute=layout.recompute,
+        micro_batch=layout.micro_batch,
+        global_batch=workload.global_batch,
+        seq_len=workload.seq_len,
+    )
+
+
+@pytest.mark.parametrize(("name", "model", "layout", "workload"), TRAINING, ids=[c[0] for c in TRAINING])
+def test_torchtitan_round_trip(name: str, model: ModelSpec, layout: Layout, workload: Workload) -> None:
+    export = export_torchtitan(model, layout, workload)
+    assert read_torchtitan(export, model) == expected(layout, workload)
+    compile(export.files["meshplan_torchtitan.py"], "meshplan_torchtitan.py", "exec")
+
+
+MEGATRON_CASES = TRAINING + MEGATRON_ONLY + FEATURE_CASES
+
+
+@pytest.mark.parametrize(("name", "model", "layout", "workload"), MEGATRON_CASES, ids=[c[0] for c in MEGATRON_CASES])
+def test_megatron_round_trip(name: str, model: ModelSpec, layout: Layout, workload: Workload) -> None:
+    export = export_megatron(model, layout, workload)
+    assert read_megatron(export) == expected(layout, workload)
+
+
+@pytest.mark.parametrize(("name", "model", "layout", "workload"), DEEPSPEED, ids=[c[0] for c in DEEPSPEED])
+def test_deepspeed_round_trip(name: str, model: ModelSpec, layout: Layout, workload: Workload) -> None:
+    export = export_deepspeed(model, layout, workload)
+    assert read_deepspeed(export, seq_len=workload.seq_len) == expected(layout, workload)
+    config = json.loads(export.files["ds_config.json"])
+    assert config["train_batch_size"] == (
+        config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * layout.dp
+    )
+
+
+def test_megatron_405b_split_counts_embedding_and_loss() -> None:
+    export = export_megatron(LLAMA_405B, RECIPE_405B, TRAINING[0][3])
+    args = flags(shlex.split(export.command))
+    # 126 layers + embedding + loss = 128 = 16 ranks x 2 chunks x 4 layers.
+    assert args["--account-for-embedding-in-pipeline-split"] is True
+    assert args["--num-virtual-stages-per-pipeline-rank"] == "2"
+
+
+def test_megatron_uneven_layout_string_covers_every_layer() -> None:
+    _name, model, layout, workload = TRAINING[4]
+    layout_text = str(
+        flags(shlex.split(export_megatron(model, layout, workload).command))["--pipeline-model-parallel-layout"]
+    )
+    stages = layout_text.split("|")
+    assert len(stages) == layout.pp * layout.vpp
+    assert stages[0].startswith("E") and stages[-1].endswith("L")
+    assert sum(int(stage.strip("EL").removeprefix("t*")) for stage in stages) == model.num_layers
+
+
+def test_predictions_become_comments() -> None:
+    predicted = {"step_time_s": 7.25, "mfu": 0.41, "memory_per_gpu_bytes": 6.1e10}
+    _name, model, layout, workload = TRAINING[0]
+    for engine in (Engine.TORCHTITAN, Engine.MEGATRON):
+        export = TRAINING_EXPORTERS[engine](model, layout, workload, predicted=predicted)
+        for text in export.files.values():
+            assert "#   step_time_s = 7.25" in text and "#   mfu = 0.41" in text
+    ds = export_deepspeed(LLAMA2_7B, DEEPSPEED[0][2], DEEPSPEED[0][3], predicted=predicted)
+    assert "#   memory_per_gpu_bytes = 6.1e+10" in ds.files["train_deepspeed.sh"]
+    json.loads(ds.files["ds_config.json"])  # JSON has no comments: the numbers live in the launcher
+
+
+def test_precision_mapping() -> None:
+    _name, model, layout, _workload = TRAINING[2]
+    fp8 = Workload(seq_len=8192, global_batch=256, precision=PRECISIONS["fp8"])
+    megatron = flags(shlex.split(export_megatron(model, layout, fp8).command))
+    assert megatron["--bf16"] is True and megatron["--fp8-format"] == "hybrid"
+    assert "--main-grads-dtype" in megatron  # the fp8 policy keeps bf16 gradients
+    titan = export_torchtitan(model, layout, fp8).files["meshplan_torchtitan.py"]
+    assert "Float8LinearConverter" in titan
+    bf16_405b = export_torchtitan(LLAMA_405B, RECIPE_405B, TRAINING[0][3]).files["meshplan_torchtitan.py"]
+    assert "config.model_spec = model_registry('405B')" in bf16_405b  # the recipe's float8 is dropped
+    ds = json.loads(export_deepspeed(LLAMA2_7B, DEEPSPEED[2][2], DEEPSPEED[2][3]).files["ds_config.json"])
+    assert ds["bf16"] == {"enabled": True} and "data_types" not in ds
+
+
+SERVING = {
+    "model_path": "meta-llama/Llama-3.3-70B-Instruct",
+    "tp": 8,
+    "max_model_len": 32768,
+    "gpu_memory_utilization": 0.9,
+    "max_num_seqs": 128,
+    "kv_cache_dtype": DType.FP8,
+}
+
+
+def test_vllm_round_trip() -> None:
+    export = export_vllm(**SERVING, quantization="fp8")
+    tokens = shlex.split(export.command)
+    assert tokens[:3] == ["vllm", "serve", SERVING["model_path"]]
+    args = flags(tokens)
+    assert (args["--tensor-parallel-size"], args["--pipeline-parallel-size"], args["--data-parallel-size"]) == (
+        "8",
+        "1",
+        "1",
+    )
+    assert (args["--max-model-len"], args["--gpu-memory-utilization"], args["--max-num-seqs"]) == (
+        "32768",
+        "0.9",
+        "128",
+    )
+    assert (args["--kv-cache-dtype"], args["--quantization"]) == ("fp8", "fp8")
+    assert "--enable-expert-parallel" not in args
+    assert "--enable-expert-parallel" in flags(shlex.split(export_vllm(**{**SERVING, "ep": 8}).command))
+
+
+def test_sglang_round_trip() -> None:
+    export = export_sglang(**{**SERVING, "dp": 2, "ep": 4})
+    args = flags(shlex.split(export.command))
+    assert (args["--tp-size"], args["--pp-size"], args["--dp-size"], args["--ep-size"]) == ("8", "1", "2", "4")
+    assert args["--moe-dp-size"] == "2"  # SGLang: ep_size * moe_dp_size == tp_size
+    assert (args["--context-length"], args["--mem-fraction-static"], args["--max-running-requests"]) == (
+        "32768",
+        "0.9",
+        "128",
+    )
+    assert args["--kv-cache-dtype"] == "fp8_e4m3"
+
+
+def test_registries_cover_every_engine() -> None:
+    assert set(TRAINING_EXPORTERS) | set(SERVING_EXPORTERS) == set(Engine)
+    for engine, exporter in SERVING_EXPORTERS.items():
+        export = exporter(**SERVING)
+        assert export.engine is engine and export.files and export.command

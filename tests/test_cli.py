@@ -1,0 +1,114 @@
+"""The command-line contract: --json keys, tables, and one-line errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from meshplan.cli import main
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_params_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "params", "llama-3.1-8b")
+    assert out["total_params"] == 8_030_261_248
+    assert out["active_params_per_token"] == out["total_params"]
+    assert sum(out["by_component"].values()) == out["total_params"]
+
+
+def test_memory_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "memory", "llama-3.1-70b", "--gpu", "h100-sxm", "--gpus", "64", "--tp", "8", "--pp", "4",
+                   "--zero", "1", "--sp", "--recompute", "selective", "--seq", "8192")
+    per = out["per_gpu"]
+    for key in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "total_bytes"):
+        assert key in per
+    assert per["optimizer_bytes"] == per["master_weights_bytes"] + per["optimizer_moments_bytes"]
+    assert out["hbm_bytes"] == 80e9 and isinstance(out["fits"], bool)
+    assert len(out["stages"]) == 4 and out["per_gpu"] == out["stages"][out["heaviest_stage"]]
+    assert out["layout"]["dp_shard"] == 2 and out["layout"]["dp_replicate"] == 1
+    assert {t["name"] for t in out["terms"]} >= {"weights_bytes", "activations_bytes"}
+    assert all(t["formula"] and t["source"] for t in out["terms"])
+
+
+def test_fit_keys_match_the_seed_example(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "fit", "llama-3.3-70b", "--gpu", "h200", "--gpus", "8")
+    assert out["weights_bytes_total"] == pytest.approx(141.1e9, rel=1e-3)
+    assert out["weights_bytes_per_gpu"] == pytest.approx(out["weights_bytes_total"] / 8)
+    assert out["hbm_bytes_per_gpu"] == 141e9 and out["fits"]
+    assert out["free_bytes_per_gpu"] == pytest.approx(141e9 - out["weights_bytes_per_gpu"])
+    assert out["min_gpus_for_weights"] == 2  # 141.1 GB is just over one H200's 141 GB
+    assert out["min_gpus_for_training"] == 9  # 16 bytes x 70.55B = 1.13 TB
+
+
+def test_serving_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "serving", "llama-3.3-70b", "--gpu", "h200", "--gpus", "8", "--context", "8192")
+    for key in ("kv_bytes_per_token", "weights_bytes_per_gpu", "kv_capacity_tokens", "max_concurrent_sequences"):
+        assert key in out
+    assert out["kv_bytes_per_token"] == 327_680 / 8
+
+
+def test_estimate_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "estimate", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "16", "--tp", "2", "--zero", "3",
+                   "--seq", "4096", "--global-batch", "64", "--tokens", "1e12")
+    for key in ("step_time_s", "mfu", "hfu", "tokens_per_s_per_gpu", "breakdown", "collectives", "per_gpu"):
+        assert key in out
+    b = out["breakdown"]
+    total = b["compute_s"] + b["exposed_comm_s"] + b["bubble_s"] + b["optimizer_s"]
+    assert total == pytest.approx(out["step_time_s"])
+    assert 0 < out["mfu"] < 1 and out["hfu"] >= out["mfu"]
+    for c in out["collectives"]:
+        assert {"strategy", "op", "group_size", "bytes", "count_per_step", "link", "time_s", "exposed_s"} <= set(c)
+        assert 0 <= c["exposed_s"] <= c["time_s"] + 1e-12
+    assert out["time_to_train"]["days"] > 0
+
+
+def test_tp_across_nodes_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "estimate", "gpt3-175b", "--gpu", "h100-sxm", "--gpus", "16", "--tp", "16",
+                   "--zero", "1", "--seq", "2048", "--global-batch", "16")
+    assert any("TP=16" in w for w in out["warnings"])
+    assert out["placement"]["tp"]["crosses_fabric"]
+
+
+def test_collectives_shows_the_bandwidth_wall(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "collectives", "--model", "llama-3.1-70b")
+    ratios = {r["link"]: r["ratio_bandwidth_only"] for r in out["links"]}
+    assert ratios == pytest.approx({"nvlink5": 1, "nvlink4": 2, "ib-ndr": 18, "eth-100g": 72})
+    assert out["tp_collectives_per_forward"] == 160  # 2 per layer, 80 layers
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["params", "no-such-model"], "unknown model"),
+        (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "64", "--tp", "16"], "tp=16 must divide num_kv_heads=8"),
+        (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "96", "--tp", "64"], "does not divide gpus"),
+        (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "abc"], "expected a positive integer"),
+        (["memory", "llama-3.1-8b", "--gpu", "h999", "--gpus", "8"], "unknown gpu"),
+        (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "3"], "global_batch=3"),
+        (["fit", "llama-3.1-8b", "--gpu", "h100-sxm"], "--gpus"),
+        (["estimate", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--axis-order", "tp,xx"], "unknown axis"),
+        (["params", "/no/such/config.json"], "config.json"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_console_script_start_up_and_exit_code() -> None:
+    done = subprocess.run([sys.executable, "-m", "meshplan.cli", "params", "nope"], capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
+def test_tables_render(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["params", "mixtral-8x7b"], ["fit", "llama-3.3-70b", "--gpu", "h200", "--gpus", "8"],
+                 ["memory", "llama-3.1-8b", "--gpu", "a100-80gb", "--gpus", "8", "--zero", "3"],
+                 ["serving", "llama-3.1-8b", "--gpu", "l40s", "--gpus", "1"], ["collectives"]):
+        assert main(argv) == 0
+        assert capsys.readouterr().out.strip()
