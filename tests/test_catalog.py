@@ -134,10 +134,15 @@ def test_hbm_is_decimal() -> None:
         ("mi300x", 668.4e12, 1307.4e12),
     ],
 )
-def test_matmul_efficiency_is_the_published_mamf_ratio(name: str, mamf_flops: float, peak_flops: float) -> None:
+def test_sustained_matmul_efficiency_is_below_the_published_maximum(
+    name: str, mamf_flops: float, peak_flops: float
+) -> None:
+    """Training sustains less than the maximum achievable matmul throughput (MAMF) of the part."""
     gpu = load_gpu(name)
     assert gpu.peak(DType.BF16) == peak_flops
-    assert gpu.calibration.matmul_efficiency_max == pytest.approx(mamf_flops / peak_flops, abs=5e-4)
+    mamf = mamf_flops / peak_flops
+    assert 0.5 * mamf < gpu.calibration.matmul_efficiency_max < mamf
+    assert "MAMF" in gpu.calibration.source
 
 
 def test_special_topologies() -> None:

@@ -147,6 +147,49 @@ def _gather_bytes(workload: Workload) -> float:
     return DTYPE_BYTES[DType.FP32] if workload.precision.compute is DType.TF32 else DTYPE_BYTES[DType.BF16]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerActivations:
+    """Bytes one layer keeps for one micro-batch, by layer kind and recompute policy (stage-independent)."""
+
+    dense: Num
+    moe: Num
+    dense_none: Num
+    moe_none: Num
+    dense_selective: Num
+    moe_selective: Num
+
+
+def layer_activations(model: ModelSpec, lay: object, workload: Workload) -> LayerActivations:
+    """Per-layer activation bytes of a layout (or batch), computed once and shared by every stage."""
+    common = dict(
+        seq_len=workload.seq_len,
+        micro_batch=lay.micro_batch,
+        tp=lay.tp,
+        sp=lay.sp,
+        cp=lay.cp,  # type: ignore[attr-defined]
+        attention=workload.attention,
+        act_bytes=workload.precision.activation_bytes,
+        kernels=workload.kernels,
+    )
+
+    def both(recompute: Num) -> tuple[Num, Num]:
+        dense = act.layer_bytes(model, recompute=recompute, moe_layer=False, **common)
+        moe = act.layer_bytes(model, recompute=recompute, moe_layer=True, **common) if model.moe else dense
+        return dense, moe
+
+    dense, moe = both(lay.recompute)  # type: ignore[attr-defined]
+    dense_none, moe_none = both(Recompute.NONE)
+    dense_sel, moe_sel = both(Recompute.SELECTIVE)
+    return LayerActivations(
+        dense=dense,
+        moe=moe,
+        dense_none=dense_none,
+        moe_none=moe_none,
+        dense_selective=dense_sel,
+        moe_selective=moe_sel,
+    )
+
+
 def stage_bill(
     model: ModelSpec,
     params: ParamCount,
@@ -155,6 +198,7 @@ def stage_bill(
     *,
     calibration: GpuCalibration,
     stage: Num,
+    layer_acts: LayerActivations | None = None,
 ) -> MemoryBill:
     """The bill of one GPU on pipeline stage ``stage``; ``layout`` is a Layout or a batch of them."""
     lay = layout
@@ -174,7 +218,8 @@ def stage_bill(
     master = sharded(prec.master_bytes, ZeroStage.OPTIMIZER)
     moments = sharded(moment_bytes_per_param(model, workload), ZeroStage.OPTIMIZER)
 
-    acts, logits, workspace = _stage_activations(model, lay, workload, stage=stage, sp_=sp_)
+    layer_acts = layer_acts or layer_activations(model, lay, workload)
+    acts, logits, workspace = _stage_activations(model, lay, workload, stage=stage, sp_=sp_, la=layer_acts)
     gathered = where(
         (zero >= ZeroStage.PARAMETERS) & (shard > 1),
         sp_.largest_layer * (2 * _gather_bytes(workload) + prec.grad_bytes),
@@ -196,26 +241,13 @@ def stage_bill(
 
 
 def _stage_activations(
-    model: ModelSpec, lay: object, workload: Workload, *, stage: Num, sp_: StageParams
+    model: ModelSpec, lay: object, workload: Workload, *, stage: Num, sp_: StageParams, la: LayerActivations
 ) -> tuple[Num, Num, Num]:
     """(saved activations, logits, recompute workspace) of one GPU on ``stage``."""
     tp, pp, cp, sp = lay.tp, lay.pp, lay.cp, lay.sp  # type: ignore[attr-defined]
     b, recompute = lay.micro_batch, lay.recompute  # type: ignore[attr-defined]
     s, beta = workload.seq_len, workload.precision.activation_bytes
-    common = dict(
-        seq_len=s,
-        micro_batch=b,
-        tp=tp,
-        sp=sp,
-        cp=cp,
-        attention=workload.attention,
-        act_bytes=beta,
-        kernels=workload.kernels,
-    )
-    dense = act.layer_bytes(model, recompute=recompute, moe_layer=False, **common)
-    moe = act.layer_bytes(model, recompute=recompute, moe_layer=True, **common)
-    per_mb = sp_.dense_layers * dense + sp_.moe_layers * moe
-
+    per_mb = sp_.dense_layers * la.dense + sp_.moe_layers * la.moe
     tokens = s / cp * b
     rep = where(sp, 1.0 / tp, 1.0)
     mask = 1.0 if model.dropout else 0.0
@@ -224,27 +256,14 @@ def _stage_activations(
 
     m = pipeline.micro_batches(workload.global_batch, micro_batch=b, dp=lay.dp_replicate * lay.dp_shard)  # type: ignore[attr-defined]
     flight = pipeline.in_flight(schedule=lay.schedule, pp=pp, vpp=lay.vpp, m=m, stage=stage)  # type: ignore[attr-defined]
-    copies = pipeline.stage_copies(lay.schedule)  # type: ignore[attr-defined]
-    saved = flight * per_mb / copies
+    saved = flight * per_mb / pipeline.stage_copies(lay.schedule)  # type: ignore[attr-defined]
 
     logits = where(stage == pp - 1, FP32_BYTES * tokens * model.vocab_size / tp, 0)
-    none = dict(common, recompute=Recompute.NONE)
-    rebuilt = maximum(
-        where(sp_.dense_layers > 0, act.layer_bytes(model, moe_layer=False, **none), 0),
-        where(sp_.moe_layers > 0, act.layer_bytes(model, moe_layer=True, **none), 0),
-    )
-    selective_scores = rebuilt - maximum(
-        where(
-            sp_.dense_layers > 0,
-            act.layer_bytes(model, moe_layer=False, **dict(common, recompute=Recompute.SELECTIVE)),
-            0,
-        ),
-        where(
-            sp_.moe_layers > 0, act.layer_bytes(model, moe_layer=True, **dict(common, recompute=Recompute.SELECTIVE)), 0
-        ),
-    )
+    has_dense, has_moe = sp_.dense_layers > 0, sp_.moe_layers > 0
+    rebuilt = maximum(where(has_dense, la.dense_none, 0), where(has_moe, la.moe_none, 0))
+    kept_selective = maximum(where(has_dense, la.dense_selective, 0), where(has_moe, la.moe_selective, 0))
     workspace = where(
-        recompute == Recompute.FULL, rebuilt, where(recompute == Recompute.SELECTIVE, selective_scores, 0)
+        recompute == Recompute.FULL, rebuilt, where(recompute == Recompute.SELECTIVE, rebuilt - kept_selective, 0)
     )
     return saved, logits, workspace
 

@@ -22,7 +22,7 @@ from meshplan.core import pipeline
 from meshplan.core.collectives import CollectiveCall, StageShape, inventory
 from meshplan.core.compute import head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
-from meshplan.core.memory import moment_bytes_per_param, shard_degrees, stage_params
+from meshplan.core.memory import StageParams, moment_bytes_per_param, shard_degrees, stage_params
 from meshplan.core.num import Num, maximum, minimum, to_float, where
 from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
@@ -72,35 +72,39 @@ class StepTime:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageTimes:
-    """One micro-batch through one pipeline stage."""
+    """One micro-batch through the slowest pipeline stage (per-term maxima over the stages)."""
 
     fwd_compute_s: Num
     bwd_compute_s: Num
+    """Backward compute, recompute included."""
     weight_grad_s: Num
     """The weight-gradient matmuls of backward: what backward TP traffic can hide behind."""
     attention_fwd_s: Num
     attention_bwd_s: Num
+    dense_layers: Num
+    moe_layers: Num
 
 
 def stage_times(
-    model: ModelSpec, lay: object, work: Workload, cluster: Cluster, *, stage: Num
-) -> tuple[StageTimes, Num, Num]:
-    """(times of one micro-batch on ``stage``, its dense layers, its MoE layers)."""
+    model: ModelSpec, lay: object, work: Workload, cluster: Cluster, *, stages: tuple[Num, ...]
+) -> StageTimes:
+    """Compute time of one micro-batch on the slowest of ``stages``.
+
+    Every layer of a kind takes the same time, so the layer times are
+    computed once and scaled by each stage's layer counts; the last stage
+    adds the output head and the loss.
+    """
     tp, pp, cp, b = lay.tp, lay.pp, lay.cp, lay.micro_batch  # type: ignore[attr-defined]
     gpu = cluster.gpu
     peak = gpu.peak(work.precision.compute)
     tokens = work.seq_len / cp * b
-    layers = pipeline.stage_layers(model.num_layers, pp=pp, stage=stage)
-    first = pipeline.stage_first_layer(model.num_layers, pp=pp, stage=stage)
-    dense_layers = minimum(maximum(model.num_dense_mlp_layers - first, 0), layers)
-    moe_layers = layers - dense_layers
     common = dict(
         tokens=tokens,
         seq_len=work.seq_len,
         tp=tp,
         sp=lay.sp,
-        ep=lay.ep,
-        attention=work.attention,  # type: ignore[attr-defined]
+        ep=lay.ep,  # type: ignore[attr-defined]
+        attention=work.attention,
         peak_flops=peak,
         hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
         cal=gpu.calibration,
@@ -109,12 +113,6 @@ def stage_times(
     )
     dense = layer_time(model, moe_layer=False, **common)
     moe = layer_time(model, moe_layer=True, **common)
-    recompute = lay.recompute  # type: ignore[attr-defined]
-    fwd = dense_layers * dense.forward_s + moe_layers * moe.forward_s
-    bwd = dense_layers * dense.backward_s + moe_layers * moe.backward_s
-    attn_fwd = dense_layers * dense.attention_core_fwd_s + moe_layers * moe.attention_core_fwd_s
-    attn_bwd = dense_layers * dense.attention_core_bwd_s + moe_layers * moe.attention_core_bwd_s
-    redo = where(recompute == Recompute.FULL, fwd, where(recompute == Recompute.SELECTIVE, attn_fwd, 0.0))
     head_f, head_b = head_time(
         model,
         tokens=tokens,
@@ -124,26 +122,28 @@ def stage_times(
         cal=gpu.calibration,
         act_bytes=work.precision.activation_bytes,
     )
-    last = stage == pp - 1
-    weight_grad = dense_layers * dense.gemm_s + moe_layers * moe.gemm_s
-    times = StageTimes(
-        fwd_compute_s=fwd + where(last, head_f, 0.0),
-        bwd_compute_s=bwd + redo + where(last, head_b, 0.0),
-        weight_grad_s=weight_grad,
-        attention_fwd_s=attn_fwd,
-        attention_bwd_s=attn_bwd,
-    )
-    return times, dense_layers, moe_layers
-
-
-def _sum_time(
-    calls: list[CollectiveCall], *, strategies: tuple[str, ...], phase: str, ops: tuple[str, ...] = ()
-) -> Num:
-    """Total per-step time of the matching calls."""
-    return sum(
-        (c.time_s for c in calls if c.strategy in strategies and c.phase == phase and (not ops or c.op.value in ops)),
-        0.0,
-    )
+    recompute = lay.recompute  # type: ignore[attr-defined]
+    worst: dict[str, Num] = {}
+    for stage in stages:
+        layers = pipeline.stage_layers(model.num_layers, pp=pp, stage=stage)
+        first = pipeline.stage_first_layer(model.num_layers, pp=pp, stage=stage)
+        n_dense = minimum(maximum(model.num_dense_mlp_layers - first, 0), layers)
+        n_moe = layers - n_dense
+        fwd = n_dense * dense.forward_s + n_moe * moe.forward_s
+        attn_fwd = n_dense * dense.attention_core_fwd_s + n_moe * moe.attention_core_fwd_s
+        redo = where(recompute == Recompute.FULL, fwd, where(recompute == Recompute.SELECTIVE, attn_fwd, 0.0))
+        last = stage == pp - 1
+        values = {
+            "fwd_compute_s": fwd + where(last, head_f, 0.0),
+            "bwd_compute_s": n_dense * dense.backward_s + n_moe * moe.backward_s + redo + where(last, head_b, 0.0),
+            "weight_grad_s": n_dense * dense.gemm_s + n_moe * moe.gemm_s,
+            "attention_fwd_s": attn_fwd,
+            "attention_bwd_s": n_dense * dense.attention_core_bwd_s + n_moe * moe.attention_core_bwd_s,
+            "dense_layers": n_dense,
+            "moe_layers": n_moe,
+        }
+        worst = {k: maximum(worst[k], v) for k, v in values.items()} if worst else values
+    return StageTimes(**worst)
 
 
 def _bubble(schedule: Num, *, pp: Num, vpp: Num, t_f: Num, t_b: Num) -> Num:
@@ -168,7 +168,7 @@ def _hidden(comm: Num, behind: Num, on: bool, efficiency: float) -> Num:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageStep:
-    """One stage's share of a step: per micro-batch times and per-step exposed traffic."""
+    """The slowest stage's share of a step: per micro-batch times and per-step exposed traffic."""
 
     fwd_s: Num
     bwd_s: Num
@@ -190,19 +190,28 @@ def _stage_step(
     cluster: Cluster,
     placement: dict[str, AxisPlacement],
     *,
-    stage: Num,
     m: Num,
 ) -> StageStep:
+    """Per micro-batch compute and exposed traffic of the slowest stage, and its per-step traffic.
+
+    The stages that can be slowest are the first (embedding), a middle one
+    (the most layers) and the last (output head); each term takes its
+    maximum over them, an upper bound when different stages set different terms.
+    """
     copies = pipeline.stage_copies(lay.schedule)  # type: ignore[attr-defined]
-    times, dense_layers, moe_layers = stage_times(model, lay, work, cluster, stage=stage)
-    sp_ = stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=stage, copies=copies)  # type: ignore[attr-defined]
+    stages = (0, minimum(1, lay.pp - 1), lay.pp - 1)  # type: ignore[attr-defined]
+    times = stage_times(model, lay, work, cluster, stages=stages)
+    held = [stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies) for s in stages]  # type: ignore[attr-defined]
+    dense_params, expert_params = held[0].dense, held[0].experts
+    for h in held[1:]:
+        dense_params, expert_params = maximum(dense_params, h.dense), maximum(expert_params, h.experts)
     shape = StageShape(
         tokens=work.seq_len / lay.cp * lay.micro_batch,  # type: ignore[attr-defined]
-        dense_layers=dense_layers * copies,
-        moe_layers=moe_layers * copies,
+        dense_layers=times.dense_layers * copies,
+        moe_layers=times.moe_layers * copies,
         micro_batches=m,
-        dense_params=sp_.dense,
-        expert_params=sp_.experts,
+        dense_params=dense_params,
+        expert_params=expert_params,
     )
     calls = inventory(model, lay, work, cluster, placement, shape)
     eff = cluster.gpu.calibration.overlap_efficiency
@@ -215,8 +224,7 @@ def _stage_step(
         return total / m
 
     def exposed(strategies: tuple[str, ...], phase: str, behind: Num) -> Num:
-        blocking = per_mb(strategies, phase, False)
-        return blocking + _hidden(per_mb(strategies, phase, True), behind, True, eff)
+        return per_mb(strategies, phase, False) + _hidden(per_mb(strategies, phase, True), behind, True, eff)
 
     fwd_c, bwd_c = times.fwd_compute_s * copies, times.bwd_compute_s * copies
     wgrad = times.weight_grad_s * copies
@@ -228,6 +236,7 @@ def _stage_step(
     ep_b = exposed(("ep",), "backward", bwd_c)
     chunk = where(lay.pp > 1, lay.vpp * cluster.gpu.calibration.pipeline_step_overhead_s, 0.0)  # type: ignore[attr-defined]
     fwd, bwd = fwd_c + tp_f + cp_f + ep_f + chunk, bwd_c + tp_b + cp_b + ep_b + chunk
+    sharded = StageParams(dense=dense_params, experts=expert_params, largest_layer=0, dense_layers=0, moe_layers=0)
     return StageStep(
         fwd_s=fwd,
         bwd_s=bwd,
@@ -237,7 +246,7 @@ def _stage_step(
         ep_s=ep_f + ep_b,
         pp_s=_pp_exposed(calls, lay=lay, m=m, ov_pp=work.overlap.pp) + 2 * m * chunk,
         dp_s=_dp_exposed(calls, fwd_s=fwd, bwd_s=bwd, m=m, work=work, efficiency=eff),
-        optimizer_s=_optimizer_time(model, lay, work, cluster, sp_),
+        optimizer_s=_optimizer_time(model, lay, work, cluster, sharded),
         calls=calls,
     )
 
@@ -315,47 +324,31 @@ def step_time(
     cluster: Cluster,
     placement: dict[str, AxisPlacement],
 ) -> tuple[StepTime, list[CollectiveCall]]:
-    """Step time of a layout (or a batch of layouts) and the collectives of its busiest stage.
-
-    The slowest of the first, a middle and the last stage sets the pace
-    (per-term maxima over those stages: an upper bound when they differ).
-    """
+    """Step time of a layout (or a batch of layouts) and the collectives of its slowest stage's GPU."""
     pp = lay.pp  # type: ignore[attr-defined]
     dp = lay.dp_replicate * lay.dp_shard  # type: ignore[attr-defined]
     m = pipeline.micro_batches(work.global_batch, micro_batch=lay.micro_batch, dp=dp)  # type: ignore[attr-defined]
-    busiest = minimum(1, pp - 1)
-    stages = [_stage_step(model, params, lay, work, cluster, placement, stage=s, m=m) for s in (0, busiest, pp - 1)]
-
-    def worst(name: str) -> Num:
-        out = getattr(stages[0], name)
-        for st in stages[1:]:
-            out = maximum(out, getattr(st, name))
-        return out
-
+    st = _stage_step(model, params, lay, work, cluster, placement, m=m)
     copies = pipeline.stage_copies(lay.schedule)  # type: ignore[attr-defined]
-    fwd, bwd = worst("fwd_s"), worst("bwd_s")
-    compute = m * worst("compute_s") / copies
-    per_mb_comm = worst("tp_s") + worst("cp_s") + worst("ep_s")
-    bubble = _bubble(lay.schedule, pp=pp, vpp=lay.vpp, t_f=fwd / copies, t_b=bwd / copies)  # type: ignore[attr-defined]
-    pp_s, dp_s = worst("pp_s"), worst("dp_s")
-    exposed = m * per_mb_comm / copies + pp_s + dp_s
+    bubble = _bubble(lay.schedule, pp=pp, vpp=lay.vpp, t_f=st.fwd_s / copies, t_b=st.bwd_s / copies)  # type: ignore[attr-defined]
+    exposed = m * (st.tp_s + st.cp_s + st.ep_s) / copies + st.pp_s + st.dp_s
     tokens = work.seq_len * work.global_batch
     model_flops = model_flops_per_token(model, seq_len=work.seq_len) * tokens
     gpus = dp * lay.cp * lay.tp * pp  # type: ignore[attr-defined]
     step = StepTime(
-        compute_s=to_float(compute),
+        compute_s=to_float(m * st.compute_s / copies),
         exposed_comm_s=to_float(exposed),
         bubble_s=to_float(bubble),
-        optimizer_s=to_float(worst("optimizer_s")),
-        exposed_tp_s=to_float(m * worst("tp_s") / copies),
-        exposed_cp_s=to_float(m * worst("cp_s") / copies),
-        exposed_ep_s=to_float(m * worst("ep_s") / copies),
-        exposed_pp_s=to_float(pp_s),
-        exposed_dp_s=to_float(dp_s),
+        optimizer_s=to_float(st.optimizer_s),
+        exposed_tp_s=to_float(m * st.tp_s / copies),
+        exposed_cp_s=to_float(m * st.cp_s / copies),
+        exposed_ep_s=to_float(m * st.ep_s / copies),
+        exposed_pp_s=to_float(st.pp_s),
+        exposed_dp_s=to_float(st.dp_s),
         model_flops_per_step=model_flops,
         hardware_flops_per_step=to_float(model_flops * _recompute_factor(model, lay.recompute, work)),  # type: ignore[attr-defined]
         tokens_per_step=tokens,
         num_gpus=gpus,
         peak_flops=cluster.gpu.peak(work.precision.compute),
     )
-    return step, stages[1].calls
+    return step, st.calls

@@ -1,0 +1,142 @@
+"""search(): every valid layout, evaluated with the core's own formulas as arrays, ranked.
+
+Pipeline: enumerate candidates -> each rule of core.constraints as a mask
+(every rejection keeps its reason) -> TP placement -> the heaviest-stage
+memory bill against HBM minus headroom -> step time -> objective -> top-k and
+the Pareto front of step time against memory per GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
+
+from meshplan.core.constraints import RULES
+from meshplan.core.memory import MemoryBill
+from meshplan.core.params import count_params
+from meshplan.core.placement import DEFAULT_ORDER, place
+from meshplan.core.plan import mesh_sizes
+from meshplan.core.step_time import StepTime, step_time
+from meshplan.core.training import peak_bill
+from meshplan.search.space import LayoutBatch, SearchSpace, enumerate_layouts
+from meshplan.spec.cluster import Cluster
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.workload import Workload
+
+OOM = "OOM"
+TP_CROSSES = "TP crosses node"
+
+
+class Objective(StrEnum):
+    """What the planner ranks by."""
+
+    STEP_TIME = "step-time"
+    """Fastest optimizer step on the given fleet (highest throughput), memory headroom breaking ties."""
+    TOKENS_PER_GPU = "tokens-per-gpu"
+    """Most tokens per second per GPU (equal to step time on a fixed fleet)."""
+    HEADROOM = "headroom"
+    """Most free memory per GPU among layouts within 5% of the fastest."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchResult:
+    """The ranked feasible layouts and the count of every rejection."""
+
+    candidates: LayoutBatch
+    """Feasible layouts, best first."""
+    step: StepTime
+    memory: MemoryBill
+    evaluated: int
+    rejections: dict[str, int]
+    elapsed_s: float
+    pareto: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Indices (into ``candidates``) of the step-time / memory Pareto front, fastest first."""
+
+    @property
+    def feasible(self) -> int:
+        return len(self.candidates)
+
+
+def _reject(mask: npt.NDArray[np.bool_], alive: npt.NDArray[np.bool_], reason: str, counts: dict[str, int]) -> None:
+    """Kill the alive candidates that fail ``mask``, counting them under ``reason``."""
+    failed = alive & ~mask
+    n = int(failed.sum())
+    if n:
+        counts[reason] = counts.get(reason, 0) + n
+        alive &= mask
+
+
+def pareto_front(times: npt.NDArray[np.float64], memory: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """Indices of the points no other point beats on both step time and memory, fastest first."""
+    order = np.lexsort((memory, times))
+    front, best_mem = [], np.inf
+    for i in order:
+        if memory[i] < best_mem:
+            front.append(i)
+            best_mem = memory[i]
+    return np.asarray(front, dtype=np.int64)
+
+
+def search(
+    model: ModelSpec, cluster: Cluster, workload: Workload, *, space: SearchSpace | None = None,
+    headroom: float = 0.10, allow_cross_node_tp: bool = False, order: tuple[str, ...] = DEFAULT_ORDER,
+    objective: Objective = Objective.STEP_TIME,
+) -> SearchResult:
+    """Search every layout of ``model`` on ``cluster`` for ``workload``; the fastest that fit come first."""
+    start = time.perf_counter()
+    space = space or SearchSpace(max_tp=max(4 * cluster.domain_size, 8) if not allow_cross_node_tp else None)
+    batch = enumerate_layouts(
+        model, num_gpus=cluster.num_gpus, global_batch=workload.global_batch, space=space,
+        domain=cluster.domain_size, allow_cross_node_tp=True,
+    )
+    counts: dict[str, int] = {}
+    alive = np.ones(len(batch), dtype=np.bool_)
+    for rule in RULES:
+        _reject(np.asarray(rule.holds(model, batch, workload, cluster.num_gpus), dtype=np.bool_), alive, rule.reason, counts)
+    if not allow_cross_node_tp:
+        _reject(batch.tp <= cluster.domain_size, alive, TP_CROSSES, counts)
+    batch_ok = batch.take(alive)
+    params = count_params(model)
+    bill = peak_bill(model, params, batch_ok, workload, calibration=cluster.gpu.calibration)
+    fits = np.asarray(bill.total_bytes <= cluster.gpu.hbm_bytes * (1 - headroom), dtype=np.bool_)
+    still = np.ones(len(batch_ok), dtype=np.bool_)
+    _reject(fits, still, OOM, counts)
+    feasible = batch_ok.take(still)
+    bill = MemoryBill(**{k: np.asarray(v)[still] for k, v in bill.as_dict().items() if k in MemoryBill.__dataclass_fields__})
+    placement = place(mesh_sizes(feasible), order=order, domain=cluster.domain_size)
+    step, _ = step_time(model, params, feasible, workload, cluster, placement)
+    times = np.asarray(step.step_time_s, dtype=np.float64) * np.ones(len(feasible))
+    total = np.asarray(bill.total_bytes, dtype=np.float64)
+    ranking = _rank(times, total, objective)
+    result_batch = feasible.take(ranking)
+    step = _take(step, ranking)
+    bill = _take(bill, ranking)
+    front = pareto_front(np.asarray(step.step_time_s) * np.ones(len(ranking)), np.asarray(bill.total_bytes))
+    return SearchResult(
+        candidates=result_batch, step=step, memory=bill, evaluated=len(batch), rejections=counts,
+        elapsed_s=time.perf_counter() - start, pareto=front,
+    )
+
+
+def _rank(times: npt.NDArray[np.float64], memory: npt.NDArray[np.float64], objective: Objective) -> npt.NDArray[np.int64]:
+    """Candidate order: fastest first with less memory breaking ties, or most headroom near the fastest."""
+    if objective is Objective.HEADROOM and len(times):
+        near = times <= times.min() * 1.05
+        return np.lexsort((times, memory, ~near))
+    return np.lexsort((memory, np.round(times, 9)))
+
+
+def _take(obj: object, index: npt.NDArray[np.int64]) -> object:
+    """A StepTime or MemoryBill restricted to ``index`` (scalars stay scalars)."""
+    import dataclasses
+
+    values = {}
+    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
+        v = getattr(obj, f.name)
+        values[f.name] = v[index] if isinstance(v, np.ndarray) and v.ndim and len(v) > 1 or (
+            isinstance(v, np.ndarray) and v.ndim and len(index) == len(v)) else v
+    return type(obj)(**values)
