@@ -119,7 +119,8 @@ def _wrapped(tokens: list[str]) -> str:
     """The command one flag per line, continued with backslashes."""
     lines: list[list[str]] = [[]]
     for token in tokens:
-        if lines[-1] and (token.startswith("--") or token == "-m" or token.endswith(".py")):
+        program = token == "-m" or token.endswith(".py")
+        if lines[-1] and (token.startswith("--") or (program and lines[-1][0].startswith("--"))):
             lines.append([])
         lines[-1].append(token)
     return " \\\n    ".join(shell_join(line) for line in lines)

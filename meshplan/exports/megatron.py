@@ -62,7 +62,10 @@ def _pipeline_split(num_layers: int, layout: Layout) -> Args:
     if num_layers < stages:
         raise ValueError(f"num_layers={num_layers} is fewer than the pp * vpp = {stages} pipeline stages")
     base, extra = divmod(num_layers, stages)
-    parts = [f"t*{base + (index < extra)}" for index in range(stages)]
+    counts = [base] * stages
+    for index in [*range(1, stages - 1), 0, stages - 1][:extra]:  # spare layers go to the middle stages first
+        counts[index] += 1
+    parts = [f"t*{count}" for count in counts]
     # Stages are listed in virtual order (chunk-major), embedding first and loss last.
     return _flag("--pipeline-model-parallel-layout", "|".join(["E" + parts[0], *parts[1:-1], parts[-1] + "L"]))
 

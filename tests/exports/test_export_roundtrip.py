@@ -6,19 +6,16 @@ import json
 import shlex
 
 import pytest
-from export_helpers import (
-    FEATURE_CASES,
+from export_cases import (
+    DEEPSPEED,
     LLAMA2_7B,
-    LLAMA_8B,
-    LLAMA_70B,
     LLAMA_405B,
-    QWEN3_30B_A3B,
-    ReadBack,
-    flags,
-    read_deepspeed,
-    read_megatron,
-    read_torchtitan,
+    MEGATRON_CASES,
+    RECIPE_405B,
+    SERVING,
+    TRAINING,
 )
+from export_readers import ReadBack, flags, read_deepspeed, read_megatron, read_torchtitan
 
 from meshplan.exports import (
     SERVING_EXPORTERS,
@@ -31,94 +28,9 @@ from meshplan.exports import (
     export_vllm,
 )
 from meshplan.exports.common import effective_zero
-from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
+from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import PRECISIONS, Workload
-from meshplan.units import DType
-
-Case = tuple[str, ModelSpec, Layout, Workload]
-
-RECIPE_405B = Layout(tp=8, pp=16, vpp=2, dp_shard=128, zero=ZeroStage.GRADIENTS, sp=True, schedule=Schedule.INTERLEAVED)
-BF16_FP32_GRADS = PRECISIONS["bf16-fp32-grads"]
-
-TRAINING: list[Case] = [
-    ("405b-recipe", LLAMA_405B, RECIPE_405B, Workload(seq_len=8192, global_batch=2048, precision=BF16_FP32_GRADS)),
-    (
-        "70b-hsdp-zero3-full",
-        LLAMA_70B,
-        Layout(
-            tp=8,
-            dp_shard=16,
-            dp_replicate=2,
-            zero=ZeroStage.PARAMETERS,
-            sp=True,
-            recompute=Recompute.FULL,
-            micro_batch=2,
-        ),
-        Workload(seq_len=4096, global_batch=512),
-    ),
-    (
-        "8b-ddp-selective",
-        LLAMA_8B,
-        Layout(dp_replicate=8, recompute=Recompute.SELECTIVE, micro_batch=4),
-        Workload(seq_len=8192, global_batch=256),
-    ),
-    (
-        "8b-tp-cp-zero3",
-        LLAMA_8B,
-        Layout(tp=2, cp=2, cp_kind=ContextParallel.ALL_GATHER, dp_shard=4, zero=ZeroStage.PARAMETERS, sp=True),
-        Workload(seq_len=32768, global_batch=64),
-    ),
-    (
-        "70b-uneven-pp",
-        LLAMA_70B,
-        Layout(tp=8, pp=6, dp_shard=2, zero=ZeroStage.PARAMETERS, sp=True, micro_batch=1),
-        Workload(seq_len=8192, global_batch=64),
-    ),
-    (
-        "moe-ep8",
-        QWEN3_30B_A3B,
-        Layout(dp_shard=8, ep=8, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL),
-        Workload(seq_len=4096, global_batch=64),
-    ),
-]
-
-MEGATRON_ONLY: list[Case] = [
-    (
-        "70b-distributed-optimizer-hsdp",
-        LLAMA_70B,
-        Layout(tp=4, pp=4, dp_shard=4, dp_replicate=2, zero=ZeroStage.OPTIMIZER, sp=True, micro_batch=1),
-        Workload(seq_len=4096, global_batch=256),
-    ),
-    (
-        "8b-ring-cp",
-        LLAMA_8B,
-        Layout(tp=2, cp=4, dp_shard=2, zero=ZeroStage.OPTIMIZER, recompute=Recompute.SELECTIVE),
-        Workload(seq_len=65536, global_batch=16),
-    ),
-]
-
-DEEPSPEED: list[Case] = [
-    (
-        "7b-zero3-finetune",
-        LLAMA2_7B,
-        Layout(dp_shard=64, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL, micro_batch=4),
-        Workload(seq_len=4096, global_batch=1024),
-    ),
-    (
-        "7b-autotp-zero2",
-        LLAMA2_7B,
-        Layout(tp=2, dp_shard=4, zero=ZeroStage.GRADIENTS, micro_batch=2),
-        Workload(seq_len=2048, global_batch=64),
-    ),
-    ("7b-ddp", LLAMA2_7B, Layout(dp_replicate=8), Workload(seq_len=2048, global_batch=32)),
-    (
-        "moe-autoep",
-        QWEN3_30B_A3B,
-        Layout(dp_shard=8, ep=8, zero=ZeroStage.GRADIENTS),
-        Workload(seq_len=4096, global_batch=64),
-    ),
-]
 
 
 def expected(layout: Layout, workload: Workload) -> ReadBack:
@@ -144,9 +56,6 @@ def test_torchtitan_round_trip(name: str, model: ModelSpec, layout: Layout, work
     export = export_torchtitan(model, layout, workload)
     assert read_torchtitan(export, model) == expected(layout, workload)
     compile(export.files["meshplan_torchtitan.py"], "meshplan_torchtitan.py", "exec")
-
-
-MEGATRON_CASES = TRAINING + MEGATRON_ONLY + FEATURE_CASES
 
 
 @pytest.mark.parametrize(("name", "model", "layout", "workload"), MEGATRON_CASES, ids=[c[0] for c in MEGATRON_CASES])
@@ -208,16 +117,6 @@ def test_precision_mapping() -> None:
     assert "config.model_spec = model_registry('405B')" in bf16_405b  # the recipe's float8 is dropped
     ds = json.loads(export_deepspeed(LLAMA2_7B, DEEPSPEED[2][2], DEEPSPEED[2][3]).files["ds_config.json"])
     assert ds["bf16"] == {"enabled": True} and "data_types" not in ds
-
-
-SERVING = {
-    "model_path": "meta-llama/Llama-3.3-70B-Instruct",
-    "tp": 8,
-    "max_model_len": 32768,
-    "gpu_memory_utilization": 0.9,
-    "max_num_seqs": 128,
-    "kv_cache_dtype": DType.FP8,
-}
 
 
 def test_vllm_round_trip() -> None:

@@ -22,11 +22,20 @@ import sys
 import typing
 from pathlib import Path
 
+import export_pins as pinned
 import pytest
-from export_helpers import flags, script_tokens
-from test_roundtrip import DEEPSPEED, MEGATRON_CASES, SERVING, TRAINING
+from export_cases import DEEPSPEED, MEGATRON_CASES, SERVING, TRAINING
+from export_readers import flags, script_tokens
 
-from meshplan.exports import export_deepspeed, export_megatron, export_sglang, export_torchtitan, export_vllm
+from meshplan.exports import (
+    export_deepspeed,
+    export_megatron,
+    export_sglang,
+    export_torchtitan,
+    export_vllm,
+    sglang,
+    vllm,
+)
 from meshplan.exports.common import effective_zero
 from meshplan.spec.layout import Layout, Recompute
 from meshplan.spec.model import ModelSpec
@@ -207,3 +216,63 @@ def test_sglang_server_args() -> None:
     assert (args.context_length, args.mem_fraction_static, args.max_running_requests) == (32768, 0.9, 128)
     assert (args.kv_cache_dtype, args.quantization) == ("fp8_e4m3", "fp8")
     assert flags(shlex.split(export.command))["--model-path"] == SERVING["model_path"]
+
+
+# The pins of test_pinned_flags.py, held against the installed engine's own definitions.
+
+
+@needs_megatron
+def test_megatron_pins_match_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    if sys.version_info < (3, 12):
+        monkeypatch.setattr(typing, "override", lambda f: f, raising=False)
+    arguments = importlib.import_module("megatron.training.arguments")
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    arguments.add_megatron_arguments(parser)
+    actions = {option: action for action in parser._actions for option in action.option_strings}
+    assert set(actions) >= pinned.MEGATRON_FLAGS
+    for flag, choices in pinned.MEGATRON_CHOICES.items():
+        names = {getattr(choice, "name", choice) for choice in actions[flag].choices or ()}
+        assert choices <= names, flag
+
+
+@needs_torchtitan
+def test_torchtitan_pins_match_dataclasses() -> None:
+    from dataclasses import fields
+
+    from torchtitan.config import ParallelismConfig, TrainingConfig
+
+    assert {f.name for f in fields(ParallelismConfig)} == pinned.TORCHTITAN_PARALLELISM
+    assert {f.name for f in fields(TrainingConfig)} == pinned.TORCHTITAN_TRAINING
+
+
+@needs_deepspeed
+def test_deepspeed_pins_match_zero_config() -> None:
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    names = {field.alias or name for name, field in DeepSpeedZeroConfig.model_fields.items()}
+    assert names | set(DeepSpeedZeroConfig.model_fields) >= pinned.DEEPSPEED_ZERO_KEYS
+
+
+@needs_vllm
+def test_vllm_pins_match_engine_args() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    actions = {option: action for action in parser._actions for option in action.option_strings}
+    assert set(actions) >= pinned.VLLM_FLAGS
+    assert set(actions["--kv-cache-dtype"].choices) >= pinned.VLLM_KV_CACHE_DTYPES
+    assert set(vllm.QUANTIZATION_METHODS) == set(QUANTIZATION_METHODS)
+
+
+@needs_sglang
+def test_sglang_pins_match_server_args() -> None:
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    actions = {option: action for action in parser._actions for option in action.option_strings}
+    assert set(actions) >= pinned.SGLANG_FLAGS
+    assert set(actions["--kv-cache-dtype"].choices) == pinned.SGLANG_KV_CACHE_DTYPES
+    assert set(actions["--quantization"].choices) == set(sglang.QUANTIZATION_METHODS)

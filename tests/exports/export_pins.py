@@ -1,6 +1,5 @@
-"""Flag names pinned from each engine's source, for machines where the engine does not install.
+"""Flag names, config keys and choices pinned from each engine's source, by version.
 
-Every option an export writes must be one the stated engine version defines:
 - Megatron-LM: megatron/training/arguments.py (+ argument_utils.py, which generates flags from the
   dataclasses in megatron/training/config and megatron/core) at commit
   d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22), listed from the parser that code builds.
@@ -13,24 +12,6 @@ Every option an export writes must be one the stated engine version defines:
 """
 
 from __future__ import annotations
-
-import json
-import shlex
-
-from export_helpers import torchtitan_assignments
-from test_roundtrip import DEEPSPEED, MEGATRON_CASES, SERVING, TRAINING
-
-from meshplan.exports import (
-    deepspeed,
-    export_deepspeed,
-    export_megatron,
-    export_sglang,
-    export_torchtitan,
-    export_vllm,
-    sglang,
-    torchtitan,
-    vllm,
-)
 
 
 def _words(text: str) -> frozenset[str]:
@@ -153,58 +134,3 @@ SGLANG_KV_CACHE_DTYPES = _words(
     auto bf16 bfloat16 fp4_mx_block16 fp8_e4m3 fp8_e5m2 mxfp8 nvfp4
     """
 )
-
-
-def _options(tokens: list[str]) -> list[str]:
-    return [token for token in tokens if token.startswith("--")]
-
-
-def test_megatron_flags_are_pinned() -> None:
-    for _name, model, layout, workload in MEGATRON_CASES:
-        for model_path in (None, "/models/hf"):
-            tokens = shlex.split(export_megatron(model, layout, workload, model_path=model_path).command)
-            args = tokens[tokens.index("pretrain_gpt.py") + 1 :]
-            assert set(_options(args)) <= MEGATRON_FLAGS
-            for flag, choices in MEGATRON_CHOICES.items():
-                if flag in args:
-                    assert args[args.index(flag) + 1] in choices, flag
-            if "--cp-comm-type" in args:
-                assert args[args.index("--cp-comm-type") + 1] in MEGATRON_CP_COMM
-
-
-def test_torchtitan_fields_are_pinned() -> None:
-    for _name, model, layout, workload in TRAINING:
-        values = torchtitan_assignments(export_torchtitan(model, layout, workload).files["meshplan_torchtitan.py"])
-        for name in values:
-            section, _, field = name.partition(".")
-            if section == "parallelism":
-                assert field in TORCHTITAN_PARALLELISM, name
-            elif section == "training":
-                assert field in TORCHTITAN_TRAINING, name
-        if "parallelism.pipeline_parallel_schedule" in values:
-            assert values["parallelism.pipeline_parallel_schedule"] in TORCH_PIPELINE_SCHEDULES
-        assert values.get("parallelism.fsdp_reshard_after_forward", "default") in {"default", "always", "never"}
-    assert {(r.module, r.function) for r in torchtitan.RECIPES.values()} <= TORCHTITAN_RECIPES
-    assert set(torchtitan.SCHEDULES.values()) <= TORCH_PIPELINE_SCHEDULES
-
-
-def test_deepspeed_keys_are_pinned() -> None:
-    for _name, model, layout, workload in DEEPSPEED:
-        config = json.loads(export_deepspeed(model, layout, workload).files[deepspeed.CONFIG_FILE])
-        assert set(config) <= DEEPSPEED_KEYS
-        assert set(config["zero_optimization"]) <= DEEPSPEED_ZERO_KEYS
-        assert set(config.get("activation_checkpointing", {})) <= DEEPSPEED_CHECKPOINTING_KEYS
-        assert set(config.get("tensor_parallel", {})) <= {"autotp_size"}
-        assert set(config.get("expert_parallel", {})) <= {"enabled", "autoep_size"}
-
-
-def test_serving_flags_are_pinned() -> None:
-    for ep in (1, 8):
-        tokens = shlex.split(export_vllm(**{**SERVING, "ep": ep}, quantization="fp8").command)
-        assert set(_options(tokens)) <= VLLM_FLAGS
-    tokens = shlex.split(export_sglang(**{**SERVING, "ep": 4}, quantization="fp8").command)
-    assert set(_options(tokens)) <= SGLANG_FLAGS
-    assert set(vllm.KV_CACHE_DTYPES.values()) <= VLLM_KV_CACHE_DTYPES
-    assert set(sglang.KV_CACHE_DTYPES.values()) <= SGLANG_KV_CACHE_DTYPES
-    assert {"fp8", "awq", "gptq", "compressed-tensors"} <= set(vllm.QUANTIZATION_METHODS)
-    assert {"fp8", "awq", "gptq", "compressed-tensors", "w8a8_fp8"} <= set(sglang.QUANTIZATION_METHODS)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from export_helpers import LLAMA2_7B, LLAMA_8B, LLAMA_70B, QWEN3_30B_A3B
+from export_cases import LLAMA2_7B, LLAMA_8B, LLAMA_70B, QWEN3_30B_A3B
 
 from meshplan.exports import (
     Engine,
