@@ -104,7 +104,7 @@ def _workload_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_params(args: argparse.Namespace) -> dict[str, Any]:
-    from meshplan.reports import params_report
+    from meshplan.reports.params import params_report
 
     return params_report(args.model)
 
@@ -156,6 +156,118 @@ def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.validate import validate
 
     return validate(args.source)
+
+
+def _nonnegative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.plan import plan_report
+
+    result = plan_report(
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        seq=args.seq,
+        global_batch_tokens=args.global_batch_tokens,
+        top=args.top,
+        headroom=args.headroom,
+        allow_cross_node_tp=args.allow_cross_node_tp,
+        objective=args.objective,
+        precision=args.precision,
+        attention=args.attention,
+        kernels=args.kernels,
+        node_size=args.node_size,
+        scale_out=args.scale_out,
+        axis_order=args.axis_order,
+        explain=args.explain,
+        compare=args.compare,
+        tokens=args.tokens,
+        days=args.days,
+    )
+    if args.save:
+        import json
+        from pathlib import Path
+
+        Path(args.save).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+def _cmd_recipe(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.recipes import list_report, recipe_report
+
+    if args.list or not args.name:
+        return list_report()
+    return recipe_report(args.name, rank=not args.no_rank)
+
+
+SERVING_ENGINES = ("vllm", "sglang")
+
+
+def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.export import export_serving, export_training, load_saved_plan
+
+    if args.engine in SERVING_ENGINES:
+        if args.from_plan or not (args.model and args.gpu and args.gpus):
+            raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and serving flags")
+        result = export_serving(
+            args.engine,
+            args.model,
+            gpu=args.gpu,
+            gpus=args.gpus,
+            tp=None if args.tp == 1 and args.pp == 1 else args.tp,
+            pp=args.pp,
+            ep=args.ep,
+            dtype=args.dtype,
+            kv_dtype=args.kv_dtype,
+            context=args.context,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            model_path=args.model_path,
+        )
+    elif args.from_plan:
+        saved = load_saved_plan(args.from_plan)
+        result = export_training(
+            args.engine,
+            saved["model"],
+            gpu=saved["gpu"],
+            gpus=saved["gpus"],
+            layout=saved["layout"],
+            seq=saved["seq"],
+            global_batch=saved["global_batch"],
+            precision=args.precision,
+            model_path=args.model_path,
+        )
+    else:
+        if not (args.model and args.gpu and args.gpus):
+            raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and layout flags, or --from-plan")
+        result = export_training(
+            args.engine,
+            args.model,
+            gpu=args.gpu,
+            gpus=args.gpus,
+            layout=_layout_request(args),
+            seq=args.seq,
+            global_batch=args.global_batch,
+            precision=args.precision,
+            model_path=args.model_path,
+        )
+    if args.out:
+        from pathlib import Path
+
+        folder = Path(args.out)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in result["files"].items():
+            (folder / name).write_text(text, encoding="utf-8")
+        (folder / "launch.sh").write_text("#!/bin/sh\n" + result["command"] + "\n", encoding="utf-8")
+        result["written"] = sorted([*result["files"], "launch.sh"])
+    return result
 
 
 def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
@@ -223,6 +335,49 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("validate", _cmd_validate, "predictions against published measured runs, with the error of each")
     p.add_argument("--source", default=None, help="one source only (korthikanti2022, narayanan2021, llama3)")
 
+    p = command("plan", _cmd_plan, "search every layout: the fastest that fit, why they win, why the rest lost")
+    p.add_argument("model")
+    _add_fleet(p)
+    p.add_argument("--seq", type=_positive_int, required=True, help="sequence length in tokens")
+    p.add_argument("--global-batch-tokens", type=_positive_int, required=True, help="tokens per optimizer step")
+    p.add_argument("--top", type=_positive_int, default=5, help="plans to show")
+    p.add_argument("--headroom", type=_nonnegative, default=0.10, help="share of HBM kept free (default 0.10)")
+    p.add_argument("--allow-cross-node-tp", action="store_true", help="let TP groups leave the NVLink domain")
+    p.add_argument("--objective", default="step-time", help="step-time, tokens-per-gpu, headroom or fewest-gpus")
+    p.add_argument("--tokens", type=float, default=None, help="tokens to train (days per plan; fewest-gpus)")
+    p.add_argument("--days", type=float, default=None, help="deadline in days for the fewest-gpus objective")
+    p.add_argument("--explain", action="store_true", help="compare the winner with the runner-up term by term")
+    p.add_argument("--compare", default=None, help="also compare with a named layout, e.g. tp=8,pp=16,dp=128")
+    p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
+    p.add_argument("--precision", default="bf16")
+    p.add_argument("--attention", choices=("flash", "eager"), default="flash")
+    p.add_argument("--kernels", choices=("fused", "eager"), default="fused")
+    _add_fleet_shape(p)
+
+    p = command("recipe", _cmd_recipe, "published recipes: evaluated, and ranked against the planner's search")
+    p.add_argument("name", nargs="?", default=None, help="recipe name (meshplan recipe --list)")
+    p.add_argument("--list", action="store_true", help="list the recipes and their factors")
+    p.add_argument("--no-rank", action="store_true", help="skip the search that ranks the published layout")
+
+    p = command(
+        "export",
+        _cmd_export,
+        "a plan as the launch configuration of torchtitan, Megatron-LM, DeepSpeed, vLLM or SGLang",
+    )
+    p.add_argument("engine", choices=("torchtitan", "megatron", "deepspeed", "vllm", "sglang"))
+    p.add_argument("model", nargs="?", default=None)
+    p.add_argument("--gpu", default=None)
+    p.add_argument("--gpus", type=_positive_int, default=None)
+    p.add_argument("--from-plan", default=None, help="a file written by meshplan plan --save")
+    p.add_argument("--out", default=None, help="write the files and launch.sh into this folder")
+    p.add_argument("--model-path", default=None, help="checkpoint or Hugging Face path to put in the config")
+    _add_layout(p)
+    s_ = p.add_argument_group("serving")
+    s_.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"), default="bf16")
+    s_.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"), default="bf16")
+    s_.add_argument("--context", type=_positive_int, default=None)
+    s_.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9)
+
     p = command("fit", _cmd_fit, "weights split over N GPUs: per-GPU share, free memory, fewest GPUs")
     p.add_argument("model")
     _add_fleet(p)
@@ -245,6 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         result = args.handler(args)
+        text = None if args.json else _render(args.command, result)
     except UsageError as exc:
         print(f"{exc}", file=sys.stderr)
         return 2
@@ -252,15 +408,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = exc.args[0] if exc.args else type(exc).__name__
         print(f"meshplan: error: {message}", file=sys.stderr)
         return 2
-    if args.json:
+    if text is None:
         from meshplan.render import to_json
 
-        print(to_json(result))
-    else:
-        from meshplan.tables import render_table
-
-        print(render_table(args.command, result))
+        text = to_json(result)
+    print(text)
     return exit_code(args.command, result)
+
+
+def _render(command: str, result: dict[str, Any]) -> str:
+    from meshplan.tables import render_table
+
+    return render_table(command, result)
 
 
 def exit_code(command: str, result: dict[str, Any]) -> int:

@@ -178,7 +178,102 @@ def _validate(r: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _layout_short(lay: dict[str, Any]) -> str:
+    parts = [f"{k}{lay[k]}" for k in ("tp", "cp", "pp", "ep") if lay[k] > 1]
+    if lay["vpp"] > 1:
+        parts.append(f"v{lay['vpp']}")
+    dp = lay["dp_shard"] * lay["dp_replicate"]
+    parts.append(f"dp{dp}" + (f"(shard {lay['dp_shard']})" if lay["zero"] else ""))
+    parts.append(f"zero{lay['zero']}")
+    if lay["sp"]:
+        parts.append("sp")
+    parts += [f"rc:{lay['recompute']}", f"mb{lay['micro_batch']}"]
+    return " ".join(parts)
+
+
+def _plan(r: dict[str, Any]) -> str:
+    rows = [
+        (
+            i + 1,
+            _layout_short(p["layout"]),
+            seconds(p["step_time_s"]),
+            percent(p["mfu"]),
+            f"{p['tokens_per_s_per_gpu']:,.0f}",
+            gb(p["per_gpu"]["total_bytes"]),
+            gb(p["headroom_bytes"]),
+        )
+        for i, p in enumerate(r["plans"])
+    ]
+    out = [
+        f"{r['model']} on {r['gpus']} x {r['gpu']}, seq {r['seq']}, {r['global_batch_tokens']:,} tokens per step",
+        f"searched {r['evaluated']:,} layouts in {r['elapsed_s']:.2f} s: {r['feasible']:,} fit "
+        f"with {percent(r['headroom'])} of HBM kept free",
+        "",
+        table(rows, ["#", "layout", "step", "MFU", "tok/s/GPU", "memory", "free"], align="rlrrrrr"),
+        "",
+        "rejected: " + ("; ".join(f"{k} {v:,}" for k, v in r["rejections"].items()) or "none"),
+        f"Pareto front (step time against memory per GPU): {len(r['pareto'])} layouts",
+    ]
+    for e in r.get("explain", []):
+        rows = [
+            (
+                x["term"],
+                _value(x[e["a"]], x["unit"]),
+                _value(x[e["b"]], x["unit"]),
+                _value(x["difference"], x["unit"], signed=True),
+            )
+            for x in e["rows"]
+            if x[e["a"]] or x[e["b"]]
+        ]
+        out += ["", f"{e['a']} vs {e['b']}: {e['why']}", table(rows, ["term", e["a"], e["b"], "difference"])]
+        for w in e.get("named", {}).get("warnings", []):
+            out.append(f"  note: {w}")
+    return "\n".join(out)
+
+
+def _value(x: float, unit: str, *, signed: bool = False) -> str:
+    text = seconds(abs(x)) if unit == "s" else gb(abs(x))
+    return ("-" if x < 0 else "+" if signed and x > 0 else "") + text
+
+
+def _recipe(r: dict[str, Any]) -> str:
+    if "recipes" in r:
+        rows = [
+            (
+                x["name"],
+                x["title"],
+                f"{x['gpus']:,}",
+                " x ".join(f"{k}{v}" for k, v in x["factors"].items() if k != "gpus"),
+            )
+            for x in r["recipes"]
+        ]
+        return table(rows, ["recipe", "", "GPUs", "factors"], align="llrl")
+    out = [f"{r['title']} ({r['source']})", r["why"], "", _estimate(r)]
+    if "search" in r:
+        s = r["search"]
+        out += [
+            "",
+            f"planner: the published layout ranks {s['rank_of_published']:,} of {s['feasible']:,} that fit; "
+            f"best found {seconds(s['best_step_time_s'])} per step vs {seconds(s['published_step_time_s'])}: "
+            f"{_layout_short(s['best_layout'])}",
+        ]
+    return "\n".join(out)
+
+
+def _export(r: dict[str, Any]) -> str:
+    out = [f"# {r['engine']} {r['engine_version']}", f"$ {r['command']}"]
+    for name, text in r["files"].items():
+        out += ["", f"--- {name}", text.rstrip()]
+    out += [f"note: {n}" for n in r["notes"]]
+    if "written" in r:
+        out.append("written: " + ", ".join(r["written"]))
+    return "\n".join(out)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "plan": _plan,
+    "recipe": _recipe,
+    "export": _export,
     "estimate": _estimate,
     "collectives": _collectives,
     "validate": _validate,

@@ -63,10 +63,15 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         reason="more pipeline stages than layers",
-        holds=lambda m, lay, w, n: _g(lay, "pp") * _g(lay, "vpp") <= m.num_layers,
+        holds=lambda m, lay, w, n: _g(lay, "pp") <= m.num_layers,
+        message=lambda m, lay, w, n: f"pp={_g(lay, 'pp')} exceeds num_layers={m.num_layers}",
+    ),
+    Rule(
+        reason="more virtual stages than layers per stage",
+        holds=lambda m, lay, w, n: _g(lay, "vpp") <= -(-m.num_layers // _g(lay, "pp")),
         message=lambda m, lay, w, n: (
-            f"pp*vpp = {_g(lay, 'pp')}*{_g(lay, 'vpp')} = {_g(lay, 'pp') * _g(lay, 'vpp')} "
-            f"exceeds num_layers={m.num_layers}"
+            f"vpp={_g(lay, 'vpp')} exceeds the {-(-m.num_layers // _g(lay, 'pp'))} layers of the fullest of "
+            f"pp={_g(lay, 'pp')} stages (num_layers={m.num_layers})"
         ),
     ),
     Rule(

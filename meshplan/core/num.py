@@ -16,7 +16,9 @@ Num: TypeAlias = Any
 
 
 def where(condition: Num, if_true: Num, if_false: Num) -> Num:
-    """``np.where`` that hands back a Python scalar for scalar inputs."""
+    """``np.where`` that hands back a Python scalar for scalar inputs (and skips the copy for a scalar condition)."""
+    if np.ndim(condition) == 0:
+        return if_true if condition else if_false
     out = np.where(condition, if_true, if_false)
     return out.item() if out.ndim == 0 else out
 

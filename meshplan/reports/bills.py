@@ -15,19 +15,6 @@ from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
 
 
-def params_report(model_name: str) -> dict[str, Any]:
-    """``meshplan params``: exact counts by component."""
-    model = io.load_model(model_name)
-    p = count_params(model)
-    return {
-        "model": model.name,
-        "total_params": p.total,
-        "active_params_per_token": p.active_per_token,
-        "by_component": p.by_component(),
-        "mtp_params": p.mtp,
-    }
-
-
 def memory_report(
     model: ModelSpec | str,
     *,

@@ -8,9 +8,11 @@ the Pareto front of step time against memory per GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -73,30 +75,39 @@ def _reject(mask: npt.NDArray[np.bool_], alive: npt.NDArray[np.bool_], reason: s
 def pareto_front(times: npt.NDArray[np.float64], memory: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
     """Indices of the points no other point beats on both step time and memory, fastest first."""
     order = np.lexsort((memory, times))
-    front, best_mem = [], np.inf
-    for i in order:
-        if memory[i] < best_mem:
-            front.append(i)
-            best_mem = memory[i]
-    return np.asarray(front, dtype=np.int64)
+    mem = memory[order]
+    best_before = np.concatenate(([np.inf], np.minimum.accumulate(mem)[:-1]))
+    return order[mem < best_before].astype(np.int64)
 
 
 def search(
-    model: ModelSpec, cluster: Cluster, workload: Workload, *, space: SearchSpace | None = None,
-    headroom: float = 0.10, allow_cross_node_tp: bool = False, order: tuple[str, ...] = DEFAULT_ORDER,
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    *,
+    space: SearchSpace | None = None,
+    headroom: float = 0.10,
+    allow_cross_node_tp: bool = False,
+    order: tuple[str, ...] = DEFAULT_ORDER,
     objective: Objective = Objective.STEP_TIME,
 ) -> SearchResult:
     """Search every layout of ``model`` on ``cluster`` for ``workload``; the fastest that fit come first."""
     start = time.perf_counter()
     space = space or SearchSpace(max_tp=max(4 * cluster.domain_size, 8) if not allow_cross_node_tp else None)
     batch = enumerate_layouts(
-        model, num_gpus=cluster.num_gpus, global_batch=workload.global_batch, space=space,
-        domain=cluster.domain_size, allow_cross_node_tp=True,
+        model,
+        num_gpus=cluster.num_gpus,
+        global_batch=workload.global_batch,
+        space=space,
+        domain=cluster.domain_size,
+        allow_cross_node_tp=True,
     )
     counts: dict[str, int] = {}
     alive = np.ones(len(batch), dtype=np.bool_)
     for rule in RULES:
-        _reject(np.asarray(rule.holds(model, batch, workload, cluster.num_gpus), dtype=np.bool_), alive, rule.reason, counts)
+        _reject(
+            np.asarray(rule.holds(model, batch, workload, cluster.num_gpus), dtype=np.bool_), alive, rule.reason, counts
+        )
     if not allow_cross_node_tp:
         _reject(batch.tp <= cluster.domain_size, alive, TP_CROSSES, counts)
     batch_ok = batch.take(alive)
@@ -106,7 +117,9 @@ def search(
     still = np.ones(len(batch_ok), dtype=np.bool_)
     _reject(fits, still, OOM, counts)
     feasible = batch_ok.take(still)
-    bill = MemoryBill(**{k: np.asarray(v)[still] for k, v in bill.as_dict().items() if k in MemoryBill.__dataclass_fields__})
+    bill = MemoryBill(
+        **{k: np.asarray(v)[still] for k, v in bill.as_dict().items() if k in MemoryBill.__dataclass_fields__}
+    )
     placement = place(mesh_sizes(feasible), order=order, domain=cluster.domain_size)
     step, _ = step_time(model, params, feasible, workload, cluster, placement)
     times = np.asarray(step.step_time_s, dtype=np.float64) * np.ones(len(feasible))
@@ -117,12 +130,19 @@ def search(
     bill = _take(bill, ranking)
     front = pareto_front(np.asarray(step.step_time_s) * np.ones(len(ranking)), np.asarray(bill.total_bytes))
     return SearchResult(
-        candidates=result_batch, step=step, memory=bill, evaluated=len(batch), rejections=counts,
-        elapsed_s=time.perf_counter() - start, pareto=front,
+        candidates=result_batch,
+        step=step,
+        memory=bill,
+        evaluated=len(batch),
+        rejections=counts,
+        elapsed_s=time.perf_counter() - start,
+        pareto=front,
     )
 
 
-def _rank(times: npt.NDArray[np.float64], memory: npt.NDArray[np.float64], objective: Objective) -> npt.NDArray[np.int64]:
+def _rank(
+    times: npt.NDArray[np.float64], memory: npt.NDArray[np.float64], objective: Objective
+) -> npt.NDArray[np.int64]:
     """Candidate order: fastest first with less memory breaking ties, or most headroom near the fastest."""
     if objective is Objective.HEADROOM and len(times):
         near = times <= times.min() * 1.05
@@ -130,13 +150,10 @@ def _rank(times: npt.NDArray[np.float64], memory: npt.NDArray[np.float64], objec
     return np.lexsort((memory, np.round(times, 9)))
 
 
-def _take(obj: object, index: npt.NDArray[np.int64]) -> object:
-    """A StepTime or MemoryBill restricted to ``index`` (scalars stay scalars)."""
-    import dataclasses
-
+def _take(obj: Any, index: npt.NDArray[np.int64]) -> Any:
+    """A StepTime or MemoryBill restricted to ``index``: per-layout arrays are indexed, scalars kept."""
     values = {}
-    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
+    for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
-        values[f.name] = v[index] if isinstance(v, np.ndarray) and v.ndim and len(v) > 1 or (
-            isinstance(v, np.ndarray) and v.ndim and len(index) == len(v)) else v
+        values[f.name] = v[index] if isinstance(v, np.ndarray) and v.ndim == 1 else v
     return type(obj)(**values)

@@ -56,10 +56,19 @@ class LayoutBatch:
         """Candidate ``i`` as a validated Layout."""
         v = {f.name: getattr(self, f.name)[i].item() for f in fields(self)}
         return Layout(
-            tp=v["tp"], pp=v["pp"], vpp=v["vpp"], cp=v["cp"], ep=v["ep"], dp_shard=v["dp_shard"],
-            dp_replicate=v["dp_replicate"], sp=bool(v["sp"]), zero=ZeroStage(v["zero"]),
-            recompute=Recompute(v["recompute"]), schedule=Schedule(v["schedule"]),
-            cp_kind=ContextParallel(v["cp_kind"]), micro_batch=v["micro_batch"],
+            tp=v["tp"],
+            pp=v["pp"],
+            vpp=v["vpp"],
+            cp=v["cp"],
+            ep=v["ep"],
+            dp_shard=v["dp_shard"],
+            dp_replicate=v["dp_replicate"],
+            sp=bool(v["sp"]),
+            zero=ZeroStage(v["zero"]),
+            recompute=Recompute(v["recompute"]),
+            schedule=Schedule(v["schedule"]),
+            cp_kind=ContextParallel(v["cp_kind"]),
+            micro_batch=v["micro_batch"],
         )
 
     @staticmethod
@@ -99,8 +108,6 @@ def _mesh_shapes(num_gpus: int, model: ModelSpec, max_tp: int, max_cp: int) -> l
             if cp > max_cp:
                 break
             for pp in divisors(num_gpus // (tp * cp)):
-                if pp > model.num_layers:
-                    break
                 out.append((tp, cp, pp, num_gpus // (tp * cp * pp)))
     return out
 
@@ -112,7 +119,12 @@ def _product(**axes: list[int]) -> dict[str, IntArray]:
 
 
 def enumerate_layouts(
-    model: ModelSpec, *, num_gpus: int, global_batch: int, space: SearchSpace, domain: int,
+    model: ModelSpec,
+    *,
+    num_gpus: int,
+    global_batch: int,
+    space: SearchSpace,
+    domain: int,
     allow_cross_node_tp: bool,
 ) -> LayoutBatch:
     """Every candidate layout as arrays (before any rule or memory check).
@@ -122,16 +134,20 @@ def enumerate_layouts(
     stages need a pipeline.
     """
     max_tp = space.max_tp or (num_gpus if allow_cross_node_tp else domain)
-    experts = model.moe.num_experts if model.moe else 1
     parts: list[dict[str, IntArray]] = []
     for tp, cp, pp, dp in _mesh_shapes(num_gpus, model, max_tp, space.max_cp):
-        eps = [e for e in divisors(dp * cp) if experts % e == 0] if model.moe else [1]
+        eps = divisors(dp * cp) if model.moe else [1]  # the rules reject what does not divide the experts
         vpps = [v for v in space.vpp_choices if v == 1 or pp > 1]
         mbs = [b for b in space.micro_batch_choices if global_batch % (b * dp) == 0] or [1]
         sps = [0, 1] if tp > 1 else [0]
         c = _product(
-            ep=eps, dp_shard=divisors(dp), vpp=vpps, micro_batch=mbs, zero=list(space.zero_choices),
-            recompute=list(space.recompute_choices), sp=sps,
+            ep=eps,
+            dp_shard=divisors(dp),
+            vpp=vpps,
+            micro_batch=mbs,
+            zero=list(space.zero_choices),
+            recompute=list(space.recompute_choices),
+            sp=sps,
         )
         keep = ((c["zero"] == 0) & (c["dp_shard"] == 1)) | ((c["zero"] > 0) & (c["dp_shard"] * cp > 1))
         c = {k: v[keep] for k, v in c.items()}

@@ -1,0 +1,379 @@
+"""Planner reports: ``meshplan plan`` (search, rank, explain) and the comparison of named layouts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from meshplan import io
+from meshplan.core.memory import TERMS
+from meshplan.core.plan import Plan, evaluate
+from meshplan.render import jsonable
+from meshplan.reports.estimate import plan_report as evaluated_report
+from meshplan.reports.inputs import (
+    LayoutRequest,
+    layout_dict,
+    resolve_cluster,
+    resolve_layout,
+    resolve_order,
+    resolve_workload,
+)
+from meshplan.search.rank import Objective, SearchResult, search
+from meshplan.spec.cluster import Cluster
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.workload import Workload
+
+MAX_GPUS = 1 << 20
+STEP_TERMS = (
+    "compute_s",
+    "exposed_tp_s",
+    "exposed_cp_s",
+    "exposed_ep_s",
+    "exposed_pp_s",
+    "exposed_dp_s",
+    "bubble_s",
+    "optimizer_s",
+)
+STEP_LABELS = {
+    "compute_s": "compute",
+    "exposed_tp_s": "TP/SP traffic",
+    "exposed_cp_s": "CP traffic",
+    "exposed_ep_s": "EP all-to-all",
+    "exposed_pp_s": "pipeline sends",
+    "exposed_dp_s": "DP/ZeRO traffic",
+    "bubble_s": "pipeline bubble",
+    "optimizer_s": "optimizer step",
+}
+
+
+def parse_compare(text: str) -> LayoutRequest:
+    """A layout from 'tp=8,pp=16,dp=128' (also vpp, cp, ep, dp_shard, zero, sp, recompute, mb, schedule)."""
+    known = {
+        "tp",
+        "pp",
+        "vpp",
+        "cp",
+        "ep",
+        "dp",
+        "dp_shard",
+        "zero",
+        "sp",
+        "recompute",
+        "mb",
+        "micro_batch",
+        "schedule",
+    }
+    values: dict[str, Any] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        if "=" not in item:
+            raise ValueError(f"layout item {item!r} must look like key=value (e.g. tp=8,pp=16,dp=128)")
+        key, value = (x.strip().lower().replace("-", "_") for x in item.split("=", 1))
+        if key not in known:
+            raise ValueError(f"unknown layout key {key!r} in {text!r} (known: {', '.join(sorted(known))})")
+        values[key] = value
+    ints = {}
+    for key in ("tp", "pp", "vpp", "cp", "ep", "dp_shard", "zero", "mb", "micro_batch"):
+        if key in values:
+            try:
+                ints[key] = int(values[key])
+            except ValueError:
+                raise ValueError(f"{key}={values[key]!r} is not an integer") from None
+    sp = values.get("sp", "false").lower() in ("1", "true", "yes", "on")
+    return LayoutRequest(
+        tp=ints.get("tp", 1),
+        pp=ints.get("pp", 1),
+        vpp=ints.get("vpp", 1),
+        cp=ints.get("cp", 1),
+        ep=ints.get("ep", 1),
+        dp_shard=ints.get("dp_shard"),
+        zero=ints.get("zero", 0),
+        sp=sp,
+        recompute=values.get("recompute", "none"),
+        schedule=values.get("schedule"),
+        micro_batch=ints.get("mb", ints.get("micro_batch", 1)),
+    )
+
+
+def _candidate(result: SearchResult, i: int, cluster: Cluster) -> dict[str, Any]:
+    step, mem = result.step, result.memory
+    lay = result.candidates.layout(i)
+    per_gpu = {name: float(np.asarray(getattr(mem, name))[i]) for name in TERMS}
+    per_gpu["optimizer_bytes"] = per_gpu["master_weights_bytes"] + per_gpu["optimizer_moments_bytes"]
+    per_gpu["total_bytes"] = sum(per_gpu[name] for name in TERMS)
+    breakdown = {name: float(np.asarray(getattr(step, name))[i]) for name in STEP_TERMS}
+    return {
+        "layout": layout_dict(lay),
+        "step_time_s": float(np.asarray(step.step_time_s)[i]),
+        "mfu": float(np.asarray(step.mfu)[i]),
+        "tokens_per_s_per_gpu": float(np.asarray(step.tokens_per_s_per_gpu)[i]),
+        "per_gpu": per_gpu,
+        "headroom_bytes": cluster.gpu.hbm_bytes - per_gpu["total_bytes"],
+        "breakdown": breakdown,
+    }
+
+
+def _explain(a: dict[str, Any], b: dict[str, Any], label_a: str, label_b: str) -> dict[str, Any]:
+    """Term-by-term difference of two plans, and the terms that decide it."""
+    rows = []
+    for name in STEP_TERMS:
+        rows.append(
+            {
+                "term": STEP_LABELS[name],
+                "unit": "s",
+                label_a: a["breakdown"][name],
+                label_b: b["breakdown"][name],
+                "difference": b["breakdown"][name] - a["breakdown"][name],
+            }
+        )
+    for name in (*TERMS, "total_bytes"):
+        rows.append(
+            {
+                "term": name,
+                "unit": "bytes",
+                label_a: a["per_gpu"][name],
+                label_b: b["per_gpu"][name],
+                "difference": b["per_gpu"][name] - a["per_gpu"][name],
+            }
+        )
+    time_rows = [r for r in rows if r["unit"] == "s"]
+    worst = max(time_rows, key=lambda r: r["difference"])
+    best = min(time_rows, key=lambda r: r["difference"])
+    gap = b["step_time_s"] - a["step_time_s"]
+    if gap >= 0:
+        why = (
+            f"{label_b} is {gap:.3g} s slower per step; its largest loss is {worst['term']} "
+            f"(+{worst['difference']:.3g} s)"
+        )
+        if best["difference"] < 0:
+            why += f", partly offset by {best['term']} ({best['difference']:.3g} s)"
+    else:
+        why = (
+            f"{label_b} is {-gap:.3g} s faster per step; its largest gain is {best['term']} "
+            f"({best['difference']:.3g} s)"
+        )
+        if worst["difference"] > 0:
+            why += f", but it loses {worst['difference']:.3g} s on {worst['term']}"
+    return {"a": label_a, "b": label_b, "rows": rows, "why": why}
+
+
+def _plan_as_candidate(plan: Plan) -> dict[str, Any]:
+    r = evaluated_report(plan)
+    return {k: r[k] for k in ("layout", "step_time_s", "mfu", "tokens_per_s_per_gpu", "per_gpu", "fits")} | {
+        "headroom_bytes": r["hbm_bytes"] - r["per_gpu"]["total_bytes"],
+        "breakdown": {name: r["breakdown"][name] for name in STEP_TERMS},
+        "warnings": r["warnings"],
+    }
+
+
+def run_search(
+    spec: ModelSpec,
+    cluster: Cluster,
+    work: Workload,
+    *,
+    top: int,
+    headroom: float,
+    allow_cross_node_tp: bool,
+    order: tuple[str, ...],
+    objective: Objective,
+) -> tuple[SearchResult, list[dict[str, Any]]]:
+    result = search(
+        spec,
+        cluster,
+        work,
+        headroom=headroom,
+        allow_cross_node_tp=allow_cross_node_tp,
+        order=order,
+        objective=objective,
+    )
+    return result, [_candidate(result, i, cluster) for i in distinct(result, top)]
+
+
+DISTINCT_BY = ("tp", "cp", "pp", "ep", "zero", "sp", "recompute")
+"""Plans that differ only in virtual stages, micro-batch or how DP splits into shard and replicas are variants
+of one layout: the report shows the best of each."""
+
+
+def distinct(result: SearchResult, top: int) -> list[int]:
+    """Indices of the best candidate of each distinct layout, best first, at most ``top``."""
+    cand = result.candidates
+    keys = np.stack([np.asarray(getattr(cand, name), dtype=np.int64) for name in DISTINCT_BY], axis=1)
+    seen: set[tuple[int, ...]] = set()
+    out: list[int] = []
+    for i in range(len(cand)):
+        key = tuple(keys[i].tolist())
+        if key not in seen:
+            seen.add(key)
+            out.append(i)
+            if len(out) == top:
+                break
+    return out
+
+
+def plan_report(
+    model: ModelSpec | str,
+    *,
+    gpu: str,
+    gpus: int,
+    seq: int,
+    global_batch_tokens: int,
+    top: int = 5,
+    headroom: float = 0.10,
+    allow_cross_node_tp: bool = False,
+    objective: str = "step-time",
+    precision: str = "bf16",
+    attention: str = "flash",
+    kernels: str = "fused",
+    node_size: int | None = None,
+    scale_out: str | None = None,
+    axis_order: str | None = None,
+    explain: bool = False,
+    compare: str | None = None,
+    tokens: float | None = None,
+    days: float | None = None,
+) -> dict[str, Any]:
+    """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for."""
+    spec = io.load_model(model) if isinstance(model, str) else model
+    if global_batch_tokens % seq:
+        raise ValueError(f"global batch of {global_batch_tokens} tokens is not a whole number of {seq}-token sequences")
+    if not 0 <= headroom < 1:
+        raise ValueError(f"headroom must be in [0, 1), got {headroom}")
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+    order = resolve_order(axis_order)
+    obj = _objective(objective, tokens=tokens, days=days)
+    if obj == "fewest-gpus":
+        assert tokens is not None and days is not None
+        gpus = _fewest_gpus(
+            spec,
+            gpu=gpu,
+            start=gpus,
+            seq=seq,
+            global_batch_tokens=global_batch_tokens,
+            tokens=tokens,
+            days=days,
+            headroom=headroom,
+            allow=allow_cross_node_tp,
+            order=order,
+            precision=precision,
+            attention=attention,
+            kernels=kernels,
+            node_size=node_size,
+            scale_out=scale_out,
+        )
+        obj = Objective.STEP_TIME
+    cluster = resolve_cluster(gpu=gpu, gpus=gpus, node_size=node_size, scale_out=scale_out)
+    work = _workload(seq, global_batch_tokens // seq, precision, attention, kernels)
+    result, plans = run_search(
+        spec,
+        cluster,
+        work,
+        top=top,
+        headroom=headroom,
+        allow_cross_node_tp=allow_cross_node_tp,
+        order=order,
+        objective=obj,
+    )
+    front = [
+        {
+            "step_time_s": float(np.asarray(result.step.step_time_s)[i]),
+            "memory_bytes": float(np.asarray(result.memory.total_bytes)[i]),
+            "layout": layout_dict(result.candidates.layout(int(i))),
+        }
+        for i in result.pareto
+    ]
+    out: dict[str, Any] = {
+        "model": spec.name,
+        "gpu": cluster.gpu.name,
+        "gpus": cluster.num_gpus,
+        "seq": seq,
+        "global_batch": work.global_batch,
+        "global_batch_tokens": global_batch_tokens,
+        "objective": str(obj),
+        "headroom": headroom,
+        "evaluated": result.evaluated,
+        "feasible": result.feasible,
+        "elapsed_s": result.elapsed_s,
+        "plans": plans,
+        "pareto": front,
+        "rejections": dict(sorted(result.rejections.items(), key=lambda kv: -kv[1])),
+    }
+    if tokens:
+        for p in out["plans"]:
+            p["days_to_train"] = tokens / (p["tokens_per_s_per_gpu"] * cluster.num_gpus) / 86400
+    if explain or compare:
+        out["explain"] = _explanations(spec, cluster, work, plans, order, compare)
+    return jsonable(out)
+
+
+def _objective(text: str, *, tokens: float | None, days: float | None) -> Objective | str:
+    if text == "fewest-gpus":
+        if not tokens or not days:
+            raise ValueError("the fewest-gpus objective needs --tokens and --days")
+        return "fewest-gpus"
+    try:
+        return Objective(text)
+    except ValueError:
+        names = ", ".join([o.value for o in Objective] + ["fewest-gpus"])
+        raise ValueError(f"unknown objective {text!r} (choose from {names})") from None
+
+
+def _workload(seq: int, batch: int, precision: str, attention: str, kernels: str) -> Workload:
+    from meshplan.spec.layout import Layout
+
+    return resolve_workload(
+        layout=Layout(), seq=seq, global_batch=batch, precision=precision, attention=attention, kernels=kernels
+    )
+
+
+def _explanations(
+    spec: ModelSpec,
+    cluster: Cluster,
+    work: Workload,
+    plans: list[dict[str, Any]],
+    order: tuple[str, ...],
+    compare: str | None,
+) -> list[dict[str, Any]]:
+    out = []
+    if len(plans) >= 2:
+        out.append(_explain(plans[0], plans[1], "best", "runner-up"))
+    if compare and plans:
+        req = parse_compare(compare)
+        lay = resolve_layout(req, gpus=cluster.num_gpus)
+        named = _plan_as_candidate(evaluate(spec, cluster, lay, work, order=order))
+        item = _explain(plans[0], named, "best", compare)
+        item["named"] = named
+        out.append(item)
+    return out
+
+
+def _fewest_gpus(
+    spec: ModelSpec,
+    *,
+    gpu: str,
+    start: int,
+    seq: int,
+    global_batch_tokens: int,
+    tokens: float,
+    days: float,
+    headroom: float,
+    allow: bool,
+    order: tuple[str, ...],
+    precision: str,
+    attention: str,
+    kernels: str,
+    node_size: int | None,
+    scale_out: str | None,
+) -> int:
+    """The smallest fleet (powers of two times the node, from ``start``) whose best plan trains in ``days``."""
+    work = _workload(seq, global_batch_tokens // seq, precision, attention, kernels)
+    n = max(start, 1)
+    while n <= MAX_GPUS:
+        cluster = resolve_cluster(gpu=gpu, gpus=n, node_size=node_size, scale_out=scale_out)
+        result = search(spec, cluster, work, headroom=headroom, allow_cross_node_tp=allow, order=order)
+        if result.feasible:
+            rate = float(np.asarray(result.step.tokens_per_s_per_gpu)[0]) * n
+            if tokens / rate / 86400 <= days:
+                return n
+        n *= 2
+    raise ValueError(f"no fleet of up to {MAX_GPUS} {gpu} trains {tokens:.3g} tokens within {days} days")

@@ -1,0 +1,131 @@
+"""Published recipes (``meshplan recipe``): each evaluated, and ranked against the planner's own search."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from meshplan import io
+from meshplan.core.plan import Plan, evaluate
+from meshplan.reports.estimate import plan_report
+from meshplan.reports.inputs import (
+    LayoutRequest,
+    layout_dict,
+    resolve_cluster,
+    resolve_layout,
+    resolve_order,
+    resolve_workload,
+)
+from meshplan.search.rank import search
+
+FIELDS = {
+    "title",
+    "source",
+    "why",
+    "model",
+    "model_overrides",
+    "gpu",
+    "gpus",
+    "scale_out",
+    "seq",
+    "global_batch",
+    "precision",
+    "attention",
+    "order",
+    "overlap",
+    "layout",
+}
+
+
+@cache
+def recipes() -> dict[str, dict[str, Any]]:
+    """Every recipe of catalog/recipes by name."""
+    folder = resources.files("meshplan") / "catalog" / "recipes"
+    out = {}
+    for entry in folder.iterdir():
+        if entry.name.endswith(".toml"):
+            data = tomllib.loads(entry.read_text(encoding="utf-8"))
+            unknown = sorted(set(data) - FIELDS)
+            if unknown:
+                raise ValueError(f"unknown key {unknown[0]!r} in recipe {entry.name}")
+            out[entry.name[: -len(".toml")]] = data
+    return dict(sorted(out.items()))
+
+
+def _recipe(name: str) -> dict[str, Any]:
+    table = recipes()
+    if name not in table:
+        raise ValueError(f"unknown recipe {name!r} (recipes: {', '.join(table)})")
+    return table[name]
+
+
+def evaluate_recipe(name: str) -> Plan:
+    r = _recipe(name)
+    model = io.load_model(r["model"])
+    if r.get("model_overrides"):
+        model = dataclasses.replace(model, **r["model_overrides"])
+    cluster = resolve_cluster(gpu=r["gpu"], gpus=r["gpus"], scale_out=r.get("scale_out"))
+    layout = resolve_layout(LayoutRequest(**r["layout"]), gpus=r["gpus"])
+    work = resolve_workload(
+        layout=layout,
+        seq=r["seq"],
+        global_batch=r["global_batch"],
+        precision=r.get("precision", "bf16"),
+        attention=r.get("attention", "flash"),
+        overlap=r.get("overlap"),
+    )
+    return evaluate(model, cluster, layout, work, order=resolve_order(r.get("order")))
+
+
+def factors(name: str) -> dict[str, int]:
+    """The recipe's parallel degrees (the fleet ruler's marks) and the GPUs they multiply to."""
+    lay = resolve_layout(LayoutRequest(**_recipe(name)["layout"]), gpus=_recipe(name)["gpus"])
+    out = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "ep": lay.ep, "dp": lay.dp}
+    return {k: v for k, v in out.items() if v > 1 or k in ("tp", "pp", "dp")} | {"gpus": lay.num_gpus}
+
+
+def list_report() -> dict[str, Any]:
+    """``meshplan recipe --list``: every recipe with its factors."""
+    items = []
+    for name, r in recipes().items():
+        items.append(
+            {
+                "name": name,
+                "title": r["title"],
+                "model": r["model"],
+                "gpu": r["gpu"],
+                "gpus": r["gpus"],
+                "seq": r["seq"],
+                "factors": factors(name),
+                "why": r["why"],
+                "source": r["source"],
+            }
+        )
+    return {"recipes": items}
+
+
+def recipe_report(name: str, *, rank: bool = True) -> dict[str, Any]:
+    """``meshplan recipe NAME``: the published layout evaluated, and where the planner ranks it."""
+    r = _recipe(name)
+    plan = evaluate_recipe(name)
+    out = plan_report(plan)
+    out.update({"recipe": name, "title": r["title"], "source": r["source"], "why": r["why"], "factors": factors(name)})
+    if rank:
+        found = search(plan.model, plan.cluster, plan.workload, order=plan.order)
+        times = np.asarray(found.step.step_time_s) * np.ones(found.feasible)
+        published = float(plan.step.step_time_s)
+        out["search"] = {
+            "evaluated": found.evaluated,
+            "feasible": found.feasible,
+            "rank_of_published": int(np.sum(times < published * (1 - 1e-9))) + 1,
+            "best_step_time_s": float(times[0]) if found.feasible else None,
+            "best_layout": layout_dict(found.candidates.layout(0)) if found.feasible else None,
+            "published_step_time_s": published,
+            "published_fits_with_headroom": bool(plan.memory.per_gpu.total_bytes <= 0.9 * plan.cluster.gpu.hbm_bytes),
+        }
+    return out

@@ -1,0 +1,135 @@
+"""The planner's search: complete space, exact agreement with evaluate(), reachable rejection reasons."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from meshplan import io
+from meshplan.core.plan import evaluate
+from meshplan.reports.inputs import resolve_cluster
+from meshplan.search.rank import OOM, TP_CROSSES, pareto_front, search
+from meshplan.search.space import LayoutBatch, SearchSpace, enumerate_layouts
+from meshplan.spec.workload import Workload
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def brute_force(n: int, *, layers: int, experts: int, batch: int, space: SearchSpace, max_tp: int) -> set[tuple]:
+    """Every layout by plain nested loops, written independently of the vectorized enumeration."""
+    out = set()
+    for tp, cp, pp in itertools.product(divisors(n), repeat=3):
+        if n % (tp * cp * pp) or tp > max_tp or cp > space.max_cp:
+            continue
+        dp = n // (tp * cp * pp)
+        for ep in divisors(dp * cp) if experts > 1 else [1]:
+            for shard in divisors(dp):
+                for zero in space.zero_choices:
+                    if (zero == 0 and shard != 1) or (zero > 0 and shard * cp == 1):
+                        continue
+                    for vpp in space.vpp_choices:
+                        if vpp > 1 and pp == 1:
+                            continue
+                        mbs = [b for b in space.micro_batch_choices if batch % (b * dp) == 0] or [1]
+                        for mb, rc, sp in itertools.product(mbs, space.recompute_choices, (False, True)):
+                            if sp and tp == 1:
+                                continue
+                            out.add((tp, cp, pp, ep, shard, dp // shard, vpp, mb, zero, rc, sp))
+    return out
+
+
+def as_set(batch: LayoutBatch) -> set[tuple]:
+    cols = [
+        batch.tp,
+        batch.cp,
+        batch.pp,
+        batch.ep,
+        batch.dp_shard,
+        batch.dp_replicate,
+        batch.vpp,
+        batch.micro_batch,
+        batch.zero,
+        batch.recompute,
+        batch.sp,
+    ]
+    return {tuple(int(c[i]) for c in cols) for i in range(len(batch))}
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "batch"), [("llama-3.2-1b", 8, 16), ("mixtral-8x7b", 16, 32), ("qwen2.5-7b", 12, 24)]
+)
+def test_enumeration_is_complete_on_small_fleets(name: str, gpus: int, batch: int) -> None:
+    model = io.load_model(name)
+    space = SearchSpace()
+    got = enumerate_layouts(model, num_gpus=gpus, global_batch=batch, space=space, domain=8, allow_cross_node_tp=True)
+    want = brute_force(
+        gpus,
+        layers=model.num_layers,
+        experts=model.moe.num_experts if model.moe else 1,
+        batch=batch,
+        space=space,
+        max_tp=gpus,
+    )
+    assert len(got) == len(as_set(got)), "no duplicates"
+    assert as_set(got) == want
+
+
+def test_vectorized_and_scalar_evaluation_agree() -> None:
+    model = io.load_model("mixtral-8x7b")
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=64)
+    work = Workload(seq_len=4096, global_batch=256)
+    result = search(model, cluster, work, headroom=0.0)
+    assert result.feasible > 100
+    rng = np.random.default_rng(0)
+    for i in rng.choice(result.feasible, size=25, replace=False):
+        plan = evaluate(model, cluster, result.candidates.layout(int(i)), work)
+        assert float(plan.step.step_time_s) == pytest.approx(float(result.step.step_time_s[i]), rel=1e-12)
+        assert float(plan.step.mfu) == pytest.approx(float(result.step.mfu[i]), rel=1e-12)
+        assert float(plan.memory.per_gpu.total_bytes) == pytest.approx(float(result.memory.total_bytes[i]), rel=1e-12)
+
+
+def test_ranked_fastest_first_and_all_fit() -> None:
+    model = io.load_model("llama-3.1-70b")
+    cluster = resolve_cluster(gpu="h200", gpus=64)
+    work = Workload(seq_len=8192, global_batch=256)
+    result = search(model, cluster, work, headroom=0.1)
+    times = np.asarray(result.step.step_time_s)
+    assert np.all(np.diff(times) >= -1e-9)
+    assert np.all(np.asarray(result.memory.total_bytes) <= 0.9 * cluster.gpu.hbm_bytes)
+    assert result.evaluated == result.feasible + sum(result.rejections.values())
+
+
+def test_every_rejection_reason_is_reachable() -> None:
+    import dataclasses
+
+    odd_ffn = dataclasses.replace(io.load_model("gpt3-175b"), name="odd", ffn_hidden=49154)  # 2 x 24577
+    seen: set[str] = set()
+    cases = [
+        (io.load_model("llama-3.1-8b"), "h100-sxm", 96, 4096, 96),  # tp=16 over 8 KV heads
+        (io.load_model("gpt3-175b"), "h100-sxm", 64, 2048, 64),  # tp=16, 32 divide 96 heads but leave the node
+        (io.load_model("llama-3.2-1b"), "h100-sxm", 64, 4096, 8),  # batch 8 over 64-way DP; 64 stages > 16 layers
+        (io.load_model("mixtral-8x7b"), "a100-40gb", 32, 32768, 32),  # OOM; ep 16, 32 over 8 experts
+        (io.load_model("mistral-7b"), "h100-sxm", 48, 4104, 48),  # cp that does not split 4104 into 2cp chunks
+        (odd_ffn, "h100-sxm", 16, 2048, 16),  # tp=4 divides the 96 heads but not ffn 49154
+    ]
+    for model, gpu, gpus, seq, batch in cases:
+        result = search(model, resolve_cluster(gpu=gpu, gpus=gpus), Workload(seq_len=seq, global_batch=batch))
+        seen |= set(result.rejections)
+    from meshplan.core.constraints import RULES
+
+    expected = {rule.reason for rule in RULES if rule.reason != "mesh does not multiply to the GPU count"} | {
+        OOM,
+        TP_CROSSES,
+    }
+    assert expected <= seen, expected - seen
+
+
+def test_pareto_front_is_minimal() -> None:
+    times = np.array([3.0, 1.0, 2.0, 1.0, 4.0])
+    memory = np.array([1.0, 5.0, 2.0, 6.0, 0.5])
+    front = pareto_front(times, memory)
+    assert front.tolist() == [1, 2, 0, 4]
+    for i in front:
+        assert not np.any((times < times[i]) & (memory < memory[i]))
