@@ -95,6 +95,8 @@ def _metric(plan: Plan, metric: str) -> float:
         return float(step.step_time_s)
     if metric == "mfu":
         return float(step.mfu)
+    if metric == "tokens_per_s_per_gpu":
+        return float(step.tokens_per_s_per_gpu)
     if metric == "tflops_per_gpu_eq3":
         m, w = plan.model, plan.workload
         flops = narayanan_flops(
