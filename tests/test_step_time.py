@@ -1,0 +1,92 @@
+"""Properties of the step-time model that must hold for any layout."""
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from meshplan import io
+from meshplan.core.plan import evaluate
+from meshplan.reports.inputs import resolve_cluster
+from meshplan.spec.layout import Layout, Recompute, Schedule, ZeroStage
+from meshplan.spec.workload import Workload
+
+MODEL = io.load_model("llama-3.1-70b")
+
+layouts = st.builds(
+    lambda tp, pp, zero, sp, rc, mb: (tp, pp, zero, sp and tp > 1, rc, mb),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    pp=st.sampled_from([1, 2, 4]),
+    zero=st.sampled_from([0, 1, 2, 3]),
+    sp=st.booleans(),
+    rc=st.sampled_from(list(Recompute)),
+    mb=st.sampled_from([1, 2]),
+)
+
+
+def make(args: tuple, gpus: int = 64) -> Layout:
+    tp, pp, zero, sp, rc, mb = args
+    dp = gpus // (tp * pp)
+    return Layout(tp=tp, pp=pp, dp_shard=dp if zero else 1, dp_replicate=1 if zero else dp, zero=ZeroStage(zero),
+                  sp=sp, recompute=rc, micro_batch=mb)
+
+
+def step(layout: Layout, *, scale_up: float = 1.0, scale_out: float = 1.0, gpu: str = "h100-sxm") -> float:
+    cluster = resolve_cluster(gpu=gpu, gpus=layout.num_gpus)
+    cluster = dataclasses.replace(
+        cluster,
+        scale_up=dataclasses.replace(cluster.scale_up, bandwidth_bytes_per_s=cluster.scale_up.bandwidth_bytes_per_s * scale_up),
+        scale_out=dataclasses.replace(cluster.scale_out, bandwidth_bytes_per_s=cluster.scale_out.bandwidth_bytes_per_s * scale_out),
+    )
+    work = Workload(seq_len=4096, global_batch=layout.dp * layout.micro_batch * 8)
+    return float(evaluate(MODEL, cluster, layout, work).step.step_time_s)
+
+
+@given(args=layouts, factor=st.sampled_from([1.5, 2.0, 8.0]))
+def test_more_bandwidth_never_slows_a_step(args: tuple, factor: float) -> None:
+    layout = make(args)
+    base = step(layout)
+    assert step(layout, scale_up=factor) <= base * (1 + 1e-12)
+    assert step(layout, scale_out=factor) <= base * (1 + 1e-12)
+
+
+@given(args=layouts)
+def test_a_smaller_bubble_never_slows_a_step(args: tuple) -> None:
+    tp, pp, zero, sp, rc, mb = args
+    if pp == 1:
+        return
+    one_f_one_b = make(args)
+    zero_bubble = dataclasses.replace(one_f_one_b, schedule=Schedule.ZERO_BUBBLE)
+    assert step(zero_bubble) <= step(one_f_one_b)
+
+
+def test_recompute_only_adds_time() -> None:
+    base = make((8, 2, 1, True, Recompute.NONE, 1))
+    times = [step(dataclasses.replace(base, recompute=rc)) for rc in Recompute]
+    assert times == sorted(times)
+
+
+def test_tp_across_the_fabric_is_slower() -> None:
+    """The bandwidth wall: the same TP 16 groups inside one 16-GPU NVLink domain, or split over two 8-GPU nodes."""
+    model = io.load_model("gpt3-175b")
+    work = Workload(seq_len=2048, global_batch=64)
+    layout = Layout(tp=16, pp=4, sp=True, micro_batch=1)
+    inside = evaluate(model, resolve_cluster(gpu="h100-sxm", gpus=64, node_size=16), layout, work)
+    across = evaluate(model, resolve_cluster(gpu="h100-sxm", gpus=64, node_size=8), layout, work)
+    assert across.tp_crosses_domain and not inside.tp_crosses_domain
+    assert any("TP=16" in w for w in across.warnings())
+    # with one NIC per GPU (rail-optimized) the cross-node share is 1/8 of each buffer: slower, not 18x
+    assert float(across.step.exposed_tp_s) > 1.2 * float(inside.step.exposed_tp_s)
+    assert float(across.step.step_time_s) > float(inside.step.step_time_s)
+
+
+def test_mfu_uses_model_flops_and_hfu_adds_recompute() -> None:
+    layout = make((8, 1, 1, True, Recompute.FULL, 1))
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=64)
+    work = Workload(seq_len=4096, global_batch=64)
+    s = evaluate(MODEL, cluster, layout, work).step
+    flops = s.model_flops_per_step / (s.step_time_s * 64 * 989.4e12)
+    assert float(s.mfu) == pytest.approx(float(flops))
+    assert float(s.hfu) == pytest.approx(float(s.mfu) * 4 / 3)
+    assert float(s.tokens_per_s_per_gpu) == pytest.approx(4096 * 64 / float(s.step_time_s) / 64)
