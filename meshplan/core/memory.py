@@ -19,7 +19,7 @@ from meshplan.core import pipeline
 from meshplan.core.num import Num, gcd, maximum, minimum, to_float, where
 from meshplan.core.params import LayerParams, ParamCount
 from meshplan.spec.cluster import GpuCalibration
-from meshplan.spec.layout import Recompute, ZeroStage
+from meshplan.spec.layout import LayoutLike, Recompute, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import OptimizerKind, Workload
 from meshplan.units import DTYPE_BYTES, DType
@@ -159,14 +159,14 @@ class LayerActivations:
     moe_selective: Num
 
 
-def layer_activations(model: ModelSpec, lay: object, workload: Workload) -> LayerActivations:
+def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> LayerActivations:
     """Per-layer activation bytes of a layout (or batch), computed once and shared by every stage."""
     common = dict(
         seq_len=workload.seq_len,
         micro_batch=lay.micro_batch,
         tp=lay.tp,
         sp=lay.sp,
-        cp=lay.cp,  # type: ignore[attr-defined]
+        cp=lay.cp,
         attention=workload.attention,
         act_bytes=workload.precision.activation_bytes,
         kernels=workload.kernels,
@@ -177,7 +177,7 @@ def layer_activations(model: ModelSpec, lay: object, workload: Workload) -> Laye
         moe = act.layer_bytes(model, recompute=recompute, moe_layer=True, **common) if model.moe else dense
         return dense, moe
 
-    dense, moe = both(lay.recompute)  # type: ignore[attr-defined]
+    dense, moe = both(lay.recompute)
     dense_none, moe_none = both(Recompute.NONE)
     dense_sel, moe_sel = both(Recompute.SELECTIVE)
     return LayerActivations(
@@ -193,7 +193,7 @@ def layer_activations(model: ModelSpec, lay: object, workload: Workload) -> Laye
 def stage_bill(
     model: ModelSpec,
     params: ParamCount,
-    layout: object,
+    layout: LayoutLike,
     workload: Workload,
     *,
     calibration: GpuCalibration,
@@ -202,11 +202,11 @@ def stage_bill(
 ) -> MemoryBill:
     """The bill of one GPU on pipeline stage ``stage``; ``layout`` is a Layout or a batch of them."""
     lay = layout
-    tp, pp, ep, cp = lay.tp, lay.pp, lay.ep, lay.cp  # type: ignore[attr-defined]
-    zero, schedule = lay.zero, lay.schedule  # type: ignore[attr-defined]
+    tp, pp, ep, cp = lay.tp, lay.pp, lay.ep, lay.cp
+    zero, schedule = lay.zero, lay.schedule
     copies = pipeline.stage_copies(schedule)
     sp_ = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage, copies=copies)
-    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=cp, ep=ep)  # type: ignore[attr-defined]
+    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=cp, ep=ep)
 
     def sharded(bytes_per_param: float, from_stage: ZeroStage) -> Num:
         on = zero >= from_stage
@@ -241,11 +241,11 @@ def stage_bill(
 
 
 def _stage_activations(
-    model: ModelSpec, lay: object, workload: Workload, *, stage: Num, sp_: StageParams, la: LayerActivations
+    model: ModelSpec, lay: LayoutLike, workload: Workload, *, stage: Num, sp_: StageParams, la: LayerActivations
 ) -> tuple[Num, Num, Num]:
     """(saved activations, logits, recompute workspace) of one GPU on ``stage``."""
-    tp, pp, cp, sp = lay.tp, lay.pp, lay.cp, lay.sp  # type: ignore[attr-defined]
-    b, recompute = lay.micro_batch, lay.recompute  # type: ignore[attr-defined]
+    tp, pp, cp, sp = lay.tp, lay.pp, lay.cp, lay.sp
+    b, recompute = lay.micro_batch, lay.recompute
     s, beta = workload.seq_len, workload.precision.activation_bytes
     per_mb = sp_.dense_layers * la.dense + sp_.moe_layers * la.moe
     tokens = s / cp * b
@@ -254,9 +254,9 @@ def _stage_activations(
     per_mb = per_mb + where(stage == 0, tokens * mask * model.hidden * rep, 0)  # embedding dropout mask
     per_mb = per_mb + where(stage == pp - 1, tokens * 2 * beta * model.hidden * rep, 0)  # final norm + head input
 
-    m = pipeline.micro_batches(workload.global_batch, micro_batch=b, dp=lay.dp_replicate * lay.dp_shard)  # type: ignore[attr-defined]
-    flight = pipeline.in_flight(schedule=lay.schedule, pp=pp, vpp=lay.vpp, m=m, stage=stage)  # type: ignore[attr-defined]
-    saved = flight * per_mb / pipeline.stage_copies(lay.schedule)  # type: ignore[attr-defined]
+    m = pipeline.micro_batches(workload.global_batch, micro_batch=b, dp=lay.dp_replicate * lay.dp_shard)
+    flight = pipeline.in_flight(schedule=lay.schedule, pp=pp, vpp=lay.vpp, m=m, stage=stage)
+    saved = flight * per_mb / pipeline.stage_copies(lay.schedule)
 
     logits = where(stage == pp - 1, FP32_BYTES * tokens * model.vocab_size / tp, 0)
     has_dense, has_moe = sp_.dense_layers > 0, sp_.moe_layers > 0

@@ -27,7 +27,7 @@ from meshplan.core.num import Num, maximum, minimum, to_float, where
 from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.layout import Recompute, Schedule, ZeroStage
+from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
@@ -86,7 +86,7 @@ class StageTimes:
 
 
 def stage_times(
-    model: ModelSpec, lay: object, work: Workload, cluster: Cluster, *, stages: tuple[Num, ...]
+    model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Cluster, *, stages: tuple[Num, ...]
 ) -> StageTimes:
     """Compute time of one micro-batch on the slowest of ``stages``.
 
@@ -94,7 +94,7 @@ def stage_times(
     computed once and scaled by each stage's layer counts; the last stage
     adds the output head and the loss.
     """
-    tp, pp, cp, b = lay.tp, lay.pp, lay.cp, lay.micro_batch  # type: ignore[attr-defined]
+    tp, pp, cp, b = lay.tp, lay.pp, lay.cp, lay.micro_batch
     gpu = cluster.gpu
     peak = gpu.peak(work.precision.compute)
     tokens = work.seq_len / cp * b
@@ -103,7 +103,7 @@ def stage_times(
         seq_len=work.seq_len,
         tp=tp,
         sp=lay.sp,
-        ep=lay.ep,  # type: ignore[attr-defined]
+        ep=lay.ep,
         attention=work.attention,
         peak_flops=peak,
         hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
@@ -122,7 +122,7 @@ def stage_times(
         cal=gpu.calibration,
         act_bytes=work.precision.activation_bytes,
     )
-    recompute = lay.recompute  # type: ignore[attr-defined]
+    recompute = lay.recompute
     worst: dict[str, Num] = {}
     for stage in stages:
         layers = pipeline.stage_layers(model.num_layers, pp=pp, stage=stage)
@@ -185,7 +185,7 @@ class StageStep:
 def _stage_step(
     model: ModelSpec,
     params: ParamCount,
-    lay: object,
+    lay: LayoutLike,
     work: Workload,
     cluster: Cluster,
     placement: dict[str, AxisPlacement],
@@ -198,15 +198,15 @@ def _stage_step(
     (the most layers) and the last (output head); each term takes its
     maximum over them, an upper bound when different stages set different terms.
     """
-    copies = pipeline.stage_copies(lay.schedule)  # type: ignore[attr-defined]
-    stages = (0, minimum(1, lay.pp - 1), lay.pp - 1)  # type: ignore[attr-defined]
+    copies = pipeline.stage_copies(lay.schedule)
+    stages = (0, minimum(1, lay.pp - 1), lay.pp - 1)
     times = stage_times(model, lay, work, cluster, stages=stages)
-    held = [stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies) for s in stages]  # type: ignore[attr-defined]
+    held = [stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies) for s in stages]
     dense_params, expert_params = held[0].dense, held[0].experts
     for h in held[1:]:
         dense_params, expert_params = maximum(dense_params, h.dense), maximum(expert_params, h.experts)
     shape = StageShape(
-        tokens=work.seq_len / lay.cp * lay.micro_batch,  # type: ignore[attr-defined]
+        tokens=work.seq_len / lay.cp * lay.micro_batch,
         dense_layers=times.dense_layers * copies,
         moe_layers=times.moe_layers * copies,
         micro_batches=m,
@@ -234,7 +234,7 @@ def _stage_step(
     cp_b = exposed(("cp",), "backward", times.attention_bwd_s * copies)
     ep_f = exposed(("ep",), "forward", fwd_c)
     ep_b = exposed(("ep",), "backward", bwd_c)
-    chunk = where(lay.pp > 1, lay.vpp * cluster.gpu.calibration.pipeline_step_overhead_s, 0.0)  # type: ignore[attr-defined]
+    chunk = where(lay.pp > 1, lay.vpp * cluster.gpu.calibration.pipeline_step_overhead_s, 0.0)
     fwd, bwd = fwd_c + tp_f + cp_f + ep_f + chunk, bwd_c + tp_b + cp_b + ep_b + chunk
     sharded = StageParams(dense=dense_params, experts=expert_params, largest_layer=0, dense_layers=0, moe_layers=0)
     return StageStep(
@@ -251,13 +251,13 @@ def _stage_step(
     )
 
 
-def _pp_exposed(calls: list[CollectiveCall], *, lay: object, m: Num, ov_pp: bool) -> Num:
+def _pp_exposed(calls: list[CollectiveCall], *, lay: LayoutLike, m: Num, ov_pp: bool) -> Num:
     """Pipeline sends on the critical path: every slot when blocking, only fill and drain when overlapped."""
     p2p = sum((c.call_s for c in calls if c.strategy == "pp" and c.phase == "forward"), 0.0)
-    pp, vpp = lay.pp, lay.vpp  # type: ignore[attr-defined]
+    pp, vpp = lay.pp, lay.vpp
     blocking = 2 * (m * vpp + pp - 1) * p2p
     overlapped = 2 * (pp - 1) * vpp * p2p
-    interleaved = lay.schedule == Schedule.INTERLEAVED  # type: ignore[attr-defined]
+    interleaved = lay.schedule == Schedule.INTERLEAVED
     return where(pp > 1, where(interleaved & ov_pp, overlapped, blocking), 0.0)
 
 
@@ -287,7 +287,7 @@ def _dp_exposed(
     return exposed + m * _hidden(one_call("forward", True), fwd_s, ov.fsdp_prefetch, efficiency)
 
 
-def _optimizer_time(model: ModelSpec, lay: object, work: Workload, cluster: Cluster, sp_: object) -> Num:
+def _optimizer_time(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Cluster, sp_: StageParams) -> Num:
     """The optimizer step over this GPU's shard, streamed at HBM speed.
 
     Per parameter: gradients read three times (overflow check, global norm,
@@ -295,9 +295,9 @@ def _optimizer_time(model: ModelSpec, lay: object, work: Workload, cluster: Clus
     refresh the 16-bit weights, which are written; moments read and written.
     """
     prec = work.precision
-    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)  # type: ignore[attr-defined]
-    on = lay.zero >= ZeroStage.OPTIMIZER  # type: ignore[attr-defined]
-    n = sp_.dense / where(on, shard, 1) + sp_.experts / where(on, expert_shard, 1)  # type: ignore[attr-defined]
+    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
+    on = lay.zero >= ZeroStage.OPTIMIZER
+    n = sp_.dense / where(on, shard, 1) + sp_.experts / where(on, expert_shard, 1)
     master = prec.master_bytes if prec.master is not None else prec.weight_bytes
     per_param = 4 * prec.grad_bytes + 3 * master + 2 * moment_bytes_per_param(model, work) + prec.weight_bytes
     gpu = cluster.gpu
@@ -319,22 +319,22 @@ def _recompute_factor(model: ModelSpec, recompute: Num, work: Workload) -> Num:
 def step_time(
     model: ModelSpec,
     params: ParamCount,
-    lay: object,
+    lay: LayoutLike,
     work: Workload,
     cluster: Cluster,
     placement: dict[str, AxisPlacement],
 ) -> tuple[StepTime, list[CollectiveCall]]:
     """Step time of a layout (or a batch of layouts) and the collectives of its slowest stage's GPU."""
-    pp = lay.pp  # type: ignore[attr-defined]
-    dp = lay.dp_replicate * lay.dp_shard  # type: ignore[attr-defined]
-    m = pipeline.micro_batches(work.global_batch, micro_batch=lay.micro_batch, dp=dp)  # type: ignore[attr-defined]
+    pp = lay.pp
+    dp = lay.dp_replicate * lay.dp_shard
+    m = pipeline.micro_batches(work.global_batch, micro_batch=lay.micro_batch, dp=dp)
     st = _stage_step(model, params, lay, work, cluster, placement, m=m)
-    copies = pipeline.stage_copies(lay.schedule)  # type: ignore[attr-defined]
-    bubble = _bubble(lay.schedule, pp=pp, vpp=lay.vpp, t_f=st.fwd_s / copies, t_b=st.bwd_s / copies)  # type: ignore[attr-defined]
+    copies = pipeline.stage_copies(lay.schedule)
+    bubble = _bubble(lay.schedule, pp=pp, vpp=lay.vpp, t_f=st.fwd_s / copies, t_b=st.bwd_s / copies)
     exposed = m * (st.tp_s + st.cp_s + st.ep_s) / copies + st.pp_s + st.dp_s
     tokens = work.seq_len * work.global_batch
     model_flops = model_flops_per_token(model, seq_len=work.seq_len) * tokens
-    gpus = dp * lay.cp * lay.tp * pp  # type: ignore[attr-defined]
+    gpus = dp * lay.cp * lay.tp * pp
     step = StepTime(
         compute_s=to_float(m * st.compute_s / copies),
         exposed_comm_s=to_float(exposed),
@@ -346,7 +346,7 @@ def step_time(
         exposed_pp_s=to_float(st.pp_s),
         exposed_dp_s=to_float(st.dp_s),
         model_flops_per_step=model_flops,
-        hardware_flops_per_step=to_float(model_flops * _recompute_factor(model, lay.recompute, work)),  # type: ignore[attr-defined]
+        hardware_flops_per_step=to_float(model_flops * _recompute_factor(model, lay.recompute, work)),
         tokens_per_step=tokens,
         num_gpus=gpus,
         peak_flops=cluster.gpu.peak(work.precision.compute),

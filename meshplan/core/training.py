@@ -9,7 +9,7 @@ from meshplan.core.memory import TERMS, MemoryBill, heaviest_stages, layer_activ
 from meshplan.core.num import Num, where
 from meshplan.core.params import ParamCount, count_params
 from meshplan.spec.cluster import GPU, GpuCalibration
-from meshplan.spec.layout import Layout
+from meshplan.spec.layout import Layout, LayoutLike
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
@@ -48,12 +48,12 @@ def training_memory(model: ModelSpec, layout: Layout, workload: Workload, *, gpu
 
 
 def peak_bill(
-    model: ModelSpec, params: ParamCount, layouts: object, workload: Workload, *, calibration: GpuCalibration
+    model: ModelSpec, params: ParamCount, layouts: LayoutLike, workload: Workload, *, calibration: GpuCalibration
 ) -> MemoryBill:
     """The heaviest-stage bill of each layout in a batch, from the stages that can be heaviest."""
     best: MemoryBill | None = None
     acts = layer_activations(model, layouts, workload)
-    for stage in heaviest_stages(layouts.pp):  # type: ignore[attr-defined]
+    for stage in heaviest_stages(layouts.pp):
         bill = stage_bill(model, params, layouts, workload, calibration=calibration, stage=stage, layer_acts=acts)
         best = bill if best is None else _heavier(best, bill)
     assert best is not None

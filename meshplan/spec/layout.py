@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any, Protocol
 
 
 class ZeroStage(IntEnum):
@@ -120,3 +121,37 @@ class Layout:
     def degrees(self) -> dict[str, int]:
         """Every axis degree by name, for messages and exports."""
         return {name: getattr(self, name) for name in _DEGREES}
+
+
+class LayoutLike(Protocol):
+    """A Layout, or a batch of layouts whose fields are numpy arrays (the planner's LayoutBatch).
+
+    The core's formulas read only these fields, so one implementation serves both.
+    """
+
+    @property
+    def tp(self) -> Any: ...
+    @property
+    def pp(self) -> Any: ...
+    @property
+    def vpp(self) -> Any: ...
+    @property
+    def cp(self) -> Any: ...
+    @property
+    def ep(self) -> Any: ...
+    @property
+    def dp_shard(self) -> Any: ...
+    @property
+    def dp_replicate(self) -> Any: ...
+    @property
+    def sp(self) -> Any: ...
+    @property
+    def zero(self) -> Any: ...
+    @property
+    def recompute(self) -> Any: ...
+    @property
+    def schedule(self) -> Any: ...
+    @property
+    def cp_kind(self) -> Any: ...
+    @property
+    def micro_batch(self) -> Any: ...
