@@ -270,6 +270,26 @@ def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535], got {value}")
+    return value
+
+
+def _cmd_ui(args: argparse.Namespace) -> None:
+    try:
+        from meshplan.server.app import serve
+    except ImportError as exc:
+        raise UsageError(
+            f"meshplan ui: the web explorer needs the [web] extra: pip install 'meshplan[web]' ({exc})"
+        ) from None
+    serve(host=args.host, port=args.port, open_browser=args.open)
+
+
 def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports import fit_report
 
@@ -298,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def command(
-        name: str, handler: Callable[[argparse.Namespace], dict[str, Any]], text: str
+        name: str, handler: Callable[[argparse.Namespace], dict[str, Any] | None], text: str
     ) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -393,6 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"), default="bf16")
     p.add_argument("--context", type=_positive_int, default=None, help="tokens per sequence (default: model maximum)")
     p.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9)
+    p = command("ui", _cmd_ui, "the web explorer: the engine's answers as interactive pages in a local browser")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_port, default=0, help="port to listen on (default: a free one)")
+    p.add_argument("--open", action="store_true", help="open the explorer in the default browser")
     return parser
 
 
@@ -400,6 +424,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         result = args.handler(args)
+        if result is None:
+            return 0
         text = None if args.json else _render(args.command, result)
     except UsageError as exc:
         print(f"{exc}", file=sys.stderr)

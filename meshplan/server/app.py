@@ -1,0 +1,192 @@
+"""The HTTP API and the web explorer: ``create_app()`` builds it, ``serve()`` runs it (``meshplan ui``).
+
+The API only parses inputs and calls the report functions the CLI prints, so
+every number a page shows is the engine's. Errors are JSON ``{"error": ...}``
+with a 4xx status: 422 for malformed inputs, 400 for inputs the engine
+refuses, 404 for unknown names in paths, 413/414 for oversized requests, 429
+while a search is running. The pages (static/) are plain files that work
+offline; the schema is at /openapi.json.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+import webbrowser
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from meshplan.server import api, explorer, parse, planner
+from meshplan.server.uploads import ModelStore
+
+STATIC = Path(__file__).resolve().parent / "static"
+SECURITY_HEADERS = {
+    # Everything the pages need comes from this server: no CDN, no outside request.
+    "content-security-policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+}
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+class RequestLimits:
+    """Refuse oversized requests before any endpoint runs: long query strings (414) and bodies (413)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        query = scope.get("query_string", b"")
+        if len(query) > parse.MAX_QUERY_CHARS:
+            message = f"query string of {len(query)} characters; the limit is {parse.MAX_QUERY_CHARS}"
+            await _error(414, message)(scope, receive, send)
+            return
+        length = dict(scope.get("headers", [])).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > parse.MAX_BODY_BYTES):
+            message = f"request body of {length.decode(errors='replace')} bytes; the limit is {parse.MAX_BODY_BYTES}"
+            await _error(413, message)(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers += [(k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _install_errors(app: FastAPI) -> None:
+    async def invalid(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return _error(422, parse.validation_message(exc.errors()))
+
+    async def http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        detail = exc.detail if isinstance(exc.detail, str) else "request refused"
+        return _error(exc.status_code, detail)
+
+    async def refused(_: Request, exc: Exception) -> JSONResponse:
+        message = exc.args[0] if exc.args else type(exc).__name__
+        return _error(400, str(message))
+
+    async def too_large(_: Request, exc: Exception) -> JSONResponse:
+        return _error(413, str(exc))
+
+    async def internal(_: Request, exc: Exception) -> JSONResponse:
+        return _error(500, f"internal error ({type(exc).__name__}); please report it with the request")
+
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(StarletteHTTPException, http)
+    app.add_exception_handler(ValueError, refused)
+    app.add_exception_handler(KeyError, refused)
+    app.add_exception_handler(explorer.BodyTooLarge, too_large)
+    app.add_exception_handler(Exception, internal)
+
+
+def create_app() -> FastAPI:
+    """The API under /api, the schema at /openapi.json, the explorer at /."""
+    app = FastAPI(
+        title="meshplan",
+        version=_version(),
+        summary="Memory, collectives, step time and layouts of transformers split over GPUs.",
+        docs_url=None,  # the interactive docs load their scripts from a CDN; the explorer lists the endpoints itself
+        redoc_url=None,
+        responses={
+            code: {"description": text, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+            for code, text in ERROR_RESPONSES.items()
+        },
+    )
+    app.state.models = ModelStore()
+    app.state.searches = planner.SearchGate()
+    app.include_router(api.router)
+    app.include_router(explorer.router)
+    app.include_router(planner.router)
+    _install_errors(app)
+
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.add_middleware(RequestLimits)
+    return app
+
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"error": {"type": "string"}},
+    "required": ["error"],
+}
+ERROR_RESPONSES = {
+    400: "The engine refused the inputs (e.g. degrees that do not divide the GPUs)",
+    404: "Unknown path or recipe",
+    413: "Request body too large",
+    414: "Query string too long",
+    422: "A malformed or out-of-range input",
+    429: "A search is already running",
+}
+
+
+def free_socket(host: str, port: int | None) -> socket.socket:
+    """A listening socket on ``host``: ``port``, or a free one when port is None or 0."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port or 0))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port or 0}: {exc.strerror or exc}") from None
+    return sock
+
+
+def serve(host: str = "127.0.0.1", port: int | None = None, open_browser: bool = False) -> None:
+    """Run the explorer until Ctrl-C: bound to ``host`` (loopback by default), on ``port`` or a free one."""
+    try:
+        import uvicorn
+    except ImportError:
+        raise ValueError("the web explorer needs the [web] extra: pip install 'meshplan[web]'") from None
+    sock = free_socket(host, port)
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{bound}/"
+    if not _is_loopback(host):
+        print(f"meshplan: warning: listening on {host}, reachable from other machines", flush=True)
+    print(f"meshplan explorer at {url}  (Ctrl-C to stop)", flush=True)
+    if open_browser:
+        threading.Timer(0.5, webbrowser.open, args=(url,)).start()
+    server = uvicorn.Server(uvicorn.Config(create_app(), log_level="warning", lifespan="off"))
+    server.run(sockets=[sock])
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("meshplan")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

@@ -1,0 +1,78 @@
+"""The explorer's words as data: the six strategies, the usage tiers and the serving terms (catalog/explorer)."""
+
+from __future__ import annotations
+
+import tomllib
+from functools import cache
+from importlib import resources
+from typing import Any
+
+EXPLORER_GPUS = 8
+STRATEGY_KEYS = ("dp", "zero", "tp", "pp", "cp", "ep")
+STRATEGY_FIELDS = {
+    "key",
+    "name",
+    "cuts",
+    "holds",
+    "collective",
+    "how_often",
+    "interconnect",
+    "when",
+    "example",
+    "layout",
+    "picture",
+}
+PICTURE_FIELDS = {"unit", "units", "cut", "pattern"}
+TIER_FIELDS = {"key", "title", "strategies", "reason", "detail"}
+TERM_FIELDS = {"name", "title", "what", "formula", "source"}
+
+
+def _load(name: str, table: str, fields: set[str]) -> list[dict[str, Any]]:
+    text = (resources.files("meshplan") / "catalog" / "explorer" / name).read_text(encoding="utf-8")
+    items: list[dict[str, Any]] = tomllib.loads(text).get(table, [])
+    for item in items:
+        if set(item) != fields:
+            missing, extra = sorted(fields - set(item)), sorted(set(item) - fields)
+            raise ValueError(
+                f"explorer/{name}: entry {item.get('key', item.get('name'))!r} missing {missing}, extra {extra}"
+            )
+    return items
+
+
+@cache
+def strategies() -> tuple[dict[str, Any], ...]:
+    """The six strategies in explorer order."""
+    items = _load("strategies.toml", "strategy", STRATEGY_FIELDS)
+    keys = tuple(item["key"] for item in items)
+    if keys != STRATEGY_KEYS:
+        raise ValueError(f"explorer/strategies.toml: expected strategies {STRATEGY_KEYS}, got {keys}")
+    for item in items:
+        if set(item["picture"]) != PICTURE_FIELDS:
+            raise ValueError(f"explorer/strategies.toml: picture of {item['key']} needs {sorted(PICTURE_FIELDS)}")
+    return tuple(items)
+
+
+@cache
+def tiers() -> tuple[dict[str, Any], ...]:
+    """The usage tiers, most common first; together they name every strategy once."""
+    items = _load("tiers.toml", "tier", TIER_FIELDS)
+    named = sorted(k for item in items for k in item["strategies"])
+    if named != sorted(STRATEGY_KEYS):
+        raise ValueError(f"explorer/tiers.toml: the tiers must name each strategy once, got {named}")
+    return tuple(items)
+
+
+@cache
+def serving_terms() -> tuple[dict[str, Any], ...]:
+    """What each term of the serving bar is."""
+    return tuple(_load("serving_terms.toml", "term", TERM_FIELDS))
+
+
+def pieces(picture: dict[str, Any], *, gpus: int = EXPLORER_GPUS) -> list[str]:
+    """The label of each GPU's piece of the illustrative picture: 80 layers over 8 GPUs -> 'layers 1-10', ..."""
+    units, unit = int(picture["units"]), str(picture["unit"])
+    assert units % gpus == 0, f"picture units {units} must split evenly over {gpus} GPUs"
+    per = units // gpus
+    if per == 1:
+        return [f"{unit} {i + 1}" for i in range(gpus)]
+    return [f"{unit}s {i * per + 1:,}\u2013{(i + 1) * per:,}" for i in range(gpus)]

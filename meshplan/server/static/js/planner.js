@@ -1,0 +1,198 @@
+// View 7: the planner: search, a sortable table of the best plans, the Pareto plot, rejections, a comparison.
+
+import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtPct, fmtSeconds, formValues, onResize, showError, svg, ticks } from "./util.js";
+
+const LABELS = {
+  gpus: "GPUs", seq: "Sequence length", global_batch_tokens: "Tokens per step", top: "Plans to show", headroom: "HBM kept free",
+};
+let ctx = null;
+let result = null;
+let sortKey = "rank";
+let sortUp = true;
+let running = false;
+
+export function init(context) {
+  ctx = context;
+  $("#pl-form").addEventListener("submit", (e) => { e.preventDefault(); run(); });
+  onResize(() => result && pareto());
+  run();
+}
+
+export function layoutLabel(l) {
+  const parts = [];
+  if (l.tp > 1) parts.push(`TP ${l.tp}${l.sp ? "+SP" : ""}`);
+  if (l.pp > 1) parts.push(`PP ${l.pp}${l.vpp > 1 ? ` (${l.vpp} virtual)` : ""}`);
+  if (l.cp > 1) parts.push(`CP ${l.cp}`);
+  if (l.ep > 1) parts.push(`EP ${l.ep}`);
+  if (l.dp_shard > 1) parts.push(`DP-shard ${l.dp_shard}`);
+  if (l.dp_replicate > 1) parts.push(`DP-replicas ${l.dp_replicate}`);
+  if (l.zero) parts.push(`ZeRO-${l.zero}`);
+  if (l.recompute !== "none") parts.push(`recompute ${l.recompute}`);
+  if (l.micro_batch > 1) parts.push(`mb ${l.micro_batch}`);
+  return parts.join(" · ") || "one GPU";
+}
+
+// The layout in the form the planner's compare option reads (tp=8,pp=4,...), leaving out what is the default.
+function compareText(l) {
+  const parts = [`tp=${l.tp}`, `pp=${l.pp}`];
+  if (l.vpp > 1) parts.push(`vpp=${l.vpp}`);
+  if (l.cp > 1) parts.push(`cp=${l.cp}`);
+  if (l.ep > 1) parts.push(`ep=${l.ep}`);
+  parts.push(`dp_shard=${l.dp_shard}`, `zero=${l.zero}`);
+  if (l.sp) parts.push("sp=true");
+  if (l.recompute !== "none") parts.push(`recompute=${l.recompute}`);
+  if (l.micro_batch > 1) parts.push(`mb=${l.micro_batch}`);
+  if (l.schedule !== (l.vpp > 1 ? "interleaved" : "1f1b")) parts.push(`schedule=${l.schedule}`);
+  return parts.join(",");
+}
+
+async function run() {
+  if (running) return;
+  running = true;
+  const v = formValues($("#pl-form"));
+  const params = {
+    model: v.model, gpu: v.gpu, gpus: v.gpus, seq: v.seq, global_batch_tokens: v.global_batch_tokens, top: v.top,
+    objective: v.objective, headroom: v.headroom, allow_cross_node_tp: v.allow_cross_node_tp, compare: v.compare || null,
+  };
+  const started = performance.now();
+  const progress = $("#pl-progress");
+  const say = () => { $("#pl-progress-text").textContent = `Searching the layouts of ${v.model} on ${v.gpus} × ${v.gpu}… ${((performance.now() - started) / 1000).toFixed(1)} s`; };
+  say();
+  progress.hidden = false;
+  $("#pl-run").disabled = true;
+  const clock = setInterval(say, 100);
+  try {
+    result = await api("/api/plan", params);
+    showError($("#pl-error"), null);
+    render();
+  } catch (err) {
+    showError($("#pl-error"), err instanceof ApiError && err.status === 429 ? new Error(err.message) : err, LABELS);
+  } finally {
+    clearInterval(clock);
+    progress.hidden = true;
+    $("#pl-run").disabled = false;
+    running = false;
+  }
+}
+
+function render() {
+  const r = result;
+  $("#pl-summary").replaceChildren(
+    "Evaluated ", el("strong", { id: "pl-evaluated", "data-value": r.evaluated, text: fmtInt(r.evaluated) }),
+    " layouts in ", el("span", { text: fmtSeconds(r.elapsed_s) }), "; ",
+    el("strong", { id: "pl-feasible", "data-value": r.feasible, text: fmtInt(r.feasible) }),
+    ` fit with ${fmtPct(r.headroom)} of HBM kept free. ${r.global_batch} sequences of ${fmtInt(r.seq)} tokens per step, objective ${r.objective}.`,
+  );
+  table();
+  pareto();
+  rejections();
+  explain();
+}
+
+const COLUMNS = [
+  ["rank", "#", (p) => p.rank, String],
+  ["layout", "Layout", (p) => layoutLabel(p.layout), (x) => x],
+  ["step", "Step time (s)", (p) => p.step_time_s, (x) => x.toFixed(2)],
+  ["mfu", "MFU (%)", (p) => p.mfu, (x) => (100 * x).toFixed(1)],
+  ["tps", "Tokens/s per GPU", (p) => p.tokens_per_s_per_gpu, (x) => fmtInt(x)],
+  ["mem", "Memory per GPU (GB)", (p) => p.per_gpu.total_bytes, (x) => (x / 1e9).toFixed(1)],
+  ["free", "Headroom (GB)", (p) => p.headroom_bytes, (x) => (x / 1e9).toFixed(1)],
+];
+
+function table() {
+  const plans = result.plans.map((p, i) => ({ ...p, rank: i + 1 }));
+  const col = COLUMNS.find((c) => c[0] === sortKey) || COLUMNS[0];
+  plans.sort((a, b) => {
+    const x = col[2](a), y = col[2](b);
+    const c = typeof x === "string" ? x.localeCompare(y) : x - y;
+    return sortUp ? c : -c;
+  });
+  const head = el("tr", {}, ...COLUMNS.map(([key, label]) => el("th", {
+    scope: "col", "data-sort": key, class: key === sortKey ? (sortUp ? "sorted up" : "sorted down") : "",
+    onclick: () => { sortUp = key === sortKey ? !sortUp : true; sortKey = key; table(); },
+  }, label)), el("th", { text: "" }));
+  const rows = plans.map((p) => el("tr", { "data-rank": p.rank },
+    ...COLUMNS.map(([key, , get, fmt]) => el("td", { "data-col": key, "data-value": get(p), text: fmt(get(p)) })),
+    el("td", {}, el("button", { type: "button", class: "small", text: "Compare", onclick: () => {
+      $("#pl-form").elements.compare.value = compareText(p.layout);
+      run();
+    } })),
+  ));
+  $("#pl-table").replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
+}
+
+function pareto() {
+  const r = result;
+  const hbm = ctx.catalog.gpus.find((g) => g.name === r.gpu)?.hbm_bytes;
+  const pts = r.pareto.map((p) => ({ m: p.memory_bytes, t: p.step_time_s, layout: p.layout }));
+  const top = r.plans.map((p, i) => ({ m: p.per_gpu.total_bytes, t: p.step_time_s, rank: i + 1, layout: p.layout }));
+  const all = [...pts, ...top];
+  if (!all.length) { $("#pl-pareto").replaceChildren(el("p", { class: "note", text: "No layout fits: nothing to plot." })); return; }
+  const W = chartWidth($("#pl-pareto")), H = 300, L = 64, B = 46, T = 14, R = 16;
+  const mMax = Math.max(...all.map((p) => p.m), hbm || 0) * 1.05 / 1e9;
+  // Step times span orders of magnitude along the front: a log axis keeps the knee readable.
+  const tLo = Math.log10(Math.min(...all.map((p) => p.t)) / 1.15);
+  const tHi = Math.log10(Math.max(...all.map((p) => p.t)) * 1.15);
+  const x = (gb) => L + ((W - L - R) * gb) / mMax;
+  const y = (s) => T + (H - T - B) * (1 - (Math.log10(s) - tLo) / Math.max(tHi - tLo, 1e-9));
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "Pareto front: step time against memory per GPU" });
+  for (const g of ticks(mMax, 6)) root.append(svg("line", { x1: x(g), x2: x(g), y1: T, y2: H - B, class: "grid" }), svg("text", { x: x(g), y: H - B + 16, class: "tick", "text-anchor": "middle", text: `${g}` }));
+  for (const s of logTicks(tLo, tHi)) root.append(svg("line", { x1: L, x2: W - R, y1: y(s), y2: y(s), class: "grid" }), svg("text", { x: L - 6, y: y(s) + 4, class: "tick", "text-anchor": "end", text: `${+s.toPrecision(3)}` }));
+  root.append(
+    svg("text", { x: (W + L) / 2, y: H - 8, class: "axis-label", "text-anchor": "middle", text: "memory per GPU (GB)" }),
+    svg("text", { x: 14, y: (H - B) / 2, class: "axis-label", "text-anchor": "middle", transform: `rotate(-90 14 ${(H - B) / 2})`, text: "step time (s, log scale)" }),
+  );
+  if (hbm) root.append(svg("line", { x1: x(hbm / 1e9), x2: x(hbm / 1e9), y1: T, y2: H - B, class: "hbm-line" }), svg("text", { x: x(hbm / 1e9) - 4, y: T + 10, class: "hbm-label", "text-anchor": "end", text: `${r.gpu} HBM ${fmtBytes(hbm)}` }));
+  const front = [...pts].sort((a, b) => a.m - b.m);
+  root.append(svg("polyline", { points: front.map((p) => `${x(p.m / 1e9)},${y(p.t)}`).join(" "), class: "front" }));
+  for (const p of pts) root.append(svg("circle", { cx: x(p.m / 1e9), cy: y(p.t), r: 3.5, class: "pareto-pt" }, svg("title", { text: `${layoutLabel(p.layout)}: ${fmtSeconds(p.t)}, ${fmtGB(p.m)}` })));
+  for (const p of top) {
+    root.append(svg("circle", { cx: x(p.m / 1e9), cy: y(p.t), r: 6, class: "top-pt", "data-rank": p.rank }, svg("title", { text: `#${p.rank} ${layoutLabel(p.layout)}: ${fmtSeconds(p.t)}, ${fmtGB(p.m)}` })));
+    if (p.rank <= 3) root.append(svg("text", { x: x(p.m / 1e9) + 8, y: y(p.t) - 6, class: "tick", text: `#${p.rank}` }));
+  }
+  $("#pl-pareto").replaceChildren(root, el("p", { class: "note", text: `Small dots: the ${pts.length} layouts no other layout beats on both axes; large dots: the table's plans.` }));
+}
+
+// 1, 2 and 5 times each power of ten between 10^lo and 10^hi (fewer when the range is wide).
+function logTicks(lo, hi) {
+  const steps = hi - lo > 2.5 ? [1] : [1, 2, 5];
+  const out = [];
+  for (let e = Math.floor(lo); e <= Math.ceil(hi); e++) {
+    for (const m of steps) {
+      const v = m * 10 ** e;
+      if (Math.log10(v) >= lo && Math.log10(v) <= hi) out.push(v);
+    }
+  }
+  return out;
+}
+
+function rejections() {
+  const entries = Object.entries(result.rejections);
+  $("#pl-rejections").replaceChildren(
+    el("thead", {}, el("tr", {}, el("th", { text: "Reason" }), el("th", { text: "Layouts" }))),
+    el("tbody", {}, ...entries.map(([why, n]) => el("tr", {}, el("td", { text: why }), el("td", { "data-value": n, text: fmtInt(n) })))),
+  );
+}
+
+function explain() {
+  const blocks = (result.explain || []).map((item) => {
+    const rows = item.rows.filter((row) => row[item.a] !== 0 || row[item.b] !== 0);
+    const fmt = (row, v) => (row.unit === "s" ? fmtSeconds(v) : fmtGB(v, 2));
+    // A named layout gets a short column header; its full text heads the block.
+    const bName = item.named ? "named layout" : item.b;
+    const fits = item.named && item.named.fits === false ? " (does not fit)" : "";
+    return el("div", { class: "explain", "data-b": item.b },
+      el("h4", { text: item.named ? `${item.a} against ${layoutLabel(item.named.layout)}${fits}` : `${item.a} against ${item.b}` }),
+      el("p", { class: "why", text: item.why }),
+      el("div", { class: "table-wrap" }, el("table", {},
+        el("thead", {}, el("tr", {}, el("th", { text: "Term" }), el("th", { text: item.a }), el("th", { text: bName }), el("th", { text: "Difference" }))),
+        el("tbody", {}, ...rows.map((row) => el("tr", {},
+          el("td", { text: row.term.replace(/_bytes$/, "").replaceAll("_", " ") }),
+          el("td", { text: fmt(row, row[item.a]) }), el("td", { text: fmt(row, row[item.b]) }),
+          el("td", { class: row.difference > 0 ? "worse" : row.difference < 0 ? "better" : "", text: `${row.difference > 0 ? "+" : ""}${fmt(row, row.difference)}` }),
+        ))),
+      )),
+    );
+  });
+  $("#pl-explain").replaceChildren(...(blocks.length ? blocks : [el("p", { class: "note", text: "Fewer than two plans fit: nothing to compare." })]));
+}

@@ -1,0 +1,132 @@
+// View 5: published recipes as nested mesh axes from one GPU outward, and every recipe on one fleet ruler.
+
+import { $, chartWidth, el, fmtBytes, fmtInt, fmtPct, fmtSeconds, isAbort, latestOnly, onResize, showError, svg } from "./util.js";
+
+const call = latestOnly();
+// The axes that multiply to the fleet (EP is carved out of them), innermost first by default.
+const MESH = ["tp", "cp", "pp", "dp_shard", "dp_replicate"];
+const NAMES = {
+  tp: "tensor parallel", cp: "context parallel", pp: "pipeline stages", dp_shard: "data parallel (sharded)",
+  dp_replicate: "data-parallel replicas", ep: "expert parallel",
+};
+const AXIS_COLORS = { tp: "#4e79a7", cp: "#59a14f", pp: "#f28e2b", dp: "#b07aa1", ep: "#e15759" };
+let ctx = null;
+let report = null;
+let depth = 99;
+let timer = null;
+
+export function init(context) {
+  ctx = context;
+  $("#rc-play").addEventListener("click", play);
+  $("#rc-all").addEventListener("click", () => { clearInterval(timer); depth = 99; nest(); });
+  tabs(ctx.catalog.recipes[0].name);
+  ruler();
+  onResize(ruler);
+  select(ctx.catalog.recipes.find((r) => r.name === "llama3-405b-128k")?.name || ctx.catalog.recipes[0].name);
+}
+
+function tabs(active) {
+  $("#rc-tabs").replaceChildren(...ctx.catalog.recipes.map((r) =>
+    el("button", { type: "button", role: "tab", class: r.name === active ? "tab active" : "tab", "data-key": r.name, text: r.title, onclick: () => select(r.name) })));
+}
+
+async function select(name) {
+  tabs(name);
+  try {
+    report = await call(`/api/recipe/${encodeURIComponent(name)}`, {});
+    showError($("#rc-error"), null);
+  } catch (err) {
+    if (!isAbort(err)) showError($("#rc-error"), err);
+    return;
+  }
+  clearInterval(timer);
+  depth = 99;
+  $("#rc-title").textContent = `${report.title} · ${fmtInt(report.gpus)} × ${report.gpu}`;
+  $("#rc-why").textContent = report.why;
+  $("#rc-source").textContent = `Source: ${report.source}.`;
+  const f = report.factors;
+  $("#rc-factors").replaceChildren(
+    ...Object.entries(f).filter(([k]) => k !== "gpus").map(([k, v]) => el("span", { class: "chip", style: `--c:${AXIS_COLORS[k]}`, text: `${k.toUpperCase()} ${v}` })),
+    el("span", { class: "chip total", id: "rc-gpus", "data-gpus": f.gpus, text: `${fmtInt(f.gpus)} GPUs` }),
+  );
+  nest();
+}
+
+function levels() {
+  return report.axis_order.filter((a) => MESH.includes(a) && report.placement[a]).map((a) => ({ axis: a, ...report.placement[a] }));
+}
+
+function box(ls, k) {
+  if (k < 0) return el("span", { class: "gpu-dot" });
+  const lv = ls[k];
+  const shown = Math.min(lv.size, k === 0 ? 8 : 2);
+  const where = lv.crosses_fabric
+    ? `over ${lv.link}, across ${fmtInt(lv.domains)} NVLink domains`
+    : `over ${lv.link}, inside one NVLink domain`;
+  return el("div", { class: lv.crosses_fabric ? "nest-box crosses" : "nest-box inside", "data-axis": lv.axis, "data-size": lv.size },
+    el("div", { class: "nest-label" }, el("b", { text: `${lv.axis.toUpperCase()} ${lv.size}` }), ` ${NAMES[lv.axis]} · ${where}`),
+    el("div", { class: "nest-body" }, ...Array.from({ length: shown }, () => box(ls, k - 1)),
+      lv.size > shown ? el("span", { class: "more", text: `… ${fmtInt(lv.size)} in all` }) : null),
+  );
+}
+
+function nest() {
+  const ls = levels();
+  const d = Math.min(depth, ls.length);
+  const inner = ls.slice(0, d);
+  $("#rc-nest").replaceChildren(inner.length ? box(inner, inner.length - 1) : el("span", { class: "gpu-dot solo", title: "one GPU" }));
+  const notes = [];
+  if (report.placement.ep) {
+    const ep = report.placement.ep;
+    notes.push(`EP ${ep.size}: the expert groups are carved out of the data-parallel ranks (no factor of their own); they ${ep.crosses_fabric ? `cross the fabric over ${ep.link}` : `stay on ${ep.link}`}.`);
+  }
+  notes.push("Green boxes keep their traffic inside one NVLink domain; every dashed orange box is an axis whose groups cross the scale-out fabric. Only a representative slice of each level is drawn.");
+  notes.push(`Engine estimate for this recipe: ${fmtSeconds(report.step_time_s)} per step, MFU ${fmtPct(report.mfu)}, ${fmtBytes(report.per_gpu.total_bytes)} per GPU of ${fmtBytes(report.hbm_bytes)} HBM.`);
+  $("#rc-notes").replaceChildren(...notes.map((n) => el("span", { class: "block", text: n })));
+  $("#rc-play").textContent = d < ls.length ? `▶ Add the next axis (${d} of ${ls.length})` : "▶ Build outward";
+}
+
+function play() {
+  clearInterval(timer);
+  depth = 0;
+  nest();
+  timer = setInterval(() => {
+    depth += 1;
+    nest();
+    if (depth >= levels().length) clearInterval(timer);
+  }, 900);
+}
+
+function ruler() {
+  const items = ctx.catalog.recipes;
+  const maxGpus = Math.max(...items.map((r) => r.factors.gpus));
+  const top = 8 ** Math.ceil(Math.log(maxGpus) / Math.log(8));
+  const W = Math.max(chartWidth($("#rc-ruler")), 620), L = 160, R = 64, rowH = 34, T = 14;
+  const H = T + items.length * rowH + 40;
+  const x = (n) => L + ((W - L - R) * Math.log(n)) / Math.log(top);
+  const root = svg("svg", { class: "fixed", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "fleet ruler, log scale of GPUs" });
+  for (let g = 1; g <= top; g *= 8) {
+    root.append(svg("line", { x1: x(g), x2: x(g), y1: T - 4, y2: H - 34, class: "grid" }));
+    root.append(svg("text", { x: x(g), y: H - 20, class: "tick", "text-anchor": "middle", text: fmtInt(g) }));
+  }
+  root.append(svg("text", { x: (W + L - R) / 2, y: H - 4, class: "axis-label", "text-anchor": "middle", text: "GPUs (log scale, 8× per gridline)" }));
+  items.forEach((r, i) => {
+    const y = T + i * rowH;
+    const row = svg("g", { class: "ruler-row", "data-recipe": r.name, tabindex: 0, role: "button" });
+    row.addEventListener("click", () => select(r.name));
+    row.append(svg("text", { x: L - 8, y: y + 15, class: "bar-label small", "text-anchor": "end", text: r.name }));
+    let at = 1;
+    for (const axis of ["tp", "cp", "pp", "dp"]) {
+      const f = r.factors[axis];
+      if (!f || f <= 1) continue;
+      row.append(svg("rect", { x: x(at), y, width: x(at * f) - x(at), height: 20, fill: AXIS_COLORS[axis], rx: 2 },
+        svg("title", { text: `${axis.toUpperCase()} ${f}` })));
+      if (x(at * f) - x(at) > 26) row.append(svg("text", { x: (x(at) + x(at * f)) / 2, y: y + 14, class: "on-color", "text-anchor": "middle", text: `${axis.toUpperCase()} ${f}` }));
+      at *= f;
+    }
+    const ep = r.factors.ep ? ` (EP ${r.factors.ep} within DP)` : "";
+    row.append(svg("text", { x: x(r.factors.gpus) + 6, y: y + 15, class: "tick", "data-gpus": r.factors.gpus, text: `${fmtInt(r.factors.gpus)}${ep}` }));
+    root.append(row);
+  });
+  $("#rc-ruler").replaceChildren(root);
+}

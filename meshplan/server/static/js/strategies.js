@@ -1,0 +1,173 @@
+// View 2: the six strategies on 8 GPUs: the cut, each GPU's piece and bytes, the traffic, when to use it.
+
+import { $, PIECE_COLORS, el, fmtBytes, formValues, isAbort, latestOnly, onFormChange, showError, svg } from "./util.js";
+
+const call = latestOnly();
+let data = null;
+let selected = "tp";
+
+export function init() {
+  onFormChange($("#st-form"), update);
+  update();
+}
+
+export function show() {
+  const wanted = location.hash.split("?")[1];
+  if (wanted && wanted !== selected) {
+    selected = wanted;
+    if (data) render();
+  }
+}
+
+async function update() {
+  const v = formValues($("#st-form"));
+  try {
+    data = await call("/api/strategies", { model: v.model, gpu: v.gpu, seq: v.seq });
+    showError($("#st-error"), null);
+    render();
+  } catch (err) {
+    if (!isAbort(err)) showError($("#st-error"), err, { seq: "Sequence length" });
+  }
+}
+
+function render() {
+  const cards = data.strategies;
+  const s = cards.find((c) => c.key === selected) || cards[0];
+  selected = s.key;
+  $("#st-tabs").replaceChildren(
+    ...cards.map((c) =>
+      el("button", {
+        type: "button", role: "tab", class: c.key === s.key ? "tab active" : "tab", "data-key": c.key,
+        "aria-selected": c.key === s.key ? "true" : "false", text: c.name,
+        onclick: () => { selected = c.key; render(); },
+      }),
+    ),
+  );
+  $("#st-work").replaceChildren(work(s));
+  gpus(s);
+  $("#st-collective-title").textContent = `The traffic: ${s.collective}`;
+  $("#st-traffic").replaceChildren(traffic(s.picture.pattern));
+  facts(s);
+}
+
+function gpus(s) {
+  const hbm = s.applies ? s.memory.hbm_bytes : null;
+  const items = s.gpus.map((g) => {
+    const over = s.applies && g.total_bytes > hbm;
+    const fill = s.applies ? Math.min(g.total_bytes / hbm, 1) : 0;
+    return el("div", { class: "gpu", style: `--piece:${PIECE_COLORS[g.gpu % 8]}`, "data-gpu": g.gpu },
+      el("div", { class: "gpu-name", text: `GPU ${g.gpu}` }),
+      el("div", { class: "gpu-piece", text: g.piece }),
+      el("div", { class: "gpu-bytes", "data-bytes": s.applies ? g.total_bytes : "", text: s.applies ? fmtBytes(g.total_bytes) : "n/a" }),
+      el("div", { class: "hbm-bar", title: s.applies ? `${fmtBytes(g.total_bytes)} of ${fmtBytes(hbm)} HBM` : "" },
+        el("i", { class: over ? "over" : "", style: `width:${(100 * fill).toFixed(1)}%` })),
+      el("div", { class: over ? "gpu-fit over" : "gpu-fit", text: s.applies ? (over ? `over ${fmtBytes(hbm)} HBM` : `fits ${fmtBytes(hbm)} HBM`) : "" }),
+    );
+  });
+  const note = s.applies
+    ? el("p", { class: "note" }, `Training bill per GPU for ${data.model} on 8 × ${data.gpu}, ${data.seq.toLocaleString("en-US")}-token sequences, layout `,
+        el("code", { text: layoutText(s.memory.layout) }), ".")
+    : el("p", { class: "note warn", id: "st-na", text: `Not applicable to ${data.model}: ${s.reason}` });
+  $("#st-gpus").replaceChildren(...items, note);
+}
+
+function layoutText(l) {
+  const parts = ["tp", "pp", "cp", "ep", "dp_shard", "dp_replicate"].filter((k) => l[k] > 1).map((k) => `${k}=${l[k]}`);
+  if (l.zero) parts.push(`zero=${l.zero}`);
+  if (l.sp) parts.push("sp");
+  return parts.join(", ") || "one GPU";
+}
+
+// The illustrative object each strategy cuts, drawn with its 8 pieces and the cut lines between them.
+function work(s) {
+  const W = 420, H = 230;
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `what ${s.name} cuts` });
+  const cut = s.picture.cut;
+  const color = (i) => PIECE_COLORS[i % 8];
+  const cutLine = (x1, y1, x2, y2) => root.append(svg("line", { x1, y1, x2, y2, class: "cut" }));
+  const label = (t, y = H - 6) => root.append(svg("text", { x: W / 2, y, class: "tick", "text-anchor": "middle", text: t }));
+  if (cut === "rows" || cut === "state") {
+    const bw = cut === "state" ? 200 : 380;
+    for (let i = 0; i < 8; i++) {
+      root.append(svg("rect", { x: 20, y: 14 + i * 24, width: bw, height: 18, fill: color(i), rx: 3 }));
+      root.append(svg("text", { x: 26, y: 27 + i * 24, class: "on-color", text: s.gpus[i].piece }));
+      if (i) cutLine(14, 11 + i * 24, 26 + bw, 11 + i * 24);
+    }
+    if (cut === "state") {
+      root.append(svg("text", { x: 330, y: 12, class: "tick", "text-anchor": "middle", text: "weights · grads · optimizer" }));
+      for (let i = 0; i < 8; i++) root.append(svg("rect", { x: 240 + i * 22.5, y: 18, width: 20, height: 186, fill: color(i), rx: 2 }));
+      for (let i = 1; i < 8; i++) cutLine(239 + i * 22.5, 14, 239 + i * 22.5, 208);
+    }
+    label(cut === "state" ? "the batch (left) and the training state (right), each cut 8 ways" : "the batch: 8 sequences, one per GPU");
+  } else if (cut === "columns") {
+    for (let layer = 0; layer < 4; layer++) {
+      for (let i = 0; i < 8; i++) root.append(svg("rect", { x: 20 + i * 47.5, y: 12 + layer * 50, width: 45, height: 40, fill: color(i), rx: 2 }));
+      root.append(svg("text", { x: 16, y: 36 + layer * 50, class: "tick", "text-anchor": "end", text: `L${layer + 1}` }));
+    }
+    for (let i = 1; i < 8; i++) cutLine(19 + i * 47.5, 6, 19 + i * 47.5, 212);
+    label("every layer's matrices cut into 8 column blocks (4 layers drawn)");
+  } else if (cut === "layers") {
+    for (let i = 0; i < 8; i++) {
+      root.append(svg("rect", { x: 60, y: 8 + i * 25, width: 300, height: 22, fill: color(i), rx: 2 }));
+      root.append(svg("text", { x: 70, y: 23 + i * 25, class: "on-color", text: s.gpus[i].piece }));
+      if (i) cutLine(50, 6.5 + i * 25, 370, 6.5 + i * 25);
+    }
+    label(`the stack of ${s.picture.units} layers cut into 8 stages`);
+  } else if (cut === "sequence") {
+    for (let i = 0; i < 8; i++) {
+      root.append(svg("rect", { x: 10 + i * 50, y: 80, width: 48, height: 50, fill: color(i), rx: 2 }));
+      root.append(svg("text", { x: 34 + i * 50, y: 146, class: "tick", "text-anchor": "middle", text: `${i + 1}/8` }));
+    }
+    for (let i = 1; i < 8; i++) cutLine(9 + i * 50, 70, 9 + i * 50, 140);
+    label(`one sequence of ${s.picture.units.toLocaleString("en-US")} tokens cut into 8 slices`);
+  } else {
+    const per = s.picture.units / 8;
+    const cols = 16;
+    for (let e = 0; e < s.picture.units; e++) {
+      const i = Math.floor(e / per);
+      root.append(svg("rect", { x: 20 + (e % cols) * 24, y: 8 + Math.floor(e / cols) * 12.5, width: 22, height: 10.5, fill: color(i), rx: 1.5 }));
+    }
+    for (let i = 1; i < 8; i++) cutLine(14, 6.5 + i * 25, 406, 6.5 + i * 25);
+    label(`${s.picture.units} experts of one MoE layer, ${per} per GPU`);
+  }
+  return root;
+}
+
+// The 8 GPUs and the pattern of their collective; dots travel along the links.
+function traffic(pattern) {
+  const W = 640, H = pattern === "all-to-all" ? 170 : 110;
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `traffic pattern: ${pattern}` });
+  const xs = Array.from({ length: 8 }, (_, i) => 40 + i * 80);
+  const y = 50;
+  const paths = [];
+  if (pattern === "chain") {
+    for (let i = 0; i < 7; i++) paths.push(`M${xs[i] + 18},${y} L${xs[i + 1] - 18},${y}`);
+  } else if (pattern === "ring") {
+    for (let i = 0; i < 7; i++) paths.push(`M${xs[i] + 18},${y} L${xs[i + 1] - 18},${y}`);
+    paths.push(`M${xs[7]},${y + 18} C${xs[7]},${y + 56} ${xs[0]},${y + 56} ${xs[0]},${y + 18}`);
+  } else {
+    for (let i = 0; i < 8; i++) for (let j = i + 1; j < 8; j++) {
+      const lift = 12 + (j - i) * 12;
+      paths.push(`M${xs[i]},${y + 18} Q${(xs[i] + xs[j]) / 2},${y + 18 + lift} ${xs[j]},${y + 18}`);
+    }
+  }
+  paths.forEach((d, k) => {
+    root.append(svg("path", { d, class: "link" }));
+    const dot = svg("circle", { r: 3.5, class: "dot" });
+    dot.append(svg("animateMotion", { dur: `${1.6 + (k % 5) * 0.2}s`, repeatCount: "indefinite", path: d }));
+    root.append(dot);
+  });
+  xs.forEach((x, i) => {
+    root.append(svg("rect", { x: x - 18, y: y - 18, width: 36, height: 36, rx: 5, fill: PIECE_COLORS[i] }));
+    root.append(svg("text", { x, y: y + 5, class: "on-color", "text-anchor": "middle", text: `${i}` }));
+  });
+  return root;
+}
+
+function facts(s) {
+  const rows = [
+    ["What is cut", s.cuts], ["What each GPU holds", s.holds], ["Collective", s.collective], ["How often", s.how_often],
+    ["Interconnect", s.interconnect], ["When to use it", s.when], ["In published runs", s.example],
+  ];
+  $("#st-facts").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
+}

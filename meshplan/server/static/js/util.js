@@ -1,0 +1,190 @@
+// Shared helpers: DOM and SVG building, number formatting (decimal units), API calls, errors.
+// Formatting only converts units for display; every value comes from the API.
+
+export const $ = (sel, root = document) => root.querySelector(sel);
+export const $$ = (sel, root = document) => Array.from(root.querySelectorAll(sel));
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  setAttrs(node, attrs);
+  for (const c of children.flat()) if (c !== null && c !== undefined) node.append(c);
+  return node;
+}
+
+export function svg(tag, attrs = {}, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  setAttrs(node, attrs);
+  for (const c of children.flat()) if (c !== null && c !== undefined) node.append(c);
+  return node;
+}
+
+function setAttrs(node, attrs) {
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "text") node.textContent = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? "" : String(v));
+  }
+}
+
+// The drawing width that keeps SVG text legible: the chart's own width, between 340 and `max` user units.
+export function chartWidth(node, max = 760) {
+  return Math.round(Math.max(340, Math.min(max, (node.clientWidth || max) - 14)));
+}
+
+// Redraw with the last data when the window is resized.
+export function onResize(redraw) {
+  window.addEventListener("resize", debounce(redraw, 150));
+}
+
+export function tooltip(node, text) {
+  node.append(svg("title", { text }));
+  return node;
+}
+
+// --- numbers -------------------------------------------------------------------------------------------------------
+
+export function fmtBytes(bytes) {
+  if (bytes === null || bytes === undefined || Number.isNaN(bytes)) return "–";
+  const a = Math.abs(bytes);
+  if (a >= 1e12) return `${(bytes / 1e12).toFixed(a >= 1e13 ? 1 : 2)} TB`;
+  if (a >= 1e9) return `${(bytes / 1e9).toFixed(a >= 1e11 ? 0 : 1)} GB`;
+  if (a >= 1e6) return `${(bytes / 1e6).toFixed(1)} MB`;
+  if (a >= 1e3) return `${(bytes / 1e3).toFixed(1)} kB`;
+  return `${bytes.toFixed(0)} B`;
+}
+
+export function fmtGB(bytes, digits = 1) {
+  return `${(bytes / 1e9).toFixed(digits)} GB`;
+}
+
+export function fmtSeconds(s) {
+  if (s === null || s === undefined) return "–";
+  const a = Math.abs(s);
+  if (a === 0) return "0 s";
+  if (a < 1e-3) return `${(s * 1e6).toFixed(1)} µs`;
+  if (a < 1) return `${(s * 1e3).toFixed(a < 1e-2 ? 2 : 1)} ms`;
+  if (a < 100) return `${s.toFixed(2)} s`;
+  return `${s.toFixed(0)} s`;
+}
+
+export const fmtPct = (x) => `${(100 * x).toFixed(1)}%`;
+export const fmtInt = (n) => Math.round(n).toLocaleString("en-US");
+export const fmtRatio = (x) => `${x >= 10 ? x.toFixed(0) : x.toFixed(x >= 2 ? 1 : 2)}×`;
+
+// Round tick steps for an axis from 0 to max: 1, 2 or 5 times a power of ten.
+export function ticks(max, count = 5) {
+  if (!(max > 0)) return [0];
+  const raw = max / count;
+  const p = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 5, 10].map((m) => m * p).find((s) => s >= raw);
+  const out = [];
+  for (let v = 0; v <= max * 1.0001; v += step) out.push(v);
+  return out;
+}
+
+// --- API -----------------------------------------------------------------------------------------------------------
+
+export class ApiError extends Error {
+  constructor(message, status) {
+    super(message);
+    this.status = status;
+  }
+}
+
+export function query(params) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) if (v !== null && v !== undefined) q.set(k, String(v).trim());
+  return q.toString();
+}
+
+export async function api(path, params = {}, options = {}) {
+  const q = query(params);
+  const response = await fetch(q ? `${path}?${q}` : path, options);
+  let body = null;
+  try {
+    body = await response.json();
+  } catch {
+    body = null;
+  }
+  if (!response.ok) {
+    const message = body && body.error ? body.error : `the server answered ${response.status}`;
+    throw new ApiError(message, response.status);
+  }
+  return body;
+}
+
+// Calls where only the last one matters: an input change aborts the request still in flight.
+export function latestOnly() {
+  let controller = null;
+  return async (path, params) => {
+    if (controller) controller.abort();
+    controller = new AbortController();
+    return api(path, params, { signal: controller.signal });
+  };
+}
+
+export const isAbort = (err) => err && err.name === "AbortError";
+
+// Show an error under a view; `labels` renames the API's parameter names to the labels of the form's fields.
+export function showError(node, err, labels = {}) {
+  if (!err) {
+    node.hidden = true;
+    node.textContent = "";
+    return;
+  }
+  let message = `${err.message || err}`;
+  for (const [name, label] of Object.entries(labels)) {
+    if (message.startsWith(`${name}:`)) message = `${label}:${message.slice(name.length + 1)}`;
+  }
+  node.hidden = false;
+  node.textContent = err instanceof ApiError ? `The engine refused this input. ${message}` : message;
+}
+
+export function debounce(fn, ms = 30) {
+  let t = null;
+  return (...args) => {
+    clearTimeout(t);
+    t = setTimeout(() => fn(...args), ms);
+  };
+}
+
+export function formValues(form) {
+  const out = {};
+  for (const field of form.elements) {
+    if (!field.name) continue;
+    out[field.name] = field.type === "checkbox" ? field.checked : field.value;
+  }
+  return out;
+}
+
+// Re-run `fn` whenever a field of `form` changes.
+export function onFormChange(form, fn) {
+  const later = debounce(fn, 30);
+  form.addEventListener("input", later);
+  form.addEventListener("change", later);
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    fn();
+  });
+}
+
+// --- colors --------------------------------------------------------------------------------------------------------
+
+export const PIECE_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"];
+
+export const TERM_COLORS = {
+  weights_bytes: "#4e79a7",
+  gradients_bytes: "#f28e2b",
+  master_weights_bytes: "#e15759",
+  optimizer_moments_bytes: "#b07aa1",
+  activations_bytes: "#59a14f",
+  logits_bytes: "#edc948",
+  activation_workspace_bytes: "#8cd17d",
+  comm_buffers_bytes: "#ff9da7",
+  framework_bytes: "#9c755f",
+  fragmentation_bytes: "#bab0ac",
+  kv_cache_bytes: "#17a2b8",
+};

@@ -1,0 +1,83 @@
+// View 3: a model's weights spread evenly over N GPUs: one bar per GPU against its HBM.
+
+import { $, chartWidth, el, fmtBytes, fmtInt, fmtPct, formValues, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks } from "./util.js";
+
+const call = latestOnly();
+const MAX_BARS = 64;
+let last = null;
+
+export function init() {
+  const form = $("#w-form");
+  // The slider and the box are one control: moving either sets the other.
+  form.elements.gpus_range.addEventListener("input", () => { form.elements.gpus.value = form.elements.gpus_range.value; });
+  form.elements.gpus.addEventListener("input", () => {
+    const n = Number(form.elements.gpus.value);
+    if (Number.isInteger(n) && n >= 1) form.elements.gpus_range.value = String(Math.min(n, MAX_BARS));
+  });
+  onFormChange(form, update);
+  onResize(() => last && draw(last));
+  update();
+}
+
+async function update() {
+  const v = formValues($("#w-form"));
+  try {
+    const r = await call("/api/fit", { model: v.model, gpu: v.gpu, gpus: v.gpus, dtype: v.dtype });
+    showError($("#w-error"), null);
+    draw(r);
+  } catch (err) {
+    if (!isAbort(err)) showError($("#w-error"), err, { gpus: "GPU count" });
+  }
+}
+
+function draw(r) {
+  last = r;
+  $("#w-summary").replaceChildren(
+    `${r.model} is `, el("strong", { id: "w-total", "data-bytes": r.weights_bytes_total, text: fmtBytes(r.weights_bytes_total) }),
+    ` of weights in ${r.dtype}. Split ${fmtInt(r.gpus)} ways, each ${r.gpu} holds `,
+    el("strong", { id: "w-per-gpu", "data-bytes": r.weights_bytes_per_gpu, text: fmtBytes(r.weights_bytes_per_gpu) }),
+    `, ${fmtPct(r.hbm_fraction_per_gpu)} of its ${fmtBytes(r.hbm_bytes_per_gpu)}, leaving `,
+    el("strong", { id: "w-free", "data-bytes": r.free_bytes_per_gpu, text: fmtBytes(r.free_bytes_per_gpu) }),
+    " per GPU (", el("span", { id: "w-free-total", "data-bytes": r.free_bytes_total, text: fmtBytes(r.free_bytes_total) }),
+    " in total) for activations and the KV cache.",
+  );
+  $("#w-verdict").replaceChildren(
+    el("strong", { id: "w-fits", class: r.fits ? "ok" : "bad", text: r.fits ? "Fits." : "Does not fit." }),
+    ` The weights alone need at least `,
+    el("strong", { id: "w-min-weights", text: String(r.min_gpus_for_weights) }),
+    ` × ${r.gpu}. Training with Adam in mixed precision (16 bytes per parameter, ${fmtBytes(r.training_state_bytes)}) `,
+    "needs at least ",
+    el("strong", { id: "w-min-training", text: String(r.min_gpus_for_training) }),
+    " before any activation is counted.",
+  );
+  $("#w-chart").replaceChildren(bars(r));
+}
+
+function bars(r) {
+  const n = Math.min(r.gpus, MAX_BARS);
+  const W = chartWidth($("#w-chart")), H = 250, L = 56, B = 40, T = 22;
+  const max = Math.max(r.hbm_bytes_per_gpu, r.weights_bytes_per_gpu) * 1.02;
+  const y = (b) => T + (H - T - B) * (1 - b / max);
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "weights per GPU against HBM" });
+  for (const t of ticks(max / 1e9)) {
+    root.append(svg("line", { x1: L, x2: W - 8, y1: y(t * 1e9), y2: y(t * 1e9), class: "grid" }));
+    root.append(svg("text", { x: L - 6, y: y(t * 1e9) + 4, class: "tick", "text-anchor": "end", text: `${t}` }));
+  }
+  root.append(svg("text", { x: 14, y: (H - B) / 2, class: "axis-label", "text-anchor": "middle", transform: `rotate(-90 14 ${(H - B) / 2})`, text: "GB per GPU" }));
+  const slot = (W - L - 8) / n;
+  const bw = Math.max(Math.min(slot * 0.7, 60), 2);
+  for (let i = 0; i < n; i++) {
+    const x = L + i * slot + (slot - bw) / 2;
+    const used = Math.min(r.weights_bytes_per_gpu, max);
+    root.append(svg("rect", { x, y: y(r.hbm_bytes_per_gpu), width: bw, height: y(0) - y(r.hbm_bytes_per_gpu), class: "hbm" }));
+    root.append(svg("rect", {
+      x, y: y(used), width: bw, height: y(0) - y(used), class: r.fits ? "weights" : "weights over", "data-gpu": i,
+    }, svg("title", { text: `GPU ${i}: ${fmtBytes(r.weights_bytes_per_gpu)} of weights, ${fmtBytes(r.free_bytes_per_gpu)} free` })));
+    if (n <= Math.floor(W / 60)) root.append(svg("text", { x: x + bw / 2, y: H - B + 16, class: "tick", "text-anchor": "middle", text: `GPU ${i}` }));
+  }
+  const caption = r.gpus > MAX_BARS
+    ? `first ${MAX_BARS} of ${fmtInt(r.gpus)} GPUs drawn · shaded: ${fmtBytes(r.hbm_bytes_per_gpu)} HBM each`
+    : `${fmtInt(r.gpus)} × ${r.gpu} · shaded: ${fmtBytes(r.hbm_bytes_per_gpu)} HBM each · solid: weights`;
+  root.append(svg("text", { x: (W + L) / 2, y: H - 6, class: "axis-label", "text-anchor": "middle", text: caption }));
+  return root;
+}

@@ -1,0 +1,244 @@
+"""The HTTP API in-process: every endpoint's answer equals its report function's, and bad input is a 4xx JSON error."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from meshplan.reports import LayoutRequest, fit_report, memory_report, serving_report
+from meshplan.reports.estimate import collectives_report, estimate_report
+from meshplan.reports.plan import plan_report
+from meshplan.reports.recipes import list_report, recipe_report
+
+pytest.importorskip("fastapi", reason="the web explorer needs the [web] extra: pip install 'meshplan[web]'")
+
+LLAMA_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": True,
+}
+
+
+def ok(client: Any, path: str, **params: Any) -> dict[str, Any]:
+    r = client.get(path, params=params)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def refused(client: Any, path: str, status: int | tuple[int, ...] = (400, 404, 413, 422), **params: Any) -> str:
+    r = client.get(path, params=params)
+    statuses = (status,) if isinstance(status, int) else status
+    assert r.status_code in statuses, (r.status_code, r.text)
+    body = r.json()
+    assert set(body) == {"error"} and body["error"], body
+    return str(body["error"])
+
+
+def same(a: Any, b: Any) -> None:
+    """Equal after the JSON round trip the API makes (inf and nan become null)."""
+    assert json.loads(json.dumps(a, default=str).replace("Infinity", "null").replace("NaN", "null")) == b
+
+
+# --- happy paths: each endpoint returns exactly its report ---------------------------------------------------------
+
+
+def test_catalog_lists_every_choice(client: Any) -> None:
+    c = ok(client, "/api/catalog")
+    assert {"models", "gpus", "links", "recipes", "precisions", "optimizers", "recompute", "limits"} <= set(c)
+    assert "llama-3.1-70b" in c["models"] and any(g["name"] == "h200" for g in c["gpus"])
+    assert {"nvlink5", "nvlink4", "ib-ndr", "eth-100g"} <= {lk["name"] for lk in c["links"]}
+    assert [r["name"] for r in c["recipes"]] == [r["name"] for r in list_report()["recipes"]]
+    assert {"bf16", "fp8"} <= {p["name"] for p in c["precisions"]}
+
+
+def test_memory_equals_the_report(client: Any) -> None:
+    got = ok(client, "/api/memory", model="llama-3.1-70b", gpu="h100-sxm", gpus=64, tp=8, pp=4, zero=1)
+    want = memory_report("llama-3.1-70b", gpu="h100-sxm", gpus=64, layout=LayoutRequest(tp=8, pp=4, zero=1))
+    same(want, got)
+    assert [t["name"] for t in got["terms"]][:4] == [
+        "weights_bytes",
+        "gradients_bytes",
+        "master_weights_bytes",
+        "optimizer_moments_bytes",
+    ]
+    assert all({"title", "what", "formula", "source", "value_bytes"} <= set(t) for t in got["terms"])
+
+
+def test_memory_takes_workload_flags(client: Any) -> None:
+    got = ok(
+        client,
+        "/api/memory",
+        model="llama-3.1-8b",
+        gpu="h100-sxm",
+        gpus=1,
+        seq=8192,
+        micro_batch=2,
+        global_batch=2,
+        precision="bf16-fp32-grads",
+        optimizer="sgd",
+        recompute="full",
+    )
+    want = memory_report(
+        "llama-3.1-8b",
+        gpu="h100-sxm",
+        gpus=1,
+        layout=LayoutRequest(micro_batch=2, recompute="full"),
+        seq=8192,
+        global_batch=2,
+        precision="bf16-fp32-grads",
+        optimizer="sgd",
+    )
+    same(want, got)
+    assert got["per_gpu"]["optimizer_moments_bytes"] == 0
+
+
+def test_fit_equals_the_report(client: Any) -> None:
+    got = ok(client, "/api/fit", model="llama-3.3-70b", gpu="h200", gpus=8)
+    same(fit_report("llama-3.3-70b", gpu="h200", gpus=8), got)
+    assert got["fits"] and got["min_gpus_for_weights"] == 2
+
+
+def test_serving_adds_a_bill_of_the_report_terms(client: Any) -> None:
+    got = ok(client, "/api/serving", model="llama-3.1-70b", gpu="h200", gpus=8, context=8192, sequences=4)
+    want = serving_report("llama-3.1-70b", gpu="h200", gpus=8, context=8192)
+    same(want, {k: v for k, v in got.items() if k != "bill"})
+    terms = {t["name"]: t["value_bytes"] for t in got["bill"]["terms"]}
+    assert terms["weights_bytes"] == want["weights_bytes_per_gpu"]
+    assert terms["kv_cache_bytes"] == pytest.approx(4 * want["kv_bytes_per_sequence"])
+    assert got["bill"]["total_bytes"] == pytest.approx(sum(terms.values()))
+    assert all(t["what"] and t["formula"] for t in got["bill"]["terms"])
+
+
+def test_estimate_equals_the_report(client: Any) -> None:
+    got = ok(client, "/api/estimate", model="llama-3.1-70b", gpu="h100-sxm", gpus=64, tp=8, pp=4, zero=1, sp=True)
+    want = estimate_report("llama-3.1-70b", gpu="h100-sxm", gpus=64, layout=LayoutRequest(tp=8, pp=4, zero=1, sp=True))
+    same(want, got)
+    assert got["collectives"] and got["placement"]["tp"]["crosses_fabric"] is False
+
+
+def test_collectives_equals_the_report(client: Any) -> None:
+    got = ok(client, "/api/collectives")
+    same(collectives_report(), got)
+    assert [r["link"] for r in got["links"]] == ["nvlink5", "nvlink4", "ib-ndr", "eth-100g"]
+    assert got["links"][0]["ratio_bandwidth_only"] == 1.0
+    sized = ok(client, "/api/collectives", size_mb=100, group=4)
+    assert sized["size_bytes"] == 100e6 and sized["group_size"] == 4
+
+
+def test_params(client: Any) -> None:
+    got = ok(client, "/api/params", model="llama-3.1-8b")
+    assert got["total_params"] > 7e9
+
+
+def test_recipes_and_one_recipe(client: Any) -> None:
+    same(list_report(), ok(client, "/api/recipes"))
+    got = ok(client, "/api/recipe/llama3-405b-128k")
+    same(recipe_report("llama3-405b-128k", rank=False), got)
+    assert got["placement"]["cp"]["crosses_fabric"] is True
+    assert got["factors"]["gpus"] == 16384
+    ranked = ok(client, "/api/recipe/llama3-405b-8k", rank="true")
+    assert ranked["search"]["rank_of_published"] >= 1 and ranked["search"]["feasible"] > 0
+
+
+def test_plan_equals_the_report_and_is_cached(client: Any) -> None:
+    params = dict(model="llama-3.1-70b", gpu="h200", gpus=64, seq=8192, global_batch_tokens=4194304, top=5)
+    got = ok(client, "/api/plan", **params)
+    want = plan_report("llama-3.1-70b", gpu="h200", gpus=64, seq=8192, global_batch_tokens=4194304, top=5, explain=True)
+    for key in ("plans", "pareto", "rejections", "evaluated", "feasible", "explain"):
+        same(want[key], got[key])
+    start = time.perf_counter()
+    again = ok(client, "/api/plan", **params)
+    assert time.perf_counter() - start < 0.5 and again == got
+
+
+def test_plan_compare_names_a_layout(client: Any) -> None:
+    got = ok(
+        client,
+        "/api/plan",
+        model="llama-3.1-8b",
+        gpu="h100-sxm",
+        gpus=16,
+        seq=4096,
+        global_batch_tokens=1048576,
+        compare="tp=8,pp=2",
+    )
+    named = got["explain"][-1]
+    assert named["b"] == "tp=8,pp=2" and "named" in named
+    assert {"term", "unit", "best", "tp=8,pp=2", "difference"} <= set(named["rows"][0])
+
+
+def test_strategies_carry_each_gpu_bill(client: Any) -> None:
+    got = ok(client, "/api/strategies", model="llama-3.1-70b", gpu="h100-sxm")
+    cards = {c["key"]: c for c in got["strategies"]}
+    assert list(cards) == ["dp", "zero", "tp", "pp", "cp", "ep"]
+    for key in ("dp", "zero", "tp", "pp", "cp"):
+        card = cards[key]
+        assert card["applies"] and len(card["gpus"]) == 8
+        assert {"cuts", "holds", "collective", "how_often", "interconnect", "when", "example"} <= set(card)
+    tp = memory_report("llama-3.1-70b", gpu="h100-sxm", gpus=8, layout=LayoutRequest(tp=8, sp=True))
+    assert cards["tp"]["gpus"][0]["total_bytes"] == tp["per_gpu"]["total_bytes"]
+    pp = memory_report("llama-3.1-70b", gpu="h100-sxm", gpus=8, layout=LayoutRequest(pp=8))
+    assert [g["total_bytes"] for g in cards["pp"]["gpus"]] == [s["total_bytes"] for s in pp["stages"]]
+    assert cards["pp"]["gpus"][0]["piece"] == "layers 1\u201310"
+    assert not cards["ep"]["applies"] and "experts" in cards["ep"]["reason"]
+    moe = ok(client, "/api/strategies", model="mixtral-8x7b", gpu="h100-sxm")
+    assert moe["strategies"][5]["applies"]
+
+
+def test_tiers_name_each_strategy_once(client: Any) -> None:
+    tiers = ok(client, "/api/tiers")["tiers"]
+    assert [t["key"] for t in tiers] == ["universal", "standard", "specific"]
+    assert sorted(k for t in tiers for k in t["strategies"]) == sorted(["dp", "zero", "tp", "pp", "cp", "ep"])
+    assert all(t["reason"] and t["names"] for t in tiers)
+    assert {t["name"] for t in ok(client, "/api/serving-terms")["terms"]} >= {"weights_bytes", "kv_cache_bytes"}
+
+
+def test_tp_split(client: Any) -> None:
+    got = ok(client, "/api/tp-split", ranks=8, activation="silu", seed=3)
+    assert got["matches"] and got["max_abs_difference"] <= got["tolerance"]
+    assert len(got["ranks_detail"]) == 8 and len(got["steps"]) == 4
+
+
+def test_openapi_schema_lists_every_endpoint(client: Any) -> None:
+    schema = ok(client, "/openapi.json")
+    paths = set(schema["paths"])
+    for path in (
+        "/api/catalog",
+        "/api/memory",
+        "/api/fit",
+        "/api/serving",
+        "/api/estimate",
+        "/api/collectives",
+        "/api/plan",
+        "/api/recipes",
+        "/api/recipe/{name}",
+        "/api/strategies",
+        "/api/tiers",
+        "/api/tp-split",
+        "/api/model",
+    ):
+        assert path in paths, path
+    gpus = next(p for p in schema["paths"]["/api/memory"]["get"]["parameters"] if p["name"] == "gpus")
+    assert gpus["schema"]["maximum"] == 131072
+    assert client.get("/docs").status_code == 404  # the interactive docs would load scripts from a CDN
+
+
+def test_pages_are_served_offline(client: Any) -> None:
+    r = client.get("/")
+    assert r.status_code == 200 and "meshplan" in r.text
+    assert "http://" not in r.text and "https://" not in r.text
+    assert "default-src 'self'" in r.headers["content-security-policy"]
+    for asset in ("/static/style.css", "/static/js/app.js", "/static/js/planner.js"):
+        res = client.get(asset)
+        assert res.status_code == 200 and "https://" not in res.text, asset
