@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
+from meshplan import io
 from meshplan.core.tp_split import MAX_DIM, MAX_RANKS, tp_mlp_split
 from meshplan.reports import LayoutRequest, memory_report
 from meshplan.server import parse
@@ -18,7 +19,13 @@ Dim = Annotated[int, Query(ge=1, le=MAX_DIM)]
 
 
 def _strategy(item: dict[str, Any], model: ModelSpec | str, *, gpu: str, seq: int, micro_batch: int) -> dict[str, Any]:
-    """One strategy card: its words, each GPU's piece, and its memory bill on 8 GPUs (or why it does not apply)."""
+    """One strategy card: its words, each GPU's piece, and its memory bill on 8 GPUs (or why it does not apply).
+
+    The expert picture counts the chosen model's own experts when it has some (the illustrative 256 otherwise).
+    """
+    spec = model if isinstance(model, ModelSpec) else io.load_model(model)
+    if item["picture"]["unit"] == "expert" and spec.moe is not None and spec.moe.num_experts % EXPLORER_GPUS == 0:
+        item = item | {"picture": item["picture"] | {"units": spec.moe.num_experts}}
     labels = pieces(item["picture"])
     out = {k: item[k] for k in item if k != "layout"} | {"layout_request": item["layout"]}
     try:
