@@ -209,7 +209,7 @@ def _plan(r: dict[str, Any]) -> str:
         f"searched {r['evaluated']:,} layouts in {r['elapsed_s']:.2f} s: {r['feasible']:,} fit "
         f"with {percent(r['headroom'])} of HBM kept free",
         "",
-        table(rows, ["#", "layout", "step", "MFU", "tok/s/GPU", "memory", "free"], align="rlrrrrr"),
+        table(rows, ["#", "layout", "step", "MFU", "tok/s/GPU", "memory", "free", "across fabric"], align="rlrrrrrl"),
         "",
         "rejected: " + ("; ".join(f"{k} {v:,}" for k, v in r["rejections"].items()) or "none"),
         f"Pareto front (step time against memory per GPU): {len(r['pareto'])} layouts",

@@ -8,7 +8,8 @@ import numpy as np
 
 from meshplan import io
 from meshplan.core.memory import TERMS
-from meshplan.core.plan import Plan, evaluate
+from meshplan.core.placement import place
+from meshplan.core.plan import Plan, evaluate, mesh_sizes
 from meshplan.render import jsonable
 from meshplan.reports.estimate import plan_report as evaluated_report
 from meshplan.reports.inputs import (
@@ -95,7 +96,22 @@ def parse_compare(text: str) -> LayoutRequest:
     )
 
 
-def _candidate(result: SearchResult, i: int, cluster: Cluster) -> dict[str, Any]:
+def _placement(layout: Any, cluster: Cluster, order: tuple[str, ...]) -> dict[str, Any]:
+    """Each parallel axis of a layout: inside one NVLink domain, or across the fabric."""
+    out = {}
+    for axis, p in place(mesh_sizes(layout), order=order, domain=cluster.domain_size).items():
+        if int(p.size) > 1:
+            crosses = bool(p.outer > 1)
+            out[axis] = {
+                "size": int(p.size),
+                "domains": int(p.outer),
+                "crosses_fabric": crosses,
+                "link": (cluster.scale_out if crosses else cluster.scale_up).name,
+            }
+    return out
+
+
+def _candidate(result: SearchResult, i: int, cluster: Cluster, order: tuple[str, ...]) -> dict[str, Any]:
     step, mem = result.step, result.memory
     lay = result.candidates.layout(i)
     per_gpu = {name: float(np.asarray(getattr(mem, name))[i]) for name in TERMS}
@@ -110,6 +126,7 @@ def _candidate(result: SearchResult, i: int, cluster: Cluster) -> dict[str, Any]
         "per_gpu": per_gpu,
         "headroom_bytes": cluster.gpu.hbm_bytes - per_gpu["total_bytes"],
         "breakdown": breakdown,
+        "placement": _placement(lay, cluster, order),
     }
 
 
@@ -186,7 +203,7 @@ def run_search(
         order=order,
         objective=objective,
     )
-    return result, [_candidate(result, i, cluster) for i in distinct(result, top)]
+    return result, [_candidate(result, i, cluster, order) for i in distinct(result, top)]
 
 
 DISTINCT_BY = ("tp", "cp", "pp", "ep", "zero", "sp", "recompute")

@@ -1,0 +1,148 @@
+"""meshplan plan and meshplan recipe: the JSON contract, explanations, objectives and the published recipes."""
+
+import json
+
+import pytest
+
+from meshplan.cli import main
+from meshplan.reports.plan import parse_compare, plan_report
+from meshplan.reports.recipes import factors, list_report, recipe_report, recipes
+
+
+def test_plan_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "plan",
+                "llama-3.1-70b",
+                "--gpu",
+                "h200",
+                "--gpus",
+                "64",
+                "--seq",
+                "8192",
+                "--global-batch-tokens",
+                "4194304",
+                "--top",
+                "3",
+                "--explain",
+                "--compare",
+                "tp=8,pp=2,zero=1,sp=true",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    for key in ("evaluated", "feasible", "elapsed_s", "plans", "pareto", "rejections"):
+        assert key in out
+    assert out["evaluated"] >= out["feasible"] > 0 and len(out["plans"]) == 3
+    for p in out["plans"]:
+        assert set(p["layout"]) >= {
+            "tp",
+            "pp",
+            "vpp",
+            "cp",
+            "ep",
+            "dp_shard",
+            "dp_replicate",
+            "zero",
+            "sp",
+            "recompute",
+            "micro_batch",
+        }
+        assert {"step_time_s", "mfu", "tokens_per_s_per_gpu", "per_gpu", "placement"} <= set(p)
+        assert p["per_gpu"]["total_bytes"] <= 0.9 * 141e9
+    times = [p["step_time_s"] for p in out["plans"]]
+    assert times == sorted(times)
+    assert all(isinstance(v, int) and v > 0 for v in out["rejections"].values())
+    front = out["pareto"]
+    assert [f["step_time_s"] for f in front] == sorted(f["step_time_s"] for f in front)
+    assert all(a["memory_bytes"] > b["memory_bytes"] for a, b in zip(front, front[1:], strict=False))
+    explained = {e["b"]: e for e in out["explain"]}
+    assert "runner-up" in explained and "tp=8,pp=2,zero=1,sp=true" in explained
+    assert "slower per step" in explained["tp=8,pp=2,zero=1,sp=true"]["why"]
+
+
+def test_fewest_gpus_meets_the_deadline() -> None:
+    out = plan_report(
+        "llama-3.1-8b",
+        gpu="h100-sxm",
+        gpus=8,
+        seq=4096,
+        global_batch_tokens=1 << 21,
+        objective="fewest-gpus",
+        tokens=1e12,
+        days=30,
+        top=1,
+    )
+    days = 1e12 / (out["plans"][0]["tokens_per_s_per_gpu"] * out["gpus"]) / 86400
+    assert days <= 30
+    half = (
+        plan_report("llama-3.1-8b", gpu="h100-sxm", gpus=out["gpus"] // 2, seq=4096, global_batch_tokens=1 << 21, top=1)
+        if out["gpus"] > 8
+        else None
+    )
+    if half is not None:  # the next smaller fleet misses the deadline
+        assert 1e12 / (half["plans"][0]["tokens_per_s_per_gpu"] * half["gpus"]) / 86400 > 30
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [("tp8", "key=value"), ("tq=8", "unknown layout key"), ("tp=eight", "not an integer")],
+)
+def test_bad_compare_strings(text: str, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        parse_compare(text)
+
+
+def test_plan_bad_input_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "plan",
+                "llama-3.1-8b",
+                "--gpu",
+                "h100-sxm",
+                "--gpus",
+                "8",
+                "--seq",
+                "4096",
+                "--global-batch-tokens",
+                "1000",
+            ]
+        )
+        == 2
+    )
+    assert "whole number" in capsys.readouterr().err
+
+
+def test_recipe_list_is_the_fleet_ruler() -> None:
+    items = {r["name"]: r for r in list_report()["recipes"]}
+    assert items["llama3-405b-8k"]["factors"] == {"tp": 8, "pp": 16, "dp": 128, "gpus": 16384}
+    assert items["llama3-405b-128k"]["factors"] == {"tp": 8, "cp": 16, "pp": 16, "dp": 8, "gpus": 16384}
+    assert items["deepseek-v3"]["factors"] == {"tp": 1, "pp": 16, "ep": 64, "dp": 128, "gpus": 2048}
+    for name in recipes():
+        f = factors(name)
+        product = f["tp"] * f.get("cp", 1) * f["pp"] * f["dp"]
+        assert product == f["gpus"], name
+
+
+@pytest.mark.parametrize("name", sorted(recipes()))
+def test_published_recipes_are_valid_and_ranked(name: str) -> None:
+    r = recipe_report(name)
+    s = r["search"]
+    assert s["feasible"] > 0 and 1 <= s["rank_of_published"]
+    # the planner finds something at least as fast as the published layout
+    assert s["best_step_time_s"] <= s["published_step_time_s"] * (1 + 1e-9)
+    if name.startswith("llama3"):
+        # near the top: within 3% of the best the planner finds
+        assert s["published_step_time_s"] <= 1.03 * s["best_step_time_s"]
+
+
+def test_memory_verdict_of_recipes() -> None:
+    """The Megatron recipes fit in our bill; the Llama 3 ones (no recompute at 8K tokens per GPU) are predicted
+    over 80 GB: a known gap of the activation accounting for that framework, stated in docs/formulas.md."""
+    fits = {name: recipe_report(name, rank=False)["fits"] for name in recipes()}
+    assert fits["megatron-gpt3-175b"] and fits["megatron-1t"]
+    assert not fits["llama3-405b-8k"]
