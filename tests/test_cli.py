@@ -22,8 +22,26 @@ def test_params_keys(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_memory_keys(capsys: pytest.CaptureFixture[str]) -> None:
-    out = run_json(capsys, "memory", "llama-3.1-70b", "--gpu", "h100-sxm", "--gpus", "64", "--tp", "8", "--pp", "4",
-                   "--zero", "1", "--sp", "--recompute", "selective", "--seq", "8192")
+    out = run_json(
+        capsys,
+        "memory",
+        "llama-3.1-70b",
+        "--gpu",
+        "h100-sxm",
+        "--gpus",
+        "64",
+        "--tp",
+        "8",
+        "--pp",
+        "4",
+        "--zero",
+        "1",
+        "--sp",
+        "--recompute",
+        "selective",
+        "--seq",
+        "8192",
+    )
     per = out["per_gpu"]
     for key in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "total_bytes"):
         assert key in per
@@ -53,8 +71,25 @@ def test_serving_keys(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_estimate_keys(capsys: pytest.CaptureFixture[str]) -> None:
-    out = run_json(capsys, "estimate", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "16", "--tp", "2", "--zero", "3",
-                   "--seq", "4096", "--global-batch", "64", "--tokens", "1e12")
+    out = run_json(
+        capsys,
+        "estimate",
+        "llama-3.1-8b",
+        "--gpu",
+        "h100-sxm",
+        "--gpus",
+        "16",
+        "--tp",
+        "2",
+        "--zero",
+        "3",
+        "--seq",
+        "4096",
+        "--global-batch",
+        "64",
+        "--tokens",
+        "1e12",
+    )
     for key in ("step_time_s", "mfu", "hfu", "tokens_per_s_per_gpu", "breakdown", "collectives", "per_gpu"):
         assert key in out
     b = out["breakdown"]
@@ -68,8 +103,23 @@ def test_estimate_keys(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_tp_across_nodes_warns(capsys: pytest.CaptureFixture[str]) -> None:
-    out = run_json(capsys, "estimate", "gpt3-175b", "--gpu", "h100-sxm", "--gpus", "16", "--tp", "16",
-                   "--zero", "1", "--seq", "2048", "--global-batch", "16")
+    out = run_json(
+        capsys,
+        "estimate",
+        "gpt3-175b",
+        "--gpu",
+        "h100-sxm",
+        "--gpus",
+        "16",
+        "--tp",
+        "16",
+        "--zero",
+        "1",
+        "--seq",
+        "2048",
+        "--global-batch",
+        "16",
+    )
     assert any("TP=16" in w for w in out["warnings"])
     assert out["placement"]["tp"]["crosses_fabric"]
 
@@ -85,7 +135,10 @@ def test_collectives_shows_the_bandwidth_wall(capsys: pytest.CaptureFixture[str]
     ("argv", "fragment"),
     [
         (["params", "no-such-model"], "unknown model"),
-        (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "64", "--tp", "16"], "tp=16 must divide num_kv_heads=8"),
+        (
+            ["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "64", "--tp", "16"],
+            "tp=16 must divide num_kv_heads=8",
+        ),
         (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "96", "--tp", "64"], "does not divide gpus"),
         (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "abc"], "expected a positive integer"),
         (["memory", "llama-3.1-8b", "--gpu", "h999", "--gpus", "8"], "unknown gpu"),
@@ -107,8 +160,12 @@ def test_console_script_start_up_and_exit_code() -> None:
 
 
 def test_tables_render(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["params", "mixtral-8x7b"], ["fit", "llama-3.3-70b", "--gpu", "h200", "--gpus", "8"],
-                 ["memory", "llama-3.1-8b", "--gpu", "a100-80gb", "--gpus", "8", "--zero", "3"],
-                 ["serving", "llama-3.1-8b", "--gpu", "l40s", "--gpus", "1"], ["collectives"]):
+    for argv in (
+        ["params", "mixtral-8x7b"],
+        ["fit", "llama-3.3-70b", "--gpu", "h200", "--gpus", "8"],
+        ["memory", "llama-3.1-8b", "--gpu", "a100-80gb", "--gpus", "8", "--zero", "3"],
+        ["serving", "llama-3.1-8b", "--gpu", "l40s", "--gpus", "1"],
+        ["collectives"],
+    ):
         assert main(argv) == 0
         assert capsys.readouterr().out.strip()

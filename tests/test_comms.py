@@ -56,7 +56,9 @@ def test_hierarchy_with_one_domain_is_the_flat_ring(op: Collective, n: int) -> N
     size = 64e6
     flat_up = ring_time(op, size_bytes=size, n=n, bandwidth_bytes_per_s=400e9, latency_s=3e-6)
     flat_out = ring_time(op, size_bytes=size, n=n, bandwidth_bytes_per_s=50e9, latency_s=1e-5)
-    kw = dict(size_bytes=size, inner_bytes_per_s=400e9, outer_bytes_per_s=50e9, inner_latency_s=3e-6, outer_latency_s=1e-5)
+    kw = dict(
+        size_bytes=size, inner_bytes_per_s=400e9, outer_bytes_per_s=50e9, inner_latency_s=3e-6, outer_latency_s=1e-5
+    )
     inside = hierarchical_time(op, inner=n, outer=1, **kw)
     across = hierarchical_time(op, inner=1, outer=n, **kw)
     if op is not Collective.ALL_REDUCE:  # a flat all-reduce may pick the tree; check the others exactly

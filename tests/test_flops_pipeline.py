@@ -14,7 +14,9 @@ def test_model_flops_equal_korthikanti_eq_7_for_a_gpt_model() -> None:
     model = io.load_model("megatron-530b")
     s, batch = 2048, 280
     ours = model_flops_per_token(model, seq_len=s) * s * batch
-    paper = korthikanti_model_flops(batch=batch, layers=model.num_layers, seq=s, hidden=model.hidden, vocab=model.vocab_size)
+    paper = korthikanti_model_flops(
+        batch=batch, layers=model.num_layers, seq=s, hidden=model.hidden, vocab=model.vocab_size
+    )
     assert ours == pytest.approx(paper, rel=2e-4)  # the paper drops biases (13h per layer)
 
 

@@ -47,11 +47,19 @@ def test_degree_one_equals_unsharded(name: str, zero: ZeroStage) -> None:
     shard=st.sampled_from([2, 4, 8]),
     recompute=st.sampled_from(list(Recompute)),
 )
-def test_more_zero_sharding_never_raises_a_model_state_term(name: str, zero: int, shard: int, recompute: Recompute) -> None:
+def test_more_zero_sharding_never_raises_a_model_state_term(
+    name: str, zero: int, shard: int, recompute: Recompute
+) -> None:
     work = Workload(seq_len=1024, global_batch=2 * shard)
     small = bill(name, Layout(zero=ZeroStage(zero), dp_shard=shard, recompute=recompute), work)
     big = bill(name, Layout(zero=ZeroStage(zero), dp_shard=2 * shard, recompute=recompute), work)
-    for term in ("weights_bytes", "gradients_bytes", "master_weights_bytes", "optimizer_moments_bytes", "activations_bytes"):
+    for term in (
+        "weights_bytes",
+        "gradients_bytes",
+        "master_weights_bytes",
+        "optimizer_moments_bytes",
+        "activations_bytes",
+    ):
         assert getattr(big, term) <= getattr(small, term) * (1 + 1e-12), term
 
 
@@ -75,7 +83,9 @@ def test_pipeline_stages_hold_every_parameter_once(name: str, pp: int) -> None:
     layout = Layout(pp=pp)
     total = sum(bill(name, layout, work, stage=i).weights_bytes for i in range(pp)) / 2
     params = count_params(model)
-    extra_head = params.embedding - params.position_embedding if model.tied_embeddings else 0  # tied: a copy on the last stage
+    extra_head = (
+        params.embedding - params.position_embedding if model.tied_embeddings else 0
+    )  # tied: a copy on the last stage
     assert abs(total - (params.total + params.mtp + extra_head)) < 1e-6 * params.total
 
 

@@ -90,10 +90,7 @@ def attention_core_flops(model: ModelSpec, *, tokens: Num, seq_len: Num, tp: Num
     ``causal_skip``: a fused kernel skips the masked upper triangle (half the
     work); an unfused one computes the whole s x s product.
     """
-    if model.mla is not None:
-        width = model.mla.qk_head_dim + model.mla.v_head_dim
-    else:
-        width = 2 * model.head_dim
+    width = model.mla.qk_head_dim + model.mla.v_head_dim if model.mla is not None else 2 * model.head_dim
     full = 2 * tokens * seq_len * model.num_heads * width / tp
     return full * (0.5 if causal_skip else 1.0)
 

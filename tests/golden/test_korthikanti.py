@@ -36,8 +36,16 @@ def test_table_2_per_layer(t: int, sp: bool, recompute: str) -> None:
         pytest.skip("sequence parallelism needs tp > 1")
     s, b = 2048, 4
     got = act.layer_bytes(
-        GPT_22B, seq_len=s, micro_batch=b, tp=t, sp=sp, cp=1, recompute=Recompute[recompute.upper()],
-        attention=Attention.EAGER, act_bytes=2.0, moe_layer=False,
+        GPT_22B,
+        seq_len=s,
+        micro_batch=b,
+        tp=t,
+        sp=sp,
+        cp=1,
+        recompute=Recompute[recompute.upper()],
+        attention=Attention.EAGER,
+        act_bytes=2.0,
+        moe_layer=False,
     )
     assert got == pytest.approx(table_2(s, b, GPT_22B.hidden, GPT_22B.num_heads, t, sp=sp, recompute=recompute))
 
@@ -62,7 +70,10 @@ def test_figure_1_per_gpu(name: str) -> None:
     gpu = io.load_gpu("a100-80gb")
     work = Workload(seq_len=2048, global_batch=batch, precision=PRECISIONS["fp16"], attention=Attention.EAGER)
     schedule = Schedule.INTERLEAVED if degrees.get("vpp", 1) > 1 else Schedule.ONE_F_ONE_B
-    for sp, recompute, published in ((False, Recompute.NONE, act_none_gib), (True, Recompute.SELECTIVE, act_seqsel_gib)):
+    for sp, recompute, published in (
+        (False, Recompute.NONE, act_none_gib),
+        (True, Recompute.SELECTIVE, act_seqsel_gib),
+    ):
         layout = Layout(schedule=schedule, sp=sp, recompute=recompute, **degrees)
         mem = training_memory(model, layout, work, gpu=gpu)
         assert mem.stages[0].activations_bytes / GiB == pytest.approx(published, rel=0.05)
