@@ -290,6 +290,21 @@ def _cmd_ui(args: argparse.Namespace) -> None:
     serve(host=args.host, port=args.port, open_browser=args.open)
 
 
+def _cmd_check(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.check import check_report
+
+    return check_report(
+        world_size=args.world_size,
+        layouts=args.layouts,
+        hidden=args.hidden,
+        layers=args.layers,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        seq=args.seq,
+        micro_batch=args.micro_batch,
+    )
+
+
 def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports import fit_report
 
@@ -413,6 +428,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"), default="bf16")
     p.add_argument("--context", type=_positive_int, default=None, help="tokens per sequence (default: model maximum)")
     p.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9)
+    p = command(
+        "check",
+        _cmd_check,
+        "run a tiny model on local torch.distributed processes and hold every measured byte and collective "
+        "against meshplan's prediction (needs the torch extra)",
+    )
+    p.add_argument("--world-size", type=_positive_int, default=2, help="local processes (gloo), at least 2")
+    p.add_argument(
+        "--layouts",
+        default=None,
+        help="comma-separated: ddp,fsdp,tp,sp,fsdp+tp,pp,ep,cp (default: all that fit), fsdp-bf16, fsdp-reshard",
+    )
+    g = p.add_argument_group("tiny model (default 4 layers, hidden 32, 8 heads, 4 KV heads, seq 16, micro-batch 2)")
+    g.add_argument("--hidden", type=_positive_int, default=None, help="hidden size (head dim = hidden / heads)")
+    g.add_argument("--layers", type=_positive_int, default=None)
+    g.add_argument("--heads", type=_positive_int, default=None)
+    g.add_argument("--kv-heads", type=_positive_int, default=None)
+    g.add_argument("--seq", type=_positive_int, default=None, help="sequence length in tokens")
+    g.add_argument("--micro-batch", type=_positive_int, default=None, help="sequences per micro-batch")
+
     p = command("ui", _cmd_ui, "the web explorer: the engine's answers as interactive pages in a local browser")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=_port, default=0, help="port to listen on (default: a free one)")

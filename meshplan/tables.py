@@ -159,7 +159,9 @@ def _validate(r: dict[str, Any]) -> str:
     out = []
     for src in r["sources"]:
         runs = [x for x in r["runs"] if x["source"] == src["source"]]
-        unit = {"iteration_time_s": "s", "mfu": "", "tflops_per_gpu_eq3": "TFLOP/s"}[src["metric"]]
+        unit = {"iteration_time_s": "s", "mfu": "", "tflops_per_gpu_eq3": "TFLOP/s", "tokens_per_s_per_gpu": "tok/s"}[
+            src["metric"]
+        ]
         rows = [
             (x["case"], f"{x['measured']:.3g} {unit}", f"{x['predicted']:.3g} {unit}", f"{100 * x['error']:+.1f}%")
             for x in runs
@@ -270,7 +272,14 @@ def _export(r: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _check(r: dict[str, Any]) -> str:
+    from meshplan.check.render import render_check
+
+    return render_check(r)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "check": _check,
     "plan": _plan,
     "recipe": _recipe,
     "export": _export,

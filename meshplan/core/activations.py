@@ -19,14 +19,23 @@ Tensors inside the TP region are split over t; the rest (norm inputs,
 dropout masks, the QKV/MLP inputs) are split over t only under sequence
 parallelism. Context parallelism splits the tokens over cp, and each local
 query still meets all s keys.
+
+Where frameworks keep different tensors, ``SAVED_TENSORS`` says what each
+keeps (measured for PyTorch 2.13 by ``meshplan check``; docs/check.md):
+an eager RMSNorm keeps its fp32 upcast input, x * rstd and rstd; DTensor
+sequence parallelism keeps the gathered QKV and MLP inputs; the loss keeps
+fp32 log-probabilities over the whole vocabulary without loss parallelism.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from meshplan.core.num import Num, maximum, where
 from meshplan.spec.layout import Recompute
-from meshplan.spec.model import MlpKind, ModelSpec
-from meshplan.spec.workload import Attention, Kernels
+from meshplan.spec.model import MlpKind, ModelSpec, NormKind
+from meshplan.spec.workload import Attention, Framework, Kernels
 
 GATED_SAVED_TENSORS = {Kernels.EAGER: 4, Kernels.FUSED: 3}
 """f-wide tensors a gated MLP keeps: gate out, up out and act(gate) * up; run eagerly, act(gate) too."""
@@ -35,17 +44,111 @@ PLAIN_SAVED_TENSORS = 2
 FP32_BYTES = 4
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NormSaves:
+    """What one norm keeps for backward, per token."""
+
+    hidden_tensors: int
+    """h-wide tensors: the input (fused kernels); the input and x * rstd (eager RMSNorm)."""
+    hidden_fp32: bool
+    """Those are fp32 whatever the activation dtype (an eager norm upcasts before it reduces)."""
+    row_stats: int
+    """fp32 numbers per token (rstd; LayerNorm's mean too)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SavedTensors:
+    """What a framework keeps for backward where frameworks differ; the rest of the accounting is shared."""
+
+    norms: Mapping[NormKind, NormSaves]
+    sp_gathered_inputs: bool
+    """Under sequence parallelism the QKV, MLP and output-head inputs stay gathered (DTensor keeps the output
+    of its all-gather); False: the shard is kept and gathered again in backward (Megatron-LM)."""
+    vocab_parallel_loss: bool
+    """The loss keeps its fp32 log-probabilities split over the TP ranks (Megatron's vocab-parallel
+    cross-entropy); False: every TP rank keeps all V of them (logits gathered, no loss parallelism)."""
+    loss_scalar_bytes: float
+    """Per micro-batch: the 0-dim fp32 total weight nll_loss keeps."""
+    router_fp32_tensors: int
+    """E-wide fp32 tensors the router keeps per token (logits and probabilities; the softmax output only)."""
+    routed_hidden_copies: int
+    """h-wide copies kept per routed (token, expert) pair: the dispatched row and the expert output
+    (Megatron); the expert input, the returned row and the gate-weighted row (sort / all-to-all /
+    index_add dispatch, meshplan/check/experts.py)."""
+    routed_index_bytes: float
+    """int64 bookkeeping per routed pair: top-k ids, sort order, source rows (twice), regroup and its inverse."""
+    routed_gate_values: int
+    """Gate weights kept per routed pair, in the activation dtype."""
+    stage_outputs: bool
+    """A pipeline stage holds each in-flight micro-batch's output until its backward (PipelineStage's
+    forward cache); Megatron frees the output's data once sent."""
+
+
+_FUSED_NORM = NormSaves(hidden_tensors=1, hidden_fp32=False, row_stats=0)
+
+SAVED_TENSORS: dict[Framework, SavedTensors] = {
+    Framework.MEGATRON: SavedTensors(
+        norms=dict.fromkeys(NormKind, _FUSED_NORM),
+        sp_gathered_inputs=False,
+        vocab_parallel_loss=True,
+        loss_scalar_bytes=0.0,
+        router_fp32_tensors=2,
+        routed_hidden_copies=2,
+        routed_index_bytes=0.0,
+        routed_gate_values=0,
+        stage_outputs=False,
+    ),
+    Framework.TORCH: SavedTensors(
+        norms={
+            # nn.RMSNorm decomposes (pow, mean, rsqrt, mul, mul): x.float(), rstd and x * rstd are saved
+            NormKind.RMSNORM: NormSaves(hidden_tensors=2, hidden_fp32=True, row_stats=1),
+            # native_layer_norm saves its input, mean and rstd (from source; not measured here)
+            NormKind.LAYERNORM: NormSaves(hidden_tensors=1, hidden_fp32=False, row_stats=2),
+        },
+        sp_gathered_inputs=True,
+        vocab_parallel_loss=False,
+        loss_scalar_bytes=float(FP32_BYTES),
+        router_fp32_tensors=1,
+        routed_hidden_copies=3,
+        routed_index_bytes=6.0 * 8,
+        routed_gate_values=1,
+        stage_outputs=True,
+    ),
+}
+
+
+def norm_bytes_per_token(model: ModelSpec, *, act_bytes: float, framework: Framework = Framework.MEGATRON) -> float:
+    """Bytes one norm over the hidden size keeps per token."""
+    saves = SAVED_TENSORS[framework].norms[model.norm]
+    width = FP32_BYTES if saves.hidden_fp32 else act_bytes
+    return saves.hidden_tensors * width * model.hidden + FP32_BYTES * saves.row_stats
+
+
+def _input_split(tp: Num, sp: Num, framework: Framework) -> Num:
+    """Share of a block input (QKV, MLP, output head) a TP rank keeps: 1/t under SP unless kept gathered."""
+    return 1.0 if SAVED_TENSORS[framework].sp_gathered_inputs else where(sp, 1.0 / tp, 1.0)
+
+
 def _mlp_tensors(model: ModelSpec, kernels: Kernels) -> int:
     return GATED_SAVED_TENSORS[kernels] if model.mlp is MlpKind.GATED else PLAIN_SAVED_TENSORS
 
 
 def attention_bytes_per_token(
-    model: ModelSpec, *, seq_len: Num, tp: Num, sp: Num, attention: Attention, act_bytes: float, keep_scores: Num
+    model: ModelSpec,
+    *,
+    seq_len: Num,
+    tp: Num,
+    sp: Num,
+    attention: Attention,
+    act_bytes: float,
+    keep_scores: Num,
+    framework: Framework = Framework.MEGATRON,
 ) -> Num:
     """Bytes one attention block keeps per local token (norm included)."""
     rep = where(sp, 1.0 / tp, 1.0)
     beta, h, mask = act_bytes, model.hidden, 1.0 if model.dropout else 0.0
-    replicated = (2 * beta + mask) * h * rep
+    norm = norm_bytes_per_token(model, act_bytes=beta, framework=framework)
+    replicated = (norm + mask * h) * rep + beta * h * _input_split(tp, sp, framework)
     if model.mla is not None:
         mla = model.mla
         replicated = replicated + beta * (2 * mla.q_lora_rank + 2 * mla.kv_lora_rank + mla.qk_rope_head_dim)
@@ -64,19 +167,28 @@ def attention_bytes_per_token(
 
 
 def mlp_bytes_per_token(
-    model: ModelSpec, *, tp: Num, sp: Num, act_bytes: float, moe_layer: bool, kernels: Kernels = Kernels.FUSED
+    model: ModelSpec,
+    *,
+    tp: Num,
+    sp: Num,
+    act_bytes: float,
+    moe_layer: bool,
+    kernels: Kernels = Kernels.FUSED,
+    framework: Framework = Framework.MEGATRON,
 ) -> Num:
     """Bytes one MLP (or MoE) block keeps per local token (norm included)."""
     rep = where(sp, 1.0 / tp, 1.0)
     beta, h, mask = act_bytes, model.hidden, 1.0 if model.dropout else 0.0
-    replicated = (2 * beta + mask) * h * rep
+    norm = norm_bytes_per_token(model, act_bytes=beta, framework=framework)
+    replicated = (norm + mask * h) * rep + beta * h * _input_split(tp, sp, framework)
     n = _mlp_tensors(model, kernels)
     if not moe_layer or model.moe is None:
         return replicated + n * beta * model.ffn_hidden / tp
-    moe = model.moe
+    moe, saved = model.moe, SAVED_TENSORS[framework]
     k = moe.experts_per_token
-    router = 2 * FP32_BYTES * moe.num_experts * rep
-    routed = k * (2 * beta * h + n * beta * moe.expert_ffn_hidden / tp)
+    router = saved.router_fp32_tensors * FP32_BYTES * moe.num_experts * rep
+    per_pair = saved.routed_hidden_copies * beta * h + saved.routed_index_bytes + saved.routed_gate_values * beta
+    routed = k * (per_pair + n * beta * moe.expert_ffn_hidden / tp)
     shared = moe.num_shared_experts * n * beta * moe.shared_hidden / tp
     return replicated + router + routed + shared
 
@@ -99,15 +211,51 @@ def layer_bytes(
     act_bytes: float,
     moe_layer: bool,
     kernels: Kernels = Kernels.FUSED,
+    framework: Framework = Framework.MEGATRON,
 ) -> Num:
     """Bytes one layer keeps for one micro-batch under the given recompute policy."""
     tokens = seq_len / cp * micro_batch
     keep_scores = where(recompute == Recompute.NONE, 1.0, 0.0)
     kept = attention_bytes_per_token(
-        model, seq_len=seq_len, tp=tp, sp=sp, attention=attention, act_bytes=act_bytes, keep_scores=keep_scores
-    ) + mlp_bytes_per_token(model, tp=tp, sp=sp, act_bytes=act_bytes, moe_layer=moe_layer, kernels=kernels)
+        model,
+        seq_len=seq_len,
+        tp=tp,
+        sp=sp,
+        attention=attention,
+        act_bytes=act_bytes,
+        keep_scores=keep_scores,
+        framework=framework,
+    ) + mlp_bytes_per_token(
+        model, tp=tp, sp=sp, act_bytes=act_bytes, moe_layer=moe_layer, kernels=kernels, framework=framework
+    )
     full = layer_input_bytes_per_token(model, tp=tp, sp=sp, act_bytes=act_bytes)
     return tokens * where(recompute == Recompute.FULL, full, kept)
+
+
+def head_bytes(
+    model: ModelSpec, *, tokens: Num, tp: Num, sp: Num, act_bytes: float, framework: Framework = Framework.MEGATRON
+) -> Num:
+    """Final norm and output-projection input of one micro-batch on the last stage (2sbh, or 2sbh/t with SP)."""
+    rep = where(sp, 1.0 / tp, 1.0)
+    norm = norm_bytes_per_token(model, act_bytes=act_bytes, framework=framework)
+    return tokens * (norm * rep + act_bytes * model.hidden * _input_split(tp, sp, framework))
+
+
+def loss_bytes(model: ModelSpec, *, tokens: Num, tp: Num, framework: Framework = Framework.MEGATRON) -> Num:
+    """fp32 log-probabilities the loss keeps for one micro-batch: 4sbV/t vocab-parallel, 4sbV otherwise."""
+    saved = SAVED_TENSORS[framework]
+    vocab_split = tp if saved.vocab_parallel_loss else 1
+    return FP32_BYTES * tokens * model.vocab_size / vocab_split + saved.loss_scalar_bytes
+
+
+def stage_output_bytes(
+    model: ModelSpec, *, tokens: Num, act_bytes: float, last: Num, framework: Framework = Framework.MEGATRON
+) -> Num:
+    """Output of one in-flight micro-batch a pipeline stage holds outside autograd: the (b, s, h) hidden states,
+    or the logits on the last stage (0 where the framework frees it once sent)."""
+    if not SAVED_TENSORS[framework].stage_outputs:
+        return 0.0 * tokens
+    return tokens * act_bytes * where(last, model.vocab_size, model.hidden)
 
 
 def korthikanti_layer_bytes(*, s: Num, b: Num, h: Num, a: Num, t: Num, sp: bool, selective: bool) -> Num:

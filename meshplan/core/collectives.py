@@ -19,112 +19,87 @@ papers cited below say the same):
         of K/V forward and one reduce-scatter of their gradients backward;
   ep    a dispatch and a combine all-to-all per MoE layer forward and again
         backward, k b s h bytes per rank each.
+
+Where frameworks issue different collectives for the same layout,
+``PATTERNS`` says which (measured for PyTorch 2.13 by ``meshplan check``,
+docs/check.md), and torch_calls.py builds what only PyTorch-native training
+issues (embedding and head collectives, Partial norm gradients, FSDP2 units,
+DDP buckets and buffer broadcasts).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.core.comms import Collective, hierarchical_time
-from meshplan.core.num import Num, gcd, maximum, minimum, where
+from meshplan.core import torch_calls
+from meshplan.core.calls import CollectiveCall, StageShape
+from meshplan.core.calls import make_call as _call
+from meshplan.core.comms import Collective
+from meshplan.core.num import gcd, maximum, minimum, where
 from meshplan.core.placement import AxisPlacement
+from meshplan.core.shards import gather_bytes
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import ContextParallel, Recompute, ZeroStage
-from meshplan.spec.model import ModelSpec
-from meshplan.spec.workload import Workload
+from meshplan.spec.model import MlpKind, ModelSpec
+from meshplan.spec.workload import Framework, Workload
+
+__all__ = ["PATTERNS", "CollectiveCall", "CollectivePattern", "StageShape", "inventory"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CollectiveCall:
-    """One kind of collective of one step, on one GPU."""
+class CollectivePattern:
+    """Where frameworks issue different collectives for the same layout."""
 
-    strategy: str
-    op: Collective
-    axis: str
-    phase: str
-    """forward, backward, or step (after the last backward)."""
-    group_size: Num
-    size_bytes: Num
-    """Buffer size of one call, as nccl-tests counts it."""
-    count_per_step: Num
-    call_s: Num
-    """Time of one call."""
-    outer: Num
-    """Scale-up domains the group spans (1: inside NVLink)."""
-    per_micro_batch: Num = True
-    """Issued once per micro-batch (False: once per step)."""
-    overlappable: Num = True
-    """Can run beside compute (False: the next op waits for it)."""
-
-    @property
-    def time_s(self) -> Num:
-        return self.call_s * self.count_per_step
-
-    @property
-    def bytes_per_step(self) -> Num:
-        return self.size_bytes * self.count_per_step
+    fused_column_inputs: bool
+    """TP backward all-reduces one input gradient per column-parallel input (fused QKV, fused gate/up: 2 per
+    layer); False: one per column-parallel module (q, k, v, gate, up: 5), each module wrapping its input alone."""
+    sp_regathers_inputs: bool
+    """Sequence parallelism gathers each sharded input again in backward for the weight gradient."""
+    ring_grads_apart: bool
+    """Ring CP backward passes K/V n - 1 times and the fp32 dK/dV accumulators n times; False: K/V and their
+    gradients travel together n - 1 times."""
+    ep_count_exchange: bool
+    """An all-to-all of the per-expert token counts precedes each dispatch (8 E bytes)."""
+    torch_native: bool
+    """The embedding and head TP collectives, Partial norm gradients, FSDP2 units and DDP buckets of
+    torch_calls.py (False: per-layer TP traffic and ZeRO's whole-model volumes only)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageShape:
-    """What one pipeline stage does per step, as the collectives need it."""
+PATTERNS: dict[Framework, CollectivePattern] = {
+    Framework.MEGATRON: CollectivePattern(
+        fused_column_inputs=True,
+        sp_regathers_inputs=True,
+        ring_grads_apart=False,
+        ep_count_exchange=False,
+        torch_native=False,
+    ),
+    Framework.TORCH: CollectivePattern(
+        fused_column_inputs=False,
+        sp_regathers_inputs=False,
+        ring_grads_apart=True,
+        ep_count_exchange=True,
+        torch_native=True,
+    ),
+}
 
-    tokens: Num
-    """Local tokens per micro-batch: s / cp * b."""
-    dense_layers: Num
-    moe_layers: Num
-    micro_batches: Num
-    dense_params: Num
-    """Parameters of the stage on this GPU that are not routed experts (before ZeRO)."""
-    expert_params: Num
+
+FP32_BYTES = 4.0
+INDEX_BYTES = 8.0
+"""int64 token counts per expert."""
 
 
-def _call(
-    strategy: str,
-    op: Collective,
-    place: AxisPlacement,
-    cluster: Cluster,
-    *,
-    phase: str,
-    size: Num,
-    count: Num,
-    group: Num | None = None,
-    inner: Num | None = None,
-    per_micro_batch: Num = True,
-    overlappable: Num = True,
-) -> CollectiveCall:
-    n = place.size if group is None else group
-    inner_n = place.inner if inner is None else inner
-    outer = n // inner_n
-    t = hierarchical_time(
-        op,
-        size_bytes=size,
-        inner=inner_n,
-        outer=outer,
-        inner_bytes_per_s=cluster.scale_up.effective_bytes_per_s,
-        outer_bytes_per_s=cluster.scale_out.effective_bytes_per_s,
-        inner_latency_s=cluster.scale_up.latency_s,
-        outer_latency_s=cluster.scale_out.latency_s,
-    )
-    return CollectiveCall(
-        strategy=strategy,
-        op=op,
-        axis=place.axis,
-        phase=phase,
-        group_size=n,
-        size_bytes=size,
-        count_per_step=count,
-        call_s=t,
-        outer=outer,
-        per_micro_batch=per_micro_batch,
-        overlappable=overlappable,
-    )
+def column_parallel_inputs(model: ModelSpec, framework: Framework) -> int:
+    """Input gradients TP all-reduces per layer in backward (reduce-scatters under SP with Megatron)."""
+    if PATTERNS[framework].fused_column_inputs:
+        return 2
+    attention = 2 if model.mla is not None else 3  # MLA: wq (or wq_b) and wkv_b
+    return attention + (2 if model.mlp is MlpKind.GATED else 1)
 
 
 def tp_calls(
     model: ModelSpec, lay: object, work: Workload, cl: Cluster, pl: dict[str, AxisPlacement], st: StageShape
 ) -> list[CollectiveCall]:
-    """Megatron TP per layer and micro-batch.
+    """TP per layer and micro-batch (Megatron's pattern; ``PATTERNS`` for the others).
 
     Without SP: two all-reduces forward (after the attention and MLP
     row-parallel matmuls) and two backward (input gradients of the two
@@ -136,17 +111,27 @@ def tp_calls(
     gradient (both overlapped). Full recompute repeats the forward ones.
     """
     sp, recompute = lay.sp, lay.recompute  # type: ignore[attr-defined]
+    pattern = PATTERNS[work.framework]
     size = st.tokens * model.hidden * work.precision.activation_bytes
     per_step = (st.dense_layers + st.moe_layers) * st.micro_batches
     fwd = (2 + where(recompute == Recompute.FULL, 2, 0)) * per_step
     no_sp, with_sp = where(sp, 0, 1), where(sp, 1, 0)
+    inputs = column_parallel_inputs(model, work.framework)
+    regather = 2 if pattern.sp_regathers_inputs else 0
     p = pl["tp"]
     blocking = dict(overlappable=work.overlap.tp)
     behind_wgrad = dict(overlappable=work.overlap.tp_backward)
-    return [
+    calls = [
         _call("tp", Collective.ALL_REDUCE, p, cl, phase="forward", size=size, count=no_sp * fwd, **blocking),
         _call(
-            "tp", Collective.ALL_REDUCE, p, cl, phase="backward", size=size, count=no_sp * 2 * per_step, **behind_wgrad
+            "tp",
+            Collective.ALL_REDUCE,
+            p,
+            cl,
+            phase="backward",
+            size=size,
+            count=no_sp * inputs * per_step,
+            **behind_wgrad,
         ),
         _call("sp", Collective.ALL_GATHER, p, cl, phase="forward", size=size, count=with_sp * fwd, **blocking),
         _call("sp", Collective.REDUCE_SCATTER, p, cl, phase="forward", size=size, count=with_sp * fwd, **blocking),
@@ -167,7 +152,7 @@ def tp_calls(
             cl,
             phase="backward",
             size=size,
-            count=with_sp * 2 * per_step,
+            count=with_sp * regather * per_step,
             **behind_wgrad,
         ),
         _call(
@@ -181,6 +166,10 @@ def tp_calls(
             **behind_wgrad,
         ),
     ]
+    if pattern.torch_native:
+        calls += torch_calls.tp_edge_calls(model, lay, work, cl, pl, st)
+        calls += torch_calls.partial_norm_calls(model, lay, work, cl, pl, st)
+    return calls
 
 
 def kv_exchange_width(model: ModelSpec) -> int:
@@ -199,11 +188,11 @@ def cp_calls(
     ring, p = kind == ContextParallel.RING, pl["cp"]
     ring_count, gather_count = where(ring, (cp - 1) * layers, 0), where(ring, 0, layers)
     hides = work.overlap.cp
-    return [
+    apart = PATTERNS[work.framework].ring_grads_apart
+    back = block if apart else 2 * block
+    calls = [
         _call("cp", Collective.SEND_RECV, p, cl, phase="forward", size=block, count=ring_count, overlappable=hides),
-        _call(
-            "cp", Collective.SEND_RECV, p, cl, phase="backward", size=2 * block, count=ring_count, overlappable=hides
-        ),
+        _call("cp", Collective.SEND_RECV, p, cl, phase="backward", size=back, count=ring_count, overlappable=hides),
         _call(
             "cp", Collective.ALL_GATHER, p, cl, phase="forward", size=block * cp, count=gather_count, overlappable=False
         ),
@@ -218,6 +207,21 @@ def cp_calls(
             overlappable=False,
         ),
     ]
+    if apart:  # the fp32 dK/dV accumulators go round the whole ring, back to the rank that owns the block
+        grads = block * FP32_BYTES / work.precision.activation_bytes
+        calls.append(
+            _call(
+                "cp",
+                Collective.SEND_RECV,
+                p,
+                cl,
+                phase="backward",
+                size=grads,
+                count=where(ring, cp * layers, 0),
+                overlappable=hides,
+            )
+        )
+    return calls
 
 
 def ep_calls(
@@ -229,7 +233,7 @@ def ep_calls(
     redo = where(lay.recompute == Recompute.FULL, 2, 0)  # type: ignore[attr-defined]
     per_step = st.moe_layers * st.micro_batches
     p = pl["ep"]
-    return [
+    calls = [
         _call(
             "ep",
             Collective.ALL_TO_ALL,
@@ -251,27 +255,45 @@ def ep_calls(
             overlappable=work.overlap.ep,
         ),
     ]
+    if PATTERNS[work.framework].ep_count_exchange:
+        counts = INDEX_BYTES * model.moe.num_experts
+        exchanges = where(redo > 0, 2, 1) * per_step
+        calls.append(
+            _call("ep", Collective.ALL_TO_ALL, p, cl, phase="forward", size=counts, count=exchanges, overlappable=False)
+        )
+    return calls
 
 
 def pp_calls(
     model: ModelSpec, lay: object, work: Workload, cl: Cluster, pl: dict[str, AxisPlacement], st: StageShape
 ) -> list[CollectiveCall]:
-    size = st.tokens * model.hidden * work.precision.activation_bytes / lay.tp  # type: ignore[attr-defined]
+    tp, sp = lay.tp, lay.sp  # type: ignore[attr-defined]
+    # Megatron scatters the stage output over the TP ranks; PyTorch sends what the stage returns
+    split = tp if PATTERNS[work.framework].fused_column_inputs else where(sp, tp, 1)
+    size = st.tokens * model.hidden * work.precision.activation_bytes / split
     count = where(lay.pp > 1, st.micro_batches * lay.vpp, 0)  # type: ignore[attr-defined]
     p = pl["pp"]
     return [
-        _call("pp", Collective.SEND_RECV, p, cl, phase="forward", size=size, count=count),
-        _call("pp", Collective.SEND_RECV, p, cl, phase="backward", size=size, count=count),
+        _call("pp", Collective.SEND_RECV, p, cl, phase="forward", size=size, count=count * where(st.last_stage, 0, 1)),
+        _call(
+            "pp", Collective.SEND_RECV, p, cl, phase="backward", size=size, count=count * where(st.first_stage, 0, 1)
+        ),
     ]
 
 
 def dp_calls(
     model: ModelSpec, lay: object, work: Workload, cl: Cluster, pl: dict[str, AxisPlacement], st: StageShape
 ) -> list[CollectiveCall]:
-    """Gradient and parameter traffic of data parallelism and ZeRO, for dense and expert parameters."""
+    """Gradient and parameter traffic of data parallelism and ZeRO, for dense and expert parameters.
+
+    PyTorch-native training replaces the whole-model volumes of ZeRO-0 (DDP's buckets) and ZeRO-3 (FSDP2's
+    units) with torch_calls.py's exact ones.
+    """
     zero, ep = lay.zero, lay.ep  # type: ignore[attr-defined]
     prec = work.precision
-    gather_bytes = 4.0 if prec.compute.value == "tf32" else 2.0  # parameters are gathered in the compute dtype
+    gathered = gather_bytes(prec)  # parameters are gathered in the compute dtype
+    native = PATTERNS[work.framework].torch_native
+    whole_model_zero3 = where(native, zero != ZeroStage.PARAMETERS, True)
     shard_p, rep_p, cp_p = pl["dp_shard"], pl["dp_replicate"], pl["cp"]
     shard = shard_p.size * cp_p.size
     shard_inner = shard_p.inner * cp_p.inner
@@ -288,6 +310,8 @@ def dp_calls(
         strat = "dp" if label == "dense" else "dp-experts"
         every_mb = zero >= ZeroStage.GRADIENTS
         sharded = dict(group=g_shard, inner=minimum(g_inner, g_shard))
+        # natively, DDP's buckets carry the dense gradients, and the experts' too unless EP owns them
+        bucketed = where(native, (ep == 1) | (label == "dense"), False)
         calls += [
             _call(
                 strat,
@@ -297,7 +321,7 @@ def dp_calls(
                 phase="backward",
                 size=grads,
                 per_micro_batch=False,
-                count=where(zero == ZeroStage.NONE, 1, 0),
+                count=where(bucketed, 0, where(zero == ZeroStage.NONE, 1, 0)),
                 group=g_full,
                 inner=minimum(f_inner, g_full),
             ),
@@ -309,7 +333,7 @@ def dp_calls(
                 phase="backward",
                 size=grads,
                 per_micro_batch=every_mb,
-                count=where(zero == ZeroStage.OPTIMIZER, 1, where(every_mb, m, 0)),
+                count=where(zero == ZeroStage.OPTIMIZER, 1, where(every_mb & whole_model_zero3, m, 0)),
                 **sharded,
             ),
             _call(
@@ -318,7 +342,7 @@ def dp_calls(
                 shard_p,
                 cl,
                 phase="step",
-                size=params * gather_bytes,
+                size=params * gathered,
                 per_micro_batch=False,
                 count=where((zero == ZeroStage.OPTIMIZER) | (zero == ZeroStage.GRADIENTS), 1, 0),
                 **sharded,
@@ -329,8 +353,8 @@ def dp_calls(
                 shard_p,
                 cl,
                 phase="forward",
-                size=params * gather_bytes,
-                count=where(zero == ZeroStage.PARAMETERS, m, 0),
+                size=params * gathered,
+                count=where((zero == ZeroStage.PARAMETERS) & whole_model_zero3, m, 0),
                 **sharded,
             ),
             _call(
@@ -339,8 +363,8 @@ def dp_calls(
                 shard_p,
                 cl,
                 phase="backward",
-                size=params * gather_bytes,
-                count=where(zero == ZeroStage.PARAMETERS, m, 0),
+                size=params * gathered,
+                count=where((zero == ZeroStage.PARAMETERS) & whole_model_zero3, m, 0),
                 **sharded,
             ),
             _call(
@@ -354,6 +378,10 @@ def dp_calls(
                 count=where((zero > ZeroStage.NONE) & (rep_p.size > 1), 1, 0),
             ),
         ]
+    if native:
+        inner = minimum(shard_inner, shard)
+        calls += torch_calls.fsdp_calls(model, lay, work, cl, shard_p, st, group=shard, inner=inner)
+        calls += torch_calls.ddp_calls(model, lay, work, cl, shard_p, st, group=full, inner=minimum(full_inner, full))
     return calls
 
 

@@ -32,6 +32,8 @@ class Collective(StrEnum):
     """Every rank sends a distinct slice to every other rank (MoE dispatch and combine)."""
     SEND_RECV = "send_recv"
     """Point-to-point transfer between neighbouring pipeline stages or ring neighbours."""
+    BROADCAST = "broadcast"
+    """One rank's buffer copied to every rank (DDP's module buffers before each forward)."""
 
 
 BUS_FACTOR_DOC = {
@@ -40,6 +42,7 @@ BUS_FACTOR_DOC = {
     Collective.REDUCE_SCATTER: "(n-1)/n",
     Collective.ALL_TO_ALL: "(n-1)/n",
     Collective.SEND_RECV: "1",
+    Collective.BROADCAST: "1",
 }
 
 
@@ -47,7 +50,7 @@ def bus_factor(op: Collective, n: Num) -> Num:
     """nccl-tests bus-bandwidth factor: bytes each rank moves per byte of buffer."""
     if op is Collective.ALL_REDUCE:
         return 2 * (n - 1) / n
-    if op is Collective.SEND_RECV:
+    if op in (Collective.SEND_RECV, Collective.BROADCAST):
         return 1.0 + 0 * n
     return (n - 1) / n
 
@@ -124,6 +127,10 @@ def hierarchical_time(
         t_out = where(outer > 1, leaving / outer_bytes_per_s + (outer - 1) * outer_latency_s, 0.0)
         t_in = where(inner > 1, staying / inner_bytes_per_s + (inner - 1) * inner_latency_s, 0.0)
         return maximum(t_out, t_in)
+    if op is Collective.BROADCAST:  # across the domains, then inside each
+        return ring(op, size_bytes, outer, outer_bytes_per_s, outer_latency_s) + ring(
+            op, size_bytes, inner, inner_bytes_per_s, inner_latency_s
+        )
     if op is Collective.SEND_RECV:
         return where(
             outer > 1,

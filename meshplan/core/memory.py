@@ -15,13 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from meshplan.core import activations as act
-from meshplan.core import pipeline
+from meshplan.core import pipeline, shards
 from meshplan.core.num import Num, gcd, maximum, minimum, to_float, where
 from meshplan.core.params import LayerParams, ParamCount
 from meshplan.spec.cluster import GpuCalibration
 from meshplan.spec.layout import LayoutLike, Recompute, ZeroStage
 from meshplan.spec.model import ModelSpec
-from meshplan.spec.workload import OptimizerKind, Workload
+from meshplan.spec.workload import Framework, OptimizerKind, Workload
 from meshplan.units import DTYPE_BYTES, DType
 
 FP32_BYTES = 4.0
@@ -170,6 +170,7 @@ def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> 
         attention=workload.attention,
         act_bytes=workload.precision.activation_bytes,
         kernels=workload.kernels,
+        framework=workload.framework,
     )
 
     def both(recompute: Num) -> tuple[Num, Num]:
@@ -225,6 +226,21 @@ def stage_bill(
         sp_.largest_layer * (2 * _gather_bytes(workload) + prec.grad_bytes),
         0,
     )
+    if workload.framework is Framework.TORCH:
+        fsdp = where(zero >= ZeroStage.PARAMETERS, lay.dp_shard * cp, 1)
+        state = shards.torch_state(
+            model,
+            shards.RankCoords(tp=tp, ep=ep, fsdp=fsdp),
+            shards.stage_units(model, pp=pp, stage=stage),
+            zero=zero,
+            ddp_ranks=lay.dp_replicate * lay.dp_shard * cp,
+            precision=prec,
+            optimizer=workload.optimizer.kind,
+            moment_bytes=moment_bytes_per_param(model, workload),
+        )
+        weights, grads = state.params_storage_bytes, state.grads_storage_bytes
+        master, moments = state.master_bytes, state.optimizer_bytes - state.master_bytes
+        gathered = state.ddp_bucket_bytes + state.gathered_root_bytes + state.fsdp_transient_bytes
     dynamic = acts + logits + workspace + gathered
     return MemoryBill(
         weights_bytes=to_float(weights),
@@ -252,13 +268,17 @@ def _stage_activations(
     rep = where(sp, 1.0 / tp, 1.0)
     mask = 1.0 if model.dropout else 0.0
     per_mb = per_mb + where(stage == 0, tokens * mask * model.hidden * rep, 0)  # embedding dropout mask
-    per_mb = per_mb + where(stage == pp - 1, tokens * 2 * beta * model.hidden * rep, 0)  # final norm + head input
+    fw = workload.framework
+    head = act.head_bytes(model, tokens=tokens, tp=tp, sp=sp, act_bytes=beta, framework=fw)
+    per_mb = per_mb + where(stage == pp - 1, head, 0)  # final norm + head input
+    held = act.stage_output_bytes(model, tokens=tokens, act_bytes=beta, last=stage == pp - 1, framework=fw)
 
     m = pipeline.micro_batches(workload.global_batch, micro_batch=b, dp=lay.dp_replicate * lay.dp_shard)
     flight = pipeline.in_flight(schedule=lay.schedule, pp=pp, vpp=lay.vpp, m=m, stage=stage)
-    saved = flight * per_mb / pipeline.stage_copies(lay.schedule)
+    saved = flight * (per_mb + where(pp > 1, held, 0)) / pipeline.stage_copies(lay.schedule)
 
-    logits = where(stage == pp - 1, FP32_BYTES * tokens * model.vocab_size / tp, 0)
+    loss = act.loss_bytes(model, tokens=tokens, tp=tp, framework=fw) * (flight if fw is Framework.TORCH else 1)
+    logits = where(stage == pp - 1, loss, 0)
     has_dense, has_moe = sp_.dense_layers > 0, sp_.moe_layers > 0
     rebuilt = maximum(where(has_dense, la.dense_none, 0), where(has_moe, la.moe_none, 0))
     kept_selective = maximum(where(has_dense, la.dense_selective, 0), where(has_moe, la.moe_selective, 0))

@@ -6,6 +6,7 @@ of the model holds; tests hold them to the published totals exactly.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from meshplan.spec.model import MlpKind, ModelSpec, NormKind
@@ -208,4 +209,144 @@ def approx_params(model: ModelSpec) -> float:
     )
 
 
-__all__ = ["LayerParams", "NormKind", "ParamCount", "approx_params", "count_params"]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamTensor:
+    """One parameter tensor, as a checkpoint, an optimizer and FSDP2 see it (one entry per tensor)."""
+
+    name: str
+    """Module path in torchtitan's naming: ``tok_embeddings.weight``, ``layers.3.attention.wq.weight``."""
+    shape: tuple[int, ...]
+    tp_dim: int | None = None
+    """The dim tensor parallelism splits (column-parallel and vocab tables: the output rows; row-parallel: the
+    input columns); None: every TP rank holds the tensor whole."""
+    expert: bool = False
+    """Routed experts stacked on dim 0: split over the expert-parallel ranks."""
+    layer: int = -1
+    """The transformer layer holding the tensor (-1: embedding, final norm and output head)."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def _norm_tensors(model: ModelSpec, prefix: str) -> list[ParamTensor]:
+    out = [ParamTensor(name=f"{prefix}.weight", shape=(model.hidden,))]
+    if model.norm is NormKind.LAYERNORM:
+        out.append(ParamTensor(name=f"{prefix}.bias", shape=(model.hidden,)))
+    return out
+
+
+def _linear(name: str, out_dim: int, in_dim: int, *, tp_dim: int | None, bias: bool) -> list[ParamTensor]:
+    """nn.Linear(in_dim, out_dim): weight (out, in); a column-parallel bias is split with the rows."""
+    weight = ParamTensor(name=f"{name}.weight", shape=(out_dim, in_dim), tp_dim=tp_dim)
+    if not bias:
+        return [weight]
+    return [weight, ParamTensor(name=f"{name}.bias", shape=(out_dim,), tp_dim=0 if tp_dim == 0 else None)]
+
+
+def _attention_tensors(model: ModelSpec) -> list[ParamTensor]:
+    h, a = model.hidden, model.num_heads
+    if model.mla is not None:
+        mla = model.mla
+        if mla.q_lora_rank:
+            q = [
+                *_linear("attention.wq_a", mla.q_lora_rank, h, tp_dim=None, bias=False),
+                ParamTensor(name="attention.q_norm.weight", shape=(mla.q_lora_rank,)),
+                *_linear("attention.wq_b", a * mla.qk_head_dim, mla.q_lora_rank, tp_dim=0, bias=False),
+            ]
+        else:
+            q = _linear("attention.wq", a * mla.qk_head_dim, h, tp_dim=0, bias=False)
+        kv_up = a * (mla.qk_nope_head_dim + mla.v_head_dim)
+        kv = [
+            *_linear("attention.wkv_a", mla.kv_lora_rank + mla.qk_rope_head_dim, h, tp_dim=None, bias=False),
+            ParamTensor(name="attention.kv_norm.weight", shape=(mla.kv_lora_rank,)),
+            *_linear("attention.wkv_b", kv_up, mla.kv_lora_rank, tp_dim=0, bias=False),
+        ]
+        return q + kv + _linear("attention.wo", h, a * mla.v_head_dim, tp_dim=1, bias=False)
+    out: list[ParamTensor] = []
+    for name, width in (("wq", model.q_width), ("wk", model.kv_width), ("wv", model.kv_width)):
+        out += _linear(f"attention.{name}", width, h, tp_dim=0, bias=model.qkv_bias)
+    if model.qk_norm:
+        out += [ParamTensor(name=f"attention.{n}.weight", shape=(model.head_dim,)) for n in ("q_norm", "k_norm")]
+    return out + _linear("attention.wo", h, model.q_width, tp_dim=1, bias=model.out_bias)
+
+
+def _mlp_tensors(model: ModelSpec, prefix: str, ffn: int) -> list[ParamTensor]:
+    """w1 (gate, or the up projection of a plain MLP), w2 (down), w3 (up of a gated MLP)."""
+    h, bias = model.hidden, model.mlp_bias
+    out = _linear(f"{prefix}.w1", ffn, h, tp_dim=0, bias=bias) + _linear(f"{prefix}.w2", h, ffn, tp_dim=1, bias=bias)
+    if model.mlp is MlpKind.GATED:
+        out += _linear(f"{prefix}.w3", ffn, h, tp_dim=0, bias=bias)
+    return out
+
+
+def _expert_tensors(model: ModelSpec, num_experts: int, ffn: int) -> list[ParamTensor]:
+    """Routed experts stacked as (E, in, out) matrices (torchtitan's GroupedExperts); biases (E, out)."""
+    h, gated = model.hidden, model.mlp is MlpKind.GATED
+    specs = [("w1", (h, ffn), 2), ("w2", (ffn, h), 1)] + ([("w3", (h, ffn), 2)] if gated else [])
+    out = []
+    for name, (d_in, d_out), tp_dim in specs:
+        out.append(ParamTensor(name=f"feed_forward.experts.{name}", shape=(num_experts, d_in, d_out), tp_dim=tp_dim,
+                               expert=True))  # fmt: skip
+        if model.mlp_bias:
+            out.append(ParamTensor(name=f"feed_forward.experts.{name}_bias", shape=(num_experts, d_out),
+                                   tp_dim=1 if tp_dim == 2 else None, expert=True))  # fmt: skip
+    return out
+
+
+def layer_tensors(model: ModelSpec, *, moe_layer: bool) -> tuple[ParamTensor, ...]:
+    """The tensors of one layer, names relative to the layer, in module order."""
+    out = _norm_tensors(model, "attention_norm") + _attention_tensors(model) + _norm_tensors(model, "ffn_norm")
+    moe = model.moe
+    if not moe_layer or moe is None:
+        return tuple(out + _mlp_tensors(model, "feed_forward", model.ffn_hidden))
+    out += _linear("feed_forward.router.gate", moe.num_experts, model.hidden, tp_dim=None, bias=False)
+    if moe.router_bias:
+        out.append(ParamTensor(name="feed_forward.expert_bias", shape=(moe.num_experts,)))
+    out += _expert_tensors(model, moe.num_experts, moe.expert_ffn_hidden)
+    for j in range(moe.num_shared_experts):
+        out += _mlp_tensors(model, f"feed_forward.shared_experts.{j}", moe.shared_hidden)
+    if moe.shared_expert_gate:
+        out += _linear("feed_forward.shared_expert_gate", 1, model.hidden, tp_dim=None, bias=False)
+    return tuple(out)
+
+
+def embedding_tensors(model: ModelSpec) -> tuple[ParamTensor, ...]:
+    """What the first pipeline stage holds outside its layers: the token table (vocab rows split over TP)."""
+    out = [ParamTensor(name="tok_embeddings.weight", shape=(model.vocab_size, model.hidden), tp_dim=0)]
+    if model.learned_positions:
+        out.append(ParamTensor(name="pos_embeddings.weight", shape=(model.learned_positions, model.hidden)))
+    return tuple(out)
+
+
+def head_tensors(model: ModelSpec) -> tuple[ParamTensor, ...]:
+    """What the last stage holds outside its layers: the final norm and the untied output projection."""
+    out = _norm_tensors(model, "norm")
+    if not model.tied_embeddings:
+        out += _linear("output", model.vocab_size, model.hidden, tp_dim=0, bias=False)
+    return tuple(out)
+
+
+def param_inventory(model: ModelSpec) -> tuple[ParamTensor, ...]:
+    """Every parameter tensor of the model (MTP modules excluded), in module order; sums to count_params().total."""
+    moe_from = model.num_dense_mlp_layers
+    layers = [
+        ParamTensor(name=f"layers.{i}.{t.name}", shape=t.shape, tp_dim=t.tp_dim, expert=t.expert, layer=i)
+        for i in range(model.num_layers)
+        for t in layer_tensors(model, moe_layer=i >= moe_from)
+    ]
+    return (*embedding_tensors(model), *layers, *head_tensors(model))
+
+
+__all__ = [
+    "LayerParams",
+    "NormKind",
+    "ParamCount",
+    "ParamTensor",
+    "approx_params",
+    "count_params",
+    "embedding_tensors",
+    "head_tensors",
+    "layer_tensors",
+    "param_inventory",
+]

@@ -212,6 +212,8 @@ def _stage_step(
         micro_batches=m,
         dense_params=dense_params,
         expert_params=expert_params,
+        embedding=True,  # the embedding's and the head's PyTorch-native collectives: an upper bound over stages
+        head=True,
     )
     calls = inventory(model, lay, work, cluster, placement, shape)
     eff = cluster.gpu.calibration.overlap_efficiency

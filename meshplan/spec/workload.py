@@ -17,6 +17,18 @@ class Attention(StrEnum):
     """Unfused attention: scores, softmax and its dropout are kept (the 2022 Megatron runs)."""
 
 
+class Framework(StrEnum):
+    """The training framework whose kernels and collectives a prediction describes."""
+
+    MEGATRON = "megatron"
+    """Megatron-LM / Megatron-Core: fused kernels, fused QKV and gate/up projections, vocab-parallel loss,
+    sequence parallelism that saves sharded inputs and gathers them again in backward."""
+    TORCH = "torch"
+    """PyTorch-native training as torchtitan composes it: DDP, FSDP2 (``fully_shard``), DTensor tensor and
+    sequence parallelism, ``torch.distributed.pipelining``; eager norms, separate projections, no loss
+    parallelism (docs/check.md lists every difference)."""
+
+
 class Kernels(StrEnum):
     """How elementwise work around the matmuls runs, which decides what the MLP keeps and how often HBM is read."""
 
@@ -185,6 +197,7 @@ class Workload:
     attention: Attention = Attention.FLASH
     kernels: Kernels = Kernels.FUSED
     overlap: Overlap = field(default_factory=Overlap)
+    framework: Framework = Framework.MEGATRON
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "global_batch"):

@@ -1,0 +1,256 @@
+"""What meshplan's core predicts for every quantity ``run_check`` measures, with Framework.TORCH.
+
+Each harness layout becomes a ModelSpec, a Layout and a Workload (cases.py); each rank then gets its training
+state (core.shards), saved activations (core.activations, core.pipeline) and collectives (core.collectives, with
+every send matched by a receive on the rank it reaches), named as the harness names its measurements. Nothing
+here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshplan import io
+from meshplan.check.cases import Case, Shape, case_for, model_spec, rotary_buffer_bytes, workload
+from meshplan.core import activations as act
+from meshplan.core import pipeline, shards, torch_calls
+from meshplan.core.calls import CollectiveCall, StageShape
+from meshplan.core.collectives import inventory
+from meshplan.core.comms import Collective
+from meshplan.core.memory import moment_bytes_per_param, stage_params
+from meshplan.core.params import count_params
+from meshplan.core.placement import place
+from meshplan.core.plan import mesh_sizes
+from meshplan.spec.cluster import Cluster
+from meshplan.spec.layout import Recompute, ZeroStage
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.workload import Workload
+
+STATE_QUANTITIES = (
+    "params_bytes",
+    "params_storage_bytes",
+    "grads_bytes",
+    "grads_storage_bytes",
+    "optimizer_bytes",
+    "ddp_bucket_bytes",
+    "gathered_params_after_forward_bytes",
+)
+ACTIVATION_QUANTITIES = ("activations_bytes", "activations_peak_bytes")
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
+ROUTING_DEPENDENT = frozenset({"activations_bytes", "activations_peak_bytes", "all_to_all_bytes"})
+"""Quantities of the MoE layouts that depend on where the router sends tokens: compared as the mean over ranks
+(each rank receives R rows, and R sums to n T r over the ranks)."""
+PHASES = {"forward": "forward", "backward": "backward", "step": "optimizer"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Predicted:
+    """One predicted number of one rank, named as the harness names its measurement."""
+
+    layout: str
+    rank: int
+    quantity: str
+    phase: str
+    """state, forward, backward or optimizer."""
+    axis: str = ""
+    """The mesh axis of a collective's group ('' for memory)."""
+    value: float
+    routing_dependent: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    """Every predicted number of one layout, and what the core predicts that the harness cannot see."""
+
+    layout: str
+    case: Case
+    values: list[Predicted]
+    unmeasured: dict[str, float] = field(default_factory=dict)
+    """Predicted for rank 0 but invisible on CPU: pipeline stage outputs held outside autograd, FSDP2's transient
+    all-gather and reduce-scatter buffers."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Rank:
+    model: ModelSpec
+    work: Workload
+    units: shards.StageUnits
+    at: shards.RankCoords
+    stage: int
+
+
+def _rank(case: Case, shape: Shape, rank: int) -> _Rank:
+    lay, c = case.layout, case.coords(rank)
+    model = model_spec(shape, moe=case.moe)
+    fsdp = lay.dp_shard * lay.cp if lay.zero == ZeroStage.PARAMETERS else 1
+    at = shards.RankCoords(
+        tp=lay.tp,
+        tp_rank=c.get("tp", 0),
+        ep=lay.ep,
+        ep_rank=c.get("dp_replicate", 0) if lay.ep > 1 else 0,
+        fsdp=fsdp,
+        fsdp_rank=c.get("dp_shard", 0) if fsdp > 1 else 0,
+    )
+    stage = c.get("pp", 0)
+    units = shards.stage_units(model, pp=lay.pp, stage=stage)
+    return _Rank(model=model, work=workload(case, shape), units=units, at=at, stage=stage)
+
+
+def _state(case: Case, r: _Rank) -> dict[str, float]:
+    lay = case.layout
+    state = shards.torch_state(
+        r.model,
+        r.at,
+        r.units,
+        zero=lay.zero,
+        ddp_ranks=lay.dp * lay.cp,
+        precision=r.work.precision,
+        optimizer=r.work.optimizer.kind,
+        moment_bytes=moment_bytes_per_param(r.model, r.work),
+        reshard_root=case.reshard_root,
+    )
+    out = {q: getattr(state, q) for q in STATE_QUANTITIES if hasattr(state, q)}
+    out["gathered_params_after_forward_bytes"] = state.gathered_root_bytes
+    out["fsdp_transient_bytes"] = state.fsdp_transient_bytes
+    return out
+
+
+def _activations(case: Case, shape: Shape, r: _Rank) -> tuple[float, float, float]:
+    """(saved over the step, saved at the peak, stage outputs at the peak) of one rank."""
+    lay, work, model = case.layout, r.work, r.model
+    tokens = shape.seq_len / lay.cp * lay.micro_batch
+    beta = work.precision.activation_bytes
+    common: dict[str, Any] = dict(
+        seq_len=shape.seq_len,
+        micro_batch=lay.micro_batch,
+        tp=lay.tp,
+        sp=lay.sp,
+        cp=lay.cp,
+        recompute=Recompute.NONE,
+        attention=work.attention,
+        act_bytes=beta,
+        kernels=work.kernels,
+        framework=work.framework,
+    )
+    per_mb = r.units.dense_layers * act.layer_bytes(model, moe_layer=False, **common)
+    if model.moe is not None:
+        per_mb += r.units.moe_layers * act.layer_bytes(model, moe_layer=True, **common)
+    head = act.head_bytes(model, tokens=tokens, tp=lay.tp, sp=lay.sp, act_bytes=beta, framework=work.framework)
+    per_mb += r.units.head * (head + act.loss_bytes(model, tokens=tokens, tp=lay.tp, framework=work.framework))
+    m = case.micro_batches
+    flight = pipeline.in_flight(schedule=lay.schedule, pp=lay.pp, vpp=lay.vpp, m=m, stage=r.stage)
+    last = r.stage == lay.pp - 1
+    held = act.stage_output_bytes(model, tokens=tokens, act_bytes=beta, last=last, framework=work.framework)
+    return m * per_mb, flight * per_mb, (flight * held if lay.pp > 1 else 0.0)
+
+
+def _cluster(world_size: int) -> Cluster:
+    """Any fleet: the check compares counts and bytes, never times."""
+    gpu = io.load_gpu("h100-sxm")
+    scale_up, scale_out = io.load_link(gpu.scale_up_link), io.load_link(gpu.scale_out_link)
+    return Cluster(gpu=gpu, num_gpus=world_size, scale_up=scale_up, scale_out=scale_out, domain_size=world_size)
+
+
+def _calls(case: Case, shape: Shape, r: _Rank) -> list[CollectiveCall]:
+    lay = case.layout
+    stage = stage_params(count_params(r.model), r.model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=r.stage)
+    st = StageShape(
+        tokens=shape.seq_len / lay.cp * lay.micro_batch,
+        dense_layers=r.units.dense_layers,
+        moe_layers=r.units.moe_layers,
+        micro_batches=case.micro_batches,
+        dense_params=stage.dense,
+        expert_params=stage.experts,
+        first_stage=r.stage == 0,
+        last_stage=r.stage == lay.pp - 1,
+        embedding=r.stage == 0,
+        head=r.stage == lay.pp - 1,
+        tp_rank=r.at.tp_rank,
+        ddp_buffer_bytes=rotary_buffer_bytes(shape, cp=lay.cp) if case.syncs_buffers else 0.0,
+    )
+    placement, cluster = place(mesh_sizes(lay), domain=case.world_size), _cluster(case.world_size)
+    calls = inventory(r.model, lay, r.work, cluster, placement, st)
+    if case.reshard_root:  # Layout has no reshard setting yet: FSDP2's calls again, with the root resharded
+        fsdp = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
+        calls = [c for c in calls if not (c.strategy == "dp" and c.op in fsdp)]
+        group = lay.dp_shard * lay.cp
+        calls += torch_calls.fsdp_calls(
+            r.model, lay, r.work, cluster, placement["dp_shard"], st, group=group, inner=group, reshard_root=True
+        )
+    return [c for c in calls if c.count_per_step > 0 and c.group_size > 1]
+
+
+def _kind(call: CollectiveCall) -> str:
+    return "send" if call.op is Collective.SEND_RECV else str(call.op.value)
+
+
+def _receiver(case: Case, rank: int, call: CollectiveCall) -> int:
+    """The rank a point-to-point call of ``rank`` sends to: the next (forward) or previous (backward) pipeline
+    stage, or the next rank of a ring."""
+    c = case.coords(rank)
+    axis = case.axis_of_call(call)
+    step = -1 if call.strategy == "pp" and call.phase == "backward" else 1
+    target = dict(c, **{axis: (c[axis] + step) % dict(case.mesh)[axis]})
+    return next(r for r in range(case.world_size) if case.coords(r) == target)
+
+
+def _collectives(case: Case, name: str, calls: dict[int, list[CollectiveCall]]) -> Iterator[Predicted]:
+    """Each rank's calls, and for every send the matching receive on the rank it reaches."""
+    for rank, rank_calls in calls.items():
+        for call in rank_calls:
+            yield from _values(case, name, rank, call, _kind(call))
+            if call.op is Collective.SEND_RECV:
+                yield from _values(case, name, _receiver(case, rank, call), call, "recv")
+
+
+def _values(case: Case, name: str, rank: int, call: CollectiveCall, kind: str) -> Iterator[Predicted]:
+    common: dict[str, Any] = dict(layout=name, rank=rank, phase=PHASES[call.phase], axis=case.axis_of_call(call))
+    yield Predicted(quantity=f"{kind}_count", value=float(call.count_per_step), **common)
+    quantity = f"{kind}_bytes"
+    routed = case.moe and quantity in ROUTING_DEPENDENT
+    yield Predicted(quantity=quantity, value=float(call.bytes_per_step), routing_dependent=routed, **common)
+
+
+def predict(name: str, world_size: int, dense: object, moe: object | None = None) -> Prediction:
+    """Every quantity of harness layout ``name`` on ``world_size`` ranks; ``dense`` / ``moe`` are TinyConfigs."""
+    case = case_for(name, world_size, micro_batch=Shape.of(dense).micro_batch)
+    shape = Shape.of(moe if case.moe and moe is not None else dense)
+    if case.world_size != world_size:
+        raise ValueError(f"layout {name} needs a world size its mesh {case.mesh} fills, got {world_size}")
+    values: list[Predicted] = []
+    calls: dict[int, list[CollectiveCall]] = {}
+    unmeasured: dict[str, float] = {}
+    for rank in range(world_size):
+        r = _rank(case, shape, rank)
+        state = _state(case, r)
+        transient = state.pop("fsdp_transient_bytes")
+        if transient and rank == 0:
+            unmeasured["fsdp_transient_bytes"] = float(transient)
+        for q, v in state.items():
+            phase = "forward" if q == "gathered_params_after_forward_bytes" else "state"
+            values.append(Predicted(layout=name, rank=rank, quantity=q, phase=phase, value=float(v)))
+        total, peak, held = _activations(case, shape, r)
+        for q, v in (("activations_bytes", total), ("activations_peak_bytes", peak)):
+            values.append(
+                Predicted(
+                    layout=name, rank=rank, quantity=q, phase="forward", value=float(v), routing_dependent=case.moe
+                )
+            )
+        if held and rank == 0:
+            unmeasured["pipeline_stage_outputs_bytes"] = float(held)
+        calls[rank] = _calls(case, shape, r)
+    values += _merge(_collectives(case, name, calls))
+    return Prediction(layout=name, case=case, values=values, unmeasured=unmeasured)
+
+
+def _merge(items: Iterator[Predicted]) -> list[Predicted]:
+    """One value per (rank, quantity, phase, axis): calls of one kind add up."""
+    merged: dict[tuple[int, str, str, str], Predicted] = {}
+    for p in items:
+        key = (p.rank, p.quantity, p.phase, p.axis)
+        old = merged.get(key)
+        merged[key] = p if old is None else dataclasses.replace(old, value=old.value + p.value)
+    return list(merged.values())

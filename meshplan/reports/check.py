@@ -1,0 +1,142 @@
+"""The check report: real torch.distributed runs of a tiny model held against meshplan's predictions.
+
+Layout names as users give them (``fsdp+tp``, ``pp``) map onto the harness's layouts; shapes left unset keep the
+harness's tiny model. Bad input raises ValueError before any process starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections.abc import Sequence
+from typing import Any
+
+TORCH_MISSING = "meshplan check needs the torch extra: pip install 'meshplan[torch]'"
+LAYOUT_NAMES: dict[str, tuple[str, ...]] = {
+    "ddp": ("ddp",),
+    "fsdp": ("fsdp",),
+    "tp": ("tp",),
+    "sp": ("sp",),
+    "fsdp+tp": ("fsdp_tp",),
+    "pp": ("pp_gpipe", "pp_1f1b"),
+    "ep": ("ep",),
+    "cp": ("cp",),
+    "fsdp-bf16": ("fsdp_bf16",),
+    "fsdp-reshard": ("fsdp_reshard_root",),
+}
+"""Command-line layout -> the harness layouts it runs. Not run by default: fsdp-bf16 (FSDP2 with bf16 mixed
+precision, fp32 reduce-scatters) and fsdp-reshard (an explicit reshard_after_forward=True, root included)."""
+DEFAULT_LAYOUTS = ("ddp", "fsdp", "tp", "sp", "fsdp+tp", "pp", "ep", "cp")
+
+
+def parse_layouts(text: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """'ddp,fsdp,...' (or a list) -> command-line layout names; None keeps every default layout that fits."""
+    if text is None:
+        return None
+    names = [n.strip().lower() for n in (text.split(",") if isinstance(text, str) else text) if n.strip()]
+    unknown = [n for n in names if n not in LAYOUT_NAMES]
+    if unknown or not names:
+        raise ValueError(f"unknown layout {unknown[0] if unknown else text!r} (choose from {', '.join(LAYOUT_NAMES)})")
+    return tuple(dict.fromkeys(names))
+
+
+def tiny_configs(
+    *,
+    hidden: int | None = None,
+    layers: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    seq: int | None = None,
+    micro_batch: int | None = None,
+) -> tuple[Any, Any]:
+    """(dense, MoE) TinyConfigs; the head dim is hidden / heads, the FFN 2 x hidden, an expert's FFN hidden."""
+    from meshplan.check.runner import DENSE, MOE
+
+    given = dict(num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, seq_len=seq, micro_batch=micro_batch)
+    changes: dict[str, int] = {k: v for k, v in given.items() if v is not None}
+    for name, value in (*changes.items(), ("hidden", hidden)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value}")
+    if hidden is not None or heads is not None:
+        h, a = hidden or DENSE.hidden, heads or DENSE.num_heads
+        if h % a:
+            raise ValueError(f"heads={a} must divide hidden={h}")
+        changes |= dict(hidden=h, head_dim=h // a, ffn_hidden=2 * h)
+    dense = dataclasses.replace(DENSE, **changes)
+    moe = dataclasses.replace(
+        MOE, **changes, **({"expert_ffn_hidden": changes["hidden"]} if "hidden" in changes else {})
+    )
+    return dense, moe
+
+
+def _plan(
+    names: tuple[str, ...] | None, world_size: int, dense: Any, moe: Any
+) -> tuple[list[str], list[dict[str, str]]]:
+    """(harness layouts to run, skipped default layouts with the reason)."""
+    from meshplan.check.runner import LAYOUTS
+
+    def broken(harness: str) -> list[str]:
+        recipe = LAYOUTS[harness]
+        if world_size < recipe.min_world_size:
+            return [f"needs world size >= {recipe.min_world_size}"]
+        return list(recipe.rules(moe if recipe.moe else dense, world_size))
+
+    run: list[str] = []
+    skipped: list[dict[str, str]] = []
+    for name in names or DEFAULT_LAYOUTS:
+        reasons = list(dict.fromkeys(r for harness in LAYOUT_NAMES[name] for r in broken(harness)))
+        if reasons and names is not None:
+            raise ValueError(f"layout {name} does not fit world size {world_size}: {'; '.join(reasons)}")
+        if reasons:
+            skipped.append({"layout": name, "reason": "; ".join(reasons)})
+        else:
+            run += LAYOUT_NAMES[name]
+    if not run:
+        raise ValueError(f"no layout fits world size {world_size} and these shapes")
+    return run, skipped
+
+
+def check_report(
+    *,
+    world_size: int = 2,
+    layouts: str | Sequence[str] | None = None,
+    hidden: int | None = None,
+    layers: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    seq: int | None = None,
+    micro_batch: int | None = None,
+) -> dict[str, Any]:
+    """Run the layouts on ``world_size`` local processes and compare every measured quantity with meshplan."""
+    names = parse_layouts(layouts)
+    if world_size < 2:
+        raise ValueError(f"world size must be at least 2, got {world_size}")
+    if importlib.util.find_spec("torch") is None:
+        raise ValueError(TORCH_MISSING)
+    from meshplan.check.compare import all_ok, compare
+    from meshplan.check.predict import predict
+    from meshplan.check.runner import run_check
+
+    dense, moe = tiny_configs(
+        hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, seq=seq, micro_batch=micro_batch
+    )
+    run, skipped = _plan(names, world_size, dense, moe)
+    measured = run_check(world_size, run, dense=dense, moe=moe)
+    results, unmeasured = [], []
+    for harness in run:
+        prediction = predict(harness, world_size, dense, moe)
+        results += compare(prediction, measured, world_size=world_size)
+        unmeasured += [
+            {"layout": harness, "quantity": q, "rank": 0, "predicted": v} for q, v in prediction.unmeasured.items()
+        ]
+    dense_fields = ("num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "ffn_hidden", "vocab_size")
+    return {
+        "world_size": world_size,
+        "model": {f: getattr(dense, f) for f in (*dense_fields, "seq_len", "micro_batch")},
+        "moe": {f: getattr(moe, f) for f in ("num_experts", "experts_per_token", "expert_ffn_hidden")},
+        "layouts": run,
+        "skipped": skipped,
+        "results": results,
+        "unmeasured": unmeasured,
+        "all_ok": all_ok(results),
+    }
