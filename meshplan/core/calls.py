@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from meshplan.core.comms import Collective, hierarchical_time
 from meshplan.core.num import Num
 from meshplan.core.placement import AxisPlacement
@@ -89,15 +91,20 @@ def make_call(
     n = place.size if group is None else group
     inner_n = place.inner if inner is None else inner
     outer = n // inner_n
-    t = hierarchical_time(
-        op,
-        size_bytes=size,
-        inner=inner_n,
-        outer=outer,
-        inner_bytes_per_s=cluster.scale_up.effective_bytes_per_s,
-        outer_bytes_per_s=cluster.scale_out.effective_bytes_per_s,
-        inner_latency_s=cluster.scale_up.latency_s,
-        outer_latency_s=cluster.scale_out.latency_s,
+    issued = bool(np.any(count))  # a call no candidate issues costs nothing to time
+    t = (
+        0.0
+        if not issued
+        else hierarchical_time(
+            op,
+            size_bytes=size,
+            inner=inner_n,
+            outer=outer,
+            inner_bytes_per_s=cluster.scale_up.effective_bytes_per_s,
+            outer_bytes_per_s=cluster.scale_out.effective_bytes_per_s,
+            inner_latency_s=cluster.scale_up.latency_s,
+            outer_latency_s=cluster.scale_out.latency_s,
+        )
     )
     return CollectiveCall(
         strategy=strategy,

@@ -147,6 +147,34 @@ def _gather_bytes(workload: Workload) -> float:
     return DTYPE_BYTES[DType.FP32] if workload.precision.compute is DType.TF32 else DTYPE_BYTES[DType.BF16]
 
 
+def _model_state(model: ModelSpec, lay: LayoutLike, workload: Workload, sp_: StageParams) -> tuple[Num, Num, Num, Num]:
+    """(weights, gradients, master weights, moments) bytes of one GPU holding ``sp_``, after ZeRO sharding."""
+    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
+
+    def sharded(bytes_per_param: float, from_stage: ZeroStage) -> Num:
+        on = lay.zero >= from_stage
+        return bytes_per_param * (sp_.dense / where(on, shard, 1) + sp_.experts / where(on, expert_shard, 1))
+
+    prec = workload.precision
+    return (
+        sharded(prec.weight_bytes, ZeroStage.PARAMETERS),
+        sharded(prec.grad_bytes, ZeroStage.GRADIENTS),
+        sharded(prec.master_bytes, ZeroStage.OPTIMIZER),
+        sharded(moment_bytes_per_param(model, workload), ZeroStage.OPTIMIZER),
+    )
+
+
+def state_bytes(model: ModelSpec, params: ParamCount, lay: LayoutLike, workload: Workload, *, stage: Num) -> Num:
+    """Model-state bytes of one GPU of ``stage`` (Megatron-style accounting): a lower bound of its whole bill,
+    which the planner uses to drop hopeless layouts before it computes activations."""
+    sp_ = stage_params(
+        params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=stage, copies=pipeline.stage_copies(lay.schedule)
+    )
+    if workload.framework is Framework.TORCH:
+        return 0.0 * sp_.dense  # PyTorch-native state is billed tensor by tensor: no shortcut
+    return sum(_model_state(model, lay, workload, sp_))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayerActivations:
     """Bytes one layer keeps for one micro-batch, by layer kind and recompute policy (stage-independent)."""
@@ -207,17 +235,9 @@ def stage_bill(
     zero, schedule = lay.zero, lay.schedule
     copies = pipeline.stage_copies(schedule)
     sp_ = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage, copies=copies)
-    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=cp, ep=ep)
-
-    def sharded(bytes_per_param: float, from_stage: ZeroStage) -> Num:
-        on = zero >= from_stage
-        return bytes_per_param * (sp_.dense / where(on, shard, 1) + sp_.experts / where(on, expert_shard, 1))
-
+    shard, _ = shard_degrees(dp_shard=lay.dp_shard, cp=cp, ep=ep)
+    weights, grads, master, moments = _model_state(model, lay, workload, sp_)
     prec = workload.precision
-    weights = sharded(prec.weight_bytes, ZeroStage.PARAMETERS)
-    grads = sharded(prec.grad_bytes, ZeroStage.GRADIENTS)
-    master = sharded(prec.master_bytes, ZeroStage.OPTIMIZER)
-    moments = sharded(moment_bytes_per_param(model, workload), ZeroStage.OPTIMIZER)
 
     layer_acts = layer_acts or layer_activations(model, lay, workload)
     acts, logits, workspace = _stage_activations(model, lay, workload, stage=stage, sp_=sp_, la=layer_acts)

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from meshplan.core.constraints import RULES
-from meshplan.core.memory import MemoryBill
+from meshplan.core.memory import MemoryBill, state_bytes
 from meshplan.core.params import count_params
 from meshplan.core.placement import DEFAULT_ORDER, place
 from meshplan.core.plan import mesh_sizes
@@ -110,10 +110,15 @@ def search(
         )
     if not allow_cross_node_tp:
         _reject(batch.tp <= cluster.domain_size, alive, TP_CROSSES, counts)
-    batch_ok = batch.take(alive)
     params = count_params(model)
+    budget = cluster.gpu.hbm_bytes * (1 - headroom)
+    valid = batch.take(alive)
+    # the first stage's model state is part of its bill: over budget alone, the layout cannot fit
+    light = np.asarray(state_bytes(model, params, valid, workload, stage=0) <= budget, dtype=np.bool_)
+    counts[OOM] = int((~light).sum())
+    batch_ok = valid.take(light)
     bill = peak_bill(model, params, batch_ok, workload, calibration=cluster.gpu.calibration)
-    fits = np.asarray(bill.total_bytes <= cluster.gpu.hbm_bytes * (1 - headroom), dtype=np.bool_)
+    fits = np.asarray(bill.total_bytes <= budget, dtype=np.bool_)
     still = np.ones(len(batch_ok), dtype=np.bool_)
     _reject(fits, still, OOM, counts)
     feasible = batch_ok.take(still)

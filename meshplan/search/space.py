@@ -112,12 +112,6 @@ def _mesh_shapes(num_gpus: int, model: ModelSpec, max_tp: int, max_cp: int) -> l
     return out
 
 
-def _product(**axes: list[int]) -> dict[str, IntArray]:
-    """The cartesian product of the value lists, one flat array per name."""
-    grids = np.meshgrid(*[np.asarray(v, dtype=np.int64) for v in axes.values()], indexing="ij")
-    return {name: g.ravel() for name, g in zip(axes, grids, strict=True)}
-
-
 def enumerate_layouts(
     model: ModelSpec,
     *,
@@ -129,42 +123,62 @@ def enumerate_layouts(
 ) -> LayoutBatch:
     """Every candidate layout as arrays (before any rule or memory check).
 
-    Redundant spellings of one layout are not generated: ZeRO needs a shard
-    group of more than one rank, sequence parallelism needs TP, virtual
-    stages need a pipeline.
+    Each mesh shape (tp, cp, pp, dp) with each expert and shard degree is an
+    outer row; each (vpp, micro-batch, zero, recompute, sp) choice an inner
+    row. Outer rows that accept the same inner rows are crossed with them in
+    one step. Redundant spellings of one layout are not generated: ZeRO needs
+    a shard group of more than one rank, sequence parallelism needs TP,
+    virtual stages need a pipeline.
     """
     max_tp = space.max_tp or (num_gpus if allow_cross_node_tp else domain)
-    parts: list[dict[str, IntArray]] = []
-    for tp, cp, pp, dp in _mesh_shapes(num_gpus, model, max_tp, space.max_cp):
-        eps = divisors(dp * cp) if model.moe else [1]  # the rules reject what does not divide the experts
-        vpps = [v for v in space.vpp_choices if v == 1 or pp > 1]
-        mbs = [b for b in space.micro_batch_choices if global_batch % (b * dp) == 0] or [1]
-        sps = [0, 1] if tp > 1 else [0]
-        c = _product(
-            ep=eps,
-            dp_shard=divisors(dp),
-            vpp=vpps,
-            micro_batch=mbs,
-            zero=list(space.zero_choices),
-            recompute=list(space.recompute_choices),
-            sp=sps,
-        )
-        keep = ((c["zero"] == 0) & (c["dp_shard"] == 1)) | ((c["zero"] > 0) & (c["dp_shard"] * cp > 1))
-        c = {k: v[keep] for k, v in c.items()}
-        n = len(c["ep"])
-        c["schedule"] = np.where(c["vpp"] > 1, int(Schedule.INTERLEAVED), int(Schedule.ONE_F_ONE_B))
-        if space.zero_bubble and pp > 1:
-            zb = {k: v[c["vpp"] == 1] for k, v in c.items()}
-            zb["schedule"] = np.full(len(zb["ep"]), int(Schedule.ZERO_BUBBLE))
-            c = {k: np.concatenate([c[k], zb[k]]) for k in c}
-            n = len(c["ep"])
-        c["dp_replicate"] = dp // c["dp_shard"]
-        for name, value in (("tp", tp), ("cp", cp), ("pp", pp), ("cp_kind", int(space.cp_kind))):
-            c[name] = np.full(n, value, dtype=np.int64)
-        parts.append(c)
+    rows = [
+        (tp, cp, pp, dp, ep, shard)
+        for tp, cp, pp, dp in _mesh_shapes(num_gpus, model, max_tp, space.max_cp)
+        for ep in (divisors(dp * cp) if model.moe else [1])  # the rules reject what does not divide the experts
+        for shard in divisors(dp)
+    ]
     names = [f.name for f in fields(LayoutBatch)]
-    if not parts:
+    if not rows:
         return LayoutBatch(**{k: np.zeros(0, dtype=np.bool_ if k == "sp" else np.int64) for k in names})
-    merged = {k: np.concatenate([p[k] for p in parts]) for k in names}
+    outer = np.asarray(rows, dtype=np.int64)
+    tp, cp, pp, dp, ep, shard = outer.T
+    inner_names = ("vpp", "micro_batch", "zero", "recompute", "sp")
+    grids = np.meshgrid(
+        *(
+            np.asarray(v, dtype=np.int64)
+            for v in (space.vpp_choices, space.micro_batch_choices, space.zero_choices, space.recompute_choices, (0, 1))
+        ),
+        indexing="ij",
+    )
+    inner = dict(zip(inner_names, (g.ravel() for g in grids), strict=True))
+    mbs = np.asarray(space.micro_batch_choices, dtype=np.int64)
+    fits_batch = (global_batch % (mbs[None, :] * dp[:, None])) == 0  # which micro-batches divide B/dp
+    fits_batch[~fits_batch.any(axis=1), 0] = True  # none does: keep the first, for the rules to reject
+    zero_mode = np.where(shard > 1, 2, np.where(cp > 1, 1, 0))  # 0: zero 0 only, 1: any, 2: zero > 0 only
+    key = np.column_stack([pp > 1, tp > 1, zero_mode, fits_batch]).astype(np.int64)
+    uniq, group = np.unique(key, axis=0, return_inverse=True)
+    group = group.ravel()
+    cols: dict[str, list[IntArray]] = {k: [] for k in names}
+    for g, k in enumerate(uniq):
+        has_pp, has_tp, mode, allowed = bool(k[0]), bool(k[1]), int(k[2]), k[3:].astype(bool)
+        take = (inner["vpp"] == 1) | has_pp
+        take &= (inner["sp"] == 0) | has_tp
+        take &= np.isin(inner["micro_batch"], mbs[allowed])
+        take &= {0: inner["zero"] == 0, 1: np.ones_like(take), 2: inner["zero"] > 0}[mode]
+        sel = np.flatnonzero(group == g)
+        n_in, n_out = int(take.sum()), len(sel)
+        for name, values in (("tp", tp), ("cp", cp), ("pp", pp), ("ep", ep), ("dp_shard", shard)):
+            cols[name].append(np.repeat(values[sel], n_in))
+        cols["dp_replicate"].append(np.repeat(dp[sel] // shard[sel], n_in))
+        for name in inner_names:
+            cols[name].append(np.tile(inner[name][take], n_out))
+    merged = {k: np.concatenate(v) for k, v in cols.items() if v}
+    merged["schedule"] = np.where(merged["vpp"] > 1, int(Schedule.INTERLEAVED), int(Schedule.ONE_F_ONE_B))
+    merged["cp_kind"] = np.full(len(merged["tp"]), int(space.cp_kind), dtype=np.int64)
+    if space.zero_bubble:
+        zb = (merged["vpp"] == 1) & (merged["pp"] > 1)
+        extra = {k: v[zb] for k, v in merged.items()}
+        extra["schedule"] = np.full(int(zb.sum()), int(Schedule.ZERO_BUBBLE), dtype=np.int64)
+        merged = {k: np.concatenate([merged[k], extra[k]]) for k in merged}
     merged["sp"] = merged["sp"].astype(np.bool_)
-    return LayoutBatch(**merged)
+    return LayoutBatch(**{k: merged[k] for k in names})
