@@ -54,7 +54,8 @@ def main(argv: list[str]) -> int:
         s = score(summaries)
         results.append((s, overrides))
         detail = "  ".join(
-            f"{x['source']}: mean {100 * x['mean_abs_error']:.2f}% max {100 * x['max_abs_error']:.2f}%" for x in summaries
+            f"{x['source']}: mean {100 * x['mean_abs_error']:.2f}% max {100 * x['max_abs_error']:.2f}%"
+            for x in summaries
         )
         print(f"{s:6.3f} {'ok ' if s <= 1 else 'no '} {overrides}  {detail}", flush=True)
     best = min(results, key=lambda r: r[0])

@@ -17,10 +17,10 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core: numpy must not fan out
 
-from meshplan import io  # noqa: E402
-from meshplan.reports.inputs import resolve_cluster  # noqa: E402
-from meshplan.search.rank import search  # noqa: E402
-from meshplan.spec.workload import Workload  # noqa: E402
+from meshplan import io
+from meshplan.reports.inputs import resolve_cluster
+from meshplan.search.rank import search
+from meshplan.spec.workload import Workload
 
 
 def main() -> None:

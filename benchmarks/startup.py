@@ -1,6 +1,6 @@
 """CLI start-up: wall time of `meshplan params llama-3.1-8b` in a fresh process (target: under 0.5 s).
 
-    python benchmarks/startup.py [--repeat 10]
+python benchmarks/startup.py [--repeat 10]
 """
 
 from __future__ import annotations
@@ -26,9 +26,15 @@ def main() -> None:
     print("wall: " + ", ".join(f"{t * 1000:.0f} ms" for t in times))
     print(f"median {statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms")
     imported = subprocess.run(
-        [sys.executable, "-c", "import sys, meshplan.cli as c; c.main(['params', 'llama-3.1-8b', '--json']); "
-         "print('numpy imported:', 'numpy' in sys.modules, file=sys.stderr)"],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, meshplan.cli as c; c.main(['params', 'llama-3.1-8b', '--json']); "
+            "print('numpy imported:', 'numpy' in sys.modules, file=sys.stderr)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     print(imported.stderr.strip())
 

@@ -1,14 +1,18 @@
 """The validation tables of docs/validation.md, as Markdown, from `meshplan validate`.
 
-    python benchmarks/validation_table.py > /tmp/validation.md
+python benchmarks/validation_table.py > /tmp/validation.md
 """
 
 from __future__ import annotations
 
 from meshplan.validate import validate
 
-UNITS = {"iteration_time_s": ("iteration time", "s", 1.0), "tflops_per_gpu_eq3": ("TFLOP/s per GPU", "", 1.0),
-         "mfu": ("MFU", "%", 100.0), "tokens_per_s_per_gpu": ("tokens/s per GPU", "", 1.0)}
+UNITS = {
+    "iteration_time_s": ("iteration time", "s", 1.0),
+    "tflops_per_gpu_eq3": ("TFLOP/s per GPU", "", 1.0),
+    "mfu": ("MFU", "%", 100.0),
+    "tokens_per_s_per_gpu": ("tokens/s per GPU", "", 1.0),
+}
 
 
 def main() -> None:
@@ -20,8 +24,10 @@ def main() -> None:
         print("|---|---|---|---|---|")
         for r in (x for x in report["runs"] if x["source"] == src["source"]):
             tuned = {k: v for k, v in r["layout"].items() if k in ("micro_batch", "vpp")}
-            print(f"| {r['case']} | {r['measured'] * scale:.3g}{unit} | {r['predicted'] * scale:.3g}{unit} | "
-                  f"{100 * r['error']:+.1f}% | {tuned or ''} |")
+            print(
+                f"| {r['case']} | {r['measured'] * scale:.3g}{unit} | {r['predicted'] * scale:.3g}{unit} | "
+                f"{100 * r['error']:+.1f}% | {tuned or ''} |"
+            )
         print(f"\nmean |error| {100 * src['mean_abs_error']:.2f}%, max {100 * src['max_abs_error']:.2f}%")
         if "best_constant_error" in src:
             print(f"; the best single constant: {100 * src['best_constant_error']:.2f}%")

@@ -7,6 +7,7 @@ imported inside the command that needs them, so start-up stays fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -73,6 +74,25 @@ def _add_layout(p: argparse.ArgumentParser) -> None:
     w.add_argument("--attention", choices=("flash", "eager"), default="flash")
 
 
+def _add_finetune(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("fine-tuning")
+    g.add_argument("--finetune", choices=("full", "lora", "qlora"), default=None, help="what trains (default full)")
+    g.add_argument("--lora-rank", type=_positive_int, default=16, help="rank r of the LoRA adapters")
+    g.add_argument("--lora-targets", default=None, help="adapted projections, e.g. q,v (default: q,k,v,o,gate,up,down)")
+    g.add_argument("--freeze", default=None, help="frozen parts in full fine-tuning: embeddings and/or layers=N")
+
+
+def _finetune_request(args: argparse.Namespace) -> Any:
+    """None unless a fine-tuning flag was given (so the default path loads nothing more)."""
+    if args.finetune is None and args.freeze is None and args.lora_targets is None:
+        return None
+    from meshplan.reports.inputs import FinetuneRequest
+
+    return FinetuneRequest(
+        mode=args.finetune or "full", lora_rank=args.lora_rank, lora_targets=args.lora_targets, freeze=args.freeze
+    )
+
+
 def _layout_request(args: argparse.Namespace) -> Any:
     from meshplan.reports import LayoutRequest
 
@@ -106,14 +126,19 @@ def _workload_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_params(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.params import params_report
 
-    return params_report(args.model)
+    return params_report(args.model, finetune=_finetune_request(args))
 
 
 def _cmd_memory(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports import memory_report
 
     return memory_report(
-        args.model, gpu=args.gpu, gpus=args.gpus, layout=_layout_request(args), **_workload_kwargs(args)
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        layout=_layout_request(args),
+        finetune=_finetune_request(args),
+        **_workload_kwargs(args),
     )
 
 
@@ -130,7 +155,8 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.estimate import estimate_report
 
     return estimate_report(
-        args.model,
+        finetune=_finetune_request(args),
+        model=args.model,
         gpu=args.gpu,
         gpus=args.gpus,
         layout=_layout_request(args),
@@ -172,7 +198,8 @@ def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.plan import plan_report
 
     result = plan_report(
-        args.model,
+        finetune=_finetune_request(args),
+        model=args.model,
         gpu=args.gpu,
         gpus=args.gpus,
         seq=args.seq,
@@ -308,7 +335,9 @@ def _cmd_check(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports import fit_report
 
-    return fit_report(args.model, gpu=args.gpu, gpus=args.gpus, dtype=args.dtype)
+    return fit_report(
+        args.model, gpu=args.gpu, gpus=args.gpus, dtype=args.dtype, finetune=_finetune_request(args), seq=args.seq
+    )
 
 
 def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
@@ -342,16 +371,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("params", _cmd_params, "exact parameter counts, total and active per token, by component")
     p.add_argument("model", help="catalog name, model TOML, or a Hugging Face config.json")
+    _add_finetune(p)
 
     p = command("memory", _cmd_memory, "per-GPU training memory, term by term, for a layout")
     p.add_argument("model")
     _add_fleet(p)
     _add_layout(p)
+    _add_finetune(p)
 
     p = command("estimate", _cmd_estimate, "step time, MFU, every collective and where it runs, for one layout")
     p.add_argument("model")
     _add_fleet(p)
     _add_layout(p)
+    _add_finetune(p)
     _add_fleet_shape(p)
     p.add_argument("--kernels", choices=("fused", "eager"), default="fused", help="fused (Megatron/TE) or eager ops")
     p.add_argument("--tokens", type=float, default=None, help="tokens to train: adds time and GPU-hours to train")
@@ -388,6 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", choices=("flash", "eager"), default="flash")
     p.add_argument("--kernels", choices=("fused", "eager"), default="fused")
     _add_fleet_shape(p)
+    _add_finetune(p)
 
     p = command("recipe", _cmd_recipe, "published recipes: evaluated, and ranked against the planner's search")
     p.add_argument("name", nargs="?", default=None, help="recipe name (meshplan recipe --list)")
@@ -413,10 +446,17 @@ def build_parser() -> argparse.ArgumentParser:
     s_.add_argument("--context", type=_positive_int, default=None)
     s_.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9)
 
-    p = command("fit", _cmd_fit, "weights split over N GPUs: per-GPU share, free memory, fewest GPUs")
+    p = command(
+        "fit",
+        _cmd_fit,
+        "weights split over N GPUs: per-GPU share, free memory, fewest GPUs; with --finetune, the largest "
+        "micro-batch and sequence that fit",
+    )
     p.add_argument("model")
     _add_fleet(p)
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"), default="bf16")
+    p.add_argument("--seq", type=_positive_int, default=4096, help="sequence length for the largest micro-batch")
+    _add_finetune(p)
 
     p = command("serving", _cmd_serving, "serving memory: weights, KV cache per token, tokens and sequences that fit")
     p.add_argument("model")
@@ -473,7 +513,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from meshplan.render import to_json
 
         text = to_json(result)
-    print(text)
+    try:
+        print(text)
+    except BrokenPipeError:  # the reader (head, less) closed the pipe: not an error of ours
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
     return exit_code(args.command, result)
 
 

@@ -16,7 +16,29 @@ def _params(r: dict[str, Any]) -> str:
     if r.get("mtp_params"):
         out.append(f"multi-token-prediction modules (not in the total): {r['mtp_params']:,}")
     out += ["", table(rows, ["component", "parameters", ""])]
+    if r["finetune"] != "full" or r["trainable_params"] != r["total_params"]:
+        what = f"{r['finetune']} adapters" if r.get("adapter_params") else f"{r['finetune']} fine-tuning"
+        out += [
+            "",
+            f"trainable ({what}): {r['trainable_params']:,} ({count(r['trainable_params'])}, "
+            f"{percent(r['trainable_fraction'])} of the model); frozen: {r['frozen_params']:,}",
+        ]
     return "\n".join(out)
+
+
+def _finetune_line(r: dict[str, Any]) -> list[str]:
+    """One line saying what trains, for reports of fine-tuning (none for pre-training)."""
+    if r["finetune"] == "full" and "frozen" not in r:
+        return []
+    if "lora_rank" in r:
+        what = f"{r['finetune']} rank {r['lora_rank']} on {','.join(r['lora_targets'])}"
+    else:
+        frozen = r["frozen"]
+        parts = (["embeddings"] if frozen["embeddings"] else []) + (
+            [f"first {frozen['layers']} layers"] if frozen["layers"] else []
+        )
+        what = f"full, frozen: {', '.join(parts)}"
+    return [f"fine-tuning: {what}; {r['trainable_params']:,} trainable parameters ({count(r['trainable_params'])})"]
 
 
 def _layout_line(lay: dict[str, Any]) -> str:
@@ -36,6 +58,7 @@ def _memory(r: dict[str, Any]) -> str:
     head = [
         f"{r['model']} on {r['gpus']} x {r['gpu']}: {_layout_line(r['layout'])}",
         f"seq {r['seq']}, global batch {r['global_batch']} sequences, precision {r['precision']}",
+        *_finetune_line(r),
     ]
     if len(r["stages"]) > 1:
         head.append(f"heaviest pipeline stage: {r['heaviest_stage']} of {len(r['stages'])}")
@@ -47,6 +70,17 @@ def _memory(r: dict[str, Any]) -> str:
 
 def _fit(r: dict[str, Any]) -> str:
     verdict = "fits" if r["fits"] else "does NOT fit"
+    tune: list[str] = []
+    if "max_micro_batch" in r:
+        sharded = f"FSDP over {r['gpus']} GPUs" if r["layout"]["zero"] else "one GPU"
+        tune = [
+            "",
+            *_finetune_line(r),
+            f"on {sharded}, largest micro-batch at seq {r['seq']}: {r['max_micro_batch']} "
+            f"({r['max_micro_batch_with_recompute']} with full recompute)",
+            f"longest sequence at micro-batch 1: {r['max_seq_len']:,} tokens "
+            f"({r['max_seq_len_with_recompute']:,} with full recompute)",
+        ]
     return "\n".join(
         [
             f"{r['model']} weights in {r['dtype']}: {gb(r['weights_bytes_total'])}",
@@ -56,6 +90,7 @@ def _fit(r: dict[str, Any]) -> str:
             "for the KV cache and activations",
             f"fewest GPUs for the weights alone: {r['min_gpus_for_weights']}; "
             f"for the training state ({gb(r['training_state_bytes'])}, 16 bytes/param): {r['min_gpus_for_training']}",
+            *tune,
         ]
     )
 

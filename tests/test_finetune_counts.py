@@ -25,8 +25,9 @@ def test_issue_example_llama_3_1_8b_rank_16_all_linear() -> None:
 @pytest.mark.parametrize(("rank", "targets"), [(8, ("q", "v")), (64, ALL), (16, ("gate", "up", "down"))])
 def test_dense_models(name: str, rank: int, targets: tuple[str, ...]) -> None:
     m = io.load_model(name)
-    want = lora_by_hand(m.num_layers, m.hidden, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim,
-                        m.ffn_hidden, rank, targets)
+    want = lora_by_hand(
+        m.num_layers, m.hidden, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.ffn_hidden, rank, targets
+    )
     got = trainable_params(m, Finetune(mode=FinetuneMode.QLORA, lora_rank=rank, lora_targets=targets))
     assert got.trainable == want and got.adapters == want
 

@@ -10,6 +10,7 @@ from meshplan.core.plan import evaluate
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.search.rank import OOM, TP_CROSSES, pareto_front, search
 from meshplan.search.space import LayoutBatch, SearchSpace, enumerate_layouts
+from meshplan.spec.finetune import Finetune, FinetuneMode
 from meshplan.spec.workload import Workload
 
 
@@ -117,6 +118,8 @@ def test_every_rejection_reason_is_reachable() -> None:
     for model, gpu, gpus, seq, batch in cases:
         result = search(model, resolve_cluster(gpu=gpu, gpus=gpus), Workload(seq_len=seq, global_batch=batch))
         seen |= set(result.rejections)
+    qlora = Workload(seq_len=2048, global_batch=8, finetune=Finetune(mode=FinetuneMode.QLORA))
+    seen |= set(search(io.load_model("llama-3.1-8b"), resolve_cluster(gpu="h100-sxm", gpus=8), qlora).rejections)
     from meshplan.core.constraints import RULES
 
     expected = {rule.reason for rule in RULES if rule.reason != "mesh does not multiply to the GPU count"} | {

@@ -50,6 +50,8 @@ class NormSaves:
 
     hidden_tensors: int
     """h-wide tensors: the input (fused kernels); the input and x * rstd (eager RMSNorm)."""
+    weight_grad_tensors: int = 0
+    """Of those, kept only for the weight's gradient (eager RMSNorm's x * rstd): gone when the weight is frozen."""
     hidden_fp32: bool
     """Those are fp32 whatever the activation dtype (an eager norm upcasts before it reduces)."""
     row_stats: int
@@ -84,7 +86,7 @@ class SavedTensors:
     forward cache); Megatron frees the output's data once sent."""
 
 
-_FUSED_NORM = NormSaves(hidden_tensors=1, hidden_fp32=False, row_stats=0)
+_FUSED_NORM = NormSaves(hidden_tensors=1, hidden_fp32=False, row_stats=0)  # dgamma from the input and rstd
 
 SAVED_TENSORS: dict[Framework, SavedTensors] = {
     Framework.MEGATRON: SavedTensors(
@@ -101,7 +103,7 @@ SAVED_TENSORS: dict[Framework, SavedTensors] = {
     Framework.TORCH: SavedTensors(
         norms={
             # nn.RMSNorm decomposes (pow, mean, rsqrt, mul, mul): x.float(), rstd and x * rstd are saved
-            NormKind.RMSNORM: NormSaves(hidden_tensors=2, hidden_fp32=True, row_stats=1),
+            NormKind.RMSNORM: NormSaves(hidden_tensors=2, weight_grad_tensors=1, hidden_fp32=True, row_stats=1),
             # native_layer_norm saves its input, mean and rstd (from source; not measured here)
             NormKind.LAYERNORM: NormSaves(hidden_tensors=1, hidden_fp32=False, row_stats=2),
         },
@@ -117,14 +119,23 @@ SAVED_TENSORS: dict[Framework, SavedTensors] = {
 }
 
 
-def norm_bytes_per_token(model: ModelSpec, *, act_bytes: float, framework: Framework = Framework.MEGATRON) -> float:
-    """Bytes one norm over the hidden size keeps per token."""
+def norm_bytes_per_token(
+    model: ModelSpec, *, act_bytes: float, framework: Framework = Framework.MEGATRON, frozen_weight: bool = False
+) -> float:
+    """Bytes one norm over the hidden size keeps per token (``frozen_weight``: its scale does not train)."""
     saves = SAVED_TENSORS[framework].norms[model.norm]
     width = FP32_BYTES if saves.hidden_fp32 else act_bytes
-    return saves.hidden_tensors * width * model.hidden + FP32_BYTES * saves.row_stats
+    tensors = saves.hidden_tensors - (saves.weight_grad_tensors if frozen_weight else 0)
+    return tensors * width * model.hidden + FP32_BYTES * saves.row_stats
 
 
-def _input_split(tp: Num, sp: Num, framework: Framework) -> Num:
+def norm_weight_grad_bytes_per_token(model: ModelSpec, *, act_bytes: float, framework: Framework) -> float:
+    """What a norm keeps per token only for its own weight's gradient."""
+    full = norm_bytes_per_token(model, act_bytes=act_bytes, framework=framework)
+    return full - norm_bytes_per_token(model, act_bytes=act_bytes, framework=framework, frozen_weight=True)
+
+
+def input_split(tp: Num, sp: Num, framework: Framework) -> Num:
     """Share of a block input (QKV, MLP, output head) a TP rank keeps: 1/t under SP unless kept gathered."""
     return 1.0 if SAVED_TENSORS[framework].sp_gathered_inputs else where(sp, 1.0 / tp, 1.0)
 
@@ -148,7 +159,7 @@ def attention_bytes_per_token(
     rep = where(sp, 1.0 / tp, 1.0)
     beta, h, mask = act_bytes, model.hidden, 1.0 if model.dropout else 0.0
     norm = norm_bytes_per_token(model, act_bytes=beta, framework=framework)
-    replicated = (norm + mask * h) * rep + beta * h * _input_split(tp, sp, framework)
+    replicated = (norm + mask * h) * rep + beta * h * input_split(tp, sp, framework)
     if model.mla is not None:
         mla = model.mla
         replicated = replicated + beta * (2 * mla.q_lora_rank + 2 * mla.kv_lora_rank + mla.qk_rope_head_dim)
@@ -180,7 +191,7 @@ def mlp_bytes_per_token(
     rep = where(sp, 1.0 / tp, 1.0)
     beta, h, mask = act_bytes, model.hidden, 1.0 if model.dropout else 0.0
     norm = norm_bytes_per_token(model, act_bytes=beta, framework=framework)
-    replicated = (norm + mask * h) * rep + beta * h * _input_split(tp, sp, framework)
+    replicated = (norm + mask * h) * rep + beta * h * input_split(tp, sp, framework)
     n = _mlp_tensors(model, kernels)
     if not moe_layer or model.moe is None:
         return replicated + n * beta * model.ffn_hidden / tp
@@ -233,12 +244,25 @@ def layer_bytes(
 
 
 def head_bytes(
-    model: ModelSpec, *, tokens: Num, tp: Num, sp: Num, act_bytes: float, framework: Framework = Framework.MEGATRON
+    model: ModelSpec,
+    *,
+    tokens: Num,
+    tp: Num,
+    sp: Num,
+    act_bytes: float,
+    framework: Framework = Framework.MEGATRON,
+    frozen_head: bool = False,
+    frozen_norm: bool = False,
 ) -> Num:
-    """Final norm and output-projection input of one micro-batch on the last stage (2sbh, or 2sbh/t with SP)."""
+    """Final norm and output-projection input of one micro-batch on the last stage (2sbh, or 2sbh/t with SP).
+
+    A frozen output head needs no weight gradient, so its input is not kept; a frozen final norm keeps only
+    what its input gradient needs.
+    """
     rep = where(sp, 1.0 / tp, 1.0)
-    norm = norm_bytes_per_token(model, act_bytes=act_bytes, framework=framework)
-    return tokens * (norm * rep + act_bytes * model.hidden * _input_split(tp, sp, framework))
+    norm = norm_bytes_per_token(model, act_bytes=act_bytes, framework=framework, frozen_weight=frozen_norm)
+    head_input = 0.0 if frozen_head else act_bytes * model.hidden * input_split(tp, sp, framework)
+    return tokens * (norm * rep + head_input)
 
 
 def loss_bytes(model: ModelSpec, *, tokens: Num, tp: Num, framework: Framework = Framework.MEGATRON) -> Num:

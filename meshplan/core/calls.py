@@ -60,6 +60,12 @@ class StageShape:
     dense_params: Num
     """Parameters of the stage on this GPU that are not routed experts (before ZeRO)."""
     expert_params: Num
+    trained_dense_params: Num = None
+    """Dense parameters that get gradients (None: all of them; the adapters under LoRA)."""
+    trained_expert_params: Num = None
+    """Expert parameters that get gradients (None: all of them)."""
+    base_gather_bytes: Num = None
+    """Bytes per parameter ZeRO-3 gathers of the base (None: the compute dtype; NF4 under QLoRA)."""
     first_stage: Num = False
     """No stage before it: it sends nothing backward (False, with last_stage: a middle stage, sending both ways)."""
     last_stage: Num = False

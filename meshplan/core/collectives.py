@@ -301,8 +301,16 @@ def dp_calls(
     full_inner = shard_inner * rep_p.inner
     m = st.micro_batches
     calls: list[CollectiveCall] = []
-    for label, params, ep_div in (("dense", st.dense_params, 1), ("experts", st.expert_params, ep)):
-        grads = params * prec.grad_bytes
+    trained = (
+        st.dense_params if st.trained_dense_params is None else st.trained_dense_params,
+        st.expert_params if st.trained_expert_params is None else st.trained_expert_params,
+    )
+    base_gather = gathered if st.base_gather_bytes is None else st.base_gather_bytes
+    for label, params, train, ep_div in (
+        ("dense", st.dense_params, trained[0], 1),
+        ("experts", st.expert_params, trained[1], ep),
+    ):
+        grads = train * prec.grad_bytes  # only what trains is reduced (the adapters under LoRA)
         g_shard = shard // gcd(shard, ep_div)
         g_full = full // gcd(full, ep_div)
         g_inner = where(g_shard > 1, maximum(shard_inner // gcd(shard_inner, ep_div), 1), 1)
@@ -342,7 +350,7 @@ def dp_calls(
                 shard_p,
                 cl,
                 phase="step",
-                size=params * gathered,
+                size=train * gathered,  # the updated parameters: only what trains
                 per_micro_batch=False,
                 count=where((zero == ZeroStage.OPTIMIZER) | (zero == ZeroStage.GRADIENTS), 1, 0),
                 **sharded,
@@ -353,7 +361,7 @@ def dp_calls(
                 shard_p,
                 cl,
                 phase="forward",
-                size=params * gathered,
+                size=params * base_gather,
                 count=where((zero == ZeroStage.PARAMETERS) & whole_model_zero3, m, 0),
                 **sharded,
             ),
@@ -363,7 +371,7 @@ def dp_calls(
                 shard_p,
                 cl,
                 phase="backward",
-                size=params * gathered,
+                size=params * base_gather,
                 count=where((zero == ZeroStage.PARAMETERS) & whole_model_zero3, m, 0),
                 **sharded,
             ),

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.core.finetune import adapted_matrices, nf4_bytes_per_param
 from meshplan.core.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms
 from meshplan.core.num import Num, maximum, where
 from meshplan.spec.cluster import GpuCalibration
+from meshplan.spec.finetune import Finetune, FinetuneMode
 from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.workload import Attention, Kernels
 
@@ -47,6 +49,8 @@ class LayerTime:
     attention_core_fwd_s: Num
     """The attention core alone, forward (what selective recompute repeats)."""
     attention_core_bwd_s: Num
+    weight_grad_s: Num
+    """The weight-gradient matmuls of backward (the adapters' alone when the base is frozen)."""
 
     @property
     def forward_s(self) -> Num:
@@ -102,8 +106,16 @@ def layer_time(
     cal: GpuCalibration,
     act_bytes: float,
     kernels: Kernels = Kernels.FUSED,
+    finetune: Finetune | None = None,
+    frozen: bool = False,
 ) -> LayerTime:
-    """Forward and backward compute time of one layer for ``tokens`` local tokens on one GPU."""
+    """Forward and backward compute time of one layer for ``tokens`` local tokens on one GPU.
+
+    A frozen base (LoRA, QLoRA, or a frozen layer) skips its weight-gradient matmuls: backward runs the
+    input-gradient ones only. Adapters add skinny matmuls, memory bound: per adapted matrix and token, read
+    x, write and read A x, write B A x and add it to the output. QLoRA dequantizes each NF4 matrix to bf16
+    before every use (forward and backward): 4.127 bits read, 16 written and read again per weight.
+    """
     hbm = hbm_bytes_per_s * cal.hbm_efficiency
     kw = dict(peak_flops=peak_flops, hbm_bytes_per_s=hbm_bytes_per_s, cal=cal, act_bytes=act_bytes)
     gemms = attention_gemms(model, tokens=tokens, tp=tp) + mlp_gemms(
@@ -129,15 +141,36 @@ def layer_time(
         attn_fwd = products + traffic
         attn_bwd = 2 * products + traffic * EAGER_SCORE_BYTES_BWD / EAGER_SCORE_BYTES_FWD
     launch = KERNELS_PER_LAYER * cal.kernel_overhead_s
-    backward = 2 * gemm_s + attn_bwd + 2 * memory_s + 2 * launch
+    adapted = finetune is not None and finetune.adapted
+    frozen_base = frozen or adapted
+    adapter_fwd = 0.0
+    if adapted and finetune is not None:
+        adapter_fwd = tokens * act_bytes * _adapter_bytes_per_token(model, finetune, tp=tp, moe_layer=moe_layer) / hbm
+        if finetune.mode is FinetuneMode.QLORA:
+            weights = sum(g.n * g.k * g.count for g in gemms)
+            dequant = weights * (nf4_bytes_per_param(double_quant=finetune.double_quant) + 4.0) / hbm
+            gemm_s = gemm_s + dequant  # before the forward matmul; the backward matmul below pays it again
+    weight_grad = 2 * adapter_fwd if frozen_base else gemm_s
+    backward = gemm_s + weight_grad + 2 * adapter_fwd + attn_bwd + 2 * memory_s + 2 * launch
     return LayerTime(
         gemm_s=gemm_s,
         attention_s=attn_fwd,
-        memory_s=memory_s + launch,
+        memory_s=memory_s + launch + adapter_fwd,
         backward_s=backward,
+        weight_grad_s=weight_grad,
         attention_core_fwd_s=attn_fwd,
         attention_core_bwd_s=attn_bwd,
     )
+
+
+def _adapter_bytes_per_token(model: ModelSpec, finetune: Finetune, *, tp: Num, moe_layer: bool) -> Num:
+    """Elements one token's adapters move in forward (routed experts: the k experts it visits)."""
+    total: Num = 0.0
+    for m in adapted_matrices(model, moe_layer=moe_layer, targets=finetune.lora_targets):
+        copies = model.moe.experts_per_token if m.routed and model.moe else m.count
+        d_in, d_out = (m.d_in, m.d_out / tp) if m.column_parallel else (m.d_in / tp, m.d_out)
+        total = total + copies * (d_in + 3 * d_out + 2 * finetune.lora_rank)
+    return total
 
 
 def head_time(

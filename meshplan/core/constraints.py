@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.core.num import Num
+from meshplan.spec.finetune import FinetuneMode
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
@@ -89,6 +90,14 @@ RULES: tuple[Rule, ...] = (
         message=lambda m, lay, w, n: (
             f"seq_len={w.seq_len} must be divisible by 2*cp = {2 * _g(lay, 'cp')} "
             "(load-balanced context parallelism cuts each sequence into 2*cp chunks)"
+        ),
+    ),
+    Rule(
+        reason="QLoRA's 4-bit base cannot be split by TP",
+        holds=lambda m, lay, w, n: (_g(lay, "tp") == 1) | (w.finetune.mode != FinetuneMode.QLORA),
+        message=lambda m, lay, w, n: (
+            f"qlora keeps the base in bitsandbytes' 4-bit blocks, which tensor parallelism cannot split: "
+            f"tp={_g(lay, 'tp')} (use FSDP / ZeRO-3 to shard the base instead)"
         ),
     ),
     Rule(

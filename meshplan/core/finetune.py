@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.core.num import Num
+from meshplan.core.num import Num, maximum, minimum
 from meshplan.core.params import count_params
 from meshplan.spec.finetune import Finetune, FinetuneMode
 from meshplan.spec.model import MlpKind, ModelSpec
@@ -37,6 +37,8 @@ class Adapted:
     count: int
     column_parallel: bool
     """Column-parallel matrices split d_out over TP (q, k, v, gate, up); row-parallel split d_in (o, down)."""
+    routed: bool = False
+    """A routed expert's matrix: split over EP, and a token meets only k of the count."""
 
 
 def adapted_matrices(model: ModelSpec, *, moe_layer: bool, targets: tuple[str, ...]) -> list[Adapted]:
@@ -62,20 +64,20 @@ def adapted_matrices(model: ModelSpec, *, moe_layer: bool, targets: tuple[str, .
     for target in ("q", "k", "v", "o"):
         if target in targets:
             out += [Adapted(target=target, d_in=i, d_out=o, count=1, column_parallel=c) for i, o, c in attn[target]]
-    mlps: list[tuple[int, int]] = []  # (ffn width, how many such MLPs)
+    mlps: list[tuple[int, int, bool]] = []  # (ffn width, how many such MLPs, routed)
     if moe_layer and model.moe is not None:
-        mlps.append((model.moe.expert_ffn_hidden, model.moe.num_experts))
+        mlps.append((model.moe.expert_ffn_hidden, model.moe.num_experts, True))
         if model.moe.num_shared_experts:
-            mlps.append((model.moe.shared_hidden, model.moe.num_shared_experts))
+            mlps.append((model.moe.shared_hidden, model.moe.num_shared_experts, False))
     else:
-        mlps.append((model.ffn_hidden, 1))
-    for f, n in mlps:
+        mlps.append((model.ffn_hidden, 1, False))
+    for f, n, routed in mlps:
         shapes = {"gate": (h, f, True), "up": (h, f, True), "down": (f, h, False)}
         if model.mlp is MlpKind.PLAIN:
             shapes.pop("gate")
         for target, (i, o, c) in shapes.items():
             if target in targets:
-                out.append(Adapted(target=target, d_in=i, d_out=o, count=n, column_parallel=c))
+                out.append(Adapted(target=target, d_in=i, d_out=o, count=n, column_parallel=c, routed=routed))
     return out
 
 
@@ -130,3 +132,76 @@ def trainable_params(model: ModelSpec, finetune: Finetune) -> Trainable:
 
 def quantized_base(finetune: Finetune) -> bool:
     return finetune.mode is FinetuneMode.QLORA
+
+
+# --- per GPU of a pipeline stage (these broadcast over arrays of layouts) ---------------------------------------
+
+
+def adapter_split(model: ModelSpec, finetune: Finetune, *, moe_layer: bool, tp: Num, ep: Num) -> tuple[Num, Num]:
+    """(non-expert, expert) adapter parameters of one layer on one TP x EP rank."""
+    r = finetune.lora_rank
+    dense: Num = 0
+    experts: Num = 0
+    for m in adapted_matrices(model, moe_layer=moe_layer, targets=finetune.lora_targets):
+        whole, split = (m.d_in, m.d_out) if m.column_parallel else (m.d_out, m.d_in)
+        per_matrix = r * (whole + split / tp)
+        if m.routed:
+            experts = experts + m.count * per_matrix / ep
+        else:
+            dense = dense + m.count * per_matrix
+    return dense, experts
+
+
+def adapter_tensors(model: ModelSpec, finetune: Finetune, *, moe_layer: bool, ep: Num) -> Num:
+    """Adapter tensors (A and B of every adapted matrix) of one layer on one EP rank."""
+    total: Num = 0
+    for m in adapted_matrices(model, moe_layer=moe_layer, targets=finetune.lora_targets):
+        total = total + 2 * m.count / (ep if m.routed else 1)
+    return total
+
+
+def largest_matrix(model: ModelSpec, *, tp: Num) -> Num:
+    """Parameters of the biggest single matmul weight of a layer on one TP rank (what QLoRA dequantizes at once)."""
+    h = model.hidden
+    widest = max(model.ffn_hidden, model.moe.expert_ffn_hidden if model.moe else 0, model.q_width)
+    return h * widest / tp
+
+
+def saved_input_savings(model: ModelSpec, finetune: Finetune, *, moe_layer: bool) -> tuple[float, float, float]:
+    """Inputs a frozen base no longer keeps, per token, in units of (QKV input h, MLP input h, down input f).
+
+    A frozen matmul needs no weight gradient, so autograd keeps its input only where an adapter beside it
+    needs it: the QKV input when none of q, k, v is adapted, the MLP input (and in a MoE layer the frozen
+    router's input and each expert's copy of it) when neither gate nor up is, the down projection's input
+    when down is not (1 = dropped, 0 = kept).
+    """
+    if not finetune.adapted:
+        return 0.0, 0.0, 0.0
+    t = set(finetune.lora_targets)
+    qkv = 0.0 if t & {"q", "k", "v"} else 1.0
+    mlp_in = 0.0 if t & {"gate", "up"} else 1.0
+    down = 0.0 if "down" in t else 1.0
+    return qkv, mlp_in, down
+
+
+def adapter_saved_per_token(model: ModelSpec, finetune: Finetune, *, moe_layer: bool, act_bytes: float) -> float:
+    """The r-wide A x each adapter keeps for B's gradient, per token (routed experts: per routed copy)."""
+    if not finetune.adapted:
+        return 0.0
+    total = 0.0
+    for m in adapted_matrices(model, moe_layer=moe_layer, targets=finetune.lora_targets):
+        copies = model.moe.experts_per_token if m.routed and model.moe else m.count  # a token meets k of E experts
+        total += copies * act_bytes * finetune.lora_rank
+    return total
+
+
+def quantizable_params(model: ModelSpec, *, dense: Num, experts: Num, layers: Num, edges: Num) -> Num:
+    """Matmul weights among ``dense + experts`` stage parameters: all but the layers' norms and routers and the
+    ``edges`` (embedding, output head and final norm where the stage holds them)."""
+    norms_router = 2 * model.norm_params + (model.hidden * model.moe.num_experts if model.moe else 0)
+    return maximum(dense + experts - layers * norms_router - edges, 0.0)
+
+
+def frozen_leading_layers(finetune: Finetune, *, first: Num, layers: Num) -> Num:
+    """Layers of a stage (starting at layer ``first``) inside the frozen prefix of full fine-tuning."""
+    return minimum(maximum(finetune.freeze_layers - first, 0), layers)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.core.finetune import trainable_params
 from meshplan.core.num import Num
 from meshplan.core.params import count_params
+from meshplan.spec.finetune import Finetune
 from meshplan.spec.model import MlpKind, ModelSpec
 
 
@@ -95,17 +97,39 @@ def attention_core_flops(model: ModelSpec, *, tokens: Num, seq_len: Num, tp: Num
     return full * (0.5 if causal_skip else 1.0)
 
 
-def model_flops_per_token(model: ModelSpec, *, seq_len: int) -> float:
-    """Model FLOPs per trained token: 6 N_matmul + 6 L a (d_qk + d_v) s (no recompute, full attention)."""
+def model_flops_per_token(model: ModelSpec, *, seq_len: int, finetune: Finetune | None = None) -> float:
+    """Model FLOPs per trained token: 6 N_matmul + 6 L a (d_qk + d_v) s (no recompute, full attention).
+
+    Fine-tuning counts what the step must compute: a frozen matmul needs its forward and its input
+    gradient (4 N), an adapter 6 N; a frozen prefix behind a frozen embedding needs its forward only (2 N).
+    """
+    total = _training_flops_per_token(model, seq_len=seq_len)
+    if finetune is None or (not finetune.adapted and not finetune.freeze_layers):
+        return total
+    matmul = (total - _attention_flops_per_token(model, seq_len=seq_len)) / 6
+    if finetune.adapted:
+        adapters = trainable_params(model, finetune).adapters
+        return total - 2 * matmul + 6 * adapters
+    frozen = trainable_params(model, finetune).frozen - (
+        count_params(model).embedding if finetune.freeze_embeddings else 0
+    )
+    spared = 4 if finetune.freeze_embeddings else 2  # no backward at all, or no weight gradient
+    return total - spared * frozen
+
+
+def _attention_flops_per_token(model: ModelSpec, *, seq_len: int) -> float:
+    width = (model.mla.qk_head_dim + model.mla.v_head_dim) if model.mla else 2 * model.head_dim
+    return 6 * model.num_layers * model.num_heads * width * seq_len
+
+
+def _training_flops_per_token(model: ModelSpec, *, seq_len: int) -> float:
     p = count_params(model)
     matmul = p.active_per_token - p.embedding  # the input lookup does no math; the head (or tied table) does
     if model.tied_embeddings:
         matmul += model.vocab_size * model.hidden
     norms = p.dense_layer.norms * p.num_dense_layers + p.moe_layer.norms * p.num_moe_layers + p.final_norm
     matmul -= norms
-    width = (model.mla.qk_head_dim + model.mla.v_head_dim) if model.mla else 2 * model.head_dim
-    attention = 6 * model.num_layers * model.num_heads * width * seq_len
-    return 6.0 * matmul + attention
+    return 6.0 * matmul + _attention_flops_per_token(model, seq_len=seq_len)
 
 
 def korthikanti_model_flops(*, batch: Num, layers: Num, seq: Num, hidden: Num, vocab: Num) -> Num:

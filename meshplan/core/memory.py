@@ -15,13 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from meshplan.core import activations as act
-from meshplan.core import pipeline, shards
+from meshplan.core import finetune, pipeline, shards
 from meshplan.core.num import Num, gcd, maximum, minimum, to_float, where
 from meshplan.core.params import LayerParams, ParamCount
 from meshplan.spec.cluster import GpuCalibration
 from meshplan.spec.layout import LayoutLike, Recompute, ZeroStage
-from meshplan.spec.model import ModelSpec
-from meshplan.spec.workload import Framework, OptimizerKind, Workload
+from meshplan.spec.model import MlpKind, ModelSpec
+from meshplan.spec.workload import Framework, Kernels, OptimizerKind, Workload
 from meshplan.units import DTYPE_BYTES, DType
 
 FP32_BYTES = 4.0
@@ -32,12 +32,14 @@ class MemoryBill:
     """What one GPU holds at its peak, by disjoint term (bytes)."""
 
     weights_bytes: Num
+    adapter_weights_bytes: Num
     gradients_bytes: Num
     master_weights_bytes: Num
     optimizer_moments_bytes: Num
     activations_bytes: Num
     logits_bytes: Num
     activation_workspace_bytes: Num
+    dequant_workspace_bytes: Num
     comm_buffers_bytes: Num
     framework_bytes: Num
     fragmentation_bytes: Num
@@ -147,20 +149,107 @@ def _gather_bytes(workload: Workload) -> float:
     return DTYPE_BYTES[DType.FP32] if workload.precision.compute is DType.TF32 else DTYPE_BYTES[DType.BF16]
 
 
-def _model_state(model: ModelSpec, lay: LayoutLike, workload: Workload, sp_: StageParams) -> tuple[Num, Num, Num, Num]:
-    """(weights, gradients, master weights, moments) bytes of one GPU holding ``sp_``, after ZeRO sharding."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageTraining:
+    """Parameters of one GPU's stage split by what happens to them in training."""
+
+    base_dense: Num
+    base_experts: Num
+    """The model's own parameters (frozen under LoRA / QLoRA)."""
+    adapter_dense: Num
+    adapter_experts: Num
+    """LoRA adapters (0 in full training)."""
+    train_dense: Num
+    train_experts: Num
+    """What gets gradients and optimizer state: the adapters, or the parameters not frozen."""
+    quantized: Num
+    """Base matmul weights stored in NF4 (QLoRA), 0 otherwise."""
+
+
+def stage_training(
+    model: ModelSpec, params: ParamCount, lay: LayoutLike, workload: Workload, *, stage: Num, sp_: StageParams
+) -> StageTraining:
+    """Split one GPU's stage parameters into base, adapters and trainable (fine-tuning aware)."""
+    ft = workload.finetune
+    if ft.adapted:
+        dense_a, exp_a = finetune.adapter_split(model, ft, moe_layer=False, tp=lay.tp, ep=lay.ep)
+        dense_m, exp_m = finetune.adapter_split(model, ft, moe_layer=True, tp=lay.tp, ep=lay.ep)
+        ad = sp_.dense_layers * dense_a + sp_.moe_layers * dense_m
+        ae = sp_.dense_layers * exp_a + sp_.moe_layers * exp_m
+        quantized: Num = 0.0
+        if finetune.quantized_base(ft):
+            # kept in bf16: the embedding, the output head (its own copy unless tied on one stage), final norm
+            vocab, last = model.vocab_size * model.hidden / lay.tp, stage == lay.pp - 1
+            head = where((lay.pp > 1) | (not model.tied_embeddings), vocab, 0.0)
+            edges = where(stage == 0, vocab + params.position_embedding, 0) + where(last, head + model.norm_params, 0)
+            quantized = finetune.quantizable_params(
+                model,
+                dense=sp_.dense,
+                experts=sp_.experts,
+                layers=sp_.dense_layers + sp_.moe_layers,
+                edges=edges,
+            )
+        return StageTraining(
+            base_dense=sp_.dense,
+            base_experts=sp_.experts,
+            adapter_dense=ad,
+            adapter_experts=ae,
+            train_dense=ad,
+            train_experts=ae,
+            quantized=quantized,
+        )
+    frozen_dense: Num = 0.0
+    frozen_experts: Num = 0.0
+    if ft.freeze_embeddings:
+        frozen_dense = where(stage == 0, model.vocab_size * model.hidden / lay.tp + params.position_embedding, 0)
+    if ft.freeze_layers:
+        first = pipeline.stage_first_layer(model.num_layers, pp=lay.pp, stage=stage)
+        n = finetune.frozen_leading_layers(ft, first=first, layers=sp_.dense_layers + sp_.moe_layers)
+        layer = params.dense_layer if params.num_dense_layers >= ft.freeze_layers else params.moe_layer
+        d, e = _layer_rank_params(layer, model, tp=lay.tp, ep=lay.ep)
+        frozen_dense, frozen_experts = frozen_dense + n * d, n * e
+    return StageTraining(
+        base_dense=sp_.dense,
+        base_experts=sp_.experts,
+        adapter_dense=0.0,
+        adapter_experts=0.0,
+        train_dense=sp_.dense - frozen_dense,
+        train_experts=sp_.experts - frozen_experts,
+        quantized=0.0,
+    )
+
+
+def _model_state(
+    model: ModelSpec, lay: LayoutLike, workload: Workload, tr: StageTraining
+) -> tuple[Num, Num, Num, Num, Num]:
+    """(weights, adapter weights, gradients, master weights, moments) bytes of one GPU, after ZeRO sharding.
+
+    The base is kept in the weight dtype (NF4 for QLoRA's matmul weights); gradients and optimizer state
+    exist only for what trains. QLoRA's adapters are bf16 and updated in place by a 32-bit AdamW, with no fp32
+    master copy (the QLoRA reference training script).
+    """
     shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
 
-    def sharded(bytes_per_param: float, from_stage: ZeroStage) -> Num:
+    def sharded(dense: Num, experts: Num, from_stage: ZeroStage) -> Num:
         on = lay.zero >= from_stage
-        return bytes_per_param * (sp_.dense / where(on, shard, 1) + sp_.experts / where(on, expert_shard, 1))
+        return dense / where(on, shard, 1) + experts / where(on, expert_shard, 1)
 
     prec = workload.precision
+    ft = workload.finetune
+    base = sharded(tr.base_dense, tr.base_experts, ZeroStage.PARAMETERS)
+    if finetune.quantized_base(ft):
+        nf4 = finetune.nf4_bytes_per_param(double_quant=ft.double_quant)
+        share = tr.quantized / maximum(tr.base_dense + tr.base_experts, 1.0)
+        weights = base * (share * nf4 + (1 - share) * DTYPE_BYTES[DType.BF16])
+    else:
+        weights = base * prec.weight_bytes
     return (
-        sharded(prec.weight_bytes, ZeroStage.PARAMETERS),
-        sharded(prec.grad_bytes, ZeroStage.GRADIENTS),
-        sharded(prec.master_bytes, ZeroStage.OPTIMIZER),
-        sharded(moment_bytes_per_param(model, workload), ZeroStage.OPTIMIZER),
+        weights,
+        sharded(tr.adapter_dense, tr.adapter_experts, ZeroStage.PARAMETERS) * prec.weight_bytes,
+        sharded(tr.train_dense, tr.train_experts, ZeroStage.GRADIENTS) * prec.grad_bytes,
+        sharded(tr.train_dense, tr.train_experts, ZeroStage.OPTIMIZER)
+        * (0.0 if finetune.quantized_base(ft) else prec.master_bytes),
+        sharded(tr.train_dense, tr.train_experts, ZeroStage.OPTIMIZER) * moment_bytes_per_param(model, workload),
     )
 
 
@@ -172,7 +261,8 @@ def state_bytes(model: ModelSpec, params: ParamCount, lay: LayoutLike, workload:
     )
     if workload.framework is Framework.TORCH:
         return 0.0 * sp_.dense  # PyTorch-native state is billed tensor by tensor: no shortcut
-    return sum(_model_state(model, lay, workload, sp_))
+    tr = stage_training(model, params, lay, workload, stage=stage, sp_=sp_)
+    return sum(_model_state(model, lay, workload, tr))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,6 +275,66 @@ class LayerActivations:
     moe_none: Num
     dense_selective: Num
     moe_selective: Num
+
+
+def _frozen_delta_per_token(model: ModelSpec, lay: LayoutLike, workload: Workload, *, moe_layer: bool) -> Num:
+    """Bytes per token a LoRA layer keeps beyond (or short of) full training: frozen matmuls drop the inputs
+    only their weight gradients needed, frozen norms what only their scale's gradient needed; each adapter
+    keeps its r-wide A x."""
+    ft = workload.finetune
+    if not ft.adapted:
+        return 0.0
+    beta, fw = workload.precision.activation_bytes, workload.framework
+    qkv, mlp_in, down = finetune.saved_input_savings(model, ft, moe_layer=moe_layer)
+    split = act.input_split(lay.tp, lay.sp, fw)
+    ffn, expert_inputs = model.ffn_hidden, 0
+    if moe_layer and model.moe is not None:
+        ffn = model.moe.expert_ffn_hidden * model.moe.experts_per_token
+        expert_inputs = model.moe.experts_per_token  # each routed copy of the MLP input
+    norms = 2 * act.norm_weight_grad_bytes_per_token(model, act_bytes=beta, framework=fw) * where(lay.sp, 1 / lay.tp, 1)
+    dropped = beta * (model.hidden * (split * (qkv + mlp_in) + expert_inputs * mlp_in) + down * ffn / lay.tp) + norms
+    return finetune.adapter_saved_per_token(model, ft, moe_layer=moe_layer, act_bytes=beta) - dropped
+
+
+def _first_layer_dead_per_token(model: ModelSpec, lay: LayoutLike, workload: Workload, *, moe_layer: bool) -> Num:
+    """What the first layer's LoRA accounting keeps per token upstream of its first adapter.
+
+    Behind a frozen embedding nothing before the first trainable tensor needs a gradient, so autograd keeps
+    nothing there: the first norm always; the whole attention block when no q, k, v adapter sits in it; the
+    MLP's internals too when only down is adapted. Later layers keep everything, since gradients must flow
+    through them to the adapters below.
+    """
+    ft, beta, fw = workload.finetune, workload.precision.activation_bytes, workload.framework
+    targets, rep = set(ft.lora_targets), where(lay.sp, 1 / lay.tp, 1)
+    norm = act.norm_bytes_per_token(model, act_bytes=beta, framework=fw, frozen_weight=True) * rep
+    if targets & {"q", "k", "v"}:
+        return norm
+    weight_grad = act.norm_weight_grad_bytes_per_token(model, act_bytes=beta, framework=fw) * rep
+    split, h = act.input_split(lay.tp, lay.sp, fw), model.hidden
+    attention = act.attention_bytes_per_token(
+        model,
+        seq_len=workload.seq_len,
+        tp=lay.tp,
+        sp=lay.sp,
+        attention=workload.attention,
+        act_bytes=beta,
+        keep_scores=where(lay.recompute == Recompute.NONE, 1.0, 0.0),
+        framework=fw,
+    ) - (weight_grad + beta * h * split)  # frozen norm scale; no q, k, v adapter needs the QKV input
+    if "o" in targets:
+        return attention - beta * model.attn_out_width / lay.tp  # o's adapter needs its input
+    dead = attention + norm
+    ffn = model.moe.expert_ffn_hidden * model.moe.experts_per_token if moe_layer and model.moe else model.ffn_hidden
+    if targets & {"gate", "up"}:
+        if model.mlp is MlpKind.GATED and workload.kernels is Kernels.EAGER and len(targets & {"gate", "up"}) == 1:
+            # one frozen branch of act(gate) * up: adapted up alone frees gate's output and up's output,
+            # adapted gate alone frees act(gate)
+            dead = dead + (2 if "up" in targets else 1) * beta * ffn / lay.tp
+        return dead
+    mlp = act.mlp_bytes_per_token(
+        model, tp=lay.tp, sp=lay.sp, act_bytes=beta, moe_layer=moe_layer, kernels=workload.kernels, framework=fw
+    ) - (weight_grad + norm + beta * h * split)  # the norm is counted above; no gate or up adapter
+    return dead + mlp - beta * ffn / lay.tp  # down's adapter needs its input
 
 
 def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> LayerActivations:
@@ -201,10 +351,15 @@ def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> 
         framework=workload.framework,
     )
 
+    tokens = workload.seq_len / lay.cp * lay.micro_batch
+    delta_dense = tokens * _frozen_delta_per_token(model, lay, workload, moe_layer=False)
+    delta_moe = tokens * _frozen_delta_per_token(model, lay, workload, moe_layer=True)
+
     def both(recompute: Num) -> tuple[Num, Num]:
         dense = act.layer_bytes(model, recompute=recompute, moe_layer=False, **common)
         moe = act.layer_bytes(model, recompute=recompute, moe_layer=True, **common) if model.moe else dense
-        return dense, moe
+        kept = where(recompute == Recompute.FULL, 0.0, 1.0)  # full recompute keeps only the layer input
+        return dense + kept * delta_dense, moe + kept * (delta_moe if model.moe else delta_dense)
 
     dense, moe = both(lay.recompute)
     dense_none, moe_none = both(Recompute.NONE)
@@ -236,17 +391,27 @@ def stage_bill(
     copies = pipeline.stage_copies(schedule)
     sp_ = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage, copies=copies)
     shard, _ = shard_degrees(dp_shard=lay.dp_shard, cp=cp, ep=ep)
-    weights, grads, master, moments = _model_state(model, lay, workload, sp_)
+    tr = stage_training(model, params, lay, workload, stage=stage, sp_=sp_)
+    weights, adapters, grads, master, moments = _model_state(model, lay, workload, tr)
     prec = workload.precision
+    dequant = where(finetune.quantized_base(workload.finetune), 2.0 * finetune.largest_matrix(model, tp=tp), 0.0)
 
     layer_acts = layer_acts or layer_activations(model, lay, workload)
-    acts, logits, workspace = _stage_activations(model, lay, workload, stage=stage, sp_=sp_, la=layer_acts)
+    acts, logits, workspace = _stage_activations(
+        model,
+        lay,
+        workload,
+        stage=stage,
+        sp_=sp_,
+        la=layer_acts,
+        frozen=_frozen_activation_layers(model, lay, workload, stage=stage, sp_=sp_),
+    )
     gathered = where(
         (zero >= ZeroStage.PARAMETERS) & (shard > 1),
         sp_.largest_layer * (2 * _gather_bytes(workload) + prec.grad_bytes),
         0,
     )
-    if workload.framework is Framework.TORCH:
+    if workload.framework is Framework.TORCH and not workload.finetune.adapted:
         fsdp = where(zero >= ZeroStage.PARAMETERS, lay.dp_shard * cp, 1)
         state = shards.torch_state(
             model,
@@ -261,35 +426,77 @@ def stage_bill(
         weights, grads = state.params_storage_bytes, state.grads_storage_bytes
         master, moments = state.master_bytes, state.optimizer_bytes - state.master_bytes
         gathered = state.ddp_bucket_bytes + state.gathered_root_bytes + state.fsdp_transient_bytes
-    dynamic = acts + logits + workspace + gathered
+    elif workload.framework is Framework.TORCH:
+        # torch.optim's 0-dim fp32 step per trained tensor: thousands of small adapter tensors
+        ft, step = workload.finetune, shards.OPTIMIZER_STEP_BYTES.get(workload.optimizer.kind, 0.0)
+        per_layer = [finetune.adapter_tensors(model, ft, moe_layer=moe, ep=ep) for moe in (False, True)]
+        moments = moments + step * (sp_.dense_layers * per_layer[0] + sp_.moe_layers * per_layer[1])
+    dynamic = acts + logits + workspace + dequant + gathered
     return MemoryBill(
         weights_bytes=to_float(weights),
+        adapter_weights_bytes=to_float(adapters + 0 * dynamic),
         gradients_bytes=to_float(grads),
         master_weights_bytes=to_float(master),
         optimizer_moments_bytes=to_float(moments),
         activations_bytes=to_float(acts),
         logits_bytes=to_float(logits),
         activation_workspace_bytes=to_float(workspace),
+        dequant_workspace_bytes=to_float(dequant + 0 * dynamic),
         comm_buffers_bytes=to_float(gathered),
         framework_bytes=to_float(calibration.framework_bytes + 0 * dynamic),
         fragmentation_bytes=to_float(calibration.fragmentation * dynamic),
     )
 
 
+def _frozen_activation_layers(
+    model: ModelSpec, lay: LayoutLike, workload: Workload, *, stage: Num, sp_: StageParams
+) -> Num:
+    """Layers of this stage that keep nothing for backward: a frozen prefix behind a frozen embedding."""
+    ft = workload.finetune
+    if not (ft.freeze_embeddings and ft.freeze_layers):
+        return 0.0
+    first = pipeline.stage_first_layer(model.num_layers, pp=lay.pp, stage=stage)
+    return finetune.frozen_leading_layers(ft, first=first, layers=sp_.dense_layers + sp_.moe_layers)
+
+
 def _stage_activations(
-    model: ModelSpec, lay: LayoutLike, workload: Workload, *, stage: Num, sp_: StageParams, la: LayerActivations
+    model: ModelSpec,
+    lay: LayoutLike,
+    workload: Workload,
+    *,
+    stage: Num,
+    sp_: StageParams,
+    la: LayerActivations,
+    frozen: Num = 0.0,
 ) -> tuple[Num, Num, Num]:
     """(saved activations, logits, recompute workspace) of one GPU on ``stage``."""
     tp, pp, cp, sp = lay.tp, lay.pp, lay.cp, lay.sp
     b, recompute = lay.micro_batch, lay.recompute
     s, beta = workload.seq_len, workload.precision.activation_bytes
-    per_mb = sp_.dense_layers * la.dense + sp_.moe_layers * la.moe
+    frozen_dense = minimum(frozen, sp_.dense_layers)  # a frozen prefix (dense layers first): nothing kept
+    per_mb = (sp_.dense_layers - frozen_dense) * la.dense + (sp_.moe_layers - (frozen - frozen_dense)) * la.moe
     tokens = s / cp * b
     rep = where(sp, 1.0 / tp, 1.0)
     mask = 1.0 if model.dropout else 0.0
     per_mb = per_mb + where(stage == 0, tokens * mask * model.hidden * rep, 0)  # embedding dropout mask
-    fw = workload.framework
-    head = act.head_bytes(model, tokens=tokens, tp=tp, sp=sp, act_bytes=beta, framework=fw)
+    fw, ft = workload.framework, workload.finetune
+    if ft.adapted:
+        dead = where(
+            sp_.dense_layers > 0,  # dense layers come first
+            _first_layer_dead_per_token(model, lay, workload, moe_layer=False),
+            _first_layer_dead_per_token(model, lay, workload, moe_layer=True),
+        )
+        per_mb = per_mb - where((stage == 0) & (recompute != Recompute.FULL), tokens * dead, 0)
+    head = act.head_bytes(
+        model,
+        tokens=tokens,
+        tp=tp,
+        sp=sp,
+        act_bytes=beta,
+        framework=fw,
+        frozen_head=ft.adapted or ft.freeze_embeddings,
+        frozen_norm=ft.adapted,
+    )
     per_mb = per_mb + where(stage == pp - 1, head, 0)  # final norm + head input
     held = act.stage_output_bytes(model, tokens=tokens, act_bytes=beta, last=stage == pp - 1, framework=fw)
 

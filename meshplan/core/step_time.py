@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.core import pipeline
+from meshplan.core import finetune, pipeline
 from meshplan.core.collectives import CollectiveCall, StageShape, inventory
 from meshplan.core.compute import head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
-from meshplan.core.memory import StageParams, moment_bytes_per_param, shard_degrees, stage_params
+from meshplan.core.memory import StageParams, moment_bytes_per_param, shard_degrees, stage_params, stage_training
 from meshplan.core.num import Num, maximum, minimum, to_float, where
 from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
@@ -110,9 +110,14 @@ def stage_times(
         cal=gpu.calibration,
         act_bytes=work.precision.activation_bytes,
         kernels=work.kernels,
+        finetune=work.finetune,
     )
     dense = layer_time(model, moe_layer=False, **common)
     moe = layer_time(model, moe_layer=True, **common)
+    ft = work.finetune
+    # full fine-tuning with a frozen prefix: those layers skip their weight gradients, and behind a frozen
+    # embedding they need no backward at all
+    frozen_dense = layer_time(model, moe_layer=False, frozen=True, **common) if ft.freeze_layers else dense
     head_f, head_b = head_time(
         model,
         tokens=tokens,
@@ -133,10 +138,17 @@ def stage_times(
         attn_fwd = n_dense * dense.attention_core_fwd_s + n_moe * moe.attention_core_fwd_s
         redo = where(recompute == Recompute.FULL, fwd, where(recompute == Recompute.SELECTIVE, attn_fwd, 0.0))
         last = stage == pp - 1
+        bwd = n_dense * dense.backward_s + n_moe * moe.backward_s
+        wgrad = n_dense * dense.weight_grad_s + n_moe * moe.weight_grad_s
+        if ft.freeze_layers:
+            n_frozen = minimum(finetune.frozen_leading_layers(ft, first=first, layers=layers), n_dense)
+            kept = 0.0 if ft.freeze_embeddings else frozen_dense.backward_s
+            bwd = bwd - n_frozen * (dense.backward_s - kept)
+            wgrad = wgrad - n_frozen * dense.weight_grad_s
         values = {
             "fwd_compute_s": fwd + where(last, head_f, 0.0),
-            "bwd_compute_s": n_dense * dense.backward_s + n_moe * moe.backward_s + redo + where(last, head_b, 0.0),
-            "weight_grad_s": n_dense * dense.gemm_s + n_moe * moe.gemm_s,
+            "bwd_compute_s": bwd + redo + where(last, head_b, 0.0),
+            "weight_grad_s": wgrad,
             "attention_fwd_s": attn_fwd,
             "attention_bwd_s": n_dense * dense.attention_core_bwd_s + n_moe * moe.attention_core_bwd_s,
             "dense_layers": n_dense,
@@ -202,19 +214,31 @@ def _stage_step(
     stages = (0, minimum(1, lay.pp - 1), lay.pp - 1)
     times = stage_times(model, lay, work, cluster, stages=stages)
     held = [stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies) for s in stages]
-    dense_params, expert_params = held[0].dense, held[0].experts
-    for h in held[1:]:
-        dense_params, expert_params = maximum(dense_params, h.dense), maximum(expert_params, h.experts)
+    training = [stage_training(model, params, lay, work, stage=s, sp_=h) for s, h in zip(stages, held, strict=True)]
+
+    def most(name: str) -> Num:
+        out = getattr(training[0], name)
+        for tr in training[1:]:
+            out = maximum(out, getattr(tr, name))
+        return out
+
+    ft = work.finetune
     shape = StageShape(
         tokens=work.seq_len / lay.cp * lay.micro_batch,
         dense_layers=times.dense_layers * copies,
         moe_layers=times.moe_layers * copies,
         micro_batches=m,
-        dense_params=dense_params,
-        expert_params=expert_params,
+        dense_params=most("base_dense"),
+        expert_params=most("base_experts"),
+        trained_dense_params=most("train_dense"),
+        trained_expert_params=most("train_experts"),
+        base_gather_bytes=finetune.nf4_bytes_per_param(double_quant=ft.double_quant)
+        if finetune.quantized_base(ft)
+        else None,
         embedding=True,  # the embedding's and the head's PyTorch-native collectives: an upper bound over stages
         head=True,
     )
+    dense_params, expert_params = most("train_dense"), most("train_experts")
     calls = inventory(model, lay, work, cluster, placement, shape)
     eff = cluster.gpu.calibration.overlap_efficiency
 
@@ -308,7 +332,7 @@ def _optimizer_time(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: 
 
 def _recompute_factor(model: ModelSpec, recompute: Num, work: Workload) -> Num:
     """Hardware over model FLOPs: full recompute adds a forward (1/3), selective the attention scores' forward."""
-    per_token = model_flops_per_token(model, seq_len=work.seq_len)
+    per_token = model_flops_per_token(model, seq_len=work.seq_len, finetune=work.finetune)
     width = (model.mla.qk_head_dim + model.mla.v_head_dim) if model.mla else 2 * model.head_dim
     attention_fwd = 2 * model.num_layers * model.num_heads * width * work.seq_len
     return where(
@@ -335,7 +359,7 @@ def step_time(
     bubble = _bubble(lay.schedule, pp=pp, vpp=lay.vpp, t_f=st.fwd_s / copies, t_b=st.bwd_s / copies)
     exposed = m * (st.tp_s + st.cp_s + st.ep_s) / copies + st.pp_s + st.dp_s
     tokens = work.seq_len * work.global_batch
-    model_flops = model_flops_per_token(model, seq_len=work.seq_len) * tokens
+    model_flops = model_flops_per_token(model, seq_len=work.seq_len, finetune=work.finetune) * tokens
     gpus = dp * lay.cp * lay.tp * pp
     step = StepTime(
         compute_s=to_float(m * st.compute_s / copies),

@@ -27,22 +27,32 @@ TRAINING_TERMS: tuple[Term, ...] = (
     Term(
         name="weights_bytes",
         title="Weights",
-        what="The parameters the forward and backward passes read, in the weight dtype.",
-        formula="P * bytes(weights), divided by D under ZeRO-3 / FSDP",
+        what="The parameters the forward and backward passes read, in the weight dtype (frozen under LoRA; "
+        "NF4 for QLoRA's matmul weights).",
+        formula="P * bytes(weights), divided by D under ZeRO-3 / FSDP; QLoRA: 4.127 bits per matmul weight",
         source="ZeRO (Rajbhandari et al. 2020) Sec. 3.1: 2 bytes per parameter in 16-bit",
+    ),
+    Term(
+        name="adapter_weights_bytes",
+        title="Adapter weights",
+        what="The low-rank matrices LoRA trains beside the frozen base (B A, rank r), in the weight dtype.",
+        formula="r (d_in + d_out) per adapted matrix, per layer; under TP a column-parallel matrix splits B, a "
+        "row-parallel one A",
+        source="Hu et al. 2021, LoRA (arXiv:2106.09685) Sec. 4.1",
     ),
     Term(
         name="gradients_bytes",
         title="Gradients",
-        what="One gradient per parameter, accumulated over micro-batches (fp32 when accumulation is fp32).",
-        formula="P * bytes(grads), divided by D from ZeRO-2",
+        what="One gradient per trained parameter (the adapters under LoRA), accumulated over micro-batches.",
+        formula="P_trained * bytes(grads), divided by D from ZeRO-2",
         source="ZeRO Sec. 3.1 (2 bytes in 16-bit); Megatron-LM keeps fp32 main_grad (4 bytes)",
     ),
     Term(
         name="master_weights_bytes",
         title="Master weights",
-        what="The fp32 copy of the parameters the optimizer updates under mixed precision.",
-        formula="P * 4, divided by D from ZeRO-1",
+        what="The fp32 copy of the parameters the optimizer updates under mixed precision (of the adapters under "
+        "LoRA; none under QLoRA, whose bf16 adapters are updated in place).",
+        formula="P_trained * 4, divided by D from ZeRO-1",
         source="ZeRO Sec. 3.1 (part of K = 12); Micikevicius et al. 2018, mixed precision training",
     ),
     Term(
@@ -56,8 +66,8 @@ TRAINING_TERMS: tuple[Term, ...] = (
         name="activations_bytes",
         title="Activations",
         what="Tensors the forward pass keeps for backward, for every micro-batch in flight on this stage.",
-        formula="m * layers * s/c * b * (per-token bytes: sbh(10 + 24/t + 5as/(ht)) for a GPT layer with TP, "
-        "sbh(34/t) with SP and selective recompute, 2sbh with full recompute)",
+        formula="in-flight micro-batches x layers x per-layer bytes; a GPT layer with TP keeps "
+        "sbh(10 + 24/t + 5as/ht), sbh(34/t) with SP and selective recompute, 2sbh with full recompute",
         source="Korthikanti et al. 2022, Table 2 and Eq. 5-6, extended to GQA, gated MLPs, flash attention, CP, MoE",
     ),
     Term(
@@ -73,6 +83,13 @@ TRAINING_TERMS: tuple[Term, ...] = (
         what="Activations rebuilt while one layer is recomputed in backward (one layer, one micro-batch).",
         formula="full: one layer's activations without recompute; selective: one layer's attention scores",
         source="Chen et al. 2016 (gradient checkpointing); Korthikanti et al. 2022 Sec. 5",
+    ),
+    Term(
+        name="dequant_workspace_bytes",
+        title="Dequantization workspace",
+        what="Under QLoRA, the bf16 copy of the one NF4 matrix being multiplied, rebuilt before every matmul.",
+        formula="2 bytes x the largest matmul weight of a layer on this GPU",
+        source="Dettmers et al. 2023, QLoRA (arXiv:2305.14314) Sec. 3 (storage in NF4, computation in bf16)",
     ),
     Term(
         name="comm_buffers_bytes",

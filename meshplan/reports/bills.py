@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from meshplan import io
@@ -10,7 +12,17 @@ from meshplan.core.serving import min_gpus, serving_bill, weights_bytes_total
 from meshplan.core.terms import explain
 from meshplan.core.training import training_memory
 from meshplan.render import jsonable
-from meshplan.reports.inputs import LayoutRequest, choice, layout_dict, resolve_layout, resolve_workload
+from meshplan.reports.inputs import (
+    FinetuneRequest,
+    LayoutRequest,
+    choice,
+    finetune_fields,
+    layout_dict,
+    resolve_finetune,
+    resolve_layout,
+    resolve_workload,
+)
+from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
 
@@ -27,6 +39,7 @@ def memory_report(
     optimizer: str = "adamw",
     optimizer_bytes: float | None = None,
     attention: str = "flash",
+    finetune: FinetuneRequest | None = None,
 ) -> dict[str, Any]:
     """``meshplan memory``: the per-GPU training bill of every pipeline stage."""
     spec = io.load_model(model) if isinstance(model, str) else model
@@ -40,6 +53,7 @@ def memory_report(
         optimizer=optimizer,
         optimizer_bytes=optimizer_bytes,
         attention=attention,
+        finetune=resolve_finetune(finetune, spec) if finetune else None,
     )
     mem = training_memory(spec, lay, work, gpu=gpu_spec)
     return {
@@ -49,6 +63,7 @@ def memory_report(
         "seq": work.seq_len,
         "global_batch": work.global_batch,
         "precision": work.precision.name,
+        **finetune_fields(spec, work.finetune),
         "layout": layout_dict(lay),
         "per_gpu": jsonable(mem.per_gpu.as_dict()),
         "heaviest_stage": mem.heaviest_stage,
@@ -60,8 +75,22 @@ def memory_report(
     }
 
 
-def fit_report(model: ModelSpec | str, *, gpu: str, gpus: int, dtype: str = "bf16") -> dict[str, Any]:
-    """``meshplan fit``: the weights-split playground, weights spread evenly over ``gpus``."""
+def fit_report(
+    model: ModelSpec | str,
+    *,
+    gpu: str,
+    gpus: int,
+    dtype: str = "bf16",
+    finetune: FinetuneRequest | None = None,
+    seq: int = 4096,
+    precision: str = "bf16",
+) -> dict[str, Any]:
+    """``meshplan fit``: the weights-split playground, weights spread evenly over ``gpus``.
+
+    With ``finetune``, also the largest micro-batch at ``seq`` and the longest sequence at micro-batch 1 that
+    fit, with and without full recompute, on FSDP over every GPU (ZeRO-3 over the frozen base, the common
+    way to fine-tune on a few GPUs).
+    """
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
     if gpus < 1:
@@ -69,7 +98,7 @@ def fit_report(model: ModelSpec | str, *, gpu: str, gpus: int, dtype: str = "bf1
     total = weights_bytes_total(spec, choice(DType, dtype, "dtype"))
     per_gpu = total / gpus
     state = count_params(spec).total * 16.0  # bf16 weights and grads, fp32 master and Adam moments
-    return {
+    out: dict[str, Any] = {
         "model": spec.name,
         "gpu": gpu_spec.name,
         "gpus": gpus,
@@ -85,6 +114,47 @@ def fit_report(model: ModelSpec | str, *, gpu: str, gpus: int, dtype: str = "bf1
         "training_state_bytes": state,
         "min_gpus_for_training": min_gpus(state, gpu_spec.hbm_bytes),
     }
+    if finetune is not None:
+        out |= _fit_finetune(spec, gpu_spec, gpus=gpus, req=finetune, seq=seq, precision=precision)
+    return out
+
+
+LIMIT_MICRO_BATCH = 4096
+LIMIT_SEQ = 1 << 22
+
+
+def _largest(fits: Callable[[int], bool], limit: int) -> int:
+    """The largest n in [1, limit] with fits(n), for fits monotone (0 when even 1 does not fit)."""
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def _fit_finetune(
+    spec: ModelSpec, gpu: GPU, *, gpus: int, req: FinetuneRequest, seq: int, precision: str
+) -> dict[str, Any]:
+    ft = resolve_finetune(req, spec)
+    zero = 3 if gpus > 1 else 0
+    out: dict[str, Any] = finetune_fields(spec, ft) | {"seq": seq, "layout": {"dp_shard": gpus, "zero": zero}}
+
+    def fits(mb: int, s: int, recompute: str) -> bool:
+        lay = resolve_layout(LayoutRequest(zero=zero, recompute=recompute, micro_batch=mb), gpus=gpus)
+        work = resolve_workload(layout=lay, seq=s, global_batch=mb * lay.dp, precision=precision, finetune=ft)
+        return training_memory(spec, lay, work, gpu=gpu).fits
+
+    for recompute, suffix in (("none", ""), ("full", "_with_recompute")):
+        out[f"max_micro_batch{suffix}"] = _largest(
+            functools.partial(fits, s=seq, recompute=recompute), LIMIT_MICRO_BATCH
+        )
+        out[f"max_seq_len{suffix}"] = _largest(functools.partial(fits, 1, recompute=recompute), LIMIT_SEQ)
+    return out
 
 
 def serving_report(

@@ -10,9 +10,12 @@ from meshplan.core.plan import Plan, evaluate
 from meshplan.core.terms import explain
 from meshplan.render import jsonable
 from meshplan.reports.inputs import (
+    FinetuneRequest,
     LayoutRequest,
+    finetune_fields,
     layout_dict,
     resolve_cluster,
+    resolve_finetune,
     resolve_layout,
     resolve_order,
     resolve_workload,
@@ -87,6 +90,7 @@ def plan_report(plan: Plan, *, tokens: float | None = None) -> dict[str, Any]:
         "seq": plan.workload.seq_len,
         "global_batch": plan.workload.global_batch,
         "precision": plan.workload.precision.name,
+        **finetune_fields(plan.model, plan.workload.finetune),
         "layout": layout_dict(plan.layout),
         "per_gpu": jsonable(mem.per_gpu.as_dict()),
         "heaviest_stage": mem.heaviest_stage,
@@ -142,6 +146,7 @@ def estimate_report(
     scale_out: str | None = None,
     axis_order: str | None = None,
     tokens: float | None = None,
+    finetune: FinetuneRequest | None = None,
 ) -> dict[str, Any]:
     """``meshplan estimate``: memory, collectives, placement and step time of one layout."""
     spec = io.load_model(model) if isinstance(model, str) else model
@@ -156,6 +161,7 @@ def estimate_report(
         optimizer_bytes=optimizer_bytes,
         attention=attention,
         kernels=kernels,
+        finetune=resolve_finetune(finetune, spec) if finetune else None,
     )
     plan = evaluate(spec, cluster, lay, work, order=resolve_order(axis_order))
     return plan_report(plan, tokens=tokens)

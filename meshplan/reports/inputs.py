@@ -8,9 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshplan import io
+from meshplan.core.finetune import trainable_params, validate_finetune
 from meshplan.core.placement import DEFAULT_ORDER, parse_order
 from meshplan.spec.cluster import Cluster
+from meshplan.spec.finetune import LORA_TARGETS, Finetune, FinetuneMode
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
+from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import PRECISIONS, Attention, Kernels, Optimizer, OptimizerKind, Overlap, Workload
 
 
@@ -88,6 +91,7 @@ def resolve_workload(
     attention: str = "flash",
     kernels: str = "fused",
     overlap: Mapping[str, bool] | None = None,
+    finetune: Finetune | None = None,
 ) -> Workload:
     """A workload; the global batch defaults to pp micro-batches per data-parallel rank (a full 1F1B pipeline)."""
     if precision not in PRECISIONS:
@@ -101,7 +105,50 @@ def resolve_workload(
         attention=choice(Attention, attention, "attention"),
         kernels=choice(Kernels, kernels, "kernels"),
         overlap=_overlap(overlap or {}),
+        finetune=finetune or Finetune(),
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FinetuneRequest:
+    """Fine-tuning as a user states it on the command line."""
+
+    mode: str = "full"
+    lora_rank: int = 16
+    lora_targets: str | None = None
+    """Comma-separated projections (q,k,v,o,gate,up,down); None: all of them."""
+    freeze: str | None = None
+    """Comma-separated frozen parts: 'embeddings' and/or 'layers=N' (full fine-tuning)."""
+
+
+def resolve_finetune(req: FinetuneRequest, model: ModelSpec) -> Finetune:
+    """A validated Finetune for ``model``: known targets, a rank below every adapted matrix, frozen parts."""
+    mode = choice(FinetuneMode, req.mode, "fine-tuning mode")
+    targets = (
+        LORA_TARGETS
+        if req.lora_targets is None
+        else tuple(t.strip().lower() for t in req.lora_targets.split(",") if t.strip())
+    )
+    freeze_embeddings, freeze_layers = False, 0
+    for part in filter(None, (p.strip().lower() for p in (req.freeze or "").split(","))):
+        if part in ("embeddings", "embedding"):
+            freeze_embeddings = True
+        elif part.startswith("layers="):
+            try:
+                freeze_layers = int(part.split("=", 1)[1])
+            except ValueError:
+                raise ValueError(f"--freeze {part!r}: the number of layers must be an integer") from None
+        else:
+            raise ValueError(f"unknown frozen part {part!r} (use embeddings and/or layers=N)")
+    ft = Finetune(
+        mode=mode,
+        lora_rank=req.lora_rank,
+        lora_targets=targets,
+        freeze_embeddings=freeze_embeddings,
+        freeze_layers=freeze_layers,
+    )
+    validate_finetune(model, ft)
+    return ft
 
 
 def _overlap(settings: Mapping[str, bool]) -> Overlap:
@@ -110,6 +157,16 @@ def _overlap(settings: Mapping[str, bool]) -> Overlap:
     if unknown:
         raise ValueError(f"unknown overlap setting {unknown[0]!r} (known: {', '.join(sorted(known))})")
     return Overlap(**settings)
+
+
+def finetune_fields(model: ModelSpec, ft: Finetune) -> dict[str, Any]:
+    """What trains, as every training report names it: the mode, trainable parameters, adapters or frozen parts."""
+    out: dict[str, Any] = {"finetune": ft.mode.value, "trainable_params": trainable_params(model, ft).trainable}
+    if ft.adapted:
+        out |= {"lora_rank": ft.lora_rank, "lora_targets": list(ft.lora_targets)}
+    elif ft.freeze_embeddings or ft.freeze_layers:
+        out |= {"frozen": {"embeddings": ft.freeze_embeddings, "layers": ft.freeze_layers}}
+    return out
 
 
 def layout_dict(layout: Layout) -> dict[str, Any]:

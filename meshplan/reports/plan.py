@@ -13,15 +13,19 @@ from meshplan.core.plan import Plan, evaluate, mesh_sizes
 from meshplan.render import jsonable
 from meshplan.reports.estimate import plan_report as evaluated_report
 from meshplan.reports.inputs import (
+    FinetuneRequest,
     LayoutRequest,
+    finetune_fields,
     layout_dict,
     resolve_cluster,
+    resolve_finetune,
     resolve_layout,
     resolve_order,
     resolve_workload,
 )
 from meshplan.search.rank import Objective, SearchResult, search
 from meshplan.spec.cluster import Cluster
+from meshplan.spec.finetune import Finetune
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
@@ -248,9 +252,11 @@ def plan_report(
     compare: str | None = None,
     tokens: float | None = None,
     days: float | None = None,
+    finetune: FinetuneRequest | None = None,
 ) -> dict[str, Any]:
     """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for."""
     spec = io.load_model(model) if isinstance(model, str) else model
+    ft = resolve_finetune(finetune, spec) if finetune else None
     if global_batch_tokens % seq:
         raise ValueError(f"global batch of {global_batch_tokens} tokens is not a whole number of {seq}-token sequences")
     if not 0 <= headroom < 1:
@@ -259,28 +265,24 @@ def plan_report(
         raise ValueError(f"top must be >= 1, got {top}")
     order = resolve_order(axis_order)
     obj = _objective(objective, tokens=tokens, days=days)
+    work = _workload(seq, global_batch_tokens // seq, precision, attention, kernels, ft)
     if obj == "fewest-gpus":
         assert tokens is not None and days is not None
         gpus = _fewest_gpus(
             spec,
             gpu=gpu,
             start=gpus,
-            seq=seq,
-            global_batch_tokens=global_batch_tokens,
+            work=work,
             tokens=tokens,
             days=days,
             headroom=headroom,
             allow=allow_cross_node_tp,
             order=order,
-            precision=precision,
-            attention=attention,
-            kernels=kernels,
             node_size=node_size,
             scale_out=scale_out,
         )
         obj = Objective.STEP_TIME
     cluster = resolve_cluster(gpu=gpu, gpus=gpus, node_size=node_size, scale_out=scale_out)
-    work = _workload(seq, global_batch_tokens // seq, precision, attention, kernels)
     result, plans = run_search(
         spec,
         cluster,
@@ -308,6 +310,7 @@ def plan_report(
         "global_batch_tokens": global_batch_tokens,
         "objective": str(obj),
         "headroom": headroom,
+        **finetune_fields(spec, work.finetune),
         "evaluated": result.evaluated,
         "feasible": result.feasible,
         "elapsed_s": result.elapsed_s,
@@ -335,11 +338,19 @@ def _objective(text: str, *, tokens: float | None, days: float | None) -> Object
         raise ValueError(f"unknown objective {text!r} (choose from {names})") from None
 
 
-def _workload(seq: int, batch: int, precision: str, attention: str, kernels: str) -> Workload:
+def _workload(
+    seq: int, batch: int, precision: str, attention: str, kernels: str, finetune: Finetune | None = None
+) -> Workload:
     from meshplan.spec.layout import Layout
 
     return resolve_workload(
-        layout=Layout(), seq=seq, global_batch=batch, precision=precision, attention=attention, kernels=kernels
+        layout=Layout(),
+        seq=seq,
+        global_batch=batch,
+        precision=precision,
+        attention=attention,
+        kernels=kernels,
+        finetune=finetune,
     )
 
 
@@ -369,21 +380,16 @@ def _fewest_gpus(
     *,
     gpu: str,
     start: int,
-    seq: int,
-    global_batch_tokens: int,
+    work: Workload,
     tokens: float,
     days: float,
     headroom: float,
     allow: bool,
     order: tuple[str, ...],
-    precision: str,
-    attention: str,
-    kernels: str,
     node_size: int | None,
     scale_out: str | None,
 ) -> int:
     """The smallest fleet (powers of two times the node, from ``start``) whose best plan trains in ``days``."""
-    work = _workload(seq, global_batch_tokens // seq, precision, attention, kernels)
     n = max(start, 1)
     while n <= MAX_GPUS:
         cluster = resolve_cluster(gpu=gpu, gpus=n, node_size=node_size, scale_out=scale_out)

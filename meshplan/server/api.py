@@ -11,6 +11,7 @@ from meshplan import io
 from meshplan.render import jsonable
 from meshplan.reports import LayoutRequest, fit_report, memory_report, params_report, serving_report
 from meshplan.reports.estimate import collectives_report, estimate_report
+from meshplan.reports.inputs import FinetuneRequest
 from meshplan.reports.recipes import list_report
 from meshplan.server import parse
 from meshplan.server.content import serving_terms
@@ -100,8 +101,21 @@ def workload_arg(
     }
 
 
+def finetune_arg(
+    finetune: Name = "full",
+    lora_rank: Annotated[int, Query(ge=1, le=1 << 16, description="adapter rank")] = 16,
+    lora_targets: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="e.g. q,v")] = None,
+    freeze: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="embeddings,layers=N")] = None,
+) -> FinetuneRequest | None:
+    """The fine-tuning flags (--finetune, --lora-rank, --lora-targets, --freeze); None: pre-training."""
+    if finetune == "full" and not freeze:
+        return None
+    return FinetuneRequest(mode=finetune, lora_rank=lora_rank, lora_targets=lora_targets or None, freeze=freeze)
+
+
 LayoutArg = Annotated[LayoutRequest, Depends(layout_arg)]
 WorkloadArg = Annotated[dict[str, Any], Depends(workload_arg)]
+FinetuneArg = Annotated[FinetuneRequest | None, Depends(finetune_arg)]
 
 
 @cache
@@ -162,18 +176,23 @@ def catalog() -> dict[str, Any]:
 
 
 @router.get("/params", summary="Exact parameter counts by component (meshplan params)")
-def params(model: Name) -> dict[str, Any]:
-    return json_dict(params_report(parse.catalog_model(model)))
+def params(model: Name, finetune: FinetuneArg) -> dict[str, Any]:
+    return json_dict(params_report(parse.catalog_model(model), finetune=finetune))
 
 
 @router.get("/memory", summary="Per-GPU training memory, term by term (meshplan memory)")
-def memory(model: ModelArg, gpu: GpuArg, gpus: Gpus, layout: LayoutArg, work: WorkloadArg) -> dict[str, Any]:
-    return json_dict(memory_report(model, gpu=gpu, gpus=gpus, layout=layout, **work))
+def memory(
+    model: ModelArg, gpu: GpuArg, gpus: Gpus, layout: LayoutArg, work: WorkloadArg, finetune: FinetuneArg
+) -> dict[str, Any]:
+    return json_dict(memory_report(model, gpu=gpu, gpus=gpus, layout=layout, finetune=finetune, **work))
 
 
-@router.get("/fit", summary="Weights split evenly over N GPUs (meshplan fit)")
-def fit(model: ModelArg, gpu: GpuArg, gpus: Gpus, dtype: Name = "bf16") -> dict[str, Any]:
-    return json_dict(fit_report(model, gpu=gpu, gpus=gpus, dtype=parse.choice(dtype, SERVING_DTYPES, "dtype")))
+@router.get("/fit", summary="Weights split evenly over N GPUs; with fine-tuning, the largest batch and context")
+def fit(
+    model: ModelArg, gpu: GpuArg, gpus: Gpus, finetune: FinetuneArg, dtype: Name = "bf16", seq: Seq = 4096
+) -> dict[str, Any]:
+    dtype = parse.choice(dtype, SERVING_DTYPES, "dtype")
+    return json_dict(fit_report(model, gpu=gpu, gpus=gpus, dtype=dtype, finetune=finetune, seq=seq))
 
 
 def serving_bill(report: dict[str, Any], *, sequences: int) -> dict[str, Any]:
@@ -224,6 +243,7 @@ def estimate(
     gpus: Gpus,
     layout: LayoutArg,
     work: WorkloadArg,
+    finetune: FinetuneArg,
     kernels: Name = "fused",
     node_size: Annotated[int | None, Query(ge=1, le=parse.MAX_GPUS)] = None,
     scale_out: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS)] = None,
@@ -240,6 +260,7 @@ def estimate(
         scale_out=parse.link(scale_out),
         axis_order=axis_order,
         tokens=tokens,
+        finetune=finetune,
         **work,
     )
     return json_dict(report)

@@ -19,7 +19,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from meshplan.reports.plan import plan_report
 from meshplan.reports.recipes import list_report, recipe_report, recipes
 from meshplan.server import parse
-from meshplan.server.api import GpuArg, Gpus, ModelArg, Name, Seq, json_dict
+from meshplan.server.api import FinetuneArg, GpuArg, Gpus, ModelArg, Name, Seq, json_dict
 from meshplan.spec.model import ModelSpec
 
 router = APIRouter(prefix="/api")
@@ -74,6 +74,7 @@ def plan(
     gpu: GpuArg,
     gpus: Gpus,
     seq: Seq,
+    finetune: FinetuneArg,
     global_batch_tokens: Annotated[int, Query(ge=1, le=parse.MAX_SEQ * parse.MAX_BATCH)],
     top: Annotated[int, Query(ge=1, le=parse.MAX_TOP)] = 5,
     headroom: Annotated[float, Query(ge=0, lt=1)] = 0.10,
@@ -107,6 +108,7 @@ def plan(
         "compare": compare.strip() if compare and compare.strip() else None,
         "tokens": tokens,
         "days": days,
+        "finetune": finetune,
     }
     key = ("plan", _model_key(model), *sorted(kwargs.items()))
     gate: SearchGate = request.app.state.searches

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from meshplan.spec.finetune import Finetune
 from meshplan.units import DTYPE_BYTES, DType
 
 
@@ -198,6 +199,8 @@ class Workload:
     kernels: Kernels = Kernels.FUSED
     overlap: Overlap = field(default_factory=Overlap)
     framework: Framework = Framework.MEGATRON
+    finetune: Finetune = field(default_factory=Finetune)
+    """What trains: everything (pre-training), LoRA or QLoRA adapters, or all but frozen parts."""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "global_batch"):

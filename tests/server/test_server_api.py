@@ -66,8 +66,9 @@ def test_memory_equals_the_report(client: Any) -> None:
     got = ok(client, "/api/memory", model="llama-3.1-70b", gpu="h100-sxm", gpus=64, tp=8, pp=4, zero=1)
     want = memory_report("llama-3.1-70b", gpu="h100-sxm", gpus=64, layout=LayoutRequest(tp=8, pp=4, zero=1))
     same(want, got)
-    assert [t["name"] for t in got["terms"]][:4] == [
+    assert [t["name"] for t in got["terms"]][:5] == [
         "weights_bytes",
+        "adapter_weights_bytes",
         "gradients_bytes",
         "master_weights_bytes",
         "optimizer_moments_bytes",
@@ -139,6 +140,31 @@ def test_collectives_equals_the_report(client: Any) -> None:
 def test_params(client: Any) -> None:
     got = ok(client, "/api/params", model="llama-3.1-8b")
     assert got["total_params"] > 7e9
+
+
+def test_fine_tuning_flags_reach_every_training_report(client: Any) -> None:
+    from meshplan.reports import params_report
+    from meshplan.reports.inputs import FinetuneRequest
+
+    qlora = FinetuneRequest(mode="qlora", lora_rank=64, lora_targets="q,v")
+    flags = dict(finetune="qlora", lora_rank=64, lora_targets="q,v")
+    same(params_report("llama-3.1-8b", finetune=qlora), ok(client, "/api/params", model="llama-3.1-8b", **flags))
+    got = ok(client, "/api/memory", model="llama-3.1-8b", gpu="a100-40gb", gpus=2, zero=3, **flags)
+    same(memory_report("llama-3.1-8b", gpu="a100-40gb", gpus=2, layout=LayoutRequest(zero=3), finetune=qlora), got)
+    assert got["trainable_params"] == 32 * 64 * ((4096 + 4096) + (4096 + 1024))  # q and v (GQA: 1024 wide)
+    assert got["per_gpu"]["dequant_workspace_bytes"] > 0
+    got = ok(client, "/api/fit", model="llama-3.1-8b", gpu="h100-sxm", gpus=1, seq=8192, **flags)
+    same(fit_report("llama-3.1-8b", gpu="h100-sxm", gpus=1, finetune=qlora, seq=8192), got)
+    assert got["max_seq_len"] > 8192
+    frozen = ok(client, "/api/estimate", model="llama-3.1-8b", gpu="h100-sxm", gpus=8, zero=3, freeze="layers=4")
+    assert frozen["frozen"] == {"embeddings": False, "layers": 4}
+    plan = ok(client, "/api/plan", model="llama-3.1-8b", gpu="h100-sxm", gpus=8, seq=4096,
+              global_batch_tokens=64 * 4096, finetune="lora")  # fmt: skip
+    assert plan["finetune"] == "lora" and plan["plans"]
+    assert "cannot split" in refused(client, "/api/memory", model="llama-3.1-8b", gpu="h100-sxm", gpus=2, tp=2,
+                                     finetune="qlora")  # fmt: skip
+    assert "fine-tuning mode" in refused(client, "/api/memory", model="llama-3.1-8b", gpu="h100-sxm", gpus=1,
+                                         finetune="dora")  # fmt: skip
 
 
 def test_recipes_and_one_recipe(client: Any) -> None:

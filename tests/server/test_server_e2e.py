@@ -81,6 +81,16 @@ def test_memory_bill_segments_inputs_and_upload(page: Any, shot: Any) -> None:
     elapsed = time.perf_counter() - start
     assert elapsed < 1.0, f"the memory view took {elapsed:.3f} s to follow an input"
 
+    qlora = api(page, "/api/memory", **base, seq=8192, recompute="full", finetune="qlora")
+    page.select_option("#mem-form select[name=finetune]", "qlora")
+    wait_number(page, "#mem-training-total", qlora["per_gpu"]["total_bytes"])
+    assert qlora["per_gpu"]["total_bytes"] < longer["per_gpu"]["total_bytes"] / 3  # 4-bit base, adapters train
+    assert f"{qlora['trainable_params']:,} adapter parameters train" in page.inner_text("#mem-headline")
+    page.wait_for_selector("#mem-chart rect[data-bar='training'][data-term='dequant_workspace_bytes']")
+    shot(page, "memory-qlora")
+    page.select_option("#mem-form select[name=finetune]", "full")
+    wait_number(page, "#mem-training-total", longer["per_gpu"]["total_bytes"])
+
     page.fill("#mem-form input[name=seq]", "abc")
     page.wait_for_selector("#mem-error:not([hidden])")
     assert "Sequence length: input should be a valid integer" in page.inner_text("#mem-error")

@@ -61,6 +61,7 @@ async function update() {
         precision: v.precision,
         optimizer: v.optimizer,
         recompute: v.recompute,
+        finetune: v.finetune,
       }),
       api2("/api/serving", { ...common, context: v.seq, sequences: v.batch, dtype: v.dtype, kv_dtype: v.kv_dtype }),
     ]);
@@ -73,6 +74,11 @@ async function update() {
 
 const api2 = latestOnly();
 
+function trainingWhat(train) {
+  if (train.finetune === "full") return "every parameter trains";
+  return `${train.finetune === "qlora" ? "QLoRA" : "LoRA"}: ${train.trainable_params.toLocaleString("en-US")} adapter parameters train`;
+}
+
 function draw(train, serve) {
   last = [train, serve];
   const W = chartWidth($("#mem-chart"));
@@ -81,7 +87,7 @@ function draw(train, serve) {
   $("#mem-headline").replaceChildren(
     el("span", { text: "Training: " }),
     el("strong", { id: "mem-training-total", "data-bytes": trainTotal, text: fmtBytes(trainTotal) }),
-    el("span", { text: ` per unsplit copy (${train.precision}, ${train.seq.toLocaleString("en-US")} tokens × ${train.global_batch}). Serving: ` }),
+    el("span", { text: ` per unsplit copy (${trainingWhat(train)}, ${train.precision}, ${train.seq.toLocaleString("en-US")} tokens × ${train.global_batch}). Serving: ` }),
     el("strong", { id: "mem-serving-total", "data-bytes": serveTotal, text: fmtBytes(serveTotal) }),
     el("span", { text: ` with ${serve.bill.sequences} sequence(s) of ${serve.context.toLocaleString("en-US")} tokens in the KV cache. One ${train.gpu} has ${fmtBytes(train.hbm_bytes)}.` }),
   );

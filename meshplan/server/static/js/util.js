@@ -177,12 +177,14 @@ export const PIECE_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b
 
 export const TERM_COLORS = {
   weights_bytes: "#4e79a7",
+  adapter_weights_bytes: "#76b7b2",
   gradients_bytes: "#f28e2b",
   master_weights_bytes: "#e15759",
   optimizer_moments_bytes: "#b07aa1",
   activations_bytes: "#59a14f",
   logits_bytes: "#edc948",
   activation_workspace_bytes: "#8cd17d",
+  dequant_workspace_bytes: "#d37295",
   comm_buffers_bytes: "#ff9da7",
   framework_bytes: "#9c755f",
   fragmentation_bytes: "#bab0ac",

@@ -1,0 +1,224 @@
+"""Fine-tuning bills: each term re-derived from the model's shapes, what frozen parts save, what fits, and the
+commands that carry the flags."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan import io
+from meshplan.cli import main
+from meshplan.core.flops import model_flops_per_token
+from meshplan.core.params import count_params
+from meshplan.reports import fit_report, memory_report
+from meshplan.reports.estimate import estimate_report
+from meshplan.reports.inputs import FinetuneRequest, LayoutRequest
+from meshplan.reports.plan import plan_report
+from meshplan.spec.finetune import Finetune, FinetuneMode
+
+N_8B = 8_030_261_248
+LORA_8B = 41_943_040  # rank 16 on every linear layer (tests/test_finetune_counts.py derives it)
+H, V, L = 4096, 128_256, 32
+NF4 = (4 + 8 / 64 + 32 / (64 * 256)) / 8  # QLoRA Sec. 3: 4-bit codes, 8-bit block scales, fp32 per 256 blocks
+
+
+def bill(model: str = "llama-3.1-8b", *, gpus: int = 1, mode: str = "lora", **kw: object) -> dict:
+    layout = LayoutRequest(**{k: kw.pop(k) for k in list(kw) if k in LayoutRequest.__dataclass_fields__})
+    finetune = FinetuneRequest(mode=mode, **{k: kw.pop(k) for k in list(kw) if k in ("lora_rank", "freeze")})
+    return memory_report(model, gpu=kw.pop("gpu", "h100-sxm"), gpus=gpus, layout=layout, finetune=finetune, **kw)
+
+
+def test_lora_state_terms_by_hand() -> None:
+    """Frozen bf16 base, bf16 adapters; gradients, fp32 master copy and two fp32 moments for the adapters only."""
+    per = bill(seq=2048)["per_gpu"]
+    assert per["weights_bytes"] == 2 * N_8B
+    assert per["adapter_weights_bytes"] == 2 * LORA_8B
+    assert per["gradients_bytes"] == 2 * LORA_8B
+    assert per["master_weights_bytes"] == 4 * LORA_8B
+    assert per["optimizer_moments_bytes"] == 8 * LORA_8B
+    assert per["dequant_workspace_bytes"] == 0
+
+
+def test_qlora_base_in_nf4_and_its_dequantization_workspace() -> None:
+    out = bill(mode="qlora", seq=2048)
+    per = out["per_gpu"]
+    # NF4 holds the matmul weights; embeddings, output head and norms stay bf16
+    norms = (2 * L + 1) * H
+    matmul = N_8B - 2 * V * H - norms
+    assert per["weights_bytes"] == pytest.approx(matmul * NF4 + (2 * V * H + norms) * 2, rel=1e-12)
+    # one bf16 copy of the largest matrix of a layer (the 4096 x 14336 MLP projections)
+    assert per["dequant_workspace_bytes"] == 2 * H * 14336
+    assert per["adapter_weights_bytes"] == 2 * LORA_8B
+    assert out["trainable_params"] == LORA_8B and out["lora_rank"] == 16
+
+
+def test_fsdp_shards_the_frozen_base_and_the_adapters() -> None:
+    one, eight = bill(mode="qlora", seq=2048)["per_gpu"], bill(mode="qlora", gpus=8, zero=3, seq=2048)["per_gpu"]
+    for term in ("weights_bytes", "adapter_weights_bytes", "gradients_bytes", "optimizer_moments_bytes"):
+        assert eight[term] == pytest.approx(one[term] / 8)
+    assert eight["activations_bytes"] == one["activations_bytes"]  # a data-parallel rank keeps its own batch
+
+
+def test_frozen_base_activations() -> None:
+    """Megatron accounting: under full recompute a layer keeps its input either way, so LoRA differs from full
+    training only at the frozen output head, whose input (sbh) is no longer kept for a weight gradient."""
+    s, b, beta = 4096, 1, 2
+    full = bill(mode="full", seq=s, recompute="full")["per_gpu"]["activations_bytes"]
+    lora = bill(seq=s, recompute="full")["per_gpu"]["activations_bytes"]
+    assert full - lora == pytest.approx(s * b * beta * H)
+    # without recompute the frozen projections drop the inputs only their weight gradients needed (none here:
+    # every projection has an adapter) and each adapter keeps its r-wide A x: 7 adapters x r per token
+    full_none = bill(mode="full", seq=s)["per_gpu"]["activations_bytes"]
+    lora_none = bill(seq=s)["per_gpu"]["activations_bytes"]
+    adapters = L * s * b * beta * 7 * 16
+    first_norm = s * b * beta * H  # behind the frozen embedding, layer 0's first norm keeps nothing
+    assert lora_none - full_none == pytest.approx(adapters - s * b * beta * H - first_norm)
+
+
+def test_lora_on_q_and_v_drops_the_mlp_inputs() -> None:
+    """No gate, up or down adapter: the MLP input (h) and the down projection's input (f) go per layer."""
+    s, beta = 2048, 2
+    every = bill(seq=s)["per_gpu"]["activations_bytes"]
+    qv = memory_report(
+        "llama-3.1-8b",
+        gpu="h100-sxm",
+        gpus=1,
+        layout=LayoutRequest(),
+        seq=s,
+        finetune=FinetuneRequest(mode="lora", lora_targets="q,v"),
+    )["per_gpu"]["activations_bytes"]
+    dropped = L * s * beta * (H + 14336 + 5 * 16)  # MLP input, down input, five fewer r-wide adapter inputs
+    assert every - qv == pytest.approx(dropped)
+
+
+def test_frozen_prefix_keeps_nothing_and_trains_nothing() -> None:
+    s, beta = 4096, 2
+    full = bill(mode="full", seq=s)
+    frozen = bill(mode="full", seq=s, freeze="embeddings,layers=8")
+    layer = 218_112_000  # llama-3.1-8b layer parameters
+    trainable = N_8B - V * H - 8 * layer
+    assert frozen["trainable_params"] == trainable and frozen["frozen"] == {"embeddings": True, "layers": 8}
+    assert frozen["per_gpu"]["gradients_bytes"] == 2 * trainable
+    assert frozen["per_gpu"]["weights_bytes"] == full["per_gpu"]["weights_bytes"]
+    # 8 of 32 layers keep nothing; the output head (tied to nothing, frozen with the embeddings) drops its input
+    head = 2 * s * beta * H  # Korthikanti's 2sbh: final norm input and head input
+    layers = full["per_gpu"]["activations_bytes"] - head
+    assert frozen["per_gpu"]["activations_bytes"] == pytest.approx(layers * 24 / 32 + head / 2)
+
+
+def test_qlora_paper_65b_on_one_48gb_gpu() -> None:
+    """QLoRA (arXiv:2305.14314): a 65B model fine-tunes on a single 48 GB GPU (rank 64 on every linear layer,
+    gradient checkpointing); in bf16 the frozen base alone is 130 GB."""
+    kw = dict(gpu="l40s", seq=512, recompute="full", lora_rank=64)
+    q = bill("llama-65b", mode="qlora", **kw)
+    lora = bill("llama-65b", mode="lora", **kw)
+    assert q["hbm_bytes"] == 48e9
+    assert q["fits"] and not lora["fits"]
+    floor = 65_285_660_672 * NF4  # the 4-bit base alone
+    assert floor < q["per_gpu"]["total_bytes"] < 48e9
+    assert lora["per_gpu"]["weights_bytes"] == pytest.approx(2 * 65_285_660_672)
+
+
+def test_fit_answers_are_the_largest_that_fit() -> None:
+    out = fit_report("llama-3.1-8b", gpu="h100-sxm", gpus=2, finetune=FinetuneRequest(mode="lora"), seq=4096)
+    assert out["trainable_params"] == LORA_8B and out["layout"] == {"dp_shard": 2, "zero": 3}
+    assert out["max_micro_batch_with_recompute"] >= out["max_micro_batch"] >= 1
+    assert out["max_seq_len_with_recompute"] > out["max_seq_len"] > 4096
+
+    def fits(mb: int, seq: int, recompute: str) -> bool:
+        return bill(gpus=2, zero=3, micro_batch=mb, seq=seq, recompute=recompute, global_batch=2 * mb)["fits"]
+
+    for suffix, recompute in (("", "none"), ("_with_recompute", "full")):
+        mb, s = out[f"max_micro_batch{suffix}"], out[f"max_seq_len{suffix}"]
+        assert fits(mb, 4096, recompute) and not fits(mb + 1, 4096, recompute)
+        assert fits(1, s, recompute) and not fits(1, s + 1, recompute)
+
+
+def test_lora_step_does_less_work() -> None:
+    """A frozen matmul computes its forward and its input gradient (4 flops per parameter per token), an
+    adapter all three (6); the step is faster on the same layout."""
+    m = io.load_model("llama-3.1-8b")
+    full = model_flops_per_token(m, seq_len=4096)
+    lora = model_flops_per_token(m, seq_len=4096, finetune=Finetune(mode=FinetuneMode.LORA))
+    attention = 6 * L * 32 * 2 * 128 * 4096
+    matmul = count_params(m).total - V * H - (2 * L + 1) * H  # the input embedding is a lookup, not a matmul
+    assert full == pytest.approx(6 * matmul + attention)
+    assert lora == pytest.approx(4 * matmul + attention + 6 * LORA_8B)
+    kw = dict(gpu="h100-sxm", gpus=8, layout=LayoutRequest(zero=3), seq=4096)
+    t_full = estimate_report("llama-3.1-8b", **kw)
+    every = estimate_report("llama-3.1-8b", finetune=FinetuneRequest(mode="lora"), **kw)
+    qv = estimate_report("llama-3.1-8b", finetune=FinetuneRequest(mode="lora", lora_targets="q,v"), **kw)
+    assert qv["step_time_s"] < every["step_time_s"] < t_full["step_time_s"]  # unfused adapters move activations
+    assert every["trainable_params"] == LORA_8B
+
+
+def test_lora_paper_speedup_on_gpt3() -> None:
+    """LoRA (arXiv:2106.09685) Sec. 4.2: rank 4 on W_q and W_v trains GPT-3 175B about 25% faster than full
+    fine-tuning, since most weight gradients are never computed. Held at 5 points on the compute time of a
+    Megatron layout on A100s (the paper does not state its layout)."""
+    kw = dict(gpu="a100-80gb", gpus=128, layout=LayoutRequest(tp=8, pp=8, sp=True), seq=2048, global_batch=64)
+    full = estimate_report("gpt3-175b", **kw)
+    lora = estimate_report("gpt3-175b", finetune=FinetuneRequest(mode="lora", lora_rank=4, lora_targets="q,v"), **kw)
+    saved = 1 - lora["breakdown"]["compute_s"] / full["breakdown"]["compute_s"]
+    assert saved == pytest.approx(0.25, abs=0.05)
+
+
+def test_planner_searches_fine_tuning_layouts() -> None:
+    out = plan_report(
+        "llama-3.1-70b",
+        gpu="h100-sxm",
+        gpus=8,
+        seq=4096,
+        global_batch_tokens=32 * 4096,
+        finetune=FinetuneRequest(mode="qlora"),
+    )
+    assert out["finetune"] == "qlora" and out["plans"]
+    assert all(p["layout"]["tp"] == 1 for p in out["plans"])  # the 4-bit base is never split by TP
+    assert "QLoRA's 4-bit base cannot be split by TP" in out["rejections"]
+    full = plan_report("llama-3.1-70b", gpu="h100-sxm", gpus=8, seq=4096, global_batch_tokens=32 * 4096)
+    assert not full["plans"] or out["plans"][0]["step_time_s"] < full["plans"][0]["step_time_s"]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict | str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if "--json" in argv and code == 0 else err)
+
+
+def test_cli_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run(capsys, "params", "llama-3.1-8b", "--finetune", "lora", "--lora-rank", "16", "--json")
+    assert code == 0 and isinstance(out, dict) and out["trainable_params"] == LORA_8B
+    code, out = run(capsys, "memory", "llama-3.1-8b", "--gpu", "a100-40gb", "--gpus", "1", "--finetune", "qlora",
+                    "--json")  # fmt: skip
+    assert code == 0 and isinstance(out, dict)
+    assert {"adapter_weights_bytes", "dequant_workspace_bytes"} <= set(out["per_gpu"])
+    code, out = run(capsys, "fit", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "1", "--finetune", "lora",
+                    "--seq", "8192", "--json")  # fmt: skip
+    assert code == 0 and isinstance(out, dict) and {"max_micro_batch", "max_seq_len"} <= set(out)
+
+
+def test_cli_text_says_what_trains(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "1", "--finetune", "lora"]) == 0
+    assert "fine-tuning: lora rank 16 on q,k,v,o,gate,up,down; 41,943,040 trainable" in capsys.readouterr().out
+    assert main(["fit", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "1", "--finetune", "lora"]) == 0
+    assert "longest sequence at micro-batch 1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--finetune", "qlora", "--tp", "2"], "tensor parallelism cannot split"),
+        (["--finetune", "lora", "--lora-rank", "0"], "expected a positive integer, got 0"),
+        (["--finetune", "lora", "--lora-rank", "4096"], "not below the q projection's smaller side"),
+        (["--finetune", "lora", "--freeze", "layers=2"], "already freezes the whole base"),
+        (["--finetune", "lora", "--lora-targets", "q,wq"], "unknown LoRA target 'wq'"),
+        (["--finetune", "full", "--freeze", "layers=99"], "freeze_layers=99 exceeds"),
+        (["--finetune", "full", "--freeze", "heads"], "unknown frozen part 'heads'"),
+        (["--finetune", "dora"], "invalid choice: 'dora'"),
+    ],
+)
+def test_bad_combinations_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
+    code, err = run(capsys, "memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "2", *argv)
+    assert code == 2 and isinstance(err, str)
+    assert fragment in err and err.count("\n") == 1 and "Traceback" not in err
