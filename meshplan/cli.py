@@ -130,7 +130,7 @@ def _cmd_params(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_memory(args: argparse.Namespace) -> dict[str, Any]:
-    from meshplan.reports import memory_report
+    from meshplan.reports.bills import memory_report
 
     return memory_report(
         args.model,
@@ -333,7 +333,7 @@ def _cmd_check(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
-    from meshplan.reports import fit_report
+    from meshplan.reports.bills import fit_report
 
     return fit_report(
         args.model, gpu=args.gpu, gpus=args.gpus, dtype=args.dtype, finetune=_finetune_request(args), seq=args.seq
@@ -341,7 +341,7 @@ def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
-    from meshplan.reports import serving_report
+    from meshplan.reports.bills import serving_report
 
     return serving_report(
         args.model,

@@ -238,6 +238,7 @@ def _plan(r: dict[str, Any]) -> str:
             f"{p['tokens_per_s_per_gpu']:,.0f}",
             gb(p["per_gpu"]["total_bytes"]),
             gb(p["headroom_bytes"]),
+            ",".join(axis for axis, at in p["placement"].items() if at["crosses_fabric"]) or "-",
         )
         for i, p in enumerate(r["plans"])
     ]
@@ -252,7 +253,7 @@ def _plan(r: dict[str, Any]) -> str:
         f"Pareto front (step time against memory per GPU): {len(r['pareto'])} layouts",
     ]
     for e in r.get("explain", []):
-        rows = [
+        term_rows = [
             (
                 x["term"],
                 _value(x[e["a"]], x["unit"]),
@@ -262,7 +263,7 @@ def _plan(r: dict[str, Any]) -> str:
             for x in e["rows"]
             if x[e["a"]] or x[e["b"]]
         ]
-        out += ["", f"{e['a']} vs {e['b']}: {e['why']}", table(rows, ["term", e["a"], e["b"], "difference"])]
+        out += ["", f"{e['a']} vs {e['b']}: {e['why']}", table(term_rows, ["term", e["a"], e["b"], "difference"])]
         for w in e.get("named", {}).get("warnings", []):
             out.append(f"  note: {w}")
     return "\n".join(out)

@@ -22,7 +22,7 @@ from meshplan import io
 from meshplan.core.flops import narayanan_flops
 from meshplan.core.placement import DEFAULT_ORDER, parse_order
 from meshplan.core.plan import Plan, evaluate
-from meshplan.reports import LayoutRequest, resolve_cluster, resolve_layout, resolve_workload
+from meshplan.reports.inputs import LayoutRequest, resolve_cluster, resolve_layout, resolve_workload
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import ModelSpec
 

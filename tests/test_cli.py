@@ -159,13 +159,42 @@ def test_console_script_start_up_and_exit_code() -> None:
     assert done.returncode == 2 and "Traceback" not in done.stderr
 
 
-def test_tables_render(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (
-        ["params", "mixtral-8x7b"],
-        ["fit", "llama-3.3-70b", "--gpu", "h200", "--gpus", "8"],
-        ["memory", "llama-3.1-8b", "--gpu", "a100-80gb", "--gpus", "8", "--zero", "3"],
-        ["serving", "llama-3.1-8b", "--gpu", "l40s", "--gpus", "1"],
-        ["collectives"],
-    ):
-        assert main(argv) == 0
-        assert capsys.readouterr().out.strip()
+TEXT_RUNS = {
+    "params": ["params", "mixtral-8x7b"],
+    "fit": ["fit", "llama-3.3-70b", "--gpu", "h200", "--gpus", "8"],
+    "memory": ["memory", "llama-3.1-8b", "--gpu", "a100-80gb", "--gpus", "8", "--zero", "3"],
+    "serving": ["serving", "llama-3.1-8b", "--gpu", "l40s", "--gpus", "1"],
+    "estimate": ["estimate", "llama-3.1-70b", "--gpu", "h100-sxm", "--gpus", "64", "--tp", "8", "--pp", "2"],
+    "collectives": ["collectives"],
+    "plan": ["plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "16", "--seq", "4096",
+             "--global-batch-tokens", "1048576", "--explain"],
+    "recipe": ["recipe", "llama3-405b-8k", "--no-rank"],
+    "validate": ["validate"],
+    "export": ["export", "torchtitan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--zero", "3"],
+}  # fmt: skip
+NOT_TEXT = {"ui", "check"}  # the server; the real-run check renders in tests/check/test_predict.py
+
+
+def test_every_command_has_a_text_run() -> None:
+    from meshplan.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert set(sub.choices) - NOT_TEXT == set(TEXT_RUNS)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("command", sorted(TEXT_RUNS))
+def test_tables_render(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    """Every command's table (the CLI without --json) renders."""
+    assert main(TEXT_RUNS[command]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() and "Traceback" not in out
+
+
+def test_plan_table_names_the_axes_that_cross_the_fabric(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(TEXT_RUNS["plan"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("#  layout"))
+    assert lines[header].rstrip().endswith("across fabric")
+    first = lines[header + 2]  # 16 GPUs are two NVLink domains: some axis must leave the node
+    assert first.split()[-1] != "-" and set(first.split()[-1].split(",")) <= {"tp", "cp", "ep", "dp_shard",
+                                                                           "dp_replicate", "pp"}  # fmt: skip

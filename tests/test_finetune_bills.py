@@ -151,6 +151,10 @@ def test_lora_step_does_less_work() -> None:
     qv = estimate_report("llama-3.1-8b", finetune=FinetuneRequest(mode="lora", lora_targets="q,v"), **kw)
     assert qv["step_time_s"] < every["step_time_s"] < t_full["step_time_s"]  # unfused adapters move activations
     assert every["trainable_params"] == LORA_8B
+    # full recompute repeats the forward: 1/3 more than full training's work, about 1/2 more than LoRA's
+    redo = estimate_report("llama-3.1-8b", finetune=FinetuneRequest(mode="lora"), **(kw | {"layout": LayoutRequest(
+        zero=3, recompute="full")}))  # fmt: skip
+    assert redo["hfu"] / redo["mfu"] == pytest.approx(1 + full / 3 / lora)
 
 
 def test_lora_paper_speedup_on_gpt3() -> None:

@@ -117,11 +117,14 @@ def layer_time(
     before every use (forward and backward): 4.127 bits read, 16 written and read again per weight.
     """
     hbm = hbm_bytes_per_s * cal.hbm_efficiency
-    kw = dict(peak_flops=peak_flops, hbm_bytes_per_s=hbm_bytes_per_s, cal=cal, act_bytes=act_bytes)
+
+    def gemm_s_of(g: Gemm) -> Num:
+        return gemm_time(g, peak_flops=peak_flops, hbm_bytes_per_s=hbm_bytes_per_s, cal=cal, act_bytes=act_bytes)
+
     gemms = attention_gemms(model, tokens=tokens, tp=tp) + mlp_gemms(
         model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer
     )
-    gemm_s = sum(gemm_time(g, **kw) for g in gemms)
+    gemm_s = sum(gemm_s_of(g) for g in gemms)
     memory_s = (
         tokens
         * _memory_bytes_per_token(model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=act_bytes, kernels=kernels)
@@ -136,7 +139,7 @@ def layer_time(
         d = model.mla.qk_head_dim if model.mla else model.head_dim
         scores = Gemm(name="scores", m=tokens, n=seq_len, k=d, count=heads)
         values = Gemm(name="values", m=tokens, n=d, k=seq_len, count=heads)
-        products = gemm_time(scores, **kw) + gemm_time(values, **kw)
+        products = gemm_s_of(scores) + gemm_s_of(values)
         traffic = EAGER_SCORE_BYTES_FWD * heads * tokens * seq_len / hbm
         attn_fwd = products + traffic
         attn_bwd = 2 * products + traffic * EAGER_SCORE_BYTES_BWD / EAGER_SCORE_BYTES_FWD

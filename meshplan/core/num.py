@@ -7,9 +7,12 @@ vectorized search over a million layouts run the very same code.
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt  # annotations only: the core does not load numpy.typing at run time
 
 Num: TypeAlias = Any
 """A float, an int, a bool, or an ndarray of them (one entry per layout)."""
@@ -19,7 +22,10 @@ def where(condition: Num, if_true: Num, if_false: Num) -> Num:
     """``np.where`` that hands back a Python scalar for scalar inputs (and skips the copy for a scalar condition)."""
     if np.ndim(condition) == 0:
         return if_true if condition else if_false
-    out = np.where(condition, if_true, if_false)
+    # typed as ArrayLike so that the stubs pick the three-argument overload (Any also matches the x=None one)
+    x: npt.ArrayLike = if_true
+    y: npt.ArrayLike = if_false
+    out = np.where(condition, x, y)
     return out.item() if out.ndim == 0 else out
 
 

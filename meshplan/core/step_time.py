@@ -331,13 +331,15 @@ def _optimizer_time(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: 
 
 
 def _recompute_factor(model: ModelSpec, recompute: Num, work: Workload) -> Num:
-    """Hardware over model FLOPs: full recompute adds a forward (1/3), selective the attention scores' forward."""
+    """Hardware over model FLOPs: full recompute adds a forward (1/3 of full training's FLOPs, 1/2 of a frozen
+    base's), selective the attention scores' forward."""
     per_token = model_flops_per_token(model, seq_len=work.seq_len, finetune=work.finetune)
+    forward = model_flops_per_token(model, seq_len=work.seq_len) / 3
     width = (model.mla.qk_head_dim + model.mla.v_head_dim) if model.mla else 2 * model.head_dim
     attention_fwd = 2 * model.num_layers * model.num_heads * width * work.seq_len
     return where(
         recompute == Recompute.FULL,
-        4.0 / 3.0,
+        1 + forward / per_token,
         where(recompute == Recompute.SELECTIVE, 1 + attention_fwd / per_token, 1.0),
     )
 

@@ -35,8 +35,8 @@ TRAINING_TERMS: tuple[Term, ...] = (
     Term(
         name="adapter_weights_bytes",
         title="Adapter weights",
-        what="The low-rank matrices LoRA trains beside the frozen base (B A, rank r), in the weight dtype.",
-        formula="r (d_in + d_out) per adapted matrix, per layer; under TP a column-parallel matrix splits B, a "
+        what="The low-rank matrices LoRA trains beside the frozen base (B A, rank R), in the weight dtype.",
+        formula="R (d_in + d_out) per adapted matrix, per layer; under TP a column-parallel matrix splits B, a "
         "row-parallel one A",
         source="Hu et al. 2021, LoRA (arXiv:2106.09685) Sec. 4.1",
     ),
@@ -59,13 +59,14 @@ TRAINING_TERMS: tuple[Term, ...] = (
         name="optimizer_moments_bytes",
         title="Optimizer moments",
         what="Adam's first and second moments (one for SGD with momentum, factored for Adafactor).",
-        formula="P * moments * bytes(moment), divided by D from ZeRO-1",
+        formula="P_trained * moments * bytes(moment), divided by D from ZeRO-1",
         source="ZeRO Sec. 3.1: momentum 4 + variance 4 bytes in fp32; DeepSeek-V3 Sec. 3.3 keeps them in bf16",
     ),
     Term(
         name="activations_bytes",
         title="Activations",
-        what="Tensors the forward pass keeps for backward, for every micro-batch in flight on this stage.",
+        what="Tensors the forward pass keeps for backward, for every micro-batch in flight on this stage (a "
+        "frozen matmul or norm keeps only what its input gradient needs; each LoRA adapter adds its R-wide A x).",
         formula="in-flight micro-batches x layers x per-layer bytes; a GPT layer with TP keeps "
         "sbh(10 + 24/t + 5as/ht), sbh(34/t) with SP and selective recompute, 2sbh with full recompute",
         source="Korthikanti et al. 2022, Table 2 and Eq. 5-6, extended to GQA, gated MLPs, flash attention, CP, MoE",

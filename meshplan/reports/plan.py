@@ -266,7 +266,7 @@ def plan_report(
     order = resolve_order(axis_order)
     obj = _objective(objective, tokens=tokens, days=days)
     work = _workload(seq, global_batch_tokens // seq, precision, attention, kernels, ft)
-    if obj == "fewest-gpus":
+    if not isinstance(obj, Objective):  # "fewest-gpus"
         assert tokens is not None and days is not None
         gpus = _fewest_gpus(
             spec,
@@ -323,7 +323,8 @@ def plan_report(
             p["days_to_train"] = tokens / (p["tokens_per_s_per_gpu"] * cluster.num_gpus) / 86400
     if explain or compare:
         out["explain"] = _explanations(spec, cluster, work, plans, order, compare)
-    return jsonable(out)
+    data: dict[str, Any] = jsonable(out)
+    return data
 
 
 def _objective(text: str, *, tokens: float | None, days: float | None) -> Objective | str:

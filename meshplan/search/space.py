@@ -8,6 +8,7 @@ count per reason.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -74,8 +75,30 @@ class LayoutBatch:
     @staticmethod
     def of(layouts: list[Layout]) -> LayoutBatch:
         """A batch from single layouts (used to check that both paths agree)."""
-        cols = {f.name: [getattr(x, f.name) for x in layouts] for f in fields(LayoutBatch)}
-        return LayoutBatch(**{k: np.asarray(v, dtype=np.bool_ if k == "sp" else np.int64) for k, v in cols.items()})
+        return _from_columns({f.name: [getattr(x, f.name) for x in layouts] for f in fields(LayoutBatch)})
+
+
+def _from_columns(cols: Mapping[str, npt.ArrayLike]) -> LayoutBatch:
+    """A batch from one column per field: ``sp`` as booleans, the others as int64 (arrays already so are not copied)."""
+
+    def ints(name: str) -> IntArray:
+        return np.asarray(cols[name], dtype=np.int64)
+
+    return LayoutBatch(
+        tp=ints("tp"),
+        pp=ints("pp"),
+        vpp=ints("vpp"),
+        cp=ints("cp"),
+        ep=ints("ep"),
+        dp_shard=ints("dp_shard"),
+        dp_replicate=ints("dp_replicate"),
+        sp=np.asarray(cols["sp"], dtype=np.bool_),
+        zero=ints("zero"),
+        recompute=ints("recompute"),
+        schedule=ints("schedule"),
+        cp_kind=ints("cp_kind"),
+        micro_batch=ints("micro_batch"),
+    )
 
 
 def divisors(n: int) -> list[int]:
@@ -139,7 +162,7 @@ def enumerate_layouts(
     ]
     names = [f.name for f in fields(LayoutBatch)]
     if not rows:
-        return LayoutBatch(**{k: np.zeros(0, dtype=np.bool_ if k == "sp" else np.int64) for k in names})
+        return _from_columns({k: np.zeros(0, dtype=np.bool_ if k == "sp" else np.int64) for k in names})
     outer = np.asarray(rows, dtype=np.int64)
     tp, cp, pp, dp, ep, shard = outer.T
     inner_names = ("vpp", "micro_batch", "zero", "recompute", "sp")
@@ -181,4 +204,4 @@ def enumerate_layouts(
         extra["schedule"] = np.full(int(zb.sum()), int(Schedule.ZERO_BUBBLE), dtype=np.int64)
         merged = {k: np.concatenate([merged[k], extra[k]]) for k in merged}
     merged["sp"] = merged["sp"].astype(np.bool_)
-    return LayoutBatch(**{k: merged[k] for k in names})
+    return _from_columns({k: merged[k] for k in names})
