@@ -103,3 +103,31 @@ def test_bills_are_frozen() -> None:
     except dataclasses.FrozenInstanceError:
         return
     raise AssertionError("MemoryBill must be frozen")
+
+
+@given(
+    name=st.sampled_from(MODELS),
+    rank=st.sampled_from([4, 16, 64]),
+    recompute=st.sampled_from(list(Recompute)),
+    tp=st.sampled_from([1, 2, 8]),
+)
+def test_freezing_never_costs_more(name: str, rank: int, recompute: Recompute, tp: int) -> None:
+    """LoRA's bill never exceeds full training's but for its adapters and their activations; QLoRA's base never
+    exceeds LoRA's; the adapters and every term stay non-negative."""
+    from meshplan.spec.finetune import Finetune, FinetuneMode
+
+    lay = Layout(tp=tp, sp=tp > 1, recompute=recompute, zero=1, dp_shard=4, dp_replicate=1)
+    bills = {
+        mode: bill(name, lay, Workload(seq_len=2048, global_batch=4, finetune=Finetune(mode=mode, lora_rank=rank)))
+        for mode in FinetuneMode
+        if not (mode is FinetuneMode.QLORA and tp > 1)  # refused: TP cannot split the 4-bit base
+    }
+    full, lora = bills[FinetuneMode.FULL], bills[FinetuneMode.LORA]
+    adapters = lora.adapter_weights_bytes
+    assert 0 < adapters < full.weights_bytes
+    assert lora.weights_bytes == full.weights_bytes
+    assert lora.gradients_bytes == adapters and lora.gradients_bytes < full.gradients_bytes
+    assert lora.optimizer_bytes < full.optimizer_bytes
+    assert all(getattr(b, t) >= 0 for b in bills.values() for t in TERMS)
+    if FinetuneMode.QLORA in bills:
+        assert bills[FinetuneMode.QLORA].weights_bytes < 0.4 * lora.weights_bytes

@@ -355,25 +355,18 @@ def dp_calls(
                 count=where((zero == ZeroStage.OPTIMIZER) | (zero == ZeroStage.GRADIENTS), 1, 0),
                 **sharded,
             ),
-            _call(
-                strat,
-                Collective.ALL_GATHER,
-                shard_p,
-                cl,
-                phase="forward",
-                size=params * base_gather,
-                count=where((zero == ZeroStage.PARAMETERS) & whole_model_zero3, m, 0),
-                **sharded,
-            ),
-            _call(
-                strat,
-                Collective.ALL_GATHER,
-                shard_p,
-                cl,
-                phase="backward",
-                size=params * base_gather,
-                count=where((zero == ZeroStage.PARAMETERS) & whole_model_zero3, m, 0),
-                **sharded,
+            *(
+                _call(  # ZeRO-3 gathers the whole stage before its forward and again before its backward
+                    strat,
+                    Collective.ALL_GATHER,
+                    shard_p,
+                    cl,
+                    phase=phase,
+                    size=params * base_gather,
+                    count=where((zero == ZeroStage.PARAMETERS) & whole_model_zero3, m, 0),
+                    **sharded,
+                )
+                for phase in ("forward", "backward")
             ),
             _call(
                 strat,

@@ -1,7 +1,7 @@
 """Exports: a plan becomes the launch configuration of a real engine.
 
-Training exports take the plan's specs; serving exports take the handful of numbers a server needs.
-Each returns an :class:`Export` (files, one command line, notes) or raises
+Training exports take the plan's specs; serving exports take a :class:`ServingPlan`, the handful of numbers
+a server needs. Each returns an :class:`Export` (files, one command line, notes) or raises
 :class:`UnsupportedByEngine` naming what the engine lacks and the closest plan it can run.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Protocol
 
-from meshplan.exports.common import Engine, Export, UnsupportedByEngine
+from meshplan.exports.common import Engine, Export, ServingPlan, UnsupportedByEngine
 from meshplan.exports.deepspeed import export_deepspeed
 from meshplan.exports.megatron import export_megatron
 from meshplan.exports.sglang import export_sglang
@@ -20,7 +20,6 @@ from meshplan.exports.vllm import export_vllm
 from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
-from meshplan.units import DType
 
 
 class TrainingExporter(Protocol):
@@ -37,21 +36,7 @@ class TrainingExporter(Protocol):
 
 
 class ServingExporter(Protocol):
-    def __call__(
-        self,
-        *,
-        model_path: str,
-        tp: int = 1,
-        pp: int = 1,
-        ep: int = 1,
-        dp: int = 1,
-        max_model_len: int,
-        gpu_memory_utilization: float,
-        max_num_seqs: int,
-        kv_cache_dtype: DType | None = None,
-        quantization: str | None = None,
-        predicted: Mapping[str, float] | None = None,
-    ) -> Export: ...
+    def __call__(self, plan: ServingPlan, *, predicted: Mapping[str, float] | None = None) -> Export: ...
 
 
 TRAINING_EXPORTERS: Mapping[Engine, TrainingExporter] = MappingProxyType(
@@ -67,6 +52,7 @@ __all__ = [
     "Engine",
     "Export",
     "ServingExporter",
+    "ServingPlan",
     "TrainingExporter",
     "UnsupportedByEngine",
     "export_deepspeed",

@@ -1,4 +1,4 @@
-"""What every engine export shares: the result type, the refusal, batch arithmetic, shell text.
+"""What every engine export shares: the result type, the refusal, the serving plan, batch arithmetic, shell text.
 
 Exports are pure: they turn specs into text and never touch files, the network or an engine.
 """
@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from meshplan.spec.layout import Layout, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
+from meshplan.units import DType
 
 
 class Engine(StrEnum):
@@ -87,13 +88,84 @@ def check_experts(engine: Engine, model: ModelSpec, layout: Layout) -> None:
         raise UnsupportedByEngine(engine, f"split experts (ep={layout.ep}) of the dense model {model.name}", "ep=1")
 
 
-def check_serving(*, gpu_memory_utilization: float, **counts: int) -> None:
-    """Serving inputs: counts are positive integers, the memory fraction lies in (0, 1]."""
-    for name, value in counts.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if not 0 < gpu_memory_utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingPlan:
+    """The handful of numbers a server needs: one plan feeds every serving engine, each maps it to its own flags.
+
+    The fields carry vLLM's names. Construction refuses what no engine could run (a degree or a limit below 1,
+    a memory fraction outside (0, 1]) with a plain ValueError; what only one engine cannot express is refused
+    by that engine's export with UnsupportedByEngine.
+    """
+
+    model_path: str
+    """Checkpoint directory or Hugging Face repository the server loads."""
+    tp: int = 1
+    """Tensor-parallel degree inside each replica."""
+    pp: int = 1
+    """Pipeline-parallel degree inside each replica."""
+    ep: int = 1
+    """Expert-parallel degree; each engine has its own rule for which values it can express."""
+    dp: int = 1
+    """Data-parallel replicas."""
+    max_model_len: int
+    """Longest sequence, prompt and output together, in tokens."""
+    gpu_memory_utilization: float
+    """Fraction of each GPU's memory the engine may take, in (0, 1]."""
+    max_num_seqs: int
+    """Sequences a replica runs at once."""
+    kv_cache_dtype: DType | None = None
+    """Storage type of the KV cache; None keeps the model's dtype."""
+    quantization: str | None = None
+    """The engine's name for the weights' quantization method; None loads them as stored."""
+
+    def __post_init__(self) -> None:
+        counts = {
+            "tp": self.tp,
+            "pp": self.pp,
+            "ep": self.ep,
+            "dp": self.dp,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+        }
+        for name, value in counts.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs of the whole deployment: tp x pp per replica, dp replicas (experts borrow these, add none)."""
+        return self.tp * self.pp * self.dp
+
+
+def precision_flags(
+    engine: Engine,
+    plan: ServingPlan,
+    kv_cache_flag: str,
+    kv_cache_dtypes: Mapping[DType, str],
+    kv_cache_closest: str,
+    quantization_flag: str,
+    quantization_methods: Collection[str],
+) -> list[str]:
+    """The flags for the plan's KV-cache dtype and weight quantization, in one engine's names and choices.
+
+    Each engine passes its flag names and tables: ``kv_cache_dtypes`` maps a dtype to the engine's choice,
+    ``quantization_methods`` lists the methods it loads. Unset fields write no flag (the engine's default);
+    a dtype or method the engine lacks is refused, ``kv_cache_closest`` naming the KV-cache dtypes it offers.
+    """
+    args: list[str] = []
+    if plan.kv_cache_dtype is not None:
+        if plan.kv_cache_dtype not in kv_cache_dtypes:
+            raise UnsupportedByEngine(engine, f"store the KV cache in {plan.kv_cache_dtype}", kv_cache_closest)
+        args += [kv_cache_flag, kv_cache_dtypes[plan.kv_cache_dtype]]
+    if plan.quantization is not None:
+        if plan.quantization not in quantization_methods:
+            raise UnsupportedByEngine(
+                engine, f"load {plan.quantization!r} quantized weights", "quantization=None or fp8"
+            )
+        args += [quantization_flag, plan.quantization]
+    return args
 
 
 def nodes(num_gpus: int, gpus_per_node: int) -> tuple[int, int]:
@@ -133,3 +205,23 @@ def shell_script(
     lines = ["#!/usr/bin/env bash", f"# {title}", *predicted_lines(predicted), "set -euo pipefail"]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
     return "\n".join([*lines, _wrapped(tokens), ""])
+
+
+def launcher_export(
+    engine: Engine,
+    engine_version: str,
+    script: str,
+    *,
+    title: str,
+    tokens: list[str],
+    predicted: Mapping[str, float] | None,
+    notes: Iterable[str],
+) -> Export:
+    """An export whose one file is a bash launcher of ``tokens`` (the serving engines need no more)."""
+    return Export(
+        engine=engine,
+        engine_version=engine_version,
+        files={script: shell_script(title=title, predicted=predicted, env={}, tokens=tokens)},
+        command=shell_join(tokens),
+        notes=tuple(notes),
+    )

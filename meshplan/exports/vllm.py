@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from meshplan.exports.common import Engine, Export, UnsupportedByEngine, check_serving, shell_join, shell_script
+from meshplan.exports.common import Engine, Export, ServingPlan, UnsupportedByEngine, launcher_export, precision_flags
 from meshplan.units import DType
 
 ENGINE_VERSION = "0.33.0"
@@ -60,90 +60,37 @@ QUANTIZATION_METHODS: tuple[str, ...] = (
 )
 """QuantizationMethods of vLLM 0.33.0 (the same in 0.32.0)."""
 
+KV_CACHE_CLOSEST = "kv_cache_dtype fp8 or bf16"
+"""The plan named in place of a KV-cache dtype missing from KV_CACHE_DTYPES."""
 
-def vllm_args(
-    *,
-    model_path: str,
-    tp: int = 1,
-    pp: int = 1,
-    ep: int = 1,
-    dp: int = 1,
-    max_model_len: int,
-    gpu_memory_utilization: float,
-    max_num_seqs: int,
-    kv_cache_dtype: DType | None = None,
-    quantization: str | None = None,
-) -> list[str]:
+
+def vllm_args(plan: ServingPlan) -> list[str]:
     """The `vllm serve` command line of a serving plan."""
-    check_serving(
-        tp=tp,
-        pp=pp,
-        ep=ep,
-        dp=dp,
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        gpu_memory_utilization=gpu_memory_utilization,
-    )
+    tp, dp, ep = plan.tp, plan.dp, plan.ep
     if ep not in (1, tp * dp):
         raise UnsupportedByEngine(
             ENGINE,
             f"give experts their own group of ep={ep} (with --enable-expert-parallel they span tp*dp = {tp * dp})",
             f"ep={tp * dp} or ep=1",
         )
-    args = ["vllm", "serve", model_path, "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp)]
-    args += ["--data-parallel-size", str(dp)]
+    args = ["vllm", "serve", plan.model_path, "--tensor-parallel-size", str(tp)]
+    args += ["--pipeline-parallel-size", str(plan.pp), "--data-parallel-size", str(dp)]
     args += ["--enable-expert-parallel"] if ep > 1 else []
-    args += ["--max-model-len", str(max_model_len), "--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
-    args += ["--max-num-seqs", str(max_num_seqs)]
-    if kv_cache_dtype is not None:
-        if kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise UnsupportedByEngine(ENGINE, f"store the KV cache in {kv_cache_dtype}", "kv_cache_dtype fp8 or bf16")
-        args += ["--kv-cache-dtype", KV_CACHE_DTYPES[kv_cache_dtype]]
-    if quantization is not None:
-        if quantization not in QUANTIZATION_METHODS:
-            raise UnsupportedByEngine(ENGINE, f"load {quantization!r} quantized weights", "quantization=None or fp8")
-        args += ["--quantization", quantization]
-    return args
+    args += ["--max-model-len", str(plan.max_model_len)]
+    args += ["--gpu-memory-utilization", f"{plan.gpu_memory_utilization:g}", "--max-num-seqs", str(plan.max_num_seqs)]
+    return args + precision_flags(
+        ENGINE, plan, "--kv-cache-dtype", KV_CACHE_DTYPES, KV_CACHE_CLOSEST, "--quantization", QUANTIZATION_METHODS
+    )
 
 
-def export_vllm(
-    *,
-    model_path: str,
-    tp: int = 1,
-    pp: int = 1,
-    ep: int = 1,
-    dp: int = 1,
-    max_model_len: int,
-    gpu_memory_utilization: float,
-    max_num_seqs: int,
-    kv_cache_dtype: DType | None = None,
-    quantization: str | None = None,
-    predicted: Mapping[str, float] | None = None,
-) -> Export:
+def export_vllm(plan: ServingPlan, *, predicted: Mapping[str, float] | None = None) -> Export:
     """A `vllm serve` launcher for a serving plan.
 
     gpu_memory_utilization is vLLM's share of each GPU for weights, KV cache and activations together.
     """
-    tokens = vllm_args(
-        model_path=model_path,
-        tp=tp,
-        pp=pp,
-        ep=ep,
-        dp=dp,
-        max_model_len=max_model_len,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_num_seqs=max_num_seqs,
-        kv_cache_dtype=kv_cache_dtype,
-        quantization=quantization,
-    )
-    title = f"vLLM {ENGINE_VERSION} launcher from meshplan: {model_path} on {tp * pp * dp} GPUs"
+    tokens = vllm_args(plan)
+    title = f"vLLM {ENGINE_VERSION} launcher from meshplan: {plan.model_path} on {plan.num_gpus} GPUs"
     notes = []
-    if tp * pp * dp > 8:
+    if plan.num_gpus > 8:
         notes.append("more than one node: start a Ray cluster first, or use --data-parallel-size-local per node")
-    return Export(
-        engine=ENGINE,
-        engine_version=ENGINE_VERSION,
-        files={SCRIPT: shell_script(title=title, predicted=predicted, env={}, tokens=tokens)},
-        command=shell_join(tokens),
-        notes=tuple(notes),
-    )
+    return launcher_export(ENGINE, ENGINE_VERSION, SCRIPT, title=title, tokens=tokens, predicted=predicted, notes=notes)

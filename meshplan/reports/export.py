@@ -8,7 +8,7 @@ from typing import Any
 
 from meshplan import io
 from meshplan.core.plan import evaluate
-from meshplan.exports import SERVING_EXPORTERS, TRAINING_EXPORTERS, Engine, Export
+from meshplan.exports import SERVING_EXPORTERS, TRAINING_EXPORTERS, Engine, Export, ServingPlan
 from meshplan.reports.bills import serving_report
 from meshplan.reports.inputs import LayoutRequest, choice, resolve_cluster, resolve_layout, resolve_workload
 from meshplan.spec.model import ModelSpec
@@ -145,7 +145,7 @@ def export_serving(
         "kv_capacity_tokens": float(bill["kv_capacity_tokens"]),
         "weights_bytes_per_gpu": float(bill["weights_bytes_per_gpu"]),
     }
-    export = SERVING_EXPORTERS[eng](
+    plan = ServingPlan(
         model_path=model_path or model,
         tp=bill["tp"],
         pp=bill["pp"],
@@ -156,6 +156,6 @@ def export_serving(
         max_num_seqs=seqs,
         kv_cache_dtype=None if kv is DType.BF16 else kv,
         quantization=quant,
-        predicted=predicted,
     )
+    export = SERVING_EXPORTERS[eng](plan, predicted=predicted)
     return _export_dict(export) | {"predicted": predicted}

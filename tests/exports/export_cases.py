@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from meshplan.exports import ServingPlan
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import MLASpec, MlpKind, ModelSpec, MoESpec, NormKind
 from meshplan.spec.workload import PRECISIONS, Attention, Optimizer, OptimizerKind, Workload
@@ -257,11 +258,11 @@ DEEPSPEED: list[Case] = [
 
 MEGATRON_CASES = TRAINING + MEGATRON_ONLY + FEATURE_CASES
 
-SERVING = {
-    "model_path": "meta-llama/Llama-3.3-70B-Instruct",
-    "tp": 8,
-    "max_model_len": 32768,
-    "gpu_memory_utilization": 0.9,
-    "max_num_seqs": 128,
-    "kv_cache_dtype": DType.FP8,
-}
+SERVING = ServingPlan(
+    model_path="meta-llama/Llama-3.3-70B-Instruct",
+    tp=8,
+    max_model_len=32768,
+    gpu_memory_utilization=0.9,
+    max_num_seqs=128,
+    kv_cache_dtype=DType.FP8,
+)

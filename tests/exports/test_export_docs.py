@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from export_cases import LLAMA2_7B, LLAMA_405B, RECIPE_405B
 
-from meshplan.exports import Export, export_deepspeed, export_megatron, export_sglang, export_torchtitan, export_vllm
+from meshplan.exports import (
+    Export,
+    ServingPlan,
+    export_deepspeed,
+    export_megatron,
+    export_sglang,
+    export_torchtitan,
+    export_vllm,
+)
 from meshplan.spec.layout import Layout, Recompute, ZeroStage
 from meshplan.spec.workload import PRECISIONS, Workload
 
@@ -16,7 +25,13 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "exports.md"
 
 RECIPE_405B_WORKLOAD = Workload(seq_len=8192, global_batch=2048, precision=PRECISIONS["bf16-fp32-grads"])
 FINETUNE_7B = Layout(dp_shard=8, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL, micro_batch=4)
-SERVE_70B = {"model_path": "meta-llama/Llama-3.3-70B-Instruct", "tp": 8, "max_model_len": 32768, "max_num_seqs": 64}
+SERVE_70B = ServingPlan(
+    model_path="meta-llama/Llama-3.3-70B-Instruct",
+    tp=8,
+    max_model_len=32768,
+    gpu_memory_utilization=0.9,
+    max_num_seqs=64,
+)
 
 EXAMPLES: dict[str, Callable[[], Export]] = {
     "torchtitan-405b": lambda: export_torchtitan(
@@ -28,8 +43,8 @@ EXAMPLES: dict[str, Callable[[], Export]] = {
     "deepspeed-7b": lambda: export_deepspeed(
         LLAMA2_7B, FINETUNE_7B, Workload(seq_len=4096, global_batch=128), model_path="/models/Llama-2-7b-hf"
     ),
-    "vllm-70b": lambda: export_vllm(**SERVE_70B, gpu_memory_utilization=0.9),
-    "sglang-70b": lambda: export_sglang(**SERVE_70B, gpu_memory_utilization=0.85),
+    "vllm-70b": lambda: export_vllm(SERVE_70B),
+    "sglang-70b": lambda: export_sglang(replace(SERVE_70B, gpu_memory_utilization=0.85)),
 }
 
 _BLOCK = re.compile(r"<!-- export: (\S+) (\S+) -->\n```\w*\n(.*?)```", re.DOTALL)

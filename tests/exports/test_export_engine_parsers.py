@@ -20,6 +20,7 @@ import importlib.util
 import shlex
 import sys
 import typing
+from dataclasses import replace
 from pathlib import Path
 
 import export_pins as pinned
@@ -184,11 +185,11 @@ def test_vllm_engine_args() -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     for ep in (1, 8):
-        tokens = shlex.split(export_vllm(**{**SERVING, "ep": ep}, quantization="fp8").command)
+        tokens = shlex.split(export_vllm(replace(SERVING, ep=ep, quantization="fp8")).command)
         parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
         engine = EngineArgs.from_cli_args(parser.parse_args(["--model", tokens[2], *tokens[3:]]))
         assert (engine.model, engine.tensor_parallel_size, engine.pipeline_parallel_size) == (
-            SERVING["model_path"],
+            SERVING.model_path,
             8,
             1,
         )
@@ -203,10 +204,10 @@ def test_sglang_server_args() -> None:
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    export = export_sglang(**{**SERVING, "dp": 2, "ep": 4}, quantization="fp8")
+    export = export_sglang(replace(SERVING, dp=2, ep=4, quantization="fp8"))
     args = parser.parse_args(script_tokens(export, "sglang.launch_server"))
     assert (args.model_path, args.tp_size, args.pp_size, args.dp_size, args.ep_size, args.moe_dp_size) == (
-        SERVING["model_path"],
+        SERVING.model_path,
         8,
         1,
         2,
@@ -215,7 +216,7 @@ def test_sglang_server_args() -> None:
     )
     assert (args.context_length, args.mem_fraction_static, args.max_running_requests) == (32768, 0.9, 128)
     assert (args.kv_cache_dtype, args.quantization) == ("fp8_e4m3", "fp8")
-    assert flags(shlex.split(export.command))["--model-path"] == SERVING["model_path"]
+    assert flags(shlex.split(export.command))["--model-path"] == SERVING.model_path
 
 
 # The pins of test_pinned_flags.py, held against the installed engine's own definitions.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 
 from export_cases import DEEPSPEED, MEGATRON_CASES, SERVING, TRAINING
 from export_pins import (
@@ -85,9 +86,9 @@ def test_deepspeed_keys_are_pinned() -> None:
 
 def test_serving_flags_are_pinned() -> None:
     for ep in (1, 8):
-        tokens = shlex.split(export_vllm(**{**SERVING, "ep": ep}, quantization="fp8").command)
+        tokens = shlex.split(export_vllm(replace(SERVING, ep=ep, quantization="fp8")).command)
         assert set(_options(tokens)) <= VLLM_FLAGS
-    tokens = shlex.split(export_sglang(**{**SERVING, "ep": 4}, quantization="fp8").command)
+    tokens = shlex.split(export_sglang(replace(SERVING, ep=4, quantization="fp8")).command)
     assert set(_options(tokens)) <= SGLANG_FLAGS
     assert set(vllm.KV_CACHE_DTYPES.values()) <= VLLM_KV_CACHE_DTYPES
     assert set(sglang.KV_CACHE_DTYPES.values()) <= SGLANG_KV_CACHE_DTYPES

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from export_cases import LLAMA2_7B, LLAMA_8B, LLAMA_70B, QWEN3_30B_A3B
 
 from meshplan.exports import (
     Engine,
+    ServingPlan,
     UnsupportedByEngine,
     export_deepspeed,
     export_megatron,
@@ -115,25 +118,27 @@ def test_deepspeed_refuses_fp8_matmuls() -> None:
     )
 
 
-SERVING = {"model_path": "m", "max_model_len": 8192, "gpu_memory_utilization": 0.9, "max_num_seqs": 64}
+SERVING = ServingPlan(model_path="m", max_model_len=8192, gpu_memory_utilization=0.9, max_num_seqs=64)
 
 
 def test_vllm_expert_parallel_spans_tp_times_dp() -> None:
-    error = refusal(export_vllm, **SERVING, tp=4, dp=2, ep=4)
+    error = refusal(export_vllm, replace(SERVING, tp=4, dp=2, ep=4))
     assert error.closest == "ep=8 or ep=1"
-    assert refusal(export_vllm, **SERVING, tp=8, kv_cache_dtype=DType.INT4).engine is Engine.VLLM
-    assert "'nf4'" in refusal(export_vllm, **SERVING, quantization="nf4").missing
+    assert refusal(export_vllm, replace(SERVING, tp=8, kv_cache_dtype=DType.INT4)).engine is Engine.VLLM
+    assert "'nf4'" in refusal(export_vllm, replace(SERVING, quantization="nf4")).missing
 
 
 def test_sglang_expert_parallel_divides_tp() -> None:
-    assert refusal(export_sglang, **SERVING, tp=4, ep=8).closest == "ep=4"
-    assert refusal(export_sglang, **SERVING, kv_cache_dtype=DType.FP16).closest == "kv_cache_dtype bf16 or fp8"
+    assert refusal(export_sglang, replace(SERVING, tp=4, ep=8)).closest == "ep=4"
+    assert refusal(export_sglang, replace(SERVING, kv_cache_dtype=DType.FP16)).closest == "kv_cache_dtype bf16 or fp8"
 
 
 def test_user_errors_are_plain_value_errors() -> None:
     with pytest.raises(ValueError, match="global_batch=60 is not a multiple of micro_batch \\* dp = 1 \\* 8"):
         export_megatron(LLAMA_8B, Layout(dp_replicate=8), Workload(seq_len=4096, global_batch=60))
     with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
-        export_vllm(**{**SERVING, "gpu_memory_utilization": 1.5})
+        replace(SERVING, gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match="max_num_seqs must be a positive integer, got True"):
+        replace(SERVING, max_num_seqs=True)
     with pytest.raises(ValueError, match="do not fill whole nodes"):
         export_megatron(LLAMA_8B, Layout(dp_replicate=12), Workload(seq_len=4096, global_batch=48))

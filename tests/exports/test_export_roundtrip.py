@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 
 import pytest
 from export_cases import (
@@ -120,9 +121,9 @@ def test_precision_mapping() -> None:
 
 
 def test_vllm_round_trip() -> None:
-    export = export_vllm(**SERVING, quantization="fp8")
+    export = export_vllm(replace(SERVING, quantization="fp8"))
     tokens = shlex.split(export.command)
-    assert tokens[:3] == ["vllm", "serve", SERVING["model_path"]]
+    assert tokens[:3] == ["vllm", "serve", SERVING.model_path]
     args = flags(tokens)
     assert (args["--tensor-parallel-size"], args["--pipeline-parallel-size"], args["--data-parallel-size"]) == (
         "8",
@@ -136,11 +137,11 @@ def test_vllm_round_trip() -> None:
     )
     assert (args["--kv-cache-dtype"], args["--quantization"]) == ("fp8", "fp8")
     assert "--enable-expert-parallel" not in args
-    assert "--enable-expert-parallel" in flags(shlex.split(export_vllm(**{**SERVING, "ep": 8}).command))
+    assert "--enable-expert-parallel" in flags(shlex.split(export_vllm(replace(SERVING, ep=8)).command))
 
 
 def test_sglang_round_trip() -> None:
-    export = export_sglang(**{**SERVING, "dp": 2, "ep": 4})
+    export = export_sglang(replace(SERVING, dp=2, ep=4))
     args = flags(shlex.split(export.command))
     assert (args["--tp-size"], args["--pp-size"], args["--dp-size"], args["--ep-size"]) == ("8", "1", "2", "4")
     assert args["--moe-dp-size"] == "2"  # SGLang: ep_size * moe_dp_size == tp_size
@@ -155,5 +156,5 @@ def test_sglang_round_trip() -> None:
 def test_registries_cover_every_engine() -> None:
     assert set(TRAINING_EXPORTERS) | set(SERVING_EXPORTERS) == set(Engine)
     for engine, exporter in SERVING_EXPORTERS.items():
-        export = exporter(**SERVING)
+        export = exporter(SERVING)
         assert export.engine is engine and export.files and export.command
