@@ -146,7 +146,9 @@ ERROR_RESPONSES = {
 def free_socket(host: str, port: int | None) -> socket.socket:
     """A listening socket on ``host``: ``port``, or a free one when port is None or 0."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on accepted sockets that say so; without it a response
+    # written in two pieces waits out the client's 40 ms delayed ACK on every keep-alive request
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port or 0))

@@ -235,3 +235,32 @@ def test_free_socket_and_loopback() -> None:
         sock.close()
     assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
     assert not _is_loopback("0.0.0.0")
+
+
+
+def test_accepted_connections_send_without_delay() -> None:
+    """Accepted connections get TCP_NODELAY: asyncio sets it only when the listening socket says IPPROTO_TCP,
+    and without it a response written in two pieces waits out the client's 40 ms delayed ACK on every
+    keep-alive request."""
+    import asyncio
+    import socket
+
+    async def nodelay_of_accepted() -> int:
+        listener = free_socket("127.0.0.1", None)
+        accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                sock = transport.get_extra_info("socket")
+                accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        server = await asyncio.get_running_loop().create_server(Probe, sock=listener)
+        _, writer = await asyncio.open_connection(*listener.getsockname()[:2])
+        try:
+            return await asyncio.wait_for(accepted, 5)
+        finally:
+            writer.close()
+            server.close()
+
+    assert asyncio.run(nodelay_of_accepted()) != 0
