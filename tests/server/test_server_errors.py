@@ -237,12 +237,12 @@ def test_free_socket_and_loopback() -> None:
     assert not _is_loopback("0.0.0.0")
 
 
-
 def test_accepted_connections_send_without_delay() -> None:
     """Accepted connections get TCP_NODELAY: asyncio sets it only when the listening socket says IPPROTO_TCP,
     and without it a response written in two pieces waits out the client's 40 ms delayed ACK on every
     keep-alive request."""
     import asyncio
+    import concurrent.futures
     import socket
 
     async def nodelay_of_accepted() -> int:
@@ -263,4 +263,6 @@ def test_accepted_connections_send_without_delay() -> None:
             writer.close()
             server.close()
 
-    assert asyncio.run(nodelay_of_accepted()) != 0
+    # a thread of its own: the browser tests' Playwright keeps an event loop running in this one
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        assert pool.submit(asyncio.run, nodelay_of_accepted()).result(timeout=10) != 0
