@@ -246,6 +246,14 @@ def _plan(r: dict[str, Any]) -> str:
         f"{r['model']} on {r['gpus']} x {r['gpu']}, seq {r['seq']}, {r['global_batch_tokens']:,} tokens per step",
         f"searched {r['evaluated']:,} layouts in {r['elapsed_s']:.2f} s: {r['feasible']:,} fit "
         f"with {percent(r['headroom'])} of HBM kept free",
+        *(
+            [
+                f"fewest GPUs that train {r['fewest_gpus']['tokens']:.3g} tokens within {r['fewest_gpus']['days']:g} "
+                f"days: {r['gpus']:,} (fleets from {r['fewest_gpus']['searched_from']:,} GPUs, doubling)"
+            ]
+            if "fewest_gpus" in r
+            else []
+        ),
         "",
         table(rows, ["#", "layout", "step", "MFU", "tok/s/GPU", "memory", "free", "across fabric"], align="rlrrrrrl"),
         "",

@@ -79,6 +79,8 @@ def test_fewest_gpus_meets_the_deadline() -> None:
     )
     days = 1e12 / (out["plans"][0]["tokens_per_s_per_gpu"] * out["gpus"]) / 86400
     assert days <= 30
+    assert out["objective"] == "fewest-gpus"
+    assert out["fewest_gpus"] == {"gpus": out["gpus"], "searched_from": 8, "tokens": 1e12, "days": 30}
     half = (
         plan_report("llama-3.1-8b", gpu="h100-sxm", gpus=out["gpus"] // 2, seq=4096, global_batch_tokens=1 << 21, top=1)
         if out["gpus"] > 8

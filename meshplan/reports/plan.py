@@ -266,8 +266,10 @@ def plan_report(
     order = resolve_order(axis_order)
     obj = _objective(objective, tokens=tokens, days=days)
     work = _workload(seq, global_batch_tokens // seq, precision, attention, kernels, ft)
+    fewest: dict[str, Any] | None = None
     if not isinstance(obj, Objective):  # "fewest-gpus"
         assert tokens is not None and days is not None
+        start = gpus
         gpus = _fewest_gpus(
             spec,
             gpu=gpu,
@@ -281,6 +283,7 @@ def plan_report(
             node_size=node_size,
             scale_out=scale_out,
         )
+        fewest = {"gpus": gpus, "searched_from": start, "tokens": tokens, "days": days}
         obj = Objective.STEP_TIME
     cluster = resolve_cluster(gpu=gpu, gpus=gpus, node_size=node_size, scale_out=scale_out)
     result, plans = run_search(
@@ -308,7 +311,7 @@ def plan_report(
         "seq": seq,
         "global_batch": work.global_batch,
         "global_batch_tokens": global_batch_tokens,
-        "objective": str(obj),
+        "objective": "fewest-gpus" if fewest else str(obj),
         "headroom": headroom,
         **finetune_fields(spec, work.finetune),
         "evaluated": result.evaluated,
@@ -318,6 +321,8 @@ def plan_report(
         "pareto": front,
         "rejections": dict(sorted(result.rejections.items(), key=lambda kv: -kv[1])),
     }
+    if fewest:
+        out["fewest_gpus"] = fewest
     if tokens:
         for p in out["plans"]:
             p["days_to_train"] = tokens / (p["tokens_per_s_per_gpu"] * cluster.num_gpus) / 86400
