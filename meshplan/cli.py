@@ -77,14 +77,14 @@ def _add_layout(p: argparse.ArgumentParser) -> None:
 def _add_finetune(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("fine-tuning")
     g.add_argument("--finetune", choices=("full", "lora", "qlora"), default=None, help="what trains (default full)")
-    g.add_argument("--lora-rank", type=_positive_int, default=16, help="rank r of the LoRA adapters")
+    g.add_argument("--lora-rank", type=_positive_int, default=None, help="rank R of the LoRA adapters (default 16)")
     g.add_argument("--lora-targets", default=None, help="adapted projections, e.g. q,v (default: q,k,v,o,gate,up,down)")
     g.add_argument("--freeze", default=None, help="frozen parts in full fine-tuning: embeddings and/or layers=N")
 
 
 def _finetune_request(args: argparse.Namespace) -> Any:
     """None unless a fine-tuning flag was given (so the default path loads nothing more)."""
-    if args.finetune is None and args.freeze is None and args.lora_targets is None:
+    if args.finetune is None and args.freeze is None and args.lora_targets is None and args.lora_rank is None:
         return None
     from meshplan.reports.inputs import FinetuneRequest
 

@@ -220,6 +220,8 @@ def test_cli_text_says_what_trains(capsys: pytest.CaptureFixture[str]) -> None:
         (["--finetune", "full", "--freeze", "layers=99"], "freeze_layers=99 exceeds"),
         (["--finetune", "full", "--freeze", "heads"], "unknown frozen part 'heads'"),
         (["--finetune", "dora"], "invalid choice: 'dora'"),
+        (["--lora-rank", "8"], "apply to the lora and qlora modes only"),
+        (["--finetune", "full", "--lora-targets", "q,v"], "apply to the lora and qlora modes only"),
     ],
 )
 def test_bad_combinations_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:

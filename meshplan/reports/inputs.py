@@ -114,7 +114,8 @@ class FinetuneRequest:
     """Fine-tuning as a user states it on the command line."""
 
     mode: str = "full"
-    lora_rank: int = 16
+    lora_rank: int | None = None
+    """None: 16."""
     lora_targets: str | None = None
     """Comma-separated projections (q,k,v,o,gate,up,down); None: all of them."""
     freeze: str | None = None
@@ -124,6 +125,10 @@ class FinetuneRequest:
 def resolve_finetune(req: FinetuneRequest, model: ModelSpec) -> Finetune:
     """A validated Finetune for ``model``: known targets, a rank below every adapted matrix, frozen parts."""
     mode = choice(FinetuneMode, req.mode, "fine-tuning mode")
+    if mode is FinetuneMode.FULL and (req.lora_rank is not None or req.lora_targets is not None):
+        raise ValueError(
+            "a LoRA rank or targets apply to the lora and qlora modes only (full fine-tuning has no adapters)"
+        )
     targets = (
         LORA_TARGETS
         if req.lora_targets is None
@@ -142,7 +147,7 @@ def resolve_finetune(req: FinetuneRequest, model: ModelSpec) -> Finetune:
             raise ValueError(f"unknown frozen part {part!r} (use embeddings and/or layers=N)")
     ft = Finetune(
         mode=mode,
-        lora_rank=req.lora_rank,
+        lora_rank=16 if req.lora_rank is None else req.lora_rank,
         lora_targets=targets,
         freeze_embeddings=freeze_embeddings,
         freeze_layers=freeze_layers,

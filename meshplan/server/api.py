@@ -103,12 +103,12 @@ def workload_arg(
 
 def finetune_arg(
     finetune: Name = "full",
-    lora_rank: Annotated[int, Query(ge=1, le=1 << 16, description="adapter rank")] = 16,
+    lora_rank: Annotated[int | None, Query(ge=1, le=1 << 16, description="adapter rank (default 16)")] = None,
     lora_targets: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="e.g. q,v")] = None,
     freeze: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="embeddings,layers=N")] = None,
 ) -> FinetuneRequest | None:
     """The fine-tuning flags (--finetune, --lora-rank, --lora-targets, --freeze); None: pre-training."""
-    if finetune == "full" and not freeze:
+    if finetune == "full" and not (freeze or lora_rank or lora_targets):
         return None
     return FinetuneRequest(mode=finetune, lora_rank=lora_rank, lora_targets=lora_targets or None, freeze=freeze)
 

@@ -165,6 +165,8 @@ def test_fine_tuning_flags_reach_every_training_report(client: Any) -> None:
                                      finetune="qlora")  # fmt: skip
     assert "fine-tuning mode" in refused(client, "/api/memory", model="llama-3.1-8b", gpu="h100-sxm", gpus=1,
                                          finetune="dora")  # fmt: skip
+    assert "lora and qlora modes only" in refused(client, "/api/memory", model="llama-3.1-8b", gpu="h100-sxm", gpus=1,
+                                             lora_rank=8)  # fmt: skip
 
 
 def test_recipes_and_one_recipe(client: Any) -> None:
