@@ -24,6 +24,7 @@ from meshplan.core.memory import moment_bytes_per_param, stage_params
 from meshplan.core.params import count_params
 from meshplan.core.placement import place
 from meshplan.core.plan import mesh_sizes
+from meshplan.core.stages import StageRow, stage_row
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import Recompute, ZeroStage
 from meshplan.spec.model import ModelSpec
@@ -77,7 +78,7 @@ class Prediction:
 class _Rank:
     model: ModelSpec
     work: Workload
-    units: shards.StageUnits
+    units: StageRow
     at: shards.RankCoords
     stage: int
 
@@ -95,7 +96,7 @@ def _rank(case: Case, shape: Shape, rank: int) -> _Rank:
         fsdp_rank=c.get("dp_shard", 0) if fsdp > 1 else 0,
     )
     stage = c.get("pp", 0)
-    units = shards.stage_units(model, pp=lay.pp, stage=stage)
+    units = stage_row(model, pp=lay.pp, stage=stage)
     return _Rank(model=model, work=workload(case, shape), units=units, at=at, stage=stage)
 
 

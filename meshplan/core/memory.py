@@ -18,6 +18,7 @@ from meshplan.core import activations as act
 from meshplan.core import finetune, pipeline, shards
 from meshplan.core.num import Num, gcd, maximum, minimum, to_float, where
 from meshplan.core.params import LayerParams, ParamCount
+from meshplan.core.stages import candidate_stages, stage_row
 from meshplan.spec.cluster import GpuCalibration
 from meshplan.spec.layout import LayoutLike, Recompute, ZeroStage
 from meshplan.spec.model import MlpKind, ModelSpec
@@ -95,15 +96,13 @@ def stage_params(
     params: ParamCount, model: ModelSpec, *, tp: Num, pp: Num, ep: Num, stage: Num, copies: Num = 1
 ) -> StageParams:
     """Parameters on one GPU of pipeline stage ``stage`` (``copies`` = 2 under DualPipe)."""
-    layers = pipeline.stage_layers(model.num_layers, pp=pp, stage=stage)
-    first = pipeline.stage_first_layer(model.num_layers, pp=pp, stage=stage)
-    dense_layers = minimum(maximum(params.num_dense_layers - first, 0), layers)
-    moe_layers = layers - dense_layers
+    row = stage_row(model, pp=pp, stage=stage)
+    dense_layers, moe_layers = row.dense_layers, row.moe_layers
     d_dense, _ = _layer_rank_params(params.dense_layer, model, tp=tp, ep=ep)
     m_dense, m_expert = _layer_rank_params(params.moe_layer, model, tp=tp, ep=ep)
     dense = dense_layers * d_dense + moe_layers * m_dense
     experts = moe_layers * m_expert
-    is_first, is_last = stage == 0, stage == pp - 1
+    is_first, is_last = row.embedding == 1, row.head == 1
     vocab_rows = model.vocab_size * model.hidden / tp
     dense = dense + where(is_first, vocab_rows + params.position_embedding, 0)
     head = where(model.tied_embeddings & (pp == 1), 0, vocab_rows)  # tied and pp > 1: the last stage keeps a copy
@@ -416,7 +415,7 @@ def stage_bill(
         state = shards.torch_state(
             model,
             shards.RankCoords(tp=tp, ep=ep, fsdp=fsdp),
-            shards.stage_units(model, pp=pp, stage=stage),
+            stage_row(model, pp=pp, stage=stage),
             zero=zero,
             ddp_ranks=lay.dp_replicate * lay.dp_shard * cp,
             precision=prec,
@@ -515,6 +514,7 @@ def _stage_activations(
     return saved, logits, workspace
 
 
-def heaviest_stages(pp: Num) -> tuple[Num, ...]:
-    """The stages that can hold the most: the first two (most in flight, embedding) and the last (head, logits)."""
-    return (0, minimum(1, pp - 1), pp - 1)
+def candidates(model: ModelSpec, lay: LayoutLike, workload: Workload) -> tuple[Num, ...]:
+    """The stages of ``lay`` that hold the maximum of every term (``stages.candidate_stages``)."""
+    frozen = workload.finetune.freeze_layers if not workload.finetune.adapted else 0
+    return candidate_stages(model, pp=lay.pp, boundaries=(frozen,) if frozen else ())

@@ -148,7 +148,7 @@ def serving_bill(
     per_param = weight_bytes_per_param(weight_dtype, hidden=model.hidden)
     weights = 0.0
     layers_max = 0.0
-    for stage in {0, pp - 1}:
+    for stage in range(pp):  # every stage: uneven splits and dense-first MoE put the heaviest anywhere
         sp_ = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage)
         held = float(sp_.dense + sp_.experts)
         plain = _stage_unquantized(params, model, tp=tp, pp=pp, stage=stage, sp_=sp_)

@@ -22,10 +22,18 @@ from meshplan.core import finetune, pipeline
 from meshplan.core.collectives import CollectiveCall, StageShape, inventory
 from meshplan.core.compute import head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
-from meshplan.core.memory import StageParams, moment_bytes_per_param, shard_degrees, stage_params, stage_training
+from meshplan.core.memory import (
+    StageParams,
+    candidates,
+    moment_bytes_per_param,
+    shard_degrees,
+    stage_params,
+    stage_training,
+)
 from meshplan.core.num import Num, maximum, minimum, to_float, where
 from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
+from meshplan.core.stages import stage_row
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
@@ -130,14 +138,12 @@ def stage_times(
     recompute = lay.recompute
     worst: dict[str, Num] = {}
     for stage in stages:
-        layers = pipeline.stage_layers(model.num_layers, pp=pp, stage=stage)
-        first = pipeline.stage_first_layer(model.num_layers, pp=pp, stage=stage)
-        n_dense = minimum(maximum(model.num_dense_mlp_layers - first, 0), layers)
-        n_moe = layers - n_dense
+        row = stage_row(model, pp=pp, stage=stage)
+        layers, first, n_dense, n_moe = row.layers, row.first_layer, row.dense_layers, row.moe_layers
         fwd = n_dense * dense.forward_s + n_moe * moe.forward_s
         attn_fwd = n_dense * dense.attention_core_fwd_s + n_moe * moe.attention_core_fwd_s
         redo = where(recompute == Recompute.FULL, fwd, where(recompute == Recompute.SELECTIVE, attn_fwd, 0.0))
-        last = stage == pp - 1
+        last = row.head == 1
         bwd = n_dense * dense.backward_s + n_moe * moe.backward_s
         wgrad = n_dense * dense.weight_grad_s + n_moe * moe.weight_grad_s
         if ft.freeze_layers:
@@ -206,12 +212,11 @@ def _stage_step(
 ) -> StageStep:
     """Per micro-batch compute and exposed traffic of the slowest stage, and its per-step traffic.
 
-    The stages that can be slowest are the first (embedding), a middle one
-    (the most layers) and the last (output head); each term takes its
-    maximum over them, an upper bound when different stages set different terms.
+    Each term takes its maximum over the stages, found on the stage table's candidates (``memory.candidates``):
+    an upper bound of the slowest stage when different stages set different terms.
     """
     copies = pipeline.stage_copies(lay.schedule)
-    stages = (0, minimum(1, lay.pp - 1), lay.pp - 1)
+    stages = candidates(model, lay, work)
     times = stage_times(model, lay, work, cluster, stages=stages)
     held = [stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies) for s in stages]
     training = [stage_training(model, params, lay, work, stage=s, sp_=h) for s, h in zip(stages, held, strict=True)]
