@@ -322,7 +322,27 @@ def _check(r: dict[str, Any]) -> str:
     return render_check(r)
 
 
+def _list(r: dict[str, Any]) -> str:
+    from meshplan.render import gb
+
+    rows = []
+    for item in r["items"]:
+        if r["kind"] == "models":
+            kind = "MoE" if item["moe"] else "dense"
+            rows.append([item["name"], f"{item['params_total'] / 1e9:,.1f}B params", f"{item['layers']} layers", kind])
+        elif r["kind"] == "gpus":
+            rows.append([item["name"], gb(item["hbm_bytes"]), item["description"]])
+        elif r["kind"] == "links":
+            speed = f"{item['bandwidth_bytes_per_s_per_direction'] / 1e9:,.0f} GB/s"
+            rows.append([item["name"], speed, item["description"]])
+        else:
+            rows.append([item["name"], item["description"]])
+    width = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))] if rows else []
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, width, strict=True)).rstrip() for row in rows)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "list": _list,
     "check": _check,
     "plan": _plan,
     "recipe": _recipe,

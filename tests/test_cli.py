@@ -140,7 +140,7 @@ def test_collectives_shows_the_bandwidth_wall(capsys: pytest.CaptureFixture[str]
             "tp=16 must divide num_kv_heads=8",
         ),
         (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "96", "--tp", "64"], "does not divide gpus"),
-        (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "abc"], "expected a positive integer"),
+        (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "abc"], "--gpus: expected an integer, got 'abc'"),
         (["memory", "llama-3.1-8b", "--gpu", "h999", "--gpus", "8"], "unknown gpu"),
         (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "3"], "global_batch=3"),
         (["fit", "llama-3.1-8b", "--gpu", "h100-sxm"], "--gpus"),
@@ -161,6 +161,7 @@ def test_console_script_start_up_and_exit_code() -> None:
 
 TEXT_RUNS = {
     "params": ["params", "mixtral-8x7b"],
+    "list": ["list", "gpus"],
     "fit": ["fit", "llama-3.3-70b", "--gpu", "h200", "--gpus", "8"],
     "memory": ["memory", "llama-3.1-8b", "--gpu", "a100-80gb", "--gpus", "8", "--zero", "3"],
     "serving": ["serving", "llama-3.1-8b", "--gpu", "l40s", "--gpus", "1"],

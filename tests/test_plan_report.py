@@ -92,7 +92,7 @@ def test_fewest_gpus_meets_the_deadline() -> None:
 
 @pytest.mark.parametrize(
     ("text", "fragment"),
-    [("tp8", "key=value"), ("tq=8", "unknown layout key"), ("tp=eight", "not an integer")],
+    [("tp8", "key=value"), ("tq=8", "unknown layout key"), ("tp=eight", "--tp: expected an integer")],
 )
 def test_bad_compare_strings(text: str, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):

@@ -39,6 +39,7 @@ def memory_report(
     optimizer: str = "adamw",
     optimizer_bytes: float | None = None,
     attention: str = "flash",
+    kernels: str = "fused",
     finetune: FinetuneRequest | None = None,
 ) -> dict[str, Any]:
     """``meshplan memory``: the per-GPU training bill of every pipeline stage."""
@@ -53,6 +54,7 @@ def memory_report(
         optimizer=optimizer,
         optimizer_bytes=optimizer_bytes,
         attention=attention,
+        kernels=kernels,
         finetune=resolve_finetune(finetune, spec) if finetune else None,
     )
     mem = training_memory(spec, lay, work, gpu=gpu_spec)

@@ -10,6 +10,7 @@ from typing import Any
 from meshplan import io
 from meshplan.core.finetune import trainable_params, validate_finetune
 from meshplan.core.placement import DEFAULT_ORDER, parse_order
+from meshplan.spec import requests
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.finetune import LORA_TARGETS, Finetune, FinetuneMode
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
@@ -33,6 +34,13 @@ class LayoutRequest:
     schedule: str | None = None
     cp_kind: str = "ring"
     micro_batch: int = 1
+    dp: int | None = None
+    """Data-parallel ranks as the user counted them: checked against gpus / (tp * pp * cp), never used as-is."""
+
+    @classmethod
+    def parse(cls, values: Mapping[str, Any]) -> LayoutRequest:
+        """A layout from raw values (a run file's table, ``--compare``'s items), parsed by the schema."""
+        return cls(**requests.parse_values(values, allowed=requests.group(requests.Group.LAYOUT), what="layout"))
 
 
 def choice(enum_type: Any, value: str, what: str) -> Any:
@@ -57,6 +65,11 @@ def resolve_layout(req: LayoutRequest, *, gpus: int) -> Layout:
     if gpus % model_ranks:
         raise ValueError(f"tp*pp*cp = {req.tp}*{req.pp}*{req.cp} = {model_ranks} does not divide gpus = {gpus}")
     data = gpus // model_ranks
+    if req.dp is not None and req.dp != data:
+        raise ValueError(
+            f"dp={req.dp} does not match the fleet: gpus / (tp*pp*cp) = {gpus} / {model_ranks} = {data} "
+            "data-parallel ranks"
+        )
     if req.zero not in (0, 1, 2, 3):
         raise ValueError(f"zero must be 0, 1, 2 or 3, got {req.zero}")
     dp_shard = req.dp_shard if req.dp_shard is not None else (data if req.zero else 1)

@@ -27,6 +27,7 @@ from meshplan.search.rank import Objective, SearchResult, search
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.finetune import Finetune
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.requests import Group, group, parse_key_values
 from meshplan.spec.workload import Workload
 
 MAX_GPUS = 1 << 20
@@ -53,51 +54,8 @@ STEP_LABELS = {
 
 
 def parse_compare(text: str) -> LayoutRequest:
-    """A layout from 'tp=8,pp=16,dp=128' (also vpp, cp, ep, dp_shard, zero, sp, recompute, mb, schedule)."""
-    known = {
-        "tp",
-        "pp",
-        "vpp",
-        "cp",
-        "ep",
-        "dp",
-        "dp_shard",
-        "zero",
-        "sp",
-        "recompute",
-        "mb",
-        "micro_batch",
-        "schedule",
-    }
-    values: dict[str, Any] = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        if "=" not in item:
-            raise ValueError(f"layout item {item!r} must look like key=value (e.g. tp=8,pp=16,dp=128)")
-        key, value = (x.strip().lower().replace("-", "_") for x in item.split("=", 1))
-        if key not in known:
-            raise ValueError(f"unknown layout key {key!r} in {text!r} (known: {', '.join(sorted(known))})")
-        values[key] = value
-    ints = {}
-    for key in ("tp", "pp", "vpp", "cp", "ep", "dp_shard", "zero", "mb", "micro_batch"):
-        if key in values:
-            try:
-                ints[key] = int(values[key])
-            except ValueError:
-                raise ValueError(f"{key}={values[key]!r} is not an integer") from None
-    sp = values.get("sp", "false").lower() in ("1", "true", "yes", "on")
-    return LayoutRequest(
-        tp=ints.get("tp", 1),
-        pp=ints.get("pp", 1),
-        vpp=ints.get("vpp", 1),
-        cp=ints.get("cp", 1),
-        ep=ints.get("ep", 1),
-        dp_shard=ints.get("dp_shard"),
-        zero=ints.get("zero", 0),
-        sp=sp,
-        recompute=values.get("recompute", "none"),
-        schedule=values.get("schedule"),
-        micro_batch=ints.get("mb", ints.get("micro_batch", 1)),
-    )
+    """A layout from 'tp=8,pp=16,dp=128': any layout field of the schema (mb for micro_batch), none dropped."""
+    return LayoutRequest(**parse_key_values(text, allowed=group(Group.LAYOUT), what="layout"))
 
 
 def _placement(layout: Any, cluster: Cluster, order: tuple[str, ...]) -> dict[str, Any]:

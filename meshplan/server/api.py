@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Iterable
 from functools import cache
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
@@ -17,17 +19,16 @@ from meshplan.server import parse
 from meshplan.server.content import serving_terms
 from meshplan.spec.layout import Recompute
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.requests import Field, Group, field
+from meshplan.spec.requests import group as fields_of
 from meshplan.spec.workload import PRECISIONS, OptimizerKind
 
 router = APIRouter(prefix="/api")
 
 Name = Annotated[str, Query(max_length=parse.MAX_NAME_CHARS)]
-Gpus = Annotated[int, Query(ge=1, le=parse.MAX_GPUS, description="number of GPUs")]
-Degree = Annotated[int, Query(ge=1, le=parse.MAX_DEGREE)]
-Seq = Annotated[int, Query(ge=1, le=parse.MAX_SEQ, description="sequence length in tokens")]
-MicroBatch = Annotated[int, Query(ge=1, le=parse.MAX_MICRO_BATCH, description="sequences per micro-batch")]
-SERVING_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
-KV_DTYPES = ("bf16", "fp16", "fp8")
+
+SERVING_DTYPES = field("dtype").choices
+KV_DTYPES = field("kv_dtype").choices
 
 
 def json_dict(obj: Any) -> dict[str, Any]:
@@ -52,70 +53,75 @@ ModelArg = Annotated[ModelSpec | str, Depends(model_arg)]
 GpuArg = Annotated[str, Depends(gpu_arg)]
 
 
-def layout_arg(
-    tp: Degree = 1,
-    pp: Degree = 1,
-    vpp: Annotated[int, Query(ge=1, le=64)] = 1,
-    cp: Degree = 1,
-    ep: Degree = 1,
-    dp_shard: Annotated[int | None, Query(ge=1, le=parse.MAX_DEGREE)] = None,
-    zero: Annotated[int, Query(ge=0, le=3)] = 0,
-    sp: bool = False,
-    recompute: Name = "none",
-    schedule: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS)] = None,
-    cp_kind: Name = "ring",
-    micro_batch: MicroBatch = 1,
-) -> LayoutRequest:
-    """The layout flags of ``meshplan memory`` / ``estimate``; degrees left at 1 are unused."""
-    return LayoutRequest(
-        tp=tp,
-        pp=pp,
-        vpp=vpp,
-        cp=cp,
-        ep=ep,
-        dp_shard=dp_shard,
-        zero=zero,
-        sp=sp,
-        recompute=recompute,
-        schedule=schedule,
-        cp_kind=cp_kind,
-        micro_batch=micro_batch,
-    )
+def _annotation(f: Field) -> Any:
+    annotation: Any = Literal[f.choices] if f.choices else f.type  # an enum in the OpenAPI
+    return annotation | None if f.default is None else annotation
 
 
-def workload_arg(
-    seq: Seq = 4096,
-    global_batch: Annotated[int | None, Query(ge=1, le=parse.MAX_BATCH, description="sequences per step")] = None,
-    precision: Name = "bf16",
-    optimizer: Name = "adamw",
-    optimizer_bytes: Annotated[float | None, Query(ge=0, le=64)] = None,
-    attention: Name = "flash",
-) -> dict[str, Any]:
-    return {
-        "seq": seq,
-        "global_batch": global_batch,
-        "precision": precision,
-        "optimizer": optimizer,
-        "optimizer_bytes": optimizer_bytes,
-        "attention": attention,
-    }
+def _query(f: Field, **default: Any) -> Any:
+    """FastAPI's Query for a field: its bounds, its help; ``default`` only outside ``Annotated``."""
+    if f.type is str:
+        bounds: dict[str, Any] = {"max_length": parse.MAX_NAME_CHARS}
+    elif f.type is bool:
+        bounds = {}
+    else:
+        bounds = {"le": f.hi, ("gt" if f.exclusive_lo else "ge"): f.lo}
+    return Query(description=f.describe(), **bounds, **default)
 
 
-def finetune_arg(
-    finetune: Name = "full",
-    lora_rank: Annotated[int | None, Query(ge=1, le=1 << 16, description="adapter rank (default 16)")] = None,
-    lora_targets: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="e.g. q,v")] = None,
-    freeze: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="embeddings,layers=N")] = None,
-) -> FinetuneRequest | None:
+def query_params(fields: Iterable[Field]) -> list[inspect.Parameter]:
+    """Query parameters for schema fields: the same names, defaults, bounds, choices and help as the CLI flags."""
+    return [
+        inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, default=_query(f, default=f.default), annotation=_annotation(f)
+        )
+        for f in fields
+    ]
+
+
+def one(name: str) -> Any:
+    """One schema field's Query (bounds and help) for an ``Annotated`` parameter."""
+    return _query(field(name))
+
+
+Gpus = Annotated[int, one("gpus")]
+Degree = Annotated[int, one("tp")]
+Seq = Annotated[int, one("seq")]
+MicroBatch = Annotated[int, one("micro_batch")]
+
+
+def dependency(fields: Iterable[Field], build: Callable[[dict[str, Any]], Any], name: str) -> Callable[..., Any]:
+    """A FastAPI dependency taking every one of ``fields`` as a query parameter, handing them to ``build``."""
+
+    def dependency(**values: Any) -> Any:
+        return build(values)
+
+    dependency.__signature__ = inspect.Signature(query_params(fields))  # type: ignore[attr-defined]
+    dependency.__name__ = name
+    return dependency
+
+
+def _finetune(values: dict[str, Any]) -> FinetuneRequest | None:
     """The fine-tuning flags (--finetune, --lora-rank, --lora-targets, --freeze); None: pre-training."""
-    if finetune == "full" and not (freeze or lora_rank or lora_targets):
+    mode, rest = values.pop("finetune"), values
+    if mode in (None, "full") and not any(rest.values()):
         return None
-    return FinetuneRequest(mode=finetune, lora_rank=lora_rank, lora_targets=lora_targets or None, freeze=freeze)
+    return FinetuneRequest(mode=mode or "full", **rest)
 
 
+def _fleet_shape(values: dict[str, Any]) -> dict[str, Any]:
+    return values | {"scale_out": parse.link(values["scale_out"]), "axis_order": values["axis_order"] or None}
+
+
+layout_arg = dependency(fields_of(Group.LAYOUT), lambda values: LayoutRequest(**values), "layout_arg")
+workload_arg = dependency(fields_of(Group.WORKLOAD), dict, "workload_arg")
+finetune_arg = dependency(fields_of(Group.FINETUNE), _finetune, "finetune_arg")
+fleet_shape_arg = dependency(fields_of(Group.FLEET_SHAPE), _fleet_shape, "fleet_shape_arg")
 LayoutArg = Annotated[LayoutRequest, Depends(layout_arg)]
 WorkloadArg = Annotated[dict[str, Any], Depends(workload_arg)]
 FinetuneArg = Annotated[FinetuneRequest | None, Depends(finetune_arg)]
+FleetShapeArg = Annotated[dict[str, Any], Depends(fleet_shape_arg)]
+ServingArg = Annotated[dict[str, Any], Depends(dependency(fields_of(Group.SERVING), dict, "serving_arg"))]
 
 
 @cache
@@ -157,7 +163,7 @@ def _catalog() -> dict[str, Any]:
             "recompute": [r.name.lower() for r in Recompute],
             "serving_dtypes": list(SERVING_DTYPES),
             "kv_dtypes": list(KV_DTYPES),
-            "objectives": ["step-time", "tokens-per-gpu", "headroom", "fewest-gpus"],
+            "objectives": list(field("objective").choices),
             "limits": {
                 "gpus": parse.MAX_GPUS,
                 "seq": parse.MAX_SEQ,
@@ -189,9 +195,13 @@ def memory(
 
 @router.get("/fit", summary="Weights split evenly over N GPUs; with fine-tuning, the largest batch and context")
 def fit(
-    model: ModelArg, gpu: GpuArg, gpus: Gpus, finetune: FinetuneArg, dtype: Name = "bf16", seq: Seq = 4096
+    model: ModelArg,
+    gpu: GpuArg,
+    gpus: Gpus,
+    finetune: FinetuneArg,
+    dtype: Annotated[Literal[SERVING_DTYPES], one("dtype")] = "bf16",  # type: ignore[valid-type]
+    seq: Seq = 4096,
 ) -> dict[str, Any]:
-    dtype = parse.choice(dtype, SERVING_DTYPES, "dtype")
     return json_dict(fit_report(model, gpu=gpu, gpus=gpus, dtype=dtype, finetune=finetune, seq=seq))
 
 
@@ -212,27 +222,13 @@ def serving(
     model: ModelArg,
     gpu: GpuArg,
     gpus: Gpus,
-    tp: Annotated[int | None, Query(ge=1, le=parse.MAX_DEGREE)] = None,
+    serving: ServingArg,
+    tp: Annotated[int | None, one("tp")] = None,
     pp: Degree = 1,
     ep: Degree = 1,
-    dtype: Name = "bf16",
-    kv_dtype: Name = "bf16",
-    context: Annotated[int | None, Query(ge=1, le=parse.MAX_SEQ)] = None,
-    gpu_memory_utilization: Annotated[float, Query(gt=0, le=1)] = 0.9,
     sequences: Annotated[int, Query(ge=1, le=parse.MAX_BATCH, description="sequences in the bill")] = 1,
 ) -> dict[str, Any]:
-    report = serving_report(
-        model,
-        gpu=gpu,
-        gpus=gpus,
-        tp=tp,
-        pp=pp,
-        ep=ep,
-        dtype=parse.choice(dtype, SERVING_DTYPES, "dtype"),
-        kv_dtype=parse.choice(kv_dtype, KV_DTYPES, "kv dtype"),
-        context=context,
-        gpu_memory_utilization=gpu_memory_utilization,
-    )
+    report = serving_report(model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, ep=ep, **serving)
     return json_dict(report | {"bill": serving_bill(report, sequences=sequences)})
 
 
@@ -244,23 +240,17 @@ def estimate(
     layout: LayoutArg,
     work: WorkloadArg,
     finetune: FinetuneArg,
-    kernels: Name = "fused",
-    node_size: Annotated[int | None, Query(ge=1, le=parse.MAX_GPUS)] = None,
-    scale_out: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS)] = None,
-    axis_order: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS)] = None,
-    tokens: Annotated[float | None, Query(gt=0, le=parse.MAX_TOKENS)] = None,
+    shape: FleetShapeArg,
+    tokens: Annotated[float | None, one("tokens")] = None,
 ) -> dict[str, Any]:
     report = estimate_report(
         model,
         gpu=gpu,
         gpus=gpus,
         layout=layout,
-        kernels=kernels,
-        node_size=node_size,
-        scale_out=parse.link(scale_out),
-        axis_order=axis_order,
         tokens=tokens,
         finetune=finetune,
+        **shape,
         **work,
     )
     return json_dict(report)

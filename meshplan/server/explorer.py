@@ -74,13 +74,13 @@ def serving_term_list() -> dict[str, Any]:
 @router.get("/tp-split", summary="The tensor-parallel MLP split on small random matrices, checked numerically")
 def tp_split(
     ranks: Annotated[int, Query(ge=1, le=MAX_RANKS)] = 4,
-    tokens: Dim = 4,
+    rows: Annotated[int, Query(ge=1, le=MAX_DIM, description="token rows of the activation matrix")] = 4,
     hidden: Dim = 8,
     ffn: Dim = 16,
     activation: Annotated[str, Query(max_length=16)] = "gelu",
     seed: Annotated[int, Query(ge=0, lt=2**32)] = 0,
 ) -> dict[str, Any]:
-    return tp_mlp_split(tokens=tokens, hidden=hidden, ffn=ffn, ranks=ranks, activation=activation, seed=seed)
+    return tp_mlp_split(tokens=rows, hidden=hidden, ffn=ffn, ranks=ranks, activation=activation, seed=seed)
 
 
 @router.post(

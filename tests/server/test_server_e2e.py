@@ -159,7 +159,7 @@ def test_weights_split_follows_gpu_count_and_kind(page: Any, shot: Any) -> None:
 
 def test_tp_split_steps_and_link_race(page: Any, shot: Any) -> None:
     open_view(page, "tp")
-    split = api(page, "/api/tp-split", ranks=4, activation="gelu", seed=0, tokens=4, hidden=8, ffn=16)
+    split = api(page, "/api/tp-split", ranks=4, activation="gelu", seed=0, rows=4, hidden=8, ffn=16)
     page.wait_for_selector("#tp-matches.ok")
     for _ in range(3):
         page.click("#tp-next")

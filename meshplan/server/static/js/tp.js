@@ -24,7 +24,7 @@ export function init() {
 async function updateSplit() {
   const v = formValues($("#tp-form"));
   try {
-    split = await splitCall("/api/tp-split", { ranks: v.ranks, activation: v.activation, seed: v.seed, tokens: 4, hidden: 8, ffn: 16 });
+    split = await splitCall("/api/tp-split", { ranks: v.ranks, activation: v.activation, seed: v.seed, rows: 4, hidden: 8, ffn: 16 });
     showError($("#tp-error"), null);
     drawSplit();
   } catch (err) {
