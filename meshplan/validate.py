@@ -74,7 +74,7 @@ def _cluster(case: dict[str, Any]) -> Cluster:
 
 def _evaluate(case: dict[str, Any], layout: dict[str, Any]) -> Plan:
     model, cluster = _model(case), _cluster(case)
-    req = LayoutRequest(**layout)
+    req = LayoutRequest.parse(layout)
     lay = resolve_layout(req, gpus=case["gpus"])
     work = resolve_workload(
         layout=lay,

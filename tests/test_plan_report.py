@@ -131,6 +131,7 @@ def test_recipe_list_is_the_fleet_ruler() -> None:
         assert product == f["gpus"], name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(recipes()))
 def test_published_recipes_are_valid_and_ranked(name: str) -> None:
     r = recipe_report(name)

@@ -149,16 +149,21 @@ def test_catalog_layouts_use_the_schema(folder: str) -> None:
             assert getattr(req, key) == field(key).parse(value), (name, key)
 
 
+PLAN = ["plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--seq", "4k", "--global-batch-tokens", "1M"]
+
+
+PLAN = ["plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--seq", "4k", "--global-batch-tokens", "1M"]
+MEMORY = ["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8"]
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--seq", "nan"], "--seq"),
-        (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--optimizer-bytes", "nan"], "finite"),
-        (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--tp", "0"], "--tp"),
-        (["plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--seq", "4k", "--global-batch-tokens",
-          "1M", "--tokens=-1e12"], "--tokens"),  # fmt: skip
-        (["plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--seq", "4k", "--global-batch-tokens",
-          "1M", "--compare", "tp=8,dp=999"], "dp=999"),  # fmt: skip
+        ([*MEMORY, "--seq", "nan"], "--seq"),
+        ([*MEMORY, "--optimizer-bytes", "nan"], "finite"),
+        ([*MEMORY, "--tp", "0"], "--tp"),
+        ([*PLAN, "--tokens=-1e12"], "--tokens"),
+        ([*PLAN, "--compare", "tp=8,dp=999"], "dp=999"),
         (["serving", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "1", "--gpu-memory-utilization", "0"], "0"),
     ],
 )

@@ -36,6 +36,8 @@ class LayoutRequest:
     micro_batch: int = 1
     dp: int | None = None
     """Data-parallel ranks as the user counted them: checked against gpus / (tp * pp * cp), never used as-is."""
+    dp_replicate: int | None = None
+    """Replicas of the shard group: checked against dp / dp_shard (a plan's JSON layout reads back as it is)."""
 
     @classmethod
     def parse(cls, values: Mapping[str, Any]) -> LayoutRequest:
@@ -75,6 +77,10 @@ def resolve_layout(req: LayoutRequest, *, gpus: int) -> Layout:
     dp_shard = req.dp_shard if req.dp_shard is not None else (data if req.zero else 1)
     if dp_shard < 1 or data % dp_shard:
         raise ValueError(f"dp_shard={dp_shard} must divide the data-parallel ranks gpus/(tp*pp*cp) = {data}")
+    if req.dp_replicate is not None and req.dp_replicate != data // dp_shard:
+        raise ValueError(
+            f"dp_replicate={req.dp_replicate} does not match dp / dp_shard = {data} / {dp_shard} = {data // dp_shard}"
+        )
     schedule = req.schedule or ("interleaved" if req.vpp > 1 else "1f1b")
     return Layout(
         tp=req.tp,
@@ -200,8 +206,8 @@ def layout_dict(layout: Layout) -> dict[str, Any]:
         "zero": int(layout.zero),
         "sp": layout.sp,
         "recompute": layout.recompute.name.lower(),
-        "schedule": layout.schedule.name.lower().replace("one_f_one_b", "1f1b"),
-        "cp_kind": layout.cp_kind.name.lower(),
+        "schedule": layout.schedule.name.lower().replace("one_f_one_b", "1f1b").replace("_", "-"),
+        "cp_kind": layout.cp_kind.name.lower().replace("_", "-"),
         "micro_batch": layout.micro_batch,
     }
 

@@ -70,7 +70,7 @@ def evaluate_recipe(name: str) -> Plan:
     if r.get("model_overrides"):
         model = dataclasses.replace(model, **r["model_overrides"])
     cluster = resolve_cluster(gpu=r["gpu"], gpus=r["gpus"], scale_out=r.get("scale_out"))
-    layout = resolve_layout(LayoutRequest(**r["layout"]), gpus=r["gpus"])
+    layout = resolve_layout(LayoutRequest.parse(r["layout"]), gpus=r["gpus"])
     work = resolve_workload(
         layout=layout,
         seq=r["seq"],
@@ -84,7 +84,7 @@ def evaluate_recipe(name: str) -> Plan:
 
 def factors(name: str) -> dict[str, int]:
     """The recipe's parallel degrees (the fleet ruler's marks) and the GPUs they multiply to."""
-    lay = resolve_layout(LayoutRequest(**_recipe(name)["layout"]), gpus=_recipe(name)["gpus"])
+    lay = resolve_layout(LayoutRequest.parse(_recipe(name)["layout"]), gpus=_recipe(name)["gpus"])
     out = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "ep": lay.ep, "dp": lay.dp}
     return {k: v for k, v in out.items() if v > 1 or k in ("tp", "pp", "dp")} | {"gpus": lay.num_gpus}
 

@@ -29,7 +29,7 @@ def _strategy(item: dict[str, Any], model: ModelSpec | str, *, gpu: str, seq: in
     labels = pieces(item["picture"])
     out = {k: item[k] for k in item if k != "layout"} | {"layout_request": item["layout"]}
     try:
-        layout = LayoutRequest(**item["layout"], micro_batch=micro_batch)
+        layout = LayoutRequest.parse(item["layout"] | {"micro_batch": micro_batch})
         report = memory_report(model, gpu=gpu, gpus=EXPLORER_GPUS, layout=layout, seq=seq)
     except ValueError as exc:
         return out | {

@@ -234,6 +234,16 @@ FIELDS: tuple[Field, ...] = (
         help="ZeRO/FSDP shard group (default: every data-parallel rank when zero > 0)",
     ),
     Field(
+        name="dp_replicate",
+        type=int,
+        default=None,
+        group=_L,
+        unit="GPUs",
+        lo=1,
+        hi=MAX_GPUS,
+        help="replicas of the shard group, dp / dp_shard: derived, and checked when given",
+    ),
+    Field(
         name="zero",
         type=int,
         default=0,
