@@ -321,7 +321,13 @@ def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.bills import fit_report
 
     return fit_report(
-        args.model, gpu=args.gpu, gpus=args.gpus, dtype=args.dtype, finetune=_finetune_request(args), seq=args.seq
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        dtype=args.dtype,
+        finetune=_finetune_request(args),
+        seq=args.seq,
+        precision=args.precision,
     )
 
 
@@ -430,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model")
     _add_fleet(p)
-    add_fields(p, "dtype", "seq")
+    add_fields(p, "dtype", "seq", "precision")
     _add_finetune(p)
 
     p = command("serving", _cmd_serving, "serving memory: weights, KV cache per token, tokens and sequences that fit")

@@ -89,7 +89,8 @@ def _fit(r: dict[str, Any]) -> str:
             f"free: {gb(r['free_bytes_per_gpu'])} per GPU, {gb(r['free_bytes_total'])} in total, "
             "for the KV cache and activations",
             f"fewest GPUs for the weights alone: {r['min_gpus_for_weights']}; "
-            f"for the training state ({gb(r['training_state_bytes'])}, 16 bytes/param): {r['min_gpus_for_training']}",
+            f"for the training state ({gb(r['training_state_bytes'])}, "
+            f"{r['training_state_bytes_per_param']:g} bytes/param): {r['min_gpus_for_training']}",
             *tune,
         ]
     )

@@ -17,9 +17,9 @@ from meshplan import io
 from meshplan.check.cases import Shape
 from meshplan.check.predict import Predicted, predict
 from meshplan.core import activations as act
-from meshplan.core import shards
 from meshplan.core.params import count_params, param_inventory
 from meshplan.core.plan import evaluate
+from meshplan.core.pytorch import shards
 from meshplan.core.stages import stage_row
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.search.space import LayoutBatch

@@ -22,11 +22,6 @@ def stage_layers(num_layers: int, *, pp: Num, stage: Num) -> Num:
     return stage_span(num_layers, pp=pp, stage=stage)[1]
 
 
-def stage_first_layer(num_layers: int, *, pp: Num, stage: Num) -> Num:
-    """Index of the first layer on ``stage`` (layers before it sit on earlier stages)."""
-    return stage_span(num_layers, pp=pp, stage=stage)[0]
-
-
 def stage_span(num_layers: int, *, pp: Num, stage: Num) -> tuple[Num, Num]:
     """(index of the first layer, number of layers) of ``stage``: one split computed once."""
     base = ceil_div(num_layers, pp)

@@ -44,11 +44,11 @@ def _unquantized_params(params: ParamCount) -> int:
 
 
 def _stage_unquantized(
-    params: ParamCount, model: ModelSpec, *, tp: int, pp: int, stage: int, sp_: StageParams
+    params: ParamCount, model: ModelSpec, *, tp: int, pp: int, stage: int, held: StageParams
 ) -> float:
     """16-bit parameters on one GPU of ``stage``: its share of embedding and head, its norms and routers."""
-    layers = sp_.dense_layers * (params.dense_layer.norms + params.dense_layer.router)
-    layers += sp_.moe_layers * (params.moe_layer.norms + params.moe_layer.router)
+    layers = held.dense_layers * (params.dense_layer.norms + params.dense_layer.router)
+    layers += held.moe_layers * (params.moe_layer.norms + params.moe_layer.router)
     vocab_rows = model.vocab_size * model.hidden / tp
     first = vocab_rows + params.position_embedding if stage == 0 else 0.0
     last = (0.0 if model.tied_embeddings and pp == 1 else vocab_rows) + params.final_norm if stage == pp - 1 else 0.0
@@ -149,11 +149,11 @@ def serving_bill(
     weights = 0.0
     layers_max = 0.0
     for stage in range(pp):  # every stage: uneven splits and dense-first MoE put the heaviest anywhere
-        sp_ = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage)
-        held = float(sp_.dense + sp_.experts)
-        plain = _stage_unquantized(params, model, tp=tp, pp=pp, stage=stage, sp_=sp_)
+        on_stage = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage)
+        held = float(on_stage.dense + on_stage.experts)
+        plain = _stage_unquantized(params, model, tp=tp, pp=pp, stage=stage, held=on_stage)
         weights = max(weights, (held - plain) * per_param + plain * 2.0)
-        layers_max = max(layers_max, float(sp_.dense_layers + sp_.moe_layers))
+        layers_max = max(layers_max, float(on_stage.dense_layers + on_stage.moe_layers))
     per_layer = kv_bytes_per_token_per_layer(model, tp=tp, kv_dtype=kv_dtype)
     sliding_share = model.num_sliding_layers / model.num_layers
     window = min(context, model.sliding_window) if model.sliding_window else context

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.core import finetune, pipeline
-from meshplan.core.collectives import CollectiveCall, StageShape, inventory
+from meshplan.core.comm import CollectiveCall, StageShape, inventory
 from meshplan.core.compute import head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
 from meshplan.core.memory import (
@@ -219,7 +219,7 @@ def _stage_step(
     stages = candidates(model, lay, work)
     times = stage_times(model, lay, work, cluster, stages=stages)
     held = [stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies) for s in stages]
-    training = [stage_training(model, params, lay, work, stage=s, sp_=h) for s, h in zip(stages, held, strict=True)]
+    training = [stage_training(model, params, lay, work, stage=s, held=h) for s, h in zip(stages, held, strict=True)]
 
     def most(name: str) -> Num:
         out = getattr(training[0], name)
@@ -318,7 +318,7 @@ def _dp_exposed(
     return exposed + m * _hidden(one_call("forward", True), fwd_s, ov.fsdp_prefetch, efficiency)
 
 
-def _optimizer_time(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Cluster, sp_: StageParams) -> Num:
+def _optimizer_time(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Cluster, held: StageParams) -> Num:
     """The optimizer step over this GPU's shard, streamed at HBM speed.
 
     Per parameter: gradients read three times (overflow check, global norm,
@@ -328,7 +328,7 @@ def _optimizer_time(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: 
     prec = work.precision
     shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
     on = lay.zero >= ZeroStage.OPTIMIZER
-    n = sp_.dense / where(on, shard, 1) + sp_.experts / where(on, expert_shard, 1)
+    n = held.dense / where(on, shard, 1) + held.experts / where(on, expert_shard, 1)
     master = prec.master_bytes if prec.master is not None else prec.weight_bytes
     per_param = 4 * prec.grad_bytes + 3 * master + 2 * moment_bytes_per_param(model, work) + prec.weight_bytes
     gpu = cluster.gpu
@@ -340,8 +340,7 @@ def _recompute_factor(model: ModelSpec, recompute: Num, work: Workload) -> Num:
     base's), selective the attention scores' forward."""
     per_token = model_flops_per_token(model, seq_len=work.seq_len, finetune=work.finetune)
     forward = model_flops_per_token(model, seq_len=work.seq_len) / 3
-    width = (model.mla.qk_head_dim + model.mla.v_head_dim) if model.mla else 2 * model.head_dim
-    attention_fwd = 2 * model.num_layers * model.num_heads * width * work.seq_len
+    attention_fwd = 2 * model.num_layers * model.num_heads * model.score_value_width * work.seq_len
     return where(
         recompute == Recompute.FULL,
         1 + forward / per_token,

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from meshplan import io
+from meshplan.core.memory import state_bytes_per_param
 from meshplan.core.params import count_params
 from meshplan.core.serving import min_gpus, serving_bill, weights_bytes_total
 from meshplan.core.terms import explain
@@ -23,6 +24,7 @@ from meshplan.reports.inputs import (
     resolve_workload,
 )
 from meshplan.spec.cluster import GPU
+from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
 
@@ -99,7 +101,8 @@ def fit_report(
         raise ValueError(f"gpus must be >= 1, got {gpus}")
     total = weights_bytes_total(spec, choice(DType, dtype, "dtype"))
     per_gpu = total / gpus
-    state = count_params(spec).total * 16.0  # bf16 weights and grads, fp32 master and Adam moments
+    per_param = state_bytes_per_param(spec, resolve_workload(layout=Layout(), seq=seq, precision=precision))
+    state = count_params(spec).total * per_param
     out: dict[str, Any] = {
         "model": spec.name,
         "gpu": gpu_spec.name,
@@ -113,6 +116,7 @@ def fit_report(
         "free_bytes_total": gpus * (gpu_spec.hbm_bytes - per_gpu),
         "fits": per_gpu <= gpu_spec.hbm_bytes,
         "min_gpus_for_weights": min_gpus(total, gpu_spec.hbm_bytes),
+        "training_state_bytes_per_param": per_param,
         "training_state_bytes": state,
         "min_gpus_for_training": min_gpus(state, gpu_spec.hbm_bytes),
     }

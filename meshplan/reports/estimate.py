@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan import io
-from meshplan.core.comms import BUS_FACTOR_DOC, Collective, bus_factor, ring_time
+from meshplan.core.comm.cost import BUS_FACTOR_DOC, Collective, bus_factor, ring_time
 from meshplan.core.plan import Plan, evaluate
 from meshplan.core.terms import explain
 from meshplan.render import jsonable
@@ -80,7 +80,7 @@ def _placement(plan: Plan) -> dict[str, Any]:
     return out
 
 
-def plan_report(plan: Plan, *, tokens: float | None = None) -> dict[str, Any]:
+def evaluated_plan_dict(plan: Plan, *, tokens: float | None = None) -> dict[str, Any]:
     """The JSON of one evaluated layout: memory keys, step time, MFU, collectives, placement."""
     step, mem = plan.step, plan.memory
     out: dict[str, Any] = {
@@ -164,7 +164,7 @@ def estimate_report(
         finetune=resolve_finetune(finetune, spec) if finetune else None,
     )
     plan = evaluate(spec, cluster, lay, work, order=resolve_order(axis_order))
-    return plan_report(plan, tokens=tokens)
+    return evaluated_plan_dict(plan, tokens=tokens)
 
 
 WALL_LINKS = ("nvlink5", "nvlink4", "ib-ndr", "eth-100g")

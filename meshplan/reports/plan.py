@@ -11,7 +11,7 @@ from meshplan.core.memory import TERMS
 from meshplan.core.placement import place
 from meshplan.core.plan import Plan, evaluate, mesh_sizes
 from meshplan.render import jsonable
-from meshplan.reports.estimate import plan_report as evaluated_report
+from meshplan.reports.estimate import evaluated_plan_dict
 from meshplan.reports.inputs import (
     FinetuneRequest,
     LayoutRequest,
@@ -137,7 +137,7 @@ def _explain(a: dict[str, Any], b: dict[str, Any], label_a: str, label_b: str) -
 
 
 def _plan_as_candidate(plan: Plan) -> dict[str, Any]:
-    r = evaluated_report(plan)
+    r = evaluated_plan_dict(plan)
     return {k: r[k] for k in ("layout", "step_time_s", "mfu", "tokens_per_s_per_gpu", "per_gpu", "fits")} | {
         "headroom_bytes": r["hbm_bytes"] - r["per_gpu"]["total_bytes"],
         "breakdown": {name: r["breakdown"][name] for name in STEP_TERMS},

@@ -44,6 +44,13 @@ class Objective(StrEnum):
     """Most free memory per GPU among layouts within 5% of the fastest."""
 
 
+MAX_TP_DOMAINS = 4
+"""TP groups spanning more scale-up domains than this are not enumerated: every one of their per-layer
+collectives crosses the fabric, and tensor parallelism pays off up to the size of one server's NVLink domain
+(Narayanan et al. 2021, Sec. 3.3, takeaway 1). Beyond one domain they are still enumerated, and refused
+unless --allow-cross-node-tp, so the rejection table says how many there were."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchResult:
     """The ranked feasible layouts and the count of every rejection."""
@@ -93,7 +100,8 @@ def search(
 ) -> SearchResult:
     """Search every layout of ``model`` on ``cluster`` for ``workload``; the fastest that fit come first."""
     start = time.perf_counter()
-    space = space or SearchSpace(max_tp=max(4 * cluster.domain_size, 8) if not allow_cross_node_tp else None)
+    wide = max(MAX_TP_DOMAINS * cluster.domain_size, 8)
+    space = space or SearchSpace(max_tp=wide if not allow_cross_node_tp else None)
     batch = enumerate_layouts(
         model,
         num_gpus=cluster.num_gpus,

@@ -201,8 +201,10 @@ def fit(
     finetune: FinetuneArg,
     dtype: Annotated[Literal[SERVING_DTYPES], one("dtype")] = "bf16",  # type: ignore[valid-type]
     seq: Seq = 4096,
+    precision: Annotated[Literal[field("precision").choices], one("precision")] = "bf16",  # type: ignore[valid-type]
 ) -> dict[str, Any]:
-    return json_dict(fit_report(model, gpu=gpu, gpus=gpus, dtype=dtype, finetune=finetune, seq=seq))
+    report = fit_report(model, gpu=gpu, gpus=gpus, dtype=dtype, finetune=finetune, seq=seq, precision=precision)
+    return json_dict(report)
 
 
 def serving_bill(report: dict[str, Any], *, sequences: int) -> dict[str, Any]:

@@ -7,11 +7,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 
 from meshplan import io
-from meshplan.core.tp_split import MAX_DIM, MAX_RANKS, tp_mlp_split
 from meshplan.reports import LayoutRequest, memory_report
 from meshplan.server import parse
 from meshplan.server.api import GpuArg, MicroBatch, ModelArg, Seq, json_dict
 from meshplan.server.content import EXPLORER_GPUS, pieces, serving_terms, strategies, tiers
+from meshplan.server.tp_split import MAX_DIM, MAX_RANKS, tp_mlp_split
 from meshplan.spec.model import ModelSpec
 
 router = APIRouter(prefix="/api")

@@ -14,11 +14,11 @@ Measured on torch 2.13 by ``meshplan check`` (docs/check.md):
 
 from __future__ import annotations
 
-from meshplan.core.calls import CollectiveCall, StageShape, make_call
-from meshplan.core.comms import Collective
+from meshplan.core.comm.call import CollectiveCall, StageShape, make_call
+from meshplan.core.comm.cost import Collective
 from meshplan.core.num import Num, ceil_div, where
 from meshplan.core.placement import AxisPlacement
-from meshplan.core.shards import RankCoords, ddp_buckets, fsdp_units, gather_bytes, rank_params
+from meshplan.core.pytorch.shards import RankCoords, ddp_buckets, fsdp_units, gather_bytes, rank_params
 from meshplan.core.stages import StageRow
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import ZeroStage
