@@ -54,7 +54,7 @@ def _layout_line(lay: dict[str, Any]) -> str:
 def _memory(r: dict[str, Any]) -> str:
     bill = r["per_gpu"]
     rows = [(t["title"], gb(t["value_bytes"]), t["formula"]) for t in r["terms"] if t["value_bytes"]]
-    rows.append(("total", gb(bill["total_bytes"]), f"of {gb(r['hbm_bytes'])} HBM"))
+    rows.append(("total", gb(bill["total_bytes"]), f"of {gb(r['hbm_bytes_per_gpu'])} HBM"))
     head = [
         f"{r['model']} on {r['gpus']} x {r['gpu']}: {_layout_line(r['layout'])}",
         f"seq {r['seq']}, global batch {r['global_batch']} sequences, precision {r['precision']}",
@@ -63,7 +63,7 @@ def _memory(r: dict[str, Any]) -> str:
     if len(r["stages"]) > 1:
         head.append(f"heaviest pipeline stage: {r['heaviest_stage']} of {len(r['stages'])}")
     verdict = "fits" if r["fits"] else "does NOT fit"
-    tail = f"{verdict}: {gb(bill['total_bytes'])} of {gb(r['hbm_bytes'])} ({gb(abs(r['free_bytes']))} "
+    tail = f"{verdict}: {gb(bill['total_bytes'])} of {gb(r['hbm_bytes_per_gpu'])} ({gb(abs(r['free_bytes_per_gpu']))} "
     tail += "free)" if r["fits"] else "over)"
     return "\n".join([*head, "", table(rows, ["term", "per GPU", "formula"], align="lrl"), "", tail])
 
@@ -84,12 +84,12 @@ def _fit(r: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"{r['model']} weights in {r['dtype']}: {gb(r['weights_bytes_total'])}",
-            f"split over {r['gpus']} x {r['gpu']}: {gb(r['weights_bytes_per_gpu'])} per GPU "
+            f"split over {r['gpus']} x {r['gpu']}: {gb(r['weights_bytes_per_gpu_even_split'])} per GPU "
             f"({percent(r['hbm_fraction_per_gpu'])} of {gb(r['hbm_bytes_per_gpu'])}) - {verdict}",
             f"free: {gb(r['free_bytes_per_gpu'])} per GPU, {gb(r['free_bytes_total'])} in total, "
             "for the KV cache and activations",
             f"fewest GPUs for the weights alone: {r['min_gpus_for_weights']}; "
-            f"for the training state ({gb(r['training_state_bytes'])}, "
+            f"for the training state ({gb(r['training_state_bytes_total'])}, "
             f"{r['training_state_bytes_per_param']:g} bytes/param): {r['min_gpus_for_training']}",
             *tune,
         ]
@@ -99,13 +99,13 @@ def _fit(r: dict[str, Any]) -> str:
 def _serving(r: dict[str, Any]) -> str:
     rows = [
         ("weights per GPU", gb(r["weights_bytes_per_gpu"])),
-        ("prefill activations", gb(r["activations_bytes"])),
-        ("framework", gb(r["framework_bytes"])),
-        ("KV budget per GPU", gb(r["kv_budget_bytes"])),
-        ("KV per token per GPU", gb(r["kv_bytes_per_token"])),
-        (f"KV per {r['context']}-token sequence", gb(r["kv_bytes_per_sequence"])),
-        ("KV tokens that fit per GPU", f"{r['kv_capacity_tokens']:,}"),
-        ("concurrent sequences", f"{r['max_concurrent_sequences']:,}"),
+        ("prefill activations per GPU", gb(r["activations_bytes_per_gpu"])),
+        ("framework per GPU", gb(r["framework_bytes_per_gpu"])),
+        ("KV budget per GPU", gb(r["kv_budget_bytes_per_gpu"])),
+        ("KV per token per GPU", gb(r["kv_bytes_per_token_per_gpu"])),
+        (f"KV per {r['context']}-token sequence", gb(r["kv_bytes_per_sequence_per_gpu"])),
+        ("KV tokens that fit per replica", f"{r['kv_capacity_tokens_per_replica']:,}"),
+        ("concurrent sequences, all replicas", f"{r['max_concurrent_sequences_total']:,}"),
     ]
     head = f"{r['model']} serving on {r['gpus']} x {r['gpu']}: tp={r['tp']} pp={r['pp']} x {r['replicas']} replicas"
     return "\n".join([head, f"weights {r['dtype']}, KV cache {r['kv_dtype']}", "", table(rows, ["", "value"])])
@@ -132,11 +132,14 @@ def _estimate(r: dict[str, Any]) -> str:
         table(rows, ["step time", ""]),
         "",
         f"MFU {percent(r['mfu'])}, HFU {percent(r['hfu'])}, {r['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU; "
-        f"memory {gb(r['per_gpu']['total_bytes'])} of {gb(r['hbm_bytes'])} ({'fits' if r['fits'] else 'does NOT fit'})",
+        f"memory {gb(r['per_gpu']['total_bytes'])} of {gb(r['hbm_bytes_per_gpu'])} "
+        f"({'fits' if r['fits'] else 'does NOT fit'})",
     ]
     if "time_to_train" in r:
         t = r["time_to_train"]
-        head.append(f"{count(t['tokens'])} tokens: {t['days']:.1f} days, {t['gpu_hours']:,.0f} GPU-hours")
+        head.append(
+            f"{count(t['tokens_total'])} tokens: {t['wall_time_days']:.1f} days, {t['gpu_hours_total']:,.0f} GPU-hours"
+        )
     place = [(axis, p["size"], p["inside_domain"], p["domains"], p["link"]) for axis, p in r["placement"].items()]
     calls = [
         (
@@ -144,11 +147,11 @@ def _estimate(r: dict[str, Any]) -> str:
             c["op"],
             c["phase"],
             c["group_size"],
-            gb(c["bytes"]),
+            gb(c["size_bytes_per_call"]),
             f"{c['count_per_step']:,.0f}",
             c["link"],
-            seconds(c["time_s"]),
-            seconds(c["exposed_s"]),
+            seconds(c["time_s_per_step"]),
+            seconds(c["exposed_s_per_step"]),
         )
         for c in r["collectives"]
     ]
@@ -238,7 +241,7 @@ def _plan(r: dict[str, Any]) -> str:
             percent(p["mfu"]),
             f"{p['tokens_per_s_per_gpu']:,.0f}",
             gb(p["per_gpu"]["total_bytes"]),
-            gb(p["headroom_bytes"]),
+            gb(p["free_bytes_per_gpu"]),
             ",".join(axis for axis, at in p["placement"].items() if at["crosses_fabric"]) or "-",
         )
         for i, p in enumerate(r["plans"])
@@ -246,7 +249,7 @@ def _plan(r: dict[str, Any]) -> str:
     out = [
         f"{r['model']} on {r['gpus']} x {r['gpu']}, seq {r['seq']}, {r['global_batch_tokens']:,} tokens per step",
         f"searched {r['evaluated']:,} layouts in {r['elapsed_s']:.2f} s: {r['feasible']:,} fit "
-        f"with {percent(r['headroom'])} of HBM kept free",
+        f"with {percent(r['headroom_fraction'])} of HBM kept free",
         *(
             [
                 f"fewest GPUs that train {r['fewest_gpus']['tokens']:.3g} tokens within {r['fewest_gpus']['days']:g} "
@@ -265,12 +268,12 @@ def _plan(r: dict[str, Any]) -> str:
         term_rows = [
             (
                 x["term"],
-                _value(x[e["a"]], x["unit"]),
-                _value(x[e["b"]], x["unit"]),
+                _value(x["value_a"], x["unit"]),
+                _value(x["value_b"], x["unit"]),
                 _value(x["difference"], x["unit"], signed=True),
             )
             for x in e["rows"]
-            if x[e["a"]] or x[e["b"]]
+            if x["value_a"] or x["value_b"]
         ]
         out += ["", f"{e['a']} vs {e['b']}: {e['why']}", table(term_rows, ["term", e["a"], e["b"], "difference"])]
         for w in e.get("named", {}).get("warnings", []):
@@ -332,7 +335,7 @@ def _list(r: dict[str, Any]) -> str:
             kind = "MoE" if item["moe"] else "dense"
             rows.append([item["name"], f"{item['params_total'] / 1e9:,.1f}B params", f"{item['layers']} layers", kind])
         elif r["kind"] == "gpus":
-            rows.append([item["name"], gb(item["hbm_bytes"]), item["description"]])
+            rows.append([item["name"], gb(item["hbm_bytes_per_gpu"]), item["description"]])
         elif r["kind"] == "links":
             speed = f"{item['bandwidth_bytes_per_s_per_direction'] / 1e9:,.0f} GB/s"
             rows.append([item["name"], speed, item["description"]])

@@ -59,7 +59,7 @@ def test_plan_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(isinstance(v, int) and v > 0 for v in out["rejections"].values())
     front = out["pareto"]
     assert [f["step_time_s"] for f in front] == sorted(f["step_time_s"] for f in front)
-    assert all(a["memory_bytes"] > b["memory_bytes"] for a, b in itertools.pairwise(front))
+    assert all(a["memory_bytes_per_gpu"] > b["memory_bytes_per_gpu"] for a, b in itertools.pairwise(front))
     explained = {e["b"]: e for e in out["explain"]}
     assert "runner-up" in explained and "tp=8,pp=2,zero=1,sp=true" in explained
     assert "slower per step" in explained["tp=8,pp=2,zero=1,sp=true"]["why"]

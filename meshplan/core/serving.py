@@ -94,6 +94,11 @@ class ServingBill:
         return self.max_concurrent_sequences >= 1
 
 
+def kv_bytes_per_token_total(model: ModelSpec, *, kv_dtype: DType = DType.BF16) -> float:
+    """KV-cache bytes one token costs the whole model (every layer, every KV head): a fleet-wide figure."""
+    return model.num_layers * kv_bytes_per_token_per_layer(model, tp=1, kv_dtype=kv_dtype)
+
+
 def kv_bytes_per_token_per_layer(model: ModelSpec, *, tp: int, kv_dtype: DType) -> float:
     """KV bytes one token adds to one layer on one TP rank (KV heads split over tp, copied past k ranks)."""
     if model.mla is not None:  # the latent is not split by TP: every rank caches it whole

@@ -9,7 +9,7 @@ from typing import Any
 from meshplan import io
 from meshplan.core.memory import state_bytes_per_param
 from meshplan.core.params import count_params
-from meshplan.core.serving import min_gpus, serving_bill, weights_bytes_total
+from meshplan.core.serving import kv_bytes_per_token_total, min_gpus, serving_bill, weights_bytes_total
 from meshplan.core.terms import explain
 from meshplan.core.training import training_memory
 from meshplan.render import jsonable
@@ -71,8 +71,8 @@ def memory_report(
         "layout": layout_dict(lay),
         "per_gpu": jsonable(mem.per_gpu.as_dict()),
         "heaviest_stage": mem.heaviest_stage,
-        "hbm_bytes": gpu_spec.hbm_bytes,
-        "free_bytes": mem.free_bytes,
+        "hbm_bytes_per_gpu": gpu_spec.hbm_bytes,
+        "free_bytes_per_gpu": mem.free_bytes,
         "fits": mem.fits,
         "stages": [jsonable(s.as_dict()) for s in mem.stages],
         "terms": explain(mem.per_gpu),
@@ -109,7 +109,7 @@ def fit_report(
         "gpus": gpus,
         "dtype": dtype,
         "weights_bytes_total": total,
-        "weights_bytes_per_gpu": per_gpu,
+        "weights_bytes_per_gpu_even_split": per_gpu,
         "hbm_bytes_per_gpu": gpu_spec.hbm_bytes,
         "hbm_fraction_per_gpu": per_gpu / gpu_spec.hbm_bytes,
         "free_bytes_per_gpu": gpu_spec.hbm_bytes - per_gpu,
@@ -117,7 +117,7 @@ def fit_report(
         "fits": per_gpu <= gpu_spec.hbm_bytes,
         "min_gpus_for_weights": min_gpus(total, gpu_spec.hbm_bytes),
         "training_state_bytes_per_param": per_param,
-        "training_state_bytes": state,
+        "training_state_bytes_total": state,
         "min_gpus_for_training": min_gpus(state, gpu_spec.hbm_bytes),
     }
     if finetune is not None:
@@ -206,14 +206,15 @@ def serving_report(
         "kv_dtype": kv_dtype,
         "context": bill.context,
         "weights_bytes_per_gpu": bill.weights_bytes,
-        "kv_bytes_per_token": bill.kv_bytes_per_token,
-        "kv_bytes_per_sequence": bill.kv_bytes_per_sequence,
-        "activations_bytes": bill.activations_bytes,
-        "framework_bytes": bill.framework_bytes,
-        "usable_bytes": bill.usable_bytes,
-        "kv_budget_bytes": bill.kv_budget_bytes,
-        "kv_capacity_tokens": bill.kv_capacity_tokens,
-        "max_concurrent_sequences": bill.max_concurrent_sequences * replicas,
+        "kv_bytes_per_token_per_gpu": bill.kv_bytes_per_token,
+        "kv_bytes_per_token_total": kv_bytes_per_token_total(spec, kv_dtype=choice(DType, kv_dtype, "kv dtype")),
+        "kv_bytes_per_sequence_per_gpu": bill.kv_bytes_per_sequence,
+        "activations_bytes_per_gpu": bill.activations_bytes,
+        "framework_bytes_per_gpu": bill.framework_bytes,
+        "usable_bytes_per_gpu": bill.usable_bytes,
+        "kv_budget_bytes_per_gpu": bill.kv_budget_bytes,
+        "kv_capacity_tokens_per_replica": bill.kv_capacity_tokens,
+        "max_concurrent_sequences_total": bill.max_concurrent_sequences * replicas,
         "max_concurrent_sequences_per_replica": bill.max_concurrent_sequences,
         "fits": bill.fits,
     }

@@ -52,12 +52,12 @@ def _collectives(plan: Plan) -> list[dict[str, Any]]:
                 "axis": c.axis,
                 "phase": c.phase,
                 "group_size": int(c.group_size),
-                "bytes": float(c.size_bytes),
+                "size_bytes_per_call": float(c.size_bytes),
                 "count_per_step": float(c.count_per_step),
                 "link": link.name,
                 "crosses_fabric": bool(c.outer > 1),
-                "time_s": float(c.time_s),
-                "exposed_s": min(float(c.time_s), float(c.time_s) * share),
+                "time_s_per_step": float(c.time_s),
+                "exposed_s_per_step": min(float(c.time_s), float(c.time_s) * share),
             }
         )
     return out
@@ -94,8 +94,8 @@ def evaluated_plan_dict(plan: Plan, *, tokens: float | None = None) -> dict[str,
         "layout": layout_dict(plan.layout),
         "per_gpu": jsonable(mem.per_gpu.as_dict()),
         "heaviest_stage": mem.heaviest_stage,
-        "hbm_bytes": mem.hbm_bytes,
-        "free_bytes": mem.free_bytes,
+        "hbm_bytes_per_gpu": mem.hbm_bytes,
+        "free_bytes_per_gpu": mem.free_bytes,
         "fits": mem.fits,
         "stages": [jsonable(s.as_dict()) for s in mem.stages],
         "terms": explain(mem.per_gpu),
@@ -122,9 +122,9 @@ def evaluated_plan_dict(plan: Plan, *, tokens: float | None = None) -> dict[str,
     if tokens:
         seconds = tokens / (float(step.tokens_per_s_per_gpu) * plan.cluster.num_gpus)
         out["time_to_train"] = {
-            "tokens": tokens,
-            "days": seconds / SECONDS_PER_DAY,
-            "gpu_hours": seconds * plan.cluster.num_gpus / SECONDS_PER_HOUR,
+            "tokens_total": tokens,
+            "wall_time_days": seconds / SECONDS_PER_DAY,
+            "gpu_hours_total": seconds * plan.cluster.num_gpus / SECONDS_PER_HOUR,
         }
     return out
 

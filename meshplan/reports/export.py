@@ -94,7 +94,7 @@ def export_training(
         "step_time_s": float(plan.step.step_time_s),
         "mfu": float(plan.step.mfu),
         "tokens_per_s_per_gpu": float(plan.step.tokens_per_s_per_gpu),
-        "memory_per_gpu_bytes": float(plan.memory.per_gpu.total_bytes),
+        "memory_bytes_per_gpu": float(plan.memory.per_gpu.total_bytes),
     }
     export = TRAINING_EXPORTERS[eng](
         spec, lay, work, model_path=model_path, predicted=predicted, gpus_per_node=cluster.gpu.gpus_per_node
@@ -142,7 +142,7 @@ def export_serving(
     quant = {"fp8": "fp8", "int4": "awq", "int8": "compressed-tensors", "fp4": "modelopt_fp4"}.get(dtype)
     kv = choice(DType, kv_dtype, "kv dtype")
     predicted = {
-        "kv_capacity_tokens": float(bill["kv_capacity_tokens"]),
+        "kv_capacity_tokens_per_replica": float(bill["kv_capacity_tokens_per_replica"]),
         "weights_bytes_per_gpu": float(bill["weights_bytes_per_gpu"]),
     }
     plan = ServingPlan(

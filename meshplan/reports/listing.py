@@ -26,7 +26,7 @@ def list_report(kind: str) -> dict[str, Any]:
         items = []
         for name in io.list_gpus():
             g = io.load_gpu(name)
-            items.append({"name": name, "hbm_bytes": g.hbm_bytes, "description": g.description})
+            items.append({"name": name, "hbm_bytes_per_gpu": g.hbm_bytes, "description": g.description})
     elif kind == "links":
         items = []
         for name in io.list_links():

@@ -86,7 +86,7 @@ def _candidate(result: SearchResult, i: int, cluster: Cluster, order: tuple[str,
         "mfu": float(np.asarray(step.mfu)[i]),
         "tokens_per_s_per_gpu": float(np.asarray(step.tokens_per_s_per_gpu)[i]),
         "per_gpu": per_gpu,
-        "headroom_bytes": cluster.gpu.hbm_bytes - per_gpu["total_bytes"],
+        "free_bytes_per_gpu": cluster.gpu.hbm_bytes - per_gpu["total_bytes"],
         "breakdown": breakdown,
         "placement": _placement(lay, cluster, order),
     }
@@ -100,8 +100,8 @@ def _explain(a: dict[str, Any], b: dict[str, Any], label_a: str, label_b: str) -
             {
                 "term": STEP_LABELS[name],
                 "unit": "s",
-                label_a: a["breakdown"][name],
-                label_b: b["breakdown"][name],
+                "value_a": a["breakdown"][name],
+                "value_b": b["breakdown"][name],
                 "difference": b["breakdown"][name] - a["breakdown"][name],
             }
         )
@@ -110,8 +110,8 @@ def _explain(a: dict[str, Any], b: dict[str, Any], label_a: str, label_b: str) -
             {
                 "term": name,
                 "unit": "bytes",
-                label_a: a["per_gpu"][name],
-                label_b: b["per_gpu"][name],
+                "value_a": a["per_gpu"][name],
+                "value_b": b["per_gpu"][name],
                 "difference": b["per_gpu"][name] - a["per_gpu"][name],
             }
         )
@@ -139,7 +139,7 @@ def _explain(a: dict[str, Any], b: dict[str, Any], label_a: str, label_b: str) -
 def _plan_as_candidate(plan: Plan) -> dict[str, Any]:
     r = evaluated_plan_dict(plan)
     return {k: r[k] for k in ("layout", "step_time_s", "mfu", "tokens_per_s_per_gpu", "per_gpu", "fits")} | {
-        "headroom_bytes": r["hbm_bytes"] - r["per_gpu"]["total_bytes"],
+        "free_bytes_per_gpu": r["free_bytes_per_gpu"],
         "breakdown": {name: r["breakdown"][name] for name in STEP_TERMS},
         "warnings": r["warnings"],
     }
@@ -257,7 +257,7 @@ def plan_report(
     front = [
         {
             "step_time_s": float(np.asarray(result.step.step_time_s)[i]),
-            "memory_bytes": float(np.asarray(result.memory.total_bytes)[i]),
+            "memory_bytes_per_gpu": float(np.asarray(result.memory.total_bytes)[i]),
             "layout": layout_dict(result.candidates.layout(int(i))),
         }
         for i in result.pareto
@@ -270,7 +270,7 @@ def plan_report(
         "global_batch": work.global_batch,
         "global_batch_tokens": global_batch_tokens,
         "objective": "fewest-gpus" if fewest else str(obj),
-        "headroom": headroom,
+        "headroom_fraction": headroom,
         **finetune_fields(spec, work.finetune),
         "evaluated": result.evaluated,
         "feasible": result.feasible,
@@ -283,7 +283,7 @@ def plan_report(
         out["fewest_gpus"] = fewest
     if tokens:
         for p in out["plans"]:
-            p["days_to_train"] = tokens / (p["tokens_per_s_per_gpu"] * cluster.num_gpus) / 86400
+            p["time_to_train_days"] = tokens / (p["tokens_per_s_per_gpu"] * cluster.num_gpus) / 86400
     if explain or compare:
         out["explain"] = _explanations(spec, cluster, work, plans, order, compare)
     data: dict[str, Any] = jsonable(out)

@@ -132,7 +132,7 @@ def _catalog() -> dict[str, Any]:
         gpus.append(
             {
                 "name": name,
-                "hbm_bytes": g.hbm_bytes,
+                "hbm_bytes_per_gpu": g.hbm_bytes,
                 "scale_up_link": g.scale_up_link,
                 "scale_up_domain": g.scale_up_domain,
                 "scale_out_link": g.scale_out_link,
@@ -211,9 +211,9 @@ def serving_bill(report: dict[str, Any], *, sequences: int) -> dict[str, Any]:
     """The serving bar: the report's terms for ``sequences`` sequences of its context, with what each is."""
     values = {
         "weights_bytes": report["weights_bytes_per_gpu"],
-        "kv_cache_bytes": report["kv_bytes_per_sequence"] * sequences,
-        "activations_bytes": report["activations_bytes"],
-        "framework_bytes": report["framework_bytes"],
+        "kv_cache_bytes": report["kv_bytes_per_sequence_per_gpu"] * sequences,
+        "activations_bytes": report["activations_bytes_per_gpu"],
+        "framework_bytes": report["framework_bytes_per_gpu"],
     }
     terms = [dict(t, value_bytes=values[t["name"]]) for t in serving_terms()]
     return {"sequences": sequences, "terms": terms, "total_bytes": sum(values.values())}

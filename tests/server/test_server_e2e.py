@@ -139,13 +139,13 @@ def test_strategies_show_each_gpu_piece_and_bill(page: Any, shot: Any) -> None:
 def test_weights_split_follows_gpu_count_and_kind(page: Any, shot: Any) -> None:
     open_view(page, "weights")
     fit = api(page, "/api/fit", model="llama-3.3-70b", gpu="h200", gpus=8)
-    wait_number(page, "#w-per-gpu", fit["weights_bytes_per_gpu"])
+    wait_number(page, "#w-per-gpu", fit["weights_bytes_per_gpu_even_split"])
     wait_number(page, "#w-free-total", fit["free_bytes_total"])
     assert page.locator("#w-chart rect.weights").count() == 8
     page.select_option("#w-form select[name=gpu]", "h100-sxm")
     page.fill("#w-form input[name=gpus]", "4")
     four = api(page, "/api/fit", model="llama-3.3-70b", gpu="h100-sxm", gpus=4)
-    wait_number(page, "#w-per-gpu", four["weights_bytes_per_gpu"])
+    wait_number(page, "#w-per-gpu", four["weights_bytes_per_gpu_even_split"])
     assert page.locator("#w-chart rect.weights").count() == 4
     assert page.input_value("#w-form input[name=gpus_range]") == "4"
     shot(page, "weights")

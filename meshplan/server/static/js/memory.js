@@ -89,13 +89,13 @@ function draw(train, serve) {
     el("strong", { id: "mem-training-total", "data-bytes": trainTotal, text: fmtBytes(trainTotal) }),
     el("span", { text: ` per unsplit copy (${trainingWhat(train)}, ${train.precision}, ${train.seq.toLocaleString("en-US")} tokens × ${train.global_batch}). Serving: ` }),
     el("strong", { id: "mem-serving-total", "data-bytes": serveTotal, text: fmtBytes(serveTotal) }),
-    el("span", { text: ` with ${serve.bill.sequences} sequence(s) of ${serve.context.toLocaleString("en-US")} tokens in the KV cache. One ${train.gpu} has ${fmtBytes(train.hbm_bytes)}.` }),
+    el("span", { text: ` with ${serve.bill.sequences} sequence(s) of ${serve.context.toLocaleString("en-US")} tokens in the KV cache. One ${train.gpu} has ${fmtBytes(train.hbm_bytes_per_gpu)}.` }),
   );
   const bars = [
     { key: "training", label: "Training", terms: train.terms, y: 34 },
     { key: "serving", label: "Serving", terms: serve.bill.terms, y: 104 },
   ];
-  const max = Math.max(trainTotal, serveTotal, train.hbm_bytes) * 1.04;
+  const max = Math.max(trainTotal, serveTotal, train.hbm_bytes_per_gpu) * 1.04;
   const unit = max >= 2e12 ? 1e12 : 1e9;
   const unitName = unit === 1e12 ? "TB" : "GB";
   const x = (b) => LEFT + ((W - LEFT - RIGHT) * b) / max;
@@ -126,12 +126,12 @@ function draw(train, serve) {
       acc += term.value_bytes;
     }
   }
-  const hx = x(train.hbm_bytes);
+  const hx = x(train.hbm_bytes_per_gpu);
   root.append(
     svg("line", { x1: hx, x2: hx, y1: 20, y2: 160, class: "hbm-line" }),
     svg("text", {
       x: hx > W * 0.6 ? hx - 4 : hx + 4, y: 18, class: "hbm-label", "text-anchor": hx > W * 0.6 ? "end" : "start",
-      text: `one ${train.gpu}: ${fmtBytes(train.hbm_bytes)} HBM`,
+      text: `one ${train.gpu}: ${fmtBytes(train.hbm_bytes_per_gpu)} HBM`,
     }),
   );
   $("#mem-chart").replaceChildren(root);
