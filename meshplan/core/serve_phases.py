@@ -56,14 +56,17 @@ class ServeCalibration:
     """Share of HBM bandwidth a decode step's weight and KV streaming reaches."""
     weight_only_bandwidth_share: dict[str, float]
     """Share of that bandwidth a weight-only dequantizing kernel keeps, by weight dtype (int8, int4)."""
-    matmul_efficiency: float
-    """Share of dense peak a large serving GEMM reaches (s(M) scales it down for small M)."""
+    matmul_share: dict[str, float]
+    """Share of the GPU kind's large-GEMM efficiency (its calibration's matmul_efficiency_max) this engine's
+    serving GEMMs reach, by compute dtype (bf16, fp8, int8, fp4); s(M) scales it down for small M."""
     attention_efficiency: float
     """Share of 16-bit dense peak the prefill attention kernel reaches."""
     step_overhead_s: float
     """Fixed cost of each forward (scheduler, sampling, CUDA-graph launch, host sync)."""
     layer_overhead_s: float
-    """Launch gaps per layer per forward not hidden by CUDA graphs."""
+    """Launch gaps per layer of a decode step not hidden by CUDA graphs."""
+    prefill_layer_overhead_s: float
+    """Launch gaps per layer of a prefill forward (not graph-captured)."""
     allreduce_latency_s: float
     """Floor of one small TP all-reduce in this engine (custom one-shot kernels or NCCL)."""
     ep_overlap: float
@@ -74,6 +77,10 @@ class ServeCalibration:
     """The engine's default cap on tokens per step (prefill chunk budget)."""
     reserve_full_sequence: bool
     """Whether admission reserves KV for input + output (TensorRT-LLM guaranteed-no-evict) or input only."""
+    memory_fraction: float
+    """Share of HBM the engine may fill (vLLM gpu_memory_utilization), or of what the weights, activations
+    and runtime leave free (TensorRT-LLM kv_cache_free_gpu_mem_fraction) when ``memory_fraction_of_free``."""
+    memory_fraction_of_free: bool
     source: str
 
 
@@ -100,6 +107,19 @@ class ServeLayout:
     @property
     def gpus_per_replica(self) -> int:
         return self.tp * self.pp
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hardware:
+    """The GPU, the links a replica's groups use, and the engine's constants."""
+
+    gpu: GPU
+    scale_up: Link
+    scale_out: Link
+    cal: ServeCalibration
+
+    def link(self, group: int) -> Link:
+        return self.scale_up if group <= self.gpu.scale_up_domain else self.scale_out
 
 
 def default_quant(weights: DType, gpu: GPU) -> Quant:
@@ -145,7 +165,7 @@ class ReplicaShape:
         return np.floor(self.kv_budget_bytes / per_sequence)
 
 
-def replica_shape(model: ModelSpec, gpu: GPU, layout: ServeLayout, *, context: int, **bill_kw: float) -> ReplicaShape:
+def replica_shape(model: ModelSpec, hw: Hardware, layout: ServeLayout, *, context: int) -> ReplicaShape:
     """Per-GPU bytes and FLOPs of ``layout`` (the heavier of the first and last pipeline stages).
 
     Attention-DP keeps every attention weight and the KV heads of its own sequences on each rank; the
@@ -154,6 +174,7 @@ def replica_shape(model: ModelSpec, gpu: GPU, layout: ServeLayout, *, context: i
     params = count_params(model)
     tp, pp = layout.tp, layout.pp
     attn_tp = 1 if layout.dp_attention else tp
+    cal, gpu = hw.cal, hw.gpu
     bill = serving_bill(
         model,
         gpu=gpu,
@@ -162,7 +183,7 @@ def replica_shape(model: ModelSpec, gpu: GPU, layout: ServeLayout, *, context: i
         weight_dtype=layout.weights_dtype,
         kv_dtype=layout.kv_dtype,
         context=context,
-        **bill_kw,  # type: ignore[arg-type]
+        gpu_memory_utilization=1.0 if cal.memory_fraction_of_free else cal.memory_fraction,
     )
     per_param = weight_bytes_per_param(layout.weights_dtype, hidden=model.hidden)
     stage = stage_params(params, model, tp=tp, pp=pp, ep=1, stage=pp - 1)
@@ -173,13 +194,14 @@ def replica_shape(model: ModelSpec, gpu: GPU, layout: ServeLayout, *, context: i
     frac = model.moe.experts_per_token / model.moe.num_experts if model.moe else 0.0
     per_layer = stage.dense_layers * (d.attention + d.mlp + d.shared_experts)
     per_layer += stage.moe_layers * (m.attention + m.mlp + m.shared_experts + m.routed_experts * frac)
+    free_share = cal.memory_fraction if cal.memory_fraction_of_free else 1.0
     per_layer_kv = kv_bytes_per_token_per_layer(model, tp=attn_tp, kv_dtype=layout.kv_dtype)
     return ReplicaShape(
         bill=bill,
         layers=layers,
         dense_weight_bytes=bill.weights_bytes - float(stage.experts) * per_param + replicated * per_param,
         expert_weight_bytes=float(stage.experts) * per_param,
-        kv_budget_bytes=max(bill.kv_budget_bytes - replicated * per_param, 0.0),
+        kv_budget_bytes=max(bill.kv_budget_bytes - replicated * per_param, 0.0) * free_share,
         gemm_params_per_token=float(per_layer) / attn_tp,
         lm_head_params=model.vocab_size * model.hidden / attn_tp,
         kv_bytes_per_token=layers * per_layer_kv,
@@ -247,19 +269,6 @@ class Forward:
         }
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Hardware:
-    """The GPU, the links a replica's groups use, and the engine's constants."""
-
-    gpu: GPU
-    scale_up: Link
-    scale_out: Link
-    cal: ServeCalibration
-
-    def link(self, group: int) -> Link:
-        return self.scale_up if group <= self.gpu.scale_up_domain else self.scale_out
-
-
 def shape_efficiency(m: Num, half_dim: float) -> Num:
     """s(M) = M / (M + d_half): a GEMM with few rows falls off its peak (compute.gemm_time's factor)."""
     return m / (m + half_dim)
@@ -289,13 +298,15 @@ def forward(
     kv_tokens_read: Num,
     group_tokens: Num,
     logits: Num,
+    layer_overhead_s: float,
 ) -> Forward:
     """One forward on one GPU: ``new_tokens`` local tokens attend over ``attn_pairs`` (query, key) pairs,
     reading ``kv_tokens_read`` cached tokens; ``group_tokens`` tokens reach the experts of the TP group;
     ``logits`` tokens go through the LM head."""
     cal, gpu = hw.cal, hw.gpu
     hbm = _hbm_bytes_per_s(hw, layout)
-    peak = gpu.peak(compute_dtype(layout)) * cal.matmul_efficiency
+    dtype = compute_dtype(layout)
+    peak = gpu.peak(dtype) * gpu.calibration.matmul_efficiency_max * cal.matmul_share.get(dtype.value, 1.0)
     touched = 1.0 - (1.0 - shape.expert_fraction) ** group_tokens if model.moe else 0.0
     weights = shape.dense_weight_bytes + shape.expert_weight_bytes * touched
     rows = maximum(group_tokens * shape.expert_fraction, 1.0) if model.moe else maximum(new_tokens, 1.0)
@@ -315,7 +326,7 @@ def forward(
         tp_comm_s=tp_comm,
         ep_comm_s=_ep_comm_s(model, shape, hw, layout, new_tokens=new_tokens),
         pp_comm_s=_pp_send_s(model, hw, layout, new_tokens=new_tokens),
-        overhead_s=cal.step_overhead_s + cal.layer_overhead_s * shape.layers + 0.0 * new_tokens,
+        overhead_s=cal.step_overhead_s + layer_overhead_s * shape.layers + 0.0 * new_tokens,
     )
 
 
@@ -371,6 +382,7 @@ def decode_step(
         kv_tokens_read=batch * sliding,
         group_tokens=group,
         logits=batch,
+        layer_overhead_s=hw.cal.layer_overhead_s,
     )
 
 
@@ -397,6 +409,7 @@ def prefill(
         kv_tokens_read=0.0 * tokens,
         group_tokens=group,
         logits=sequences,
+        layer_overhead_s=hw.cal.prefill_layer_overhead_s,
     )
 
 

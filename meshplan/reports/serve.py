@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
 from dataclasses import dataclass, fields
@@ -74,7 +75,7 @@ def resolve(
     quant: str | None = None,
     engine: str = DEFAULT_ENGINE,
     context: int,
-    gpu_memory_utilization: float = 0.9,
+    gpu_memory_utilization: float | None = None,
 ) -> Setup:
     """Check and resolve the inputs: TP defaults to what the replicas leave, replicas to what TP x PP leaves."""
     spec = io.load_model(model) if isinstance(model, str) else model
@@ -101,13 +102,18 @@ def resolve(
     if (q is Quant.NONE) != (w in (DType.BF16, DType.FP16)):
         raise ValueError(f"quantization {q} does not suit {w} weights")
     layout = ServeLayout(tp=tp, pp=pp, ep=ep, dp_attention=dp_attention, weights_dtype=w, kv_dtype=kv, quant=q)
+    cal = calibration(engine, gpu_spec.name)
+    if gpu_memory_utilization is not None:
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        cal = dataclasses.replace(cal, memory_fraction=gpu_memory_utilization, memory_fraction_of_free=False)
     hw = Hardware(
         gpu=gpu_spec,
         scale_up=io.load_link(gpu_spec.scale_up_link),
         scale_out=io.load_link(gpu_spec.scale_out_link),
-        cal=calibration(engine, gpu_spec.name),
+        cal=cal,
     )
-    shape = replica_shape(spec, gpu_spec, layout, context=context, gpu_memory_utilization=gpu_memory_utilization)
+    shape = replica_shape(spec, hw, layout, context=context)
     return Setup(model=spec, hw=hw, layout=layout, replicas=replicas, shape=shape)
 
 
@@ -162,7 +168,7 @@ def serve_report(
     quant: str | None = None,
     engine: str = DEFAULT_ENGINE,
     max_batch: int | None = None,
-    gpu_memory_utilization: float = 0.9,
+    gpu_memory_utilization: float | None = None,
 ) -> dict[str, Any]:
     """``meshplan serve``: TTFT, TPOT, throughput per GPU and per user, and where a step's time goes."""
     setup = resolve(
