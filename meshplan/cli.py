@@ -179,6 +179,10 @@ def _cmd_collectives(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
+    if args.serving:
+        from meshplan.validate_serving import validate_serving
+
+        return validate_serving()
     from meshplan.validate import validate
 
     return validate(args.source)
@@ -192,6 +196,28 @@ def _nonnegative(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
     return value
+
+
+def _positive_float(text: str) -> float:
+    value = _nonnegative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected a number > 0, got 0")
+    return value
+
+
+def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input-len", type=_positive_int, required=True, help="prompt tokens per request")
+    p.add_argument("--output-len", type=_positive_int, required=True, help="generated tokens per request")
+    p.add_argument("--tp", type=_positive_int, default=None, help="tensor-parallel degree of a replica")
+    p.add_argument("--pp", type=_positive_int, default=1, help="pipeline stages of a replica")
+    p.add_argument("--ep", type=_positive_int, default=1, help="expert-parallel ranks inside the TP group")
+    p.add_argument("--dp-attention", action="store_true", help="attention data-parallel over the TP ranks (MoE)")
+    p.add_argument("--weights-dtype", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"), default="bf16")
+    p.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"), default="bf16")
+    p.add_argument("--quant", choices=("weight-only", "w-a"), default=None, help="default: W-A where the GPU can")
+    p.add_argument("--engine", choices=("trtllm", "vllm", "sglang", "gpt-fast"), default="trtllm")
+    p.add_argument("--max-batch", type=_positive_int, default=None, help="cap on sequences per replica")
+    p.add_argument("--gpu-memory-utilization", type=_fraction, default=None, help="default: the engine's")
 
 
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
@@ -357,6 +383,23 @@ def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.serve import serve_report
+
+    keys = ("tp", "pp", "ep", "dp_attention", "replicas", "weights_dtype", "kv_dtype", "quant", "engine", "max_batch")
+    return serve_report(
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        concurrency=args.concurrency,
+        rate=args.rate,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        **{k: getattr(args, k) for k in keys},
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="meshplan", description="Plan how a transformer is split across GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -401,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("validate", _cmd_validate, "predictions against published measured runs, with the error of each")
     p.add_argument("--source", default=None, help="one source only (korthikanti2022, narayanan2021, llama3)")
+    p.add_argument("--serving", action="store_true", help="the published serving measurements instead")
 
     p = command("plan", _cmd_plan, "search every layout: the fastest that fit, why they win, why the rest lost")
     p.add_argument("model")
@@ -468,6 +512,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"), default="bf16")
     p.add_argument("--context", type=_positive_int, default=None, help="tokens per sequence (default: model maximum)")
     p.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9)
+    p = command("serve", _cmd_serve, "serving speed under load: TTFT p50/p99, TPOT, tokens/s per GPU and per user")
+    p.add_argument("model")
+    _add_fleet(p)
+    _add_serve_flags(p)
+    p.add_argument("--replicas", type=_positive_int, default=None, help="replicas (default: gpus / (tp x pp))")
+    load = p.add_mutually_exclusive_group(required=True)
+    load.add_argument("--concurrency", type=_positive_float, default=None, help="users in a closed loop (all)")
+    load.add_argument("--rate", type=_positive_float, default=None, help="requests/s arriving (Poisson, all)")
+
     p = command(
         "check",
         _cmd_check,

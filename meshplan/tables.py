@@ -190,7 +190,88 @@ def _collectives(r: dict[str, Any]) -> str:
     )
 
 
+def _opt_s(x: float | None) -> str:
+    return "saturated" if x is None else seconds(x)
+
+
+def _serve(r: dict[str, Any]) -> str:
+    lay = r["layout"]
+    head = (
+        f"{r['model']} on {r['gpus']} x {r['gpu']} ({r['engine']}): tp={lay['tp']} pp={lay['pp']} ep={lay['ep']}"
+        f"{' dp-attention' if lay['dp_attention'] else ''} x {lay['replicas']} replicas; weights {r['weights_dtype']}"
+        f" ({r['quant']}), KV {r['kv_dtype']}; {r['input_len']} in / {r['output_len']} out"
+    )
+    rows = [
+        ("TTFT p50 / p99", f"{_opt_s(r['ttft_s_p50'])} / {_opt_s(r['ttft_s_p99'])}"),
+        ("TTFT unloaded", seconds(r["ttft_s_unloaded"])),
+        ("TPOT = ITL", seconds(r["tpot_s"])),
+        ("tokens/s per GPU", f"{r['tokens_per_s_per_gpu']:,.0f} (max {r['max_tokens_per_s_per_gpu']:,.0f})"),
+        ("tokens/s per user", f"{r['tokens_per_s_per_user']:,.1f}"),
+        ("requests/s (all replicas)", f"{r['requests_per_s_total']:,.2f}"),
+        ("batch per replica", f"{r['batch_per_replica']:,.1f} of {r['batch_cap_per_replica']:,} ({r['batch_limit']})"),
+        ("knee (90% of max)", f"{r['knee_batch_per_replica']:,} sequences"),
+    ]
+    steps = [(k.removesuffix("_s").replace("_", " "), seconds(v)) for k, v in r["step_s"].items()]
+    return "\n".join([head, "", table(rows, ["", "value"]), "", "one step", table(steps, ["term", "time"])])
+
+
+def _validate_serving(r: dict[str, Any]) -> str:
+    def err(x: float | None) -> str:
+        return "" if x is None else f"{100 * x:+.1f}%"
+
+    runs = [
+        (
+            x["case"],
+            x["metric_class"],
+            f"{x['measured']:.4g}",
+            "" if x["predicted"] is None else f"{x['predicted']:.4g}",
+            err(x["error"]),
+            x["status"],
+        )
+        for x in r["runs"]
+    ]
+    sources = [
+        (
+            s["source"],
+            s["metric_class"],
+            s["cases"],
+            percent(s["mean_abs_error"]),
+            percent(s["max_abs_error"]),
+            percent(s["loso_mean_abs_error"]),
+            percent(s["best_constant_mean_abs_error"]),
+        )
+        for s in r["sources"]
+    ]
+    classes = [
+        (
+            c["metric_class"],
+            c["cases"],
+            percent(c["mean_abs_error"]),
+            percent(c["max_abs_error"]),
+            percent(c["target_mean"]),
+            percent(c["best_constant_mean_abs_error"]),
+            "ok" if c["ok"] else "FAIL",
+        )
+        for c in r["classes"]
+    ]
+    notes = [f"  {x['case']}: {x['reason']}" for x in r["runs"] if x["status"] in ("physics", "skipped")]
+    return "\n".join(
+        [
+            table(runs, ["case", "metric", "published", "predicted", "error", "status"]),
+            "",
+            table(sources, ["source", "metric", "cases", "mean |err|", "max", "LOSO mean", "best constant"]),
+            "",
+            table(classes, ["metric", "cases", "mean |err|", "max", "target", "best constant", ""]),
+            "",
+            "not fitted:",
+            *notes,
+        ]
+    )
+
+
 def _validate(r: dict[str, Any]) -> str:
+    if "classes" in r:
+        return _validate_serving(r)
     out = []
     for src in r["sources"]:
         runs = [x for x in r["runs"] if x["source"] == src["source"]]
@@ -334,6 +415,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "memory": _memory,
     "fit": _fit,
     "serving": _serving,
+    "serve": _serve,
 }
 
 

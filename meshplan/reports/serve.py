@@ -96,6 +96,8 @@ def resolve(
     w = choice(DType, weights_dtype, "weights dtype")
     kv = choice(DType, kv_dtype, "kv dtype")
     kv_dtype_bytes(kv)
+    if w is DType.FP4 and DType.FP4 not in gpu_spec.peak_flops:
+        raise ValueError(f"fp4 weights need fp4 tensor cores (Blackwell); {gpu_spec.name} has none")
     q = default_quant(w, gpu_spec) if quant is None else choice(Quant, quant, "quantization")
     if q is Quant.WEIGHT_ACTIVATION and w not in gpu_spec.peak_flops:
         raise ValueError(f"{gpu_spec.name} has no {w} tensor cores: use weight-only quantization")
