@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import statistics
 from dataclasses import dataclass
 from functools import cache
@@ -22,6 +23,7 @@ from typing import Any
 from meshplan import io
 from meshplan.core.serve_load import Requests, load_point, static_batch_s
 from meshplan.core.serve_phases import Hardware, decode_step, prefill, replica_shape
+from meshplan.core.serving import QUANT_GROUP
 from meshplan.reports.serve import Setup, resolve
 
 ENGINE_OF_SOURCE = {"trtllm": "trtllm", "gptfast": "gpt-fast", "sglang": "sglang"}
@@ -94,6 +96,7 @@ def _setup(row: dict[str, Any], *, context: int, ideal: bool = False) -> Setup:
     if moe and not dp_attention and ep == 1:
         ep = tp  # the MoE recipes split experts over the TP group (expert parallel)
     quant = "weight-only" if "weight-only" in prec["weights"] else None
+    group = re.search(r"group (\d+)", prec["weights"])
     setup = resolve(
         row["model"]["catalog"],
         gpu=row["hardware"]["catalog"],
@@ -105,6 +108,7 @@ def _setup(row: dict[str, Any], *, context: int, ideal: bool = False) -> Setup:
         weights_dtype=weights,
         kv_dtype=kv,
         quant=quant,
+        quant_group=int(group.group(1)) if group else QUANT_GROUP,
         engine=_engine(row["source"]["id"]),
         context=context,
     )

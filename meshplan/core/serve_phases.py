@@ -20,7 +20,13 @@ import numpy as np
 from meshplan.core.memory import stage_params
 from meshplan.core.num import Num, maximum, where
 from meshplan.core.params import count_params
-from meshplan.core.serving import ServingBill, kv_bytes_per_token_per_layer, serving_bill, weight_bytes_per_param
+from meshplan.core.serving import (
+    QUANT_GROUP,
+    ServingBill,
+    kv_bytes_per_token_per_layer,
+    serving_bill,
+    weight_bytes_per_param,
+)
 from meshplan.spec.cluster import GPU, Link
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DTYPE_BYTES, DType
@@ -96,6 +102,8 @@ class ServeLayout:
     weights_dtype: DType = DType.BF16
     kv_dtype: DType = DType.BF16
     quant: Quant = Quant.NONE
+    quant_group: int = QUANT_GROUP
+    """Weights per int4 scale group (128: AWQ/GPTQ; gpt-fast uses 32)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "ep"):
@@ -152,8 +160,11 @@ class ReplicaShape:
     """Matmul parameters on this GPU one local token passes (routed experts at k/E), lm_head apart."""
     lm_head_params: float
     kv_bytes_per_token: float
-    attn_flops_per_token_per_context: float
-    """Attention-core FLOPs per token per cached token, all layers of the stage (QK^T and AV)."""
+    attn_flops_per_pair_decode: float
+    """Attention-core FLOPs per (query, cached token) pair, all layers of the stage (QK^T and AV); MLA in
+    its absorbed form (queries meet the latent: d_c + d_R for scores, d_c for values)."""
+    attn_flops_per_pair_prefill: float
+    """The same in prefill, where MLA runs as plain multi-head attention (d_nope + d_R, then d_v)."""
     expert_fraction: float
     """k / E: the chance a token picks a given routed expert (0 for dense models)."""
     memory_bytes_per_token: float
@@ -183,9 +194,10 @@ def replica_shape(model: ModelSpec, hw: Hardware, layout: ServeLayout, *, contex
         weight_dtype=layout.weights_dtype,
         kv_dtype=layout.kv_dtype,
         context=context,
+        quant_group=layout.quant_group,
         gpu_memory_utilization=1.0 if cal.memory_fraction_of_free else cal.memory_fraction,
     )
-    per_param = weight_bytes_per_param(layout.weights_dtype, hidden=model.hidden)
+    per_param = weight_bytes_per_param(layout.weights_dtype, hidden=model.hidden, group=layout.quant_group)
     stage = stage_params(params, model, tp=tp, pp=pp, ep=1, stage=pp - 1)
     layers = int(stage.dense_layers + stage.moe_layers)
     d, m = params.dense_layer, params.moe_layer
@@ -205,17 +217,20 @@ def replica_shape(model: ModelSpec, hw: Hardware, layout: ServeLayout, *, contex
         gemm_params_per_token=float(per_layer) / attn_tp,
         lm_head_params=model.vocab_size * model.hidden / attn_tp,
         kv_bytes_per_token=layers * per_layer_kv,
-        attn_flops_per_token_per_context=layers * _attn_flops_per_pair(model) / attn_tp,
+        attn_flops_per_pair_decode=layers * _attn_flops_per_pair(model, absorbed=True) / attn_tp,
+        attn_flops_per_pair_prefill=layers * _attn_flops_per_pair(model, absorbed=False) / attn_tp,
         expert_fraction=frac,
         memory_bytes_per_token=layers * ACT_BYTES * _memory_passes(model, tp=attn_tp),
     )
 
 
-def _attn_flops_per_pair(model: ModelSpec) -> float:
-    """QK^T and AV FLOPs of one layer for one query and one cached token (MLA: the absorbed latent form)."""
+def _attn_flops_per_pair(model: ModelSpec, *, absorbed: bool) -> float:
+    """QK^T and AV FLOPs of one layer for one query and one cached token."""
     if model.mla is not None:
         mla = model.mla
-        return 2.0 * model.num_heads * (2 * mla.kv_lora_rank + mla.qk_rope_head_dim)
+        if absorbed:
+            return 2.0 * model.num_heads * (2 * mla.kv_lora_rank + mla.qk_rope_head_dim)
+        return 2.0 * model.num_heads * (mla.qk_head_dim + mla.v_head_dim)
     return 4.0 * model.num_heads * model.head_dim
 
 
@@ -294,15 +309,17 @@ def forward(
     layout: ServeLayout,
     *,
     new_tokens: Num,
-    attn_pairs: Num,
+    decode_pairs: Num,
+    prefill_pairs: Num,
     kv_tokens_read: Num,
     group_tokens: Num,
     logits: Num,
     layer_overhead_s: float,
+    ep_per_node: bool,
 ) -> Forward:
-    """One forward on one GPU: ``new_tokens`` local tokens attend over ``attn_pairs`` (query, key) pairs,
-    reading ``kv_tokens_read`` cached tokens; ``group_tokens`` tokens reach the experts of the TP group;
-    ``logits`` tokens go through the LM head."""
+    """One forward on one GPU: ``new_tokens`` local tokens attend over (query, key) pairs, decode and
+    prefill ones apart, reading ``kv_tokens_read`` cached tokens; ``group_tokens`` tokens reach the
+    experts of the TP group; ``logits`` tokens go through the LM head."""
     cal, gpu = hw.cal, hw.gpu
     hbm = _hbm_bytes_per_s(hw, layout)
     dtype = compute_dtype(layout)
@@ -312,7 +329,8 @@ def forward(
     rows = maximum(group_tokens * shape.expert_fraction, 1.0) if model.moe else maximum(new_tokens, 1.0)
     gemm_flops = 2 * (shape.gemm_params_per_token * new_tokens + shape.lm_head_params * logits)
     gemm = gemm_flops / (peak * shape_efficiency(rows, gpu.calibration.matmul_half_dim))
-    attn = attn_pairs * shape.attn_flops_per_token_per_context / (gpu.peak(DType.BF16) * cal.attention_efficiency)
+    attn_flops = decode_pairs * shape.attn_flops_per_pair_decode + prefill_pairs * shape.attn_flops_per_pair_prefill
+    attn = attn_flops / (gpu.peak(DType.BF16) * cal.attention_efficiency)
     tp_link = hw.link(layout.tp)
     ar_bytes = new_tokens * model.hidden * ACT_BYTES * (layout.tp if layout.dp_attention else 1)
     n_ar = 0 if layout.dp_attention and model.moe else 2
@@ -324,28 +342,35 @@ def forward(
         attention_compute_s=attn,
         memory_ops_s=new_tokens * shape.memory_bytes_per_token / (gpu.hbm_bandwidth_bytes_per_s * cal.hbm_efficiency),
         tp_comm_s=tp_comm,
-        ep_comm_s=_ep_comm_s(model, shape, hw, layout, new_tokens=new_tokens),
+        ep_comm_s=_ep_comm_s(model, shape, hw, layout, new_tokens=new_tokens, per_node=ep_per_node),
         pp_comm_s=_pp_send_s(model, hw, layout, new_tokens=new_tokens),
         overhead_s=cal.step_overhead_s + layer_overhead_s * shape.layers + 0.0 * new_tokens,
     )
 
 
-def _ep_comm_s(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, *, new_tokens: Num) -> Num:
+def _ep_comm_s(
+    model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, *, new_tokens: Num, per_node: bool
+) -> Num:
     """Dispatch (fp8) and combine (bf16) all-to-all of each MoE layer under attention-DP, the part not hidden.
 
-    Of the k copies of a token, (ep-1)/ep leave the GPU; those beyond the scale-up domain cross the NICs,
-    which set the pace when the group spans nodes (DeepEP normal/low-latency kernels)."""
+    Of a token's k copies, k (D - 1) / ep go to other GPUs of its scale-up domain (D GPUs) and k (ep - D) / ep
+    to other domains over the NICs. DeepEP's normal kernels (prefill, ``per_node``) send a token once to
+    each other domain it needs and forward it over NVLink there: (n - 1)(1 - (1 - 1/n)^k) NIC copies for n
+    domains; its low-latency kernels (decode) send every copy over RDMA. The slower of the two paths sets
+    the pace; each collective adds log2(ep) link latencies."""
     if model.moe is None or not layout.dp_attention or layout.ep == 1:
         return 0.0 * new_tokens
-    moe_layers = min(model.num_moe_layers, shape.layers)
-    values = new_tokens * model.moe.experts_per_token * model.hidden * (EP_DISPATCH_BYTES + EP_COMBINE_BYTES)
-    leave = (layout.ep - 1) / layout.ep
-    domain = min(hw.gpu.scale_up_domain, layout.ep)
-    off_node = max(layout.ep - domain, 0) / layout.ep
+    k, ep = model.moe.experts_per_token, layout.ep
+    domain = min(hw.gpu.scale_up_domain, ep)
+    nodes = -(-ep // domain)
+    on_copies = k * (domain - 1) / ep
+    off_copies = (nodes - 1) * (1 - (1 - 1 / nodes) ** k) if per_node else k * (ep - domain) / ep
+    per_copy = new_tokens * model.hidden * (EP_DISPATCH_BYTES + EP_COMBINE_BYTES)
     per_layer = maximum(
-        values * (leave - off_node) / hw.scale_up.effective_bytes_per_s,
-        values * off_node / hw.scale_out.effective_bytes_per_s,
-    ) + 2 * hw.link(layout.ep).latency_s * np.log2(layout.ep)
+        per_copy * on_copies / hw.scale_up.effective_bytes_per_s,
+        per_copy * off_copies / hw.scale_out.effective_bytes_per_s,
+    ) + 2 * hw.link(ep).latency_s * np.log2(ep)
+    moe_layers = min(model.num_moe_layers, shape.layers)
     return moe_layers * per_layer * (1 - hw.cal.ep_overlap)
 
 
@@ -378,11 +403,13 @@ def decode_step(
         hw,
         layout,
         new_tokens=new,
-        attn_pairs=batch * sliding + prefill_tokens * context / 2,
+        decode_pairs=batch * sliding,
+        prefill_pairs=prefill_tokens * context / 2,
         kv_tokens_read=batch * sliding,
         group_tokens=group,
         logits=batch,
         layer_overhead_s=hw.cal.layer_overhead_s,
+        ep_per_node=False,
     )
 
 
@@ -405,11 +432,13 @@ def prefill(
         hw,
         layout,
         new_tokens=tokens,
-        attn_pairs=tokens * (cached + tokens / (2 * sequences)),
+        decode_pairs=0.0,
+        prefill_pairs=tokens * (cached + tokens / (2 * sequences)),
         kv_tokens_read=0.0 * tokens,
         group_tokens=group,
         logits=sequences,
         layer_overhead_s=hw.cal.prefill_layer_overhead_s,
+        ep_per_node=True,
     )
 
 

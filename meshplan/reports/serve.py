@@ -22,6 +22,7 @@ from meshplan.core.serve_phases import (
     kv_dtype_bytes,
     replica_shape,
 )
+from meshplan.core.serving import QUANT_GROUP
 from meshplan.reports.inputs import choice
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
@@ -73,6 +74,7 @@ def resolve(
     weights_dtype: str = "bf16",
     kv_dtype: str = "bf16",
     quant: str | None = None,
+    quant_group: int = QUANT_GROUP,
     engine: str = DEFAULT_ENGINE,
     context: int,
     gpu_memory_utilization: float | None = None,
@@ -103,7 +105,9 @@ def resolve(
         raise ValueError(f"{gpu_spec.name} has no {w} tensor cores: use weight-only quantization")
     if (q is Quant.NONE) != (w in (DType.BF16, DType.FP16)):
         raise ValueError(f"quantization {q} does not suit {w} weights")
-    layout = ServeLayout(tp=tp, pp=pp, ep=ep, dp_attention=dp_attention, weights_dtype=w, kv_dtype=kv, quant=q)
+    layout = ServeLayout(
+        tp=tp, pp=pp, ep=ep, dp_attention=dp_attention, weights_dtype=w, kv_dtype=kv, quant=q, quant_group=quant_group
+    )
     cal = calibration(engine, gpu_spec.name)
     if gpu_memory_utilization is not None:
         if not 0 < gpu_memory_utilization <= 1:
