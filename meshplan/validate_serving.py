@@ -128,6 +128,7 @@ def _ideal(setup: Setup) -> Setup:
         prefill_layer_overhead_s=0.0,
         allreduce_latency_s=0.0,
         ep_overlap=1.0,
+        ep_imbalance=1.0,
     )
     gpu = dataclasses.replace(
         setup.hw.gpu,

@@ -14,7 +14,7 @@ import pytest
 from meshplan.validate_serving import validate_serving
 
 # metric class: (mean |error| at most, max |error| at most)
-BOUNDS = {"decode": (0.13, 0.30), "prefill": (0.17, 0.37), "throughput-dense": (0.15, 0.47)}
+BOUNDS = {"decode": (0.10, 0.22), "prefill": (0.11, 0.30), "throughput-dense": (0.15, 0.47)}
 
 
 @cache

@@ -76,6 +76,8 @@ class ServeCalibration:
     allreduce_latency_s: float
     """Floor of one small TP all-reduce in this engine (custom one-shot kernels or NCCL)."""
     ep_overlap: float
+    ep_imbalance: float
+    """Load of the busiest expert-parallel rank over the mean (after the engine's expert balancing)."""
     """Share of EP dispatch/combine hidden behind compute (two-batch overlap)."""
     max_batch: int
     """The engine's default cap on sequences per step."""
@@ -157,7 +159,9 @@ class ReplicaShape:
     kv_budget_bytes: float
     """HBM left for the KV cache on this GPU."""
     gemm_params_per_token: float
-    """Matmul parameters on this GPU one local token passes (routed experts at k/E), lm_head apart."""
+    """Matmul parameters on this GPU one local token passes, routed experts and lm_head apart."""
+    expert_params_per_token: float
+    """Routed-expert parameters on this GPU per local token (all experts at k/E)."""
     lm_head_params: float
     kv_bytes_per_token: float
     attn_flops_per_pair_decode: float
@@ -205,7 +209,7 @@ def replica_shape(model: ModelSpec, hw: Hardware, layout: ServeLayout, *, contex
     replicated *= layout.dp_attention
     frac = model.moe.experts_per_token / model.moe.num_experts if model.moe else 0.0
     per_layer = stage.dense_layers * (d.attention + d.mlp + d.shared_experts)
-    per_layer += stage.moe_layers * (m.attention + m.mlp + m.shared_experts + m.routed_experts * frac)
+    per_layer += stage.moe_layers * (m.attention + m.mlp + m.shared_experts)
     free_share = cal.memory_fraction if cal.memory_fraction_of_free else 1.0
     per_layer_kv = kv_bytes_per_token_per_layer(model, tp=attn_tp, kv_dtype=layout.kv_dtype)
     return ReplicaShape(
@@ -215,6 +219,7 @@ def replica_shape(model: ModelSpec, hw: Hardware, layout: ServeLayout, *, contex
         expert_weight_bytes=float(stage.experts) * per_param,
         kv_budget_bytes=max(bill.kv_budget_bytes - replicated * per_param, 0.0) * free_share,
         gemm_params_per_token=float(per_layer) / attn_tp,
+        expert_params_per_token=float(stage.moe_layers * m.routed_experts) * frac / attn_tp,
         lm_head_params=model.vocab_size * model.hidden / attn_tp,
         kv_bytes_per_token=layers * per_layer_kv,
         attn_flops_per_pair_decode=layers * _attn_flops_per_pair(model, absorbed=True) / attn_tp,
@@ -326,9 +331,14 @@ def forward(
     peak = gpu.peak(dtype) * gpu.calibration.matmul_efficiency_max * cal.matmul_share.get(dtype.value, 1.0)
     touched = 1.0 - (1.0 - shape.expert_fraction) ** group_tokens if model.moe else 0.0
     weights = shape.dense_weight_bytes + shape.expert_weight_bytes * touched
-    rows = maximum(group_tokens * shape.expert_fraction, 1.0) if model.moe else maximum(new_tokens, 1.0)
-    gemm_flops = 2 * (shape.gemm_params_per_token * new_tokens + shape.lm_head_params * logits)
-    gemm = gemm_flops / (peak * shape_efficiency(rows, gpu.calibration.matmul_half_dim))
+    half = gpu.calibration.matmul_half_dim
+    dense_flops = 2 * (shape.gemm_params_per_token * new_tokens + shape.lm_head_params * logits)
+    gemm = dense_flops / (peak * shape_efficiency(maximum(new_tokens, 1.0), half))
+    if model.moe is not None:  # the busiest expert rank sets the pace: imbalance x the mean load
+        expert_rows = maximum(group_tokens * shape.expert_fraction, 1.0)
+        imbalance = cal.ep_imbalance if layout.ep > 1 else 1.0
+        expert_flops = 2 * shape.expert_params_per_token * new_tokens * imbalance
+        gemm = gemm + expert_flops / (peak * shape_efficiency(expert_rows, half))
     attn_flops = decode_pairs * shape.attn_flops_per_pair_decode + prefill_pairs * shape.attn_flops_per_pair_prefill
     attn = attn_flops / (gpu.peak(DType.BF16) * cal.attention_efficiency)
     tp_link = hw.link(layout.tp)
@@ -371,7 +381,7 @@ def _ep_comm_s(
         per_copy * off_copies / hw.scale_out.effective_bytes_per_s,
     ) + 2 * hw.link(ep).latency_s * np.log2(ep)
     moe_layers = min(model.num_moe_layers, shape.layers)
-    return moe_layers * per_layer * (1 - hw.cal.ep_overlap)
+    return moe_layers * per_layer * hw.cal.ep_imbalance * (1 - hw.cal.ep_overlap)
 
 
 def _pp_send_s(model: ModelSpec, hw: Hardware, layout: ServeLayout, *, new_tokens: Num) -> Num:
