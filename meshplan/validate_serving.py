@@ -216,13 +216,19 @@ def _mean_abs(values: list[float]) -> float:
 
 
 def best_efficiency_error(rows: list[Row]) -> float:
-    """Mean |error| of the bare roofline scaled by the one efficiency constant that suits ``rows`` best."""
-    ratios = [r.measured / r.roofline for r in rows if r.roofline]
-    if not ratios:
+    """Mean |error| of the bare roofline run at the one efficiency e that suits ``rows`` best: a rate
+    predicted as e x its roofline, a latency as its roofline / e."""
+    pairs = [(r.roofline, r.measured, r.metric.endswith("_ms")) for r in rows if r.roofline]
+    if not pairs:
         return math.nan
-    lo, hi = min(ratios), max(ratios)
+    effs = [(roof / meas) if lower else (meas / roof) for roof, meas, lower in pairs]
+    lo, hi = min(effs), max(effs)
     grid = [lo + (hi - lo) * i / 400 for i in range(401)]
-    return min(_mean_abs([c / x - 1 for x in ratios]) for c in grid)
+
+    def error(e: float) -> float:
+        return _mean_abs([(roof / e if lower else roof * e) / meas - 1 for roof, meas, lower in pairs])
+
+    return min(error(e) for e in grid)
 
 
 def _correction(rows: list[Row]) -> float:
@@ -238,11 +244,13 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
     for r in fitted:
         groups.setdefault((r.source, r.metric_class), []).append(r)
     per_source = []
+    loso_by_class: dict[str, list[float]] = {}
     for (source, cls), members in sorted(groups.items()):
         others = [r for r in fitted if r.source != source and r.metric_class == cls]
         k = _correction(others)
         lower = members[0].metric.endswith("_ms")
         loso = [(r.predicted / k if lower else r.predicted * k) / r.measured - 1 for r in members if r.predicted]
+        loso_by_class.setdefault(cls, []).extend(loso)
         per_source.append(
             {
                 "source": source,
@@ -269,6 +277,7 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
                 "cases": len(members),
                 "mean_abs_error": mean,
                 "max_abs_error": worst,
+                "loso_mean_abs_error": _mean_abs(loso_by_class[cls]),
                 "target_mean": target_mean,
                 "target_max": target_max,
                 "best_constant_mean_abs_error": const,
