@@ -400,6 +400,25 @@ def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.serve_plan import serve_plan_report
+
+    return serve_plan_report(
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        ttft_p99_s=args.ttft_p99,
+        tpot_p99_s=args.tpot_p99,
+        objective=args.objective,
+        concurrency=args.concurrency,
+        engine=args.engine,
+        dtypes=args.weights_dtypes.split(",") if args.weights_dtypes else None,
+        top=args.top,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="meshplan", description="Plan how a transformer is split across GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -520,6 +539,21 @@ def build_parser() -> argparse.ArgumentParser:
     load = p.add_mutually_exclusive_group(required=True)
     load.add_argument("--concurrency", type=_positive_float, default=None, help="users in a closed loop (all)")
     load.add_argument("--rate", type=_positive_float, default=None, help="requests/s arriving (Poisson, all)")
+
+    p = command(
+        "serve-plan", _cmd_serve_plan, "every serving layout, dtype and batch cap ranked under TTFT/TPOT targets"
+    )
+    p.add_argument("model")
+    _add_fleet(p)
+    p.add_argument("--input-len", type=_positive_int, required=True, help="prompt tokens per request")
+    p.add_argument("--output-len", type=_positive_int, required=True, help="generated tokens per request")
+    p.add_argument("--ttft-p99", type=_positive_float, default=None, help="p99 time to first token target, s")
+    p.add_argument("--tpot-p99", type=_positive_float, default=None, help="p99 time per output token target, s")
+    p.add_argument("--objective", choices=("throughput", "latency", "fewest-gpus"), default="throughput")
+    p.add_argument("--concurrency", type=_positive_float, default=None, help="users to serve (fewest-gpus)")
+    p.add_argument("--engine", choices=("trtllm", "vllm", "sglang", "gpt-fast"), default="trtllm")
+    p.add_argument("--weights-dtypes", default=None, help="comma-separated weight dtypes to search (default all)")
+    p.add_argument("--top", type=_positive_int, default=5, help="plans to show")
 
     p = command(
         "check",

@@ -215,6 +215,63 @@ def _serve(r: dict[str, Any]) -> str:
     return "\n".join([head, "", table(rows, ["", "value"]), "", "one step", table(steps, ["term", "time"])])
 
 
+def _serve_layout(lay: dict[str, Any]) -> str:
+    parts = [f"tp{lay['tp']}"] + [f"pp{lay['pp']}"] * (lay["pp"] > 1) + [f"ep{lay['ep']}"] * (lay["ep"] > 1)
+    parts += ["dp-attn"] * lay["dp_attention"]
+    return " ".join(parts) + f" {lay['weights_dtype']}/{lay['kv_dtype']}"
+
+
+def _serve_plan(r: dict[str, Any]) -> str:
+    t = r["targets"]
+    head = (
+        f"{r['model']} on {r['gpus']} x {r['gpu']} ({r['engine']}), {r['input_len']} in / {r['output_len']} out;"
+        f" TTFT p99 <= {t['ttft_s_p99'] or '-'} s, TPOT <= {t['tpot_s_p99'] or '-'} s; objective {r['objective']}"
+    )
+    rows = [
+        (
+            i + 1,
+            _serve_layout(c["layout"]),
+            c["replicas"],
+            c["gpus"],
+            c["batch_cap"],
+            seconds(c["ttft_p99_s"]),
+            seconds(c["tpot_s"]),
+            f"{c['tokens_per_s_per_gpu']:,.0f}",
+            f"{c['tokens_per_s_per_user']:,.1f}",
+        )
+        for i, c in enumerate(r["top"])
+    ]
+    front = [
+        (
+            _serve_layout(p["layout"]),
+            p["batch_cap"],
+            f"{p['tokens_per_s_per_gpu']:,.0f}",
+            f"{p['tokens_per_s_per_user']:,.1f}",
+        )
+        for p in r["pareto"]
+    ]
+    reasons: dict[str, int] = {}
+    for x in r["rejected"]:
+        key = x["reason"].split(" at batch")[0].split(" >")[0]
+        reasons[key] = reasons.get(key, 0) + 1
+    return "\n".join(
+        [
+            head,
+            f"{r['layouts_evaluated']} layouts, {r['points_evaluated']:,} batch caps in {seconds(r['elapsed_s'])};"
+            f" {r['layouts_meeting_targets']} meet the targets",
+            "",
+            table(rows, ["#", "layout", "replicas", "GPUs", "batch", "TTFT p99", "TPOT", "tok/s/GPU", "tok/s/user"])
+            if rows
+            else "no layout meets the targets",
+            "",
+            f"Pareto front ({r['pareto_points_total']:,} points, {len(front)} shown)",
+            table(front, ["layout", "batch", "tok/s/GPU", "tok/s/user"]),
+            "",
+            "rejected: " + ", ".join(f"{n} x {k}" for k, n in reasons.items()),
+        ]
+    )
+
+
 def _validate_serving(r: dict[str, Any]) -> str:
     def err(x: float | None) -> str:
         return "" if x is None else f"{100 * x:+.1f}%"
@@ -417,6 +474,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "fit": _fit,
     "serving": _serving,
     "serve": _serve,
+    "serve-plan": _serve_plan,
 }
 
 

@@ -129,6 +129,7 @@ def _ideal(setup: Setup) -> Setup:
         allreduce_latency_s=0.0,
         ep_overlap=1.0,
         ep_imbalance=1.0,
+        pp_efficiency=1.0,
     )
     gpu = dataclasses.replace(
         setup.hw.gpu,

@@ -20,7 +20,16 @@ from enum import StrEnum
 
 import numpy as np
 
-from meshplan.core.serve_phases import Forward, Hardware, ReplicaShape, ServeLayout, decode_step, prefill
+from meshplan.core.num import Num
+from meshplan.core.serve_phases import (
+    Forward,
+    Hardware,
+    ReplicaShape,
+    ServeLayout,
+    decode_step,
+    pipeline_factor,
+    prefill,
+)
 from meshplan.spec.model import ModelSpec
 
 KNEE_SHARE = 0.9
@@ -123,21 +132,19 @@ def step_at(
 
 
 def ttft_s(
-    model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests, *, batch: float
-) -> float:
-    """Prefill of one request in chunks beside ``batch`` decoding sequences (no queueing, no boundary wait)."""
+    model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests, *, batch: Num
+) -> Num:
+    """Prefill of one request in chunks beside ``batch`` decoding sequences per replica (no queueing, no
+    wait for the step boundary); arrays of batches broadcast."""
     ranks = layout.tp if layout.dp_attention else 1
-    b = batch / (layout.pp * ranks)
-    budget = max(hw.cal.max_num_tokens - b, 1.0)
-    chunk = min(float(req.input_len), budget)
-    chunks = math.ceil(req.input_len / chunk)
-    if b < 1:
-        f = prefill(model, shape, hw, layout, tokens=chunk, cached=(req.input_len - chunk) / 2)
-    else:
-        f = decode_step(
-            model, shape, hw, layout, batch=b, context=req.input_len + req.output_len / 2, prefill_tokens=chunk
-        )
-    return float(chunks * layout.pp * f.total_s)
+    b = np.asarray(batch, dtype=np.float64) / (layout.pp * ranks)
+    chunk = np.minimum(float(req.input_len), np.maximum(hw.cal.max_num_tokens - b, 1.0))
+    chunks = np.ceil(req.input_len / chunk)
+    alone = prefill(model, shape, hw, layout, tokens=chunk, cached=(req.input_len - chunk) / 2).total_s
+    context = req.input_len + req.output_len / 2
+    beside = decode_step(model, shape, hw, layout, batch=b, context=context, prefill_tokens=chunk).total_s
+    out = chunks * pipeline_factor(hw, layout) * np.where(b < 1, alone, beside)
+    return float(out) if out.ndim == 0 else out
 
 
 def _erlang_c(servers: int, offered: float) -> float:
@@ -157,12 +164,12 @@ def load_point(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: Serv
     if cap.sequences < 1:
         raise ValueError(f"no sequence of {req.input_len}+{req.output_len} tokens fits in the KV cache")
     sizes = np.arange(1, cap.sequences + 1, dtype=np.float64)
-    curve = sizes / (layout.pp * step_at(model, shape, hw, layout, req, batch=sizes).total_s)
+    curve = sizes / (pipeline_factor(hw, layout) * step_at(model, shape, hw, layout, req, batch=sizes).total_s)
     best = float(curve[-1])
     knee = int(np.argmax(curve >= KNEE_SHARE * best)) + 1
 
     def tpot(b: float) -> float:
-        return float(layout.pp * step_at(model, shape, hw, layout, req, batch=b).total_s)
+        return float(pipeline_factor(hw, layout) * step_at(model, shape, hw, layout, req, batch=b).total_s)
 
     unloaded = ttft_s(model, shape, hw, layout, req, batch=0.0)
     if req.concurrency is not None:
@@ -272,7 +279,10 @@ def static_batch_s(
     """(prefill, decode) seconds of a static batch: all prompts prefilled at once, then O - 1 decode steps
     at the mean context (the KV read is linear in context, so the mean step is the step at the mean)."""
     b = batch / layout.pp
-    pre = layout.pp * prefill(model, shape, hw, layout, tokens=b * input_len, sequences=b).total_s
+    pre = pipeline_factor(hw, layout) * prefill(model, shape, hw, layout, tokens=b * input_len, sequences=b).total_s
     steps = max(output_len - 1, 0)
-    dec = layout.pp * decode_step(model, shape, hw, layout, batch=b, context=input_len + output_len / 2).total_s
+    dec = (
+        pipeline_factor(hw, layout)
+        * decode_step(model, shape, hw, layout, batch=b, context=input_len + output_len / 2).total_s
+    )
     return float(pre), float(steps * dec)

@@ -77,6 +77,8 @@ class ServeCalibration:
     """Floor of one small TP all-reduce in this engine (custom one-shot kernels or NCCL)."""
     ep_overlap: float
     ep_imbalance: float
+    pp_efficiency: float
+    """Share of the ideal pipelined throughput a PP > 1 replica keeps (micro-batches unequal in size)."""
     """Load of the busiest expert-parallel rank over the mean (after the engine's expert balancing)."""
     """Share of EP dispatch/combine hidden behind compute (two-batch overlap)."""
     max_batch: int
@@ -287,6 +289,12 @@ class Forward:
             "communication_s": self.comm_s,
             "overhead_s": self.overhead_s,
         }
+
+
+def pipeline_factor(hw: Hardware, layout: ServeLayout) -> float:
+    """Seconds of a token's round through all stages per second of one stage's forward: pp, over the
+    engine's pipeline efficiency when pp > 1."""
+    return layout.pp / (hw.cal.pp_efficiency if layout.pp > 1 else 1.0)
 
 
 def shape_efficiency(m: Num, half_dim: float) -> Num:

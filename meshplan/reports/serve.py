@@ -20,6 +20,7 @@ from meshplan.core.serve_phases import (
     ServeLayout,
     default_quant,
     kv_dtype_bytes,
+    pipeline_factor,
     replica_shape,
 )
 from meshplan.core.serving import QUANT_GROUP
@@ -131,7 +132,7 @@ def point_dict(setup: Setup, req: Requests, pt: LoadPoint) -> dict[str, Any]:
     """The JSON of one load point (replica figures scaled to the fleet where the key says total)."""
     lay, gpus_per_replica = setup.layout, setup.layout.gpus_per_replica
     per_gpu = pt.output_tokens_per_s / gpus_per_replica
-    breakdown = {k: float(v) * lay.pp for k, v in pt.step.breakdown().items()}
+    breakdown = {k: float(v) * pipeline_factor(setup.hw, lay) for k, v in pt.step.breakdown().items()}
     return {
         "ttft_s_p50": _seconds(pt.ttft_s_p50),
         "ttft_s_p99": _seconds(pt.ttft_s_p99),
