@@ -279,3 +279,86 @@ def collectives(
         model=parse.catalog_model(model), size_bytes=size, group=group, seq=seq, micro_batch=micro_batch
     )
     return json_dict(report)
+
+
+Tokens = Annotated[int, Query(ge=1, le=parse.MAX_SEQ, description="tokens per request")]
+Load = Annotated[float | None, Query(gt=0, le=parse.MAX_TOKENS)]
+ENGINES = ("trtllm", "vllm", "sglang", "gpt-fast")
+
+
+@router.get("/serve", summary="Serving speed under load: TTFT, TPOT, tokens/s per GPU and per user (meshplan serve)")
+def serve(
+    model: ModelArg,
+    gpu: GpuArg,
+    gpus: Gpus,
+    input_len: Tokens,
+    output_len: Tokens,
+    concurrency: Load = None,
+    rate: Load = None,
+    tp: Annotated[int | None, Query(ge=1, le=parse.MAX_DEGREE)] = None,
+    pp: Degree = 1,
+    ep: Degree = 1,
+    dp_attention: bool = False,
+    replicas: Annotated[int | None, Query(ge=1, le=parse.MAX_GPUS)] = None,
+    weights_dtype: Name = "bf16",
+    kv_dtype: Name = "bf16",
+    quant: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS)] = None,
+    engine: Name = "trtllm",
+    max_batch: Annotated[int | None, Query(ge=1, le=parse.MAX_BATCH)] = None,
+    gpu_memory_utilization: Annotated[float | None, Query(gt=0, le=1)] = None,
+) -> dict[str, Any]:
+    from meshplan.reports.serve import serve_report
+
+    report = serve_report(
+        model,
+        gpu=gpu,
+        gpus=gpus,
+        input_len=input_len,
+        output_len=output_len,
+        concurrency=concurrency,
+        rate=rate,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        dp_attention=dp_attention,
+        replicas=replicas,
+        weights_dtype=parse.choice(weights_dtype, SERVING_DTYPES, "weights dtype"),
+        kv_dtype=parse.choice(kv_dtype, KV_DTYPES, "kv dtype"),
+        quant=None if quant is None else parse.choice(quant, ("weight-only", "w-a"), "quantization"),
+        engine=parse.choice(engine, ENGINES, "engine"),
+        max_batch=max_batch,
+        gpu_memory_utilization=gpu_memory_utilization,
+    )
+    return json_dict(report)
+
+
+@router.get("/serve-plan", summary="Serving layouts ranked under TTFT/TPOT targets (meshplan serve-plan)")
+def serve_plan(
+    model: ModelArg,
+    gpu: GpuArg,
+    gpus: Gpus,
+    input_len: Tokens,
+    output_len: Tokens,
+    ttft_p99: Annotated[float | None, Query(gt=0, le=1e6, description="p99 TTFT target, s")] = None,
+    tpot_p99: Annotated[float | None, Query(gt=0, le=1e6, description="p99 TPOT target, s")] = None,
+    objective: Name = "throughput",
+    concurrency: Load = None,
+    engine: Name = "trtllm",
+    top: Annotated[int, Query(ge=1, le=100)] = 5,
+) -> dict[str, Any]:
+    from meshplan.reports.serve_plan import serve_plan_report
+
+    report = serve_plan_report(
+        model,
+        gpu=gpu,
+        gpus=gpus,
+        input_len=input_len,
+        output_len=output_len,
+        ttft_p99_s=ttft_p99,
+        tpot_p99_s=tpot_p99,
+        objective=parse.choice(objective, ("throughput", "latency", "fewest-gpus"), "objective"),
+        concurrency=concurrency,
+        engine=parse.choice(engine, ENGINES, "engine"),
+        top=top,
+    )
+    return json_dict(report)
