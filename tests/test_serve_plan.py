@@ -8,7 +8,7 @@ import pytest
 
 from meshplan.cli import main
 from meshplan.core.serve_phases import ServeLayout
-from meshplan.core.serve_search import ParetoPoint, pareto_front
+from meshplan.core.serve_search import ParetoPoint, batch_grid, pareto_front
 from meshplan.reports.serve import serve_report
 from meshplan.reports.serve_plan import serve_plan_report
 
@@ -134,3 +134,10 @@ def test_cli_json_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert "needs --concurrency" in err and len(err.strip().splitlines()) == 1
     assert main([*argv, "--weights-dtypes", "fp3"]) == 2
     assert main([*argv]) == 0 and "Pareto front" in capsys.readouterr().out
+
+
+def test_batch_grid_covers_1_to_cap() -> None:
+    assert list(batch_grid(5)) == [1, 2, 3, 4, 5]
+    grid = batch_grid(10_000)
+    assert grid[0] == 1 and grid[-1] == 10_000 and list(grid[:64]) == list(range(1, 65))
+    assert all(grid[1:] > grid[:-1]) and max(grid[65:] / grid[64:-1]) <= 1.035 and len(grid) < 400

@@ -1,7 +1,8 @@
 """The serving planner: every replica layout x dtype x batch cap, under latency targets.
 
 A candidate is a replica layout (TP x PP, experts over the TP group, attention-DP for MoE), its weight and
-KV dtypes, and a batch cap. For each layout the batch caps 1 .. KV capacity are evaluated at once (numpy)
+KV dtypes, and a batch cap. For each layout the batch caps 1 .. capacity (every one to 64, then 2% apart)
+are evaluated at once (numpy)
 with the same step and TTFT formulas as ``meshplan serve``: a replica at batch B runs B users in a closed
 loop, TPOT = t(B), TTFT p99 = prefill beside B - 1 decoding sequences + one whole step of waiting. The
 largest batch meeting both targets is the layout's best throughput; every batch meeting them is a point of
@@ -80,6 +81,20 @@ class SearchResult:
 
 
 ShapeOf = Callable[[ServeLayout], ReplicaShape]
+DENSE_BATCHES = 64
+"""Batch caps up to this are all tried; beyond, a geometric grid ..."""
+GRID_RATIO = 1.02
+"""... 2% apart (throughput changes smoothly there), and the capacity itself."""
+
+
+def batch_grid(cap: int) -> np.ndarray:
+    """Batch caps 1 .. cap: every one up to DENSE_BATCHES, then 2% apart, and cap."""
+    dense = np.arange(1, min(cap, DENSE_BATCHES) + 1, dtype=np.float64)
+    if cap <= DENSE_BATCHES:
+        return dense
+    steps = int(np.ceil(np.log(cap / DENSE_BATCHES) / np.log(GRID_RATIO)))
+    sparse = np.unique(np.floor(DENSE_BATCHES * GRID_RATIO ** np.arange(1, steps + 1)))
+    return np.concatenate([dense, sparse[sparse < cap], [float(cap)]])
 
 
 def _curve(
@@ -87,7 +102,7 @@ def _curve(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """(batches, TPOT, TTFT p99) for every batch cap 1 .. the replica's capacity, and that capacity."""
     cap = capacity(model, shape, hw, layout, req)
-    batches = np.arange(1, max(cap.sequences, 0) + 1, dtype=np.float64)
+    batches = batch_grid(max(cap.sequences, 0))
     if batches.size == 0:
         return batches, batches, batches, cap.kv_sequences
     tpot = pipeline_factor(hw, layout) * np.asarray(step_at(model, shape, hw, layout, req, batch=batches).total_s)
