@@ -15,6 +15,7 @@ tail. The knee is the smallest batch reaching 90% of the throughput at the cap.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -158,110 +159,109 @@ def _erlang_c(servers: int, offered: float) -> float:
     return b / (1 - rho + rho * b)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Steady:
+    """What a load model settles on: the batch, its step, the prefill and queue times, the request rate."""
+
+    batch: float
+    limit: BatchLimit
+    tpot_s: float
+    prefill_s: float
+    wait_s_p50: float
+    wait_s_p99: float
+    requests_per_s: float
+
+
+def _closed_loop(
+    req: Requests, cap: Capacity, tpot: Callable[[float], float], first: Callable[[float], float]
+) -> _Steady:
+    """C users with no think time: B = min(C, cap); the rest wait, (C - B) / X by Little's law."""
+    assert req.concurrency is not None
+    batch = min(req.concurrency, float(cap.sequences))
+    t, pre = tpot(batch), first(batch - 1)
+    rate = batch / (pre + t / 2 + (req.output_len - 1) * t)
+    wait = (req.concurrency - batch) / rate
+    limit = BatchLimit.LOAD if req.concurrency <= cap.sequences else cap.limit
+    return _Steady(
+        batch=batch, limit=limit, tpot_s=t, prefill_s=pre, wait_s_p50=wait, wait_s_p99=wait, requests_per_s=rate
+    )
+
+
+def _open_loop(
+    req: Requests, cap: Capacity, tpot: Callable[[float], float], first: Callable[[float], float]
+) -> _Steady:
+    """Poisson arrivals at R: B = R x time in system (a fixed point from below, monotone in B); the wait
+    for a batch slot is M/D/c with c = cap."""
+    assert req.rate_per_s is not None
+    lam, batch = req.rate_per_s, 1.0
+    for _ in range(60):
+        t = tpot(batch)
+        nxt = lam * (first(batch) + t / 2 + (req.output_len - 1) * t)
+        if nxt >= cap.sequences or abs(nxt - batch) < 1e-3:
+            batch = min(nxt, float(cap.sequences))
+            break
+        batch = max(nxt, 1e-6)
+    t, pre = tpot(batch), first(batch)
+    service = pre + t / 2 + (req.output_len - 1) * t
+    servers = cap.sequences
+    if lam * service >= servers:
+        return _Steady(
+            batch=float(servers),
+            limit=cap.limit,
+            tpot_s=t,
+            prefill_s=pre,
+            wait_s_p50=math.inf,
+            wait_s_p99=math.inf,
+            requests_per_s=servers / service,
+        )
+    p_wait = _erlang_c(servers, lam * service)
+    spare = servers / service - lam
+    p99 = 0.5 * math.log(p_wait / P99_TAIL) / spare if p_wait > P99_TAIL else 0.0
+    return _Steady(
+        batch=batch,
+        limit=BatchLimit.LOAD,
+        tpot_s=t,
+        prefill_s=pre,
+        wait_s_p50=0.5 * p_wait / spare,
+        wait_s_p99=p99,
+        requests_per_s=lam,
+    )
+
+
 def load_point(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests) -> LoadPoint:
     """The replica's batch, latencies and throughput under ``req``."""
     cap = capacity(model, shape, hw, layout, req)
     if cap.sequences < 1:
         raise ValueError(f"no sequence of {req.input_len}+{req.output_len} tokens fits in the KV cache")
+    rounds = pipeline_factor(hw, layout)
     sizes = np.arange(1, cap.sequences + 1, dtype=np.float64)
-    curve = sizes / (pipeline_factor(hw, layout) * step_at(model, shape, hw, layout, req, batch=sizes).total_s)
+    curve = sizes / (rounds * step_at(model, shape, hw, layout, req, batch=sizes).total_s)
     best = float(curve[-1])
-    knee = int(np.argmax(curve >= KNEE_SHARE * best)) + 1
 
     def tpot(b: float) -> float:
-        return float(pipeline_factor(hw, layout) * step_at(model, shape, hw, layout, req, batch=b).total_s)
+        return float(rounds * step_at(model, shape, hw, layout, req, batch=b).total_s)
 
-    unloaded = ttft_s(model, shape, hw, layout, req, batch=0.0)
-    if req.concurrency is not None:
-        batch = min(req.concurrency, float(cap.sequences))
-        limit = BatchLimit.LOAD if req.concurrency <= cap.sequences else cap.limit
-        t = tpot(batch)
-        first = ttft_s(model, shape, hw, layout, req, batch=batch - 1)
-        cycle = first + t / 2 + (req.output_len - 1) * t
-        rate = batch / cycle
-        wait = (req.concurrency - batch) / rate
-        return _point(
-            batch, limit, cap, layout, req, hw, shape, model, t, first, wait, wait, rate, knee, best, unloaded
-        )
-    assert req.rate_per_s is not None
-    lam = req.rate_per_s
-    batch = 1.0
-    for _ in range(60):  # B = lambda x time in system, monotone in B: a fixed point from below
-        t = tpot(batch)
-        nxt = lam * (ttft_s(model, shape, hw, layout, req, batch=batch) + t / 2 + (req.output_len - 1) * t)
-        if nxt >= cap.sequences:
-            batch = float(cap.sequences)
-            break
-        if abs(nxt - batch) < 1e-3:
-            batch = nxt
-            break
-        batch = max(nxt, 1e-6)
-    t = tpot(batch)
-    first = ttft_s(model, shape, hw, layout, req, batch=batch)
-    service = first + t / 2 + (req.output_len - 1) * t
-    servers = cap.sequences
-    if lam * service >= servers:
-        return _point(
-            float(servers),
-            cap.limit,
-            cap,
-            layout,
-            req,
-            hw,
-            shape,
-            model,
-            t,
-            first,
-            math.inf,
-            math.inf,
-            servers / service,
-            knee,
-            best,
-            unloaded,
-        )
-    p_wait = _erlang_c(servers, lam * service)
-    spare = servers / service - lam
-    mean_wait = 0.5 * p_wait / spare  # deterministic service halves the M/M/c wait (Allen-Cunneen)
-    p99 = 0.5 * math.log(p_wait / P99_TAIL) / spare if p_wait > P99_TAIL else 0.0
-    return _point(
-        batch, BatchLimit.LOAD, cap, layout, req, hw, shape, model, t, first, mean_wait, p99, lam, knee, best, unloaded
-    )
+    def first(b: float) -> float:
+        return float(ttft_s(model, shape, hw, layout, req, batch=b))
 
-
-def _point(
-    batch: float,
-    limit: BatchLimit,
-    cap: Capacity,
-    layout: ServeLayout,
-    req: Requests,
-    hw: Hardware,
-    shape: ReplicaShape,
-    model: ModelSpec,
-    t: float,
-    first: float,
-    wait_p50: float,
-    wait_p99: float,
-    rate: float,
-    knee: int,
-    best: float,
-    unloaded: float,
-) -> LoadPoint:
-    saturated = math.isinf(wait_p50)
+    steady = (_closed_loop if req.concurrency is not None else _open_loop)(req, cap, tpot, first)
+    saturated = math.isinf(steady.wait_s_p50)
+    t = steady.tpot_s
     return LoadPoint(
-        batch=batch,
-        limit=limit,
+        batch=steady.batch,
+        limit=steady.limit,
         capacity=cap,
-        step=step_at(model, shape, hw, layout, req, batch=batch),
+        step=step_at(model, shape, hw, layout, req, batch=steady.batch),
         tpot_s=t,
-        ttft_s_p50=None if saturated else first + t / 2 + wait_p50,
-        ttft_s_p99=None if saturated else first + t + wait_p99,
-        ttft_unloaded_s=unloaded,
-        queue_s_p50=wait_p50,
-        queue_s_p99=wait_p99,
-        output_tokens_per_s=batch / t,
-        requests_per_s=rate,
+        ttft_s_p50=None if saturated else steady.prefill_s + t / 2 + steady.wait_s_p50,
+        ttft_s_p99=None if saturated else steady.prefill_s + t + steady.wait_s_p99,
+        ttft_unloaded_s=first(0.0),
+        queue_s_p50=steady.wait_s_p50,
+        queue_s_p99=steady.wait_s_p99,
+        output_tokens_per_s=steady.batch / t,
+        requests_per_s=steady.requests_per_s,
         saturated=saturated,
-        knee_batch=knee,
+        knee_batch=int(np.argmax(curve >= KNEE_SHARE * best)) + 1,
         max_output_tokens_per_s=best,
     )
 
