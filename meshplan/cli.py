@@ -261,14 +261,18 @@ def _cmd_recipe(args: argparse.Namespace) -> dict[str, Any]:
     return recipe_report(args.name, rank=not args.no_rank)
 
 
-SERVING_ENGINES = ("vllm", "sglang")
+SERVING_ENGINES = ("vllm", "sglang", "trtllm")
 
 
 def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.export import export_serving, export_training, load_saved_plan
 
-    if args.engine in SERVING_ENGINES:
-        if args.from_plan or not (args.model and args.gpu and args.gpus):
+    if args.engine in SERVING_ENGINES and args.from_plan:
+        from meshplan.reports.export import export_serve_plan
+
+        result = export_serve_plan(args.engine, args.from_plan, model_path=args.model_path)
+    elif args.engine in SERVING_ENGINES:
+        if not (args.model and args.gpu and args.gpus):
             raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and serving flags")
         result = export_serving(
             args.engine,
@@ -403,7 +407,7 @@ def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.serve_plan import serve_plan_report
 
-    return serve_plan_report(
+    result = serve_plan_report(
         args.model,
         gpu=args.gpu,
         gpus=args.gpus,
@@ -417,6 +421,12 @@ def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
         dtypes=args.weights_dtypes.split(",") if args.weights_dtypes else None,
         top=args.top,
     )
+    if args.save:
+        import json
+        from pathlib import Path
+
+        Path(args.save).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -493,13 +503,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "export",
         _cmd_export,
-        "a plan as the launch configuration of torchtitan, Megatron-LM, DeepSpeed, vLLM or SGLang",
+        "a plan as the launch configuration of torchtitan, Megatron-LM, DeepSpeed, vLLM, SGLang or TensorRT-LLM",
     )
-    p.add_argument("engine", choices=("torchtitan", "megatron", "deepspeed", "vllm", "sglang"))
+    p.add_argument("engine", choices=("torchtitan", "megatron", "deepspeed", "vllm", "sglang", "trtllm"))
     p.add_argument("model", nargs="?", default=None)
     p.add_argument("--gpu", default=None)
     p.add_argument("--gpus", type=_positive_int, default=None)
-    p.add_argument("--from-plan", default=None, help="a file written by meshplan plan --save")
+    p.add_argument("--from-plan", default=None, help="a file written by meshplan plan --save (serve-plan for servers)")
     p.add_argument("--out", default=None, help="write the files and launch.sh into this folder")
     p.add_argument("--model-path", default=None, help="checkpoint or Hugging Face path to put in the config")
     _add_layout(p)
@@ -554,6 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=("trtllm", "vllm", "sglang", "gpt-fast"), default="trtllm")
     p.add_argument("--weights-dtypes", default=None, help="comma-separated weight dtypes to search (default all)")
     p.add_argument("--top", type=_positive_int, default=5, help="plans to show")
+    p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
 
     p = command(
         "check",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+from pathlib import Path
 
 import pytest
 
@@ -141,3 +143,35 @@ def test_batch_grid_covers_1_to_cap() -> None:
     grid = batch_grid(10_000)
     assert grid[0] == 1 and grid[-1] == 10_000 and list(grid[:64]) == list(range(1, 65))
     assert all(grid[1:] > grid[:-1]) and max(grid[65:] / grid[64:-1]) <= 1.035 and len(grid) < 400
+
+
+def test_export_follows_a_saved_serving_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "plan.json"
+    argv = ["serve-plan", "deepseek-v3", "--gpu", "h200", "--gpus", "8", "--input-len", "2000", "--output-len", "1000"]
+    assert main([*argv, "--weights-dtypes", "fp8", "--save", str(plan)]) == 0
+    best = json.loads(plan.read_text())["best"]
+    assert best["layout"]["dp_attention"] and best["replicas"] == 1
+    capsys.readouterr()
+    per_rank = str(best["batch_cap"] // 8)
+    commands = {}
+    for engine in ("vllm", "sglang", "trtllm"):
+        assert main(["export", engine, "--from-plan", str(plan), "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        commands[engine] = shlex.split(out["command"])
+        assert out["predicted"]["tokens_per_s_per_gpu"] == pytest.approx(best["tokens_per_s_per_gpu"])
+    vllm, sglang, trtllm = commands["vllm"], commands["sglang"], commands["trtllm"]
+    assert vllm[vllm.index("--tensor-parallel-size") + 1] == "1" and vllm[vllm.index("--data-parallel-size") + 1] == "8"
+    assert "--enable-expert-parallel" in vllm and vllm[vllm.index("--max-num-seqs") + 1] == per_rank
+    assert "--enable-dp-attention" in sglang and sglang[sglang.index("--dp-size") + 1] == "8"
+    assert trtllm[trtllm.index("--ep_size") + 1] == "8" and trtllm[trtllm.index("--max_batch_size") + 1] == per_rank
+    assert main(["export", "trtllm", "--from-plan", str(plan)]) == 0
+    assert "enable_attention_dp: true" in capsys.readouterr().out
+
+
+def test_export_from_a_missing_or_training_plan_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", "vllm", "--from-plan", str(tmp_path / "none.json")]) == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"plans": []}')
+    assert main(["export", "sglang", "--from-plan", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read plan file" in err and "holds no serving plan" in err
