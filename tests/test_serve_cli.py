@@ -64,3 +64,19 @@ def test_validate_serving_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == (0 if out["all_ok"] else 1)
     assert len(out["runs"]) == 47
     assert {c["metric_class"] for c in out["classes"]} >= {"decode", "prefill", "throughput-dense"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["llama-3.1-8b", "--gpus", "64", "--tp", "64"], "does not divide the 32 attention heads"),
+        (["llama-3.1-8b", "--gpus", "64", "--pp", "200"], "pp=200 exceeds gpus=64"),
+        (["deepseek-v3", "--gpus", "8", "--dp-attention"], "give --ep 8"),
+        (["llama-3.1-8b", "--gpus", "1", "--input-len", "100000000"], "fits in the KV cache"),
+    ],
+)
+def test_serve_layout_errors(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    base = ["serve", argv[0], "--gpu", "h200", "--input-len", "100", "--output-len", "100", "--concurrency", "4"]
+    assert main([*base, *argv[1:]]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

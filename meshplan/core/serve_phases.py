@@ -191,6 +191,8 @@ def replica_shape(model: ModelSpec, hw: Hardware, layout: ServeLayout, *, contex
     params = count_params(model)
     tp, pp = layout.tp, layout.pp
     attn_tp = 1 if layout.dp_attention else tp
+    if model.num_heads % attn_tp:
+        raise ValueError(f"tp={attn_tp} does not divide the {model.num_heads} attention heads of {model.name}")
     cal, gpu = hw.cal, hw.gpu
     bill = serving_bill(
         model,

@@ -85,8 +85,10 @@ def resolve(
     gpu_spec = io.load_gpu(gpu)
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
+    if pp > gpus:
+        raise ValueError(f"pp={pp} exceeds gpus={gpus}")
     if tp is None:
-        tp = gpus // (pp * (replicas or 1))
+        tp = max(gpus // (pp * (replicas or 1)), 1)
     if tp < 1 or gpus % (tp * pp):
         raise ValueError(f"tp x pp = {tp} x {pp} must divide gpus = {gpus}")
     replicas = replicas if replicas is not None else gpus // (tp * pp)
@@ -94,6 +96,8 @@ def resolve(
         raise ValueError(f"replicas x tp x pp = {replicas} x {tp} x {pp} must equal gpus = {gpus}")
     if dp_attention and spec.moe is None:
         raise ValueError("--dp-attention needs a MoE model (dense layers would replicate every weight)")
+    if dp_attention and ep != tp:
+        raise ValueError(f"--dp-attention spreads the experts over the whole TP group: give --ep {tp} (got {ep})")
     if ep > 1 and spec.moe is None:
         raise ValueError(f"ep={ep} needs a MoE model; {spec.name} is dense")
     w = choice(DType, weights_dtype, "weights dtype")
