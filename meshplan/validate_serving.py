@@ -22,7 +22,8 @@ from typing import Any
 
 from meshplan import io
 from meshplan.core.serve_load import Requests, load_point, static_batch_s
-from meshplan.core.serve_phases import Hardware, decode_step, prefill, replica_shape
+from meshplan.core.serve_phases import decode_step, prefill
+from meshplan.core.serve_shape import Hardware, replica_shape
 from meshplan.core.serving import QUANT_GROUP
 from meshplan.reports.serve import Setup, resolve
 

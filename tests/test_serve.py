@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from meshplan.core.serve_load import BatchLimit, Requests, capacity, load_point, step_at
-from meshplan.core.serve_phases import decode_step, prefill, replica_shape
+from meshplan.core.serve_phases import decode_step, prefill
+from meshplan.core.serve_shape import replica_shape
 from meshplan.reports.serve import Setup, resolve
 from meshplan.validate_serving import _ideal
 

@@ -22,15 +22,8 @@ from enum import StrEnum
 import numpy as np
 
 from meshplan.core.num import Num
-from meshplan.core.serve_phases import (
-    Forward,
-    Hardware,
-    ReplicaShape,
-    ServeLayout,
-    decode_step,
-    pipeline_factor,
-    prefill,
-)
+from meshplan.core.serve_phases import Forward, decode_step, pipeline_factor, prefill
+from meshplan.core.serve_shape import Hardware, ReplicaShape, ServeLayout
 from meshplan.spec.model import ModelSpec
 
 KNEE_SHARE = 0.9

@@ -19,7 +19,8 @@ from enum import StrEnum
 import numpy as np
 
 from meshplan.core.serve_load import Requests, capacity, step_at, ttft_s
-from meshplan.core.serve_phases import Hardware, ReplicaShape, ServeLayout, pipeline_factor
+from meshplan.core.serve_phases import pipeline_factor
+from meshplan.core.serve_shape import Hardware, ReplicaShape, ServeLayout
 from meshplan.spec.model import ModelSpec
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from meshplan import io
 from meshplan.core.serve_load import LoadPoint, Requests, load_point
-from meshplan.core.serve_phases import (
+from meshplan.core.serve_phases import pipeline_factor
+from meshplan.core.serve_shape import (
     Hardware,
     Quant,
     ReplicaShape,
@@ -20,7 +21,6 @@ from meshplan.core.serve_phases import (
     ServeLayout,
     default_quant,
     kv_dtype_bytes,
-    pipeline_factor,
     replica_shape,
 )
 from meshplan.core.serving import QUANT_GROUP
