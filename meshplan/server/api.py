@@ -344,9 +344,16 @@ def serve_plan(
     objective: Name = "throughput",
     concurrency: Load = None,
     engine: Name = "trtllm",
+    weights_dtypes: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS)] = None,
     top: Annotated[int, Query(ge=1, le=100)] = 5,
 ) -> dict[str, Any]:
     from meshplan.reports.serve_plan import serve_plan_report
+
+    dtypes = (
+        None
+        if not weights_dtypes
+        else [parse.choice(d, SERVING_DTYPES, "weights dtype") for d in weights_dtypes.split(",")]
+    )
 
     report = serve_plan_report(
         model,
@@ -359,6 +366,7 @@ def serve_plan(
         objective=parse.choice(objective, ("throughput", "latency", "fewest-gpus"), "objective"),
         concurrency=concurrency,
         engine=parse.choice(engine, ENGINES, "engine"),
+        dtypes=dtypes,
         top=top,
     )
     return json_dict(report)
