@@ -387,10 +387,13 @@ def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+SERVE_KEYS: tuple[str, ...] = ("tp", "pp", "ep", "dp_attention", "replicas", "weights_dtype", "kv_dtype", "quant")
+SERVE_KEYS += ("engine", "max_batch", "disaggregate")
+
+
 def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.serve import serve_report
 
-    keys = ("tp", "pp", "ep", "dp_attention", "replicas", "weights_dtype", "kv_dtype", "quant", "engine", "max_batch")
     return serve_report(
         args.model,
         gpu=args.gpu,
@@ -400,7 +403,7 @@ def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
         concurrency=args.concurrency,
         rate=args.rate,
         gpu_memory_utilization=args.gpu_memory_utilization,
-        **{k: getattr(args, k) for k in keys},
+        **{k: getattr(args, k) for k in SERVE_KEYS},
     )
 
 
@@ -546,6 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fleet(p)
     _add_serve_flags(p)
     p.add_argument("--replicas", type=_positive_int, default=None, help="replicas (default: gpus / (tp x pp))")
+    p.add_argument("--disaggregate", default=None, metavar="P:D", help="prefill GPUs : decode GPUs, separate pools")
     load = p.add_mutually_exclusive_group(required=True)
     load.add_argument("--concurrency", type=_positive_float, default=None, help="users in a closed loop (all)")
     load.add_argument("--rate", type=_positive_float, default=None, help="requests/s arriving (Poisson, all)")

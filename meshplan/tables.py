@@ -194,6 +194,10 @@ def _opt_s(x: float | None) -> str:
     return "saturated" if x is None else seconds(x)
 
 
+def _max_per_gpu(r: dict[str, Any]) -> str:
+    return f" (max {r['max_tokens_per_s_per_gpu']:,.0f})" if "max_tokens_per_s_per_gpu" in r else ""
+
+
 def _serve(r: dict[str, Any]) -> str:
     lay = r["layout"]
     head = (
@@ -205,12 +209,21 @@ def _serve(r: dict[str, Any]) -> str:
         ("TTFT p50 / p99", f"{_opt_s(r['ttft_s_p50'])} / {_opt_s(r['ttft_s_p99'])}"),
         ("TTFT unloaded", seconds(r["ttft_s_unloaded"])),
         ("TPOT = ITL", seconds(r["tpot_s"])),
-        ("tokens/s per GPU", f"{r['tokens_per_s_per_gpu']:,.0f} (max {r['max_tokens_per_s_per_gpu']:,.0f})"),
+        ("tokens/s per GPU", f"{r['tokens_per_s_per_gpu']:,.0f}" + _max_per_gpu(r)),
         ("tokens/s per user", f"{r['tokens_per_s_per_user']:,.1f}"),
         ("requests/s (all replicas)", f"{r['requests_per_s_total']:,.2f}"),
         ("batch per replica", f"{r['batch_per_replica']:,.1f} of {r['batch_cap_per_replica']:,} ({r['batch_limit']})"),
-        ("knee (90% of max)", f"{r['knee_batch_per_replica']:,} sequences"),
+        ("knee (90% of max)", f"{r.get('knee_batch_per_replica', 0):,} sequences"),
     ]
+    if "disaggregated" in r:
+        d = r["disaggregated"]
+        rows.pop()  # no knee: the decode pool's batch is set by the prefill pool's output
+        rows += [
+            ("pools: prefill / decode GPUs", f"{d['prefill_gpus']} / {d['decode_gpus']}"),
+            ("prefill alone / KV hand-over", f"{seconds(d['prefill_s'])} / {seconds(d['kv_transfer_s'])}"),
+            ("max requests/s: prefill / decode", f"{d['prefill_requests_per_s_max']:,.2f} / "
+             f"{d['decode_requests_per_s_max']:,.2f} (bottleneck: {d['bottleneck']})"),
+        ]  # fmt: skip
     steps = [(k.removesuffix("_s").replace("_", " "), seconds(v)) for k, v in r["step_s"].items()]
     return "\n".join([head, "", table(rows, ["", "value"]), "", "one step", table(steps, ["term", "time"])])
 

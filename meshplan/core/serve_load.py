@@ -141,7 +141,7 @@ def ttft_s(
     return float(out) if out.ndim == 0 else out
 
 
-def _erlang_c(servers: int, offered: float) -> float:
+def erlang_c(servers: int, offered: float) -> float:
     """Probability an arrival waits in M/M/c (Erlang B recurrence, then C)."""
     if offered >= servers:
         return 1.0
@@ -207,7 +207,7 @@ def _open_loop(
             wait_s_p99=math.inf,
             requests_per_s=servers / service,
         )
-    p_wait = _erlang_c(servers, lam * service)
+    p_wait = erlang_c(servers, lam * service)
     spare = servers / service - lam
     p99 = 0.5 * math.log(p_wait / P99_TAIL) / spare if p_wait > P99_TAIL else 0.0
     return _Steady(

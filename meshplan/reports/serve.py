@@ -11,6 +11,7 @@ from importlib import resources
 from typing import Any
 
 from meshplan import io
+from meshplan.core.serve_disagg import Pools, disaggregated_point
 from meshplan.core.serve_load import LoadPoint, Requests, load_point
 from meshplan.core.serve_phases import pipeline_factor
 from meshplan.core.serve_shape import (
@@ -180,8 +181,12 @@ def serve_report(
     engine: str = DEFAULT_ENGINE,
     max_batch: int | None = None,
     gpu_memory_utilization: float | None = None,
+    disaggregate: str | None = None,
 ) -> dict[str, Any]:
-    """``meshplan serve``: TTFT, TPOT, throughput per GPU and per user, and where a step's time goes."""
+    """``meshplan serve``: TTFT, TPOT, throughput per GPU and per user, and where a step's time goes.
+
+    ``disaggregate`` = "P:D" splits the GPUs into a prefill pool of P and a decode pool of D, each made of
+    replicas of the given layout."""
     setup = resolve(
         model,
         gpu=gpu,
@@ -200,17 +205,33 @@ def serve_report(
     )
     if (concurrency is None) == (rate is None):
         raise ValueError("give exactly one of --concurrency and --rate")
+    if disaggregate is not None:
+        if replicas is not None:
+            raise ValueError("--disaggregate P:D sets the replicas of both pools; drop --replicas")
+        req = Requests(
+            input_len=input_len, output_len=output_len, max_batch=max_batch, concurrency=concurrency, rate_per_s=rate
+        )
+        return _head(setup, engine, input_len, output_len, concurrency, rate) | _disaggregated(setup, req, disaggregate)
     per_replica = {
         "concurrency": None if concurrency is None else concurrency / setup.replicas,
         "rate_per_s": None if rate is None else rate / setup.replicas,
     }
     req = Requests(input_len=input_len, output_len=output_len, max_batch=max_batch, **per_replica)
     pt = load_point(setup.model, setup.shape, setup.hw, setup.layout, req)
+    return _head(setup, engine, input_len, output_len, concurrency, rate) | {
+        **point_dict(setup, req, pt),
+        "calibration_source": setup.hw.cal.source,
+    }
+
+
+def _head(
+    setup: Setup, engine: str, input_len: int, output_len: int, concurrency: float | None, rate: float | None
+) -> dict[str, Any]:
     lay = setup.layout
     return {
         "model": setup.model.name,
         "gpu": setup.hw.gpu.name,
-        "gpus": gpus,
+        "gpus": setup.replicas * lay.gpus_per_replica,
         "engine": engine,
         "layout": {
             "tp": lay.tp,
@@ -229,6 +250,51 @@ def serve_report(
         "weights_bytes_per_gpu": setup.shape.bill.weights_bytes,
         "kv_bytes_per_token_per_gpu": setup.shape.kv_bytes_per_token,
         "kv_budget_bytes_per_gpu": setup.shape.kv_budget_bytes,
-        **point_dict(setup, req, pt),
+    }
+
+
+def _pools(text: str, *, gpus: int, per_replica: int) -> Pools:
+    try:
+        p, d = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--disaggregate takes P:D, prefill and decode GPUs (e.g. 8:24), got {text!r}") from None
+    if p + d != gpus or p < 1 or d < 1:
+        raise ValueError(f"--disaggregate {text}: the pools must split the {gpus} GPUs (P + D = {gpus}, both >= 1)")
+    if p % per_replica or d % per_replica:
+        raise ValueError(f"--disaggregate {text}: each pool must be whole replicas of {per_replica} GPUs")
+    return Pools(prefill_replicas=p // per_replica, decode_replicas=d // per_replica)
+
+
+def _disaggregated(setup: Setup, req: Requests, text: str) -> dict[str, Any]:
+    lay, g = setup.layout, setup.layout.gpus_per_replica
+    pools = _pools(text, gpus=setup.replicas * g, per_replica=g)
+    pt = disaggregated_point(setup.model, setup.shape, setup.hw, lay, req, pools)
+    gpus = setup.replicas * g
+    return {
+        "ttft_s_p50": _seconds(pt.ttft_s_p50),
+        "ttft_s_p99": _seconds(pt.ttft_s_p99),
+        "ttft_s_unloaded": pt.prefill_s + pt.kv_transfer_s + pt.tpot_s / 2,
+        "queue_s_p50": _seconds(pt.queue_s_p50),
+        "queue_s_p99": _seconds(pt.queue_s_p99),
+        "tpot_s": pt.tpot_s,
+        "itl_s": pt.tpot_s,
+        "tokens_per_s_per_gpu": pt.output_tokens_per_s / gpus,
+        "tokens_per_s_per_user": 1.0 / pt.tpot_s,
+        "tokens_per_s_total": pt.output_tokens_per_s,
+        "requests_per_s_total": pt.requests_per_s,
+        "batch_per_replica": pt.batch,
+        "batch_limit": pt.limit.value,
+        "batch_cap_per_replica": pt.cap,
+        "saturated": pt.saturated,
+        "step_s": {k: float(v) * pipeline_factor(setup.hw, lay) for k, v in pt.step.breakdown().items()},
+        "disaggregated": {
+            "prefill_gpus": pools.prefill_replicas * g,
+            "decode_gpus": pools.decode_replicas * g,
+            "prefill_s": pt.prefill_s,
+            "kv_transfer_s": pt.kv_transfer_s,
+            "prefill_requests_per_s_max": pt.prefill_requests_per_s_max,
+            "decode_requests_per_s_max": pt.decode_requests_per_s_max,
+            "bottleneck": pt.bottleneck,
+        },
         "calibration_source": setup.hw.cal.source,
     }
