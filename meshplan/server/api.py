@@ -306,6 +306,7 @@ def serve(
     engine: Name = "trtllm",
     max_batch: Annotated[int | None, Query(ge=1, le=parse.MAX_BATCH)] = None,
     gpu_memory_utilization: Annotated[float | None, Query(gt=0, le=1)] = None,
+    disaggregate: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="P:D GPUs")] = None,
 ) -> dict[str, Any]:
     from meshplan.reports.serve import serve_report
 
@@ -328,6 +329,7 @@ def serve(
         engine=parse.choice(engine, ENGINES, "engine"),
         max_batch=max_batch,
         gpu_memory_utilization=gpu_memory_utilization,
+        disaggregate=disaggregate,
     )
     return json_dict(report)
 

@@ -23,6 +23,14 @@ def test_serve_equals_the_report(client: Any) -> None:
     assert json.loads(json.dumps(want)) == r.json()
 
 
+def test_serve_disaggregated(client: Any) -> None:
+    params = SERVE | {"gpus": 16, "tp": 4, "rate": 2, "disaggregate": "8:8"}
+    r = client.get("/api/serve", params=params)
+    assert r.status_code == 200, r.text
+    assert r.json()["disaggregated"]["decode_gpus"] == 8
+    assert client.get("/api/serve", params=params | {"disaggregate": "8:9"}).status_code == 400
+
+
 def test_serve_plan_answers(client: Any) -> None:
     params = SERVE | {"model": "llama-2-70b", "input_len": 1024, "output_len": 256, "ttft_p99": 2, "tpot_p99": 0.2}
     r = client.get("/api/serve-plan", params=params)
