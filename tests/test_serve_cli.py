@@ -35,6 +35,12 @@ def test_serve_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["tokens_per_s_per_gpu"] * 8 == pytest.approx(out["tokens_per_s_total"])
 
 
+@pytest.mark.parametrize(("quant", "dtype", "compute"), [("w-a", "fp8", "w-a"), ("weight-only", "fp8", "weight-only")])
+def test_serve_quant_flag(capsys: pytest.CaptureFixture[str], quant: str, dtype: str, compute: str) -> None:
+    assert main([*SERVE, "--weights-dtype", dtype, "--quant", quant, "--rate", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["quant"] == compute
+
+
 def test_serve_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*SERVE, "--concurrency", "64"]) == 0
     out = capsys.readouterr().out

@@ -106,7 +106,7 @@ def resolve(
     kv_dtype_bytes(kv)
     if w is DType.FP4 and DType.FP4 not in gpu_spec.peak_flops:
         raise ValueError(f"fp4 weights need fp4 tensor cores (Blackwell); {gpu_spec.name} has none")
-    q = default_quant(w, gpu_spec) if quant is None else choice(Quant, quant, "quantization")
+    q = default_quant(w, gpu_spec) if quant is None else _quant(quant)
     if q is Quant.WEIGHT_ACTIVATION and w not in gpu_spec.peak_flops:
         raise ValueError(f"{gpu_spec.name} has no {w} tensor cores: use weight-only quantization")
     if (q is Quant.NONE) != (w in (DType.BF16, DType.FP16)):
@@ -127,6 +127,13 @@ def resolve(
     )
     shape = replica_shape(spec, hw, layout, context=context)
     return Setup(model=spec, hw=hw, layout=layout, replicas=replicas, shape=shape)
+
+
+def _quant(text: str) -> Quant:
+    try:
+        return Quant(text.strip().lower())
+    except ValueError:
+        raise ValueError(f"unknown quantization {text!r} (choose from {', '.join(q.value for q in Quant)})") from None
 
 
 def _seconds(x: float | None) -> float | None:
