@@ -423,6 +423,7 @@ def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
         engine=args.engine,
         dtypes=args.weights_dtypes.split(",") if args.weights_dtypes else None,
         top=args.top,
+        disaggregate=args.disaggregate,
     )
     if args.save:
         import json
@@ -569,6 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights-dtypes", default=None, help="comma-separated weight dtypes to search (default all)")
     p.add_argument("--top", type=_positive_int, default=5, help="plans to show")
     p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
+    p.add_argument("--disaggregate", action="store_true", help="also split the replicas into prefill and decode pools")
 
     p = command(
         "check",

@@ -234,6 +234,11 @@ def _serve_layout(lay: dict[str, Any]) -> str:
     return " ".join(parts) + f" {lay['weights_dtype']}/{lay['kv_dtype']}"
 
 
+def _replicas(plan: dict[str, Any]) -> str:
+    p = plan.get("prefill_replicas", 0)
+    return f"{p} prefill + {plan['replicas'] - p} decode" if p else str(plan["replicas"])
+
+
 def _serve_plan(r: dict[str, Any]) -> str:
     t = r["targets"]
     head = (
@@ -244,7 +249,7 @@ def _serve_plan(r: dict[str, Any]) -> str:
         (
             i + 1,
             _serve_layout(c["layout"]),
-            c["replicas"],
+            _replicas(c),
             c["gpus"],
             c["batch_cap"],
             seconds(c["ttft_p99_s"]),

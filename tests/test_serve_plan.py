@@ -175,3 +175,25 @@ def test_export_from_a_missing_or_training_plan_exits_2(tmp_path: Path, capsys: 
     assert main(["export", "sglang", "--from-plan", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "cannot read plan file" in err and "holds no serving plan" in err
+
+
+def test_disaggregated_splits_are_searched_and_kept_apart() -> None:
+    """Long prompts under a tight TPOT: pool splits enter the ranking, each a whole number of replicas, and
+    never hold back a decode pool the prefill pool cannot feed (TTFT includes the KV hand-over)."""
+    common = {"gpu": "h100-sxm", "gpus": 16, "input_len": 8000, "output_len": 300, "ttft_p99_s": 2.0,
+              "tpot_p99_s": 0.03, "dtypes": ["fp8"], "top": 100}  # fmt: skip
+    plain = serve_plan_report("llama-3.1-70b", **common)  # type: ignore[arg-type]
+    split = serve_plan_report("llama-3.1-70b", **common, disaggregate=True)  # type: ignore[arg-type]
+    pools = [p for p in split["top"] if p["prefill_replicas"]]
+    assert pools and not any(p["prefill_replicas"] for p in plain["top"])
+    for p in pools:
+        assert 0 < p["prefill_replicas"] < p["replicas"] and p["tpot_s"] <= 0.03 and p["ttft_p99_s"] <= 2.0
+    assert split["points_evaluated"] > plain["points_evaluated"]
+
+
+def test_export_refuses_a_split_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "plan.json"
+    best = {"layout": {"tp": 2}, "prefill_replicas": 2, "replicas": 8}
+    plan.write_text(json.dumps({"best": best, "model": "llama-3.1-70b", "input_len": 1, "output_len": 1}))
+    assert main(["export", "vllm", "--from-plan", str(plan)]) == 2
+    assert "splits prefill and decode pools" in capsys.readouterr().err

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from meshplan.core.serve_load import P99_TAIL, BatchLimit, Requests, capacity, erlang_c
 from meshplan.core.serve_phases import Forward, decode_step, pipeline_factor, prefill
 from meshplan.core.serve_shape import Hardware, ReplicaShape, ServeLayout
@@ -158,3 +160,29 @@ def _prefill_queue(rate: float, rate_max: float, servers: int) -> tuple[float, f
     spare = rate_max - rate
     p99 = 0.5 * math.log(p_wait / P99_TAIL) / spare if p_wait > P99_TAIL else 0.0
     return 0.5 * p_wait / spare, p99
+
+
+def split_curve(
+    model: ModelSpec,
+    shape: ReplicaShape,
+    hw: Hardware,
+    layout: ServeLayout,
+    req: Requests,
+    *,
+    batches: np.ndarray,
+    pools: Pools,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens/s per GPU, TPOT, TTFT p99, whether the prefill pool keeps up) at each decode batch cap.
+
+    The planner's closed loop: B users per decode replica; requests/s = (D/g) B / (TTFT + O t(B)); the
+    prefill pool keeps up when that is within its maximum (no prefill queue), else the point is dropped."""
+    rounds = pipeline_factor(hw, layout)
+    ranks = layout.pp * (layout.tp if layout.dp_attention else 1)
+    context = req.input_len + req.output_len / 2
+    t = rounds * np.asarray(decode_step(model, shape, hw, layout, batch=batches / ranks, context=context).total_s)
+    first = rounds * float(prefill(model, shape, hw, layout, tokens=float(req.input_len)).total_s)
+    first += kv_transfer_s(shape, hw, tokens=req.input_len)
+    rate = pools.decode_replicas * batches / (first + req.output_len * t)
+    keeps_up = rate <= pools.prefill_replicas * _prefill_rate(model, shape, hw, layout, req)
+    gpus = (pools.prefill_replicas + pools.decode_replicas) * layout.gpus_per_replica
+    return rate * req.output_len / gpus, t, first + t, keeps_up

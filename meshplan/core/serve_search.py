@@ -12,12 +12,14 @@ reason: out of memory, or the TTFT / TPOT it reaches at batch 1 against the targ
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
 
+from meshplan.core.serve_disagg import Pools, split_curve
 from meshplan.core.serve_load import Requests, capacity, step_at, ttft_s
 from meshplan.core.serve_phases import pipeline_factor
 from meshplan.core.serve_shape import Hardware, ReplicaShape, ServeLayout
@@ -56,6 +58,8 @@ class Candidate:
     gpus: int
     """GPUs this plan uses: replicas x gpus per replica."""
     replicas: int
+    prefill_replicas: int = 0
+    """Replicas that only prefill, the rest only decode (0: every replica does both)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +74,7 @@ class ParetoPoint:
     batch_cap: int
     tokens_per_s_per_gpu: float
     tokens_per_s_per_user: float
+    prefill_replicas: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,6 +136,7 @@ def search(
     targets: Targets,
     objective: Objective,
     concurrency: float | None = None,
+    disaggregate: bool = False,
 ) -> SearchResult:
     """Every layout evaluated at every batch cap; the best batch of each ranked by ``objective``."""
     ranked, pareto, rejected = [], [], []
@@ -147,43 +153,30 @@ def search(
         if batches.size == 0:
             rejected.append(Rejection(layout=layout, reason="out of memory: no sequence fits beside the weights"))
             continue
-        ok = np.ones(batches.size, dtype=bool)
-        if targets.ttft_p99_s is not None:
-            ok &= ttft <= targets.ttft_p99_s
-        if targets.tpot_p99_s is not None:
-            ok &= tpot <= targets.tpot_p99_s
-        if not ok.any():
+        g, replicas = layout.gpus_per_replica, gpus // layout.gpus_per_replica
+        per_gpu = batches / tpot / g
+        found = _best(layout, batches, per_gpu, tpot, ttft, kv, targets, objective, replicas=replicas)
+        if found is None:
             rejected.append(Rejection(layout=layout, reason=_reason(tpot, ttft, targets)))
-            continue
-        g = layout.gpus_per_replica
-        per_gpu, per_user = batches / tpot / g, 1.0 / tpot
-        pareto += [
-            ParetoPoint(layout=layout, batch_cap=int(b), tokens_per_s_per_gpu=float(x), tokens_per_s_per_user=float(u))
-            for b, x, u in zip(batches[ok], per_gpu[ok], per_user[ok], strict=True)
-        ]
-        i = int(np.flatnonzero(ok)[np.argmax(per_gpu[ok])])
-        if objective is Objective.LATENCY:
-            i = int(np.flatnonzero(ok)[0])
-        replicas = gpus // g
-        if objective is Objective.FEWEST_GPUS:
+        elif objective is Objective.FEWEST_GPUS:
             assert concurrency is not None
-            replicas = int(np.ceil(concurrency / batches[i]))
-            if replicas * g > gpus:
-                rejected.append(Rejection(layout=layout, reason=f"needs {replicas * g} GPUs > {gpus}"))
-                continue
-        ranked.append(
-            Candidate(
-                layout=layout,
-                batch_cap=int(batches[i]),
-                kv_sequences=kv,
-                ttft_p99_s=float(ttft[i]),
-                tpot_s=float(tpot[i]),
-                tokens_per_s_per_gpu=float(per_gpu[i]),
-                tokens_per_s_per_user=float(per_user[i]),
-                gpus=replicas * g,
-                replicas=replicas,
-            )
-        )
+            needed = int(np.ceil(concurrency / found[0].batch_cap)) * g
+            found = _fewest(found, concurrency=concurrency, gpus=gpus)
+            if found is None:
+                rejected.append(Rejection(layout=layout, reason=f"needs {needed} GPUs > {gpus}"))
+        if found is not None:
+            ranked.append(found[0])
+            pareto += found[1]
+        if disaggregate and objective is not Objective.FEWEST_GPUS:
+            for p in range(1, replicas):
+                pools = Pools(prefill_replicas=p, decode_replicas=replicas - p)
+                gpu_rate, t, first, keeps_up = split_curve(model, shape, hw, layout, req, batches=batches, pools=pools)
+                points += batches.size
+                split = _best(layout, batches, gpu_rate, t, first, kv, targets, objective, replicas=replicas,
+                              prefill_replicas=p, valid=keeps_up)  # fmt: skip
+                if split is not None:
+                    ranked.append(split[0])
+                    pareto += split[1]
     return SearchResult(
         ranked=sorted(ranked, key=_key(objective)),
         pareto=pareto_front(pareto),
@@ -191,6 +184,61 @@ def search(
         evaluated_layouts=layouts_seen,
         evaluated_points=points,
     )
+
+
+def _best(
+    layout: ServeLayout,
+    batches: np.ndarray,
+    per_gpu: np.ndarray,
+    tpot: np.ndarray,
+    ttft: np.ndarray,
+    kv: int,
+    targets: Targets,
+    objective: Objective,
+    *,
+    replicas: int,
+    prefill_replicas: int = 0,
+    valid: np.ndarray | None = None,
+) -> tuple[Candidate, list[ParetoPoint]] | None:
+    """The batch cap ``objective`` prefers among those meeting the targets, and the points that meet them."""
+    ok = np.ones(batches.size, dtype=bool) if valid is None else valid.copy()
+    if targets.ttft_p99_s is not None:
+        ok &= ttft <= targets.ttft_p99_s
+    if targets.tpot_p99_s is not None:
+        ok &= tpot <= targets.tpot_p99_s
+    if not ok.any():
+        return None
+    idx = np.flatnonzero(ok)
+    i = int(idx[0]) if objective is Objective.LATENCY else int(idx[np.argmax(per_gpu[ok])])
+    points = [
+        ParetoPoint(layout=layout, batch_cap=int(b), tokens_per_s_per_gpu=float(x),
+                    tokens_per_s_per_user=float(1.0 / t), prefill_replicas=prefill_replicas)
+        for b, x, t in zip(batches[ok], per_gpu[ok], tpot[ok], strict=True)
+    ]  # fmt: skip
+    best = Candidate(
+        layout=layout,
+        batch_cap=int(batches[i]),
+        kv_sequences=kv,
+        ttft_p99_s=float(ttft[i]),
+        tpot_s=float(tpot[i]),
+        tokens_per_s_per_gpu=float(per_gpu[i]),
+        tokens_per_s_per_user=float(1.0 / tpot[i]),
+        gpus=replicas * layout.gpus_per_replica,
+        replicas=replicas,
+        prefill_replicas=prefill_replicas,
+    )
+    return best, points
+
+
+def _fewest(
+    found: tuple[Candidate, list[ParetoPoint]], *, concurrency: float, gpus: int
+) -> tuple[Candidate, list[ParetoPoint]] | None:
+    """The same plan with just the replicas that serve ``concurrency`` users (None beyond the fleet)."""
+    best, points = found
+    replicas = int(np.ceil(concurrency / best.batch_cap))
+    if replicas * best.layout.gpus_per_replica > gpus:
+        return None
+    return dataclasses.replace(best, replicas=replicas, gpus=replicas * best.layout.gpus_per_replica), points
 
 
 def _key(objective: Objective) -> Callable[[Candidate], tuple[float, ...]]:

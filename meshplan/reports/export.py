@@ -179,6 +179,10 @@ def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) 
     best = data.get("best") if isinstance(data, dict) else None
     if not best:
         raise ValueError(f"plan file {path} holds no serving plan (write one with meshplan serve-plan --save FILE)")
+    if best.get("prefill_replicas"):
+        raise ValueError(
+            f"plan file {path} splits prefill and decode pools; the exports launch colocated replicas only"
+        )
     lay = best["layout"]
     kv = choice(DType, lay["kv_dtype"], "kv dtype")
     plan = ServingPlan(

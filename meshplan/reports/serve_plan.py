@@ -90,6 +90,7 @@ def serve_plan_report(
     engine: str = DEFAULT_ENGINE,
     dtypes: list[str] | None = None,
     top: int = 5,
+    disaggregate: bool = False,
 ) -> dict[str, Any]:
     """Search, rank and explain: the best plans, the Pareto front, and why every other layout lost."""
     start = time.perf_counter()
@@ -123,11 +124,13 @@ def serve_plan_report(
         targets=Targets(ttft_p99_s=ttft_p99_s, tpot_p99_s=tpot_p99_s),
         objective=obj,
         concurrency=concurrency,
+        disaggregate=disaggregate,
     )
     return _answer(spec, gpu_spec, result, gpus=gpus, engine=engine, obj=obj, top=top, start=start) | {
         "input_len": input_len,
         "output_len": output_len,
         "targets": {"ttft_s_p99": ttft_p99_s, "tpot_s_p99": tpot_p99_s},
+        "disaggregate_searched": disaggregate,
         "concurrency_total": concurrency,
     }
 

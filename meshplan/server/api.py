@@ -348,6 +348,7 @@ def serve_plan(
     engine: Name = "trtllm",
     weights_dtypes: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS)] = None,
     top: Annotated[int, Query(ge=1, le=100)] = 5,
+    disaggregate: bool = False,
 ) -> dict[str, Any]:
     from meshplan.reports.serve_plan import serve_plan_report
 
@@ -370,5 +371,6 @@ def serve_plan(
         engine=parse.choice(engine, ENGINES, "engine"),
         dtypes=dtypes,
         top=top,
+        disaggregate=disaggregate,
     )
     return json_dict(report)
