@@ -60,10 +60,12 @@ def add_fields(p: argparse.ArgumentParser | Any, *names: str, required: bool = F
         value = f.default if default is _UNSET else default
         text = f.describe(value)
         if f.type is bool:
-            p.add_argument(f.flag, action="store_true", default=False, help=text)
+            p.add_argument(f.flag, dest=f.name, action="store_true", default=False, help=text)
             continue
-        metavar = "{" + ",".join(f.choices) + "}" if f.choices else None
-        p.add_argument(f.flag, type=_flag_type(name), default=value, required=required, help=text, metavar=metavar)
+        metavar = "{" + ",".join(f.choices) + "}" if f.choices else f.key.upper()
+        p.add_argument(
+            f.flag, dest=f.name, type=_flag_type(name), default=value, required=required, help=text, metavar=metavar
+        )
 
 
 def _add_group(p: argparse.ArgumentParser, group: str, **defaults: Any) -> None:
@@ -168,9 +170,20 @@ def _cmd_collectives(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
+    if args.serving:
+        from meshplan.validate_serving import validate_serving
+
+        return validate_serving()
     from meshplan.validate import validate
 
     return validate(args.source)
+
+
+def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    add_fields(p, "input_len", "output_len", required=True)
+    add_fields(p, "tp", default=None)
+    add_fields(p, "pp", "ep", "dp_attention", "weights_dtype", "kv_dtype", "quant", "engine", "max_batch")
+    add_fields(p, "gpu_memory_utilization", default=None)
 
 
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
@@ -220,14 +233,18 @@ def _cmd_recipe(args: argparse.Namespace) -> dict[str, Any]:
     return recipe_report(args.name, rank=not args.no_rank)
 
 
-SERVING_ENGINES = ("vllm", "sglang")
+SERVING_ENGINES = ("vllm", "sglang", "trtllm")
 
 
 def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.export import export_serving, export_training, load_saved_plan
 
-    if args.engine in SERVING_ENGINES:
-        if args.from_plan or not (args.model and args.gpu and args.gpus):
+    if args.engine in SERVING_ENGINES and args.from_plan:
+        from meshplan.reports.export import export_serve_plan
+
+        result = export_serve_plan(args.engine, args.from_plan, model_path=args.model_path)
+    elif args.engine in SERVING_ENGINES:
+        if not (args.model and args.gpu and args.gpus):
             raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and serving flags")
         result = export_serving(
             args.engine,
@@ -348,6 +365,52 @@ def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+SERVE_KEYS: tuple[str, ...] = ("tp", "pp", "ep", "dp_attention", "replicas", "weights_dtype", "kv_dtype", "quant")
+SERVE_KEYS += ("engine", "max_batch", "disaggregate")
+
+
+def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.serve import serve_report
+
+    return serve_report(
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        concurrency=args.concurrency,
+        rate=args.rate,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        **{k: getattr(args, k) for k in SERVE_KEYS},
+    )
+
+
+def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.serve_plan import serve_plan_report
+
+    result = serve_plan_report(
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        ttft_p99_s=args.ttft_p99,
+        tpot_p99_s=args.tpot_p99,
+        objective=args.serve_objective,
+        concurrency=args.concurrency,
+        engine=args.engine,
+        dtypes=args.weights_dtypes.split(",") if args.weights_dtypes else None,
+        top=args.top,
+        disaggregate=args.search_disaggregated,
+    )
+    if args.save:
+        import json
+        from pathlib import Path
+
+        Path(args.save).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="meshplan", description="Plan how a transformer is split across GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -394,6 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("validate", _cmd_validate, "predictions against published measured runs, with the error of each")
     p.add_argument("--source", default=None, help="one source only (korthikanti2022, narayanan2021, llama3)")
+    p.add_argument("--serving", action="store_true", help="the published serving measurements instead")
 
     p = command("plan", _cmd_plan, "search every layout: the fastest that fit, why they win, why the rest lost")
     p.add_argument("model")
@@ -417,12 +481,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "export",
         _cmd_export,
-        "a plan as the launch configuration of torchtitan, Megatron-LM, DeepSpeed, vLLM or SGLang",
+        "a plan as the launch configuration of torchtitan, Megatron-LM, DeepSpeed, vLLM, SGLang or TensorRT-LLM",
     )
-    p.add_argument("engine", choices=("torchtitan", "megatron", "deepspeed", "vllm", "sglang"))
+    p.add_argument("engine", choices=("torchtitan", "megatron", "deepspeed", "vllm", "sglang", "trtllm"))
     p.add_argument("model", nargs="?", default=None)
     add_fields(p, "gpu", "gpus")
-    p.add_argument("--from-plan", default=None, help="a file written by meshplan plan --save")
+    p.add_argument("--from-plan", default=None, help="a file written by meshplan plan --save (serve-plan for servers)")
     p.add_argument("--out", default=None, help="write the files and launch.sh into this folder")
     p.add_argument("--model-path", default=None, help="checkpoint or Hugging Face path to put in the config")
     _add_layout(p)
@@ -445,6 +509,25 @@ def build_parser() -> argparse.ArgumentParser:
     add_fields(p, "tp", default=None)
     add_fields(p, "pp", "ep")
     _add_group(p, "serving")
+
+    p = command("serve", _cmd_serve, "serving speed under load: TTFT p50/p99, TPOT, tokens/s per GPU and per user")
+    p.add_argument("model")
+    _add_fleet(p)
+    _add_serve_flags(p)
+    add_fields(p, "replicas", "disaggregate")
+    load = p.add_mutually_exclusive_group(required=True)
+    add_fields(load, "concurrency", "rate")
+
+    p = command(
+        "serve-plan", _cmd_serve_plan, "every serving layout, dtype and batch cap ranked under TTFT/TPOT targets"
+    )
+    p.add_argument("model")
+    _add_fleet(p)
+    add_fields(p, "input_len", "output_len", required=True)
+    add_fields(p, "ttft_p99", "tpot_p99", "serve_objective", "concurrency", "engine", "weights_dtypes", "top")
+    p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
+    add_fields(p, "search_disaggregated")
+
     p = command(
         "check",
         _cmd_check,

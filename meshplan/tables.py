@@ -194,7 +194,164 @@ def _collectives(r: dict[str, Any]) -> str:
     )
 
 
+def _opt_s(x: float | None) -> str:
+    return "saturated" if x is None else seconds(x)
+
+
+def _max_per_gpu(r: dict[str, Any]) -> str:
+    return f" (max {r['max_tokens_per_s_per_gpu']:,.0f})" if "max_tokens_per_s_per_gpu" in r else ""
+
+
+def _serve(r: dict[str, Any]) -> str:
+    lay = r["layout"]
+    head = (
+        f"{r['model']} on {r['gpus']} x {r['gpu']} ({r['engine']}): tp={lay['tp']} pp={lay['pp']} ep={lay['ep']}"
+        f"{' dp-attention' if lay['dp_attention'] else ''} x {lay['replicas']} replicas; weights {r['weights_dtype']}"
+        f" ({r['quant']}), KV {r['kv_dtype']}; {r['input_len']} in / {r['output_len']} out"
+    )
+    rows = [
+        ("TTFT p50 / p99", f"{_opt_s(r['ttft_s_p50'])} / {_opt_s(r['ttft_s_p99'])}"),
+        ("TTFT unloaded", seconds(r["ttft_s_unloaded"])),
+        ("TPOT = ITL", seconds(r["tpot_s"])),
+        ("tokens/s per GPU", f"{r['tokens_per_s_per_gpu']:,.0f}" + _max_per_gpu(r)),
+        ("tokens/s per user", f"{r['tokens_per_s_per_user']:,.1f}"),
+        ("requests/s (all replicas)", f"{r['requests_per_s_total']:,.2f}"),
+        ("batch per replica", f"{r['batch_per_replica']:,.1f} of {r['batch_cap_per_replica']:,} ({r['batch_limit']})"),
+        ("knee (90% of max)", f"{r.get('knee_batch_per_replica', 0):,} sequences"),
+    ]
+    if "disaggregated" in r:
+        d = r["disaggregated"]
+        rows.pop()  # no knee: the decode pool's batch is set by the prefill pool's output
+        rows += [
+            ("pools: prefill / decode GPUs", f"{d['prefill_gpus']} / {d['decode_gpus']}"),
+            ("prefill alone / KV hand-over", f"{seconds(d['prefill_s'])} / {seconds(d['kv_transfer_s'])}"),
+            ("max requests/s: prefill / decode", f"{d['prefill_requests_per_s_max']:,.2f} / "
+             f"{d['decode_requests_per_s_max']:,.2f} (bottleneck: {d['bottleneck']})"),
+        ]  # fmt: skip
+    steps = [(k.removesuffix("_s").replace("_", " "), seconds(v)) for k, v in r["step_s"].items()]
+    return "\n".join([head, "", table(rows, ["", "value"]), "", "one step", table(steps, ["term", "time"])])
+
+
+def _serve_layout(lay: dict[str, Any]) -> str:
+    parts = [f"tp{lay['tp']}"] + [f"pp{lay['pp']}"] * (lay["pp"] > 1) + [f"ep{lay['ep']}"] * (lay["ep"] > 1)
+    parts += ["dp-attn"] * lay["dp_attention"]
+    return " ".join(parts) + f" {lay['weights_dtype']}/{lay['kv_dtype']}"
+
+
+def _replicas(plan: dict[str, Any]) -> str:
+    p = plan.get("prefill_replicas", 0)
+    return f"{p} prefill + {plan['replicas'] - p} decode" if p else str(plan["replicas"])
+
+
+def _serve_plan(r: dict[str, Any]) -> str:
+    t = r["targets"]
+    head = (
+        f"{r['model']} on {r['gpus']} x {r['gpu']} ({r['engine']}), {r['input_len']} in / {r['output_len']} out;"
+        f" TTFT p99 <= {t['ttft_s_p99'] or '-'} s, TPOT <= {t['tpot_s_p99'] or '-'} s; objective {r['objective']}"
+    )
+    rows = [
+        (
+            i + 1,
+            _serve_layout(c["layout"]),
+            _replicas(c),
+            c["gpus"],
+            c["batch_cap_per_replica"],
+            seconds(c["ttft_s_p99"]),
+            seconds(c["tpot_s"]),
+            f"{c['tokens_per_s_per_gpu']:,.0f}",
+            f"{c['tokens_per_s_per_user']:,.1f}",
+        )
+        for i, c in enumerate(r["top"])
+    ]
+    front = [
+        (
+            _serve_layout(p["layout"]),
+            p["batch_cap_per_replica"],
+            f"{p['tokens_per_s_per_gpu']:,.0f}",
+            f"{p['tokens_per_s_per_user']:,.1f}",
+        )
+        for p in r["pareto"]
+    ]
+    reasons: dict[str, int] = {}
+    for x in r["rejected"]:
+        key = x["reason"].split(" at batch")[0].split(" >")[0]
+        reasons[key] = reasons.get(key, 0) + 1
+    return "\n".join(
+        [
+            head,
+            f"{r['layouts_evaluated']} layouts, {r['points_evaluated']:,} batch caps in {seconds(r['elapsed_s'])};"
+            f" {r['layouts_meeting_targets']} meet the targets",
+            "",
+            table(rows, ["#", "layout", "replicas", "GPUs", "batch", "TTFT p99", "TPOT", "tok/s/GPU", "tok/s/user"])
+            if rows
+            else "no layout meets the targets",
+            "",
+            f"Pareto front ({r['pareto_points_total']:,} points, {len(front)} shown)",
+            table(front, ["layout", "batch", "tok/s/GPU", "tok/s/user"]),
+            "",
+            "rejected: " + ", ".join(f"{n} x {k}" for k, n in reasons.items()),
+        ]
+    )
+
+
+def _validate_serving(r: dict[str, Any]) -> str:
+    def err(x: float | None) -> str:
+        return "" if x is None else f"{100 * x:+.1f}%"
+
+    runs = [
+        (
+            x["case"],
+            x["metric_class"],
+            f"{x['measured']:.4g}",
+            "" if x["predicted"] is None else f"{x['predicted']:.4g}",
+            err(x["error"]),
+            x["status"],
+        )
+        for x in r["runs"]
+    ]
+    sources = [
+        (
+            s["source"],
+            s["metric_class"],
+            s["cases"],
+            percent(s["mean_abs_error"]),
+            percent(s["max_abs_error"]),
+            percent(s["loso_mean_abs_error"]),
+            percent(s["best_constant_mean_abs_error"]),
+        )
+        for s in r["sources"]
+    ]
+    classes = [
+        (
+            c["metric_class"],
+            c["cases"],
+            percent(c["mean_abs_error"]),
+            percent(c["max_abs_error"]),
+            percent(c["loso_mean_abs_error"]),
+            percent(c["target_mean"]),
+            percent(c["best_constant_mean_abs_error"]),
+            "ok" if c["ok"] else "FAIL",
+        )
+        for c in r["classes"]
+    ]
+    notes = [f"  {x['case']}: {x['reason']}" for x in r["runs"] if x["status"] in ("physics", "skipped")]
+    return "\n".join(
+        [
+            table(runs, ["case", "metric", "published", "predicted", "error", "status"]),
+            "",
+            table(sources, ["source", "metric", "cases", "mean |err|", "max", "LOSO mean", "best constant"]),
+            "",
+            table(classes, ["metric", "cases", "mean |err|", "max", "LOSO mean", "target", "best constant", ""]),
+            "",
+            "not fitted:",
+            *notes,
+        ]
+    )
+
+
 def _validate(r: dict[str, Any]) -> str:
+    if "classes" in r:
+        return _validate_serving(r)
     out = []
     for src in r["sources"]:
         runs = [x for x in r["runs"] if x["source"] == src["source"]]
@@ -358,6 +515,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "memory": _memory,
     "fit": _fit,
     "serving": _serving,
+    "serve": _serve,
+    "serve-plan": _serve_plan,
 }
 
 

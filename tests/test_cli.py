@@ -179,6 +179,10 @@ TEXT_RUNS = {
     "recipe": ["recipe", "llama3-405b-8k", "--no-rank"],
     "validate": ["validate"],
     "export": ["export", "torchtitan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--zero", "3"],
+    "serve": ["serve", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "1", "--input-len", "500",
+              "--output-len", "100", "--concurrency", "8"],
+    "serve-plan": ["serve-plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "2", "--input-len", "500",
+                   "--output-len", "100", "--tpot-p99", "0.02"],
 }  # fmt: skip
 NOT_TEXT = {"ui", "check"}  # the server; the real-run check renders in tests/check/test_predict.py
 

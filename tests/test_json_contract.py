@@ -27,11 +27,15 @@ RUNS = {
              "1048576", "--explain", "--compare", "tp=2", "--objective", "fewest-gpus", "--tokens", "1e11",
              "--days", "30"],
     "list": ["list", "models"],
+    "serve": ["serve", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--input-len", "1000", "--output-len",
+              "200", "--concurrency", "32"],
+    "serve-plan": ["serve-plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--input-len", "1000",
+                   "--output-len", "200", "--ttft-p99", "2", "--tpot-p99", "0.2"],
     "recipe": ["recipe", "llama3-405b-8k", "--no-rank"],
     "validate": ["validate", "--source", "korthikanti2022"],
     "export": ["export", "torchtitan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--zero", "3"],
 }  # fmt: skip
-FREE_FORM = {"files", "rejections", "placement", "factors"}
+FREE_FORM = {"files", "rejections", "placement", "factors", "rejected"}
 """Objects keyed by data (file names, rejection reasons, mesh axes, factor names), not by contract keys."""
 
 
@@ -64,7 +68,7 @@ def test_every_key_is_documented(command: str, capsys: pytest.CaptureFixture[str
 def test_units_carry_a_scope_outside_scoped_objects(capsys: pytest.CaptureFixture[str]) -> None:
     """Top-level byte and token quantities say whose they are (per GPU, per replica, total...)."""
     scoped = re.compile(r"_(per_gpu|per_replica|total|per_token|per_sequence|per_param|per_step|per_call)(_|$)")
-    for command in ("memory", "fit", "serving", "estimate"):
+    for command in ("memory", "fit", "serving", "estimate", "serve"):
         data = json.loads(cli_json(RUNS[command], capsys))
         for key in data:
             if key.endswith(("_bytes", "_tokens")) or "_bytes_" in key:
@@ -79,6 +83,8 @@ API = {
     "estimate": ("/api/estimate", {"model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": 64, "tp": 8, "pp": 2,
                                    "tokens": 1e12}),
     "collectives": ("/api/collectives", {}),
+    "serve": ("/api/serve", {"model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": 8, "input_len": 1000,
+                             "output_len": 200, "concurrency": 32}),
 }  # fmt: skip
 
 

@@ -23,16 +23,16 @@ QUANT_GROUP = 128
 SERVING_WEIGHT_DTYPES = (DType.BF16, DType.FP16, DType.FP8, DType.INT8, DType.INT4, DType.FP4)
 
 
-def weight_bytes_per_param(dtype: DType, *, hidden: int) -> float:
+def weight_bytes_per_param(dtype: DType, *, hidden: int, group: int = QUANT_GROUP) -> float:
     """Bytes per quantized matmul weight, scales included.
 
-    int4: a 16-bit scale and a 16-bit zero point per group of 128 (AWQ/GPTQ);
+    int4: a 16-bit scale and a 16-bit zero point per group of ``group`` weights (128: AWQ/GPTQ);
     fp4: NVFP4's 8-bit scale per 16 values; int8: a 16-bit scale per output
     row (1/h per weight); fp8 and 16-bit: one scale per tensor (negligible).
     """
     if dtype not in SERVING_WEIGHT_DTYPES:
         raise ValueError(f"serving weights cannot be {dtype}; choose one of {', '.join(SERVING_WEIGHT_DTYPES)}")
-    overhead = {DType.INT4: 4 / QUANT_GROUP, DType.FP4: 1 / 16, DType.INT8: 2 / hidden}.get(dtype, 0.0)
+    overhead = {DType.INT4: 4 / group, DType.FP4: 1 / 16, DType.INT8: 2 / hidden}.get(dtype, 0.0)
     return DTYPE_BYTES[dtype] + overhead
 
 
@@ -137,6 +137,7 @@ def serving_bill(
     context: int | None = None,
     gpu_memory_utilization: float = 0.9,
     prefill_chunk_tokens: int = 8192,
+    quant_group: int = QUANT_GROUP,
 ) -> ServingBill:
     """What one GPU of a TP x PP (x EP) serving replica holds, and how much KV cache is left."""
     for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("prefill_chunk_tokens", prefill_chunk_tokens)):
@@ -150,7 +151,7 @@ def serving_bill(
         raise ValueError(f"ep={ep} must divide the number of experts ({model.moe.num_experts if model.moe else 0})")
     context = context or model.max_seq_len or 8192
     params = count_params(model)
-    per_param = weight_bytes_per_param(weight_dtype, hidden=model.hidden)
+    per_param = weight_bytes_per_param(weight_dtype, hidden=model.hidden, group=quant_group)
     weights = 0.0
     layers_max = 0.0
     for stage in range(pp):  # every stage: uneven splits and dense-first MoE put the heaviest anywhere

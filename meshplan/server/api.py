@@ -73,7 +73,7 @@ def query_params(fields: Iterable[Field]) -> list[inspect.Parameter]:
     """Query parameters for schema fields: the same names, defaults, bounds, choices and help as the CLI flags."""
     return [
         inspect.Parameter(
-            f.name, inspect.Parameter.KEYWORD_ONLY, default=_query(f, default=f.default), annotation=_annotation(f)
+            f.key, inspect.Parameter.KEYWORD_ONLY, default=_query(f, default=f.default), annotation=_annotation(f)
         )
         for f in fields
     ]
@@ -93,8 +93,11 @@ MicroBatch = Annotated[int, one("micro_batch")]
 def dependency(fields: Iterable[Field], build: Callable[[dict[str, Any]], Any], name: str) -> Callable[..., Any]:
     """A FastAPI dependency taking every one of ``fields`` as a query parameter, handing them to ``build``."""
 
+    fields = tuple(fields)
+    names = {f.key: f.name for f in fields}
+
     def dependency(**values: Any) -> Any:
-        return build(values)
+        return build({names[key]: value for key, value in values.items()})
 
     dependency.__signature__ = inspect.Signature(query_params(fields))  # type: ignore[attr-defined]
     dependency.__name__ = name
@@ -269,5 +272,58 @@ def collectives(
     size = None if size_mb is None else size_mb * 1e6
     report = collectives_report(
         model=parse.catalog_model(model), size_bytes=size, group=group, seq=seq, micro_batch=micro_batch
+    )
+    return json_dict(report)
+
+
+SERVE: tuple[str, ...] = ("input_len", "output_len", "concurrency", "rate", "dp_attention", "replicas")
+SERVE += ("weights_dtype", "kv_dtype", "quant", "engine", "max_batch", "disaggregate")
+ServeArg = Annotated[dict[str, Any], Depends(dependency([field(n) for n in SERVE], dict, "serve_arg"))]
+SERVE_PLAN: tuple[str, ...] = ("input_len", "output_len", "ttft_p99", "tpot_p99", "serve_objective", "concurrency")
+SERVE_PLAN += ("engine",)
+SERVE_PLAN += ("weights_dtypes", "search_disaggregated")
+ServePlanArg = Annotated[dict[str, Any], Depends(dependency([field(n) for n in SERVE_PLAN], dict, "serve_plan_arg"))]
+
+
+@router.get("/serve", summary="Serving speed under load: TTFT, TPOT, tokens/s per GPU and per user (meshplan serve)")
+def serve(
+    model: ModelArg,
+    gpu: GpuArg,
+    gpus: Gpus,
+    load: ServeArg,
+    tp: Annotated[int | None, one("tp")] = None,
+    pp: Degree = 1,
+    ep: Degree = 1,
+    gpu_memory_utilization: Annotated[float | None, one("gpu_memory_utilization")] = None,
+) -> dict[str, Any]:
+    from meshplan.reports.serve import serve_report
+
+    report = serve_report(
+        model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, ep=ep, gpu_memory_utilization=gpu_memory_utilization, **load
+    )
+    return json_dict(report)
+
+
+@router.get("/serve-plan", summary="Serving layouts ranked under TTFT/TPOT targets (meshplan serve-plan)")
+def serve_plan(
+    model: ModelArg, gpu: GpuArg, gpus: Gpus, plan: ServePlanArg, top: Annotated[int, one("top")] = 5
+) -> dict[str, Any]:
+    from meshplan.reports.serve_plan import serve_plan_report
+
+    dtypes = plan.pop("weights_dtypes")
+    report = serve_plan_report(
+        model,
+        gpu=gpu,
+        gpus=gpus,
+        input_len=plan["input_len"],
+        output_len=plan["output_len"],
+        ttft_p99_s=plan["ttft_p99"],
+        tpot_p99_s=plan["tpot_p99"],
+        objective=plan["serve_objective"],
+        concurrency=plan["concurrency"],
+        engine=plan["engine"],
+        dtypes=None if not dtypes else [field("weights_dtype").parse(d) for d in dtypes.split(",")],
+        top=top,
+        disaggregate=plan["search_disaggregated"],
     )
     return json_dict(report)

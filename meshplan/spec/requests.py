@@ -50,6 +50,8 @@ class Group(StrEnum):
     """What the planner searches for and how it ranks."""
     SERVING = "serving"
     """How a served model is stored and how much of HBM the engine may take."""
+    SERVE = "serving load"
+    """Requests, load, engine and latency targets of ``serve`` and ``serve-plan``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,10 +72,17 @@ class Field:
     """Accept k/M/G/T multipliers: binary (8k = 8192) for integers, decimal (15T = 15e12) for floats."""
     exclusive_lo: bool = False
     """The lower bound itself is refused (a share above 0, a positive float)."""
+    alias: str = ""
+    """The flag and query name where the field's own would collide: serving's objective is ``--objective``."""
+
+    @property
+    def key(self) -> str:
+        """The name users type: the query parameter, and (dashed) the flag."""
+        return self.alias or self.name
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return "--" + self.key.replace("_", "-")
 
     def describe(self, default: Any = None) -> str:
         """The help line with its unit, range and default, as the CLI and the OpenAPI show it."""
@@ -470,7 +479,155 @@ SERVING_FIELDS: tuple[Field, ...] = (
         help="share of HBM the engine may take (vLLM's --gpu-memory-utilization)",
     ),
 )
-FIELDS = FIELDS + SERVING_FIELDS
+_V = Group.SERVE
+MAX_LOAD = 1e7
+"""Users or requests per second: above any single deployment's traffic."""
+SERVE_FIELDS: tuple[Field, ...] = (
+    Field(
+        name="input_len",
+        type=int,
+        default=None,
+        group=_V,
+        unit="tokens",
+        lo=1,
+        hi=MAX_CONTEXT,
+        suffixes=True,
+        help="prompt tokens per request",
+    ),
+    Field(
+        name="output_len",
+        type=int,
+        default=None,
+        group=_V,
+        unit="tokens",
+        lo=1,
+        hi=MAX_CONTEXT,
+        suffixes=True,
+        help="generated tokens per request",
+    ),
+    Field(
+        name="concurrency",
+        type=float,
+        default=None,
+        group=_V,
+        unit="users",
+        lo=0,
+        hi=MAX_LOAD,
+        exclusive_lo=True,
+        help="users in a closed loop, each sending its next request when the last one ends",
+    ),
+    Field(
+        name="rate",
+        type=float,
+        default=None,
+        group=_V,
+        unit="requests/s",
+        lo=0,
+        hi=MAX_LOAD,
+        exclusive_lo=True,
+        help="requests arriving per second (Poisson), open loop",
+    ),
+    Field(
+        name="dp_attention", type=bool, default=False, group=_V, help="attention data-parallel over the TP ranks (MoE)"
+    ),
+    Field(
+        name="replicas",
+        type=int,
+        default=None,
+        group=_V,
+        unit="replicas",
+        lo=1,
+        hi=MAX_GPUS,
+        help="model replicas (default: gpus / (tp x pp))",
+    ),
+    Field(
+        name="weights_dtype",
+        type=str,
+        default="bf16",
+        group=_V,
+        choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"),
+        help="weight dtype",
+    ),
+    Field(
+        name="quant",
+        type=str,
+        default=None,
+        group=_V,
+        choices=("weight-only", "w-a"),
+        help="weight-only or weight-and-activation quantization (default: W-A where the GPU computes in the dtype)",
+    ),
+    Field(
+        name="engine",
+        type=str,
+        default="trtllm",
+        group=_V,
+        choices=("trtllm", "vllm", "sglang", "gpt-fast"),
+        help="serving engine whose calibrated shares apply",
+    ),
+    Field(
+        name="max_batch",
+        type=int,
+        default=None,
+        group=_V,
+        unit="sequences",
+        lo=1,
+        hi=MAX_BATCH,
+        help="cap on sequences per replica",
+    ),
+    Field(
+        name="disaggregate",
+        type=str,
+        default=None,
+        group=_V,
+        help="serve: P:D, GPUs of the prefill pool and of the decode pool",
+    ),
+    Field(
+        name="ttft_p99",
+        type=float,
+        default=None,
+        group=_V,
+        unit="s",
+        lo=0,
+        hi=1e6,
+        exclusive_lo=True,
+        help="p99 time-to-first-token target",
+    ),
+    Field(
+        name="tpot_p99",
+        type=float,
+        default=None,
+        group=_V,
+        unit="s",
+        lo=0,
+        hi=1e6,
+        exclusive_lo=True,
+        help="p99 time-per-output-token target",
+    ),
+    Field(
+        name="serve_objective",
+        alias="objective",
+        type=str,
+        default="throughput",
+        group=_V,
+        choices=("throughput", "latency", "fewest-gpus"),
+        help="what ranks the serving plans",
+    ),
+    Field(
+        name="weights_dtypes",
+        type=str,
+        default=None,
+        group=_V,
+        help="weight dtypes serve-plan searches, comma-separated (default: every one the GPU runs)",
+    ),
+    Field(
+        name="search_disaggregated",
+        type=bool,
+        default=False,
+        group=_V,
+        help="serve-plan: also split replicas into prefill and decode pools",
+    ),
+)
+FIELDS = FIELDS + SERVING_FIELDS + SERVE_FIELDS
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 LAYOUT_ALIASES = {"mb": "micro_batch"}
 """Short keys ``--compare`` accepts beside the field names."""

@@ -50,7 +50,7 @@ def wait_number(pg: Any, selector: str, value: float, attr: str = "bytes") -> No
 def test_home_links_every_view_and_lists_the_api(page: Any, shot: Any) -> None:
     open_view(page, "home")
     hrefs = page.eval_on_selector_all(".cards a", "as => as.map(a => a.getAttribute('href'))")
-    assert hrefs == ["#memory", "#strategies", "#weights", "#tp", "#recipes", "#tiers", "#planner"]
+    assert hrefs == ["#memory", "#strategies", "#weights", "#tp", "#recipes", "#tiers", "#planner", "#serving"]
     page.wait_for_selector("#api-list li >> nth=12")
     assert "/api/plan" in page.inner_text("#api-list")
     shot(page, "home")
@@ -245,14 +245,37 @@ def test_planner_table_pareto_rejections_and_comparison(page: Any, shot: Any) ->
     assert "GPUs: input should be greater than or equal to 1" in page.inner_text("#pl-error")
 
 
-@pytest.mark.parametrize("view", ["memory", "strategies", "planner"])
+def test_serving_pareto_best_plan_and_step(page: Any, shot: Any) -> None:
+    open_view(page, "serving")
+    params = dict(model="llama-2-70b", gpu="h100-sxm", gpus=8, input_len=1024, output_len=256, ttft_p99=2, tpot_p99=0.2)
+    plan = api(page, "/api/serve-plan", **params, engine="trtllm", top=5)
+    best = plan["best"]
+    wait_number(page, "#sv-tps", best["tokens_per_s_per_gpu"], "value")
+    assert "4 × TP 2" in page.inner_text("#sv-best")  # the MLPerf layout on 8 H100
+    assert page.locator("#sv-pareto circle.pareto-pt").count() == len(plan["pareto"])
+    assert page.locator("#sv-best-pt").count() == 1
+    page.wait_for_selector("#sv-steps rect.phase", state="attached")  # a phase may be 0 s wide
+    assert page.locator("#sv-steps rect.phase").count() == 5
+    shown = sum(float(v) for v in page.eval_on_selector_all("#sv-steps rect.phase", "r => r.map(e => e.dataset.value)"))
+    assert shown == pytest.approx(float(page.get_attribute("#sv-tpot", "data-value")), rel=1e-9)
+    shot(page, "serving")
+
+    page.fill("#sv-form input[name=tpot_p99]", "0.001")
+    page.wait_for_function("() => document.querySelector('#sv-summary').textContent.startsWith('No layout')")
+    page.fill("#sv-form input[name=gpus]", "0")
+    page.wait_for_selector("#sv-error:not([hidden])")
+    assert "GPUs: input should be greater than or equal to 1" in page.inner_text("#sv-error")
+
+
+@pytest.mark.parametrize("view", ["memory", "strategies", "planner", "serving"])
 def test_phone_width_has_no_sideways_scroll(browser: Any, live_server: str, shot: Any, view: str) -> None:
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
     pg = context.new_page()
     pg.base = live_server
     try:
         open_view(pg, view)
-        ready = {"memory": "#mem-chart svg", "strategies": "#st-gpus .gpu", "planner": "#pl-table tbody tr"}[view]
+        ready = {"memory": "#mem-chart svg", "strategies": "#st-gpus .gpu", "planner": "#pl-table tbody tr",
+                 "serving": "#sv-pareto svg"}[view]  # fmt: skip
         pg.wait_for_selector(ready, timeout=15_000)
         width = pg.evaluate("() => document.documentElement.scrollWidth")
         assert width <= 392, f"{view} is {width} px wide at a 390 px viewport"
