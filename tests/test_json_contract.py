@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from meshplan.cli import main
+from meshplan.reports.models import REPORTS
 
 DOC = (Path(__file__).parent.parent / "docs" / "json.md").read_text(encoding="utf-8")
 DOCUMENTED = set(re.findall(r"`([a-z_][a-z0-9_-]*)(?:\[\])?[`:]", DOC))
@@ -100,3 +101,75 @@ def test_cli_and_api_answer_the_same_bytes(command: str, capsys: pytest.CaptureF
         response = client.get(path, params=params)
     assert response.status_code == 200, response.text
     assert response.text == cli_json(RUNS[command], capsys).rstrip("\n")
+
+
+def conforms(value: Any, annotation: Any, where: str) -> list[str]:
+    """Where ``value`` breaks ``annotation`` (a report model or a part of one): missing or unknown keys, types."""
+    import types
+    import typing
+
+    from typing_extensions import is_typeddict
+
+    if annotation is Any:
+        return []
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        fits = [conforms(value, option, where) for option in options]
+        return [] if any(not f for f in fits) else fits[0]
+    if is_typeddict(annotation):
+        if not isinstance(value, dict):
+            return [f"{where}: expected an object"]
+        hints = typing.get_type_hints(annotation)
+        errors = [f"{where}.{k}: missing" for k in annotation.__required_keys__ if k not in value]
+        errors += [f"{where}.{k}: not in the model" for k in value if k not in hints]
+        for k, v in value.items():
+            if k in hints:
+                errors += conforms(v, hints[k], f"{where}.{k}")
+        return errors
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        if not isinstance(value, list):
+            return [f"{where}: expected a list"]
+        return [e for i, v in enumerate(value) for e in conforms(v, item, f"{where}[{i}]")]
+    if origin is dict:
+        _, item = typing.get_args(annotation)
+        if not isinstance(value, dict):
+            return [f"{where}: expected an object"]
+        return [e for k, v in value.items() for e in conforms(v, item, f"{where}.{k}")]
+    if annotation is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    elif annotation is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif annotation is type(None):
+        ok = value is None
+    else:
+        ok = isinstance(value, annotation)
+    return [] if ok else [f"{where}: {value!r} is not {getattr(annotation, '__name__', annotation)}"]
+
+
+@pytest.mark.parametrize("command", sorted(set(RUNS) & set(REPORTS)))
+def test_every_report_matches_its_model(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    data = json.loads(cli_json(RUNS[command], capsys))
+    assert conforms(data, REPORTS[command], command) == []
+
+
+def test_models_catch_drift() -> None:
+    """The checker itself: an unknown key, a missing key and a wrong type are all reported."""
+    good = {"kind": "gpus", "items": [{"name": "h200"}]}
+    assert conforms(good, REPORTS["list"], "list") == []
+    assert conforms(good | {"extra": 1}, REPORTS["list"], "list") == ["list.extra: not in the model"]
+    assert conforms({"items": []}, REPORTS["list"], "list") == ["list.kind: missing"]
+    assert conforms({"kind": 3, "items": []}, REPORTS["list"], "list") == ["list.kind: 3 is not str"]
+
+
+def test_openapi_carries_the_report_models() -> None:
+    pytest.importorskip("fastapi")
+    from meshplan.server.app import create_app
+
+    schema = create_app().openapi()
+    for path, name in (("/api/memory", "MemoryReport"), ("/api/estimate", "EstimateReport"),
+                       ("/api/plan", "PlanReport"), ("/api/serve", "ServeReport")):  # fmt: skip
+        body = schema["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{name}"}, path
+    assert "weights_bytes_per_gpu_even_split" in schema["components"]["schemas"]["FitReport"]["properties"]

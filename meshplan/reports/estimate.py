@@ -6,6 +6,7 @@ from typing import Any
 
 from meshplan import io
 from meshplan.core.comm.cost import BUS_FACTOR_DOC, Collective, bus_factor, ring_time
+from meshplan.core.placement import AxisPlacement
 from meshplan.core.plan import Plan, evaluate
 from meshplan.core.terms import explain
 from meshplan.render import jsonable
@@ -20,6 +21,7 @@ from meshplan.reports.inputs import (
     resolve_order,
     resolve_workload,
 )
+from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import ModelSpec
 from meshplan.units import SECONDS_PER_DAY, SECONDS_PER_HOUR
 
@@ -63,9 +65,10 @@ def _collectives(plan: Plan) -> list[dict[str, Any]]:
     return out
 
 
-def _placement(plan: Plan) -> dict[str, Any]:
+def placement_dict(placement: dict[str, AxisPlacement], cluster: Cluster) -> dict[str, Any]:
+    """Each parallel axis of a layout: its size, stride, how it sits in the scale-up domains, and its link."""
     out = {}
-    for axis, p in plan.placement.items():
+    for axis, p in placement.items():
         if int(p.size) == 1:
             continue
         crosses = bool(p.outer > 1)
@@ -74,7 +77,7 @@ def _placement(plan: Plan) -> dict[str, Any]:
             "stride": int(p.stride),
             "inside_domain": int(p.inner),
             "domains": int(p.outer),
-            "link": (plan.cluster.scale_out if crosses else plan.cluster.scale_up).name,
+            "link": (cluster.scale_out if crosses else cluster.scale_up).name,
             "crosses_fabric": crosses,
         }
     return out
@@ -115,7 +118,7 @@ def evaluated_plan_dict(plan: Plan, *, tokens: float | None = None) -> dict[str,
             "exposed_dp_s": float(step.exposed_dp_s),
         },
         "collectives": _collectives(plan),
-        "placement": _placement(plan),
+        "placement": placement_dict(plan.placement, plan.cluster),
         "axis_order": list(plan.order),
         "warnings": plan.warnings(),
     }

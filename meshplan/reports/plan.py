@@ -11,7 +11,7 @@ from meshplan.core.memory import TERMS
 from meshplan.core.placement import place
 from meshplan.core.plan import Plan, evaluate, mesh_sizes
 from meshplan.render import jsonable
-from meshplan.reports.estimate import evaluated_plan_dict
+from meshplan.reports.estimate import evaluated_plan_dict, placement_dict
 from meshplan.reports.inputs import (
     FinetuneRequest,
     LayoutRequest,
@@ -58,21 +58,6 @@ def parse_compare(text: str) -> LayoutRequest:
     return LayoutRequest(**parse_key_values(text, allowed=group(Group.LAYOUT), what="layout"))
 
 
-def _placement(layout: Any, cluster: Cluster, order: tuple[str, ...]) -> dict[str, Any]:
-    """Each parallel axis of a layout: inside one NVLink domain, or across the fabric."""
-    out = {}
-    for axis, p in place(mesh_sizes(layout), order=order, domain=cluster.domain_size).items():
-        if int(p.size) > 1:
-            crosses = bool(p.outer > 1)
-            out[axis] = {
-                "size": int(p.size),
-                "domains": int(p.outer),
-                "crosses_fabric": crosses,
-                "link": (cluster.scale_out if crosses else cluster.scale_up).name,
-            }
-    return out
-
-
 def _candidate(result: SearchResult, i: int, cluster: Cluster, order: tuple[str, ...]) -> dict[str, Any]:
     step, mem = result.step, result.memory
     lay = result.candidates.layout(i)
@@ -88,7 +73,7 @@ def _candidate(result: SearchResult, i: int, cluster: Cluster, order: tuple[str,
         "per_gpu": per_gpu,
         "free_bytes_per_gpu": cluster.gpu.hbm_bytes - per_gpu["total_bytes"],
         "breakdown": breakdown,
-        "placement": _placement(lay, cluster, order),
+        "placement": placement_dict(place(mesh_sizes(lay), order=order, domain=cluster.domain_size), cluster),
     }
 
 

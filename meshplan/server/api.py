@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from meshplan import io
 from meshplan.render import jsonable
 from meshplan.reports import LayoutRequest, fit_report, memory_report, params_report, serving_report
+from meshplan.reports import models as m
 from meshplan.reports.estimate import collectives_report, estimate_report
 from meshplan.reports.inputs import FinetuneRequest
 from meshplan.reports.recipes import list_report
@@ -29,6 +30,11 @@ Name = Annotated[str, Query(max_length=parse.MAX_NAME_CHARS)]
 
 SERVING_DTYPES = field("dtype").choices
 KV_DTYPES = field("kv_dtype").choices
+
+
+def ok(model: type) -> dict[int | str, dict[str, Any]]:
+    """The 200 response documented with a report model (meshplan.reports.models); the body is the report itself."""
+    return {200: {"model": model, "description": model.__doc__ or "the report"}}
 
 
 def json_dict(obj: Any) -> dict[str, Any]:
@@ -184,19 +190,34 @@ def catalog() -> dict[str, Any]:
     return _catalog()
 
 
-@router.get("/params", summary="Exact parameter counts by component (meshplan params)")
+@router.get(
+    "/params",
+    summary="Exact parameter counts by component (meshplan params)",
+    responses=ok(m.ParamsReport),
+    response_model=None,
+)
 def params(model: Name, finetune: FinetuneArg) -> dict[str, Any]:
     return json_dict(params_report(parse.catalog_model(model), finetune=finetune))
 
 
-@router.get("/memory", summary="Per-GPU training memory, term by term (meshplan memory)")
+@router.get(
+    "/memory",
+    summary="Per-GPU training memory, term by term (meshplan memory)",
+    responses=ok(m.MemoryReport),
+    response_model=None,
+)
 def memory(
     model: ModelArg, gpu: GpuArg, gpus: Gpus, layout: LayoutArg, work: WorkloadArg, finetune: FinetuneArg
 ) -> dict[str, Any]:
     return json_dict(memory_report(model, gpu=gpu, gpus=gpus, layout=layout, finetune=finetune, **work))
 
 
-@router.get("/fit", summary="Weights split evenly over N GPUs; with fine-tuning, the largest batch and context")
+@router.get(
+    "/fit",
+    summary="Weights split evenly over N GPUs; with fine-tuning, the largest batch and context",
+    responses=ok(m.FitReport),
+    response_model=None,
+)
 def fit(
     model: ModelArg,
     gpu: GpuArg,
@@ -222,7 +243,12 @@ def serving_bill(report: dict[str, Any], *, sequences: int) -> dict[str, Any]:
     return {"sequences": sequences, "terms": terms, "total_bytes": sum(values.values())}
 
 
-@router.get("/serving", summary="Serving memory: weights, KV cache, what fits (meshplan serving)")
+@router.get(
+    "/serving",
+    summary="Serving memory: weights, KV cache, what fits (meshplan serving)",
+    responses=ok(m.ServingBarReport),
+    response_model=None,
+)
 def serving(
     model: ModelArg,
     gpu: GpuArg,
@@ -237,7 +263,12 @@ def serving(
     return json_dict(report | {"bill": serving_bill(report, sequences=sequences)})
 
 
-@router.get("/estimate", summary="Step time, MFU and every collective of one layout (meshplan estimate)")
+@router.get(
+    "/estimate",
+    summary="Step time, MFU and every collective of one layout (meshplan estimate)",
+    responses=ok(m.EstimateReport),
+    response_model=None,
+)
 def estimate(
     model: ModelArg,
     gpu: GpuArg,
@@ -261,7 +292,12 @@ def estimate(
     return json_dict(report)
 
 
-@router.get("/collectives", summary="One all-reduce over NVLink 5, NVLink 4, IB NDR and 100G Ethernet")
+@router.get(
+    "/collectives",
+    summary="One all-reduce over NVLink 5, NVLink 4, IB NDR and 100G Ethernet",
+    responses=ok(m.CollectivesReport),
+    response_model=None,
+)
 def collectives(
     model: Name = "llama-3.1-70b",
     size_mb: Annotated[float | None, Query(gt=0, le=parse.MAX_SIZE_MB, description="buffer in MB (1e6 B)")] = None,
@@ -285,7 +321,12 @@ SERVE_PLAN += ("weights_dtypes", "search_disaggregated")
 ServePlanArg = Annotated[dict[str, Any], Depends(dependency([field(n) for n in SERVE_PLAN], dict, "serve_plan_arg"))]
 
 
-@router.get("/serve", summary="Serving speed under load: TTFT, TPOT, tokens/s per GPU and per user (meshplan serve)")
+@router.get(
+    "/serve",
+    summary="Serving speed under load: TTFT, TPOT, tokens/s per GPU and per user (meshplan serve)",
+    responses=ok(m.ServeReport),
+    response_model=None,
+)
 def serve(
     model: ModelArg,
     gpu: GpuArg,
@@ -304,7 +345,12 @@ def serve(
     return json_dict(report)
 
 
-@router.get("/serve-plan", summary="Serving layouts ranked under TTFT/TPOT targets (meshplan serve-plan)")
+@router.get(
+    "/serve-plan",
+    summary="Serving layouts ranked under TTFT/TPOT targets (meshplan serve-plan)",
+    responses=ok(m.ServePlanReport),
+    response_model=None,
+)
 def serve_plan(
     model: ModelArg, gpu: GpuArg, gpus: Gpus, plan: ServePlanArg, top: Annotated[int, one("top")] = 5
 ) -> dict[str, Any]:

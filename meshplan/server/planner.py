@@ -16,10 +16,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
+from meshplan.reports.models import PlanReport
 from meshplan.reports.plan import plan_report
 from meshplan.reports.recipes import list_report, recipe_report, recipes
 from meshplan.server import parse
-from meshplan.server.api import FinetuneArg, FleetShapeArg, GpuArg, Gpus, ModelArg, Seq, dependency, json_dict
+from meshplan.server.api import FinetuneArg, FleetShapeArg, GpuArg, Gpus, ModelArg, Seq, dependency, json_dict, ok
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.requests import Group, field
 from meshplan.spec.requests import group as fields_of
@@ -73,7 +74,12 @@ SEARCH_FIELDS = (*fields_of(Group.SEARCH), field("precision"), field("attention"
 SearchArg = Annotated[dict[str, Any], Depends(dependency(SEARCH_FIELDS, dict, "search_arg"))]
 
 
-@router.get("/plan", summary="Search every layout: the best that fit, the Pareto front, rejections (meshplan plan)")
+@router.get(
+    "/plan",
+    summary="Search every layout: the best that fit, the Pareto front, rejections (meshplan plan)",
+    responses=ok(PlanReport),
+    response_model=None,
+)
 def plan(
     request: Request,
     model: ModelArg,
