@@ -186,6 +186,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_fields(p, "gpu_memory_utilization", default=None)
 
 
+PIN_FIELDS: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "dp_shard", "dp_replicate", "zero", "sp", "recompute")
+PIN_FIELDS += ("schedule", "cp_kind", "micro_batch")
+
+
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.plan import plan_report
 
@@ -210,6 +214,8 @@ def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
         compare=args.compare,
         tokens=args.tokens,
         days=args.days,
+        pins={name: getattr(args, name) for name in PIN_FIELDS},
+        training_engine=args.training_engine,
     )
     if args.save:
         import json
@@ -472,6 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_fields(p, "precision", "attention", "kernels")
     _add_fleet_shape(p)
     _add_finetune(p)
+    pins = p.add_argument_group("pins: keep only layouts with these layout values (none by default)")
+    add_fields(pins, *PIN_FIELDS, default=None)
+    add_fields(pins, "training_engine")
 
     p = command("recipe", _cmd_recipe, "published recipes: evaluated, and ranked against the planner's search")
     p.add_argument("name", nargs="?", default=None, help="recipe name (meshplan recipe --list)")

@@ -377,16 +377,23 @@ def _validate(r: dict[str, Any]) -> str:
 
 
 def _layout_short(lay: dict[str, Any]) -> str:
-    parts = [f"{k}{lay[k]}" for k in ("tp", "cp", "pp", "ep") if lay[k] > 1]
-    if lay["vpp"] > 1:
-        parts.append(f"v{lay['vpp']}")
+    """A layout in words: 'TP 2+SP · PP 4 (2 virtual) · DP 8, ZeRO-1 over 4 · micro-batch 1'."""
+    parts = []
+    if lay["tp"] > 1:
+        parts.append(f"TP {lay['tp']}" + ("+SP" if lay["sp"] else ""))
+    if lay["cp"] > 1:
+        parts.append(f"CP {lay['cp']}")
+    if lay["pp"] > 1:
+        parts.append(f"PP {lay['pp']}" + (f" ({lay['vpp']} virtual)" if lay["vpp"] > 1 else ""))
+    if lay["ep"] > 1:
+        parts.append(f"EP {lay['ep']}")
     dp = lay["dp_shard"] * lay["dp_replicate"]
-    parts.append(f"dp{dp}" + (f"(shard {lay['dp_shard']})" if lay["zero"] else ""))
-    parts.append(f"zero{lay['zero']}")
-    if lay["sp"]:
-        parts.append("sp")
-    parts += [f"rc:{lay['recompute']}", f"mb{lay['micro_batch']}"]
-    return " ".join(parts)
+    zero = f", ZeRO-{lay['zero']} over {lay['dp_shard'] * lay['cp']}" if lay["zero"] else ""
+    parts.append(f"DP {dp}{zero}")
+    if lay["recompute"] != "none":
+        parts.append(f"{lay['recompute']} recompute")
+    parts.append(f"micro-batch {lay['micro_batch']}")
+    return " · ".join(parts)
 
 
 def _plan(r: dict[str, Any]) -> str:
@@ -406,7 +413,8 @@ def _plan(r: dict[str, Any]) -> str:
     out = [
         f"{r['model']} on {r['gpus']} x {r['gpu']}, seq {r['seq']}, {r['global_batch_tokens']:,} tokens per step",
         f"searched {r['evaluated']:,} layouts in {r['elapsed_s']:.2f} s: {r['feasible']:,} fit "
-        f"with {percent(r['headroom_fraction'])} of HBM kept free",
+        f"with {percent(r['headroom_fraction'])} of HBM kept free"
+        + (f"; only layouts {r['engine']} runs are shown" if r.get("engine") else ""),
         *(
             [
                 f"fewest GPUs that train {r['fewest_gpus']['tokens']:.3g} tokens within {r['fewest_gpus']['days']:g} "

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from meshplan.cli import main
+from meshplan.reports.inputs import LayoutRequest
 from meshplan.reports.plan import parse_compare, plan_report
 from meshplan.reports.recipes import factors, list_report, recipe_report, recipes
 
@@ -150,3 +151,32 @@ def test_memory_verdict_of_recipes() -> None:
     fits = {name: recipe_report(name, rank=False)["fits"] for name in recipes()}
     assert fits["megatron-gpt3-175b"] and fits["megatron-1t"]
     assert not fits["llama3-405b-8k"]
+
+
+def test_pins_keep_only_the_layouts_asked_for() -> None:
+    pins = {"zero": 1, "recompute": "none", "micro_batch": 1, "tp": 4}
+    out = plan_report("llama-3.1-70b", gpu="h200", gpus=64, seq=8192, global_batch_tokens=4 * 2**20, pins=pins)
+    assert out["plans"]
+    for p in out["plans"] + out["pareto"]:
+        lay = p["layout"]
+        assert (lay["zero"], lay["recompute"], lay["micro_batch"], lay["tp"]) == (1, "none", 1, 4)
+    assert out["rejections"]["not the pinned tp"] > 0
+
+
+def test_engine_filter_gives_plans_the_export_accepts() -> None:
+    """The README's plan ranks first a layout torchtitan cannot run (ZeRO-1); with --engine it exports."""
+    from meshplan.exports import UnsupportedByEngine
+    from meshplan.reports.export import export_training
+
+    kw = dict(gpu="h200", gpus=64, seq=8192, global_batch_tokens=4 * 2**20, top=3)
+    free = plan_report("llama-3.1-70b", **kw)
+    first = LayoutRequest.parse(free["plans"][0]["layout"])
+    with pytest.raises(UnsupportedByEngine):
+        export_training("torchtitan", "llama-3.1-70b", gpu="h200", gpus=64, layout=first, seq=8192,
+                        global_batch=free["global_batch"])  # fmt: skip
+    out = plan_report("llama-3.1-70b", training_engine="torchtitan", **kw)
+    assert out["engine"] == "torchtitan" and len(out["plans"]) == 3
+    for p in out["plans"]:
+        layout = LayoutRequest.parse(p["layout"])
+        export_training("torchtitan", "llama-3.1-70b", gpu="h200", gpus=64, layout=layout, seq=8192,
+                        global_batch=out["global_batch"])  # fmt: skip

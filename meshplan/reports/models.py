@@ -280,6 +280,7 @@ class PlanReport(TrainsJSON):
     global_batch: int
     global_batch_tokens: int
     objective: str
+    engine: str | None
     headroom_fraction: float
     evaluated: int
     feasible: int

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,7 @@ from meshplan.reports.estimate import evaluated_plan_dict, placement_dict
 from meshplan.reports.inputs import (
     FinetuneRequest,
     LayoutRequest,
+    choice,
     finetune_fields,
     layout_dict,
     resolve_cluster,
@@ -24,8 +27,10 @@ from meshplan.reports.inputs import (
     resolve_workload,
 )
 from meshplan.search.rank import Objective, SearchResult, search
+from meshplan.search.space import SearchSpace
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.finetune import Finetune
+from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.requests import Group, group, parse_key_values
 from meshplan.spec.workload import Workload
@@ -140,17 +145,72 @@ def run_search(
     allow_cross_node_tp: bool,
     order: tuple[str, ...],
     objective: Objective,
+    pins: Mapping[str, Any] | None = None,
+    engine: str | None = None,
 ) -> tuple[SearchResult, list[dict[str, Any]]]:
+    space, columns = pinned_space(pins)
     result = search(
         spec,
         cluster,
         work,
+        space=space,
         headroom=headroom,
         allow_cross_node_tp=allow_cross_node_tp,
         order=order,
         objective=objective,
+        pins=columns,
     )
-    return result, [_candidate(result, i, cluster, order) for i in distinct(result, top)]
+    accept = None if engine is None else _runs_on(engine, spec, work)
+    return result, [_candidate(result, i, cluster, order) for i in distinct(result, top, accept=accept)]
+
+
+def pinned_space(pins: Mapping[str, Any] | None) -> tuple[SearchSpace | None, dict[str, int]]:
+    """The search space and column filters that keep only layouts with the pinned layout fields (schema names,
+    values as parsed; None or a False ``sp`` pins nothing)."""
+    given = {k: v for k, v in (pins or {}).items() if v is not None and not (k == "sp" and v is False)}
+    if not given:
+        return None, {}
+    space, columns = SearchSpace(), {}
+    for name, value in given.items():
+        if name == "vpp":
+            space = dataclasses.replace(space, vpp_choices=(value,))
+        elif name == "micro_batch":
+            space = dataclasses.replace(space, micro_batch_choices=(value,))
+        elif name == "zero":
+            space = dataclasses.replace(space, zero_choices=(value,))
+        elif name == "recompute":
+            space = dataclasses.replace(space, recompute_choices=(int(choice(Recompute, value, "recompute")),))
+        elif name == "cp_kind":
+            space = dataclasses.replace(space, cp_kind=choice(ContextParallel, value, "cp kind"))
+        elif name == "schedule":
+            schedule = choice(Schedule, value, "schedule")
+            if schedule in (Schedule.GPIPE, Schedule.DUALPIPE):
+                raise ValueError(
+                    f"the planner does not search the {value} schedule; pin 1f1b, interleaved or zero-bubble"
+                )
+            space = dataclasses.replace(space, zero_bubble=schedule is Schedule.ZERO_BUBBLE)
+            columns["schedule"] = int(schedule)
+        elif name == "dp":
+            continue  # derived from the fleet: pinning tp, pp and cp pins it
+        else:
+            columns[name] = int(value)
+    return space, columns
+
+
+def _runs_on(engine: str, spec: ModelSpec, work: Workload) -> Callable[[Layout], bool]:
+    """Whether ``engine``'s export accepts a layout (the check ``meshplan export ENGINE --from-plan`` runs)."""
+    from meshplan.exports import TRAINING_EXPORTERS, Engine, UnsupportedByEngine
+
+    exporter = TRAINING_EXPORTERS[Engine(engine)]
+
+    def accept(layout: Layout) -> bool:
+        try:
+            exporter(spec, layout, dataclasses.replace(work, global_batch=work.global_batch))
+        except UnsupportedByEngine:
+            return False
+        return True
+
+    return accept
 
 
 DISTINCT_BY = ("tp", "cp", "pp", "ep", "zero", "sp", "recompute")
@@ -158,15 +218,20 @@ DISTINCT_BY = ("tp", "cp", "pp", "ep", "zero", "sp", "recompute")
 of one layout: the report shows the best of each."""
 
 
-def distinct(result: SearchResult, top: int) -> list[int]:
-    """Indices of the best candidate of each distinct layout, best first, at most ``top``."""
+ENGINE_SCAN = 20_000
+"""Candidates an engine filter examines at most, best first (each one is an export)."""
+
+
+def distinct(result: SearchResult, top: int, *, accept: Callable[[Layout], bool] | None = None) -> list[int]:
+    """Indices of the best candidate of each distinct layout, best first, at most ``top`` (only those ``accept``
+    takes, among the first ENGINE_SCAN candidates, when given)."""
     cand = result.candidates
     keys = np.stack([np.asarray(getattr(cand, name), dtype=np.int64) for name in DISTINCT_BY], axis=1)
     seen: set[tuple[int, ...]] = set()
     out: list[int] = []
-    for i in range(len(cand)):
+    for i in range(len(cand) if accept is None else min(len(cand), ENGINE_SCAN)):
         key = tuple(keys[i].tolist())
-        if key not in seen:
+        if key not in seen and (accept is None or accept(cand.layout(i))):
             seen.add(key)
             out.append(i)
             if len(out) == top:
@@ -196,8 +261,14 @@ def plan_report(
     tokens: float | None = None,
     days: float | None = None,
     finetune: FinetuneRequest | None = None,
+    pins: Mapping[str, Any] | None = None,
+    training_engine: str | None = None,
 ) -> dict[str, Any]:
-    """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for."""
+    """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for.
+
+    ``pins`` keeps only layouts with the layout fields it sets; ``training_engine`` only those that engine's
+    export accepts, so that ``meshplan export ENGINE --from-plan`` runs what the plan picked.
+    """
     spec = io.load_model(model) if isinstance(model, str) else model
     ft = resolve_finetune(finetune, spec) if finetune else None
     if global_batch_tokens % seq:
@@ -238,6 +309,8 @@ def plan_report(
         allow_cross_node_tp=allow_cross_node_tp,
         order=order,
         objective=obj,
+        pins=pins,
+        engine=training_engine,
     )
     front = [
         {
@@ -255,6 +328,7 @@ def plan_report(
         "global_batch": work.global_batch,
         "global_batch_tokens": global_batch_tokens,
         "objective": "fewest-gpus" if fewest else str(obj),
+        "engine": training_engine,
         "headroom_fraction": headroom,
         **finetune_fields(spec, work.finetune),
         "evaluated": result.evaluated,

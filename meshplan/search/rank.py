@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -97,8 +98,13 @@ def search(
     allow_cross_node_tp: bool = False,
     order: tuple[str, ...] = DEFAULT_ORDER,
     objective: Objective = Objective.STEP_TIME,
+    pins: Mapping[str, int] | None = None,
 ) -> SearchResult:
-    """Search every layout of ``model`` on ``cluster`` for ``workload``; the fastest that fit come first."""
+    """Search every layout of ``model`` on ``cluster`` for ``workload``; the fastest that fit come first.
+
+    ``pins`` keeps only layouts whose column (a LayoutBatch field: tp, zero, recompute as its enum value...)
+    equals the value given; the others are rejected as "not the pinned <field>".
+    """
     start = time.perf_counter()
     wide = max(MAX_TP_DOMAINS * cluster.domain_size, 8)
     space = space or SearchSpace(max_tp=wide if not allow_cross_node_tp else None)
@@ -118,6 +124,8 @@ def search(
         )
     if not allow_cross_node_tp:
         _reject(batch.tp <= cluster.domain_size, alive, TP_CROSSES, counts)
+    for name, value in (pins or {}).items():
+        _reject(np.asarray(getattr(batch, name)) == value, alive, f"not the pinned {name}", counts)
     params = count_params(model)
     budget = cluster.gpu.hbm_bytes * (1 - headroom)
     valid = batch.take(alive)

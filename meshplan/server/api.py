@@ -59,9 +59,9 @@ ModelArg = Annotated[ModelSpec | str, Depends(model_arg)]
 GpuArg = Annotated[str, Depends(gpu_arg)]
 
 
-def _annotation(f: Field) -> Any:
+def _annotation(f: Field, default: Any) -> Any:
     annotation: Any = Literal[f.choices] if f.choices else f.type  # an enum in the OpenAPI
-    return annotation | None if f.default is None else annotation
+    return annotation | None if default is None else annotation
 
 
 def _query(f: Field, **default: Any) -> Any:
@@ -75,14 +75,17 @@ def _query(f: Field, **default: Any) -> Any:
     return Query(description=f.describe(), **bounds, **default)
 
 
-def query_params(fields: Iterable[Field]) -> list[inspect.Parameter]:
-    """Query parameters for schema fields: the same names, defaults, bounds, choices and help as the CLI flags."""
-    return [
-        inspect.Parameter(
-            f.key, inspect.Parameter.KEYWORD_ONLY, default=_query(f, default=f.default), annotation=_annotation(f)
+def query_params(fields: Iterable[Field], *, unset: bool = False) -> list[inspect.Parameter]:
+    """Query parameters for schema fields: the same names, defaults, bounds, choices and help as the CLI flags
+    (``unset``: every default None, for filters that apply only when given)."""
+    out = []
+    for f in fields:
+        default = None if unset else f.default
+        query = _query(f, default=default)
+        out.append(
+            inspect.Parameter(f.key, inspect.Parameter.KEYWORD_ONLY, default=query, annotation=_annotation(f, default))
         )
-        for f in fields
-    ]
+    return out
 
 
 def one(name: str) -> Any:
@@ -96,7 +99,9 @@ Seq = Annotated[int, one("seq")]
 MicroBatch = Annotated[int, one("micro_batch")]
 
 
-def dependency(fields: Iterable[Field], build: Callable[[dict[str, Any]], Any], name: str) -> Callable[..., Any]:
+def dependency(
+    fields: Iterable[Field], build: Callable[[dict[str, Any]], Any], name: str, *, unset: bool = False
+) -> Callable[..., Any]:
     """A FastAPI dependency taking every one of ``fields`` as a query parameter, handing them to ``build``."""
 
     fields = tuple(fields)
@@ -105,7 +110,7 @@ def dependency(fields: Iterable[Field], build: Callable[[dict[str, Any]], Any], 
     def dependency(**values: Any) -> Any:
         return build({names[key]: value for key, value in values.items()})
 
-    dependency.__signature__ = inspect.Signature(query_params(fields))  # type: ignore[attr-defined]
+    dependency.__signature__ = inspect.Signature(query_params(fields, unset=unset))  # type: ignore[attr-defined]
     dependency.__name__ = name
     return dependency
 

@@ -72,6 +72,7 @@ def _model_key(model: ModelSpec | str) -> Any:
 
 SEARCH_FIELDS = (*fields_of(Group.SEARCH), field("precision"), field("attention"), field("kernels"))
 SearchArg = Annotated[dict[str, Any], Depends(dependency(SEARCH_FIELDS, dict, "search_arg"))]
+PinsArg = Annotated[dict[str, Any], Depends(dependency(fields_of(Group.LAYOUT), dict, "pins_arg", unset=True))]
 
 
 @router.get(
@@ -89,6 +90,7 @@ def plan(
     finetune: FinetuneArg,
     search: SearchArg,
     shape: FleetShapeArg,
+    pins: PinsArg,
     compare: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="e.g. tp=8,pp=4")] = None,
 ) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
@@ -99,8 +101,9 @@ def plan(
         **shape,
         "compare": compare.strip() if compare and compare.strip() else None,
         "finetune": finetune,
+        "pins": pins,
     }
-    key = ("plan", _model_key(model), *sorted(kwargs.items()))
+    key = ("plan", _model_key(model), *sorted((k, repr(v)) for k, v in kwargs.items()))
     gate: SearchGate = request.app.state.searches
     return gate.run(key, lambda: json_dict(plan_report(model, explain=True, **kwargs)))
 

@@ -431,6 +431,15 @@ FIELDS: tuple[Field, ...] = (
         help="deadline for the fewest-gpus objective",
     ),
     Field(
+        name="training_engine",
+        alias="engine",
+        type=str,
+        default=None,
+        group=_S,
+        choices=("torchtitan", "megatron", "deepspeed"),
+        help="keep only layouts this engine runs (what meshplan export ENGINE --from-plan accepts)",
+    ),
+    Field(
         name="allow_cross_node_tp",
         type=bool,
         default=False,
