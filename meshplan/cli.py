@@ -351,6 +351,7 @@ def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
         finetune=_finetune_request(args),
         seq=args.seq,
         precision=args.precision,
+        headroom=args.headroom,
     )
 
 
@@ -509,7 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model")
     _add_fleet(p)
-    add_fields(p, "dtype", "seq", "precision")
+    add_fields(p, "dtype", "seq", "precision", "headroom")
     _add_finetune(p)
 
     p = command("serving", _cmd_serving, "serving memory: weights, KV cache per token, tokens and sequences that fit")

@@ -81,6 +81,14 @@ def _fit(r: dict[str, Any]) -> str:
             f"longest sequence at micro-batch 1: {r['max_seq_len']:,} tokens "
             f"({r['max_seq_len_with_recompute']:,} with full recompute)",
         ]
+        if "nothing_fits" in r:
+            n = r["nothing_fits"]
+            fewest = n["fewest_gpus_that_fit"]
+            tune.append(
+                f"not one sequence of {r['seq']:,} tokens fits; "
+                + (f"{fewest} GPUs would (FSDP, full recompute)" if fewest else "no fleet up to 64 times larger would")
+            )
+            tune += [f"fits on these GPUs with {v}" for v in n["variants"]]
     return "\n".join(
         [
             f"{r['model']} weights in {r['dtype']}: {gb(r['weights_bytes_total'])}",
@@ -396,6 +404,27 @@ def _layout_short(lay: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
+PLAN_COLUMNS = ["#", "layout", "step", "MFU", "tok/s/GPU", "memory", "free", "across fabric"]
+
+
+def _nothing_fits(r: dict[str, Any]) -> list[str]:
+    """What would fit, when nothing does."""
+    n = r.get("nothing_fits")
+    if n is None:
+        return []
+    out = ["", "nothing fits."]
+    if n["lightest_layout"] is not None:
+        out.append(
+            f"lightest layout found: {_layout_short(n['lightest_layout'])} at {gb(n['lightest_bytes_per_gpu'])} "
+            f"per GPU, over the {gb(n['budget_bytes_per_gpu'])} budget"
+        )
+    fewest = n["fewest_gpus_that_fit"]
+    out.append(f"fewest GPUs that fit: {fewest:,}" if fewest else "no fleet up to 64 times larger fits either")
+    for v in n["variants"]:
+        out.append(f"fits with {v['change']}: {_layout_short(v['layout'])}, {seconds(v['step_time_s'])} per step")
+    return out
+
+
 def _plan(r: dict[str, Any]) -> str:
     rows = [
         (
@@ -423,10 +452,21 @@ def _plan(r: dict[str, Any]) -> str:
             if "fewest_gpus" in r
             else []
         ),
-        "",
-        table(rows, ["#", "layout", "step", "MFU", "tok/s/GPU", "memory", "free", "across fabric"], align="rlrrrrrl"),
+        *(
+            [
+                "",
+                table(
+                    rows,
+                    ["#", "layout", "step", "MFU", "tok/s/GPU", "memory", "free", "across fabric"],
+                    align="rlrrrrrl",
+                ),
+            ]
+            if rows
+            else []
+        ),
         "",
         "rejected: " + ("; ".join(f"{k} {v:,}" for k, v in r["rejections"].items()) or "none"),
+        *_nothing_fits(r),
         f"Pareto front (step time against memory per GPU): {len(r['pareto'])} layouts",
     ]
     for e in r.get("explain", []):

@@ -127,7 +127,9 @@ def test_fit_answers_are_the_largest_that_fit() -> None:
     assert out["max_seq_len_with_recompute"] > out["max_seq_len"] > 4096
 
     def fits(mb: int, seq: int, recompute: str) -> bool:
-        return bill(gpus=2, zero=3, micro_batch=mb, seq=seq, recompute=recompute, global_batch=2 * mb)["fits"]
+        """Within 90% of HBM: fit keeps the planner's 10% headroom by default."""
+        b = bill(gpus=2, zero=3, micro_batch=mb, seq=seq, recompute=recompute, global_batch=2 * mb)
+        return bool(b["per_gpu"]["total_bytes"] <= 0.9 * b["hbm_bytes_per_gpu"])
 
     for suffix, recompute in (("", "none"), ("_with_recompute", "full")):
         mb, s = out[f"max_micro_batch{suffix}"], out[f"max_seq_len{suffix}"]
@@ -228,3 +230,22 @@ def test_bad_combinations_one_line_exit_2(capsys: pytest.CaptureFixture[str], ar
     code, err = run(capsys, "memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "2", *argv)
     assert code == 2 and isinstance(err, str)
     assert fragment in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_fit_verdict_follows_the_mode_and_says_what_would_fit() -> None:
+    """QLoRA keeps the base in NF4: 70B's weights fit one 80 GB GPU (39.5 GB), where bf16 (141 GB) does not; a
+    full fine-tune of 70B at 8K fits no single GPU, and the answer says how many would and which variant does."""
+    from meshplan.reports.bills import fit_report
+
+    qlora = fit_report("llama-3.1-70b", gpu="h100-sxm", gpus=1, finetune=FinetuneRequest(mode="qlora"), seq=2048)
+    assert qlora["dtype"] == "nf4" and qlora["fits"] is True
+    nf4 = 4.127 / 8  # QLoRA Sec. 3: 4-bit weights, 8-bit scales per 64, fp32 scales per 256 x 64
+    edges = 2 * 128256 * 8192  # the embedding and the output head stay bf16
+    assert qlora["weights_bytes_total"] == pytest.approx((70.55e9 - edges) * nf4 + edges * 2, rel=0.01)
+    full = fit_report("llama-3.1-70b", gpu="h100-sxm", gpus=1, finetune=FinetuneRequest(mode="full"), seq=8192)
+    assert full["max_micro_batch_with_recompute"] == 0
+    fewest = full["nothing_fits"]["fewest_gpus_that_fit"]
+    assert fewest is not None and fewest > 1
+    again = fit_report("llama-3.1-70b", gpu="h100-sxm", gpus=fewest, finetune=FinetuneRequest(mode="full"), seq=8192)
+    assert again["max_micro_batch_with_recompute"] >= 1
+    assert "--finetune qlora" in full["nothing_fits"]["variants"]

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from meshplan.cli import main
-from meshplan.reports.inputs import LayoutRequest
+from meshplan.reports.inputs import FinetuneRequest, LayoutRequest
 from meshplan.reports.plan import parse_compare, plan_report
 from meshplan.reports.recipes import factors, list_report, recipe_report, recipes
 
@@ -180,3 +180,23 @@ def test_engine_filter_gives_plans_the_export_accepts() -> None:
         layout = LayoutRequest.parse(p["layout"])
         export_training("torchtitan", "llama-3.1-70b", gpu="h200", gpus=64, layout=layout, seq=8192,
                         global_batch=out["global_batch"])  # fmt: skip
+
+
+def test_when_nothing_fits_the_plan_says_what_would() -> None:
+    """70B on 8 H100s cannot train at 8K: the answer names the lightest bill, the fleet that fits, the variants."""
+    kw = dict(gpu="h100-sxm", seq=8192, global_batch_tokens=2**20)
+    out = plan_report("llama-3.1-70b", gpus=8, finetune=FinetuneRequest(mode="full"), **kw)
+    assert out["plans"] == []
+    n = out["nothing_fits"]
+    assert n["lightest_bytes_per_gpu"] > n["budget_bytes_per_gpu"] == pytest.approx(0.9 * 80e9)
+    # the lightest layout billed is the one estimate bills at the same size
+    from meshplan.reports.estimate import estimate_report
+
+    est = estimate_report("llama-3.1-70b", gpu="h100-sxm", gpus=8, layout=LayoutRequest.parse(n["lightest_layout"]),
+                          seq=8192, global_batch=out["global_batch"])  # fmt: skip
+    assert est["per_gpu"]["total_bytes"] == pytest.approx(n["lightest_bytes_per_gpu"], rel=1e-9)
+    fewest = n["fewest_gpus_that_fit"]
+    assert fewest and plan_report("llama-3.1-70b", gpus=fewest, **kw)["plans"]
+    assert not plan_report("llama-3.1-70b", gpus=fewest // 2, **kw)["plans"]
+    changes = {v["change"] for v in n["variants"]}
+    assert {"--finetune lora", "--finetune qlora"} <= changes

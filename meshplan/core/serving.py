@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from meshplan.core.finetune import nf4_bytes_per_param
 from meshplan.core.memory import StageParams, stage_params
 from meshplan.core.params import ParamCount, count_params
 from meshplan.spec.cluster import GPU
@@ -56,10 +57,15 @@ def _stage_unquantized(
 
 
 def weights_bytes_total(model: ModelSpec, dtype: DType) -> float:
-    """All weights of the model in ``dtype`` (matmul weights quantized, the rest 16-bit)."""
+    """All weights of the model in ``dtype`` (matmul weights quantized, the rest 16-bit); NF4 is QLoRA's, with
+    double-quantized block scales (4.127 bits per weight)."""
     params = count_params(model)
     plain = _unquantized_params(params)
-    return (params.total - plain) * weight_bytes_per_param(dtype, hidden=model.hidden) + plain * 2.0
+    if dtype is DType.NF4:
+        per_param = nf4_bytes_per_param(double_quant=True)
+    else:
+        per_param = weight_bytes_per_param(dtype, hidden=model.hidden)
+    return (params.total - plain) * per_param + plain * 2.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

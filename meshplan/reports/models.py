@@ -172,6 +172,11 @@ class ParamsReport(TypedDict):
     frozen: NotRequired[FrozenJSON]
 
 
+class FitNothingJSON(TypedDict):
+    fewest_gpus_that_fit: int | None
+    variants: list[str]
+
+
 class FitLayoutJSON(TypedDict):
     dp_shard: int
     zero: int
@@ -188,6 +193,7 @@ class FitReport(TypedDict):
     hbm_fraction_per_gpu: float
     free_bytes_per_gpu: float
     free_bytes_total: float
+    headroom_fraction: float
     fits: bool
     min_gpus_for_weights: int
     training_state_bytes_per_param: float
@@ -204,6 +210,7 @@ class FitReport(TypedDict):
     max_seq_len: NotRequired[int]
     max_micro_batch_with_recompute: NotRequired[int]
     max_seq_len_with_recompute: NotRequired[int]
+    nothing_fits: NotRequired[FitNothingJSON]
 
 
 class ServingReport(TypedDict):
@@ -272,6 +279,20 @@ class FewestJSON(TypedDict):
     days: float
 
 
+class VariantJSON(TypedDict):
+    change: str
+    layout: LayoutJSON
+    step_time_s: float
+
+
+class NothingFitsJSON(TypedDict):
+    lightest_layout: LayoutJSON | None
+    lightest_bytes_per_gpu: float
+    budget_bytes_per_gpu: float
+    fewest_gpus_that_fit: int | None
+    variants: list[VariantJSON]
+
+
 class PlanReport(TrainsJSON):
     model: str
     gpu: str
@@ -290,6 +311,7 @@ class PlanReport(TrainsJSON):
     rejections: dict[str, int]
     fewest_gpus: NotRequired[FewestJSON]
     explain: NotRequired[list[ExplainJSON]]
+    nothing_fits: NotRequired[NothingFitsJSON]
 
 
 class LinkRaceJSON(TypedDict):

@@ -29,7 +29,7 @@ from meshplan.reports.inputs import (
 from meshplan.search.rank import Objective, SearchResult, search
 from meshplan.search.space import SearchSpace
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.finetune import Finetune
+from meshplan.spec.finetune import Finetune, FinetuneMode
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.requests import Group, group, parse_key_values
@@ -340,6 +340,10 @@ def plan_report(
     }
     if fewest:
         out["fewest_gpus"] = fewest
+    if not plans:
+        out["nothing_fits"] = _what_would_fit(
+            spec, cluster, work, result, headroom=headroom, allow=allow_cross_node_tp, order=order, tuning=ft
+        )
     if tokens:
         for p in out["plans"]:
             p["time_to_train_days"] = tokens / (p["tokens_per_s_per_gpu"] * cluster.num_gpus) / 86400
@@ -395,6 +399,67 @@ def _explanations(
         item = _explain(plans[0], named, "best", compare)
         item["named"] = named
         out.append(item)
+    return out
+
+
+GROWTH_STEPS = 6
+"""Fleet doublings tried (up to 64x) when nothing fits."""
+
+
+def _what_would_fit(
+    spec: ModelSpec,
+    cluster: Cluster,
+    work: Workload,
+    result: SearchResult,
+    *,
+    headroom: float,
+    allow: bool,
+    order: tuple[str, ...],
+    tuning: Finetune | None,
+) -> dict[str, Any]:
+    """When no layout fits: the lightest bill found, the fewest GPUs (doubling the fleet) that fit, and the
+    nearest variants on this fleet (no HBM kept free; LoRA or QLoRA when fine-tuning)."""
+    budget = cluster.gpu.hbm_bytes * (1 - headroom)
+    out: dict[str, Any] = {
+        "lightest_layout": layout_dict(result.lightest) if result.lightest is not None else None,
+        "lightest_bytes_per_gpu": result.lightest_bytes,
+        "budget_bytes_per_gpu": budget,
+        "fewest_gpus_that_fit": None,
+        "variants": [],
+    }
+
+    def best(c: Cluster, w: Workload, room: float) -> SearchResult | None:
+        found = search(spec, c, w, headroom=room, allow_cross_node_tp=allow, order=order)
+        return found if found.feasible else None
+
+    n = cluster.num_gpus
+    for _ in range(GROWTH_STEPS):
+        n *= 2
+        if n > MAX_GPUS:
+            break
+        bigger = dataclasses.replace(cluster, num_gpus=n)
+        if best(bigger, work, headroom) is not None:
+            out["fewest_gpus_that_fit"] = n
+            break
+    variants: list[tuple[str, Workload, float]] = []
+    if headroom > 0:
+        variants.append(("--headroom 0 (keep no HBM free)", work, 0.0))
+    if tuning is not None and not tuning.adapted:
+        for mode in (FinetuneMode.LORA, FinetuneMode.QLORA):
+            variants.append(
+                (f"--finetune {mode.value}", dataclasses.replace(work, finetune=Finetune(mode=mode)), headroom)
+            )
+    for change, w, room in variants:
+        found = best(cluster, w, room)
+        if found is not None:
+            first = found.candidates.layout(0)
+            out["variants"].append(
+                {
+                    "change": change,
+                    "layout": layout_dict(first),
+                    "step_time_s": float(np.asarray(found.step.step_time_s)[0]),
+                }
+            )
     return out
 
 

@@ -27,6 +27,7 @@ from meshplan.core.step_time import StepTime, step_time
 from meshplan.core.training import peak_bill
 from meshplan.search.space import LayoutBatch, SearchSpace, enumerate_layouts
 from meshplan.spec.cluster import Cluster
+from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
@@ -65,6 +66,10 @@ class SearchResult:
     elapsed_s: float
     pareto: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """Indices (into ``candidates``) of the step-time / memory Pareto front, fastest first."""
+    lightest: Layout | None = None
+    """The valid layout with the smallest bill, fitting or not (what to show when nothing fits)."""
+    lightest_bytes: float = 0.0
+    """Its whole bill per GPU (the heaviest stage)."""
 
     @property
     def feasible(self) -> int:
@@ -130,10 +135,17 @@ def search(
     budget = cluster.gpu.hbm_bytes * (1 - headroom)
     valid = batch.take(alive)
     # the first stage's model state is part of its bill: over budget alone, the layout cannot fit
-    light = np.asarray(state_bytes(model, params, valid, workload, stage=0) <= budget, dtype=np.bool_)
+    state = np.asarray(state_bytes(model, params, valid, workload, stage=0), dtype=np.float64) * np.ones(len(valid))
+    light = state <= budget
     counts[OOM] = int((~light).sum())
     batch_ok = valid.take(light)
-    bill = peak_bill(model, params, batch_ok, workload, calibration=cluster.gpu.calibration)
+    cal = cluster.gpu.calibration
+    bill = peak_bill(model, params, batch_ok, workload, calibration=cal)
+    billed = np.asarray(bill.total_bytes, dtype=np.float64) * np.ones(len(batch_ok))
+    lightest, lightest_bytes = _lightest(valid, state, batch_ok, billed)
+    if lightest is not None and not len(batch_ok):  # every layout's state alone overflowed: bill the lightest whole
+        one = LayoutBatch.of([lightest])
+        lightest_bytes = float(np.asarray(peak_bill(model, params, one, workload, calibration=cal).total_bytes)[0])
     fits = np.asarray(bill.total_bytes <= budget, dtype=np.bool_)
     still = np.ones(len(batch_ok), dtype=np.bool_)
     _reject(fits, still, OOM, counts)
@@ -158,7 +170,22 @@ def search(
         rejections=counts,
         elapsed_s=time.perf_counter() - start,
         pareto=front,
+        lightest=lightest,
+        lightest_bytes=lightest_bytes,
     )
+
+
+def _lightest(
+    valid: LayoutBatch, state: npt.NDArray[np.float64], billed_batch: LayoutBatch, billed: npt.NDArray[np.float64]
+) -> tuple[Layout | None, float]:
+    """The layout with the smallest whole bill, or, when none was billed, the one with the smallest model state."""
+    if len(billed_batch):
+        i = int(np.argmin(billed))
+        return billed_batch.layout(i), float(billed[i])
+    if len(valid):
+        i = int(np.argmin(state))
+        return valid.layout(i), float(state[i])
+    return None, 0.0
 
 
 def _rank(

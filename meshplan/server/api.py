@@ -231,8 +231,11 @@ def fit(
     dtype: Annotated[Literal[SERVING_DTYPES], one("dtype")] = "bf16",  # type: ignore[valid-type]
     seq: Seq = 4096,
     precision: Annotated[Literal[field("precision").choices], one("precision")] = "bf16",  # type: ignore[valid-type]
+    headroom: Annotated[float, one("headroom")] = 0.10,
 ) -> dict[str, Any]:
-    report = fit_report(model, gpu=gpu, gpus=gpus, dtype=dtype, finetune=finetune, seq=seq, precision=precision)
+    report = fit_report(
+        model, gpu=gpu, gpus=gpus, dtype=dtype, finetune=finetune, seq=seq, precision=precision, headroom=headroom
+    )
     return json_dict(report)
 
 
