@@ -418,6 +418,14 @@ def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _run_sources() -> list[str]:
+    """The published-run sources ``validate`` holds (catalog/runs/*.toml), listed without loading them."""
+    from importlib import resources
+
+    folder = resources.files("meshplan") / "catalog" / "runs"
+    return sorted(e.name.removesuffix(".toml") for e in folder.iterdir() if e.name.endswith(".toml"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="meshplan", description="Plan how a transformer is split across GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -463,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_fields(p, "micro_batch")
 
     p = command("validate", _cmd_validate, "predictions against published measured runs, with the error of each")
-    p.add_argument("--source", default=None, help="one source only (korthikanti2022, narayanan2021, llama3)")
+    p.add_argument("--source", default=None, help=f"one source only: {', '.join(_run_sources())}")
     p.add_argument("--serving", action="store_true", help="the published serving measurements instead")
 
     p = command("plan", _cmd_plan, "search every layout: the fastest that fit, why they win, why the rest lost")
@@ -548,7 +556,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--layouts",
         default=None,
-        help="comma-separated: ddp,fsdp,tp,sp,fsdp+tp,pp,ep,cp (default: all that fit), fsdp-bf16, fsdp-reshard",
+        help="comma-separated, as the report names them: ddp,fsdp,tp,sp,fsdp_tp,pp,ep,cp (default: all that fit; "
+        "pp runs pp_gpipe and pp_1f1b), and fsdp_bf16, fsdp_bf16_reduce_bf16, fsdp_reshard_root, fsdp_no_reshard",
     )
     g = p.add_argument_group("tiny model (default 4 layers, hidden 32, 8 heads, 4 KV heads, seq 16, micro-batch 2)")
     g.add_argument("--hidden", type=_positive_int, default=None, help="hidden size (head dim = hidden / heads)")

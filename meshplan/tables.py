@@ -116,7 +116,8 @@ def _serving(r: dict[str, Any]) -> str:
         ("concurrent sequences, all replicas", f"{r['max_concurrent_sequences_total']:,}"),
     ]
     head = f"{r['model']} serving on {r['gpus']} x {r['gpu']}: tp={r['tp']} pp={r['pp']} x {r['replicas']} replicas"
-    return "\n".join([head, f"weights {r['dtype']}, KV cache {r['kv_dtype']}", "", table(rows, ["", "value"])])
+    body = [head, f"weights {r['dtype']}, KV cache {r['kv_dtype']}", "", table(rows, ["", "value"])]
+    return "\n".join([*body, *(f"warning: {w}" for w in r["warnings"])])
 
 
 def _estimate(r: dict[str, Any]) -> str:

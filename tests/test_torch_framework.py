@@ -308,8 +308,11 @@ def test_check_without_torch_says_how_to_install_it(monkeypatch: pytest.MonkeyPa
 def test_layout_names() -> None:
     from meshplan.reports.check import LAYOUT_NAMES, parse_layouts
 
-    assert parse_layouts("ddp, fsdp+tp,pp,ddp") == ("ddp", "fsdp+tp", "pp")
-    assert LAYOUT_NAMES["pp"] == ("pp_gpipe", "pp_1f1b") and LAYOUT_NAMES["fsdp+tp"] == ("fsdp_tp",)
+    assert parse_layouts("ddp, fsdp_tp,pp,ddp") == ("ddp", "fsdp_tp", "pp")
+    assert LAYOUT_NAMES["pp"] == ("pp_gpipe", "pp_1f1b") and LAYOUT_NAMES["fsdp_tp"] == ("fsdp_tp",)
+    from meshplan.check.runner import LAYOUTS
+
+    assert set(LAYOUTS) == {name for names in LAYOUT_NAMES.values() for name in names}  # input names = output names
     assert parse_layouts(None) is None
     with pytest.raises(ValueError, match="unknown layout 'zero3'"):
         parse_layouts("ddp,zero3")

@@ -45,6 +45,10 @@ class Plan:
                 f"at {self.cluster.scale_out.bandwidth_bytes_per_s / 1e9:.0f} GB/s instead of "
                 f"{self.cluster.scale_up.name} at {self.cluster.scale_up.bandwidth_bytes_per_s / 1e9:.0f} GB/s"
             )
+        if self.model.max_seq_len and self.workload.seq_len > self.model.max_seq_len:
+            out.append(
+                f"seq {self.workload.seq_len:,} exceeds the model's maximum of {self.model.max_seq_len:,} tokens"
+            )
         if not self.memory.fits:
             out.append(
                 f"does not fit: {self.memory.per_gpu.total_bytes / 1e9:.1f} GB needed on stage "

@@ -207,12 +207,25 @@ def serving_report(
     context: int | None = None,
     gpu_memory_utilization: float = 0.9,
 ) -> dict[str, Any]:
-    """``meshplan serving``: weights, KV cache per token, and how many tokens and sequences fit."""
+    """``meshplan serving``: weights, KV cache per token, and how many tokens and sequences fit.
+
+    Without ``tp``, each replica's TP group fills one scale-up domain at most (replicas take the rest of the
+    GPUs): TP across the fabric pays its per-layer all-reduces on the slow link.
+    """
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
-    tp = tp if tp is not None else gpus // pp
-    if tp < 1 or pp < 1 or gpus % (tp * pp):
+    if pp < 1 or gpus % pp:
+        raise ValueError(f"pp={pp} must divide gpus = {gpus}")
+    domain = gpu_spec.scale_up_domain
+    if tp is None:
+        tp = max(d for d in range(1, min(gpus // pp, domain) + 1) if (gpus // pp) % d == 0)
+    if tp < 1 or gpus % (tp * pp):
         raise ValueError(f"tp*pp = {tp}*{pp} must divide gpus = {gpus}")
+    warnings = []
+    if tp > domain:
+        warnings.append(f"TP={tp} spans {-(-tp // domain)} scale-up domains of {domain} GPUs: replicas are cheaper")
+    if context is not None and spec.max_seq_len and context > spec.max_seq_len:
+        warnings.append(f"context {context:,} exceeds the model's maximum of {spec.max_seq_len:,} tokens")
     bill = serving_bill(
         spec,
         gpu=gpu_spec,
@@ -248,4 +261,5 @@ def serving_report(
         "max_concurrent_sequences_total": bill.max_concurrent_sequences * replicas,
         "max_concurrent_sequences_per_replica": bill.max_concurrent_sequences,
         "fits": bill.fits,
+        "warnings": warnings,
     }

@@ -1,7 +1,7 @@
 """The check report: real torch.distributed runs of a tiny model held against meshplan's predictions.
 
-Layout names as users give them (``fsdp+tp``, ``pp``) map onto the harness's layouts; shapes left unset keep the
-harness's tiny model. Bad input raises ValueError before any process starts.
+Layouts are named as the report names them (``fsdp_tp``, ``pp_1f1b``); ``pp`` runs both pipeline schedules.
+Shapes left unset keep the harness's tiny model. Bad input raises ValueError before any process starts.
 """
 
 from __future__ import annotations
@@ -12,21 +12,26 @@ from collections.abc import Sequence
 from typing import Any
 
 TORCH_MISSING = "meshplan check needs the torch extra: pip install 'meshplan[torch]'"
-LAYOUT_NAMES: dict[str, tuple[str, ...]] = {
-    "ddp": ("ddp",),
-    "fsdp": ("fsdp",),
-    "tp": ("tp",),
-    "sp": ("sp",),
-    "fsdp+tp": ("fsdp_tp",),
-    "pp": ("pp_gpipe", "pp_1f1b"),
-    "ep": ("ep",),
-    "cp": ("cp",),
-    "fsdp-bf16": ("fsdp_bf16",),
-    "fsdp-reshard": ("fsdp_reshard_root",),
-}
-"""Command-line layout -> the harness layouts it runs. Not run by default: fsdp-bf16 (FSDP2 with bf16 mixed
-precision, fp32 reduce-scatters) and fsdp-reshard (an explicit reshard_after_forward=True, root included)."""
-DEFAULT_LAYOUTS = ("ddp", "fsdp", "tp", "sp", "fsdp+tp", "pp", "ep", "cp")
+HARNESS_LAYOUTS = (
+    "ddp",
+    "fsdp",
+    "fsdp_reshard_root",
+    "fsdp_no_reshard",
+    "fsdp_bf16",
+    "fsdp_bf16_reduce_bf16",
+    "tp",
+    "sp",
+    "fsdp_tp",
+    "pp_gpipe",
+    "pp_1f1b",
+    "ep",
+    "cp",
+)
+"""The harness's layouts (meshplan.check.runner.LAYOUTS, which imports torch), by the names reports use."""
+LAYOUT_NAMES: dict[str, tuple[str, ...]] = {name: (name,) for name in HARNESS_LAYOUTS} | {"pp": ("pp_gpipe", "pp_1f1b")}
+"""Command-line layout -> the harness layouts it runs: each by its own name, ``pp`` for both schedules."""
+DEFAULT_LAYOUTS = ("ddp", "fsdp", "tp", "sp", "fsdp_tp", "pp", "ep", "cp")
+"""Run when no --layouts is given (the FSDP variants run on request)."""
 
 
 def parse_layouts(text: str | Sequence[str] | None) -> tuple[str, ...] | None:

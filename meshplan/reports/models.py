@@ -236,6 +236,7 @@ class ServingReport(TypedDict):
     max_concurrent_sequences_total: int
     max_concurrent_sequences_per_replica: int
     fits: bool
+    warnings: list[str]
 
 
 class PlanItemJSON(TypedDict):

@@ -14,13 +14,12 @@ from meshplan.reports.check import check_report
 
 pytestmark = pytest.mark.slow  # torch.distributed processes start in the fixtures
 
-EXTRAS = ("fsdp-bf16", "fsdp-reshard")
+EXTRAS = ("fsdp_bf16", "fsdp_reshard_root")
 LAYOUTS = {
     2: ("ddp", "fsdp", "tp", "sp", "pp", "ep", "cp", *EXTRAS),
-    4: ("ddp", "fsdp", "tp", "sp", "fsdp+tp", "pp", "ep", "cp", *EXTRAS),
+    4: ("ddp", "fsdp", "tp", "sp", "fsdp_tp", "pp", "ep", "cp", *EXTRAS),
 }
-HARNESS = {"fsdp+tp": ("fsdp_tp",), "pp": ("pp_gpipe", "pp_1f1b"), "fsdp-bf16": ("fsdp_bf16",),
-           "fsdp-reshard": ("fsdp_reshard_root",)}  # fmt: skip
+HARNESS = {"pp": ("pp_gpipe", "pp_1f1b")}  # every other layout runs under the name the report gives it
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +66,7 @@ def test_bad_input_is_refused_before_any_launch() -> None:
     with pytest.raises(ValueError, match="unknown layout"):
         check_report(world_size=2, layouts="ddp,zero9")
     with pytest.raises(ValueError, match="does not fit"):
-        check_report(world_size=2, layouts="fsdp+tp")
+        check_report(world_size=2, layouts="fsdp_tp")
     with pytest.raises(ValueError, match="at least 2"):
         check_report(world_size=1)
     with pytest.raises(ValueError, match="must divide"):
