@@ -26,6 +26,7 @@ from meshplan.core.serve_shape import (
 )
 from meshplan.core.serving import QUANT_GROUP
 from meshplan.reports.inputs import choice
+from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
 
@@ -81,36 +82,13 @@ def resolve(
     context: int,
     gpu_memory_utilization: float | None = None,
 ) -> Setup:
-    """Check and resolve the inputs: TP defaults to what the replicas leave, replicas to what TP x PP leaves."""
+    """Check and resolve the inputs: TP defaults to what the replicas leave (within one scale-up domain),
+    replicas to what TP x PP leaves."""
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
-    if gpus < 1:
-        raise ValueError(f"gpus must be >= 1, got {gpus}")
-    if pp > gpus:
-        raise ValueError(f"pp={pp} exceeds gpus={gpus}")
-    if tp is None:
-        tp = max(gpus // (pp * (replicas or 1)), 1)
-    if tp < 1 or gpus % (tp * pp):
-        raise ValueError(f"tp x pp = {tp} x {pp} must divide gpus = {gpus}")
-    replicas = replicas if replicas is not None else gpus // (tp * pp)
-    if replicas * tp * pp != gpus:
-        raise ValueError(f"replicas x tp x pp = {replicas} x {tp} x {pp} must equal gpus = {gpus}")
-    if dp_attention and spec.moe is None:
-        raise ValueError("--dp-attention needs a MoE model (dense layers would replicate every weight)")
-    if dp_attention and ep != tp:
-        raise ValueError(f"--dp-attention spreads the experts over the whole TP group: give --ep {tp} (got {ep})")
-    if ep > 1 and spec.moe is None:
-        raise ValueError(f"ep={ep} needs a MoE model; {spec.name} is dense")
-    w = choice(DType, weights_dtype, "weights dtype")
-    kv = choice(DType, kv_dtype, "kv dtype")
-    kv_dtype_bytes(kv)
-    if w is DType.FP4 and DType.FP4 not in gpu_spec.peak_flops:
-        raise ValueError(f"fp4 weights need fp4 tensor cores (Blackwell); {gpu_spec.name} has none")
-    q = default_quant(w, gpu_spec) if quant is None else _quant(quant)
-    if q is Quant.WEIGHT_ACTIVATION and w not in gpu_spec.peak_flops:
-        raise ValueError(f"{gpu_spec.name} has no {w} tensor cores: use weight-only quantization")
-    if (q is Quant.NONE) != (w in (DType.BF16, DType.FP16)):
-        raise ValueError(f"quantization {q} does not suit {w} weights")
+    tp, replicas = _degrees(gpus, tp=tp, pp=pp, replicas=replicas, domain=gpu_spec.scale_up_domain)
+    _check_experts(spec, tp=tp, ep=ep, dp_attention=dp_attention)
+    w, kv, q = _dtypes(gpu_spec, weights_dtype=weights_dtype, kv_dtype=kv_dtype, quant=quant)
     layout = ServeLayout(
         tp=tp, pp=pp, ep=ep, dp_attention=dp_attention, weights_dtype=w, kv_dtype=kv, quant=q, quant_group=quant_group
     )
@@ -127,6 +105,47 @@ def resolve(
     )
     shape = replica_shape(spec, hw, layout, context=context)
     return Setup(model=spec, hw=hw, layout=layout, replicas=replicas, shape=shape)
+
+
+def _degrees(gpus: int, *, tp: int | None, pp: int, replicas: int | None, domain: int) -> tuple[int, int]:
+    """(tp, replicas): TP left unset fills what the replicas leave, up to one scale-up domain."""
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    if pp > gpus:
+        raise ValueError(f"pp={pp} exceeds gpus={gpus}")
+    if tp is None:
+        room = max(gpus // (pp * (replicas or 1)), 1)
+        tp = room if replicas else max(d for d in range(1, min(room, domain) + 1) if room % d == 0)
+    if tp < 1 or gpus % (tp * pp):
+        raise ValueError(f"tp x pp = {tp} x {pp} must divide gpus = {gpus}")
+    replicas = replicas if replicas is not None else gpus // (tp * pp)
+    if replicas * tp * pp != gpus:
+        raise ValueError(f"replicas x tp x pp = {replicas} x {tp} x {pp} must equal gpus = {gpus}")
+    return tp, replicas
+
+
+def _check_experts(spec: ModelSpec, *, tp: int, ep: int, dp_attention: bool) -> None:
+    if dp_attention and spec.moe is None:
+        raise ValueError("--dp-attention needs a MoE model (dense layers would replicate every weight)")
+    if dp_attention and ep != tp:
+        raise ValueError(f"--dp-attention spreads the experts over the whole TP group: give --ep {tp} (got {ep})")
+    if ep > 1 and spec.moe is None:
+        raise ValueError(f"ep={ep} needs a MoE model; {spec.name} is dense")
+
+
+def _dtypes(gpu: GPU, *, weights_dtype: str, kv_dtype: str, quant: str | None) -> tuple[DType, DType, Quant]:
+    """Weight and KV dtypes and the quantization, refused where the GPU cannot run them."""
+    w = choice(DType, weights_dtype, "weights dtype")
+    kv = choice(DType, kv_dtype, "kv dtype")
+    kv_dtype_bytes(kv)
+    if w is DType.FP4 and DType.FP4 not in gpu.peak_flops:
+        raise ValueError(f"fp4 weights need fp4 tensor cores (Blackwell); {gpu.name} has none")
+    q = default_quant(w, gpu) if quant is None else _quant(quant)
+    if q is Quant.WEIGHT_ACTIVATION and w not in gpu.peak_flops:
+        raise ValueError(f"{gpu.name} has no {w} tensor cores: use weight-only quantization")
+    if (q is Quant.NONE) != (w in (DType.BF16, DType.FP16)):
+        raise ValueError(f"quantization {q} does not suit {w} weights")
+    return w, kv, q
 
 
 def _quant(text: str) -> Quant:

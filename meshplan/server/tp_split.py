@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 MAX_DIM = 64
 MAX_RANKS = 16
@@ -78,27 +79,9 @@ def tp_mlp_split(
     w1 = rng.standard_normal((hidden, ffn), dtype=np.float32) / np.float32(np.sqrt(hidden))
     w2 = rng.standard_normal((ffn, hidden), dtype=np.float32) / np.float32(np.sqrt(ffn))
     y_full = _activate(x @ w1, act) @ w2
-
-    width = ffn // ranks
-    per_rank = []
-    partial_sum = np.zeros_like(y_full)
-    for r in range(ranks):
-        cols = slice(r * width, (r + 1) * width)
-        h_r = _activate(x @ w1[:, cols], act)  # [tokens, ffn/ranks]: needs no other rank's columns
-        y_r = h_r @ w2[cols, :]  # [tokens, hidden]: a full-size partial sum
-        partial_sum = partial_sum + y_r
-        per_rank.append(
-            {
-                "rank": r,
-                "w1_columns": [r * width, (r + 1) * width],
-                "w2_rows": [r * width, (r + 1) * width],
-                "hidden_slice": _rounded(h_r),
-                "partial": _rounded(y_r),
-            }
-        )
+    per_rank, partial_sum = _split(x, w1, w2, ranks=ranks, act=act)
     diff = float(np.max(np.abs(partial_sum - y_full)))
-    scale = float(np.max(np.abs(y_full)))
-    tolerance = 1e-5 * max(scale, 1.0)
+    tolerance = 1e-5 * max(float(np.max(np.abs(y_full))), 1.0)
     return {
         "tokens": tokens,
         "hidden": hidden,
@@ -107,24 +90,7 @@ def tp_mlp_split(
         "activation": act.value,
         "seed": seed,
         "dtype": "float32",
-        "steps": [
-            {"step": "input", "what": "every rank holds the same X", "shapes": {"X": [tokens, hidden]}},
-            {
-                "step": "column split",
-                "what": "rank r multiplies X by its columns of W1 and applies the activation locally",
-                "shapes": {"W1_r": [hidden, width], "H_r": [tokens, width]},
-            },
-            {
-                "step": "row split",
-                "what": "rank r multiplies H_r by its rows of W2: a full-size partial result",
-                "shapes": {"W2_r": [width, hidden], "Y_r": [tokens, hidden]},
-            },
-            {
-                "step": "all-reduce",
-                "what": "the partials are summed across ranks: the only communication of the block",
-                "shapes": {"Y": [tokens, hidden]},
-            },
-        ],
+        "steps": _steps(tokens=tokens, hidden=hidden, width=ffn // ranks),
         "ranks_detail": per_rank,
         "unsplit": _rounded(y_full),
         "split_sum": _rounded(partial_sum),
@@ -132,6 +98,46 @@ def tp_mlp_split(
         "tolerance": tolerance,
         "matches": diff <= tolerance,
     }
+
+
+def _split(
+    x: npt.NDArray[np.float32], w1: npt.NDArray[np.float32], w2: npt.NDArray[np.float32], *, ranks: int, act: Activation
+) -> tuple[list[dict[str, Any]], npt.NDArray[np.float32]]:
+    """Each rank's column slice of W1 and row slice of W2, its partial result, and the partials' sum."""
+    width = w1.shape[1] // ranks
+    per_rank = []
+    partial_sum = np.zeros((x.shape[0], w2.shape[1]), dtype=np.float32)
+    for r in range(ranks):
+        cols = slice(r * width, (r + 1) * width)
+        h_r = _activate(x @ w1[:, cols], act)  # [tokens, ffn/ranks]: needs no other rank's columns
+        y_r = h_r @ w2[cols, :]  # [tokens, hidden]: a full-size partial sum
+        partial_sum = partial_sum + y_r
+        span = [r * width, (r + 1) * width]
+        per_rank.append(
+            {"rank": r, "w1_columns": span, "w2_rows": span, "hidden_slice": _rounded(h_r), "partial": _rounded(y_r)}
+        )
+    return per_rank, partial_sum
+
+
+def _steps(*, tokens: int, hidden: int, width: int) -> list[dict[str, Any]]:
+    return [
+        {"step": "input", "what": "every rank holds the same X", "shapes": {"X": [tokens, hidden]}},
+        {
+            "step": "column split",
+            "what": "rank r multiplies X by its columns of W1 and applies the activation locally",
+            "shapes": {"W1_r": [hidden, width], "H_r": [tokens, width]},
+        },
+        {
+            "step": "row split",
+            "what": "rank r multiplies H_r by its rows of W2: a full-size partial result",
+            "shapes": {"W2_r": [width, hidden], "Y_r": [tokens, hidden]},
+        },
+        {
+            "step": "all-reduce",
+            "what": "the partials are summed across ranks: the only communication of the block",
+            "shapes": {"Y": [tokens, hidden]},
+        },
+    ]
 
 
 __all__ = ["MAX_DIM", "MAX_RANKS", "Activation", "tp_mlp_split"]
