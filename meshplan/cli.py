@@ -7,6 +7,7 @@ imported inside the command that needs them, so start-up stays fast.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -220,11 +221,21 @@ def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
         days=args.days,
     )
     if args.save:
-        import json
-        from pathlib import Path
-
-        Path(args.save).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        _save(args.save, result)
     return result
+
+
+def _save(path: str, result: dict[str, Any]) -> None:
+    import json
+    from pathlib import Path
+
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise UsageError(f"meshplan plan: --save {path}: the folder {target.parent} does not exist")
+    try:
+        target.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"meshplan plan: --save {path}: {exc.strerror or exc}") from None
 
 
 def _cmd_recipe(args: argparse.Namespace) -> dict[str, Any]:
@@ -236,11 +247,25 @@ def _cmd_recipe(args: argparse.Namespace) -> dict[str, Any]:
 
 
 SERVING_ENGINES = ("vllm", "sglang")
+SERVING_FLAGS = ("dtype", "kv_dtype", "context", "gpu_memory_utilization")
+SHARED_FLAGS = ("model", "gpu", "gpus", "from_plan", "out", "model_path", "tp", "pp", "ep", "json")
+
+
+def _ignored_flags(args: argparse.Namespace) -> list[str]:
+    """Flags given to ``export`` that the engine asked for would ignore (serving flags on a trainer, and back)."""
+    defaults = vars(build_parser().parse_args(["export", args.engine]))
+    serving = args.engine in SERVING_ENGINES
+    given = [k for k, v in vars(args).items() if k in defaults and v != defaults[k] and k not in SHARED_FLAGS]
+    return ["--" + k.replace("_", "-") for k in given if (k in SERVING_FLAGS) != serving]
 
 
 def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.export import export_serving, export_training, load_saved_plan
 
+    ignored = _ignored_flags(args)
+    if ignored:
+        kind = "a serving" if args.engine in SERVING_ENGINES else "a training"
+        raise UsageError(f"meshplan export {args.engine}: {kind} engine ignores {', '.join(ignored)}")
     if args.engine in SERVING_ENGINES:
         if args.from_plan or not (args.model and args.gpu and args.gpus):
             raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and serving flags")
@@ -495,9 +520,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+FLOAT_BOUNDS: dict[str, tuple[float, float]] = {
+    "tokens": (1.0, 1e16),
+    "days": (1e-6, 3650.0),
+    "size_mb": (1e-6, 1e7),
+    "optimizer_bytes": (0.0, 64.0),
+    "headroom": (0.0, 0.99),
+}
+"""Ranges of the float flags, inclusive: what a run can physically be (1e16 tokens is 1,000 x Llama 3's 15T)."""
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Every float flag finite and within its range, or UsageError naming the flag."""
+    for name, value in vars(args).items():
+        if not isinstance(value, float):
+            continue
+        flag = "--" + name.replace("_", "-")
+        low, high = FLOAT_BOUNDS.get(name, (-math.inf, math.inf))
+        if not math.isfinite(value):
+            raise UsageError(f"meshplan {args.command}: {flag} must be a finite number, got {value}")
+        if not low <= value <= high:
+            raise UsageError(f"meshplan {args.command}: {flag} must be in [{low:g}, {high:g}], got {value:g}")
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for a refused input: the message of a ValueError, or what an OSError was about."""
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or type(exc).__name__}"
+    text = str(exc.args[0]) if exc.args else type(exc).__name__
+    return text.splitlines()[0] if text.strip() else type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("meshplan: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    try:
         args = build_parser().parse_args(argv)
+        check_numbers(args)
         result = args.handler(args)
         if result is None:
             return 0
@@ -505,9 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"{exc}", file=sys.stderr)
         return 2
-    except (ValueError, KeyError, OSError) as exc:
-        message = exc.args[0] if exc.args else type(exc).__name__
-        print(f"meshplan: error: {message}", file=sys.stderr)
+    except (ValueError, OSError) as exc:  # ValueError: a refused input; OSError: a file we were told to use
+        print(f"meshplan: error: {error_line(exc)}", file=sys.stderr)
         return 2
     if text is None:
         from meshplan.render import to_json

@@ -22,7 +22,7 @@ from meshplan.reports.inputs import (
     resolve_layout,
     resolve_workload,
 )
-from meshplan.spec.cluster import GPU
+from meshplan.spec.cluster import GPU, check_gpus
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
 
@@ -42,6 +42,7 @@ def memory_report(
     finetune: FinetuneRequest | None = None,
 ) -> dict[str, Any]:
     """``meshplan memory``: the per-GPU training bill of every pipeline stage."""
+    check_gpus(gpus)
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
     lay = resolve_layout(layout, gpus=gpus)
@@ -93,8 +94,7 @@ def fit_report(
     """
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
-    if gpus < 1:
-        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    check_gpus(gpus)
     total = weights_bytes_total(spec, choice(DType, dtype, "dtype"))
     per_gpu = total / gpus
     state = count_params(spec).total * 16.0  # bf16 weights and grads, fp32 master and Adam moments
@@ -157,6 +157,22 @@ def _fit_finetune(
     return out
 
 
+def check_serving_tp(spec: ModelSpec, tp: int) -> None:
+    """Serving engines split attention heads over TP ranks: TP must divide the heads (vLLM and SGLang refuse).
+
+    KV heads may be fewer than the ranks (each is then replicated) as long as one count divides the other.
+    """
+    heads, kv = spec.num_heads, spec.num_kv_heads
+    if heads % tp:
+        fine = [t for t in (1, 2, 4, 8, 16, 32, 64) if heads % t == 0 and (kv % t == 0 or t % kv == 0)]
+        raise ValueError(
+            f"tp={tp} does not divide the {heads} attention heads of {spec.name} (give --tp, e.g. one of "
+            f"{', '.join(map(str, fine))}; the other GPUs serve as replicas)"
+        )
+    if kv % tp and tp % kv:
+        raise ValueError(f"tp={tp} and the {kv} KV heads of {spec.name}: neither divides the other")
+
+
 def serving_report(
     model: ModelSpec | str,
     *,
@@ -171,11 +187,13 @@ def serving_report(
     gpu_memory_utilization: float = 0.9,
 ) -> dict[str, Any]:
     """``meshplan serving``: weights, KV cache per token, and how many tokens and sequences fit."""
+    check_gpus(gpus)
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
     tp = tp if tp is not None else gpus // pp
     if tp < 1 or pp < 1 or gpus % (tp * pp):
         raise ValueError(f"tp*pp = {tp}*{pp} must divide gpus = {gpus}")
+    check_serving_tp(spec, tp)
     bill = serving_bill(
         spec,
         gpu=gpu_spec,

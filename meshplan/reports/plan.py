@@ -73,7 +73,8 @@ def parse_compare(text: str) -> LayoutRequest:
     for item in filter(None, (x.strip() for x in text.split(","))):
         if "=" not in item:
             raise ValueError(f"layout item {item!r} must look like key=value (e.g. tp=8,pp=16,dp=128)")
-        key, value = (x.strip().lower().replace("-", "_") for x in item.split("=", 1))
+        key, value = (x.strip().lower() for x in item.split("=", 1))
+        key = key.replace("-", "_")
         if key not in known:
             raise ValueError(f"unknown layout key {key!r} in {text!r} (known: {', '.join(sorted(known))})")
         values[key] = value

@@ -102,7 +102,16 @@ def _from_columns(cols: Mapping[str, npt.ArrayLike]) -> LayoutBatch:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in increasing order, found in O(sqrt n) steps."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -141,6 +141,19 @@ class GPU:
         raise ValueError(f"gpu {self.name} has no {dtype} tensor-core peak (has {', '.join(self.peak_flops)})")
 
 
+MAX_GPUS = 10_000_000
+"""The largest fleet meshplan plans for: about 100 times the largest cluster built (2026)."""
+
+
+def check_gpus(num_gpus: int) -> int:
+    """``num_gpus`` if it is a fleet size meshplan plans for, else ValueError naming the bound."""
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
+        raise ValueError(f"gpus must be a positive integer, got {num_gpus!r}")
+    if num_gpus > MAX_GPUS:
+        raise ValueError(f"gpus={num_gpus:,} is above the limit of {MAX_GPUS:,}")
+    return num_gpus
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cluster:
     """A fleet of identical GPUs: scale-up domains joined by a scale-out fabric."""
@@ -153,8 +166,7 @@ class Cluster:
     """GPUs that share the scale-up link (one NVLink domain)."""
 
     def __post_init__(self) -> None:
-        if self.num_gpus < 1:
-            raise ValueError(f"num_gpus must be >= 1, got {self.num_gpus}")
+        check_gpus(self.num_gpus)
         if self.domain_size < 1:
             raise ValueError(f"domain_size must be >= 1, got {self.domain_size}")
 
