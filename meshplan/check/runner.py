@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
-from torch.multiprocessing.spawn import start_processes
+from torch.multiprocessing.spawn import ProcessRaisedException, start_processes
 
 from meshplan.check.comms import CollectiveCall, CommCounter
 from meshplan.check.layouts import (
@@ -252,17 +252,48 @@ def run_check(
         if broken:
             raise ValueError("layouts that do not fit: " + "; ".join(broken))
     with tempfile.TemporaryDirectory() as out_dir:
-        # a fork server that imported torch once forks every worker: no 3 s torch import per process, and
-        # unlike a plain fork it never copies a parent whose OpenMP threads already ran
-        multiprocessing.set_forkserver_preload(["meshplan.check.runner"])
-        start_processes(  # type: ignore[no-untyped-call]
-            _worker,
-            args=(world_size, _free_port(), names, dense, moe, out_dir),
-            nprocs=world_size,
-            start_method="forkserver",
-        )
+        _launch(world_size, names, dense, moe, out_dir)
         return [
             Measurement(**r)
             for rank in range(world_size)
             for r in json.loads(Path(out_dir, f"rank{rank}.json").read_text())
         ]
+
+
+def _launch(world_size: int, names: list[str], dense: TinyConfig, moe: TinyConfig, out_dir: str) -> None:
+    """Start the workers and wait for them; whatever happens (a failure, Ctrl-C), no process is left behind."""
+    # a fork server that imported torch once forks every worker: no 3 s torch import per process, and
+    # unlike a plain fork it never copies a parent whose OpenMP threads already ran
+    multiprocessing.set_forkserver_preload(["meshplan.check.runner"])
+    port = _free_port()
+    context = None
+    try:
+        context = start_processes(  # type: ignore[no-untyped-call]
+            _worker,
+            args=(world_size, port, names, dense, moe, out_dir),
+            nprocs=world_size,
+            start_method="forkserver",
+            join=False,
+        )
+        while not context.join():
+            pass
+    except ProcessRaisedException as exc:
+        if "Address already in use" in str(exc) or "EADDRINUSE" in str(exc):
+            raise ValueError(f"port {port} on 127.0.0.1 was taken by another program; run the check again") from None
+        raise
+    finally:
+        if context is not None:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join(timeout=5)
+        _stop_forkserver()
+
+
+def _stop_forkserver() -> None:
+    """End the fork server (it holds an imported torch, ~300 MB) instead of leaving it to the interpreter's exit."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
