@@ -254,8 +254,12 @@ def plan_report(
     tokens: float | None = None,
     days: float | None = None,
     finetune: FinetuneRequest | None = None,
+    max_gpus: int = MAX_GPUS,
 ) -> dict[str, Any]:
-    """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for."""
+    """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for.
+
+    ``max_gpus`` bounds the fleets the fewest-gpus objective tries (the API passes its own cap).
+    """
     spec = io.load_model(model) if isinstance(model, str) else model
     ft = resolve_finetune(finetune, spec) if finetune else None
     if global_batch_tokens % seq:
@@ -283,6 +287,7 @@ def plan_report(
             order=order,
             node_size=node_size,
             scale_out=scale_out,
+            max_gpus=max_gpus,
         )
         fewest = {"gpus": gpus, "searched_from": start, "tokens": tokens, "days": days}
         obj = Objective.STEP_TIME
@@ -395,10 +400,13 @@ def _fewest_gpus(
     order: tuple[str, ...],
     node_size: int | None,
     scale_out: str | None,
+    max_gpus: int = MAX_GPUS,
 ) -> int:
     """The smallest fleet (powers of two times the node, from ``start``) whose best plan trains in ``days``."""
+    if start > max_gpus:
+        raise ValueError(f"gpus={start:,} is above the limit of {max_gpus:,} for the fewest-gpus search")
     n = max(start, 1)
-    while n <= MAX_GPUS:
+    while n <= max_gpus:
         cluster = resolve_cluster(gpu=gpu, gpus=n, node_size=node_size, scale_out=scale_out)
         result = search(spec, cluster, work, headroom=headroom, allow_cross_node_tp=allow, order=order)
         if result.feasible:
@@ -406,4 +414,4 @@ def _fewest_gpus(
             if tokens / rate / 86400 <= days:
                 return n
         n *= 2
-    raise ValueError(f"no fleet of up to {MAX_GPUS} {gpu} trains {tokens:.3g} tokens within {days} days")
+    raise ValueError(f"no fleet of up to {max_gpus:,} {gpu} trains {tokens:.3g} tokens within {days} days")

@@ -8,8 +8,11 @@ the Pareto front of step time against memory per GPU.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -19,15 +22,39 @@ import numpy.typing as npt
 
 from meshplan.core.constraints import RULES
 from meshplan.core.memory import MemoryBill, state_bytes
-from meshplan.core.params import count_params
+from meshplan.core.params import ParamCount, count_params
 from meshplan.core.placement import DEFAULT_ORDER, place
 from meshplan.core.plan import mesh_sizes
 from meshplan.core.step_time import StepTime, step_time
 from meshplan.core.training import peak_bill
-from meshplan.search.space import LayoutBatch, SearchSpace, enumerate_layouts
+from meshplan.search.space import LayoutBatch, SearchSpace, iter_layouts
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
+
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("search_deadline", default=None)
+
+
+class SearchTimeout(Exception):
+    """A search ran past the time limit set with ``time_limit`` (the HTTP API answers 503)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Searches started inside stop with SearchTimeout once ``seconds`` have passed (checked between chunks)."""
+    token = _DEADLINE.set(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def check_deadline() -> None:
+    """SearchTimeout if the time limit of the current context has passed."""
+    deadline = _DEADLINE.get()
+    if deadline is not None and time.monotonic() > deadline:
+        raise SearchTimeout("the search ran past its time limit; ask for fewer GPUs or a narrower search")
+
 
 OOM = "OOM"
 TP_CROSSES = "TP crosses node"
@@ -91,44 +118,34 @@ def search(
     order: tuple[str, ...] = DEFAULT_ORDER,
     objective: Objective = Objective.STEP_TIME,
 ) -> SearchResult:
-    """Search every layout of ``model`` on ``cluster`` for ``workload``; the fastest that fit come first."""
+    """Search every layout of ``model`` on ``cluster`` for ``workload``; the fastest that fit come first.
+
+    Candidates are evaluated a chunk at a time (``space.iter_layouts``) and only the feasible ones are kept, so
+    memory stays bounded however large the fleet.
+    """
     start = time.perf_counter()
     space = space or SearchSpace(max_tp=max(4 * cluster.domain_size, 8) if not allow_cross_node_tp else None)
-    batch = enumerate_layouts(
+    params = count_params(model)
+    budget = cluster.gpu.hbm_bytes * (1 - headroom)
+    counts: dict[str, int] = {}
+    evaluated = 0
+    kept: list[tuple[LayoutBatch, StepTime, MemoryBill]] = []
+    for batch in iter_layouts(
         model,
         num_gpus=cluster.num_gpus,
         global_batch=workload.global_batch,
         space=space,
         domain=cluster.domain_size,
         allow_cross_node_tp=True,
-    )
-    counts: dict[str, int] = {}
-    alive = np.ones(len(batch), dtype=np.bool_)
-    for rule in RULES:
-        _reject(
-            np.asarray(rule.holds(model, batch, workload, cluster.num_gpus), dtype=np.bool_), alive, rule.reason, counts
-        )
-    if not allow_cross_node_tp:
-        _reject(batch.tp <= cluster.domain_size, alive, TP_CROSSES, counts)
-    params = count_params(model)
-    budget = cluster.gpu.hbm_bytes * (1 - headroom)
-    valid = batch.take(alive)
-    # the first stage's model state is part of its bill: over budget alone, the layout cannot fit
-    light = np.asarray(state_bytes(model, params, valid, workload, stage=0) <= budget, dtype=np.bool_)
-    counts[OOM] = int((~light).sum())
-    batch_ok = valid.take(light)
-    bill = peak_bill(model, params, batch_ok, workload, calibration=cluster.gpu.calibration)
-    fits = np.asarray(bill.total_bytes <= budget, dtype=np.bool_)
-    still = np.ones(len(batch_ok), dtype=np.bool_)
-    _reject(fits, still, OOM, counts)
-    feasible = batch_ok.take(still)
-    bill = MemoryBill(
-        **{k: np.asarray(v)[still] for k, v in bill.as_dict().items() if k in MemoryBill.__dataclass_fields__}
-    )
-    placement = place(mesh_sizes(feasible), order=order, domain=cluster.domain_size)
-    step, _ = step_time(model, params, feasible, workload, cluster, placement)
+    ):
+        check_deadline()
+        evaluated += len(batch)
+        part = _evaluate_chunk(model, params, batch, workload, cluster, budget, allow_cross_node_tp, order, counts)
+        if part is not None:
+            kept.append(part)
+    feasible, step, bill = _concatenate(kept)
     times = np.asarray(step.step_time_s, dtype=np.float64) * np.ones(len(feasible))
-    total = np.asarray(bill.total_bytes, dtype=np.float64)
+    total = np.asarray(bill.total_bytes, dtype=np.float64) * np.ones(len(feasible))
     ranking = _rank(times, total, objective)
     result_batch = feasible.take(ranking)
     step = _take(step, ranking)
@@ -138,11 +155,84 @@ def search(
         candidates=result_batch,
         step=step,
         memory=bill,
-        evaluated=len(batch),
+        evaluated=evaluated,
         rejections=counts,
         elapsed_s=time.perf_counter() - start,
         pareto=front,
     )
+
+
+def _evaluate_chunk(
+    model: ModelSpec,
+    params: ParamCount,
+    batch: LayoutBatch,
+    workload: Workload,
+    cluster: Cluster,
+    budget: float,
+    allow_cross_node_tp: bool,
+    order: tuple[str, ...],
+    counts: dict[str, int],
+) -> tuple[LayoutBatch, StepTime, MemoryBill] | None:
+    """The layouts of one chunk that pass every rule and fit, with their step time and bill (None: none do)."""
+    alive = np.ones(len(batch), dtype=np.bool_)
+    for rule in RULES:
+        _reject(
+            np.asarray(rule.holds(model, batch, workload, cluster.num_gpus), dtype=np.bool_), alive, rule.reason, counts
+        )
+    if not allow_cross_node_tp:
+        _reject(batch.tp <= cluster.domain_size, alive, TP_CROSSES, counts)
+    valid = batch.take(alive)
+    # the first stage's model state is part of its bill: over budget alone, the layout cannot fit
+    light = np.asarray(state_bytes(model, params, valid, workload, stage=0) <= budget, dtype=np.bool_)
+    counts[OOM] = counts.get(OOM, 0) + int((~light).sum())
+    batch_ok = valid.take(light)
+    if not len(batch_ok):
+        return None
+    bill = peak_bill(model, params, batch_ok, workload, calibration=cluster.gpu.calibration)
+    fits = np.asarray(bill.total_bytes <= budget, dtype=np.bool_)
+    still = np.ones(len(batch_ok), dtype=np.bool_)
+    _reject(fits, still, OOM, counts)
+    if not still.any():
+        return None
+    feasible = batch_ok.take(still)
+    bill = MemoryBill(
+        **{k: np.asarray(v)[still] for k, v in bill.as_dict().items() if k in MemoryBill.__dataclass_fields__}
+    )
+    placement = place(mesh_sizes(feasible), order=order, domain=cluster.domain_size)
+    step, _ = step_time(model, params, feasible, workload, cluster, placement)
+    return feasible, step, bill
+
+
+def _concatenate(parts: list[tuple[LayoutBatch, StepTime, MemoryBill]]) -> tuple[LayoutBatch, StepTime, MemoryBill]:
+    """The feasible layouts of every chunk as one batch, step time and bill (per-layout arrays joined)."""
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        empty = LayoutBatch.of([])
+        return empty, _empty(StepTime), _empty(MemoryBill)
+    sizes = [len(b) for b, _, _ in parts]
+    batch = LayoutBatch(
+        **{f.name: np.concatenate([getattr(b, f.name) for b, _, _ in parts]) for f in dataclasses.fields(LayoutBatch)}
+    )
+    return batch, _join([s for _, s, _ in parts], sizes), _join([m for _, _, m in parts], sizes)
+
+
+def _join(objs: list[Any], sizes: list[int]) -> Any:
+    """Dataclasses of per-layout arrays joined field by field; a scalar field stays a scalar if equal everywhere."""
+    values = {}
+    for f in dataclasses.fields(objs[0]):
+        items = [getattr(o, f.name) for o in objs]
+        if all(not isinstance(v, np.ndarray) for v in items) and all(v == items[0] for v in items):
+            values[f.name] = items[0]
+        else:
+            values[f.name] = np.concatenate(
+                [np.broadcast_to(np.asarray(v), (n,)) for v, n in zip(items, sizes, strict=True)]
+            )
+    return type(objs[0])(**values)
+
+
+def _empty(cls: type[Any]) -> Any:
+    return cls(**{f.name: np.zeros(0) for f in dataclasses.fields(cls)})
 
 
 def _rank(

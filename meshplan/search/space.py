@@ -8,7 +8,7 @@ count per reason.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -144,6 +144,48 @@ def _mesh_shapes(num_gpus: int, model: ModelSpec, max_tp: int, max_cp: int) -> l
     return out
 
 
+CHUNK_CANDIDATES = 1 << 18
+"""Candidates evaluated at once by a chunked search: bounds its memory (about 0.3 GB a chunk) on any fleet."""
+
+
+def _outer_rows(
+    model: ModelSpec, *, num_gpus: int, space: SearchSpace, domain: int, allow_cross_node_tp: bool
+) -> list[tuple[int, int, int, int, int, int]]:
+    max_tp = space.max_tp or (num_gpus if allow_cross_node_tp else domain)
+    return [
+        (tp, cp, pp, dp, ep, shard)
+        for tp, cp, pp, dp in _mesh_shapes(num_gpus, model, max_tp, space.max_cp)
+        for ep in (divisors(dp * cp) if model.moe else [1])  # the rules reject what does not divide the experts
+        for shard in divisors(dp)
+    ]
+
+
+def _inner_count(space: SearchSpace) -> int:
+    sizes = (space.vpp_choices, space.micro_batch_choices, space.zero_choices, space.recompute_choices, (0, 1))
+    count = 1
+    for values in sizes:
+        count *= len(values)
+    return count * (2 if space.zero_bubble else 1)
+
+
+def iter_layouts(
+    model: ModelSpec,
+    *,
+    num_gpus: int,
+    global_batch: int,
+    space: SearchSpace,
+    domain: int,
+    allow_cross_node_tp: bool,
+    chunk: int = CHUNK_CANDIDATES,
+) -> Iterator[LayoutBatch]:
+    """The candidates of ``enumerate_layouts`` in batches of about ``chunk`` (at least one mesh row each),
+    in the same order: a search over millions of layouts holds one batch at a time."""
+    rows = _outer_rows(model, num_gpus=num_gpus, space=space, domain=domain, allow_cross_node_tp=allow_cross_node_tp)
+    step = max(1, chunk // _inner_count(space))
+    for start in range(0, max(len(rows), 1), step):
+        yield _expand(rows[start : start + step], global_batch=global_batch, space=space)
+
+
 def enumerate_layouts(
     model: ModelSpec,
     *,
@@ -162,13 +204,23 @@ def enumerate_layouts(
     a shard group of more than one rank, sequence parallelism needs TP,
     virtual stages need a pipeline.
     """
-    max_tp = space.max_tp or (num_gpus if allow_cross_node_tp else domain)
-    rows = [
-        (tp, cp, pp, dp, ep, shard)
-        for tp, cp, pp, dp in _mesh_shapes(num_gpus, model, max_tp, space.max_cp)
-        for ep in (divisors(dp * cp) if model.moe else [1])  # the rules reject what does not divide the experts
-        for shard in divisors(dp)
-    ]
+    batches = list(
+        iter_layouts(
+            model,
+            num_gpus=num_gpus,
+            global_batch=global_batch,
+            space=space,
+            domain=domain,
+            allow_cross_node_tp=allow_cross_node_tp,
+        )
+    )
+    if len(batches) == 1:
+        return batches[0]
+    return _from_columns({f.name: np.concatenate([getattr(b, f.name) for b in batches]) for f in fields(LayoutBatch)})
+
+
+def _expand(rows: list[tuple[int, int, int, int, int, int]], *, global_batch: int, space: SearchSpace) -> LayoutBatch:
+    """The outer rows crossed with the inner choices each accepts."""
     names = [f.name for f in fields(LayoutBatch)]
     if not rows:
         return _from_columns({k: np.zeros(0, dtype=np.bool_ if k == "sp" else np.int64) for k in names})

@@ -9,6 +9,7 @@ answers are kept so that asking again is instant.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -112,7 +113,8 @@ def plan(
     }
     key = ("plan", _model_key(model), *sorted(kwargs.items()))
     gate: SearchGate = request.app.state.searches
-    return gate.run(key, lambda: json_dict(plan_report(model, explain=True, **kwargs)))
+    search = functools.partial(plan_report, model, explain=True, max_gpus=parse.MAX_GPUS, **kwargs)
+    return gate.run(key, lambda: json_dict(search()))
 
 
 @router.get("/recipes", summary="The published recipes and their parallel factors (meshplan recipe --list)")
