@@ -19,6 +19,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 
 from meshplan.reports.plan import plan_report
 from meshplan.reports.recipes import list_report, recipe_report, recipes
+from meshplan.search.rank import time_limit
 from meshplan.server import parse
 from meshplan.server.api import FinetuneArg, GpuArg, Gpus, ModelArg, Name, Seq, json_dict
 from meshplan.spec.model import ModelSpec
@@ -114,7 +115,7 @@ def plan(
     key = ("plan", _model_key(model), *sorted(kwargs.items()))
     gate: SearchGate = request.app.state.searches
     search = functools.partial(plan_report, model, explain=True, max_gpus=parse.MAX_GPUS, **kwargs)
-    return gate.run(key, lambda: json_dict(search()))
+    return gate.run(key, lambda: _limited(search))
 
 
 @router.get("/recipes", summary="The published recipes and their parallel factors (meshplan recipe --list)")
@@ -129,4 +130,10 @@ def recipe(request: Request, name: str, rank: bool = False) -> dict[str, Any]:
     if not rank:
         return json_dict(recipe_report(name, rank=False))
     gate: SearchGate = request.app.state.searches
-    return gate.run(("recipe", name), lambda: json_dict(recipe_report(name, rank=True)))
+    return gate.run(("recipe", name), lambda: _limited(functools.partial(recipe_report, name, rank=True)))
+
+
+def _limited(compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A search run under the API's time limit (SearchTimeout past it: 503), as JSON data."""
+    with time_limit(parse.SEARCH_TIME_LIMIT_S):
+        return json_dict(compute())
