@@ -195,7 +195,51 @@ def _nonnegative(text: str) -> float:
     return value
 
 
+class _Progress:
+    """Layouts searched and time spent, on one stderr line that rewrites itself, once a search passes 1 s."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def __call__(self, evaluated: int, elapsed_s: float) -> None:
+        if elapsed_s >= 1.0:
+            sys.stderr.write(f"\rsearching: {evaluated:,} layouts evaluated, {elapsed_s:.1f} s")
+            sys.stderr.flush()
+            self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _search_progress(args: argparse.Namespace) -> Any:
+    """A context that shows search progress on a terminal's stderr (never with --json or into a pipe)."""
+    import contextlib
+
+    if args.json or not sys.stderr.isatty():
+        return contextlib.nullcontext()
+    from meshplan.search.rank import progress
+
+    shown = _Progress()
+
+    @contextlib.contextmanager
+    def showing() -> Any:
+        try:
+            with progress(shown):
+                yield
+        finally:
+            shown.clear()
+
+    return showing()
+
+
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
+    with _search_progress(args):
+        return _plan(args)
+
+
+def _plan(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.plan import plan_report
 
     result = plan_report(
@@ -243,7 +287,8 @@ def _cmd_recipe(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.list or not args.name:
         return list_report()
-    return recipe_report(args.name, rank=not args.no_rank)
+    with _search_progress(args):
+        return recipe_report(args.name, rank=not args.no_rank)
 
 
 SERVING_ENGINES = ("vllm", "sglang")

@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -54,6 +54,21 @@ def check_deadline() -> None:
     deadline = _DEADLINE.get()
     if deadline is not None and time.monotonic() > deadline:
         raise SearchTimeout("the search ran past its time limit; ask for fewer GPUs or a narrower search")
+
+
+_PROGRESS: contextvars.ContextVar[Callable[[int, float], None] | None] = contextvars.ContextVar(
+    "search_progress", default=None
+)
+
+
+@contextlib.contextmanager
+def progress(report: Callable[[int, float], None]) -> Iterator[None]:
+    """Searches started inside call ``report(layouts evaluated so far, seconds elapsed)`` after each chunk."""
+    token = _PROGRESS.set(report)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
 
 
 OOM = "OOM"
@@ -143,6 +158,9 @@ def search(
         part = _evaluate_chunk(model, params, batch, workload, cluster, budget, allow_cross_node_tp, order, counts)
         if part is not None:
             kept.append(part)
+        report = _PROGRESS.get()
+        if report is not None:
+            report(evaluated, time.perf_counter() - start)
     feasible, step, bill = _concatenate(kept)
     times = np.asarray(step.step_time_s, dtype=np.float64) * np.ones(len(feasible))
     total = np.asarray(bill.total_bytes, dtype=np.float64) * np.ones(len(feasible))
