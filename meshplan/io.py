@@ -88,8 +88,8 @@ def parse_json(text: str, label: str) -> Any:
     """JSON text parsed, with a depth limit and one-line errors naming ``label``."""
     try:
         data = json.loads(text, parse_constant=_no_constant)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"malformed JSON in {label}: {exc}") from None
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, integers of over 4,300 digits
+        raise ValueError(f"malformed JSON in {label}: {str(exc).splitlines()[0]}") from None
     except RecursionError:
         raise ValueError(f"{label} nests arrays or objects too deeply") from None
     return _shallow(data, label)

@@ -109,8 +109,6 @@ def tiny_configs(
     micro_batch: int | None = None,
 ) -> tuple[Any, Any]:
     """(dense, MoE) TinyConfigs; the head dim is hidden / heads, the FFN 2 x hidden, an expert's FFN hidden."""
-    from meshplan.check.runner import DENSE, MOE
-
     given = dict(num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, seq_len=seq, micro_batch=micro_batch)
     changes: dict[str, int] = {k: v for k, v in given.items() if v is not None}
     given_flags = dict(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, seq=seq, micro_batch=micro_batch)
@@ -119,6 +117,8 @@ def tiny_configs(
             raise ValueError(f"{name} must be a positive integer, got {value}")
         if value is not None and value > LIMITS[name]:
             raise ValueError(f"--{name.replace('_', '-')} {value} is above the check's limit of {LIMITS[name]:,}")
+    from meshplan.check.runner import DENSE, MOE  # imports torch: only once the flags are known to be sane
+
     if hidden is not None or heads is not None:
         h, a = hidden or DENSE.hidden, heads or DENSE.num_heads
         if h % a:

@@ -101,6 +101,17 @@ class GpuCalibration:
     """Caching-allocator fragmentation, as a fraction of dynamic memory."""
     source: str = ""
 
+    def __post_init__(self) -> None:
+        shares = ("matmul_efficiency_max", "attention_efficiency", "hbm_efficiency", "overlap_efficiency")
+        for name in shares:
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"calibration {name} must be in (0, 1], got {getattr(self, name)}")
+        for name in ("matmul_half_dim", "kernel_overhead_s", "pipeline_step_overhead_s", "framework_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"calibration {name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.fragmentation < 1:
+            raise ValueError(f"calibration fragmentation must be in [0, 1), got {self.fragmentation}")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GPU:
@@ -129,6 +140,8 @@ class GPU:
             raise ValueError(f"gpu {self.name}: HBM capacity and bandwidth must be positive")
         if DType.BF16 not in self.peak_flops:
             raise ValueError(f"gpu {self.name}: peak_flops must give bf16")
+        if any(not flops > 0 for flops in self.peak_flops.values()):
+            raise ValueError(f"gpu {self.name}: every peak_flops value must be positive")
         if self.scale_up_domain < 1 or self.gpus_per_node < 1:
             raise ValueError(f"gpu {self.name}: scale_up_domain and gpus_per_node must be >= 1")
 

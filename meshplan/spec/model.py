@@ -85,12 +85,11 @@ class MoESpec:
     """A sigmoid gate (hidden -> 1) on the shared expert (Qwen2-MoE)."""
 
     def __post_init__(self) -> None:
+        _bounded(MAX_EXPERTS, num_experts=self.num_experts)
         _positive(
-            num_experts=self.num_experts,
             experts_per_token=self.experts_per_token,
             expert_ffn_hidden=self.expert_ffn_hidden,
         )
-        _bounded(MAX_EXPERTS, num_experts=self.num_experts)
         _require(
             self.experts_per_token <= self.num_experts,
             f"experts_per_token={self.experts_per_token} must not exceed num_experts={self.num_experts}",
