@@ -181,20 +181,29 @@ def serve(host: str = "127.0.0.1", port: int | None = None, open_browser: bool =
     print(f"meshplan explorer at {url}  (Ctrl-C to stop)", flush=True)
     if open_browser:
         threading.Timer(0.5, webbrowser.open, args=(url,)).start()
-    from meshplan.server.protocol import TimedH11Protocol
+    server = uvicorn.Server(server_config(create_app()))
+    server.run(sockets=[sock])
 
+
+def server_config(app: ASGIApp, *, header_timeout_s: float | None = None) -> Any:
+    """The uvicorn configuration ``serve`` runs: a header-read timeout, keep-alive of 5 s, bounded connections."""
+    import uvicorn
+
+    from meshplan.server.protocol import HEADER_TIMEOUT_S, TimedH11Protocol
+
+    protocol = TimedH11Protocol
+    if header_timeout_s is not None and header_timeout_s != HEADER_TIMEOUT_S:
+        protocol = type("TimedH11Protocol", (TimedH11Protocol,), {"header_timeout_s": header_timeout_s})
     files = _raise_fd_limit()
-    config = uvicorn.Config(
-        create_app(),
+    return uvicorn.Config(
+        app,
         log_level="warning",
         lifespan="off",
-        http=TimedH11Protocol,
+        http=protocol,
         timeout_keep_alive=5,
         limit_concurrency=max(64, min(files, MAX_CONNECTIONS) - 100),  # below the open-file limit
         h11_max_incomplete_event_size=16 * 1024,
     )
-    server = uvicorn.Server(config)
-    server.run(sockets=[sock])
 
 
 MAX_CONNECTIONS = 4_096
