@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-
 WEB_EXTRA = "the web explorer needs the [web] extra: pip install 'meshplan[web]'"
 HOSTILE_UPLOADS = {
     "2e8 layers": {
