@@ -390,6 +390,18 @@ def _cmd_ui(args: argparse.Namespace) -> None:
 def _cmd_check(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.check import check_report
 
+    if sys.stderr.isatty() and not args.json:  # the runs take 10 s to minutes: say so while they go
+        sys.stderr.write(f"running {args.world_size} local torch.distributed processes (Ctrl-C stops them)...")
+        sys.stderr.flush()
+    try:
+        return _check(args, check_report)
+    finally:
+        if sys.stderr.isatty() and not args.json:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _check(args: argparse.Namespace, check_report: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     return check_report(
         world_size=args.world_size,
         layouts=args.layouts,

@@ -193,7 +193,12 @@ def server_config(app: ASGIApp, *, header_timeout_s: float | None = None) -> Any
 
     protocol = TimedH11Protocol
     if header_timeout_s is not None and header_timeout_s != HEADER_TIMEOUT_S:
-        protocol = type("TimedH11Protocol", (TimedH11Protocol,), {"header_timeout_s": header_timeout_s})
+        timeout = header_timeout_s
+
+        class Impatient(TimedH11Protocol):
+            header_timeout_s = timeout
+
+        protocol = Impatient
     files = _raise_fd_limit()
     return uvicorn.Config(
         app,
