@@ -56,13 +56,17 @@ def list_links() -> list[str]:
     return sorted(_catalog("links"))
 
 
-def _unknown_name(kind: str, name: str) -> ValueError:
+class UnknownName(ValueError):
+    """A name given by the user that the catalog does not hold (a ValueError: bad input, one line)."""
+
+
+def _unknown_name(kind: str, name: str) -> UnknownName:
     import difflib
 
     names = sorted(_catalog(kind))
     close = difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.5)
     hint = f"closest: {', '.join(close)}" if close else f"known: {', '.join(names)}"
-    return ValueError(f"unknown {_SINGULAR[kind]} '{name}' ({hint})")
+    return UnknownName(f"unknown {_SINGULAR[kind]} '{name}' ({hint})")
 
 
 def _depth(value: Any) -> int:
@@ -317,6 +321,7 @@ def model_to_toml(spec: ModelSpec, *, meta: Mapping[str, Any] | None = None) -> 
 __all__ = [
     "MAX_DEPTH",
     "MAX_FILE_BYTES",
+    "UnknownName",
     "list_gpus",
     "list_links",
     "list_models",

@@ -186,3 +186,26 @@ def test_malformed_saved_plans(
             path.write_text(content if isinstance(content, str) else json.dumps(content))
         line = refused(capsys, "export", "torchtitan", "--from-plan", str(path))
         assert len(line) > len("meshplan: error: ") + 10, (kind, line)  # a sentence, not "error: seq"
+
+
+# --- a bug is not bad input -------------------------------------------------------------------------------------
+
+
+def test_unknown_catalog_names_are_value_errors() -> None:
+    from meshplan import io
+
+    for load in (io.load_model, io.load_gpu, io.load_link):
+        with pytest.raises(io.UnknownName, match="unknown"):
+            load("no-such-name")
+
+
+def test_a_key_error_is_a_bug_not_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KeyError inside a command (a programming error) raises out of main instead of exiting 2."""
+    import meshplan.reports.params as params
+
+    def broken(*args: object, **kwargs: object) -> dict[str, object]:
+        raise KeyError("seq")
+
+    monkeypatch.setattr(params, "params_report", broken)
+    with pytest.raises(KeyError):
+        main(["params", "llama-3.2-1b"])

@@ -63,7 +63,7 @@ def _one_of(value: str, known: Iterable[str], what: str) -> str:
 
     close = difflib.get_close_matches(text, names, n=3, cutoff=0.5)
     hint = f"closest: {', '.join(close)}" if close else f"known: {', '.join(names)}"
-    raise ValueError(f"unknown {what} {value[:MAX_NAME_CHARS]!r} ({hint})")
+    raise io.UnknownName(f"unknown {what} {value[:MAX_NAME_CHARS]!r} ({hint})")
 
 
 def catalog_model(value: str) -> str:

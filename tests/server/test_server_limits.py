@@ -136,3 +136,19 @@ def test_half_sent_requests_are_dropped(impatient_server: int) -> None:
     assert all(_closed(conn) for conn in stuck)
     for conn in stuck:
         conn.close()
+
+
+def test_a_key_error_is_a_500_not_a_400(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KeyError in an endpoint is a bug: the answer is a 500 that says so, not a 400 blaming the input."""
+    pytest.importorskip("fastapi", reason=WEB_EXTRA)
+    from fastapi.testclient import TestClient
+
+    from meshplan.server import api
+    from meshplan.server.app import create_app
+
+    def broken(*args: object, **kwargs: object) -> dict[str, object]:
+        raise KeyError("seq")
+
+    monkeypatch.setattr(api, "params_report", broken)
+    r = TestClient(create_app(), raise_server_exceptions=False).get("/api/params", params={"model": "llama-3.2-1b"})
+    assert r.status_code == 500 and "KeyError" in r.json()["error"]
