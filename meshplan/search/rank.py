@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -32,17 +33,20 @@ from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
-_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("search_deadline", default=None)
+_DEADLINE: contextvars.ContextVar[tuple[float, threading.Event | None] | None] = contextvars.ContextVar(
+    "search_deadline", default=None
+)
 
 
 class SearchTimeout(Exception):
-    """A search ran past the time limit set with ``time_limit`` (the HTTP API answers 503)."""
+    """A search ran past the time limit set with ``time_limit``, or was cancelled (the HTTP API answers 503)."""
 
 
 @contextlib.contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    """Searches started inside stop with SearchTimeout once ``seconds`` have passed (checked between chunks)."""
-    token = _DEADLINE.set(time.monotonic() + seconds)
+def time_limit(seconds: float, *, cancel: threading.Event | None = None) -> Iterator[None]:
+    """Searches started inside stop with SearchTimeout once ``seconds`` have passed or ``cancel`` is set
+    (checked between chunks of candidates, so within a fraction of a second)."""
+    token = _DEADLINE.set((time.monotonic() + seconds, cancel))
     try:
         yield
     finally:
@@ -50,9 +54,14 @@ def time_limit(seconds: float) -> Iterator[None]:
 
 
 def check_deadline() -> None:
-    """SearchTimeout if the time limit of the current context has passed."""
-    deadline = _DEADLINE.get()
-    if deadline is not None and time.monotonic() > deadline:
+    """SearchTimeout if the time limit of the current context has passed or its search was cancelled."""
+    limit = _DEADLINE.get()
+    if limit is None:
+        return
+    deadline, cancel = limit
+    if cancel is not None and cancel.is_set():
+        raise SearchTimeout("the search was cancelled (the client left)")
+    if time.monotonic() > deadline:
         raise SearchTimeout("the search ran past its time limit; ask for fewer GPUs or a narrower search")
 
 

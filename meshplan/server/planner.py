@@ -9,6 +9,7 @@ answers are kept so that asking again is instant.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import threading
 from collections import OrderedDict
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
+from starlette.concurrency import run_in_threadpool
 
 from meshplan.reports.plan import plan_report
 from meshplan.reports.recipes import list_report, recipe_report, recipes
@@ -70,7 +72,7 @@ def _model_key(model: ModelSpec | str) -> Any:
 
 
 @router.get("/plan", summary="Search every layout: the best that fit, the Pareto front, rejections (meshplan plan)")
-def plan(
+async def plan(
     request: Request,
     model: ModelArg,
     gpu: GpuArg,
@@ -115,7 +117,7 @@ def plan(
     key = ("plan", _model_key(model), *sorted(kwargs.items()))
     gate: SearchGate = request.app.state.searches
     search = functools.partial(plan_report, model, explain=True, max_gpus=parse.MAX_GPUS, **kwargs)
-    return gate.run(key, lambda: _limited(search))
+    return await run_while_connected(request, lambda cancel: gate.run(key, lambda: _limited(search, cancel)))
 
 
 @router.get("/recipes", summary="The published recipes and their parallel factors (meshplan recipe --list)")
@@ -124,16 +126,39 @@ def recipe_list() -> dict[str, Any]:
 
 
 @router.get("/recipe/{name}", summary="One published recipe evaluated: placement, collectives, step time")
-def recipe(request: Request, name: str, rank: bool = False) -> dict[str, Any]:
+async def recipe(request: Request, name: str, rank: bool = False) -> dict[str, Any]:
     if name not in recipes():
         raise HTTPException(404, f"unknown recipe {name[: parse.MAX_NAME_CHARS]!r} (recipes: {', '.join(recipes())})")
     if not rank:
-        return json_dict(recipe_report(name, rank=False))
+        return await run_in_threadpool(lambda: json_dict(recipe_report(name, rank=False)))
     gate: SearchGate = request.app.state.searches
-    return gate.run(("recipe", name), lambda: _limited(functools.partial(recipe_report, name, rank=True)))
+    ranked = functools.partial(recipe_report, name, rank=True)
+    return await run_while_connected(
+        request, lambda cancel: gate.run(("recipe", name), lambda: _limited(ranked, cancel))
+    )
 
 
-def _limited(compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """A search run under the API's time limit (SearchTimeout past it: 503), as JSON data."""
-    with time_limit(parse.SEARCH_TIME_LIMIT_S):
+def _limited(compute: Callable[[], dict[str, Any]], cancel: threading.Event) -> dict[str, Any]:
+    """A search run under the API's time limit (SearchTimeout past it, or once cancelled: 503), as JSON data."""
+    with time_limit(parse.SEARCH_TIME_LIMIT_S, cancel=cancel):
         return json_dict(compute())
+
+
+POLL_S = 0.25
+"""How often a running search looks whether its client is still there."""
+
+
+async def run_while_connected(request: Request, work: Callable[[threading.Event], dict[str, Any]]) -> dict[str, Any]:
+    """``work(cancel)`` in a worker thread, off the event loop; ``cancel`` is set if the client disconnects, so
+    the search stops at its next chunk instead of running on for nobody (and holding the one search slot)."""
+    cancel = threading.Event()
+    task = asyncio.ensure_future(run_in_threadpool(work, cancel))
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                cancel.set()
+    finally:
+        cancel.set()  # the request ended (answered, failed or cancelled): a search still running stops

@@ -152,3 +152,47 @@ def test_a_key_error_is_a_500_not_a_400(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(api, "params_report", broken)
     r = TestClient(create_app(), raise_server_exceptions=False).get("/api/params", params={"model": "llama-3.2-1b"})
     assert r.status_code == 500 and "KeyError" in r.json()["error"]
+
+
+def test_a_search_stops_when_its_client_leaves() -> None:
+    """The planner's worker thread sees the cancel flag at its next chunk once the client has disconnected."""
+    import asyncio
+
+    from meshplan.search.rank import SearchTimeout, check_deadline, time_limit
+    from meshplan.server.planner import run_while_connected
+
+    class Gone:
+        async def is_disconnected(self) -> bool:
+            return True
+
+    def endless(cancel: threading.Event) -> dict[str, Any]:
+        with time_limit(60, cancel=cancel):
+            while True:
+                check_deadline()  # what search() does between chunks
+                time.sleep(0.01)
+
+    outcome: list[BaseException] = []
+
+    def in_own_loop() -> None:  # the browser tests may keep an event loop running in the main thread
+        try:
+            asyncio.run(run_while_connected(Gone(), endless))  # type: ignore[arg-type]
+        except BaseException as exc:
+            outcome.append(exc)
+
+    start = time.monotonic()
+    thread = threading.Thread(target=in_own_loop)
+    thread.start()
+    thread.join(timeout=10)
+    assert time.monotonic() - start < 3
+    assert len(outcome) == 1 and isinstance(outcome[0], SearchTimeout) and "cancelled" in str(outcome[0])
+
+
+def test_a_search_past_its_time_limit_stops() -> None:
+    from meshplan import io
+    from meshplan.reports.inputs import resolve_cluster
+    from meshplan.search.rank import SearchTimeout, search, time_limit
+    from meshplan.spec.workload import Workload
+
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=64)
+    with time_limit(-1.0), pytest.raises(SearchTimeout, match="time limit"):
+        search(io.load_model("llama-3.1-8b"), cluster, Workload(seq_len=4096, global_batch=256))
