@@ -206,6 +206,7 @@ def serving_report(
         gpu_memory_utilization=gpu_memory_utilization,
     )
     replicas = gpus // (tp * pp)
+    warnings = _serving_warnings(spec, gpu_spec, tp=tp, pp=pp, context=bill.context)
     return {
         "model": spec.name,
         "gpu": gpu_spec.name,
@@ -228,4 +229,19 @@ def serving_report(
         "max_concurrent_sequences": bill.max_concurrent_sequences * replicas,
         "max_concurrent_sequences_per_replica": bill.max_concurrent_sequences,
         "fits": bill.fits,
+        "warnings": warnings,
     }
+
+
+def _serving_warnings(spec: ModelSpec, gpu: GPU, *, tp: int, pp: int, context: int) -> list[str]:
+    """What a serving layout does that users rarely mean: TP over the fabric, a context past the model's."""
+    out = []
+    domain = gpu.scale_up_domain
+    if tp > domain:
+        out.append(
+            f"tp={tp} spans {-(-tp // domain)} NVLink domains of {domain} GPUs: every layer's all-reduce crosses "
+            f"the fabric; engines run TP inside a node (e.g. --tp {domain} --pp {pp * tp // domain})"
+        )
+    if spec.max_seq_len and context > spec.max_seq_len:
+        out.append(f"context {context:,} is longer than the {spec.max_seq_len:,} tokens {spec.name} was trained for")
+    return out

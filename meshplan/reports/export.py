@@ -167,4 +167,6 @@ def export_serving(
         quantization=quant,
     )
     export = SERVING_EXPORTERS[eng](plan, predicted=predicted)
-    return _export_dict(export) | {"predicted": predicted}
+    out = _export_dict(export) | {"predicted": predicted}
+    out["notes"] = [*out["notes"], *(f"warning: {w}" for w in bill["warnings"])]
+    return out
