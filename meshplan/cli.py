@@ -201,9 +201,9 @@ class _Progress:
     def __init__(self) -> None:
         self.shown = False
 
-    def __call__(self, evaluated: int, elapsed_s: float) -> None:
+    def __call__(self, evaluated: int, share: float, elapsed_s: float) -> None:
         if elapsed_s >= 1.0:
-            sys.stderr.write(f"\rsearching: {evaluated:,} layouts evaluated, {elapsed_s:.1f} s")
+            sys.stderr.write(f"\rsearching: {evaluated:,} layouts evaluated ({share:.0%}), {elapsed_s:.1f} s")
             sys.stderr.flush()
             self.shown = True
 

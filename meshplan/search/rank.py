@@ -28,7 +28,7 @@ from meshplan.core.placement import DEFAULT_ORDER, place
 from meshplan.core.plan import mesh_sizes
 from meshplan.core.step_time import StepTime, step_time
 from meshplan.core.training import peak_bill
-from meshplan.search.space import LayoutBatch, SearchSpace, iter_layouts
+from meshplan.search.space import LayoutBatch, SearchSpace, layout_chunks
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
@@ -65,14 +65,15 @@ def check_deadline() -> None:
         raise SearchTimeout("the search ran past its time limit; ask for fewer GPUs or a narrower search")
 
 
-_PROGRESS: contextvars.ContextVar[Callable[[int, float], None] | None] = contextvars.ContextVar(
+_PROGRESS: contextvars.ContextVar[Callable[[int, float, float], None] | None] = contextvars.ContextVar(
     "search_progress", default=None
 )
 
 
 @contextlib.contextmanager
-def progress(report: Callable[[int, float], None]) -> Iterator[None]:
-    """Searches started inside call ``report(layouts evaluated so far, seconds elapsed)`` after each chunk."""
+def progress(report: Callable[[int, float, float], None]) -> Iterator[None]:
+    """Searches started inside call ``report(layouts evaluated, share of the search done, seconds elapsed)``
+    after each chunk."""
     token = _PROGRESS.set(report)
     try:
         yield
@@ -154,14 +155,15 @@ def search(
     counts: dict[str, int] = {}
     evaluated = 0
     kept: list[tuple[LayoutBatch, StepTime, MemoryBill]] = []
-    for batch in iter_layouts(
+    num_chunks, chunks = layout_chunks(
         model,
         num_gpus=cluster.num_gpus,
         global_batch=workload.global_batch,
         space=space,
         domain=cluster.domain_size,
         allow_cross_node_tp=True,
-    ):
+    )
+    for done, batch in enumerate(chunks, start=1):
         check_deadline()
         evaluated += len(batch)
         part = _evaluate_chunk(model, params, batch, workload, cluster, budget, allow_cross_node_tp, order, counts)
@@ -169,7 +171,7 @@ def search(
             kept.append(part)
         report = _PROGRESS.get()
         if report is not None:
-            report(evaluated, time.perf_counter() - start)
+            report(evaluated, done / num_chunks, time.perf_counter() - start)
     feasible, step, bill = _concatenate(kept)
     times = np.asarray(step.step_time_s, dtype=np.float64) * np.ones(len(feasible))
     total = np.asarray(bill.total_bytes, dtype=np.float64) * np.ones(len(feasible))

@@ -180,10 +180,33 @@ def iter_layouts(
 ) -> Iterator[LayoutBatch]:
     """The candidates of ``enumerate_layouts`` in batches of about ``chunk`` (at least one mesh row each),
     in the same order: a search over millions of layouts holds one batch at a time."""
+    _, batches = layout_chunks(
+        model,
+        num_gpus=num_gpus,
+        global_batch=global_batch,
+        space=space,
+        domain=domain,
+        allow_cross_node_tp=allow_cross_node_tp,
+        chunk=chunk,
+    )
+    return batches
+
+
+def layout_chunks(
+    model: ModelSpec,
+    *,
+    num_gpus: int,
+    global_batch: int,
+    space: SearchSpace,
+    domain: int,
+    allow_cross_node_tp: bool,
+    chunk: int = CHUNK_CANDIDATES,
+) -> tuple[int, Iterator[LayoutBatch]]:
+    """(how many batches, the batches) of ``iter_layouts``: the count lets a long search show its progress."""
     rows = _outer_rows(model, num_gpus=num_gpus, space=space, domain=domain, allow_cross_node_tp=allow_cross_node_tp)
     step = max(1, chunk // _inner_count(space))
-    for start in range(0, max(len(rows), 1), step):
-        yield _expand(rows[start : start + step], global_batch=global_batch, space=space)
+    starts = range(0, max(len(rows), 1), step)
+    return len(starts), (_expand(rows[i : i + step], global_batch=global_batch, space=space) for i in starts)
 
 
 def enumerate_layouts(
