@@ -7,15 +7,12 @@ imported inside the command that needs them, so start-up stays fast.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-
-class UsageError(Exception):
-    """A mistake in the command line, reported in one line with exit code 2."""
+from meshplan.cli_support import UsageError, check_numbers, error_line, save_json, search_progress
 
 
 class _Parser(argparse.ArgumentParser):
@@ -195,47 +192,8 @@ def _nonnegative(text: str) -> float:
     return value
 
 
-class _Progress:
-    """Layouts searched and time spent, on one stderr line that rewrites itself, once a search passes 1 s."""
-
-    def __init__(self) -> None:
-        self.shown = False
-
-    def __call__(self, evaluated: int, share: float, elapsed_s: float) -> None:
-        if elapsed_s >= 1.0:
-            sys.stderr.write(f"\rsearching: {evaluated:,} layouts evaluated ({share:.0%}), {elapsed_s:.1f} s")
-            sys.stderr.flush()
-            self.shown = True
-
-    def clear(self) -> None:
-        if self.shown:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
-
-
-def _search_progress(args: argparse.Namespace) -> Any:
-    """A context that shows search progress on a terminal's stderr (never with --json or into a pipe)."""
-    import contextlib
-
-    if args.json or not sys.stderr.isatty():
-        return contextlib.nullcontext()
-    from meshplan.search.rank import progress
-
-    shown = _Progress()
-
-    @contextlib.contextmanager
-    def showing() -> Any:
-        try:
-            with progress(shown):
-                yield
-        finally:
-            shown.clear()
-
-    return showing()
-
-
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
-    with _search_progress(args):
+    with search_progress(args):
         return _plan(args)
 
 
@@ -265,21 +223,8 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
         days=args.days,
     )
     if args.save:
-        _save(args.save, result)
+        save_json(args.save, result, command="plan")
     return result
-
-
-def _save(path: str, result: dict[str, Any]) -> None:
-    import json
-    from pathlib import Path
-
-    target = Path(path)
-    if not target.parent.is_dir():
-        raise UsageError(f"meshplan plan: --save {path}: the folder {target.parent} does not exist")
-    try:
-        target.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"meshplan plan: --save {path}: {exc.strerror or exc}") from None
 
 
 def _cmd_recipe(args: argparse.Namespace) -> dict[str, Any]:
@@ -287,7 +232,7 @@ def _cmd_recipe(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.list or not args.name:
         return list_report()
-    with _search_progress(args):
+    with search_progress(args):
         return recipe_report(args.name, rank=not args.no_rank)
 
 
@@ -575,38 +520,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_port, default=0, help="port to listen on (default: a free one)")
     p.add_argument("--open", action="store_true", help="open the explorer in the default browser")
     return parser
-
-
-FLOAT_BOUNDS: dict[str, tuple[float, float]] = {
-    "tokens": (1.0, 1e16),
-    "days": (1e-6, 3650.0),
-    "size_mb": (1e-6, 1e7),
-    "optimizer_bytes": (0.0, 64.0),
-    "headroom": (0.0, 0.99),
-}
-"""Ranges of the float flags, inclusive: what a run can physically be (1e16 tokens is 1,000 x Llama 3's 15T)."""
-
-
-def check_numbers(args: argparse.Namespace) -> None:
-    """Every float flag finite and within its range, or UsageError naming the flag."""
-    for name, value in vars(args).items():
-        if not isinstance(value, float):
-            continue
-        flag = "--" + name.replace("_", "-")
-        low, high = FLOAT_BOUNDS.get(name, (-math.inf, math.inf))
-        if not math.isfinite(value):
-            raise UsageError(f"meshplan {args.command}: {flag} must be a finite number, got {value}")
-        if not low <= value <= high:
-            raise UsageError(f"meshplan {args.command}: {flag} must be in [{low:g}, {high:g}], got {value:g}")
-
-
-def error_line(exc: BaseException) -> str:
-    """One line for a refused input: the message of a ValueError, or what an OSError was about."""
-    if isinstance(exc, OSError):
-        where = f"{exc.filename}: " if exc.filename else ""
-        return f"{where}{exc.strerror or type(exc).__name__}"
-    text = str(exc.args[0]) if exc.args else type(exc).__name__
-    return text.splitlines()[0] if text.strip() else type(exc).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -177,14 +177,14 @@ def check_report(
         raise ValueError(f"world size {world_size} is above {max_world_size()} local processes on this machine")
     if importlib.util.find_spec("torch") is None:
         raise ValueError(TORCH_MISSING)
+    dense, moe = tiny_configs(  # checks the flags before torch is imported
+        hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, seq=seq, micro_batch=micro_batch
+    )
+    check_limits(world_size, dense)
     from meshplan.check.compare import all_ok, compare
     from meshplan.check.predict import predict
     from meshplan.check.runner import run_check
 
-    dense, moe = tiny_configs(
-        hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, seq=seq, micro_batch=micro_batch
-    )
-    check_limits(world_size, dense)
     run, skipped = _plan(names, world_size, dense, moe)
     measured = run_check(world_size, run, dense=dense, moe=moe)
     results, unmeasured = [], []
