@@ -16,10 +16,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshplan.cli import main
+
+pytestmark = pytest.mark.slow  # about 8 s on 2 busy cores; runs by default and in CI
 
 MODELS = ["llama-3.2-1b", "llama-3.1-8b", "mixtral-8x7b", "qwen3-8b", "deepseek-v3"]
 GPUS = ["h100-sxm", "a100-40gb", "l40s", "mi300x"]
