@@ -140,8 +140,30 @@ async def recipe(request: Request, name: str, rank: bool = False) -> dict[str, A
 
 def _limited(compute: Callable[[], dict[str, Any]], cancel: threading.Event) -> dict[str, Any]:
     """A search run under the API's time limit (SearchTimeout past it, or once cancelled: 503), as JSON data."""
-    with time_limit(parse.SEARCH_TIME_LIMIT_S, cancel=cancel):
-        return json_dict(compute())
+    try:
+        with time_limit(parse.SEARCH_TIME_LIMIT_S, cancel=cancel):
+            return json_dict(compute())
+    finally:
+        give_memory_back()
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        import ctypes
+
+        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
+        return trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def give_memory_back() -> None:
+    """Return the heap a search freed to the system (glibc keeps it otherwise: 300 MB after a 4,096-GPU
+    DeepSeek-V3 search, 33 MB after the trim)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 POLL_S = 0.25
