@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import multiprocessing
 import socket
 import tempfile
@@ -260,12 +261,36 @@ def run_check(
         ]
 
 
+PORT_TRIES = 3
+"""Attempts with a fresh port when another program takes the chosen one before the workers bind it."""
+
+
 def _launch(world_size: int, names: list[str], dense: TinyConfig, moe: TinyConfig, out_dir: str) -> None:
     """Start the workers and wait for them; whatever happens (a failure, Ctrl-C), no process is left behind."""
     # a fork server that imported torch once forks every worker: no 3 s torch import per process, and
     # unlike a plain fork it never copies a parent whose OpenMP threads already ran
     multiprocessing.set_forkserver_preload(["meshplan.check.runner"])
-    port = _free_port()
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # we report failures ourselves
+    try:
+        for attempt in range(1, PORT_TRIES + 1):
+            port = _free_port()
+            try:
+                _run_workers(world_size, port, names, dense, moe, out_dir)
+                return
+            except ProcessRaisedException as exc:
+                if "Address already in use" not in str(exc) and "EADDRINUSE" not in str(exc):
+                    raise
+                if attempt == PORT_TRIES:
+                    raise ValueError(
+                        f"{PORT_TRIES} ports in a row on 127.0.0.1 were taken by other programs (the last {port})"
+                    ) from None
+    finally:
+        _stop_forkserver()
+
+
+def _run_workers(
+    world_size: int, port: int, names: list[str], dense: TinyConfig, moe: TinyConfig, out_dir: str
+) -> None:
     context = None
     try:
         context = start_processes(  # type: ignore[no-untyped-call]
@@ -277,17 +302,12 @@ def _launch(world_size: int, names: list[str], dense: TinyConfig, moe: TinyConfi
         )
         while not context.join():
             pass
-    except ProcessRaisedException as exc:
-        if "Address already in use" in str(exc) or "EADDRINUSE" in str(exc):
-            raise ValueError(f"port {port} on 127.0.0.1 was taken by another program; run the check again") from None
-        raise
     finally:
         if context is not None:
             for process in context.processes:
                 if process.is_alive():
                     process.kill()
                     process.join(timeout=5)
-        _stop_forkserver()
 
 
 def _stop_forkserver() -> None:
