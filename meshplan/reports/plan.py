@@ -266,6 +266,9 @@ def plan_report(
         raise ValueError(f"global batch of {global_batch_tokens} tokens is not a whole number of {seq}-token sequences")
     if not 0 <= headroom < 1:
         raise ValueError(f"headroom must be in [0, 1), got {headroom}")
+    for name, value, high in (("tokens", tokens, 1e16), ("days", days, 3650.0)):
+        if value is not None and not 0 < value <= high:  # also refuses NaN and infinities
+            raise ValueError(f"{name} must be in (0, {high:g}], got {value:g}")
     if top < 1:
         raise ValueError(f"top must be >= 1, got {top}")
     order = resolve_order(axis_order)
