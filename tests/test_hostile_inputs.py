@@ -209,3 +209,10 @@ def test_a_key_error_is_a_bug_not_exit_2(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(params, "params_report", broken)
     with pytest.raises(KeyError):
         main(["params", "llama-3.2-1b"])
+
+
+def test_a_fleet_with_too_many_layouts_is_refused_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """9,999,360 GPUs has 264 divisors: tens of billions of MoE layouts, refused before any is built."""
+    argv = ("plan", "deepseek-v3", "--gpu", "h100-sxm", "--gpus", "9999360", "--seq", "4096")
+    line = refused(capsys, *argv, "--global-batch-tokens", "16777216")
+    assert "over the limit" in line

@@ -8,6 +8,7 @@ count per reason.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 
@@ -150,14 +151,20 @@ CHUNK_CANDIDATES = 1 << 18
 
 def _outer_rows(
     model: ModelSpec, *, num_gpus: int, space: SearchSpace, domain: int, allow_cross_node_tp: bool
-) -> list[tuple[int, int, int, int, int, int]]:
+) -> tuple[int, Iterator[tuple[int, int, int, int, int, int]]]:
+    """(how many, the rows lazily): a fleet size with many divisors has tens of millions of rows."""
     max_tp = space.max_tp or (num_gpus if allow_cross_node_tp else domain)
-    return [
-        (tp, cp, pp, dp, ep, shard)
+    shapes = [
+        (tp, cp, pp, dp, divisors(dp * cp) if model.moe else [1], divisors(dp))  # the rules reject bad ep
         for tp, cp, pp, dp in _mesh_shapes(num_gpus, model, max_tp, space.max_cp)
-        for ep in (divisors(dp * cp) if model.moe else [1])  # the rules reject what does not divide the experts
-        for shard in divisors(dp)
     ]
+    count = sum(len(eps) * len(shards) for *_, eps, shards in shapes)
+    rows = ((tp, cp, pp, dp, ep, shard) for tp, cp, pp, dp, eps, shards in shapes for ep in eps for shard in shards)
+    return count, rows
+
+
+MAX_CANDIDATES = 200_000_000
+"""Upper estimate of the layouts one search may evaluate (about 2 minutes on one core): past it, refused."""
 
 
 def _inner_count(space: SearchSpace) -> int:
@@ -203,10 +210,20 @@ def layout_chunks(
     chunk: int = CHUNK_CANDIDATES,
 ) -> tuple[int, Iterator[LayoutBatch]]:
     """(how many batches, the batches) of ``iter_layouts``: the count lets a long search show its progress."""
-    rows = _outer_rows(model, num_gpus=num_gpus, space=space, domain=domain, allow_cross_node_tp=allow_cross_node_tp)
-    step = max(1, chunk // _inner_count(space))
-    starts = range(0, max(len(rows), 1), step)
-    return len(starts), (_expand(rows[i : i + step], global_batch=global_batch, space=space) for i in starts)
+    count, rows = _outer_rows(
+        model, num_gpus=num_gpus, space=space, domain=domain, allow_cross_node_tp=allow_cross_node_tp
+    )
+    inner = _inner_count(space)
+    if count * inner > MAX_CANDIDATES:
+        raise ValueError(
+            f"a search of {num_gpus:,} GPUs would evaluate up to {count * inner:.2g} layouts, over the limit of "
+            f"{MAX_CANDIDATES:.0e}: give a fleet size with fewer divisors (e.g. a power of two) or fewer GPUs"
+        )
+    step = max(1, chunk // inner)
+    num_chunks = max(1, -(-count // step))
+    return num_chunks, (
+        _expand(list(itertools.islice(rows, step)), global_batch=global_batch, space=space) for _ in range(num_chunks)
+    )
 
 
 def enumerate_layouts(
