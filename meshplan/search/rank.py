@@ -173,10 +173,12 @@ def search(
         if report is not None:
             report(evaluated, done / num_chunks, time.perf_counter() - start)
     feasible, step, bill = _concatenate(kept)
+    kept.clear()  # the chunks' copies: only the joined arrays are needed from here
     times = np.asarray(step.step_time_s, dtype=np.float64) * np.ones(len(feasible))
     total = np.asarray(bill.total_bytes, dtype=np.float64) * np.ones(len(feasible))
     ranking = _rank(times, total, objective)
     result_batch = feasible.take(ranking)
+    del feasible
     step = _take(step, ranking)
     bill = _take(bill, ranking)
     front = pareto_front(np.asarray(step.step_time_s) * np.ones(len(ranking)), np.asarray(bill.total_bytes))
