@@ -241,18 +241,33 @@ SERVING_FLAGS = ("dtype", "kv_dtype", "context", "gpu_memory_utilization")
 SHARED_FLAGS = ("model", "gpu", "gpus", "from_plan", "out", "model_path", "tp", "pp", "ep", "json")
 
 
+EXPORT_IGNORES = ("optimizer", "optimizer_bytes", "attention")
+"""Workload flags export takes (they come with the layout flags) but no engine configuration carries."""
+FROM_PLAN_KEEPS = ("engine", "from_plan", "out", "model_path", "precision", "json", "command", "handler")
+"""What ``export --from-plan`` still reads from the command line: the rest comes from the saved plan."""
+
+
 def _ignored_flags(args: argparse.Namespace) -> list[str]:
-    """Flags given to ``export`` that the engine asked for would ignore (serving flags on a trainer, and back)."""
+    """Flags given to ``export`` that it would ignore: serving flags on a trainer and back, workload flags no
+    engine takes, and with --from-plan everything the saved plan decides."""
     defaults = vars(build_parser().parse_args(["export", args.engine]))
     serving = args.engine in SERVING_ENGINES
-    given = [k for k, v in vars(args).items() if k in defaults and v != defaults[k] and k not in SHARED_FLAGS]
-    return ["--" + k.replace("_", "-") for k in given if (k in SERVING_FLAGS) != serving]
+    given = [k for k, v in vars(args).items() if k in defaults and v != defaults[k]]
+    if args.from_plan and not serving:
+        ignored = [k for k in given if k not in FROM_PLAN_KEEPS]
+    else:
+        ignored = [
+            k for k in given if k not in SHARED_FLAGS and ((k in SERVING_FLAGS) != serving or k in EXPORT_IGNORES)
+        ]
+    return ["MODEL" if k == "model" else "--" + k.replace("_", "-") for k in ignored]
 
 
 def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.export import export_serving, export_training, load_saved_plan
 
     ignored = _ignored_flags(args)
+    if ignored and args.from_plan and args.engine not in SERVING_ENGINES:
+        raise UsageError(f"meshplan export {args.engine}: --from-plan sets what {', '.join(ignored)} would; drop them")
     if ignored:
         kind = "a serving" if args.engine in SERVING_ENGINES else "a training"
         raise UsageError(f"meshplan export {args.engine}: {kind} engine ignores {', '.join(ignored)}")

@@ -124,6 +124,8 @@ BAD_FLAGS = [
     ("export", "vllm", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "3"),
     ("export", "vllm", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--zero", "3"),
     ("export", "torchtitan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--kv-dtype", "fp8"),
+    ("export", "megatron", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--attention", "eager"),
+    ("export", "vllm", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--seq", "100"),
     ("check", "--world-size", "1000"),
     ("check", "--seq", "100000000"),
     ("check", "--layers", "1000000"),
@@ -173,6 +175,15 @@ def _broken_plans(good: dict[str, object]) -> dict[str, object]:
         "negative tp": edit(lambda d: d["plans"][0]["layout"].update(tp=-4)),
         "binary": b"\xff\xfe\x00\x01",
     }
+
+
+def test_flags_a_saved_plan_overrides_are_refused(
+    capsys: pytest.CaptureFixture[str], saved_plan: dict[str, object], tmp_path: Path
+) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(saved_plan))
+    line = refused(capsys, "export", "torchtitan", "--from-plan", str(path), "--seq", "8192", "--tp", "2")
+    assert "--tp" in line and "--seq" in line
 
 
 def test_malformed_saved_plans(
