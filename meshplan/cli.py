@@ -12,9 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-
-class UsageError(Exception):
-    """A mistake in the command line, reported in one line with exit code 2."""
+from meshplan.cli_support import UsageError, check_numbers, error_line, save_json, search_progress
 
 
 class _Parser(argparse.ArgumentParser):
@@ -191,6 +189,11 @@ PIN_FIELDS += ("schedule", "cp_kind", "micro_batch")
 
 
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
+    with search_progress(args):
+        return _plan(args)
+
+
+def _plan(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.plan import plan_report
 
     result = plan_report(
@@ -218,10 +221,7 @@ def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
         training_engine=args.training_engine,
     )
     if args.save:
-        import json
-        from pathlib import Path
-
-        Path(args.save).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        save_json(args.save, result, command="plan")
     return result
 
 
@@ -236,15 +236,45 @@ def _cmd_recipe(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.list or not args.name:
         return list_report()
-    return recipe_report(args.name, rank=not args.no_rank)
+    with search_progress(args):
+        return recipe_report(args.name, rank=not args.no_rank)
 
 
 SERVING_ENGINES = ("vllm", "sglang", "trtllm")
+SERVING_FLAGS = ("dtype", "kv_dtype", "context", "gpu_memory_utilization")
+SHARED_FLAGS = ("model", "gpu", "gpus", "from_plan", "out", "model_path", "tp", "pp", "ep", "json")
+
+
+EXPORT_IGNORES = ("optimizer", "optimizer_bytes", "attention")
+"""Workload flags export takes (they come with the layout flags) but no engine configuration carries."""
+FROM_PLAN_KEEPS = ("engine", "from_plan", "out", "model_path", "precision", "json", "command", "handler")
+"""What ``export --from-plan`` still reads from the command line: the rest comes from the saved plan."""
+
+
+def _ignored_flags(args: argparse.Namespace) -> list[str]:
+    """Flags given to ``export`` that it would ignore: serving flags on a trainer and back, workload flags no
+    engine takes, and with --from-plan everything the saved plan decides."""
+    defaults = vars(build_parser().parse_args(["export", args.engine]))
+    serving = args.engine in SERVING_ENGINES
+    given = [k for k, v in vars(args).items() if k in defaults and v != defaults[k]]
+    if args.from_plan and not serving:
+        ignored = [k for k in given if k not in FROM_PLAN_KEEPS]
+    else:
+        ignored = [
+            k for k in given if k not in SHARED_FLAGS and ((k in SERVING_FLAGS) != serving or k in EXPORT_IGNORES)
+        ]
+    return ["MODEL" if k == "model" else "--" + k.replace("_", "-") for k in ignored]
 
 
 def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.export import export_serving, export_training, load_saved_plan
 
+    ignored = _ignored_flags(args)
+    if ignored and args.from_plan and args.engine not in SERVING_ENGINES:
+        raise UsageError(f"meshplan export {args.engine}: --from-plan sets what {', '.join(ignored)} would; drop them")
+    if ignored:
+        kind = "a serving" if args.engine in SERVING_ENGINES else "a training"
+        raise UsageError(f"meshplan export {args.engine}: {kind} engine ignores {', '.join(ignored)}")
     if args.engine in SERVING_ENGINES and args.from_plan:
         from meshplan.reports.export import export_serve_plan
 
@@ -328,6 +358,18 @@ def _cmd_ui(args: argparse.Namespace) -> None:
 def _cmd_check(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.check import check_report
 
+    if sys.stderr.isatty() and not args.json:  # the runs take 10 s to minutes: say so while they go
+        sys.stderr.write(f"running {args.world_size} local torch.distributed processes (Ctrl-C stops them)...")
+        sys.stderr.flush()
+    try:
+        return _check(args, check_report)
+    finally:
+        if sys.stderr.isatty() and not args.json:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _check(args: argparse.Namespace, check_report: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     return check_report(
         world_size=args.world_size,
         layouts=args.layouts,
@@ -576,7 +618,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("meshplan: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    try:
         args = build_parser().parse_args(argv)
+        check_numbers(args)
         result = args.handler(args)
         if result is None:
             return 0
@@ -584,9 +635,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"{exc}", file=sys.stderr)
         return 2
-    except (ValueError, KeyError, OSError) as exc:
-        message = exc.args[0] if exc.args else type(exc).__name__
-        print(f"meshplan: error: {message}", file=sys.stderr)
+    except (ValueError, OSError) as exc:  # ValueError: a refused input; OSError: a file we were told to use
+        print(f"meshplan: error: {error_line(exc)}", file=sys.stderr)
         return 2
     if text is None:
         from meshplan.render import to_json

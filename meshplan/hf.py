@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from meshplan.spec.model import MLASpec, MlpKind, ModelSpec, MoESpec, NormKind
+from meshplan.spec.model import MAX_LAYERS, MLASpec, MlpKind, ModelSpec, MoESpec, NormKind
+
+MAX_INT = 1 << 53
+"""Integers above this are refused on reading: no field of a config is anywhere near it."""
 
 
 class _HfConfig:
@@ -28,7 +31,18 @@ class _HfConfig:
         if value is None:
             raise ValueError(f"'{key}' is missing")
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"'{key}' must be an integer, got {value!r}")
+            raise ValueError(f"'{key}' must be an integer, got {_short(value)}")
+        if not -MAX_INT <= value <= MAX_INT:
+            raise ValueError(f"'{key}' = {_short(value)} is out of range")
+        return value
+
+    def count(self, key: str, default: int | None = None, *, limit: int = MAX_INT) -> int:
+        """A positive integer within ``limit`` (sizes that divide or are looped over)."""
+        value = self.integer(key, default)
+        if value < 1:
+            raise ValueError(f"'{key}' must be a positive integer, got {value}")
+        if value > limit:
+            raise ValueError(f"'{key}' = {value:,} is above the limit of {limit:,}")
         return value
 
     def flag(self, key: str, default: bool) -> bool:
@@ -39,16 +53,30 @@ class _HfConfig:
 
     def positive(self, *keys: str, default: float = 0.0) -> bool:
         """Whether any of ``keys`` (dropout probabilities) is above zero."""
-        return any(float(self.get(key, default)) > 0 for key in keys)
+        out = False
+        for key in keys:
+            value = self.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+                raise ValueError(f"'{key}' must be a probability in [0, 1], got {_short(value)}")
+            out = out or value > 0
+        return out
+
+
+def _short(value: Any) -> str:
+    """A value for a one-line message: long integers and structures are cut."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _decoder(
     c: _HfConfig, *, head_dim: int | None = None, qkv_bias: bool = False, out_bias: bool = False
 ) -> dict[str, Any]:
     """Fields shared by the Llama-like families (RMSNorm, gated MLP, rotary positions)."""
-    h, a = c.integer("hidden_size"), c.integer("num_attention_heads")
+    h, a = c.integer("hidden_size"), c.count("num_attention_heads")
     return {
-        "num_layers": c.integer("num_hidden_layers"),
+        "num_layers": c.count("num_hidden_layers", limit=MAX_LAYERS),
         "hidden": h,
         "num_heads": a,
         "num_kv_heads": c.integer("num_key_value_heads", a),
@@ -82,7 +110,10 @@ def _sliding(c: _HfConfig, num_layers: int, *, every_layer: bool) -> dict[str, i
 
 def _leading_dense_layers(c: _HfConfig, num_layers: int) -> int:
     """Qwen MoE: dense layers are mlp_only_layers and those off the decoder_sparse_step grid."""
-    step, only = c.integer("decoder_sparse_step", 1), set(c.get("mlp_only_layers", []))
+    step, listed = c.count("decoder_sparse_step", 1), c.get("mlp_only_layers", [])
+    if not isinstance(listed, list) or len(listed) > MAX_LAYERS:
+        raise ValueError(f"'mlp_only_layers' must be a list of at most {MAX_LAYERS} layer indices")
+    only = set(listed)
     dense = [i for i in range(num_layers) if i in only or (i + 1) % step != 0]
     if dense != list(range(len(dense))):
         raise ValueError(f"dense layers {dense} are not a leading block, which is all ModelSpec can describe")
@@ -172,9 +203,9 @@ def _deepseek(c: _HfConfig, *, router_bias: bool) -> dict[str, Any]:
 
 
 def _gpt2(c: _HfConfig) -> dict[str, Any]:
-    h, a, positions = c.integer("n_embd"), c.integer("n_head"), c.integer("n_positions")
+    h, a, positions = c.integer("n_embd"), c.count("n_head"), c.integer("n_positions")
     return {
-        "num_layers": c.integer("n_layer"),
+        "num_layers": c.count("n_layer", limit=MAX_LAYERS),
         "hidden": h,
         "num_heads": a,
         "num_kv_heads": a,

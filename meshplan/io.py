@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
+import stat
 import tomllib
 from collections.abc import Mapping
 from functools import cache
@@ -23,6 +26,10 @@ from meshplan.units import DType
 _ENUMS: dict[str, type[Any]] = {"MlpKind": MlpKind, "NormKind": NormKind, "LinkKind": LinkKind, "LinkTier": LinkTier}
 _TABLES: dict[str, type[Any]] = {"MoESpec | None": MoESpec, "MLASpec | None": MLASpec, "GpuCalibration": GpuCalibration}
 _SINGULAR = {"models": "model", "gpus": "gpu", "links": "link"}
+MAX_FILE_BYTES = 4 * 1024 * 1024
+"""Largest input file read (a config.json is a few KB; a saved plan a few hundred KB)."""
+MAX_DEPTH = 64
+"""Deepest nesting of tables and arrays accepted in a JSON or TOML input."""
 
 
 # --- the catalog -------------------------------------------------------------------------------------------------
@@ -49,29 +56,96 @@ def list_links() -> list[str]:
     return sorted(_catalog("links"))
 
 
-def _unknown_name(kind: str, name: str) -> ValueError:
+class UnknownName(ValueError):
+    """A name given by the user that the catalog does not hold (a ValueError: bad input, one line)."""
+
+
+def _unknown_name(kind: str, name: str) -> UnknownName:
     import difflib
 
     names = sorted(_catalog(kind))
     close = difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.5)
     hint = f"closest: {', '.join(close)}" if close else f"known: {', '.join(names)}"
-    return ValueError(f"unknown {_SINGULAR[kind]} '{name}' ({hint})")
+    return UnknownName(f"unknown {_SINGULAR[kind]} '{name}' ({hint})")
 
 
-def _parse_toml(text: str, label: str) -> dict[str, Any]:
+def _depth(value: Any) -> int:
+    """Nesting depth of parsed JSON/TOML data, without recursion (1 for a scalar)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if isinstance(item, dict):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in item)
+    return deepest
+
+
+def _shallow(data: Any, label: str) -> Any:
+    if _depth(data) > MAX_DEPTH:
+        raise ValueError(f"{label} nests tables or arrays more than {MAX_DEPTH} deep")
+    return data
+
+
+def parse_json(text: str, label: str) -> Any:
+    """JSON text parsed, with a depth limit and one-line errors naming ``label``."""
     try:
-        return tomllib.loads(text)
+        data = json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, integers of over 4,300 digits
+        raise ValueError(f"malformed JSON in {label}: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise ValueError(f"{label} nests arrays or objects too deeply") from None
+    return _shallow(data, label)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def parse_toml(text: str, label: str) -> dict[str, Any]:
+    """TOML text parsed, with a depth limit and one-line errors naming ``label``."""
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"malformed TOML in {label}: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{label} nests tables or arrays too deeply") from None
+    return dict(_shallow(data, label))
 
 
-def _read_file(path: Path) -> str:
+def read_text_file(path: Path | str, *, what: str = "file", limit: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most ``limit`` bytes; ValueError otherwise (FIFOs, devices, folders).
+
+    The file is opened without blocking, checked on its open descriptor, and read no further than the limit,
+    so a FIFO, ``/dev/zero`` or a symlink to either costs nothing.
+    """
+    path = Path(path)
     try:
-        return path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
-        raise ValueError(f"no such file: {path}") from None
+        raise ValueError(f"no such {what}: {path}") from None
+    except IsADirectoryError:
+        raise ValueError(f"{what} {path} is a folder, not a file") from None
     except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise ValueError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            raise ValueError(f"{what} {path} is {kind}")
+        if info.st_size > limit:
+            raise ValueError(f"{what} {path} is {info.st_size:,} bytes; the limit is {limit:,}")
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise ValueError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise ValueError(f"{what} {path} is over {limit:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} {path} is not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x})") from None
 
 
 def _looks_like_path(text: str) -> bool:
@@ -82,11 +156,11 @@ def _load_table(kind: str, name_or_path: str) -> tuple[dict[str, Any], str, str]
     """(table, label for messages, default name) of a catalog entry or a TOML file."""
     if _looks_like_path(name_or_path):
         path = Path(name_or_path)
-        return _parse_toml(_read_file(path), path.name), path.name, path.stem
+        return parse_toml(read_text_file(path), path.name), path.name, path.stem
     entry = _catalog(kind).get(name_or_path) or _catalog(kind).get(name_or_path.lower())
     if entry is None:
         raise _unknown_name(kind, name_or_path)
-    return _parse_toml(entry.read_text(encoding="utf-8"), entry.name), entry.name, entry.name[: -len(".toml")]
+    return parse_toml(entry.read_text(encoding="utf-8"), entry.name), entry.name, entry.name[: -len(".toml")]
 
 
 # --- tables -> dataclasses ---------------------------------------------------------------------------------------
@@ -105,7 +179,13 @@ def _convert(type_name: str, value: Any, key: str, where: str) -> Any:
     if type_name == "float":
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{what} must be a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise ValueError(f"{what} must be a finite number, got {value!r}")
+        return number
     if type_name == "str":
         if not isinstance(value, str):
             raise ValueError(f"{what} must be a string, got {value!r}")
@@ -176,10 +256,7 @@ def load_model(name_or_path: str) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     if path.suffix == ".json" or path.name == "config.json":
-        try:
-            config = json.loads(_read_file(path))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"malformed JSON in {path.name}: {exc}") from None
+        config = parse_json(read_text_file(path), path.name)
         if not isinstance(config, dict):
             raise ValueError(f"{path.name} must hold a JSON object, got {type(config).__name__}")
         name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
@@ -242,6 +319,9 @@ def model_to_toml(spec: ModelSpec, *, meta: Mapping[str, Any] | None = None) -> 
 
 
 __all__ = [
+    "MAX_DEPTH",
+    "MAX_FILE_BYTES",
+    "UnknownName",
     "list_gpus",
     "list_links",
     "list_models",
@@ -250,4 +330,7 @@ __all__ = [
     "load_model",
     "model_meta",
     "model_to_toml",
+    "parse_json",
+    "parse_toml",
+    "read_text_file",
 ]

@@ -116,8 +116,10 @@ def _serving(r: dict[str, Any]) -> str:
         ("concurrent sequences, all replicas", f"{r['max_concurrent_sequences_total']:,}"),
     ]
     head = f"{r['model']} serving on {r['gpus']} x {r['gpu']}: tp={r['tp']} pp={r['pp']} x {r['replicas']} replicas"
-    body = [head, f"weights {r['dtype']}, KV cache {r['kv_dtype']}", "", table(rows, ["", "value"])]
-    return "\n".join([*body, *(f"warning: {w}" for w in r["warnings"])])
+    warnings = [f"WARNING: {w}" for w in r.get("warnings", [])]
+    return "\n".join(
+        [head, f"weights {r['dtype']}, KV cache {r['kv_dtype']}", "", table(rows, ["", "value"]), *warnings]
+    )
 
 
 def _estimate(r: dict[str, Any]) -> str:

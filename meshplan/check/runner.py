@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import multiprocessing
 import socket
 import tempfile
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
-from torch.multiprocessing.spawn import start_processes
+from torch.multiprocessing.spawn import ProcessRaisedException, start_processes
 
 from meshplan.check.comms import CollectiveCall, CommCounter
 from meshplan.check.layouts import (
@@ -252,17 +253,67 @@ def run_check(
         if broken:
             raise ValueError("layouts that do not fit: " + "; ".join(broken))
     with tempfile.TemporaryDirectory() as out_dir:
-        # a fork server that imported torch once forks every worker: no 3 s torch import per process, and
-        # unlike a plain fork it never copies a parent whose OpenMP threads already ran
-        multiprocessing.set_forkserver_preload(["meshplan.check.runner"])
-        start_processes(  # type: ignore[no-untyped-call]
-            _worker,
-            args=(world_size, _free_port(), names, dense, moe, out_dir),
-            nprocs=world_size,
-            start_method="forkserver",
-        )
+        _launch(world_size, names, dense, moe, out_dir)
         return [
             Measurement(**r)
             for rank in range(world_size)
             for r in json.loads(Path(out_dir, f"rank{rank}.json").read_text())
         ]
+
+
+PORT_TRIES = 3
+"""Attempts with a fresh port when another program takes the chosen one before the workers bind it."""
+
+
+def _launch(world_size: int, names: list[str], dense: TinyConfig, moe: TinyConfig, out_dir: str) -> None:
+    """Start the workers and wait for them; whatever happens (a failure, Ctrl-C), no process is left behind."""
+    # a fork server that imported torch once forks every worker: no 3 s torch import per process, and
+    # unlike a plain fork it never copies a parent whose OpenMP threads already ran
+    multiprocessing.set_forkserver_preload(["meshplan.check.runner"])
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # we report failures ourselves
+    try:
+        for attempt in range(1, PORT_TRIES + 1):
+            port = _free_port()
+            try:
+                _run_workers(world_size, port, names, dense, moe, out_dir)
+                return
+            except ProcessRaisedException as exc:
+                if "Address already in use" not in str(exc) and "EADDRINUSE" not in str(exc):
+                    raise
+                if attempt == PORT_TRIES:
+                    raise ValueError(
+                        f"{PORT_TRIES} ports in a row on 127.0.0.1 were taken by other programs (the last {port})"
+                    ) from None
+    finally:
+        _stop_forkserver()
+
+
+def _run_workers(
+    world_size: int, port: int, names: list[str], dense: TinyConfig, moe: TinyConfig, out_dir: str
+) -> None:
+    context = None
+    try:
+        context = start_processes(  # type: ignore[no-untyped-call]
+            _worker,
+            args=(world_size, port, names, dense, moe, out_dir),
+            nprocs=world_size,
+            start_method="forkserver",
+            join=False,
+        )
+        while not context.join():
+            pass
+    finally:
+        if context is not None:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join(timeout=5)
+
+
+def _stop_forkserver() -> None:
+    """End the fork server (it holds an imported torch, ~300 MB) instead of leaving it to the interpreter's exit."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()

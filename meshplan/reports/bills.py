@@ -23,7 +23,7 @@ from meshplan.reports.inputs import (
     resolve_layout,
     resolve_workload,
 )
-from meshplan.spec.cluster import GPU
+from meshplan.spec.cluster import GPU, check_gpus
 from meshplan.spec.finetune import Finetune, FinetuneMode
 from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
@@ -46,6 +46,7 @@ def memory_report(
     finetune: FinetuneRequest | None = None,
 ) -> dict[str, Any]:
     """``meshplan memory``: the per-GPU training bill of every pipeline stage."""
+    check_gpus(gpus)
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
     lay = resolve_layout(layout, gpus=gpus)
@@ -102,8 +103,7 @@ def fit_report(
     """
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
-    if gpus < 1:
-        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    check_gpus(gpus)
     if finetune is not None and finetune.mode == "qlora":
         dtype = "nf4"
     total = weights_bytes_total(spec, choice(DType, dtype, "dtype"))
@@ -194,6 +194,22 @@ def _fit_what_would(
     return {"fewest_gpus_that_fit": fewest, "variants": variants}
 
 
+def check_serving_tp(spec: ModelSpec, tp: int) -> None:
+    """Serving engines split attention heads over TP ranks: TP must divide the heads (vLLM and SGLang refuse).
+
+    KV heads may be fewer than the ranks (each is then replicated) as long as one count divides the other.
+    """
+    heads, kv = spec.num_heads, spec.num_kv_heads
+    if heads % tp:
+        fine = [t for t in (1, 2, 4, 8, 16, 32, 64) if heads % t == 0 and (kv % t == 0 or t % kv == 0)]
+        raise ValueError(
+            f"tp={tp} does not divide the {heads} attention heads of {spec.name} (give --tp, e.g. one of "
+            f"{', '.join(map(str, fine))}; the other GPUs serve as replicas)"
+        )
+    if kv % tp and tp % kv:
+        raise ValueError(f"tp={tp} and the {kv} KV heads of {spec.name}: neither divides the other")
+
+
 def serving_report(
     model: ModelSpec | str,
     *,
@@ -212,6 +228,7 @@ def serving_report(
     Without ``tp``, each replica's TP group fills one scale-up domain at most (replicas take the rest of the
     GPUs): TP across the fabric pays its per-layer all-reduces on the slow link.
     """
+    check_gpus(gpus)
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
     if pp < 1 or gpus % pp:
@@ -221,11 +238,7 @@ def serving_report(
         tp = max(d for d in range(1, min(gpus // pp, domain) + 1) if (gpus // pp) % d == 0)
     if tp < 1 or gpus % (tp * pp):
         raise ValueError(f"tp*pp = {tp}*{pp} must divide gpus = {gpus}")
-    warnings = []
-    if tp > domain:
-        warnings.append(f"TP={tp} spans {-(-tp // domain)} scale-up domains of {domain} GPUs: replicas are cheaper")
-    if context is not None and spec.max_seq_len and context > spec.max_seq_len:
-        warnings.append(f"context {context:,} exceeds the model's maximum of {spec.max_seq_len:,} tokens")
+    check_serving_tp(spec, tp)
     bill = serving_bill(
         spec,
         gpu=gpu_spec,
@@ -238,6 +251,7 @@ def serving_report(
         gpu_memory_utilization=gpu_memory_utilization,
     )
     replicas = gpus // (tp * pp)
+    warnings = _serving_warnings(spec, gpu_spec, tp=tp, pp=pp, context=bill.context)
     return {
         "model": spec.name,
         "gpu": gpu_spec.name,
@@ -263,3 +277,17 @@ def serving_report(
         "fits": bill.fits,
         "warnings": warnings,
     }
+
+
+def _serving_warnings(spec: ModelSpec, gpu: GPU, *, tp: int, pp: int, context: int) -> list[str]:
+    """What a serving layout does that users rarely mean: TP over the fabric, a context past the model's."""
+    out = []
+    domain = gpu.scale_up_domain
+    if tp > domain:
+        out.append(
+            f"tp={tp} spans {-(-tp // domain)} NVLink domains of {domain} GPUs: every layer's all-reduce crosses "
+            f"the fabric; engines run TP inside a node (e.g. --tp {domain} --pp {pp * tp // domain})"
+        )
+    if spec.max_seq_len and context > spec.max_seq_len:
+        out.append(f"context {context:,} is longer than the {spec.max_seq_len:,} tokens {spec.name} was trained for")
+    return out

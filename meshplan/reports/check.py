@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,64 @@ DEFAULT_LAYOUTS = ("ddp", "fsdp", "tp", "sp", "fsdp_tp", "pp", "ep", "cp")
 """Run when no --layouts is given (the FSDP variants run on request)."""
 
 
+MAX_WORLD_SIZE = 16
+"""Local processes at most, and never more than two per CPU core (each holds a copy of torch, ~300 MB)."""
+LIMITS = {"hidden": 4_096, "layers": 64, "heads": 256, "kv_heads": 256, "seq": 8_192, "micro_batch": 64}
+"""The tiny model stays tiny: a check compares shapes, not scale."""
+MEMORY_SHARE = 0.5
+"""Share of the machine's memory the processes of one check may take together (an upper estimate)."""
+
+
+def max_world_size() -> int:
+    return max(2, min(MAX_WORLD_SIZE, 2 * (os.cpu_count() or 1)))
+
+
+def machine_bytes() -> int | None:
+    """Physical memory of this machine, or None where the OS does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def rank_bytes(cfg: Any) -> int:
+    """Upper estimate of one rank's fp32 bytes: weights, grads, Adam, and every activation and score kept."""
+    h, layers, tokens = cfg.hidden, cfg.num_layers, cfg.micro_batch * cfg.seq_len
+    params = layers * (4 * h * h + 3 * h * cfg.ffn_hidden) + 2 * cfg.vocab_size * h
+    activations = layers * tokens * (40 * h + cfg.num_heads * cfg.seq_len)
+    return int(4 * (4 * params + activations) + 300_000_000)  # + the interpreter and torch per process
+
+
+MAX_STEP_FLOPS = 2e11
+"""FLOPs of one rank's training step at most: a few seconds of a CPU core per layout and step."""
+
+
+def step_flops(cfg: Any) -> float:
+    """6 N T for the matmuls plus the attention scores (12 L T s h), one rank, one step (an upper estimate)."""
+    h, layers, tokens = cfg.hidden, cfg.num_layers, cfg.micro_batch * cfg.seq_len
+    params = layers * (4 * h * h + 3 * h * cfg.ffn_hidden) + 2 * cfg.vocab_size * h
+    return float(6 * params * tokens + 12 * layers * tokens * cfg.seq_len * h)
+
+
+def check_limits(world_size: int, dense: Any) -> None:
+    """Refuse a check this machine cannot run quickly: too many processes, or more memory than it has."""
+    top = max_world_size()
+    if world_size > top:
+        raise ValueError(f"world size {world_size} is above {top} local processes ({os.cpu_count()} CPU cores here)")
+    total, need = machine_bytes(), world_size * rank_bytes(dense)
+    if total is not None and need > MEMORY_SHARE * total:
+        raise ValueError(
+            f"about {need / 1e9:.1f} GB for {world_size} processes; this machine has {total / 1e9:.1f} GB: "
+            "use a smaller --hidden, --layers, --seq or --micro-batch"
+        )
+    flops = step_flops(dense)
+    if flops > MAX_STEP_FLOPS:
+        raise ValueError(
+            f"about {flops:.2g} FLOPs per step and process, above the check's {MAX_STEP_FLOPS:.0e} (minutes on a CPU): "
+            "use a smaller --hidden, --layers, --seq or --micro-batch"
+        )
+
+
 def parse_layouts(text: str | Sequence[str] | None) -> tuple[str, ...] | None:
     """'ddp,fsdp,...' (or a list) -> command-line layout names; None keeps every default layout that fits."""
     if text is None:
@@ -55,13 +114,16 @@ def tiny_configs(
     micro_batch: int | None = None,
 ) -> tuple[Any, Any]:
     """(dense, MoE) TinyConfigs; the head dim is hidden / heads, the FFN 2 x hidden, an expert's FFN hidden."""
-    from meshplan.check.runner import DENSE, MOE
-
     given = dict(num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, seq_len=seq, micro_batch=micro_batch)
     changes: dict[str, int] = {k: v for k, v in given.items() if v is not None}
-    for name, value in (*changes.items(), ("hidden", hidden)):
+    given_flags = dict(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, seq=seq, micro_batch=micro_batch)
+    for name, value in given_flags.items():
         if value is not None and value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value}")
+        if value is not None and value > LIMITS[name]:
+            raise ValueError(f"--{name.replace('_', '-')} {value} is above the check's limit of {LIMITS[name]:,}")
+    from meshplan.check.runner import DENSE, MOE  # imports torch: only once the flags are known to be sane
+
     if hidden is not None or heads is not None:
         h, a = hidden or DENSE.hidden, heads or DENSE.num_heads
         if h % a:
@@ -116,15 +178,18 @@ def check_report(
     names = parse_layouts(layouts)
     if world_size < 2:
         raise ValueError(f"world size must be at least 2, got {world_size}")
+    if world_size > max_world_size():
+        raise ValueError(f"world size {world_size} is above {max_world_size()} local processes on this machine")
     if importlib.util.find_spec("torch") is None:
         raise ValueError(TORCH_MISSING)
+    dense, moe = tiny_configs(  # checks the flags before torch is imported
+        hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, seq=seq, micro_batch=micro_batch
+    )
+    check_limits(world_size, dense)
     from meshplan.check.compare import all_ok, compare
     from meshplan.check.predict import predict
     from meshplan.check.runner import run_check
 
-    dense, moe = tiny_configs(
-        hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, seq=seq, micro_batch=micro_batch
-    )
     run, skipped = _plan(names, world_size, dense, moe)
     measured = run_check(world_size, run, dense=dense, moe=moe)
     results, unmeasured = [], []

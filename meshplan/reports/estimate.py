@@ -122,6 +122,8 @@ def evaluated_plan_dict(plan: Plan, *, tokens: float | None = None) -> dict[str,
         "axis_order": list(plan.order),
         "warnings": plan.warnings(),
     }
+    if tokens is not None and not 1 <= tokens <= 1e16:  # also refuses NaN and infinities
+        raise ValueError(f"tokens must be between 1 and 1e16, got {tokens:g}")
     if tokens:
         seconds = tokens / (float(step.tokens_per_s_per_gpu) * plan.cluster.num_gpus)
         out["time_to_train"] = {
@@ -190,8 +192,8 @@ def collectives_report(
         raise ValueError(f"group must be >= 2 ranks, got {group}")
     spec = io.load_model(model or "llama-3.1-70b")
     size = size_bytes if size_bytes is not None else seq * micro_batch * spec.hidden * 2.0
-    if size <= 0:
-        raise ValueError(f"size must be positive, got {size}")
+    if not 1 <= size <= 1e13:  # one byte to 10 TB; also refuses NaN and infinities
+        raise ValueError(f"size must be between 1 byte and 1e13 bytes, got {size:g}")
     rows = []
     for name in links:
         link = io.load_link(name)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from meshplan import io
@@ -32,37 +30,42 @@ def _export_dict(export: Export) -> dict[str, Any]:
     }
 
 
+def _field(table: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """``table[key]`` of type ``kind``, or a one-line ValueError naming the key and what it holds."""
+    if not isinstance(table, dict):
+        raise ValueError(f"{where} must be a JSON object, got {type(table).__name__}")
+    if key not in table:
+        raise ValueError(f"{where} has no '{key}'")
+    value = table[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+        words = {int: "an integer", str: "a string", list: "a list", dict: "an object", bool: "true or false"}
+        names = " or ".join(words.get(k, "null") for k in kinds)
+        shown = repr(value) if len(repr(value)) <= 40 else f"a {type(value).__name__}"
+        raise ValueError(f"'{key}' in {where} must be {names}, got {shown}")
+    return value
+
+
 def load_saved_plan(path: str) -> dict[str, Any]:
-    """The first plan of a file written by ``meshplan plan --save``."""
+    """The first plan of a file written by ``meshplan plan --save``; ValueError naming what is wrong otherwise."""
+    label = f"plan file {path}"
+    data = io.parse_json(io.read_text_file(path, what="plan file"), label)
+    if not isinstance(data, dict):
+        raise ValueError(f"{label} must hold a JSON object, got {type(data).__name__}")
+    plans = _field(data, "plans", list, label)
+    if not plans:
+        raise ValueError(f"{label} holds no plans (write one with meshplan plan --save FILE)")
+    lay = _field(plans[0], "layout", dict, f"the first plan of {label}")
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"cannot read plan file {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"plan file {path} is not JSON: {exc}") from None
-    if not isinstance(data, dict) or not data.get("plans"):
-        raise ValueError(f"plan file {path} holds no plans (write one with meshplan plan --save FILE)")
-    lay = dict(data["plans"][0]["layout"])
-    request = LayoutRequest(
-        tp=lay["tp"],
-        pp=lay["pp"],
-        vpp=lay["vpp"],
-        cp=lay["cp"],
-        ep=lay["ep"],
-        dp_shard=lay["dp_shard"],
-        zero=lay["zero"],
-        sp=lay["sp"],
-        recompute=lay["recompute"],
-        schedule=lay["schedule"],
-        cp_kind=lay["cp_kind"].replace("_", "-"),
-        micro_batch=lay["micro_batch"],
-    )
+        request = LayoutRequest.parse(lay)  # the schema's names, types and bounds
+    except ValueError as exc:
+        raise ValueError(f"the layout of {label}: {exc}") from None
     return {
-        "model": data["model"],
-        "gpu": data["gpu"],
-        "gpus": data["gpus"],
-        "seq": data["seq"],
-        "global_batch": data["global_batch"],
+        "model": _field(data, "model", str, label),
+        "gpu": _field(data, "gpu", str, label),
+        "gpus": _field(data, "gpus", int, label),
+        "seq": _field(data, "seq", int, label),
+        "global_batch": _field(data, "global_batch", int, label),
         "layout": request,
     }
 
@@ -158,7 +161,9 @@ def export_serving(
         quantization=quant,
     )
     export = SERVING_EXPORTERS[eng](plan, predicted=predicted)
-    return _export_dict(export) | {"predicted": predicted}
+    out = _export_dict(export) | {"predicted": predicted}
+    out["notes"] = [*out["notes"], *(f"warning: {w}" for w in bill["warnings"])]
+    return out
 
 
 SERVE_PLAN_QUANTIZATION = {"fp8": "fp8", "int4": "awq", "int8": "compressed-tensors", "fp4": "modelopt_fp4"}
@@ -170,12 +175,7 @@ def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) 
     eng = _engine(engine)
     if eng not in SERVING_EXPORTERS:
         raise ValueError(f"{eng.value} trains models; a serving plan exports to vllm, sglang or trtllm")
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"cannot read plan file {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"plan file {path} is not JSON: {exc}") from None
+    data = io.parse_json(io.read_text_file(path, what="plan file"), f"plan file {path}")
     best = data.get("best") if isinstance(data, dict) else None
     if not best:
         raise ValueError(f"plan file {path} holds no serving plan (write one with meshplan serve-plan --save FILE)")

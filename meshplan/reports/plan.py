@@ -32,10 +32,9 @@ from meshplan.spec.cluster import Cluster
 from meshplan.spec.finetune import Finetune, FinetuneMode
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule
 from meshplan.spec.model import ModelSpec
-from meshplan.spec.requests import Group, group, parse_key_values
+from meshplan.spec.requests import MAX_GPUS, Group, group, parse_key_values
 from meshplan.spec.workload import Workload
 
-MAX_GPUS = 1 << 20
 STEP_TERMS = (
     "compute_s",
     "exposed_tp_s",
@@ -263,11 +262,13 @@ def plan_report(
     finetune: FinetuneRequest | None = None,
     pins: Mapping[str, Any] | None = None,
     training_engine: str | None = None,
+    max_gpus: int = MAX_GPUS,
 ) -> dict[str, Any]:
     """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for.
 
     ``pins`` keeps only layouts with the layout fields it sets; ``training_engine`` only those that engine's
-    export accepts, so that ``meshplan export ENGINE --from-plan`` runs what the plan picked.
+    export accepts, so that ``meshplan export ENGINE --from-plan`` runs what the plan picked. ``max_gpus``
+    bounds the fleets the fewest-gpus objective tries (the API passes its own cap).
     """
     spec = io.load_model(model) if isinstance(model, str) else model
     ft = resolve_finetune(finetune, spec) if finetune else None
@@ -275,6 +276,9 @@ def plan_report(
         raise ValueError(f"global batch of {global_batch_tokens} tokens is not a whole number of {seq}-token sequences")
     if not 0 <= headroom < 1:
         raise ValueError(f"headroom must be in [0, 1), got {headroom}")
+    for name, value, high in (("tokens", tokens, 1e16), ("days", days, 3650.0)):
+        if value is not None and not 0 < value <= high:  # also refuses NaN and infinities
+            raise ValueError(f"{name} must be in (0, {high:g}], got {value:g}")
     if top < 1:
         raise ValueError(f"top must be >= 1, got {top}")
     order = resolve_order(axis_order)
@@ -296,6 +300,7 @@ def plan_report(
             order=order,
             node_size=node_size,
             scale_out=scale_out,
+            max_gpus=max_gpus,
         )
         fewest = {"gpus": gpus, "searched_from": start, "tokens": tokens, "days": days}
         obj = Objective.STEP_TIME
@@ -476,10 +481,13 @@ def _fewest_gpus(
     order: tuple[str, ...],
     node_size: int | None,
     scale_out: str | None,
+    max_gpus: int = MAX_GPUS,
 ) -> int:
     """The smallest fleet (powers of two times the node, from ``start``) whose best plan trains in ``days``."""
+    if start > max_gpus:
+        raise ValueError(f"gpus={start:,} is above the limit of {max_gpus:,} for the fewest-gpus search")
     n = max(start, 1)
-    while n <= MAX_GPUS:
+    while n <= max_gpus:
         cluster = resolve_cluster(gpu=gpu, gpus=n, node_size=node_size, scale_out=scale_out)
         result = search(spec, cluster, work, headroom=headroom, allow_cross_node_tp=allow, order=order)
         if result.feasible:
@@ -487,4 +495,4 @@ def _fewest_gpus(
             if tokens / rate / 86400 <= days:
                 return n
         n *= 2
-    raise ValueError(f"no fleet of up to {MAX_GPUS} {gpu} trains {tokens:.3g} tokens within {days} days")
+    raise ValueError(f"no fleet of up to {max_gpus:,} {gpu} trains {tokens:.3g} tokens within {days} days")

@@ -60,7 +60,7 @@ def recipes() -> dict[str, dict[str, Any]]:
 def _recipe(name: str) -> dict[str, Any]:
     table = recipes()
     if name not in table:
-        raise ValueError(f"unknown recipe {name!r} (recipes: {', '.join(table)})")
+        raise io.UnknownName(f"unknown recipe {name!r} (recipes: {', '.join(table)})")
     return table[name]
 
 

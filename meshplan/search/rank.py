@@ -8,9 +8,12 @@ the Pareto front of step time against memory per GPU.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -20,16 +23,64 @@ import numpy.typing as npt
 
 from meshplan.core.constraints import RULES
 from meshplan.core.memory import MemoryBill, state_bytes
-from meshplan.core.params import count_params
+from meshplan.core.params import ParamCount, count_params
 from meshplan.core.placement import DEFAULT_ORDER, place
 from meshplan.core.plan import mesh_sizes
 from meshplan.core.step_time import StepTime, step_time
 from meshplan.core.training import peak_bill
-from meshplan.search.space import LayoutBatch, SearchSpace, enumerate_layouts
+from meshplan.search.space import LayoutBatch, SearchSpace, layout_chunks
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
+
+_DEADLINE: contextvars.ContextVar[tuple[float, threading.Event | None] | None] = contextvars.ContextVar(
+    "search_deadline", default=None
+)
+
+
+class SearchTimeout(Exception):
+    """A search ran past the time limit set with ``time_limit``, or was cancelled (the HTTP API answers 503)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float, *, cancel: threading.Event | None = None) -> Iterator[None]:
+    """Searches started inside stop with SearchTimeout once ``seconds`` have passed or ``cancel`` is set
+    (checked between chunks of candidates, so within a fraction of a second)."""
+    token = _DEADLINE.set((time.monotonic() + seconds, cancel))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def check_deadline() -> None:
+    """SearchTimeout if the time limit of the current context has passed or its search was cancelled."""
+    limit = _DEADLINE.get()
+    if limit is None:
+        return
+    deadline, cancel = limit
+    if cancel is not None and cancel.is_set():
+        raise SearchTimeout("the search was cancelled (the client left)")
+    if time.monotonic() > deadline:
+        raise SearchTimeout("the search ran past its time limit; ask for fewer GPUs or a narrower search")
+
+
+_PROGRESS: contextvars.ContextVar[Callable[[int, float, float], None] | None] = contextvars.ContextVar(
+    "search_progress", default=None
+)
+
+
+@contextlib.contextmanager
+def progress(report: Callable[[int, float, float], None]) -> Iterator[None]:
+    """Searches started inside call ``report(layouts evaluated, share of the search done, seconds elapsed)``
+    after each chunk."""
+    token = _PROGRESS.set(report)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
 
 OOM = "OOM"
 TP_CROSSES = "TP crosses node"
@@ -107,13 +158,22 @@ def search(
 ) -> SearchResult:
     """Search every layout of ``model`` on ``cluster`` for ``workload``; the fastest that fit come first.
 
-    ``pins`` keeps only layouts whose column (a LayoutBatch field: tp, zero, recompute as its enum value...)
-    equals the value given; the others are rejected as "not the pinned <field>".
+    Candidates are evaluated a chunk at a time (``space.iter_layouts``) and only the feasible ones are kept, so
+    memory stays bounded however large the fleet. ``pins`` keeps only layouts whose column (a LayoutBatch
+    field: tp, zero, recompute as its enum value...) equals the value given; the others are rejected as
+    "not the pinned <field>".
     """
     start = time.perf_counter()
     wide = max(MAX_TP_DOMAINS * cluster.domain_size, 8)
     space = space or SearchSpace(max_tp=wide if not allow_cross_node_tp else None)
-    batch = enumerate_layouts(
+    rules = Rules(allow_cross_node_tp=allow_cross_node_tp, pins=dict(pins or {}))
+    lightest = Lightest()
+    params = count_params(model)
+    budget = cluster.gpu.hbm_bytes * (1 - headroom)
+    counts: dict[str, int] = {}
+    evaluated = 0
+    kept: list[tuple[LayoutBatch, StepTime, MemoryBill]] = []
+    num_chunks, chunks = layout_chunks(
         model,
         num_gpus=cluster.num_gpus,
         global_batch=workload.global_batch,
@@ -121,44 +181,22 @@ def search(
         domain=cluster.domain_size,
         allow_cross_node_tp=True,
     )
-    counts: dict[str, int] = {}
-    alive = np.ones(len(batch), dtype=np.bool_)
-    for rule in RULES:
-        _reject(
-            np.asarray(rule.holds(model, batch, workload, cluster.num_gpus), dtype=np.bool_), alive, rule.reason, counts
-        )
-    if not allow_cross_node_tp:
-        _reject(batch.tp <= cluster.domain_size, alive, TP_CROSSES, counts)
-    for name, value in (pins or {}).items():
-        _reject(np.asarray(getattr(batch, name)) == value, alive, f"not the pinned {name}", counts)
-    params = count_params(model)
-    budget = cluster.gpu.hbm_bytes * (1 - headroom)
-    valid = batch.take(alive)
-    # the first stage's model state is part of its bill: over budget alone, the layout cannot fit
-    state = np.asarray(state_bytes(model, params, valid, workload, stage=0), dtype=np.float64) * np.ones(len(valid))
-    light = state <= budget
-    counts[OOM] = int((~light).sum())
-    batch_ok = valid.take(light)
-    cal = cluster.gpu.calibration
-    bill = peak_bill(model, params, batch_ok, workload, calibration=cal)
-    billed = np.asarray(bill.total_bytes, dtype=np.float64) * np.ones(len(batch_ok))
-    lightest, lightest_bytes = _lightest(valid, state, batch_ok, billed)
-    if lightest is not None and not len(batch_ok):  # every layout's state alone overflowed: bill the lightest whole
-        one = LayoutBatch.of([lightest])
-        lightest_bytes = float(np.asarray(peak_bill(model, params, one, workload, calibration=cal).total_bytes)[0])
-    fits = np.asarray(bill.total_bytes <= budget, dtype=np.bool_)
-    still = np.ones(len(batch_ok), dtype=np.bool_)
-    _reject(fits, still, OOM, counts)
-    feasible = batch_ok.take(still)
-    bill = MemoryBill(
-        **{k: np.asarray(v)[still] for k, v in bill.as_dict().items() if k in MemoryBill.__dataclass_fields__}
-    )
-    placement = place(mesh_sizes(feasible), order=order, domain=cluster.domain_size)
-    step, _ = step_time(model, params, feasible, workload, cluster, placement)
+    for done, batch in enumerate(chunks, start=1):
+        check_deadline()
+        evaluated += len(batch)
+        part = _evaluate_chunk(model, params, batch, workload, cluster, budget, rules, order, counts, lightest)
+        if part is not None:
+            kept.append(part)
+        report = _PROGRESS.get()
+        if report is not None:
+            report(evaluated, done / num_chunks, time.perf_counter() - start)
+    feasible, step, bill = _concatenate(kept)
+    kept.clear()  # the chunks' copies: only the joined arrays are needed from here
     times = np.asarray(step.step_time_s, dtype=np.float64) * np.ones(len(feasible))
-    total = np.asarray(bill.total_bytes, dtype=np.float64)
+    total = np.asarray(bill.total_bytes, dtype=np.float64) * np.ones(len(feasible))
     ranking = _rank(times, total, objective)
     result_batch = feasible.take(ranking)
+    del feasible
     step = _take(step, ranking)
     bill = _take(bill, ranking)
     front = pareto_front(np.asarray(step.step_time_s) * np.ones(len(ranking)), np.asarray(bill.total_bytes))
@@ -166,26 +204,127 @@ def search(
         candidates=result_batch,
         step=step,
         memory=bill,
-        evaluated=len(batch),
+        evaluated=evaluated,
         rejections=counts,
         elapsed_s=time.perf_counter() - start,
         pareto=front,
-        lightest=lightest,
-        lightest_bytes=lightest_bytes,
+        lightest=lightest.layout(model, params, workload, cluster),
+        lightest_bytes=lightest.bytes_per_gpu,
     )
 
 
-def _lightest(
-    valid: LayoutBatch, state: npt.NDArray[np.float64], billed_batch: LayoutBatch, billed: npt.NDArray[np.float64]
-) -> tuple[Layout | None, float]:
-    """The layout with the smallest whole bill, or, when none was billed, the one with the smallest model state."""
-    if len(billed_batch):
-        i = int(np.argmin(billed))
-        return billed_batch.layout(i), float(billed[i])
-    if len(valid):
-        i = int(np.argmin(state))
-        return valid.layout(i), float(state[i])
-    return None, 0.0
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rules:
+    """What a search refuses beyond the model's rules: TP across the scale-up domain, and unpinned values."""
+
+    allow_cross_node_tp: bool
+    pins: dict[str, int]
+
+
+@dataclass(slots=True)
+class Lightest:
+    """The valid layout with the smallest bill seen so far, across chunks (what to show when nothing fits)."""
+
+    found: Layout | None = None
+    bytes_per_gpu: float = float("inf")
+    billed: bool = False
+    """Whether ``bytes_per_gpu`` is a whole bill; False: the model state alone (no layout got that far)."""
+
+    def offer(self, batch: LayoutBatch, values: npt.NDArray[np.float64], *, billed: bool) -> None:
+        if not len(batch) or (self.billed and not billed):
+            return
+        i = int(np.argmin(values))
+        if (billed and not self.billed) or float(values[i]) < self.bytes_per_gpu:
+            self.found, self.bytes_per_gpu, self.billed = batch.layout(i), float(values[i]), billed
+
+    def layout(self, model: ModelSpec, params: ParamCount, workload: Workload, cluster: Cluster) -> Layout | None:
+        """The lightest layout, its whole bill computed when only its model state was known."""
+        if self.found is not None and not self.billed:
+            one = LayoutBatch.of([self.found])
+            bill = peak_bill(model, params, one, workload, calibration=cluster.gpu.calibration)
+            self.bytes_per_gpu, self.billed = float(np.asarray(bill.total_bytes)[0]), True
+        if self.found is None:
+            self.bytes_per_gpu = 0.0
+        return self.found
+
+
+def _evaluate_chunk(
+    model: ModelSpec,
+    params: ParamCount,
+    batch: LayoutBatch,
+    workload: Workload,
+    cluster: Cluster,
+    budget: float,
+    rules: Rules,
+    order: tuple[str, ...],
+    counts: dict[str, int],
+    lightest: Lightest,
+) -> tuple[LayoutBatch, StepTime, MemoryBill] | None:
+    """The layouts of one chunk that pass every rule and fit, with their step time and bill (None: none do)."""
+    alive = np.ones(len(batch), dtype=np.bool_)
+    for rule in RULES:
+        _reject(
+            np.asarray(rule.holds(model, batch, workload, cluster.num_gpus), dtype=np.bool_), alive, rule.reason, counts
+        )
+    if not rules.allow_cross_node_tp:
+        _reject(batch.tp <= cluster.domain_size, alive, TP_CROSSES, counts)
+    for name, value in rules.pins.items():
+        _reject(np.asarray(getattr(batch, name)) == value, alive, f"not the pinned {name}", counts)
+    valid = batch.take(alive)
+    # the first stage's model state is part of its bill: over budget alone, the layout cannot fit
+    state = np.asarray(state_bytes(model, params, valid, workload, stage=0), dtype=np.float64) * np.ones(len(valid))
+    light = state <= budget
+    counts[OOM] = counts.get(OOM, 0) + int((~light).sum())
+    lightest.offer(valid, state, billed=False)
+    batch_ok = valid.take(light)
+    if not len(batch_ok):
+        return None
+    bill = peak_bill(model, params, batch_ok, workload, calibration=cluster.gpu.calibration)
+    lightest.offer(batch_ok, np.asarray(bill.total_bytes, dtype=np.float64) * np.ones(len(batch_ok)), billed=True)
+    fits = np.asarray(bill.total_bytes <= budget, dtype=np.bool_)
+    still = np.ones(len(batch_ok), dtype=np.bool_)
+    _reject(fits, still, OOM, counts)
+    if not still.any():
+        return None
+    feasible = batch_ok.take(still)
+    bill = MemoryBill(
+        **{k: np.asarray(v)[still] for k, v in bill.as_dict().items() if k in MemoryBill.__dataclass_fields__}
+    )
+    placement = place(mesh_sizes(feasible), order=order, domain=cluster.domain_size)
+    step, _ = step_time(model, params, feasible, workload, cluster, placement)
+    return feasible, step, bill
+
+
+def _concatenate(parts: list[tuple[LayoutBatch, StepTime, MemoryBill]]) -> tuple[LayoutBatch, StepTime, MemoryBill]:
+    """The feasible layouts of every chunk as one batch, step time and bill (per-layout arrays joined)."""
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        empty = LayoutBatch.of([])
+        return empty, _empty(StepTime), _empty(MemoryBill)
+    sizes = [len(b) for b, _, _ in parts]
+    batch = LayoutBatch(
+        **{f.name: np.concatenate([getattr(b, f.name) for b, _, _ in parts]) for f in dataclasses.fields(LayoutBatch)}
+    )
+    return batch, _join([s for _, s, _ in parts], sizes), _join([m for _, _, m in parts], sizes)
+
+
+def _join(objs: list[Any], sizes: list[int]) -> Any:
+    """Dataclasses of per-layout arrays joined field by field; a scalar field stays a scalar if equal everywhere."""
+    values = {}
+    for f in dataclasses.fields(objs[0]):
+        items = [getattr(o, f.name) for o in objs]
+        if all(not isinstance(v, np.ndarray) for v in items) and all(v == items[0] for v in items):
+            values[f.name] = items[0]
+        else:
+            values[f.name] = np.concatenate(
+                [np.broadcast_to(np.asarray(v), (n,)) for v, n in zip(items, sizes, strict=True)]
+            )
+    return type(objs[0])(**values)
+
+
+def _empty(cls: type[Any]) -> Any:
+    return cls(**{f.name: np.zeros(0) for f in dataclasses.fields(cls)})
 
 
 def _rank(

@@ -8,7 +8,8 @@ count per reason.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -102,7 +103,16 @@ def _from_columns(cols: Mapping[str, npt.ArrayLike]) -> LayoutBatch:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in increasing order, found in O(sqrt n) steps."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,6 +145,87 @@ def _mesh_shapes(num_gpus: int, model: ModelSpec, max_tp: int, max_cp: int) -> l
     return out
 
 
+CHUNK_CANDIDATES = 1 << 18
+"""Candidates evaluated at once by a chunked search: bounds its memory (about 0.3 GB a chunk) on any fleet."""
+
+
+def _outer_rows(
+    model: ModelSpec, *, num_gpus: int, space: SearchSpace, domain: int, allow_cross_node_tp: bool
+) -> tuple[int, Iterator[tuple[int, int, int, int, int, int]]]:
+    """(how many, the rows lazily): a fleet size with many divisors has tens of millions of rows."""
+    max_tp = space.max_tp or (num_gpus if allow_cross_node_tp else domain)
+    shapes = [
+        (tp, cp, pp, dp, divisors(dp * cp) if model.moe else [1], divisors(dp))  # the rules reject bad ep
+        for tp, cp, pp, dp in _mesh_shapes(num_gpus, model, max_tp, space.max_cp)
+    ]
+    count = sum(len(eps) * len(shards) for *_, eps, shards in shapes)
+    rows = ((tp, cp, pp, dp, ep, shard) for tp, cp, pp, dp, eps, shards in shapes for ep in eps for shard in shards)
+    return count, rows
+
+
+MAX_CANDIDATES = 200_000_000
+"""Upper estimate of the layouts one search may evaluate (about 2 minutes on one core): past it, refused."""
+
+
+def _inner_count(space: SearchSpace) -> int:
+    sizes = (space.vpp_choices, space.micro_batch_choices, space.zero_choices, space.recompute_choices, (0, 1))
+    count = 1
+    for values in sizes:
+        count *= len(values)
+    return count * (2 if space.zero_bubble else 1)
+
+
+def iter_layouts(
+    model: ModelSpec,
+    *,
+    num_gpus: int,
+    global_batch: int,
+    space: SearchSpace,
+    domain: int,
+    allow_cross_node_tp: bool,
+    chunk: int = CHUNK_CANDIDATES,
+) -> Iterator[LayoutBatch]:
+    """The candidates of ``enumerate_layouts`` in batches of about ``chunk`` (at least one mesh row each),
+    in the same order: a search over millions of layouts holds one batch at a time."""
+    _, batches = layout_chunks(
+        model,
+        num_gpus=num_gpus,
+        global_batch=global_batch,
+        space=space,
+        domain=domain,
+        allow_cross_node_tp=allow_cross_node_tp,
+        chunk=chunk,
+    )
+    return batches
+
+
+def layout_chunks(
+    model: ModelSpec,
+    *,
+    num_gpus: int,
+    global_batch: int,
+    space: SearchSpace,
+    domain: int,
+    allow_cross_node_tp: bool,
+    chunk: int = CHUNK_CANDIDATES,
+) -> tuple[int, Iterator[LayoutBatch]]:
+    """(how many batches, the batches) of ``iter_layouts``: the count lets a long search show its progress."""
+    count, rows = _outer_rows(
+        model, num_gpus=num_gpus, space=space, domain=domain, allow_cross_node_tp=allow_cross_node_tp
+    )
+    inner = _inner_count(space)
+    if count * inner > MAX_CANDIDATES:
+        raise ValueError(
+            f"a search of {num_gpus:,} GPUs would evaluate up to {count * inner:.2g} layouts, over the limit of "
+            f"{MAX_CANDIDATES:.0e}: give a fleet size with fewer divisors (e.g. a power of two) or fewer GPUs"
+        )
+    step = max(1, chunk // inner)
+    num_chunks = max(1, -(-count // step))
+    return num_chunks, (
+        _expand(list(itertools.islice(rows, step)), global_batch=global_batch, space=space) for _ in range(num_chunks)
+    )
+
+
 def enumerate_layouts(
     model: ModelSpec,
     *,
@@ -153,13 +244,23 @@ def enumerate_layouts(
     a shard group of more than one rank, sequence parallelism needs TP,
     virtual stages need a pipeline.
     """
-    max_tp = space.max_tp or (num_gpus if allow_cross_node_tp else domain)
-    rows = [
-        (tp, cp, pp, dp, ep, shard)
-        for tp, cp, pp, dp in _mesh_shapes(num_gpus, model, max_tp, space.max_cp)
-        for ep in (divisors(dp * cp) if model.moe else [1])  # the rules reject what does not divide the experts
-        for shard in divisors(dp)
-    ]
+    batches = list(
+        iter_layouts(
+            model,
+            num_gpus=num_gpus,
+            global_batch=global_batch,
+            space=space,
+            domain=domain,
+            allow_cross_node_tp=allow_cross_node_tp,
+        )
+    )
+    if len(batches) == 1:
+        return batches[0]
+    return _from_columns({f.name: np.concatenate([getattr(b, f.name) for b in batches]) for f in fields(LayoutBatch)})
+
+
+def _expand(rows: list[tuple[int, int, int, int, int, int]], *, global_batch: int, space: SearchSpace) -> LayoutBatch:
+    """The outer rows crossed with the inner choices each accepts."""
     names = [f.name for f in fields(LayoutBatch)]
     if not rows:
         return _from_columns({k: np.zeros(0, dtype=np.bool_ if k == "sp" else np.int64) for k in names})

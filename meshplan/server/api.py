@@ -44,13 +44,40 @@ def json_dict(obj: Any) -> dict[str, Any]:
     return out
 
 
-def model_arg(request: Request, model: Name) -> ModelSpec | str:
+MODEL_SCHEMA = {"anyOf": [{"enum": list(parse.model_names())}, {"pattern": parse.UPLOAD_PATTERN}]}
+ModelName = Annotated[
+    str,
+    Query(
+        max_length=parse.MAX_NAME_CHARS,
+        description="a catalog model, or the id POST /api/model gave an uploaded config.json",
+        json_schema_extra=MODEL_SCHEMA,
+    ),
+]
+CatalogModel = Annotated[
+    str,
+    Query(
+        max_length=parse.MAX_NAME_CHARS,
+        description="a catalog model",
+        json_schema_extra={"enum": list(parse.model_names())},
+    ),
+]
+GpuName = Annotated[
+    str,
+    Query(
+        max_length=parse.MAX_NAME_CHARS,
+        description="a catalog GPU",
+        json_schema_extra={"enum": list(parse.gpu_names())},
+    ),
+]
+
+
+def model_arg(request: Request, model: ModelName) -> ModelSpec | str:
     """A catalog model name or the id of an uploaded config.json (POST /api/model)."""
     resolved: ModelSpec | str = request.app.state.models.resolve(model)
     return resolved
 
 
-def gpu_arg(gpu: Name) -> str:
+def gpu_arg(gpu: GpuName) -> str:
     """A catalog GPU name (GET /api/catalog lists them)."""
     return parse.gpu(gpu)
 
@@ -201,7 +228,7 @@ def catalog() -> dict[str, Any]:
     responses=ok(m.ParamsReport),
     response_model=None,
 )
-def params(model: Name, finetune: FinetuneArg) -> dict[str, Any]:
+def params(model: CatalogModel, finetune: FinetuneArg) -> dict[str, Any]:
     return json_dict(params_report(parse.catalog_model(model), finetune=finetune))
 
 
@@ -307,8 +334,10 @@ def estimate(
     response_model=None,
 )
 def collectives(
-    model: Name = "llama-3.1-70b",
-    size_mb: Annotated[float | None, Query(gt=0, le=parse.MAX_SIZE_MB, description="buffer in MB (1e6 B)")] = None,
+    model: CatalogModel = "llama-3.1-70b",
+    size_mb: Annotated[
+        float | None, Query(ge=parse.MIN_SIZE_MB, le=parse.MAX_SIZE_MB, description="buffer in MB (1e6 B)")
+    ] = None,
     group: Annotated[int, Query(ge=2, le=parse.MAX_GPUS, description="ranks in the ring")] = 8,
     seq: Seq = 8192,
     micro_batch: MicroBatch = 1,

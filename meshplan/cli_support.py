@@ -1,0 +1,100 @@
+"""What the CLI does around a command: input checks, one-line errors, progress on a terminal.
+
+Kept apart from ``cli.py`` (which declares the flags) so the checks apply to every flag, whoever declares it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any
+
+
+class UsageError(Exception):
+    """A mistake in the command line, reported in one line with exit code 2."""
+
+
+FLOAT_BOUNDS: dict[str, tuple[float, float]] = {
+    "tokens": (1.0, 1e16),
+    "days": (1e-6, 3650.0),
+    "size_mb": (1e-6, 1e7),
+    "optimizer_bytes": (0.0, 64.0),
+    "headroom": (0.0, 0.99),
+}
+"""Ranges of the float flags, inclusive: what a run can physically be (1e16 tokens is 1,000 x Llama 3's 15T)."""
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Every float flag finite and within its range, or UsageError naming the flag."""
+    for name, value in vars(args).items():
+        if not isinstance(value, float):
+            continue
+        flag = "--" + name.replace("_", "-")
+        low, high = FLOAT_BOUNDS.get(name, (-math.inf, math.inf))
+        if not math.isfinite(value):
+            raise UsageError(f"meshplan {args.command}: {flag} must be a finite number, got {value}")
+        if not low <= value <= high:
+            raise UsageError(f"meshplan {args.command}: {flag} must be in [{low:g}, {high:g}], got {value:g}")
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for a refused input: the message of a ValueError, or what an OSError was about."""
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or type(exc).__name__}"
+    text = str(exc.args[0]) if exc.args else type(exc).__name__
+    return text.splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def save_json(path: str, result: dict[str, Any], *, command: str) -> None:
+    """``result`` as JSON in ``path``; a missing folder or an unwritable file is a UsageError naming them."""
+    import json
+    from pathlib import Path
+
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise UsageError(f"meshplan {command}: --save {path}: the folder {target.parent} does not exist")
+    try:
+        target.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"meshplan {command}: --save {path}: {exc.strerror or exc}") from None
+
+
+class _Progress:
+    """Layouts searched and time spent, on one stderr line that rewrites itself, once a search passes 1 s."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def __call__(self, evaluated: int, share: float, elapsed_s: float) -> None:
+        if elapsed_s >= 1.0:
+            sys.stderr.write(f"\rsearching: {evaluated:,} layouts evaluated ({share:.0%}), {elapsed_s:.1f} s")
+            sys.stderr.flush()
+            self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def search_progress(args: argparse.Namespace) -> Any:
+    """A context that shows search progress on a terminal's stderr (never with --json or into a pipe)."""
+    import contextlib
+
+    if args.json or not sys.stderr.isatty():
+        return contextlib.nullcontext()
+    from meshplan.search.rank import progress
+
+    shown = _Progress()
+
+    @contextlib.contextmanager
+    def showing() -> Any:
+        try:
+            with progress(shown):
+                yield
+        finally:
+            shown.clear()
+
+    return showing()

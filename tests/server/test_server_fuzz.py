@@ -1,0 +1,26 @@
+"""The HTTP API under generated requests (schemathesis over /openapi.json, seeded): never a 500.
+
+Every operation of the schema is called with inputs schemathesis derives from it, valid and invalid alike;
+the answer must never be a server error (a 500 is a bug, whatever the input). The searches (/api/plan and
+/api/recipe/{name}) are left out: each takes up to seconds, and their inputs are checked by the same parsers.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow  # about 30 s on 2 cores; runs by default and in CI
+schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed (pip install -e '.[test]')")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+from schemathesis.checks import not_a_server_error  # noqa: E402
+
+from meshplan.server.app import create_app  # noqa: E402
+
+schema = schemathesis.openapi.from_asgi("/openapi.json", create_app()).exclude(path_regex=r"^/api/(plan|recipe/)")
+
+
+@schema.parametrize()
+@settings(max_examples=20, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+def test_no_server_errors(case: schemathesis.Case) -> None:
+    case.call_and_validate(checks=[not_a_server_error])
