@@ -190,3 +190,28 @@ export const TERM_COLORS = {
   fragmentation_bytes: "#bab0ac",
   kv_cache_bytes: "#17a2b8",
 };
+
+// --- never a stale number ------------------------------------------------------------------------------------------
+
+// Mark a view's results while a request is pending ("busy") or after the last input was refused ("error"); null
+// marks them current. Marked results are dimmed (after a short delay, so quick updates do not flicker) and labelled.
+export function markResults(node, state) {
+  if (!node) return;
+  node.setAttribute("aria-busy", state === "busy" ? "true" : "false");
+  if (state) node.dataset.stale = state;
+  else delete node.dataset.stale;
+}
+
+// Run `request` with the results marked busy meanwhile; on success they are current, on a refusal they stay marked.
+// An aborted request leaves the marks to the request that replaced it.
+export async function tracked(node, request) {
+  markResults(node, "busy");
+  try {
+    const out = await request();
+    markResults(node, null);
+    return out;
+  } catch (err) {
+    if (!isAbort(err)) markResults(node, "error");
+    throw err;
+  }
+}
