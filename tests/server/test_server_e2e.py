@@ -211,6 +211,10 @@ def test_weights_split_follows_gpu_count_and_kind(page: Any, shot: Any) -> None:
     page.fill("#w-form input[name=gpus]", "many")
     page.wait_for_selector("#w-error:not([hidden])")
     assert "GPU count" in page.inner_text("#w-error")
+    # the last accepted split stays on the page, marked as not current
+    page.wait_for_selector("#w-results[data-stale='error'][aria-busy='false']")
+    page.fill("#w-form input[name=gpus]", "2")
+    page.wait_for_selector("#w-results:not([data-stale])")
 
 
 def test_tp_split_steps_and_link_race(page: Any, shot: Any) -> None:
@@ -289,8 +293,15 @@ def test_planner_table_pareto_rejections_and_comparison(page: Any, shot: Any) ->
     page.click("#pl-table th[data-sort='mem']")
     assert column("mem") == sorted(column("mem"), reverse=True)
 
+    page.evaluate(
+        """() => { window.seenBusy = false; const r = document.querySelector('#pl-results');
+        new MutationObserver(() => { if (r.getAttribute('aria-busy') === 'true' && r.dataset.stale === 'busy') window.seenBusy = true; })
+          .observe(r, { attributes: true }); }"""
+    )
     page.click("#pl-table tbody tr >> nth=2 >> button")
     page.wait_for_selector("#pl-explain .explain[data-b^='tp=']")
+    assert page.evaluate("() => window.seenBusy"), "the old table was not marked while the search ran"
+    page.wait_for_selector("#pl-results[aria-busy='false']:not([data-stale])")
     named = page.locator("#pl-explain .explain[data-b^='tp='] tbody tr >> nth=0 >> td")
     assert named.count() == 4 and named.nth(2).inner_text().endswith("s")
     shot(page, "planner")
@@ -299,6 +310,7 @@ def test_planner_table_pareto_rejections_and_comparison(page: Any, shot: Any) ->
     page.click("#pl-run")
     page.wait_for_selector("#pl-error:not([hidden])")
     assert "GPUs: input should be greater than or equal to 1" in page.inner_text("#pl-error")
+    page.wait_for_selector("#pl-results[data-stale='error']")
 
 
 @pytest.mark.parametrize("view", ["memory", "strategies", "planner"])

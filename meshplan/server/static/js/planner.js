@@ -1,6 +1,6 @@
 // View 7: the planner: search, a sortable table of the best plans, the Pareto plot, rejections, a comparison.
 
-import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtPct, fmtSeconds, formValues, onResize, showError, svg, ticks } from "./util.js";
+import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtPct, fmtSeconds, formValues, markResults, onResize, showError, svg, ticks } from "./util.js";
 
 const LABELS = {
   gpus: "GPUs", seq: "Sequence length", global_batch_tokens: "Tokens per step", top: "Plans to show", headroom: "HBM kept free",
@@ -60,12 +60,15 @@ async function run() {
   say();
   progress.hidden = false;
   $("#pl-run").disabled = true;
+  markResults($("#pl-results"), "busy");
   const clock = setInterval(say, 100);
   try {
     result = await api("/api/plan", params);
     showError($("#pl-error"), null);
     render();
+    markResults($("#pl-results"), null);
   } catch (err) {
+    markResults($("#pl-results"), result ? "error" : null);
     showError($("#pl-error"), err instanceof ApiError && err.status === 429 ? new Error(err.message) : err, LABELS);
   } finally {
     clearInterval(clock);

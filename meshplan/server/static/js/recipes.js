@@ -1,6 +1,6 @@
 // View 5: published recipes as nested mesh axes from one GPU outward, and every recipe on one fleet ruler.
 
-import { $, chartWidth, el, fmtBytes, fmtInt, fmtPct, fmtSeconds, isAbort, latestOnly, onResize, showError, svg } from "./util.js";
+import { $, chartWidth, el, fmtBytes, fmtInt, fmtPct, fmtSeconds, isAbort, latestOnly, onResize, showError, svg, tracked } from "./util.js";
 
 const call = latestOnly();
 // The axes that multiply to the fleet (EP is carved out of them), innermost first by default.
@@ -33,7 +33,7 @@ function tabs(active) {
 async function select(name) {
   tabs(name);
   try {
-    report = await call(`/api/recipe/${encodeURIComponent(name)}`, {});
+    report = await tracked($("#rc-results"), () => call(`/api/recipe/${encodeURIComponent(name)}`, {}));
     showError($("#rc-error"), null);
   } catch (err) {
     if (!isAbort(err)) showError($("#rc-error"), err);

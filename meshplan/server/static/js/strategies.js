@@ -1,6 +1,6 @@
 // View 2: the six strategies on 8 GPUs: the cut, each GPU's piece and bytes, the traffic, when to use it.
 
-import { $, PIECE_COLORS, el, fmtBytes, formValues, isAbort, latestOnly, onFormChange, showError, svg } from "./util.js";
+import { $, PIECE_COLORS, el, fmtBytes, formValues, isAbort, latestOnly, onFormChange, showError, svg, tracked } from "./util.js";
 
 const call = latestOnly();
 let data = null;
@@ -22,7 +22,7 @@ export function show() {
 async function update() {
   const v = formValues($("#st-form"));
   try {
-    data = await call("/api/strategies", { model: v.model, gpu: v.gpu, seq: v.seq });
+    data = await tracked($("#st-results"), () => call("/api/strategies", { model: v.model, gpu: v.gpu, seq: v.seq }));
     showError($("#st-error"), null);
     render();
   } catch (err) {

@@ -1,6 +1,6 @@
 // View 4: the TP MLP split in steps, checked by the engine, and one all-reduce raced over four links.
 
-import { $, el, fmtBytes, fmtRatio, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, showError, svg, PIECE_COLORS } from "./util.js";
+import { $, el, fmtBytes, fmtRatio, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, showError, svg, tracked, PIECE_COLORS } from "./util.js";
 
 const splitCall = latestOnly();
 const raceCall = latestOnly();
@@ -24,7 +24,7 @@ export function init() {
 async function updateSplit() {
   const v = formValues($("#tp-form"));
   try {
-    split = await splitCall("/api/tp-split", { ranks: v.ranks, activation: v.activation, seed: v.seed, tokens: 4, hidden: 8, ffn: 16 });
+    split = await tracked($("#tp-results"), () => splitCall("/api/tp-split", { ranks: v.ranks, activation: v.activation, seed: v.seed, tokens: 4, hidden: 8, ffn: 16 }));
     showError($("#tp-error"), null);
     drawSplit();
   } catch (err) {
@@ -111,7 +111,7 @@ function sums(root) {
 async function updateRace() {
   const v = formValues($("#race-form"));
   try {
-    race = await raceCall("/api/collectives", { model: v.model, group: v.group, seq: v.seq });
+    race = await tracked($("#race-results"), () => raceCall("/api/collectives", { model: v.model, group: v.group, seq: v.seq }));
     race.key = v.timing;
     showError($("#race-error"), null);
     drawRace(0);

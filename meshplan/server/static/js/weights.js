@@ -1,6 +1,6 @@
 // View 3: a model's weights spread evenly over N GPUs: one bar per GPU against its HBM.
 
-import { $, chartWidth, el, fmtBytes, fmtInt, fmtPct, formValues, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks } from "./util.js";
+import { $, chartWidth, el, fmtBytes, fmtInt, fmtPct, formValues, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks, tracked } from "./util.js";
 
 const call = latestOnly();
 const MAX_BARS = 64;
@@ -22,7 +22,7 @@ export function init() {
 async function update() {
   const v = formValues($("#w-form"));
   try {
-    const r = await call("/api/fit", { model: v.model, gpu: v.gpu, gpus: v.gpus, dtype: v.dtype });
+    const r = await tracked($("#w-results"), () => call("/api/fit", { model: v.model, gpu: v.gpu, gpus: v.gpus, dtype: v.dtype }));
     showError($("#w-error"), null);
     draw(r);
   } catch (err) {
