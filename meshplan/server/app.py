@@ -24,7 +24,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from meshplan.server import api, explorer, parse, planner
+from meshplan.server import api, explorer, exports, parse, planner
 from meshplan.server.uploads import ModelStore
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -117,6 +117,7 @@ def create_app() -> FastAPI:
     app.include_router(api.router)
     app.include_router(explorer.router)
     app.include_router(planner.router)
+    app.include_router(exports.router)
     _install_errors(app)
 
     @app.get("/", include_in_schema=False)

@@ -138,10 +138,9 @@ def test_memory_layout_bills_each_stage_as_the_cli_does(page: Any, shot: Any) ->
     page.select_option("#mem-form select[name=zero]", "1")
     page.select_option("#mem-form select[name=recompute]", "selective")
     page.select_option("#mem-form select[name=precision]", "fp8")
-    args = ["memory", "llama-3.1-70b", "--gpu", "h100-sxm", "--gpus", "64", "--tp", "4", "--pp", "4", "--vpp", "2",
-            "--cp", "2", "--sp", "--zero", "1", "--micro-batch", "2", "--seq", "16384", "--recompute", "selective",
-            "--precision", "fp8"]
-    cli = cli_json(*args)
+    args = "memory llama-3.1-70b --gpu h100-sxm --gpus 64 --tp 4 --pp 4 --vpp 2 --cp 2 --sp --zero 1"
+    args += " --micro-batch 2 --seq 16384 --recompute selective --precision fp8"
+    cli = cli_json(*args.split())
     wait_number(page, "#mem-training-total", cli["per_gpu"]["total_bytes"])
     shown = sorted({0, cli["heaviest_stage"], len(cli["stages"]) - 1})
     assert len(shown) >= 2
@@ -295,8 +294,8 @@ def test_planner_table_pareto_rejections_and_comparison(page: Any, shot: Any) ->
 
     page.evaluate(
         """() => { window.seenBusy = false; const r = document.querySelector('#pl-results');
-        new MutationObserver(() => { if (r.getAttribute('aria-busy') === 'true' && r.dataset.stale === 'busy') window.seenBusy = true; })
-          .observe(r, { attributes: true }); }"""
+        const busy = () => r.getAttribute('aria-busy') === 'true' && r.dataset.stale === 'busy';
+        new MutationObserver(() => { if (busy()) window.seenBusy = true; }).observe(r, { attributes: true }); }"""
     )
     page.click("#pl-table tbody tr >> nth=2 >> button")
     page.wait_for_selector("#pl-explain .explain[data-b^='tp=']")
