@@ -8,6 +8,7 @@ import * as tp from "./tp.js";
 import * as recipes from "./recipes.js";
 import * as tiers from "./tiers.js";
 import * as planner from "./planner.js";
+import * as state from "./state.js";
 
 const VIEWS = { memory, strategies, weights, tp, recipes, tiers, planner };
 const started = new Set();
@@ -29,6 +30,8 @@ function fillSelects(catalog) {
   for (const s of $$("select[data-recompute]")) fill(s, catalog.recompute);
   for (const s of $$("select[data-serving-dtypes]")) fill(s, catalog.serving_dtypes);
   for (const s of $$("select[data-kv-dtypes]")) fill(s, catalog.kv_dtypes);
+  const links = [{ name: "", label: "the GPU's default" }, ...catalog.links.map((l) => ({ name: l.name, label: l.name }))];
+  for (const s of $$("select[data-links]")) fill(s, links, { value: (l) => l.name, label: (l) => l.label });
 }
 
 // An uploaded config.json becomes a choice in every model select that takes uploads.
@@ -41,16 +44,41 @@ ctx.addUpload = (upload) => {
   }
 };
 
+// A select asked for a value it does not offer: an uploaded model's id from a shared link (the server says if it
+// no longer holds it).
+function addOption(select, value) {
+  if (select.name === "model" && value.startsWith("upload:")) ctx.addUpload({ id: value, name: value });
+}
+
 function route() {
-  const name = (location.hash || "#home").slice(1).split("?")[0];
+  const name = state.hashView();
   const view = VIEWS[name] ? name : "home";
   for (const section of $$("section.view")) section.hidden = section.dataset.view !== view;
-  for (const a of $$("#nav a")) a.classList.toggle("active", a.getAttribute("href") === `#${view}`);
-  if (view !== "home" && !started.has(view)) {
-    started.add(view);
-    VIEWS[view].init(ctx);
+  for (const a of $$("#nav a")) {
+    const here = a.getAttribute("href") === `#${view}`;
+    a.classList.toggle("active", here);
+    if (here) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
   }
-  if (view !== "home" && VIEWS[view].show) VIEWS[view].show(ctx);
+  if (view !== "home") {
+    const mod = VIEWS[view];
+    if (!started.has(view)) {
+      state.apply(view, state.hashParams(), addOption, mod.PRIMARY);
+      started.add(view);
+      state.watch(view);
+      mod.init(ctx);
+      state.save(view);
+    } else if (state.changedFromOutside(view)) {
+      // A pasted or edited address: set the inputs from it and recompute.
+      state.apply(view, state.hashParams(), addOption, mod.PRIMARY);
+      if (mod.restore) mod.restore(ctx);
+      else for (const form of $$(`#view-${view} form`)) form.dispatchEvent(new Event("change"));
+      state.save(view);
+    } else {
+      state.save(view); // back from another view: the address shows this view's inputs again
+    }
+    if (mod.show) mod.show(ctx);
+  }
   window.scrollTo(0, 0);
 }
 

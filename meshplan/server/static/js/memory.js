@@ -1,6 +1,7 @@
 // View 1: what one GPU holds for any layout: one training bar per distinct pipeline stage (first, heaviest, last)
 // and the serving bar of one replica, each segment a term of the engine's bill, against the GPU's HBM line.
 
+import { SERVING_ENGINES, TRAINING_ENGINES, cliCommand, cliModel, takeaway } from "./takeaway.js";
 import { $, TERM_COLORS, chartWidth, el, fmtBytes, formValues, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks, tracked } from "./util.js";
 
 const call = latestOnly();
@@ -45,7 +46,7 @@ async function upload(event) {
     if (!response.ok) throw new Error(`The config.json was refused: ${body.error}`);
     ctx.addUpload({ id: body.id, name: body.name });
     $("#mem-form").elements.model.value = body.id;
-    update();
+    $("#mem-form").dispatchEvent(new Event("change")); // recompute, and keep the model in the address
   } catch (err) {
     showError(error, err);
   } finally {
@@ -79,9 +80,27 @@ async function update() {
     ]));
     showError($("#mem-error"), null);
     draw(train, serve);
+    takeAway(v, train);
   } catch (err) {
     if (!isAbort(err)) showError($("#mem-error"), err, LABELS);
   }
+}
+
+function takeAway(v, train) {
+  const flags = [
+    ["gpu", v.gpu], ["gpus", v.gpus], ["tp", v.tp, 1], ["pp", v.pp, 1], ["vpp", v.vpp, 1], ["cp", v.cp, 1], ["ep", v.ep, 1],
+    ["zero", v.zero, 0], ["sp", v.sp], ["recompute", v.recompute, "none"], ["micro_batch", v.micro_batch, 1], ["seq", v.seq, 4096],
+    ["precision", v.precision, "bf16"], ["optimizer", v.optimizer, "adamw"], ["finetune", v.finetune, "full"],
+  ];
+  const q = memoryParams(v);
+  takeaway($("#mem-takeaway"), {
+    id: "mem", command: cliCommand("memory", [cliModel(v.model)], flags), json: train,
+    filename: `meshplan-memory-${train.model}.json`, engines: [...TRAINING_ENGINES, ...SERVING_ENGINES],
+    exportQuery: (engine) => (SERVING_ENGINES.includes(engine)
+      ? { ...servingParams(v), sequences: null }
+      : { model: q.model, gpu: q.gpu, gpus: q.gpus, tp: q.tp, pp: q.pp, vpp: q.vpp, cp: q.cp, ep: q.ep, zero: q.zero, sp: q.sp,
+          recompute: q.recompute, micro_batch: q.micro_batch, seq: q.seq, precision: q.precision }),
+  });
 }
 
 function trainingWhat(train) {

@@ -1,5 +1,7 @@
 // View 7: the planner: search, a sortable table of the best plans, the Pareto plot, rejections, a comparison.
 
+import { extra, setExtra } from "./state.js";
+import { TRAINING_ENGINES, cliCommand, cliModel, layoutQuery, takeaway } from "./takeaway.js";
 import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtPct, fmtSeconds, formValues, markResults, onResize, showError, svg, ticks } from "./util.js";
 
 const LABELS = {
@@ -10,12 +12,33 @@ let result = null;
 let sortKey = "rank";
 let sortUp = true;
 let running = false;
+let asked = null; // the form's values of the search shown
 
 export function init(context) {
   ctx = context;
+  readSort();
   $("#pl-form").addEventListener("submit", (e) => { e.preventDefault(); run(); });
   onResize(() => result && pareto());
   run();
+}
+
+function readSort() {
+  sortKey = COLUMNS.some((c) => c[0] === extra("planner", "sort")) ? extra("planner", "sort") : "rank";
+  sortUp = extra("planner", "order") !== "down";
+}
+
+// A pasted address: its inputs, its sort, and a new search.
+export function restore() {
+  readSort();
+  run();
+}
+
+function sortBy(key) {
+  sortUp = key === sortKey ? !sortUp : true;
+  sortKey = key;
+  setExtra("planner", "sort", key === "rank" ? null : key);
+  setExtra("planner", "order", sortUp ? null : "down");
+  table();
 }
 
 export function layoutLabel(l) {
@@ -53,6 +76,7 @@ async function run() {
   const params = {
     model: v.model, gpu: v.gpu, gpus: v.gpus, seq: v.seq, global_batch_tokens: v.global_batch_tokens, top: v.top,
     objective: v.objective, headroom: v.headroom, allow_cross_node_tp: v.allow_cross_node_tp, compare: v.compare || null,
+    precision: v.precision, finetune: v.finetune, scale_out: v.scale_out || null, node_size: v.node_size || null, tokens: v.tokens || null, days: v.days || null,
   };
   const started = performance.now();
   const progress = $("#pl-progress");
@@ -64,6 +88,7 @@ async function run() {
   const clock = setInterval(say, 100);
   try {
     result = await api("/api/plan", params);
+    asked = v;
     showError($("#pl-error"), null);
     render();
     markResults($("#pl-results"), null);
@@ -85,11 +110,34 @@ function render() {
     " layouts in ", el("span", { text: fmtSeconds(r.elapsed_s) }), "; ",
     el("strong", { id: "pl-feasible", "data-value": r.feasible, text: fmtInt(r.feasible) }),
     ` fit with ${fmtPct(r.headroom)} of HBM kept free. ${r.global_batch} sequences of ${fmtInt(r.seq)} tokens per step, objective ${r.objective}.`,
+    r.fewest_gpus ? el("span", { id: "pl-fewest", "data-value": r.fewest_gpus.gpus,
+      text: ` The fewest GPUs that train ${Number(r.fewest_gpus.tokens).toExponential(2)} tokens in ${r.fewest_gpus.days} days: ${fmtInt(r.fewest_gpus.gpus)} (the search began at ${fmtInt(r.fewest_gpus.searched_from)}).` }) : "",
   );
   table();
   pareto();
   rejections();
   explain();
+  takeAway();
+}
+
+function takeAway() {
+  const v = asked, r = result;
+  const flags = [
+    ["gpu", v.gpu], ["gpus", v.gpus], ["seq", v.seq], ["global_batch_tokens", v.global_batch_tokens], ["top", v.top, 5],
+    ["headroom", v.headroom, "0.10"], ["allow_cross_node_tp", v.allow_cross_node_tp], ["objective", v.objective, "step-time"],
+    ["precision", v.precision, "bf16"], ["finetune", v.finetune, "full"], ["scale_out", v.scale_out], ["node_size", v.node_size],
+    ["tokens", v.tokens], ["days", v.days], ["compare", v.compare], ["explain", true],
+  ];
+  const pick = el("select", { id: "pl-export-plan", "aria-label": "plan to export" },
+    ...r.plans.map((p, i) => el("option", { value: i, text: `plan #${i + 1}` })));
+  takeaway($("#pl-takeaway"), {
+    id: "pl", command: cliCommand("plan", [cliModel(v.model)], flags), json: r,
+    filename: `meshplan-plan-${r.model}-${r.gpus}x${r.gpu}.json`, engines: r.plans.length ? TRAINING_ENGINES : [], before: [pick],
+    exportQuery: () => {
+      const p = r.plans[Number(pick.value) || 0];
+      return { model: v.model, gpu: r.gpu, gpus: (r.fewest_gpus && r.fewest_gpus.gpus) || r.gpus, seq: r.seq, global_batch: r.global_batch, precision: v.precision, ...layoutQuery(p.layout) };
+    },
+  });
 }
 
 const COLUMNS = [
@@ -112,12 +160,13 @@ function table() {
   });
   const head = el("tr", {}, ...COLUMNS.map(([key, label]) => el("th", {
     scope: "col", "data-sort": key, class: key === sortKey ? (sortUp ? "sorted up" : "sorted down") : "",
-    onclick: () => { sortUp = key === sortKey ? !sortUp : true; sortKey = key; table(); },
+    onclick: () => sortBy(key),
   }, label)), el("th", { text: "" }));
   const rows = plans.map((p) => el("tr", { "data-rank": p.rank },
     ...COLUMNS.map(([key, , get, fmt]) => el("td", { "data-col": key, "data-value": get(p), text: fmt(get(p)) })),
     el("td", {}, el("button", { type: "button", class: "small", text: "Compare", onclick: () => {
       $("#pl-form").elements.compare.value = compareText(p.layout);
+      $("#pl-form").dispatchEvent(new Event("change")); // the address keeps the comparison
       run();
     } })),
   ));

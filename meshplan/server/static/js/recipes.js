@@ -1,5 +1,7 @@
 // View 5: published recipes as nested mesh axes from one GPU outward, and every recipe on one fleet ruler.
 
+import { extra, setExtra } from "./state.js";
+import { TRAINING_ENGINES, cliCommand, layoutQuery, takeaway } from "./takeaway.js";
 import { $, chartWidth, el, fmtBytes, fmtInt, fmtPct, fmtSeconds, isAbort, latestOnly, onResize, showError, svg, tracked } from "./util.js";
 
 const call = latestOnly();
@@ -14,6 +16,7 @@ let ctx = null;
 let report = null;
 let depth = 99;
 let timer = null;
+const DEFAULT = "llama3-405b-128k";
 
 export function init(context) {
   ctx = context;
@@ -22,7 +25,19 @@ export function init(context) {
   tabs(ctx.catalog.recipes[0].name);
   ruler();
   onResize(ruler);
-  select(ctx.catalog.recipes.find((r) => r.name === "llama3-405b-128k")?.name || ctx.catalog.recipes[0].name);
+  select(wanted(), false);
+}
+
+export const PRIMARY = "recipe";
+
+function wanted() {
+  const names = ctx.catalog.recipes.map((r) => r.name);
+  const asked = extra("recipes", "recipe");
+  return names.includes(asked) ? asked : names.includes(DEFAULT) ? DEFAULT : names[0];
+}
+
+export function restore() {
+  select(wanted(), false);
 }
 
 function tabs(active) {
@@ -30,7 +45,8 @@ function tabs(active) {
     el("button", { type: "button", role: "tab", class: r.name === active ? "tab active" : "tab", "data-key": r.name, text: r.title, onclick: () => select(r.name) })));
 }
 
-async function select(name) {
+async function select(name, remember = true) {
+  if (remember) setExtra("recipes", "recipe", name === DEFAULT ? null : name);
   tabs(name);
   try {
     report = await tracked($("#rc-results"), () => call(`/api/recipe/${encodeURIComponent(name)}`, {}));
@@ -44,6 +60,12 @@ async function select(name) {
   $("#rc-title").textContent = `${report.title} · ${fmtInt(report.gpus)} × ${report.gpu}`;
   $("#rc-why").textContent = report.why;
   $("#rc-source").textContent = `Source: ${report.source}.`;
+  const r = report;
+  takeaway($("#rc-takeaway"), {
+    id: "rc", command: cliCommand("recipe", [r.recipe], []), json: r, filename: `meshplan-recipe-${r.recipe}.json`,
+    engines: TRAINING_ENGINES,
+    exportQuery: () => ({ model: r.model, gpu: r.gpu, gpus: r.gpus, seq: r.seq, global_batch: r.global_batch, precision: r.precision, ...layoutQuery(r.layout) }),
+  });
   const f = report.factors;
   $("#rc-factors").replaceChildren(
     ...Object.entries(f).filter(([k]) => k !== "gpus").map(([k, v]) => el("span", { class: "chip", style: `--c:${AXIS_COLORS[k]}`, text: `${k.toUpperCase()} ${v}` })),

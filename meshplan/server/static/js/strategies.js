@@ -1,22 +1,30 @@
 // View 2: the six strategies on 8 GPUs: the cut, each GPU's piece and bytes, the traffic, when to use it.
 
+import { extra, setExtra } from "./state.js";
 import { $, PIECE_COLORS, el, fmtBytes, formValues, isAbort, latestOnly, onFormChange, showError, svg, tracked } from "./util.js";
 
 const call = latestOnly();
 let data = null;
 let selected = "tp";
 
+export const PRIMARY = "strategy";
+
 export function init() {
+  selected = extra("strategies", "strategy") || "tp";
   onFormChange($("#st-form"), update);
   update();
 }
 
-export function show() {
-  const wanted = location.hash.split("?")[1];
-  if (wanted && wanted !== selected) {
-    selected = wanted;
-    if (data) render();
-  }
+// A pasted address: its strategy and inputs.
+export function restore() {
+  selected = extra("strategies", "strategy") || "tp";
+  update();
+}
+
+function pick(key) {
+  selected = key;
+  setExtra("strategies", "strategy", key === "tp" ? null : key);
+  render();
 }
 
 async function update() {
@@ -39,7 +47,7 @@ function render() {
       el("button", {
         type: "button", role: "tab", class: c.key === s.key ? "tab active" : "tab", "data-key": c.key,
         "aria-selected": c.key === s.key ? "true" : "false", text: c.name,
-        onclick: () => { selected = c.key; render(); },
+        onclick: () => pick(c.key),
       }),
     ),
   );

@@ -1,5 +1,6 @@
 // View 4: the TP MLP split in steps, checked by the engine, and one all-reduce raced over four links.
 
+import { extra, setExtra } from "./state.js";
 import { $, el, fmtBytes, fmtRatio, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, showError, svg, tracked, PIECE_COLORS } from "./util.js";
 
 const splitCall = latestOnly();
@@ -14,9 +15,22 @@ let frame = null;
 export function init() {
   onFormChange($("#tp-form"), updateSplit);
   onFormChange($("#race-form"), updateRace);
-  $("#tp-prev").addEventListener("click", () => { step = Math.max(0, step - 1); drawSplit(); });
-  $("#tp-next").addEventListener("click", () => { step = Math.min(split ? split.steps.length - 1 : 0, step + 1); drawSplit(); });
+  step = Number(extra("tp", "step")) || 0;
+  $("#tp-prev").addEventListener("click", () => goto(step - 1));
+  $("#tp-next").addEventListener("click", () => goto(step + 1));
   $("#race-play").addEventListener("click", play);
+  updateSplit();
+  updateRace();
+}
+
+function goto(k) {
+  step = Math.max(0, Math.min(split ? split.steps.length - 1 : 0, k));
+  setExtra("tp", "step", step || null);
+  drawSplit();
+}
+
+export function restore() {
+  step = Number(extra("tp", "step")) || 0;
   updateSplit();
   updateRace();
 }
@@ -37,6 +51,7 @@ function shapeText(shapes) {
 }
 
 function drawSplit() {
+  step = Math.min(step, split.steps.length - 1);
   const s = split.steps[step];
   $("#tp-step-label").textContent = `Step ${step + 1} of ${split.steps.length}: ${s.step}`;
   $("#tp-step-label").dataset.step = String(step);
