@@ -1,6 +1,6 @@
 // The explorer's shell: load the catalog, fill the shared selects, route #hash to a view.
 
-import { $, $$, api, el } from "./util.js";
+import { $, $$, api, debounce, el } from "./util.js";
 import * as memory from "./memory.js";
 import * as strategies from "./strategies.js";
 import * as weights from "./weights.js";
@@ -97,6 +97,52 @@ async function listEndpoints() {
   }
 }
 
+// Regions wider than the screen (tables, fixed-size charts, commands) scroll sideways: they take the keyboard
+// focus (arrow keys scroll them), say so to screen readers, and show a cue until scrolled to their end.
+function scrollCues() {
+  for (const node of $$(".table-wrap, .chart, .cli-row, .nest")) {
+    const scrolls = node.scrollWidth > node.clientWidth + 2;
+    node.classList.toggle("scrolls", scrolls);
+    node.classList.toggle("at-end", scrolls && node.scrollLeft + node.clientWidth >= node.scrollWidth - 2);
+    if (scrolls && !node.hasAttribute("tabindex")) {
+      node.setAttribute("tabindex", "0");
+      node.setAttribute("role", "region");
+      node.setAttribute("aria-label", `${node.getAttribute("data-what") || "wide content"}, scrolls sideways`);
+      node.addEventListener("scroll", () => node.classList.toggle("at-end", node.scrollLeft + node.clientWidth >= node.scrollWidth - 2));
+    } else if (!scrolls && node.getAttribute("role") === "region") {
+      node.removeAttribute("tabindex");
+      node.removeAttribute("role");
+      node.removeAttribute("aria-label");
+    }
+  }
+}
+
+// On a phone the inputs fill the screen: after a change, the view's first result (its headline) also shows in a
+// bar at the bottom until the result itself is on screen; tapping the bar scrolls to it.
+function peek() {
+  const bar = el("button", { type: "button", id: "peek", class: "peek", hidden: true });
+  document.body.append(bar);
+  const narrow = window.matchMedia("(max-width: 720px)");
+  let target = null;
+  bar.addEventListener("click", () => { if (target) target.scrollIntoView({ block: "start" }); bar.hidden = true; });
+  document.addEventListener("results-current", (e) => {
+    const first = e.detail.querySelector(".headline, h3, .chips");
+    if (!narrow.matches || !first || !first.textContent.trim()) return;
+    // the first number of the headline is what must be on screen
+    const box = (first.querySelector("strong") || first).getBoundingClientRect();
+    if (box.top >= 0 && box.bottom <= window.innerHeight) { bar.hidden = true; return; }
+    target = first;
+    bar.textContent = `${first.textContent.trim().slice(0, 220)} ↓`;
+    bar.hidden = false;
+  });
+  window.addEventListener("scroll", debounce(() => {
+    if (!target || bar.hidden) return;
+    const box = (target.querySelector("strong") || target).getBoundingClientRect();
+    if (box.top >= 0 && box.bottom <= window.innerHeight - bar.offsetHeight) bar.hidden = true;
+  }, 60), { passive: true });
+  window.addEventListener("hashchange", () => { bar.hidden = true; });
+}
+
 async function boot() {
   try {
     ctx.catalog = await api("/api/catalog");
@@ -106,6 +152,9 @@ async function boot() {
     return;
   }
   $("#boot").remove();
+  new MutationObserver(debounce(scrollCues, 60)).observe($("main"), { childList: true, subtree: true });
+  window.addEventListener("resize", debounce(scrollCues, 150));
+  peek();
   fillSelects(ctx.catalog);
   window.addEventListener("hashchange", route);
   route();

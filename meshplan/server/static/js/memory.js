@@ -169,7 +169,7 @@ function draw(train, serve) {
   const unit = max >= 2e12 ? 1e12 : 1e9;
   const unitName = unit === 1e12 ? "TB" : "GB";
   const x = (b) => LEFT + ((W - LEFT - RIGHT) * b) / max;
-  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "memory bill per GPU, one bar per pipeline stage shown and one for serving" });
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "group", "aria-label": "memory bill per GPU, one bar per pipeline stage shown and one for serving" });
   for (const t of ticks(max / unit)) {
     root.append(
       svg("line", { x1: x(t * unit), x2: x(t * unit), y1: 22, y2: axisY, class: "grid" }),

@@ -2,7 +2,7 @@
 
 import { extra, setExtra } from "./state.js";
 import { TRAINING_ENGINES, cliCommand, cliModel, layoutQuery, takeaway } from "./takeaway.js";
-import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtPct, fmtSeconds, formValues, markResults, onResize, showError, svg, ticks } from "./util.js";
+import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtPct, fmtSeconds, formValues, keepFocus, markResults, onResize, pressable, showError, svg, ticks } from "./util.js";
 
 const LABELS = {
   gpus: "GPUs", seq: "Sequence length", global_batch_tokens: "Tokens per step", top: "Plans to show", headroom: "HBM kept free",
@@ -158,10 +158,10 @@ function table() {
     const c = typeof x === "string" ? x.localeCompare(y) : x - y;
     return sortUp ? c : -c;
   });
-  const head = el("tr", {}, ...COLUMNS.map(([key, label]) => el("th", {
-    scope: "col", "data-sort": key, class: key === sortKey ? (sortUp ? "sorted up" : "sorted down") : "",
-    onclick: () => sortBy(key),
-  }, label)), el("th", { text: "" }));
+  const head = el("tr", {}, ...COLUMNS.map(([key, label]) => pressable(el("th", {
+    scope: "col", "data-sort": key, class: key === sortKey ? (sortUp ? "sorted up" : "sorted down") : "", tabindex: 0,
+    "aria-sort": key === sortKey ? (sortUp ? "ascending" : "descending") : "none", title: `sort by ${label}`,
+  }, label), () => sortBy(key))), el("th", {}, el("span", { class: "sr-only", text: "Compare" })));
   const rows = plans.map((p) => el("tr", { "data-rank": p.rank },
     ...COLUMNS.map(([key, , get, fmt]) => el("td", { "data-col": key, "data-value": get(p), text: fmt(get(p)) })),
     el("td", {}, el("button", { type: "button", class: "small", text: "Compare", onclick: () => {
@@ -170,7 +170,7 @@ function table() {
       run();
     } })),
   ));
-  $("#pl-table").replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
+  keepFocus($("#pl-table"), "data-sort", () => $("#pl-table").replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows)));
 }
 
 function pareto() {

@@ -2,7 +2,7 @@
 
 import { extra, setExtra } from "./state.js";
 import { TRAINING_ENGINES, cliCommand, layoutQuery, takeaway } from "./takeaway.js";
-import { $, chartWidth, el, fmtBytes, fmtInt, fmtPct, fmtSeconds, isAbort, latestOnly, onResize, showError, svg, tracked } from "./util.js";
+import { $, chartWidth, el, inkOn, keepFocus, pressable, fmtBytes, fmtInt, fmtPct, fmtSeconds, isAbort, latestOnly, onResize, showError, svg, tracked } from "./util.js";
 
 const call = latestOnly();
 // The axes that multiply to the fleet (EP is carved out of them), innermost first by default.
@@ -41,8 +41,11 @@ export function restore() {
 }
 
 function tabs(active) {
-  $("#rc-tabs").replaceChildren(...ctx.catalog.recipes.map((r) =>
-    el("button", { type: "button", role: "tab", class: r.name === active ? "tab active" : "tab", "data-key": r.name, text: r.title, onclick: () => select(r.name) })));
+  keepFocus($("#rc-tabs"), "data-key", () => $("#rc-tabs").replaceChildren(...ctx.catalog.recipes.map((r) =>
+    el("button", {
+      type: "button", role: "tab", class: r.name === active ? "tab active" : "tab", "aria-selected": r.name === active ? "true" : "false",
+      "data-key": r.name, text: r.title, onclick: () => select(r.name),
+    }))));
 }
 
 async function select(name, remember = true) {
@@ -126,7 +129,7 @@ function ruler() {
   const W = Math.max(chartWidth($("#rc-ruler")), 620), L = 160, R = 64, rowH = 34, T = 14;
   const H = T + items.length * rowH + 40;
   const x = (n) => L + ((W - L - R) * Math.log(n)) / Math.log(top);
-  const root = svg("svg", { class: "fixed", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "fleet ruler, log scale of GPUs" });
+  const root = svg("svg", { class: "fixed", style: `width:${W}px`, viewBox: `0 0 ${W} ${H}`, role: "group", "aria-label": "fleet ruler, log scale of GPUs; each row opens its recipe" });
   for (let g = 1; g <= top; g *= 8) {
     root.append(svg("line", { x1: x(g), x2: x(g), y1: T - 4, y2: H - 34, class: "grid" }));
     root.append(svg("text", { x: x(g), y: H - 20, class: "tick", "text-anchor": "middle", text: fmtInt(g) }));
@@ -135,15 +138,15 @@ function ruler() {
   items.forEach((r, i) => {
     const y = T + i * rowH;
     const row = svg("g", { class: "ruler-row", "data-recipe": r.name, tabindex: 0, role: "button" });
-    row.addEventListener("click", () => select(r.name));
+    pressable(row, () => select(r.name));
     row.append(svg("text", { x: L - 8, y: y + 15, class: "bar-label small", "text-anchor": "end", text: r.name }));
     let at = 1;
     for (const axis of ["tp", "cp", "pp", "dp"]) {
       const f = r.factors[axis];
       if (!f || f <= 1) continue;
-      row.append(svg("rect", { x: x(at), y, width: x(at * f) - x(at), height: 20, fill: AXIS_COLORS[axis], rx: 2 },
+      row.append(svg("rect", { x: x(at), y, width: x(at * f) - x(at), height: 24, fill: AXIS_COLORS[axis], rx: 2 },
         svg("title", { text: `${axis.toUpperCase()} ${f}` })));
-      if (x(at * f) - x(at) > 26) row.append(svg("text", { x: (x(at) + x(at * f)) / 2, y: y + 14, class: "on-color", "text-anchor": "middle", text: `${axis.toUpperCase()} ${f}` }));
+      if (x(at * f) - x(at) > 26) row.append(svg("text", { x: (x(at) + x(at * f)) / 2, y: y + 16, class: "on-color", fill: inkOn(AXIS_COLORS[axis]), "text-anchor": "middle", text: `${axis.toUpperCase()} ${f}` }));
       at *= f;
     }
     const ep = r.factors.ep ? ` (EP ${r.factors.ep} within DP)` : "";

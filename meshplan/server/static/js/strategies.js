@@ -1,7 +1,7 @@
 // View 2: the six strategies on 8 GPUs: the cut, each GPU's piece and bytes, the traffic, when to use it.
 
 import { extra, setExtra } from "./state.js";
-import { $, PIECE_COLORS, el, fmtBytes, formValues, isAbort, latestOnly, onFormChange, showError, svg, tracked } from "./util.js";
+import { $, PIECE_COLORS, el, inkOn, keepFocus, reducedMotion, fmtBytes, formValues, isAbort, latestOnly, onFormChange, showError, svg, tracked } from "./util.js";
 
 const call = latestOnly();
 let data = null;
@@ -42,7 +42,7 @@ function render() {
   const cards = data.strategies;
   const s = cards.find((c) => c.key === selected) || cards[0];
   selected = s.key;
-  $("#st-tabs").replaceChildren(
+  keepFocus($("#st-tabs"), "data-key", () => $("#st-tabs").replaceChildren(
     ...cards.map((c) =>
       el("button", {
         type: "button", role: "tab", class: c.key === s.key ? "tab active" : "tab", "data-key": c.key,
@@ -50,7 +50,7 @@ function render() {
         onclick: () => pick(c.key),
       }),
     ),
-  );
+  ));
   $("#st-work").replaceChildren(work(s));
   gpus(s);
   $("#st-collective-title").textContent = `The traffic: ${s.collective}`;
@@ -89,7 +89,7 @@ function layoutText(l) {
 // The illustrative object each strategy cuts, drawn with its 8 pieces and the cut lines between them.
 function work(s) {
   const W = 420, H = 230;
-  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `what ${s.name} cuts` });
+  const root = svg("svg", { class: "fixed", style: `width:${W}px`, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `what ${s.name} cuts` });
   const cut = s.picture.cut;
   const color = (i) => PIECE_COLORS[i % 8];
   const cutLine = (x1, y1, x2, y2) => root.append(svg("line", { x1, y1, x2, y2, class: "cut" }));
@@ -98,7 +98,7 @@ function work(s) {
     const bw = cut === "state" ? 200 : 380;
     for (let i = 0; i < 8; i++) {
       root.append(svg("rect", { x: 20, y: 14 + i * 24, width: bw, height: 18, fill: color(i), rx: 3 }));
-      root.append(svg("text", { x: 26, y: 27 + i * 24, class: "on-color", text: s.gpus[i].piece }));
+      root.append(svg("text", { x: 26, y: 27 + i * 24, class: "on-color", fill: inkOn(color(i)), text: s.gpus[i].piece }));
       if (i) cutLine(14, 11 + i * 24, 26 + bw, 11 + i * 24);
     }
     if (cut === "state") {
@@ -117,7 +117,7 @@ function work(s) {
   } else if (cut === "layers") {
     for (let i = 0; i < 8; i++) {
       root.append(svg("rect", { x: 60, y: 8 + i * 25, width: 300, height: 22, fill: color(i), rx: 2 }));
-      root.append(svg("text", { x: 70, y: 23 + i * 25, class: "on-color", text: s.gpus[i].piece }));
+      root.append(svg("text", { x: 70, y: 23 + i * 25, class: "on-color", fill: inkOn(color(i)), text: s.gpus[i].piece }));
       if (i) cutLine(50, 6.5 + i * 25, 370, 6.5 + i * 25);
     }
     label(`the stack of ${s.picture.units} layers cut into 8 stages`);
@@ -144,7 +144,7 @@ function work(s) {
 // The 8 GPUs and the pattern of their collective; dots travel along the links.
 function traffic(pattern) {
   const W = 640, H = pattern === "all-to-all" ? 170 : 110;
-  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `traffic pattern: ${pattern}` });
+  const root = svg("svg", { class: "fixed", style: `width:${W}px`, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `traffic pattern: ${pattern}` });
   const xs = Array.from({ length: 8 }, (_, i) => 40 + i * 80);
   const y = 50;
   const paths = [];
@@ -162,12 +162,14 @@ function traffic(pattern) {
   paths.forEach((d, k) => {
     root.append(svg("path", { d, class: "link" }));
     const dot = svg("circle", { r: 3.5, class: "dot" });
-    dot.append(svg("animateMotion", { dur: `${1.6 + (k % 5) * 0.2}s`, repeatCount: "indefinite", path: d }));
+    // With reduced motion the dots rest at the start of their links.
+    if (reducedMotion()) { const [, x0, y0] = d.match(/^M([\d.]+),([\d.]+)/); dot.setAttribute("cx", x0); dot.setAttribute("cy", y0); }
+    else dot.append(svg("animateMotion", { dur: `${1.6 + (k % 5) * 0.2}s`, repeatCount: "indefinite", path: d }));
     root.append(dot);
   });
   xs.forEach((x, i) => {
     root.append(svg("rect", { x: x - 18, y: y - 18, width: 36, height: 36, rx: 5, fill: PIECE_COLORS[i] }));
-    root.append(svg("text", { x, y: y + 5, class: "on-color", "text-anchor": "middle", text: `${i}` }));
+    root.append(svg("text", { x, y: y + 5, class: "on-color", fill: inkOn(PIECE_COLORS[i]), "text-anchor": "middle", text: `${i}` }));
   });
   return root;
 }

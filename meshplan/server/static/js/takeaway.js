@@ -59,6 +59,7 @@ async function copy(text, code) {
   }
 }
 
+const chosen = {}; // bar id -> the engine last picked
 const slug = (s) => String(s).replace(/[^A-Za-z0-9._-]+/g, "-");
 
 // Draw the bar into `node`. `o`: { id, command, json, filename, engines, exportQuery(engine), before: [controls] }.
@@ -72,8 +73,9 @@ export function takeaway(node, o) {
   ];
   const files = el("div", { class: "export-files", id: `${o.id}-files` });
   if (o.engines && o.engines.length) {
-    const engine = el("select", { id: `${o.id}-engine`, "aria-label": "engine to export to" },
+    const engine = el("select", { id: `${o.id}-engine`, "aria-label": "engine to export to", onchange: () => { chosen[o.id] = engine.value; } },
       ...o.engines.map((e) => el("option", { value: e, text: ENGINE_NAMES[e] || e })));
+    if (o.engines.includes(chosen[o.id])) engine.value = chosen[o.id]; // a new answer keeps the engine picked
     const run = async () => {
       const name = engine.value;
       status.textContent = `Asking for the ${ENGINE_NAMES[name]} configuration…`;

@@ -1,7 +1,7 @@
 // View 6: which strategies runs use, in three tiers; tap a tier for the reason.
 
 import { extra, setExtra } from "./state.js";
-import { $, api, el } from "./util.js";
+import { $, api, el, keepFocus } from "./util.js";
 
 const FIRST = "universal";
 let open = FIRST;
@@ -28,6 +28,10 @@ export async function init() {
 }
 
 function render(tiers) {
+  keepFocus($("#tiers"), "data-tier", () => draw(tiers));
+}
+
+function draw(tiers) {
   $("#tiers").replaceChildren(...tiers.map((t, i) => {
     const expanded = t.key === open;
     const head = el("button", {

@@ -1,7 +1,7 @@
 // View 4: the TP MLP split in steps, checked by the engine, and one all-reduce raced over four links.
 
 import { extra, setExtra } from "./state.js";
-import { $, el, fmtBytes, fmtRatio, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, showError, svg, tracked, PIECE_COLORS } from "./util.js";
+import { $, el, fmtBytes, fmtRatio, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, reducedMotion, showError, svg, tracked, PIECE_COLORS } from "./util.js";
 
 const splitCall = latestOnly();
 const raceCall = latestOnly();
@@ -57,7 +57,7 @@ function drawSplit() {
   $("#tp-step-label").dataset.step = String(step);
   $("#tp-step-text").textContent = `${s.what[0].toUpperCase()}${s.what.slice(1)}. Shapes: ${shapeText(s.shapes)}.`;
   const t = split.ranks, w = split.ffn / t;
-  const root = svg("svg", { class: "fixed", viewBox: "0 0 760 345", role: "img", "aria-label": `tensor-parallel MLP, step ${step + 1}` });
+  const root = svg("svg", { class: "fixed", style: "width:760px", viewBox: "0 0 760 345", role: "img", "aria-label": `tensor-parallel MLP, step ${step + 1}` });
   const matrix = (x, y, rows, cols, name, { cutCols = false, cutRows = false, active = true } = {}) => {
     const byCols = cutCols && active, byRows = cutRows && active;
     for (let r = 0; r < t; r++) {
@@ -165,6 +165,7 @@ function play() {
   if (!race) return;
   cancelAnimationFrame(frame);
   const end = Math.max(...race.links.map((l) => l[race.key]));
+  if (reducedMotion()) { drawRace(end); return; } // the finished race, without the motion
   const start = performance.now();
   const tick = (now) => {
     const clock = Math.min(end, (end * (now - start)) / (RACE_SECONDS * 1000));

@@ -199,7 +199,11 @@ export function markResults(node, state) {
   if (!node) return;
   node.setAttribute("aria-busy", state === "busy" ? "true" : "false");
   if (state) node.dataset.stale = state;
-  else delete node.dataset.stale;
+  else {
+    delete node.dataset.stale;
+    // after the caller has drawn the new answer
+    requestAnimationFrame(() => node.dispatchEvent(new CustomEvent("results-current", { bubbles: true, detail: node })));
+  }
 }
 
 // Run `request` with the results marked busy meanwhile; on success they are current, on a refusal they stay marked.
@@ -214,4 +218,40 @@ export async function tracked(node, request) {
     if (!isAbort(err)) markResults(node, "error");
     throw err;
   }
+}
+
+// --- phones, keyboards, eyes ---------------------------------------------------------------------------------------
+
+// The text color (ink or white) with the higher contrast on a fill `#rrggbb` (WCAG relative luminance).
+export function inkOn(hex) {
+  const c = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16) / 255)
+    .map((v) => (v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4));
+  const lum = 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2];
+  const ink = 0.0173; // #1d2430
+  return (lum + 0.05) / (ink + 0.05) >= 1.05 / (lum + 0.05) ? "#1d2430" : "#ffffff";
+}
+
+export const reducedMotion = () => window.matchMedia("(prefers-reduced-motion: reduce)").matches;
+
+// Re-render `container` without losing the keyboard focus: the focused element is found again by `attr`.
+export function keepFocus(container, attr, render) {
+  const active = document.activeElement;
+  const key = active && container.contains(active) ? active.getAttribute(attr) : null;
+  render();
+  if (key !== null) {
+    const again = Array.from(container.querySelectorAll(`[${attr}]`)).find((n) => n.getAttribute(attr) === key);
+    if (again) again.focus({ preventScroll: true });
+  }
+}
+
+// Enter and Space act as a click on an element that is not a native button (an SVG row, a table header).
+export function pressable(node, action) {
+  node.addEventListener("click", action);
+  node.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" || e.key === " ") {
+      e.preventDefault();
+      action(e);
+    }
+  });
+  return node;
 }
