@@ -81,7 +81,8 @@ def test_svg_text_and_tap_targets_are_large_enough(sized: Any, view: str) -> Non
     small = sized.evaluate(
         """() => Array.from(document.querySelectorAll('section.view:not([hidden]) svg text'))
           .filter(t => t.getClientRects().length && t.textContent.trim())
-          .map(t => [t.textContent, parseFloat(getComputedStyle(t).fontSize) * Math.hypot(t.getScreenCTM().a, t.getScreenCTM().b)])
+          .map(t => { const m = t.getScreenCTM();
+            return [t.textContent, parseFloat(getComputedStyle(t).fontSize) * Math.hypot(m.a, m.b)]; })
           .filter(([, px]) => px < 10.95).slice(0, 5)"""
     )
     assert not small, f"SVG text under 11 px in {view}: {small}"

@@ -88,7 +88,7 @@ async function run() {
   const clock = setInterval(say, 100);
   try {
     result = await api("/api/plan", params);
-    asked = v;
+    asked = { ...v, params };
     showError($("#pl-error"), null);
     render();
     markResults($("#pl-results"), null);
@@ -118,6 +118,68 @@ function render() {
   rejections();
   explain();
   takeAway();
+  verdict();
+}
+
+const CLOSE = 0.03; // top plans closer than this on the objective are called a tie
+const METRICS = {
+  "step-time": ["step time", (p) => p.step_time_s, (x) => fmtSeconds(x), -1],
+  "fewest-gpus": ["step time", (p) => p.step_time_s, (x) => fmtSeconds(x), -1],
+  "tokens-per-gpu": ["tokens/s per GPU", (p) => p.tokens_per_s_per_gpu, (x) => fmtInt(x), 1],
+  headroom: ["headroom", (p) => p.headroom_bytes, (x) => fmtBytes(x), 1],
+};
+
+// Say when the best plans are too close to call, and when nothing fits, what would.
+function verdict() {
+  const r = result, node = $("#pl-verdict");
+  if (!r.plans.length) { nothingFits(); return; }
+  const [name, metric, fmt] = METRICS[r.objective] || METRICS["step-time"];
+  const best = metric(r.plans[0]);
+  const near = r.plans.filter((p) => Math.abs(metric(p) - best) <= CLOSE * Math.abs(best));
+  if (near.length < 2) { node.replaceChildren(); return; }
+  const last = near[near.length - 1];
+  node.replaceChildren(el("strong", { id: "pl-tie", "data-value": near.length, text: `The best ${near.length} plans are within ${Math.round(CLOSE * 100)}% of each other` }),
+    ` in ${name} (#1 ${fmt(best)}, #${r.plans.indexOf(last) + 1} ${fmt(metric(last))}): closer than an analytical estimate can separate. `,
+    "Choose among them on what the ranking leaves out: memory headroom, fewer axes that cross nodes, a schedule your framework runs well.");
+}
+
+// Nothing fits on this fleet: ask the engine for the smallest fleet (doubling from this one) where a layout fits,
+// and, when every parameter trains, whether LoRA fits on this one; each answer comes with a button to search it.
+async function nothingFits() {
+  const r = result, v = asked, node = $("#pl-verdict");
+  const why = Object.entries(r.rejections).map(([k, n]) => `${k}: ${fmtInt(n)}`).join(", ");
+  const lines = [el("strong", { class: "bad", id: "pl-nothing", text: "Nothing fits. " }),
+    `All ${fmtInt(r.evaluated)} layouts of ${r.model} on ${fmtInt(r.gpus)} × ${r.gpu} are rejected (${why}). Asking the engine what would fit…`];
+  node.replaceChildren(...lines);
+  const base = { ...v.params, compare: null, top: 1 };
+  const out = [];
+  const retry = (text, set) => el("button", { type: "button", class: "small", onclick: () => {
+    const form = $("#pl-form");
+    for (const [k, val] of Object.entries(set)) form.elements[k].value = val;
+    form.dispatchEvent(new Event("change"));
+    run();
+  } }, text);
+  try {
+    const grown = await api("/api/plan", { ...base, objective: "fewest-gpus", tokens: 1, days: 3650 });
+    const n = grown.fewest_gpus.gpus;
+    out.push(el("span", { class: "block" }, "A larger fleet: the smallest, doubling from yours, on which a layout fits is ",
+      el("strong", { id: "pl-fits-at", "data-value": n, text: `${fmtInt(n)} × ${r.gpu}` }), ". ", retry(`Search on ${fmtInt(n)} GPUs`, { gpus: n })));
+  } catch (err) {
+    out.push(el("span", { class: "block", text: `A larger fleet: ${err.message}.` }));
+  }
+  if (v.finetune === "full") {
+    try {
+      const lora = await api("/api/plan", { ...base, finetune: "lora" });
+      out.push(el("span", { class: "block" }, lora.feasible
+        ? `LoRA instead of every parameter: ${fmtInt(lora.feasible)} layouts fit on these ${fmtInt(r.gpus)} GPUs. `
+        : `LoRA instead of every parameter: still nothing fits on these ${fmtInt(r.gpus)} GPUs. `,
+        lora.feasible ? retry("Search with LoRA", { finetune: "lora" }) : ""));
+    } catch (err) {
+      out.push(el("span", { class: "block", text: `LoRA: ${err.message}.` }));
+    }
+  }
+  out.push(el("span", { class: "block note", text: "Recompute and ZeRO/FSDP are already part of every search: the rejections above include them." }));
+  if (result === r) node.replaceChildren(lines[0], `All ${fmtInt(r.evaluated)} layouts of ${r.model} on ${fmtInt(r.gpus)} × ${r.gpu} are rejected (${why}).`, ...out);
 }
 
 function takeAway() {
@@ -187,7 +249,7 @@ function pareto() {
   const tHi = Math.log10(Math.max(...all.map((p) => p.t)) * 1.15);
   const x = (gb) => L + ((W - L - R) * gb) / mMax;
   const y = (s) => T + (H - T - B) * (1 - (Math.log10(s) - tLo) / Math.max(tHi - tLo, 1e-9));
-  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "Pareto front: step time against memory per GPU" });
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "group", "aria-label": "Pareto front: step time against memory per GPU; each point is a button" });
   for (const g of ticks(mMax, 6)) root.append(svg("line", { x1: x(g), x2: x(g), y1: T, y2: H - B, class: "grid" }), svg("text", { x: x(g), y: H - B + 16, class: "tick", "text-anchor": "middle", text: `${g}` }));
   for (const s of logTicks(tLo, tHi)) root.append(svg("line", { x1: L, x2: W - R, y1: y(s), y2: y(s), class: "grid" }), svg("text", { x: L - 6, y: y(s) + 4, class: "tick", "text-anchor": "end", text: `${+s.toPrecision(3)}` }));
   root.append(
@@ -197,12 +259,49 @@ function pareto() {
   if (hbm) root.append(svg("line", { x1: x(hbm / 1e9), x2: x(hbm / 1e9), y1: T, y2: H - B, class: "hbm-line" }), svg("text", { x: x(hbm / 1e9) - 4, y: T + 10, class: "hbm-label", "text-anchor": "end", text: `${r.gpu} HBM ${fmtBytes(hbm)}` }));
   const front = [...pts].sort((a, b) => a.m - b.m);
   root.append(svg("polyline", { points: front.map((p) => `${x(p.m / 1e9)},${y(p.t)}`).join(" "), class: "front" }));
-  for (const p of pts) root.append(svg("circle", { cx: x(p.m / 1e9), cy: y(p.t), r: 3.5, class: "pareto-pt" }, svg("title", { text: `${layoutLabel(p.layout)}: ${fmtSeconds(p.t)}, ${fmtGB(p.m)}` })));
+  // Every point is a button (a 24-px target around the dot): click, tap, Enter or Space shows it below the plot.
+  const point = (p, cls, r, i) => {
+    const name = p.rank ? `#${p.rank} ${layoutLabel(p.layout)}` : `front point ${i + 1}: ${layoutLabel(p.layout)}`;
+    const g = svg("g", { class: "pt", tabindex: 0, role: "button", "aria-label": `${name}, ${fmtSeconds(p.t)} per step, ${fmtGB(p.m)} per GPU`, "data-rank": p.rank || null, "data-front": p.rank ? null : i },
+      svg("circle", { cx: x(p.m / 1e9), cy: y(p.t), r: 12, class: "hit" }),
+      svg("circle", { cx: x(p.m / 1e9), cy: y(p.t), r, class: cls, "data-rank": p.rank || null }));
+    root.append(pressable(g, () => pickPoint(p, g)));
+  };
+  pts.forEach((p, i) => point(p, "pareto-pt", 3.5, i));
+  [...top].reverse().forEach((p) => point(p, "top-pt", 6)); // the best drawn last, on top of a cluster
+  // Rank labels where they do not collide: the best first.
+  const placed = [];
   for (const p of top) {
-    root.append(svg("circle", { cx: x(p.m / 1e9), cy: y(p.t), r: 6, class: "top-pt", "data-rank": p.rank }, svg("title", { text: `#${p.rank} ${layoutLabel(p.layout)}: ${fmtSeconds(p.t)}, ${fmtGB(p.m)}` })));
-    if (p.rank <= 3) root.append(svg("text", { x: x(p.m / 1e9) + 8, y: y(p.t) - 6, class: "tick", text: `#${p.rank}` }));
+    const lx = x(p.m / 1e9) + 8, ly = y(p.t) - 8;
+    if (placed.some(([a, b]) => Math.abs(a - lx) < 26 && Math.abs(b - ly) < 14)) continue;
+    placed.push([lx, ly]);
+    root.append(svg("text", { x: lx, y: ly, class: "tick pt-label", text: `#${p.rank}` }));
   }
   $("#pl-pareto").replaceChildren(root, el("p", { class: "note", text: `Small dots: the ${pts.length} layouts no other layout beats on both axes; large dots: the table's plans.` }));
+}
+
+function pickPoint(p, g) {
+  for (const n of document.querySelectorAll("#pl-pareto g.pt.selected, #pl-table tr.picked")) n.classList.remove("selected", "picked");
+  g.classList.add("selected");
+  const best = result.plans[0];
+  const items = [el("h4", { id: "pl-point-title", text: p.rank ? `Plan #${p.rank}: ${layoutLabel(p.layout)}` : `On the front: ${layoutLabel(p.layout)}` }),
+    el("p", {}, el("strong", { id: "pl-point-time", "data-value": p.t, text: fmtSeconds(p.t) }), " per step, ",
+      el("strong", { id: "pl-point-mem", "data-value": p.m, text: fmtGB(p.m) }), " per GPU",
+      best && p.rank !== 1 ? ` (the best: ${fmtSeconds(best.step_time_s)}, ${fmtGB(best.per_gpu.total_bytes)}).` : ".")];
+  if (p.rank) {
+    const row = document.querySelector(`#pl-table tr[data-rank="${p.rank}"]`);
+    if (row) row.classList.add("picked");
+    const pick = $("#pl-export-plan");
+    if (pick) pick.value = String(p.rank - 1);
+  }
+  if (best && p.rank !== 1) {
+    items.push(el("button", { type: "button", class: "small", id: "pl-point-compare", onclick: () => {
+      $("#pl-form").elements.compare.value = compareText(p.layout);
+      $("#pl-form").dispatchEvent(new Event("change"));
+      run();
+    } }, "Compare with the best, term by term"));
+  }
+  $("#pl-point").replaceChildren(...items);
 }
 
 // 1, 2 and 5 times each power of ten between 10^lo and 10^hi (fewer when the range is wide).

@@ -62,6 +62,7 @@ async function select(name, remember = true) {
   depth = 99;
   $("#rc-title").textContent = `${report.title} · ${fmtInt(report.gpus)} × ${report.gpu}`;
   $("#rc-why").textContent = report.why;
+  verdict(report);
   $("#rc-source").textContent = `Source: ${report.source}.`;
   const r = report;
   takeaway($("#rc-takeaway"), {
@@ -75,6 +76,42 @@ async function select(name, remember = true) {
     el("span", { class: "chip total", id: "rc-gpus", "data-gpus": f.gpus, text: `${fmtInt(f.gpus)} GPUs` }),
   );
   nest();
+}
+
+const whatIfCall = latestOnly();
+const TERM_NAMES = (terms) => Object.fromEntries(terms.map((t) => [t.name, t.title.toLowerCase()]));
+
+// Whether the engine's bill of the recipe fits, and when it does not, by how much, which terms weigh most, and
+// what the engine bills for the same layout with recompute (the lever the recipes leave unstated).
+async function verdict(r) {
+  const node = $("#rc-verdict");
+  const stage = r.stages.length > 1 ? ` on stage ${r.heaviest_stage} (the heaviest of ${r.stages.length})` : "";
+  if (r.fits) {
+    node.replaceChildren(el("strong", { class: "ok", id: "rc-fits", text: "Fits. " }),
+      `The engine bills ${fmtBytes(r.per_gpu.total_bytes)} per GPU${stage}, leaving ${fmtBytes(r.free_bytes)} of the ${fmtBytes(r.hbm_bytes)} HBM.`);
+    return;
+  }
+  const names = TERM_NAMES(r.terms);
+  const big = [...r.terms].sort((a, b) => b.value_bytes - a.value_bytes).slice(0, 2)
+    .map((t) => `${names[t.name]} ${fmtBytes(t.value_bytes)}`).join(" and ");
+  const say = (extra) => node.replaceChildren(
+    el("strong", { class: "bad", id: "rc-fits", text: "Over HBM. " }),
+    `The engine bills ${fmtBytes(r.per_gpu.total_bytes)} per GPU${stage}, ${fmtBytes(-r.free_bytes)} more than the ${fmtBytes(r.hbm_bytes)} of one ${r.gpu}; `,
+    `the largest terms are ${big}. The published run did train this way, so the bill is missing something that run did `,
+    "(a recipe states its degrees, not every memory setting). ", ...extra);
+  say([]);
+  const options = ["selective", "full"].filter((m) => m !== r.layout.recompute);
+  try {
+    const base = { model: r.model, gpu: r.gpu, gpus: r.gpus, seq: r.seq, global_batch: r.global_batch, precision: r.precision, ...layoutQuery(r.layout) };
+    const bills = [];
+    for (const recompute of options) bills.push([recompute, await whatIfCall("/api/memory", { ...base, recompute })]);
+    if (report !== r) return;
+    say(["What it would need: ", ...bills.flatMap(([m, b], i) => [i ? "; " : "", `with ${m} recompute the same layout is billed `,
+      el("strong", { "data-recompute": m, "data-bytes": b.per_gpu.total_bytes, text: fmtBytes(b.per_gpu.total_bytes) }),
+      b.fits ? " and fits" : ` (${fmtBytes(-b.free_bytes)} over)`]), "."]);
+  } catch (err) {
+    if (!isAbort(err)) say([`(The engine could not bill the recompute alternatives: ${err.message}.)`]);
+  }
 }
 
 function levels() {
