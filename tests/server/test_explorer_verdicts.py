@@ -101,3 +101,29 @@ def test_near_ties_are_called_and_pareto_points_open(page: Any) -> None:
     assert float(page.get_attribute("#pl-point-mem", "data-value") or "nan") == front["memory_bytes"]
     page.click("#pl-point-compare")
     page.wait_for_selector("#pl-explain .explain[data-b^='tp=']")
+
+
+def test_glance_table_link_ladder_and_the_per_direction_note(page: Any) -> None:
+    page.goto(f"{page.base}/#strategies?model=mixtral-8x7b&seq=8192")
+    page.wait_for_selector("body[data-ready]")
+    cards = api(page, "/api/strategies", model="mixtral-8x7b", gpu="h100-sxm", seq=8192)["strategies"]
+    page.wait_for_selector("#st-glance tbody tr >> nth=5")
+    for c in cards:
+        row = page.locator(f"#st-glance tbody tr[data-key='{c['key']}']")
+        assert c["glance"]["placement"] in row.inner_text() and c["collective"] in row.inner_text()
+        worst = max(g["total_bytes"] for g in c["gpus"]) if c["applies"] else None
+        if worst is not None:
+            assert float(row.locator("td.num").get_attribute("data-bytes") or "nan") == worst
+    race = api(page, "/api/collectives", model="mixtral-8x7b", seq=8192, group=8)
+    page.wait_for_selector("#st-ladder tbody tr >> nth=3")
+    for link in race["links"]:
+        cell = page.locator(f"#st-ladder tr[data-link='{link['link']}'] td[data-ratio]")
+        assert float(cell.get_attribute("data-ratio") or "nan") == link["ratio_bandwidth_only"]
+    assert "never TP" in page.inner_text("#st-ladder tr[data-link='ib-ndr']")
+    page.click("#st-glance button[data-key='pp']")
+    page.wait_for_selector("#st-tabs button[data-key='pp'].active")
+
+    page.goto(f"{page.base}/#tp")
+    page.wait_for_selector("#race-wall-ratios")
+    text = page.inner_text("#race-wall")
+    assert "18× for ib-ndr and 72× for eth-100g" in text and "36× and 144×" in text

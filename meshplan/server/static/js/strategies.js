@@ -1,9 +1,10 @@
 // View 2: the six strategies on 8 GPUs: the cut, each GPU's piece and bytes, the traffic, when to use it.
 
 import { extra, setExtra } from "./state.js";
-import { $, PIECE_COLORS, el, inkOn, keepFocus, reducedMotion, fmtBytes, formValues, isAbort, latestOnly, onFormChange, showError, svg, tracked } from "./util.js";
+import { $, PIECE_COLORS, el, inkOn, keepFocus, reducedMotion, fmtBytes, fmtRatio, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, showError, svg, tracked } from "./util.js";
 
 const call = latestOnly();
+const ladderCall = latestOnly();
 let data = null;
 let selected = "tp";
 
@@ -33,6 +34,7 @@ async function update() {
     data = await tracked($("#st-results"), () => call("/api/strategies", { model: v.model, gpu: v.gpu, seq: v.seq }));
     showError($("#st-error"), null);
     render();
+    ladder(v);
   } catch (err) {
     if (!isAbort(err)) showError($("#st-error"), err, { seq: "Sequence length" });
   }
@@ -56,6 +58,52 @@ function render() {
   $("#st-collective-title").textContent = `The traffic: ${s.collective}`;
   $("#st-traffic").replaceChildren(traffic(s.picture.pattern));
   facts(s);
+  glance();
+}
+
+// The at-a-glance table: the words of each strategy and the heaviest GPU of its layout for this model.
+function glance() {
+  const head = ["Strategy", "What is split", "Main collective", "When it runs", "Sensitive to", "Placement", `Heaviest GPU (${data.model}, 8 × ${data.gpu})`];
+  const rows = data.strategies.map((c) => {
+    const worst = c.applies ? Math.max(...c.gpus.map((g) => g.total_bytes)) : null;
+    return el("tr", { "data-key": c.key, class: c.key === selected ? "picked" : "" },
+      el("th", { scope: "row" }, el("button", { type: "button", class: "link-button", "data-key": c.key, onclick: () => pick(c.key), text: c.name })),
+      el("td", { text: c.glance.split }), el("td", { text: c.collective }), el("td", { text: c.glance.when }),
+      el("td", { text: c.glance.sensitivity }), el("td", { text: c.glance.placement }),
+      el("td", { class: "num", "data-bytes": worst ?? "", text: worst === null ? "does not apply" : fmtBytes(worst) }));
+  });
+  keepFocus($("#st-glance"), "data-key", () => $("#st-glance").replaceChildren(
+    el("thead", {}, el("tr", {}, ...head.map((h) => el("th", { scope: "col", text: h })))), el("tbody", {}, ...rows)));
+}
+
+// The link ladder for the chosen model: one TP all-reduce timed on each link (GET /api/collectives), and the axes
+// whose place, by the placement rule, is on a link of that tier.
+async function ladder(v) {
+  const size = $("#st-ladder-size");
+  if (String(v.model).startsWith("upload:")) {
+    $("#st-ladder").replaceChildren();
+    size.textContent = "The link ladder needs a catalog model (the collectives report takes catalog models only).";
+    return;
+  }
+  let r;
+  try {
+    r = await ladderCall("/api/collectives", { model: v.model, seq: v.seq, group: 8 });
+  } catch (err) {
+    if (!isAbort(err)) {
+      size.textContent = `The link ladder could not be computed: ${err.message}`;
+      $("#st-ladder").replaceChildren();
+    }
+    return;
+  }
+  size.textContent = `One ring all-reduce of ${fmtBytes(r.size_bytes)} (${r.model}'s activations for ${Number(v.seq).toLocaleString("en-US")} tokens) over ${r.group_size} ranks; tensor parallelism runs ${r.tp_collectives_per_forward} of them per forward pass.`;
+  const byTier = (tier) => data.strategies.filter((c) => c.glance.tier === tier).sort((a, b) => a.glance.order - b.glance.order).map((c) => c.name.replace(/ \(.*\)$/, "")).join(", then ");
+  const head = ["Link", "Tier", "Per direction", "One TP all-reduce", "Modeled", "Slower than the fastest", "Axes that belong here"];
+  $("#st-ladder").replaceChildren(el("thead", {}, el("tr", {}, ...head.map((h) => el("th", { scope: "col", text: h })))),
+    el("tbody", {}, ...r.links.map((l) => el("tr", { "data-link": l.link },
+      el("td", { text: l.link }), el("td", { text: l.tier }), el("td", { text: `${(l.bandwidth_bytes_per_s / 1e9).toFixed(1)} GB/s` }),
+      el("td", { "data-s": l.bandwidth_only_s, text: fmtSeconds(l.bandwidth_only_s) }), el("td", { text: fmtSeconds(l.modeled_s) }),
+      el("td", { "data-ratio": l.ratio_bandwidth_only, text: `${fmtRatio(l.ratio_bandwidth_only)} (modeled ${fmtRatio(l.ratio_modeled)})` }),
+      el("td", { class: "wrap", text: l.tier === "scale-up" ? byTier("scale-up") : `${byTier("scale-out")}; never TP` })))));
 }
 
 function gpus(s) {

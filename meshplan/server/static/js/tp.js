@@ -159,6 +159,22 @@ function drawRace(clock) {
   $("#race-note").textContent = key === "ratio_bandwidth_only"
     ? "Durations are the ratios of bus bytes over nominal bandwidth only: latency, efficiency and overlap are left out. Pipe thickness grows with bandwidth (log scale)."
     : "Durations are the modeled ratios: link efficiency and per-step latency included (alpha-beta ring). Pipe thickness grows with bandwidth (log scale).";
+  wall();
+}
+
+// Why these ratios are half the seed page's 36x and 144x: every bandwidth here is per direction.
+function wall() {
+  const up = race.links[0];
+  const out = race.links.filter((l) => l.tier === "scale-out");
+  if (!out.length) { $("#race-wall").textContent = ""; return; }
+  const gbs = (b) => `${(b / 1e9).toLocaleString("en-US", { maximumFractionDigits: 1 })} GB/s`;
+  const ratios = out.map((l) => `${fmtRatio(l.ratio_bandwidth_only)} for ${l.link}`).join(" and ");
+  const doubled = out.map((l) => fmtRatio(2 * l.ratio_bandwidth_only)).join(" and ");
+  $("#race-wall").replaceChildren(el("b", { text: "Why per direction: " }),
+    `${up.link} moves ${gbs(up.bandwidth_bytes_per_s)} each way; its datasheet's ${gbs(2 * up.bandwidth_bytes_per_s)} adds the two directions. `,
+    `A NIC's ${out.map((l) => gbs(l.bandwidth_bytes_per_s)).join(" or ")} is already one direction. Dividing the two-way figure by a one-way one gives the `,
+    `${doubled} that some pages quote; a ring all-reduce sends and receives on every link at the same time, so the like-for-like ratios are `,
+    el("span", { id: "race-wall-ratios", text: ratios }), ".");
 }
 
 function play() {
