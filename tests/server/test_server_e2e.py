@@ -154,6 +154,7 @@ def test_memory_layout_bills_each_stage_as_the_cli_does(page: Any, shot: Any) ->
         assert sum(segments) == pytest.approx(expect, rel=1e-9)
         assert expect == pytest.approx(cli["stages"][i]["total_bytes"], rel=1e-9)
     # each term explains itself on focus, as on hover and tap
+    page.mouse.move(0, 0)  # a resting pointer over the chart would pick the segment under it
     page.focus(f"#mem-chart rect[data-bar='stage-{shown[-1]}'][data-term='activations_bytes']")
     acts = next(t for t in cli["terms"] if t["name"] == "activations_bytes")
     wait_number(page, "#mem-detail-value", cli["stages"][shown[-1]]["activations_bytes"])

@@ -8,6 +8,7 @@ const call = latestOnly();
 const api2 = latestOnly();
 const LABELS = {
   seq: "Sequence length", context: "Sequence length", micro_batch: "Micro-batch", sequences: "Micro-batch", gpus: "GPUs",
+  dp_shard: "ZeRO shard group", global_batch: "Global batch",
   tp: "TP", pp: "PP", vpp: "Virtual stages", cp: "CP", ep: "EP", zero: "ZeRO",
 };
 const LEFT = 120;
@@ -59,7 +60,8 @@ export function memoryParams(v) {
   return {
     model: v.model, gpu: v.gpu, gpus: v.gpus, tp: v.tp, pp: v.pp, vpp: v.vpp, cp: v.cp, ep: v.ep, zero: v.zero,
     sp: v.sp ? "true" : null, micro_batch: v.micro_batch, seq: v.seq, precision: v.precision, optimizer: v.optimizer,
-    recompute: v.recompute, finetune: v.finetune,
+    recompute: v.recompute, finetune: v.finetune, schedule: v.schedule || null, cp_kind: v.cp_kind, dp_shard: v.dp_shard || null,
+    attention: v.attention, global_batch: v.global_batch || null,
   };
 }
 
@@ -91,6 +93,8 @@ function takeAway(v, train) {
     ["gpu", v.gpu], ["gpus", v.gpus], ["tp", v.tp, 1], ["pp", v.pp, 1], ["vpp", v.vpp, 1], ["cp", v.cp, 1], ["ep", v.ep, 1],
     ["zero", v.zero, 0], ["sp", v.sp], ["recompute", v.recompute, "none"], ["micro_batch", v.micro_batch, 1], ["seq", v.seq, 4096],
     ["precision", v.precision, "bf16"], ["optimizer", v.optimizer, "adamw"], ["finetune", v.finetune, "full"],
+    ["schedule", v.schedule], ["cp_kind", v.cp_kind, "ring"], ["dp_shard", v.dp_shard], ["attention", v.attention, "flash"],
+    ["global_batch", v.global_batch],
   ];
   const q = memoryParams(v);
   takeaway($("#mem-takeaway"), {
@@ -99,7 +103,8 @@ function takeAway(v, train) {
     exportQuery: (engine) => (SERVING_ENGINES.includes(engine)
       ? { ...servingParams(v), sequences: null }
       : { model: q.model, gpu: q.gpu, gpus: q.gpus, tp: q.tp, pp: q.pp, vpp: q.vpp, cp: q.cp, ep: q.ep, zero: q.zero, sp: q.sp,
-          recompute: q.recompute, micro_batch: q.micro_batch, seq: q.seq, precision: q.precision }),
+          recompute: q.recompute, micro_batch: q.micro_batch, seq: q.seq, precision: q.precision, schedule: q.schedule,
+          cp_kind: q.cp_kind, dp_shard: q.dp_shard, global_batch: q.global_batch }),
   });
 }
 
@@ -134,8 +139,11 @@ export function shownStages(train) {
   });
 }
 
+let drawnAt = 0;
+
 function draw(train, serve) {
   last = [train, serve];
+  drawnAt = performance.now();
   const W = chartWidth($("#mem-chart"));
   const stages = shownStages(train);
   const heavy = train.per_gpu.total_bytes;
@@ -191,7 +199,8 @@ function draw(train, serve) {
       });
       const pick = () => detail(bar, term, rect);
       rect.addEventListener("click", pick);
-      rect.addEventListener("mouseenter", pick);
+      // A redraw under a resting pointer also "enters" a segment: only a moving pointer picks one on hover.
+      rect.addEventListener("mouseenter", (e) => { if (e.movementX || e.movementY || performance.now() - drawnAt > 300) pick(); });
       rect.addEventListener("focus", pick);
       root.append(rect);
       acc += term.value_bytes;

@@ -77,6 +77,10 @@ async function run() {
     model: v.model, gpu: v.gpu, gpus: v.gpus, seq: v.seq, global_batch_tokens: v.global_batch_tokens, top: v.top,
     objective: v.objective, headroom: v.headroom, allow_cross_node_tp: v.allow_cross_node_tp, compare: v.compare || null,
     precision: v.precision, finetune: v.finetune, scale_out: v.scale_out || null, node_size: v.node_size || null, tokens: v.tokens || null, days: v.days || null,
+    attention: v.attention, kernels: v.kernels, axis_order: v.axis_order || null,
+    // adapter inputs mean something only when adapters train; freezing only when every parameter does
+    lora_rank: v.finetune !== "full" ? v.lora_rank || null : null, lora_targets: v.finetune !== "full" ? v.lora_targets || null : null,
+    freeze: v.finetune === "full" ? v.freeze || null : null,
   };
   const started = performance.now();
   const progress = $("#pl-progress");
@@ -188,7 +192,8 @@ function takeAway() {
     ["gpu", v.gpu], ["gpus", v.gpus], ["seq", v.seq], ["global_batch_tokens", v.global_batch_tokens], ["top", v.top, 5],
     ["headroom", v.headroom, "0.10"], ["allow_cross_node_tp", v.allow_cross_node_tp], ["objective", v.objective, "step-time"],
     ["precision", v.precision, "bf16"], ["finetune", v.finetune, "full"], ["scale_out", v.scale_out], ["node_size", v.node_size],
-    ["tokens", v.tokens], ["days", v.days], ["compare", v.compare], ["explain", true],
+    ["tokens", v.tokens], ["days", v.days], ["attention", v.attention, "flash"], ["kernels", v.kernels, "fused"],
+    ["axis_order", v.axis_order], ["lora_rank", v.params.lora_rank], ["lora_targets", v.params.lora_targets], ["freeze", v.params.freeze], ["compare", v.compare], ["explain", true],
   ];
   const pick = el("select", { id: "pl-export-plan", "aria-label": "plan to export" },
     ...r.plans.map((p, i) => el("option", { value: i, text: `plan #${i + 1}` })));
