@@ -2,7 +2,7 @@
 // Form fields are written when they differ from their defaults; a view's other choices (a tab, a sort) are
 // "extras" it sets and reads by name. history.replaceState rewrites the address without a hashchange.
 
-import { $$ } from "./util.js";
+import { $$, debounce } from "./util.js";
 
 const extras = {}; // view -> { name: value }
 const written = {}; // view -> the query last written or applied
@@ -94,9 +94,11 @@ export function setExtra(view, name, value) {
 }
 
 // Keep the address current as the view's forms change.
+// Written once typing pauses, off the path from a keystroke to the new numbers.
 export function watch(view) {
+  const later = debounce(() => save(view), 120);
   for (const form of $$(`#view-${view} form`)) {
-    form.addEventListener("input", () => save(view));
-    form.addEventListener("change", () => save(view));
+    form.addEventListener("input", later);
+    form.addEventListener("change", later);
   }
 }
