@@ -163,3 +163,25 @@ def test_a_bill_and_a_plan_give_their_command_json_and_exports(page: Any, tmp_pa
     page.click("#pl-export")
     done = "() => /^(Saved|torchtitan cannot take this layout)/.test(document.querySelector('#pl-status').textContent)"
     page.wait_for_function(done)  # a saved file, or the engine's reason (torchtitan has no ZeRO-1)
+
+
+def test_the_selected_strategy_gives_the_cli_command_of_its_bill(page: Any) -> None:
+    import contextlib
+    import io
+    import shlex
+
+    from meshplan.cli import main
+
+    page.goto(f"{page.base}/#strategies?strategy=zero")
+    page.wait_for_selector("body[data-ready]")
+    page.wait_for_selector("#st-command")
+    command = page.inner_text("#st-command")
+    assert command.startswith("meshplan memory llama-3.1-70b --gpu h100-sxm --gpus 8 --zero 3")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(shlex.split(command)[1:])
+    bill = json.loads(out.getvalue())
+    worst = max(
+        float(b) for b in page.eval_on_selector_all("#st-gpus .gpu-bytes", "es => es.map(e => e.dataset.bytes)")
+    )
+    assert bill["per_gpu"]["total_bytes"] == worst

@@ -1,6 +1,7 @@
 // View 2: the six strategies on 8 GPUs: the cut, each GPU's piece and bytes, the traffic, when to use it.
 
 import { extra, setExtra } from "./state.js";
+import { TRAINING_ENGINES, cliCommand, cliModel, layoutQuery, takeaway } from "./takeaway.js";
 import { $, PIECE_COLORS, el, inkOn, keepFocus, reducedMotion, fmtBytes, fmtRatio, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, showError, svg, tracked } from "./util.js";
 
 const call = latestOnly();
@@ -59,6 +60,18 @@ function render() {
   $("#st-traffic").replaceChildren(traffic(s.picture.pattern));
   facts(s);
   glance();
+  takeAway(s);
+}
+
+// The selected strategy's bill as a command, a JSON file and an engine's configuration.
+function takeAway(s) {
+  if (!s.applies) { $("#st-takeaway").replaceChildren(); return; }
+  const flags = [["gpu", data.gpu], ["gpus", data.gpus], ...Object.entries(s.layout_request).map(([k, v]) => [k, v]), ["seq", data.seq, 4096]];
+  takeaway($("#st-takeaway"), {
+    id: "st", command: cliCommand("memory", [cliModel(data.model)], flags), json: s.memory,
+    filename: `meshplan-memory-${data.model}-${s.key}-8x${data.gpu}.json`, engines: TRAINING_ENGINES,
+    exportQuery: () => ({ model: data.model, gpu: data.gpu, gpus: data.gpus, seq: data.seq, precision: s.memory.precision, ...layoutQuery(s.memory.layout) }),
+  });
 }
 
 // The at-a-glance table: the words of each strategy and the heaviest GPU of its layout for this model.
