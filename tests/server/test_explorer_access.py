@@ -180,3 +180,36 @@ def test_keyboard_works_tabs_tiers_ruler_rows_and_sort_headers(page: Any) -> Non
     page.keyboard.press("Space")
     page.wait_for_selector("#pl-table th[data-sort='mem'][aria-sort='descending']")
     assert focused("data-sort") == "mem"
+
+
+CONTRAST = """() => {
+  const lum = (c) => { const v = c.match(/\\d+(\\.\\d+)?/g).slice(0, 3).map(Number).map(x => x / 255)
+    .map(x => x <= 0.03928 ? x / 12.92 : ((x + 0.055) / 1.055) ** 2.4);
+    return 0.2126 * v[0] + 0.7152 * v[1] + 0.0722 * v[2]; };
+  const out = [];
+  for (const t of document.querySelectorAll('section.view:not([hidden]) svg text.on-color')) {
+    const b = t.getBoundingClientRect();
+    if (!b.width) continue;
+    const under = document.elementsFromPoint(b.x + b.width / 2, b.y + b.height / 2).find(e => e.tagName === 'rect');
+    if (!under) continue;
+    const [a, c] = [lum(getComputedStyle(t).fill), lum(getComputedStyle(under).fill)];
+    const ratio = (Math.max(a, c) + 0.05) / (Math.min(a, c) + 0.05);
+    if (ratio < 4.5) out.push([t.textContent, getComputedStyle(under).fill, ratio.toFixed(2)]);
+  }
+  return out;
+}"""
+
+
+def test_text_on_colored_fills_has_contrast(page: Any) -> None:
+    for view, ready, clicks in (
+        ("strategies", "#st-work svg", ["#st-tabs button[data-key='dp']", "#st-tabs button[data-key='pp']"]),
+        ("recipes", "#rc-ruler svg", []),
+    ):
+        page.goto(f"{page.base}/#{view}")
+        page.wait_for_selector(ready)
+        for sel in [None, *clicks]:
+            if sel:
+                page.click(sel)
+                page.wait_for_selector(f"{sel}.active")
+            low = page.evaluate(CONTRAST)
+            assert not low, f"text under 4.5:1 on a fill in {view}: {low}"

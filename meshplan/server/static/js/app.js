@@ -132,7 +132,7 @@ function peek() {
     const box = (first.querySelector("strong") || first).getBoundingClientRect();
     if (box.top >= 0 && box.bottom <= window.innerHeight) { bar.hidden = true; return; }
     target = first;
-    bar.textContent = `${first.textContent.trim().slice(0, 220)} ↓`;
+    bar.replaceChildren(el("span", { class: "peek-text", text: `${first.textContent.trim().slice(0, 220)} ↓` }));
     bar.hidden = false;
   });
   window.addEventListener("scroll", debounce(() => {

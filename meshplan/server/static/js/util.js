@@ -173,7 +173,8 @@ export function onFormChange(form, fn) {
 
 // --- colors --------------------------------------------------------------------------------------------------------
 
-export const PIECE_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"];
+// Fills that carry text: each leaves ink or white at 4.5:1 or more (red darkened from #e15759 for that).
+export const PIECE_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#c8383b", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"];
 
 export const TERM_COLORS = {
   weights_bytes: "#4e79a7",
