@@ -213,3 +213,22 @@ def test_text_on_colored_fills_has_contrast(page: Any) -> None:
                 page.wait_for_selector(f"{sel}.active")
             low = page.evaluate(CONTRAST)
             assert not low, f"text under 4.5:1 on a fill in {view}: {low}"
+
+
+@pytest.mark.parametrize("view", [v for v in READY if v != "home"])
+def test_tab_walks_the_view_without_a_trap(page: Any, view: str) -> None:
+    page.goto(f"{page.base}/#{view}")
+    page.wait_for_selector(f"#view-{view} {READY[view]}")
+    seen: list[str] = []
+    for _ in range(40):
+        page.keyboard.press("Tab")
+        info = page.evaluate(
+            """() => { const e = document.activeElement; const b = e.getBoundingClientRect();
+              return [e === document.body ? 'body' : (e.id || e.getAttribute('name') || e.dataset.key || e.dataset.sort
+                || e.dataset.tier || e.dataset.recipe || e.dataset.term
+                || e.tagName + ':' + e.textContent.slice(0, 20)),
+                b.width > 0 && b.height > 0]; }"""
+        )
+        assert info[1] or info[0] == "body", f"focus on something invisible in {view}: {info[0]}"
+        seen.append(info[0])
+    assert len(set(seen)) >= 12, f"the Tab key visits only {sorted(set(seen))} in {view}"

@@ -126,7 +126,7 @@ function peek() {
   let target = null;
   bar.addEventListener("click", () => { if (target) target.scrollIntoView({ block: "start" }); bar.hidden = true; });
   document.addEventListener("results-current", (e) => {
-    const first = e.detail.querySelector(".headline, h3, .chips");
+    const first = e.detail.querySelector(".headline, .chips");
     if (!narrow.matches || !first || !first.textContent.trim()) return;
     // the first number of the headline is what must be on screen
     const box = (first.querySelector("strong") || first).getBoundingClientRect();
