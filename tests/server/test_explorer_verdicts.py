@@ -102,6 +102,22 @@ def test_near_ties_are_called_and_pareto_points_open(page: Any) -> None:
     page.click("#pl-point-compare")
     page.wait_for_selector("#pl-explain .explain[data-b^='tp=']")
 
+    # zoomed to the table's plans: every plan still drawn, on linear axes that hold them all, kept in the address
+    page.wait_for_selector("#pl-results:not([data-stale])")
+    page.click("#pl-zoom")
+    page.wait_for_selector("#pl-zoom[aria-pressed='true']")
+    assert page.locator("#pl-pareto g.pt[data-rank]").count() == len(plan["plans"])
+    inside = page.evaluate(
+        """() => { const s = document.querySelector('#pl-pareto svg').getBoundingClientRect();
+          return Array.from(document.querySelectorAll('#pl-pareto circle.top-pt')).every(c => {
+            const b = c.getBoundingClientRect();
+            return b.left >= s.left && b.right <= s.right && b.top >= s.top; }); }"""
+    )
+    assert inside
+    page.wait_for_function("() => location.hash.includes('zoom=1')")
+    page.reload()
+    page.wait_for_selector("#pl-zoom[aria-pressed='true']")
+
 
 def test_glance_table_link_ladder_and_the_per_direction_note(page: Any) -> None:
     page.goto(f"{page.base}/#strategies?model=mixtral-8x7b&seq=8192")

@@ -13,6 +13,7 @@ let sortKey = "rank";
 let sortUp = true;
 let running = false;
 let asked = null; // the form's values of the search shown
+let zoom = false; // the Pareto plot zoomed to the table's plans
 
 export function init(context) {
   ctx = context;
@@ -23,6 +24,7 @@ export function init(context) {
 }
 
 function readSort() {
+  zoom = extra("planner", "zoom") === "1";
   sortKey = COLUMNS.some((c) => c[0] === extra("planner", "sort")) ? extra("planner", "sort") : "rank";
   sortUp = extra("planner", "order") !== "down";
 }
@@ -248,21 +250,25 @@ function pareto() {
   const all = [...pts, ...top];
   if (!all.length) { $("#pl-pareto").replaceChildren(el("p", { class: "note", text: "No layout fits: nothing to plot." })); return; }
   const W = chartWidth($("#pl-pareto")), H = 300, L = 64, B = 46, T = 14, R = 16;
-  const mMax = Math.max(...all.map((p) => p.m), hbm || 0) * 1.05 / 1e9;
+  // Zoomed: linear axes around the table's plans only (front points outside them are left out).
+  const zoomed = zoom && top.length > 1;
+  const span = (vals, pad) => { const lo = Math.min(...vals), hi = Math.max(...vals), d = Math.max(hi - lo, hi * 0.01) * pad; return [lo - d, hi + d]; };
+  const [mLo, mMax] = zoomed ? span(top.map((p) => p.m / 1e9), 0.12) : [0, Math.max(...all.map((p) => p.m), hbm || 0) * 1.05 / 1e9];
   // Step times span orders of magnitude along the front: a log axis keeps the knee readable.
-  const tLo = Math.log10(Math.min(...all.map((p) => p.t)) / 1.15);
-  const tHi = Math.log10(Math.max(...all.map((p) => p.t)) * 1.15);
-  const x = (gb) => L + ((W - L - R) * gb) / mMax;
-  const y = (s) => T + (H - T - B) * (1 - (Math.log10(s) - tLo) / Math.max(tHi - tLo, 1e-9));
+  const [tLo, tHi] = zoomed ? span(top.map((p) => p.t), 0.15)
+    : [Math.log10(Math.min(...all.map((p) => p.t)) / 1.15), Math.log10(Math.max(...all.map((p) => p.t)) * 1.15)];
+  const x = (gb) => L + ((W - L - R) * (gb - mLo)) / (mMax - mLo);
+  const y = (s) => T + (H - T - B) * (1 - ((zoomed ? s : Math.log10(s)) - tLo) / Math.max(tHi - tLo, 1e-9));
+  const inside = (p) => !zoomed || (p.m / 1e9 >= mLo && p.m / 1e9 <= mMax && p.t >= tLo && p.t <= tHi);
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "group", "aria-label": "Pareto front: step time against memory per GPU; each point is a button" });
-  for (const g of ticks(mMax, 6)) root.append(svg("line", { x1: x(g), x2: x(g), y1: T, y2: H - B, class: "grid" }), svg("text", { x: x(g), y: H - B + 16, class: "tick", "text-anchor": "middle", text: `${g}` }));
-  for (const s of logTicks(tLo, tHi)) root.append(svg("line", { x1: L, x2: W - R, y1: y(s), y2: y(s), class: "grid" }), svg("text", { x: L - 6, y: y(s) + 4, class: "tick", "text-anchor": "end", text: `${+s.toPrecision(3)}` }));
+  for (const g of zoomed ? rangeTicks(mLo, mMax, 6) : ticks(mMax, 6)) root.append(svg("line", { x1: x(g), x2: x(g), y1: T, y2: H - B, class: "grid" }), svg("text", { x: x(g), y: H - B + 16, class: "tick", "text-anchor": "middle", text: `${g}` }));
+  for (const s of zoomed ? rangeTicks(tLo, tHi, 5) : logTicks(tLo, tHi)) root.append(svg("line", { x1: L, x2: W - R, y1: y(s), y2: y(s), class: "grid" }), svg("text", { x: L - 6, y: y(s) + 4, class: "tick", "text-anchor": "end", text: `${+s.toPrecision(3)}` }));
   root.append(
     svg("text", { x: (W + L) / 2, y: H - 8, class: "axis-label", "text-anchor": "middle", text: "memory per GPU (GB)" }),
-    svg("text", { x: 14, y: (H - B) / 2, class: "axis-label", "text-anchor": "middle", transform: `rotate(-90 14 ${(H - B) / 2})`, text: "step time (s, log scale)" }),
+    svg("text", { x: 14, y: (H - B) / 2, class: "axis-label", "text-anchor": "middle", transform: `rotate(-90 14 ${(H - B) / 2})`, text: zoomed ? "step time (s)" : "step time (s, log scale)" }),
   );
-  if (hbm) root.append(svg("line", { x1: x(hbm / 1e9), x2: x(hbm / 1e9), y1: T, y2: H - B, class: "hbm-line" }), svg("text", { x: x(hbm / 1e9) - 4, y: T + 10, class: "hbm-label", "text-anchor": "end", text: `${r.gpu} HBM ${fmtBytes(hbm)}` }));
-  const front = [...pts].sort((a, b) => a.m - b.m);
+  if (hbm && hbm / 1e9 <= mMax) root.append(svg("line", { x1: x(hbm / 1e9), x2: x(hbm / 1e9), y1: T, y2: H - B, class: "hbm-line" }), svg("text", { x: x(hbm / 1e9) - 4, y: T + 10, class: "hbm-label", "text-anchor": "end", text: `${r.gpu} HBM ${fmtBytes(hbm)}` }));
+  const front = [...pts].filter(inside).sort((a, b) => a.m - b.m);
   root.append(svg("polyline", { points: front.map((p) => `${x(p.m / 1e9)},${y(p.t)}`).join(" "), class: "front" }));
   // Every point is a button (a 24-px target around the dot): click, tap, Enter or Space shows it below the plot.
   const point = (p, cls, r, i) => {
@@ -272,7 +278,7 @@ function pareto() {
       svg("circle", { cx: x(p.m / 1e9), cy: y(p.t), r, class: cls, "data-rank": p.rank || null }));
     root.append(pressable(g, () => pickPoint(p, g)));
   };
-  pts.forEach((p, i) => point(p, "pareto-pt", 3.5, i));
+  pts.forEach((p, i) => { if (inside(p)) point(p, "pareto-pt", 3.5, i); });
   [...top].reverse().forEach((p) => point(p, "top-pt", 6)); // the best drawn last, on top of a cluster
   // Rank labels where they do not collide: the best first.
   const placed = [];
@@ -282,7 +288,12 @@ function pareto() {
     placed.push([lx, ly]);
     root.append(svg("text", { x: lx, y: ly, class: "tick pt-label", text: `#${p.rank}` }));
   }
-  $("#pl-pareto").replaceChildren(root, el("p", { class: "note", text: `Small dots: the ${pts.length} layouts no other layout beats on both axes; large dots: the table's plans.` }));
+  const toggle = el("button", { type: "button", class: "small", id: "pl-zoom", "aria-pressed": zoomed ? "true" : "false", onclick: () => {
+    zoom = !zoom;
+    setExtra("planner", "zoom", zoom ? "1" : null);
+    keepFocus($("#pl-pareto"), "id", pareto);
+  } }, zoom ? "Show the whole front" : "Zoom to the table's plans");
+  $("#pl-pareto").replaceChildren(root, el("p", { class: "note" }, `Small dots: the ${pts.length} layouts no other layout beats on both axes; large dots: the table's plans. `, top.length > 1 ? toggle : ""));
 }
 
 function pickPoint(p, g) {
@@ -307,6 +318,16 @@ function pickPoint(p, g) {
     } }, "Compare with the best, term by term"));
   }
   $("#pl-point").replaceChildren(...items);
+}
+
+// Round ticks between lo and hi (1, 2 or 5 times a power of ten apart).
+function rangeTicks(lo, hi, count) {
+  const raw = (hi - lo) / count;
+  const p = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 5, 10].map((m) => m * p).find((st) => st >= raw);
+  const out = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi; v += step) out.push(+v.toPrecision(6));
+  return out;
 }
 
 // 1, 2 and 5 times each power of ten between 10^lo and 10^hi (fewer when the range is wide).
