@@ -185,3 +185,16 @@ def test_the_selected_strategy_gives_the_cli_command_of_its_bill(page: Any) -> N
         float(b) for b in page.eval_on_selector_all("#st-gpus .gpu-bytes", "es => es.map(e => e.dataset.bytes)")
     )
     assert bill["per_gpu"]["total_bytes"] == worst
+
+
+def test_a_link_naming_a_strategy_keeps_the_inputs(page: Any) -> None:
+    open_view(page, "strategies")
+    page.wait_for_selector("#st-tabs button[data-key='tp'].active")
+    page.select_option("#st-form select[name=model]", "mixtral-8x7b")
+    page.wait_for_function("() => location.hash.includes('model=mixtral-8x7b')")
+    page.goto(f"{page.base}/#tiers")
+    page.click("button[data-tier='specific']")
+    page.click("[data-tier-body='specific'] a[href='#strategies?ep']")
+    page.wait_for_selector("#st-tabs button[data-key='ep'].active")
+    assert page.input_value("#st-form select[name=model]") == "mixtral-8x7b"
+    page.wait_for_function("() => location.hash.includes('strategy=ep') && location.hash.includes('model=mixtral')")

@@ -56,7 +56,9 @@ export function save(view) {
 // select value the page does not offer yet (an uploaded model's id). Extras are kept for the view to read.
 // A bare key (#strategies?cp, as older links have it) sets the view's `primary` extra.
 export function apply(view, params, addOption, primary = null) {
-  for (const f of fields(view)) {
+  // A link that only names a choice (#strategies?cp from the tiers) keeps the inputs as they are.
+  const onlyChoice = [...params].every(([, v]) => v === "");
+  for (const f of onlyChoice ? [] : fields(view)) {
     const has = params.has(f.name);
     const want = has ? params.get(f.name) : defaultOf(f);
     if (f.type === "checkbox") {
