@@ -5,6 +5,7 @@ configuration. Skipped when playwright or chromium is missing, as the other brow
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -198,3 +199,24 @@ def test_a_link_naming_a_strategy_keeps_the_inputs(page: Any) -> None:
     page.wait_for_selector("#st-tabs button[data-key='ep'].active")
     assert page.input_value("#st-form select[name=model]") == "mixtral-8x7b"
     page.wait_for_function("() => location.hash.includes('strategy=ep') && location.hash.includes('model=mixtral')")
+
+
+def test_a_slow_answer_dims_and_labels_the_old_numbers(page: Any) -> None:
+    open_view(page, "weights")
+    page.wait_for_selector("#w-results[aria-busy='false']")
+    held: list[Any] = []  # the request is held until the old numbers have been checked
+
+    def hold(route: Any) -> None:
+        held.append(route)
+
+    page.route("**/api/fit?*", hold)
+    page.fill("#w-form input[name=gpus]", "2")
+    page.wait_for_selector("#w-results[aria-busy='true'][data-stale='busy']")
+    assert page.evaluate("() => getComputedStyle(document.querySelector('#w-summary')).opacity") == "0.35"
+    label = page.evaluate("() => getComputedStyle(document.querySelector('#w-results'), '::before').content")
+    assert "previous inputs" in label
+    page.unroute("**/api/fit?*", hold)
+    for route in held:
+        with contextlib.suppress(Exception):  # a request the page aborted for a newer one is handled already
+            route.continue_()
+    page.wait_for_selector("#w-results[aria-busy='false']:not([data-stale])", timeout=10_000)

@@ -295,7 +295,7 @@ def test_planner_table_pareto_rejections_and_comparison(page: Any, shot: Any) ->
 
     page.evaluate(
         """() => { window.seenBusy = false; const r = document.querySelector('#pl-results');
-        const busy = () => r.getAttribute('aria-busy') === 'true' && r.dataset.stale === 'busy';
+        const busy = () => r.getAttribute('aria-busy') === 'true';
         new MutationObserver(() => { if (busy()) window.seenBusy = true; }).observe(r, { attributes: true }); }"""
     )
     page.click("#pl-table tbody tr >> nth=2 >> button")

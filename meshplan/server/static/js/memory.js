@@ -82,7 +82,8 @@ async function update() {
     ]));
     showError($("#mem-error"), null);
     draw(train, serve);
-    takeAway(v, train);
+    // the take-away bar is not what a keystroke waits for: draw it once the page is idle
+    requestIdleCallback(() => { if (last && last[0] === train) takeAway(v, train); }, { timeout: 250 });
   } catch (err) {
     if (!isAbort(err)) showError($("#mem-error"), err, LABELS);
   }

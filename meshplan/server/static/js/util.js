@@ -195,13 +195,19 @@ export const TERM_COLORS = {
 // --- never a stale number ------------------------------------------------------------------------------------------
 
 // Mark a view's results while a request is pending ("busy") or after the last input was refused ("error"); null
-// marks them current. Marked results are dimmed (after a short delay, so quick updates do not flicker) and labelled.
+// marks them current. aria-busy is set at once; the dimming and its label wait 150 ms, so that quick updates
+// (most take 10-60 ms) neither flicker nor restyle the page on every keystroke.
+const dimTimers = new WeakMap();
 export function markResults(node, state) {
   if (!node) return;
+  clearTimeout(dimTimers.get(node));
   node.setAttribute("aria-busy", state === "busy" ? "true" : "false");
-  if (state) node.dataset.stale = state;
-  else {
-    delete node.dataset.stale;
+  if (state === "busy") {
+    dimTimers.set(node, setTimeout(() => { node.dataset.stale = "busy"; }, 150));
+  } else if (state) {
+    node.dataset.stale = state;
+  } else {
+    if (node.dataset.stale) delete node.dataset.stale;
     // after the caller has drawn the new answer
     requestAnimationFrame(() => node.dispatchEvent(new CustomEvent("results-current", { bubbles: true, detail: node })));
   }
