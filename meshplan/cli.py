@@ -22,6 +22,9 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
+_UNSET: Any = object()
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -32,54 +35,59 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
-    return value
+def _flag_type(name: str) -> Callable[[str], Any]:
+    """An argparse type that parses through the schema field (argparse names the flag itself)."""
+    from meshplan.spec.requests import field
+
+    f = field(name)
+
+    def parse(text: str) -> Any:
+        try:
+            return f.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{f.flag}: ")) from None
+
+    parse.__name__ = f.name  # argparse's "invalid <name> value" wording
+    return parse
+
+
+def add_fields(p: argparse.ArgumentParser | Any, *names: str, required: bool = False, default: Any = _UNSET) -> None:
+    """Flags for schema fields (spec/requests.py): type, bounds, choices, unit and help come from there."""
+    from meshplan.spec.requests import field
+
+    for name in names:
+        f = field(name)
+        value = f.default if default is _UNSET else default
+        text = f.describe(value)
+        if f.type is bool:
+            p.add_argument(f.flag, dest=f.name, action="store_true", default=False, help=text)
+            continue
+        metavar = "{" + ",".join(f.choices) + "}" if f.choices else f.key.upper()
+        p.add_argument(
+            f.flag, dest=f.name, type=_flag_type(name), default=value, required=required, help=text, metavar=metavar
+        )
+
+
+def _add_group(p: argparse.ArgumentParser, group: str, **defaults: Any) -> None:
+    from meshplan.spec.requests import Group
+    from meshplan.spec.requests import group as fields_of
+
+    g = p.add_argument_group(group)
+    for f in fields_of(Group(group)):
+        add_fields(g, f.name, **({"default": defaults[f.name]} if f.name in defaults else {}))
 
 
 def _add_fleet(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu", required=True, help="GPU kind from the catalog (meshplan gpus lists them)")
-    p.add_argument("--gpus", type=_positive_int, required=True, help="number of GPUs")
+    add_fields(p, "gpu", "gpus", required=True)
 
 
 def _add_layout(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("layout")
-    g.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree")
-    g.add_argument("--pp", type=_positive_int, default=1, help="pipeline-parallel degree")
-    g.add_argument("--vpp", type=_positive_int, default=1, help="virtual pipeline stages per rank (interleaved)")
-    g.add_argument("--cp", type=_positive_int, default=1, help="context-parallel degree")
-    g.add_argument("--ep", type=_positive_int, default=1, help="expert-parallel degree (carved out of dp x cp)")
-    g.add_argument("--dp-shard", type=_positive_int, default=None, help="ZeRO/FSDP shard group (default: all DP ranks)")
-    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage")
-    g.add_argument("--sp", action="store_true", help="sequence parallelism inside the TP group")
-    g.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
-    g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zero-bubble", "dualpipe"), default=None)
-    g.add_argument("--cp-kind", choices=("ring", "all-gather"), default="ring")
-    g.add_argument("--micro-batch", type=_positive_int, default=1, help="sequences per micro-batch")
-    w = p.add_argument_group("workload")
-    w.add_argument("--seq", type=_positive_int, default=4096, help="sequence length in tokens")
-    w.add_argument(
-        "--global-batch", type=_positive_int, default=None, help="sequences per step (default: pp x micro-batch x dp)"
-    )
-    w.add_argument(
-        "--precision", default="bf16", help="bf16, bf16-fp32-grads, fp16, fsdp2-bf16, fp8, deepseek-fp8, fp32"
-    )
-    w.add_argument("--optimizer", default="adamw", help="adamw, sgd-momentum, sgd, adafactor")
-    w.add_argument("--optimizer-bytes", type=float, default=None, help="explicit optimizer-state bytes per parameter")
-    w.add_argument("--attention", choices=("flash", "eager"), default="flash")
+    _add_group(p, "layout")
+    _add_group(p, "workload")
 
 
 def _add_finetune(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("fine-tuning")
-    g.add_argument("--finetune", choices=("full", "lora", "qlora"), default=None, help="what trains (default full)")
-    g.add_argument("--lora-rank", type=_positive_int, default=None, help="rank R of the LoRA adapters (default 16)")
-    g.add_argument("--lora-targets", default=None, help="adapted projections, e.g. q,v (default: q,k,v,o,gate,up,down)")
-    g.add_argument("--freeze", default=None, help="frozen parts in full fine-tuning: embeddings and/or layers=N")
+    _add_group(p, "fine-tuning")
 
 
 def _finetune_request(args: argparse.Namespace) -> Any:
@@ -95,21 +103,9 @@ def _finetune_request(args: argparse.Namespace) -> Any:
 
 def _layout_request(args: argparse.Namespace) -> Any:
     from meshplan.reports import LayoutRequest
+    from meshplan.spec.requests import Group, group
 
-    return LayoutRequest(
-        tp=args.tp,
-        pp=args.pp,
-        vpp=args.vpp,
-        cp=args.cp,
-        ep=args.ep,
-        dp_shard=args.dp_shard,
-        zero=args.zero,
-        sp=args.sp,
-        recompute=args.recompute,
-        schedule=args.schedule,
-        cp_kind=args.cp_kind,
-        micro_batch=args.micro_batch,
-    )
+    return LayoutRequest(**{f.name: getattr(args, f.name) for f in group(Group.LAYOUT)})
 
 
 def _workload_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -120,6 +116,7 @@ def _workload_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         optimizer=args.optimizer,
         optimizer_bytes=args.optimizer_bytes,
         attention=args.attention,
+        kernels=args.kernels,
     )
 
 
@@ -143,12 +140,7 @@ def _cmd_memory(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _add_fleet_shape(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("fleet")
-    g.add_argument("--node-size", type=_positive_int, default=None, help="GPUs per scale-up (NVLink) domain")
-    g.add_argument("--scale-out", default=None, help="scale-out link from the catalog (e.g. ib-ndr, roce-400g)")
-    g.add_argument(
-        "--axis-order", default=None, help="mesh axes innermost first (default tp,cp,ep,dp_shard,dp_replicate,pp)"
-    )
+    _add_group(p, "fleet shape")
 
 
 def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
@@ -160,7 +152,6 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
         gpu=args.gpu,
         gpus=args.gpus,
         layout=_layout_request(args),
-        kernels=args.kernels,
         node_size=args.node_size,
         scale_out=args.scale_out,
         axis_order=args.axis_order,
@@ -179,19 +170,24 @@ def _cmd_collectives(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
+    if args.serving:
+        from meshplan.validate_serving import validate_serving
+
+        return validate_serving()
     from meshplan.validate import validate
 
     return validate(args.source)
 
 
-def _nonnegative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
+def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    add_fields(p, "input_len", "output_len", required=True)
+    add_fields(p, "tp", default=None)
+    add_fields(p, "pp", "ep", "dp_attention", "weights_dtype", "kv_dtype", "quant", "engine", "max_batch")
+    add_fields(p, "gpu_memory_utilization", default=None)
+
+
+PIN_FIELDS: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "dp_shard", "dp_replicate", "zero", "sp", "recompute")
+PIN_FIELDS += ("schedule", "cp_kind", "micro_batch")
 
 
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
@@ -218,6 +214,8 @@ def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
         compare=args.compare,
         tokens=args.tokens,
         days=args.days,
+        pins={name: getattr(args, name) for name in PIN_FIELDS},
+        training_engine=args.training_engine,
     )
     if args.save:
         import json
@@ -225,6 +223,12 @@ def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
 
         Path(args.save).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
+
+
+def _cmd_list(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.listing import list_report
+
+    return list_report(args.kind)
 
 
 def _cmd_recipe(args: argparse.Namespace) -> dict[str, Any]:
@@ -235,14 +239,18 @@ def _cmd_recipe(args: argparse.Namespace) -> dict[str, Any]:
     return recipe_report(args.name, rank=not args.no_rank)
 
 
-SERVING_ENGINES = ("vllm", "sglang")
+SERVING_ENGINES = ("vllm", "sglang", "trtllm")
 
 
 def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.export import export_serving, export_training, load_saved_plan
 
-    if args.engine in SERVING_ENGINES:
-        if args.from_plan or not (args.model and args.gpu and args.gpus):
+    if args.engine in SERVING_ENGINES and args.from_plan:
+        from meshplan.reports.export import export_serve_plan
+
+        result = export_serve_plan(args.engine, args.from_plan, model_path=args.model_path)
+    elif args.engine in SERVING_ENGINES:
+        if not (args.model and args.gpu and args.gpus):
             raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and serving flags")
         result = export_serving(
             args.engine,
@@ -336,7 +344,14 @@ def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.bills import fit_report
 
     return fit_report(
-        args.model, gpu=args.gpu, gpus=args.gpus, dtype=args.dtype, finetune=_finetune_request(args), seq=args.seq
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        dtype=args.dtype,
+        finetune=_finetune_request(args),
+        seq=args.seq,
+        precision=args.precision,
+        headroom=args.headroom,
     )
 
 
@@ -357,6 +372,52 @@ def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+SERVE_KEYS: tuple[str, ...] = ("tp", "pp", "ep", "dp_attention", "replicas", "weights_dtype", "kv_dtype", "quant")
+SERVE_KEYS += ("engine", "max_batch", "disaggregate")
+
+
+def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.serve import serve_report
+
+    return serve_report(
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        concurrency=args.concurrency,
+        rate=args.rate,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        **{k: getattr(args, k) for k in SERVE_KEYS},
+    )
+
+
+def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.serve_plan import serve_plan_report
+
+    result = serve_plan_report(
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        ttft_p99_s=args.ttft_p99,
+        tpot_p99_s=args.tpot_p99,
+        objective=args.serve_objective,
+        concurrency=args.concurrency,
+        engine=args.engine,
+        dtypes=args.weights_dtypes.split(",") if args.weights_dtypes else None,
+        top=args.top,
+        disaggregate=args.search_disaggregated,
+    )
+    if args.save:
+        import json
+        from pathlib import Path
+
+        Path(args.save).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="meshplan", description="Plan how a transformer is split across GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -368,6 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
         p.set_defaults(handler=handler)
         return p
+
+    p = command("list", _cmd_list, "what the catalog holds: models, GPUs, links or recipes")
+    p.add_argument("kind", choices=("models", "gpus", "links", "recipes"))
 
     p = command("params", _cmd_params, "exact parameter counts, total and active per token, by component")
     p.add_argument("model", help="catalog name, model TOML, or a Hugging Face config.json")
@@ -385,8 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_layout(p)
     _add_finetune(p)
     _add_fleet_shape(p)
-    p.add_argument("--kernels", choices=("fused", "eager"), default="fused", help="fused (Megatron/TE) or eager ops")
-    p.add_argument("--tokens", type=float, default=None, help="tokens to train: adds time and GPU-hours to train")
+    add_fields(p, "tokens")
 
     p = command(
         "collectives", _cmd_collectives, "the bandwidth wall: one all-reduce timed over NVLink, InfiniBand, Ethernet"
@@ -396,31 +459,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--size-mb", type=float, default=None, help="buffer size in MB (1e6 bytes) instead")
     p.add_argument("--group", type=_positive_int, default=8, help="ranks in the ring")
-    p.add_argument("--seq", type=_positive_int, default=8192)
-    p.add_argument("--micro-batch", type=_positive_int, default=1)
+    add_fields(p, "seq", default=8192)
+    add_fields(p, "micro_batch")
 
     p = command("validate", _cmd_validate, "predictions against published measured runs, with the error of each")
     p.add_argument("--source", default=None, help="one source only (korthikanti2022, narayanan2021, llama3)")
+    p.add_argument("--serving", action="store_true", help="the published serving measurements instead")
 
     p = command("plan", _cmd_plan, "search every layout: the fastest that fit, why they win, why the rest lost")
     p.add_argument("model")
     _add_fleet(p)
-    p.add_argument("--seq", type=_positive_int, required=True, help="sequence length in tokens")
-    p.add_argument("--global-batch-tokens", type=_positive_int, required=True, help="tokens per optimizer step")
-    p.add_argument("--top", type=_positive_int, default=5, help="plans to show")
-    p.add_argument("--headroom", type=_nonnegative, default=0.10, help="share of HBM kept free (default 0.10)")
-    p.add_argument("--allow-cross-node-tp", action="store_true", help="let TP groups leave the NVLink domain")
-    p.add_argument("--objective", default="step-time", help="step-time, tokens-per-gpu, headroom or fewest-gpus")
-    p.add_argument("--tokens", type=float, default=None, help="tokens to train (days per plan; fewest-gpus)")
-    p.add_argument("--days", type=float, default=None, help="deadline in days for the fewest-gpus objective")
+    add_fields(p, "seq", "global_batch_tokens", required=True)
+    add_fields(p, "top", "headroom", "allow_cross_node_tp", "objective", "tokens", "days")
     p.add_argument("--explain", action="store_true", help="compare the winner with the runner-up term by term")
-    p.add_argument("--compare", default=None, help="also compare with a named layout, e.g. tp=8,pp=16,dp=128")
+    p.add_argument(
+        "--compare", default=None, help="also compare with a named layout, e.g. tp=8,pp=16,dp=128 (layout flags' names)"
+    )
     p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
-    p.add_argument("--precision", default="bf16")
-    p.add_argument("--attention", choices=("flash", "eager"), default="flash")
-    p.add_argument("--kernels", choices=("fused", "eager"), default="fused")
+    add_fields(p, "precision", "attention", "kernels")
     _add_fleet_shape(p)
     _add_finetune(p)
+    pins = p.add_argument_group("pins: keep only layouts with these layout values (none by default)")
+    add_fields(pins, *PIN_FIELDS, default=None)
+    add_fields(pins, "training_engine")
 
     p = command("recipe", _cmd_recipe, "published recipes: evaluated, and ranked against the planner's search")
     p.add_argument("name", nargs="?", default=None, help="recipe name (meshplan recipe --list)")
@@ -430,21 +491,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "export",
         _cmd_export,
-        "a plan as the launch configuration of torchtitan, Megatron-LM, DeepSpeed, vLLM or SGLang",
+        "a plan as the launch configuration of torchtitan, Megatron-LM, DeepSpeed, vLLM, SGLang or TensorRT-LLM",
     )
-    p.add_argument("engine", choices=("torchtitan", "megatron", "deepspeed", "vllm", "sglang"))
+    p.add_argument("engine", choices=("torchtitan", "megatron", "deepspeed", "vllm", "sglang", "trtllm"))
     p.add_argument("model", nargs="?", default=None)
-    p.add_argument("--gpu", default=None)
-    p.add_argument("--gpus", type=_positive_int, default=None)
-    p.add_argument("--from-plan", default=None, help="a file written by meshplan plan --save")
+    add_fields(p, "gpu", "gpus")
+    p.add_argument("--from-plan", default=None, help="a file written by meshplan plan --save (serve-plan for servers)")
     p.add_argument("--out", default=None, help="write the files and launch.sh into this folder")
     p.add_argument("--model-path", default=None, help="checkpoint or Hugging Face path to put in the config")
     _add_layout(p)
-    s_ = p.add_argument_group("serving")
-    s_.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"), default="bf16")
-    s_.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"), default="bf16")
-    s_.add_argument("--context", type=_positive_int, default=None)
-    s_.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9)
+    _add_group(p, "serving")
 
     p = command(
         "fit",
@@ -454,20 +510,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model")
     _add_fleet(p)
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"), default="bf16")
-    p.add_argument("--seq", type=_positive_int, default=4096, help="sequence length for the largest micro-batch")
+    add_fields(p, "dtype", "seq", "precision", "headroom")
     _add_finetune(p)
 
     p = command("serving", _cmd_serving, "serving memory: weights, KV cache per token, tokens and sequences that fit")
     p.add_argument("model")
     _add_fleet(p)
-    p.add_argument("--tp", type=_positive_int, default=None, help="tensor-parallel degree (default: gpus / pp)")
-    p.add_argument("--pp", type=_positive_int, default=1)
-    p.add_argument("--ep", type=_positive_int, default=1)
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"), default="bf16")
-    p.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"), default="bf16")
-    p.add_argument("--context", type=_positive_int, default=None, help="tokens per sequence (default: model maximum)")
-    p.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9)
+    add_fields(p, "tp", default=None)
+    add_fields(p, "pp", "ep")
+    _add_group(p, "serving")
+
+    p = command("serve", _cmd_serve, "serving speed under load: TTFT p50/p99, TPOT, tokens/s per GPU and per user")
+    p.add_argument("model")
+    _add_fleet(p)
+    _add_serve_flags(p)
+    add_fields(p, "replicas", "disaggregate")
+    load = p.add_mutually_exclusive_group(required=True)
+    add_fields(load, "concurrency", "rate")
+
+    p = command(
+        "serve-plan", _cmd_serve_plan, "every serving layout, dtype and batch cap ranked under TTFT/TPOT targets"
+    )
+    p.add_argument("model")
+    _add_fleet(p)
+    add_fields(p, "input_len", "output_len", required=True)
+    add_fields(p, "ttft_p99", "tpot_p99", "serve_objective", "concurrency", "engine", "weights_dtypes", "top")
+    p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
+    add_fields(p, "search_disaggregated")
+
     p = command(
         "check",
         _cmd_check,

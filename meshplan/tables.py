@@ -54,7 +54,7 @@ def _layout_line(lay: dict[str, Any]) -> str:
 def _memory(r: dict[str, Any]) -> str:
     bill = r["per_gpu"]
     rows = [(t["title"], gb(t["value_bytes"]), t["formula"]) for t in r["terms"] if t["value_bytes"]]
-    rows.append(("total", gb(bill["total_bytes"]), f"of {gb(r['hbm_bytes'])} HBM"))
+    rows.append(("total", gb(bill["total_bytes"]), f"of {gb(r['hbm_bytes_per_gpu'])} HBM"))
     head = [
         f"{r['model']} on {r['gpus']} x {r['gpu']}: {_layout_line(r['layout'])}",
         f"seq {r['seq']}, global batch {r['global_batch']} sequences, precision {r['precision']}",
@@ -63,7 +63,7 @@ def _memory(r: dict[str, Any]) -> str:
     if len(r["stages"]) > 1:
         head.append(f"heaviest pipeline stage: {r['heaviest_stage']} of {len(r['stages'])}")
     verdict = "fits" if r["fits"] else "does NOT fit"
-    tail = f"{verdict}: {gb(bill['total_bytes'])} of {gb(r['hbm_bytes'])} ({gb(abs(r['free_bytes']))} "
+    tail = f"{verdict}: {gb(bill['total_bytes'])} of {gb(r['hbm_bytes_per_gpu'])} ({gb(abs(r['free_bytes_per_gpu']))} "
     tail += "free)" if r["fits"] else "over)"
     return "\n".join([*head, "", table(rows, ["term", "per GPU", "formula"], align="lrl"), "", tail])
 
@@ -81,15 +81,24 @@ def _fit(r: dict[str, Any]) -> str:
             f"longest sequence at micro-batch 1: {r['max_seq_len']:,} tokens "
             f"({r['max_seq_len_with_recompute']:,} with full recompute)",
         ]
+        if "nothing_fits" in r:
+            n = r["nothing_fits"]
+            fewest = n["fewest_gpus_that_fit"]
+            tune.append(
+                f"not one sequence of {r['seq']:,} tokens fits; "
+                + (f"{fewest} GPUs would (FSDP, full recompute)" if fewest else "no fleet up to 64 times larger would")
+            )
+            tune += [f"fits on these GPUs with {v}" for v in n["variants"]]
     return "\n".join(
         [
             f"{r['model']} weights in {r['dtype']}: {gb(r['weights_bytes_total'])}",
-            f"split over {r['gpus']} x {r['gpu']}: {gb(r['weights_bytes_per_gpu'])} per GPU "
+            f"split over {r['gpus']} x {r['gpu']}: {gb(r['weights_bytes_per_gpu_even_split'])} per GPU "
             f"({percent(r['hbm_fraction_per_gpu'])} of {gb(r['hbm_bytes_per_gpu'])}) - {verdict}",
             f"free: {gb(r['free_bytes_per_gpu'])} per GPU, {gb(r['free_bytes_total'])} in total, "
             "for the KV cache and activations",
             f"fewest GPUs for the weights alone: {r['min_gpus_for_weights']}; "
-            f"for the training state ({gb(r['training_state_bytes'])}, 16 bytes/param): {r['min_gpus_for_training']}",
+            f"for the training state ({gb(r['training_state_bytes_total'])}, "
+            f"{r['training_state_bytes_per_param']:g} bytes/param): {r['min_gpus_for_training']}",
             *tune,
         ]
     )
@@ -98,13 +107,13 @@ def _fit(r: dict[str, Any]) -> str:
 def _serving(r: dict[str, Any]) -> str:
     rows = [
         ("weights per GPU", gb(r["weights_bytes_per_gpu"])),
-        ("prefill activations", gb(r["activations_bytes"])),
-        ("framework", gb(r["framework_bytes"])),
-        ("KV budget per GPU", gb(r["kv_budget_bytes"])),
-        ("KV per token per GPU", gb(r["kv_bytes_per_token"])),
-        (f"KV per {r['context']}-token sequence", gb(r["kv_bytes_per_sequence"])),
-        ("KV tokens that fit per GPU", f"{r['kv_capacity_tokens']:,}"),
-        ("concurrent sequences", f"{r['max_concurrent_sequences']:,}"),
+        ("prefill activations per GPU", gb(r["activations_bytes_per_gpu"])),
+        ("framework per GPU", gb(r["framework_bytes_per_gpu"])),
+        ("KV budget per GPU", gb(r["kv_budget_bytes_per_gpu"])),
+        ("KV per token per GPU", gb(r["kv_bytes_per_token_per_gpu"])),
+        (f"KV per {r['context']}-token sequence", gb(r["kv_bytes_per_sequence_per_gpu"])),
+        ("KV tokens that fit per replica", f"{r['kv_capacity_tokens_per_replica']:,}"),
+        ("concurrent sequences, all replicas", f"{r['max_concurrent_sequences_total']:,}"),
     ]
     head = f"{r['model']} serving on {r['gpus']} x {r['gpu']}: tp={r['tp']} pp={r['pp']} x {r['replicas']} replicas"
     return "\n".join([head, f"weights {r['dtype']}, KV cache {r['kv_dtype']}", "", table(rows, ["", "value"])])
@@ -131,11 +140,14 @@ def _estimate(r: dict[str, Any]) -> str:
         table(rows, ["step time", ""]),
         "",
         f"MFU {percent(r['mfu'])}, HFU {percent(r['hfu'])}, {r['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU; "
-        f"memory {gb(r['per_gpu']['total_bytes'])} of {gb(r['hbm_bytes'])} ({'fits' if r['fits'] else 'does NOT fit'})",
+        f"memory {gb(r['per_gpu']['total_bytes'])} of {gb(r['hbm_bytes_per_gpu'])} "
+        f"({'fits' if r['fits'] else 'does NOT fit'})",
     ]
     if "time_to_train" in r:
         t = r["time_to_train"]
-        head.append(f"{count(t['tokens'])} tokens: {t['days']:.1f} days, {t['gpu_hours']:,.0f} GPU-hours")
+        head.append(
+            f"{count(t['tokens_total'])} tokens: {t['wall_time_days']:.1f} days, {t['gpu_hours_total']:,.0f} GPU-hours"
+        )
     place = [(axis, p["size"], p["inside_domain"], p["domains"], p["link"]) for axis, p in r["placement"].items()]
     calls = [
         (
@@ -143,11 +155,11 @@ def _estimate(r: dict[str, Any]) -> str:
             c["op"],
             c["phase"],
             c["group_size"],
-            gb(c["bytes"]),
+            gb(c["size_bytes_per_call"]),
             f"{c['count_per_step']:,.0f}",
             c["link"],
-            seconds(c["time_s"]),
-            seconds(c["exposed_s"]),
+            seconds(c["time_s_per_step"]),
+            seconds(c["exposed_s_per_step"]),
         )
         for c in r["collectives"]
     ]
@@ -190,7 +202,164 @@ def _collectives(r: dict[str, Any]) -> str:
     )
 
 
+def _opt_s(x: float | None) -> str:
+    return "saturated" if x is None else seconds(x)
+
+
+def _max_per_gpu(r: dict[str, Any]) -> str:
+    return f" (max {r['max_tokens_per_s_per_gpu']:,.0f})" if "max_tokens_per_s_per_gpu" in r else ""
+
+
+def _serve(r: dict[str, Any]) -> str:
+    lay = r["layout"]
+    head = (
+        f"{r['model']} on {r['gpus']} x {r['gpu']} ({r['engine']}): tp={lay['tp']} pp={lay['pp']} ep={lay['ep']}"
+        f"{' dp-attention' if lay['dp_attention'] else ''} x {lay['replicas']} replicas; weights {r['weights_dtype']}"
+        f" ({r['quant']}), KV {r['kv_dtype']}; {r['input_len']} in / {r['output_len']} out"
+    )
+    rows = [
+        ("TTFT p50 / p99", f"{_opt_s(r['ttft_s_p50'])} / {_opt_s(r['ttft_s_p99'])}"),
+        ("TTFT unloaded", seconds(r["ttft_s_unloaded"])),
+        ("TPOT = ITL", seconds(r["tpot_s"])),
+        ("tokens/s per GPU", f"{r['tokens_per_s_per_gpu']:,.0f}" + _max_per_gpu(r)),
+        ("tokens/s per user", f"{r['tokens_per_s_per_user']:,.1f}"),
+        ("requests/s (all replicas)", f"{r['requests_per_s_total']:,.2f}"),
+        ("batch per replica", f"{r['batch_per_replica']:,.1f} of {r['batch_cap_per_replica']:,} ({r['batch_limit']})"),
+        ("knee (90% of max)", f"{r.get('knee_batch_per_replica', 0):,} sequences"),
+    ]
+    if "disaggregated" in r:
+        d = r["disaggregated"]
+        rows.pop()  # no knee: the decode pool's batch is set by the prefill pool's output
+        rows += [
+            ("pools: prefill / decode GPUs", f"{d['prefill_gpus']} / {d['decode_gpus']}"),
+            ("prefill alone / KV hand-over", f"{seconds(d['prefill_s'])} / {seconds(d['kv_transfer_s'])}"),
+            ("max requests/s: prefill / decode", f"{d['prefill_requests_per_s_max']:,.2f} / "
+             f"{d['decode_requests_per_s_max']:,.2f} (bottleneck: {d['bottleneck']})"),
+        ]  # fmt: skip
+    steps = [(k.removesuffix("_s").replace("_", " "), seconds(v)) for k, v in r["step_s"].items()]
+    return "\n".join([head, "", table(rows, ["", "value"]), "", "one step", table(steps, ["term", "time"])])
+
+
+def _serve_layout(lay: dict[str, Any]) -> str:
+    parts = [f"tp{lay['tp']}"] + [f"pp{lay['pp']}"] * (lay["pp"] > 1) + [f"ep{lay['ep']}"] * (lay["ep"] > 1)
+    parts += ["dp-attn"] * lay["dp_attention"]
+    return " ".join(parts) + f" {lay['weights_dtype']}/{lay['kv_dtype']}"
+
+
+def _replicas(plan: dict[str, Any]) -> str:
+    p = plan.get("prefill_replicas", 0)
+    return f"{p} prefill + {plan['replicas'] - p} decode" if p else str(plan["replicas"])
+
+
+def _serve_plan(r: dict[str, Any]) -> str:
+    t = r["targets"]
+    head = (
+        f"{r['model']} on {r['gpus']} x {r['gpu']} ({r['engine']}), {r['input_len']} in / {r['output_len']} out;"
+        f" TTFT p99 <= {t['ttft_s_p99'] or '-'} s, TPOT <= {t['tpot_s_p99'] or '-'} s; objective {r['objective']}"
+    )
+    rows = [
+        (
+            i + 1,
+            _serve_layout(c["layout"]),
+            _replicas(c),
+            c["gpus"],
+            c["batch_cap_per_replica"],
+            seconds(c["ttft_s_p99"]),
+            seconds(c["tpot_s"]),
+            f"{c['tokens_per_s_per_gpu']:,.0f}",
+            f"{c['tokens_per_s_per_user']:,.1f}",
+        )
+        for i, c in enumerate(r["top"])
+    ]
+    front = [
+        (
+            _serve_layout(p["layout"]),
+            p["batch_cap_per_replica"],
+            f"{p['tokens_per_s_per_gpu']:,.0f}",
+            f"{p['tokens_per_s_per_user']:,.1f}",
+        )
+        for p in r["pareto"]
+    ]
+    reasons: dict[str, int] = {}
+    for x in r["rejected"]:
+        key = x["reason"].split(" at batch")[0].split(" >")[0]
+        reasons[key] = reasons.get(key, 0) + 1
+    return "\n".join(
+        [
+            head,
+            f"{r['layouts_evaluated']} layouts, {r['points_evaluated']:,} batch caps in {seconds(r['elapsed_s'])};"
+            f" {r['layouts_meeting_targets']} meet the targets",
+            "",
+            table(rows, ["#", "layout", "replicas", "GPUs", "batch", "TTFT p99", "TPOT", "tok/s/GPU", "tok/s/user"])
+            if rows
+            else "no layout meets the targets",
+            "",
+            f"Pareto front ({r['pareto_points_total']:,} points, {len(front)} shown)",
+            table(front, ["layout", "batch", "tok/s/GPU", "tok/s/user"]),
+            "",
+            "rejected: " + ", ".join(f"{n} x {k}" for k, n in reasons.items()),
+        ]
+    )
+
+
+def _validate_serving(r: dict[str, Any]) -> str:
+    def err(x: float | None) -> str:
+        return "" if x is None else f"{100 * x:+.1f}%"
+
+    runs = [
+        (
+            x["case"],
+            x["metric_class"],
+            f"{x['measured']:.4g}",
+            "" if x["predicted"] is None else f"{x['predicted']:.4g}",
+            err(x["error"]),
+            x["status"],
+        )
+        for x in r["runs"]
+    ]
+    sources = [
+        (
+            s["source"],
+            s["metric_class"],
+            s["cases"],
+            percent(s["mean_abs_error"]),
+            percent(s["max_abs_error"]),
+            percent(s["loso_mean_abs_error"]),
+            percent(s["best_constant_mean_abs_error"]),
+        )
+        for s in r["sources"]
+    ]
+    classes = [
+        (
+            c["metric_class"],
+            c["cases"],
+            percent(c["mean_abs_error"]),
+            percent(c["max_abs_error"]),
+            percent(c["loso_mean_abs_error"]),
+            percent(c["target_mean"]),
+            percent(c["best_constant_mean_abs_error"]),
+            "ok" if c["ok"] else "FAIL",
+        )
+        for c in r["classes"]
+    ]
+    notes = [f"  {x['case']}: {x['reason']}" for x in r["runs"] if x["status"] in ("physics", "skipped")]
+    return "\n".join(
+        [
+            table(runs, ["case", "metric", "published", "predicted", "error", "status"]),
+            "",
+            table(sources, ["source", "metric", "cases", "mean |err|", "max", "LOSO mean", "best constant"]),
+            "",
+            table(classes, ["metric", "cases", "mean |err|", "max", "LOSO mean", "target", "best constant", ""]),
+            "",
+            "not fitted:",
+            *notes,
+        ]
+    )
+
+
 def _validate(r: dict[str, Any]) -> str:
+    if "classes" in r:
+        return _validate_serving(r)
     out = []
     for src in r["sources"]:
         runs = [x for x in r["runs"] if x["source"] == src["source"]]
@@ -216,16 +385,44 @@ def _validate(r: dict[str, Any]) -> str:
 
 
 def _layout_short(lay: dict[str, Any]) -> str:
-    parts = [f"{k}{lay[k]}" for k in ("tp", "cp", "pp", "ep") if lay[k] > 1]
-    if lay["vpp"] > 1:
-        parts.append(f"v{lay['vpp']}")
+    """A layout in words: 'TP 2+SP · PP 4 (2 virtual) · DP 8, ZeRO-1 over 4 · micro-batch 1'."""
+    parts = []
+    if lay["tp"] > 1:
+        parts.append(f"TP {lay['tp']}" + ("+SP" if lay["sp"] else ""))
+    if lay["cp"] > 1:
+        parts.append(f"CP {lay['cp']}")
+    if lay["pp"] > 1:
+        parts.append(f"PP {lay['pp']}" + (f" ({lay['vpp']} virtual)" if lay["vpp"] > 1 else ""))
+    if lay["ep"] > 1:
+        parts.append(f"EP {lay['ep']}")
     dp = lay["dp_shard"] * lay["dp_replicate"]
-    parts.append(f"dp{dp}" + (f"(shard {lay['dp_shard']})" if lay["zero"] else ""))
-    parts.append(f"zero{lay['zero']}")
-    if lay["sp"]:
-        parts.append("sp")
-    parts += [f"rc:{lay['recompute']}", f"mb{lay['micro_batch']}"]
-    return " ".join(parts)
+    zero = f", ZeRO-{lay['zero']} over {lay['dp_shard'] * lay['cp']}" if lay["zero"] else ""
+    parts.append(f"DP {dp}{zero}")
+    if lay["recompute"] != "none":
+        parts.append(f"{lay['recompute']} recompute")
+    parts.append(f"micro-batch {lay['micro_batch']}")
+    return " · ".join(parts)
+
+
+PLAN_COLUMNS = ["#", "layout", "step", "MFU", "tok/s/GPU", "memory", "free", "across fabric"]
+
+
+def _nothing_fits(r: dict[str, Any]) -> list[str]:
+    """What would fit, when nothing does."""
+    n = r.get("nothing_fits")
+    if n is None:
+        return []
+    out = ["", "nothing fits."]
+    if n["lightest_layout"] is not None:
+        out.append(
+            f"lightest layout found: {_layout_short(n['lightest_layout'])} at {gb(n['lightest_bytes_per_gpu'])} "
+            f"per GPU, over the {gb(n['budget_bytes_per_gpu'])} budget"
+        )
+    fewest = n["fewest_gpus_that_fit"]
+    out.append(f"fewest GPUs that fit: {fewest:,}" if fewest else "no fleet up to 64 times larger fits either")
+    for v in n["variants"]:
+        out.append(f"fits with {v['change']}: {_layout_short(v['layout'])}, {seconds(v['step_time_s'])} per step")
+    return out
 
 
 def _plan(r: dict[str, Any]) -> str:
@@ -237,7 +434,7 @@ def _plan(r: dict[str, Any]) -> str:
             percent(p["mfu"]),
             f"{p['tokens_per_s_per_gpu']:,.0f}",
             gb(p["per_gpu"]["total_bytes"]),
-            gb(p["headroom_bytes"]),
+            gb(p["free_bytes_per_gpu"]),
             ",".join(axis for axis, at in p["placement"].items() if at["crosses_fabric"]) or "-",
         )
         for i, p in enumerate(r["plans"])
@@ -245,7 +442,8 @@ def _plan(r: dict[str, Any]) -> str:
     out = [
         f"{r['model']} on {r['gpus']} x {r['gpu']}, seq {r['seq']}, {r['global_batch_tokens']:,} tokens per step",
         f"searched {r['evaluated']:,} layouts in {r['elapsed_s']:.2f} s: {r['feasible']:,} fit "
-        f"with {percent(r['headroom'])} of HBM kept free",
+        f"with {percent(r['headroom_fraction'])} of HBM kept free"
+        + (f"; only layouts {r['engine']} runs are shown" if r.get("engine") else ""),
         *(
             [
                 f"fewest GPUs that train {r['fewest_gpus']['tokens']:.3g} tokens within {r['fewest_gpus']['days']:g} "
@@ -254,22 +452,33 @@ def _plan(r: dict[str, Any]) -> str:
             if "fewest_gpus" in r
             else []
         ),
-        "",
-        table(rows, ["#", "layout", "step", "MFU", "tok/s/GPU", "memory", "free", "across fabric"], align="rlrrrrrl"),
+        *(
+            [
+                "",
+                table(
+                    rows,
+                    ["#", "layout", "step", "MFU", "tok/s/GPU", "memory", "free", "across fabric"],
+                    align="rlrrrrrl",
+                ),
+            ]
+            if rows
+            else []
+        ),
         "",
         "rejected: " + ("; ".join(f"{k} {v:,}" for k, v in r["rejections"].items()) or "none"),
+        *_nothing_fits(r),
         f"Pareto front (step time against memory per GPU): {len(r['pareto'])} layouts",
     ]
     for e in r.get("explain", []):
         term_rows = [
             (
                 x["term"],
-                _value(x[e["a"]], x["unit"]),
-                _value(x[e["b"]], x["unit"]),
+                _value(x["value_a"], x["unit"]),
+                _value(x["value_b"], x["unit"]),
                 _value(x["difference"], x["unit"], signed=True),
             )
             for x in e["rows"]
-            if x[e["a"]] or x[e["b"]]
+            if x["value_a"] or x["value_b"]
         ]
         out += ["", f"{e['a']} vs {e['b']}: {e['why']}", table(term_rows, ["term", e["a"], e["b"], "difference"])]
         for w in e.get("named", {}).get("warnings", []):
@@ -322,7 +531,27 @@ def _check(r: dict[str, Any]) -> str:
     return render_check(r)
 
 
+def _list(r: dict[str, Any]) -> str:
+    from meshplan.render import gb
+
+    rows = []
+    for item in r["items"]:
+        if r["kind"] == "models":
+            kind = "MoE" if item["moe"] else "dense"
+            rows.append([item["name"], f"{item['params_total'] / 1e9:,.1f}B params", f"{item['layers']} layers", kind])
+        elif r["kind"] == "gpus":
+            rows.append([item["name"], gb(item["hbm_bytes_per_gpu"]), item["description"]])
+        elif r["kind"] == "links":
+            speed = f"{item['bandwidth_bytes_per_s_per_direction'] / 1e9:,.0f} GB/s"
+            rows.append([item["name"], speed, item["description"]])
+        else:
+            rows.append([item["name"], item["description"]])
+    width = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))] if rows else []
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, width, strict=True)).rstrip() for row in rows)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "list": _list,
     "check": _check,
     "plan": _plan,
     "recipe": _recipe,
@@ -334,6 +563,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "memory": _memory,
     "fit": _fit,
     "serving": _serving,
+    "serve": _serve,
+    "serve-plan": _serve_plan,
 }
 
 

@@ -60,3 +60,5 @@ DTYPE_BYTES: dict[DType, float] = {
     DType.INT4: 0.5,
     DType.NF4: 0.5,
 }
+FP32_BYTES = DTYPE_BYTES[DType.FP32]
+"""Accumulators, optimizer moments, losses: the width that stays fp32 whatever the training dtype."""

@@ -39,7 +39,7 @@ class RunResult:
     measured: float
     predicted: float
     layout: dict[str, Any]
-    memory_bytes: float
+    memory_bytes_per_gpu: float
     fits: bool
     delta_from: str | None
 
@@ -74,7 +74,7 @@ def _cluster(case: dict[str, Any]) -> Cluster:
 
 def _evaluate(case: dict[str, Any], layout: dict[str, Any]) -> Plan:
     model, cluster = _model(case), _cluster(case)
-    req = LayoutRequest(**layout)
+    req = LayoutRequest.parse(layout)
     lay = resolve_layout(req, gpus=case["gpus"])
     work = resolve_workload(
         layout=lay,
@@ -149,7 +149,7 @@ def run_case(source: str, case: dict[str, Any], metric: str) -> RunResult:
         measured=float(case["measured"]),
         predicted=value,
         layout={k: v for k, v in layout.items()},
-        memory_bytes=float(plan.memory.per_gpu.total_bytes),
+        memory_bytes_per_gpu=float(plan.memory.per_gpu.total_bytes),
         fits=plan.memory.fits,
         delta_from=case.get("delta_from"),
     )

@@ -46,7 +46,7 @@ def test_memory_keys(capsys: pytest.CaptureFixture[str]) -> None:
     for key in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "total_bytes"):
         assert key in per
     assert per["optimizer_bytes"] == per["master_weights_bytes"] + per["optimizer_moments_bytes"]
-    assert out["hbm_bytes"] == 80e9 and isinstance(out["fits"], bool)
+    assert out["hbm_bytes_per_gpu"] == 80e9 and isinstance(out["fits"], bool)
     assert len(out["stages"]) == 4 and out["per_gpu"] == out["stages"][out["heaviest_stage"]]
     assert out["layout"]["dp_shard"] == 2 and out["layout"]["dp_replicate"] == 1
     assert {t["name"] for t in out["terms"]} >= {"weights_bytes", "activations_bytes"}
@@ -56,18 +56,24 @@ def test_memory_keys(capsys: pytest.CaptureFixture[str]) -> None:
 def test_fit_keys_match_the_seed_example(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_json(capsys, "fit", "llama-3.3-70b", "--gpu", "h200", "--gpus", "8")
     assert out["weights_bytes_total"] == pytest.approx(141.1e9, rel=1e-3)
-    assert out["weights_bytes_per_gpu"] == pytest.approx(out["weights_bytes_total"] / 8)
+    assert out["weights_bytes_per_gpu_even_split"] == pytest.approx(out["weights_bytes_total"] / 8)
     assert out["hbm_bytes_per_gpu"] == 141e9 and out["fits"]
-    assert out["free_bytes_per_gpu"] == pytest.approx(141e9 - out["weights_bytes_per_gpu"])
+    assert out["free_bytes_per_gpu"] == pytest.approx(141e9 - out["weights_bytes_per_gpu_even_split"])
     assert out["min_gpus_for_weights"] == 2  # 141.1 GB is just over one H200's 141 GB
     assert out["min_gpus_for_training"] == 9  # 16 bytes x 70.55B = 1.13 TB
 
 
 def test_serving_keys(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_json(capsys, "serving", "llama-3.3-70b", "--gpu", "h200", "--gpus", "8", "--context", "8192")
-    for key in ("kv_bytes_per_token", "weights_bytes_per_gpu", "kv_capacity_tokens", "max_concurrent_sequences"):
+    for key in (
+        "kv_bytes_per_token_per_gpu",
+        "weights_bytes_per_gpu",
+        "kv_capacity_tokens_per_replica",
+        "max_concurrent_sequences_total",
+    ):
         assert key in out
-    assert out["kv_bytes_per_token"] == 327_680 / 8
+    assert out["kv_bytes_per_token_per_gpu"] == 327_680 / 8
+    assert out["kv_bytes_per_token_total"] == 327_680  # 80 layers x 2 x 8 KV heads x 128 x 2 bytes
 
 
 def test_estimate_keys(capsys: pytest.CaptureFixture[str]) -> None:
@@ -97,9 +103,10 @@ def test_estimate_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert total == pytest.approx(out["step_time_s"])
     assert 0 < out["mfu"] < 1 and out["hfu"] >= out["mfu"]
     for c in out["collectives"]:
-        assert {"strategy", "op", "group_size", "bytes", "count_per_step", "link", "time_s", "exposed_s"} <= set(c)
-        assert 0 <= c["exposed_s"] <= c["time_s"] + 1e-12
-    assert out["time_to_train"]["days"] > 0
+        assert {"strategy", "op", "group_size", "size_bytes_per_call", "count_per_step", "link", "time_s_per_step",
+                "exposed_s_per_step"} <= set(c)  # fmt: skip
+        assert 0 <= c["exposed_s_per_step"] <= c["time_s_per_step"] + 1e-12
+    assert out["time_to_train"]["wall_time_days"] > 0
 
 
 def test_tp_across_nodes_warns(capsys: pytest.CaptureFixture[str]) -> None:
@@ -140,7 +147,7 @@ def test_collectives_shows_the_bandwidth_wall(capsys: pytest.CaptureFixture[str]
             "tp=16 must divide num_kv_heads=8",
         ),
         (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "96", "--tp", "64"], "does not divide gpus"),
-        (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "abc"], "expected a positive integer"),
+        (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "abc"], "--gpus: expected an integer, got 'abc'"),
         (["memory", "llama-3.1-8b", "--gpu", "h999", "--gpus", "8"], "unknown gpu"),
         (["memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "3"], "global_batch=3"),
         (["fit", "llama-3.1-8b", "--gpu", "h100-sxm"], "--gpus"),
@@ -161,6 +168,7 @@ def test_console_script_start_up_and_exit_code() -> None:
 
 TEXT_RUNS = {
     "params": ["params", "mixtral-8x7b"],
+    "list": ["list", "gpus"],
     "fit": ["fit", "llama-3.3-70b", "--gpu", "h200", "--gpus", "8"],
     "memory": ["memory", "llama-3.1-8b", "--gpu", "a100-80gb", "--gpus", "8", "--zero", "3"],
     "serving": ["serving", "llama-3.1-8b", "--gpu", "l40s", "--gpus", "1"],
@@ -171,6 +179,10 @@ TEXT_RUNS = {
     "recipe": ["recipe", "llama3-405b-8k", "--no-rank"],
     "validate": ["validate"],
     "export": ["export", "torchtitan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--zero", "3"],
+    "serve": ["serve", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "1", "--input-len", "500",
+              "--output-len", "100", "--concurrency", "8"],
+    "serve-plan": ["serve-plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "2", "--input-len", "500",
+                   "--output-len", "100", "--tpot-p99", "0.02"],
 }  # fmt: skip
 NOT_TEXT = {"ui", "check"}  # the server; the real-run check renders in tests/check/test_predict.py
 

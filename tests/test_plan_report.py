@@ -6,6 +6,7 @@ import json
 import pytest
 
 from meshplan.cli import main
+from meshplan.reports.inputs import FinetuneRequest, LayoutRequest
 from meshplan.reports.plan import parse_compare, plan_report
 from meshplan.reports.recipes import factors, list_report, recipe_report, recipes
 
@@ -59,7 +60,7 @@ def test_plan_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(isinstance(v, int) and v > 0 for v in out["rejections"].values())
     front = out["pareto"]
     assert [f["step_time_s"] for f in front] == sorted(f["step_time_s"] for f in front)
-    assert all(a["memory_bytes"] > b["memory_bytes"] for a, b in itertools.pairwise(front))
+    assert all(a["memory_bytes_per_gpu"] > b["memory_bytes_per_gpu"] for a, b in itertools.pairwise(front))
     explained = {e["b"]: e for e in out["explain"]}
     assert "runner-up" in explained and "tp=8,pp=2,zero=1,sp=true" in explained
     assert "slower per step" in explained["tp=8,pp=2,zero=1,sp=true"]["why"]
@@ -92,7 +93,7 @@ def test_fewest_gpus_meets_the_deadline() -> None:
 
 @pytest.mark.parametrize(
     ("text", "fragment"),
-    [("tp8", "key=value"), ("tq=8", "unknown layout key"), ("tp=eight", "not an integer")],
+    [("tp8", "key=value"), ("tq=8", "unknown layout key"), ("tp=eight", "--tp: expected an integer")],
 )
 def test_bad_compare_strings(text: str, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
@@ -131,6 +132,7 @@ def test_recipe_list_is_the_fleet_ruler() -> None:
         assert product == f["gpus"], name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(recipes()))
 def test_published_recipes_are_valid_and_ranked(name: str) -> None:
     r = recipe_report(name)
@@ -149,3 +151,52 @@ def test_memory_verdict_of_recipes() -> None:
     fits = {name: recipe_report(name, rank=False)["fits"] for name in recipes()}
     assert fits["megatron-gpt3-175b"] and fits["megatron-1t"]
     assert not fits["llama3-405b-8k"]
+
+
+def test_pins_keep_only_the_layouts_asked_for() -> None:
+    pins = {"zero": 1, "recompute": "none", "micro_batch": 1, "tp": 4}
+    out = plan_report("llama-3.1-70b", gpu="h200", gpus=64, seq=8192, global_batch_tokens=4 * 2**20, pins=pins)
+    assert out["plans"]
+    for p in out["plans"] + out["pareto"]:
+        lay = p["layout"]
+        assert (lay["zero"], lay["recompute"], lay["micro_batch"], lay["tp"]) == (1, "none", 1, 4)
+    assert out["rejections"]["not the pinned tp"] > 0
+
+
+def test_engine_filter_gives_plans_the_export_accepts() -> None:
+    """The README's plan ranks first a layout torchtitan cannot run (ZeRO-1); with --engine it exports."""
+    from meshplan.exports import UnsupportedByEngine
+    from meshplan.reports.export import export_training
+
+    kw = dict(gpu="h200", gpus=64, seq=8192, global_batch_tokens=4 * 2**20, top=3)
+    free = plan_report("llama-3.1-70b", **kw)
+    first = LayoutRequest.parse(free["plans"][0]["layout"])
+    with pytest.raises(UnsupportedByEngine):
+        export_training("torchtitan", "llama-3.1-70b", gpu="h200", gpus=64, layout=first, seq=8192,
+                        global_batch=free["global_batch"])  # fmt: skip
+    out = plan_report("llama-3.1-70b", training_engine="torchtitan", **kw)
+    assert out["engine"] == "torchtitan" and len(out["plans"]) == 3
+    for p in out["plans"]:
+        layout = LayoutRequest.parse(p["layout"])
+        export_training("torchtitan", "llama-3.1-70b", gpu="h200", gpus=64, layout=layout, seq=8192,
+                        global_batch=out["global_batch"])  # fmt: skip
+
+
+def test_when_nothing_fits_the_plan_says_what_would() -> None:
+    """70B on 8 H100s cannot train at 8K: the answer names the lightest bill, the fleet that fits, the variants."""
+    kw = dict(gpu="h100-sxm", seq=8192, global_batch_tokens=2**20)
+    out = plan_report("llama-3.1-70b", gpus=8, finetune=FinetuneRequest(mode="full"), **kw)
+    assert out["plans"] == []
+    n = out["nothing_fits"]
+    assert n["lightest_bytes_per_gpu"] > n["budget_bytes_per_gpu"] == pytest.approx(0.9 * 80e9)
+    # the lightest layout billed is the one estimate bills at the same size
+    from meshplan.reports.estimate import estimate_report
+
+    est = estimate_report("llama-3.1-70b", gpu="h100-sxm", gpus=8, layout=LayoutRequest.parse(n["lightest_layout"]),
+                          seq=8192, global_batch=out["global_batch"])  # fmt: skip
+    assert est["per_gpu"]["total_bytes"] == pytest.approx(n["lightest_bytes_per_gpu"], rel=1e-9)
+    fewest = n["fewest_gpus_that_fit"]
+    assert fewest and plan_report("llama-3.1-70b", gpus=fewest, **kw)["plans"]
+    assert not plan_report("llama-3.1-70b", gpus=fewest // 2, **kw)["plans"]
+    changes = {v["change"] for v in n["variants"]}
+    assert {"--finetune lora", "--finetune qlora"} <= changes

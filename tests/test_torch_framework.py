@@ -17,9 +17,10 @@ from meshplan import io
 from meshplan.check.cases import Shape
 from meshplan.check.predict import Predicted, predict
 from meshplan.core import activations as act
-from meshplan.core import shards
 from meshplan.core.params import count_params, param_inventory
 from meshplan.core.plan import evaluate
+from meshplan.core.pytorch import shards
+from meshplan.core.stages import stage_row
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.search.space import LayoutBatch
 from meshplan.spec.layout import Layout, Recompute, Schedule, ZeroStage
@@ -129,7 +130,7 @@ def test_fsdp2_shards_padded_dim0(n: int) -> None:
         owned = sum(rows(r, n, rank) * c for r, c in ROOT + LAYER * L)
         padded = sum(math.ceil(r / n) * c for r, c in ROOT + LAYER * L)
         at = shards.RankCoords(fsdp=n, fsdp_rank=rank)
-        p = shards.rank_params(TINY, at, shards.stage_units(TINY, pp=1, stage=0))
+        p = shards.rank_params(TINY, at, stage_row(TINY, pp=1, stage=0))
         assert (p.numel, p.padded_numel, p.tensors) == (owned, padded, TENSORS)
 
 
@@ -169,7 +170,7 @@ def test_ddp_buckets_close_at_their_caps() -> None:
         if filled >= cap:
             buckets, filled, cap = buckets + 1, 0, 25 * 2**20
     buckets += filled > 0
-    got = shards.ddp_buckets(model, shards.RankCoords(), shards.stage_units(model, pp=1, stage=0), grad_bytes=4)
+    got = shards.ddp_buckets(model, shards.RankCoords(), stage_row(model, pp=1, stage=0), grad_bytes=4)
     assert got == buckets == 3
 
 
@@ -278,7 +279,7 @@ def test_vectorized_torch_state_matches_one_layout_at_a_time() -> None:
     def state(lay: object) -> shards.TorchState:
         fsdp = np.where(lay.zero == ZeroStage.PARAMETERS, lay.dp_shard * lay.cp, 1)  # type: ignore[attr-defined]
         at = shards.RankCoords(tp=lay.tp, ep=lay.ep, fsdp=fsdp)  # type: ignore[attr-defined]
-        units = shards.stage_units(model, pp=lay.pp, stage=0)  # type: ignore[attr-defined]
+        units = stage_row(model, pp=lay.pp, stage=0)  # type: ignore[attr-defined]
         return shards.torch_state(model, at, units, zero=lay.zero, ddp_ranks=lay.dp_replicate,  # type: ignore[attr-defined]
                                   precision=precision, optimizer=OptimizerKind.ADAMW, moment_bytes=8.0)  # fmt: skip
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from meshplan.core.calls import CollectiveCall
+from meshplan.core.comm.call import CollectiveCall
 from meshplan.spec.layout import Layout, Schedule, ZeroStage
 from meshplan.spec.model import MlpKind, ModelSpec, MoESpec, NormKind
 from meshplan.spec.workload import PRECISIONS, Framework, Kernels, Workload
@@ -115,8 +115,6 @@ _CASES: dict[str, Callable[[int], Case]] = {
     "ep": lambda n: Case(layout=Layout(dp_replicate=n, ep=n), mesh=(("dp_replicate", n),), moe=True),
     "cp": lambda n: Case(layout=Layout(cp=n), mesh=(("cp", n),)),
 }
-PREDICTED_LAYOUTS = tuple(_CASES)
-"""Harness layouts (meshplan.check.runner.LAYOUTS) meshplan predicts."""
 
 
 def case_for(name: str, world_size: int, *, micro_batch: int = 1) -> Case:

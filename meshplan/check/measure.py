@@ -10,7 +10,6 @@
   buffers and the batch's own tensors are kept apart from activations. It reports the total packed during the
   step and the peak held at once (a token releases its bytes when autograd frees the saved variable), which is
   what pipeline schedules differ in.
-- ``saved_tensor_breakdown``: the same, node by node, by walking the autograd graph from the loss.
 """
 
 from __future__ import annotations
@@ -155,66 +154,6 @@ def fsdp_gathered_bytes(model: nn.Module) -> int:
                 if fsdp_param.sharded_state.name == "UNSHARDED":
                     total += sum(t.untyped_storage().nbytes() for t in fsdp_param.all_gather_outputs)
     return total
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SavedTensor:
-    """One tensor an autograd node saved, as found by walking the graph from the loss."""
-
-    node: str
-    """Autograd node, e.g. ``ScaledDotProductFlashAttentionForCpuBackward0``."""
-    name: str
-    """Saved attribute without its ``_saved_`` prefix (``self``, ``mat2``, ``result``, ``logsumexp``)."""
-    shape: tuple[int, ...]
-    dtype: str
-    storage_bytes: int
-    first: bool
-    """First time this storage appears in the walk (sum only these to count each storage once)."""
-    kind: str
-    """activation, param, buffer or input."""
-
-
-def saved_tensor_breakdown(
-    loss: torch.Tensor, module: nn.Module, inputs: tuple[torch.Tensor, ...] = ()
-) -> list[SavedTensor]:
-    """Every tensor saved in the autograd graph of ``loss``, node by node (call before backward)."""
-    classify = SavedTensorTracker(module, inputs)._classify
-    seen: set[int] = set()
-    out: list[SavedTensor] = []
-    stack, visited = [loss.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in visited:
-            continue
-        visited.add(node)
-        saved = [(a.removeprefix("_saved_"), a) for a in sorted(dir(node)) if a.startswith("_saved_")]
-        if hasattr(node, "saved_tensors"):  # a Python autograd.Function (ring attention)
-            saved.append(("saved_tensors", "saved_tensors"))
-        for name, attr in saved:
-            value = None
-            with contextlib.suppress(RuntimeError):
-                value = getattr(node, attr)
-            for t in value if isinstance(value, tuple | list) else [value]:
-                if not isinstance(t, torch.Tensor):
-                    continue
-                for inner in _inner_tensors(t):
-                    key, nbytes = _storage_key(inner), inner.untyped_storage().nbytes()
-                    # a saved storage of 0 bytes is an unsharded parameter FSDP2 freed after forward
-                    kind = classify(key) if nbytes else "param"
-                    out.append(
-                        SavedTensor(
-                            node=node.name(),
-                            name=name,
-                            shape=tuple(inner.shape),
-                            dtype=str(inner.dtype).removeprefix("torch."),
-                            storage_bytes=nbytes,
-                            first=key not in seen,
-                            kind=kind,
-                        )
-                    )
-                    seen.add(key)
-        stack.extend(fn for fn, _ in node.next_functions)
-    return out
 
 
 def ddp_bucket_bytes(model: nn.Module) -> int:

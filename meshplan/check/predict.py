@@ -1,7 +1,7 @@
 """What meshplan's core predicts for every quantity ``run_check`` measures, with Framework.TORCH.
 
 Each harness layout becomes a ModelSpec, a Layout and a Workload (cases.py); each rank then gets its training
-state (core.shards), saved activations (core.activations, core.pipeline) and collectives (core.collectives, with
+state (core.pytorch.shards), saved activations (core.activations, core.pipeline) and collectives (core.comm, with
 every send matched by a receive on the rank it reaches), named as the harness names its measurements. Nothing
 here imports torch.
 """
@@ -16,14 +16,17 @@ from typing import Any
 from meshplan import io
 from meshplan.check.cases import Case, Shape, case_for, model_spec, rotary_buffer_bytes, workload
 from meshplan.core import activations as act
-from meshplan.core import pipeline, shards, torch_calls
-from meshplan.core.calls import CollectiveCall, StageShape
-from meshplan.core.collectives import inventory
-from meshplan.core.comms import Collective
+from meshplan.core import pipeline
+from meshplan.core.comm import inventory
+from meshplan.core.comm.call import CollectiveCall, StageShape
+from meshplan.core.comm.cost import Collective
 from meshplan.core.memory import moment_bytes_per_param, stage_params
 from meshplan.core.params import count_params
 from meshplan.core.placement import place
 from meshplan.core.plan import mesh_sizes
+from meshplan.core.pytorch import collectives as torch_calls
+from meshplan.core.pytorch import shards
+from meshplan.core.stages import StageRow, stage_row
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import Recompute, ZeroStage
 from meshplan.spec.model import ModelSpec
@@ -77,7 +80,7 @@ class Prediction:
 class _Rank:
     model: ModelSpec
     work: Workload
-    units: shards.StageUnits
+    units: StageRow
     at: shards.RankCoords
     stage: int
 
@@ -95,7 +98,7 @@ def _rank(case: Case, shape: Shape, rank: int) -> _Rank:
         fsdp_rank=c.get("dp_shard", 0) if fsdp > 1 else 0,
     )
     stage = c.get("pp", 0)
-    units = shards.stage_units(model, pp=lay.pp, stage=stage)
+    units = stage_row(model, pp=lay.pp, stage=stage)
     return _Rank(model=model, work=workload(case, shape), units=units, at=at, stage=stage)
 
 

@@ -36,12 +36,12 @@ from meshplan.core.num import Num, maximum, where
 from meshplan.spec.layout import Recompute
 from meshplan.spec.model import MlpKind, ModelSpec, NormKind
 from meshplan.spec.workload import Attention, Framework, Kernels
+from meshplan.units import FP32_BYTES
 
 GATED_SAVED_TENSORS = {Kernels.EAGER: 4, Kernels.FUSED: 3}
 """f-wide tensors a gated MLP keeps: gate out, up out and act(gate) * up; run eagerly, act(gate) too."""
 PLAIN_SAVED_TENSORS = 2
 """f-wide tensors a GELU MLP keeps: the up output (GELU input) and the GELU output."""
-FP32_BYTES = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -280,15 +280,3 @@ def stage_output_bytes(
     if not SAVED_TENSORS[framework].stage_outputs:
         return 0.0 * tokens
     return tokens * act_bytes * where(last, model.vocab_size, model.hidden)
-
-
-def korthikanti_layer_bytes(*, s: Num, b: Num, h: Num, a: Num, t: Num, sp: bool, selective: bool) -> Num:
-    """Korthikanti et al. 2022 Table 2 for a GPT layer (16-bit activations, eager attention, dropout).
-
-    sbh(10 + 24/t + 5as/(ht)) with TP; sbh(34/t + 5as/(ht)) with TP + SP;
-    selective recomputation drops the 5as/(ht) term. Kept beside the
-    tensor-by-tensor accounting above, which reduces to it for that block.
-    """
-    quadratic = 0.0 if selective else 5 * a * s / (h * t)
-    linear = 34 / t if sp else 10 + 24 / t
-    return s * b * h * (linear + quadratic)

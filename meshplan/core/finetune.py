@@ -18,7 +18,9 @@ from meshplan.spec.finetune import Finetune, FinetuneMode
 from meshplan.spec.model import MlpKind, ModelSpec
 
 NF4_BLOCK = 64
+"""Weights per absmax scale of NF4 (QLoRA, Dettmers et al. 2023, Sec. 3: blocksize 64 for W)."""
 NF4_SCALE_BLOCK = 256
+"""Scales per fp32 scale of double quantization (QLoRA Sec. 3: blocksize 256 for the 8-bit scales)."""
 
 
 def nf4_bytes_per_param(*, double_quant: bool) -> float:

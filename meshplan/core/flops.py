@@ -92,8 +92,7 @@ def attention_core_flops(model: ModelSpec, *, tokens: Num, seq_len: Num, tp: Num
     ``causal_skip``: a fused kernel skips the masked upper triangle (half the
     work); an unfused one computes the whole s x s product.
     """
-    width = model.mla.qk_head_dim + model.mla.v_head_dim if model.mla is not None else 2 * model.head_dim
-    full = 2 * tokens * seq_len * model.num_heads * width / tp
+    full = 2 * tokens * seq_len * model.num_heads * model.score_value_width / tp
     return full * (0.5 if causal_skip else 1.0)
 
 
@@ -118,8 +117,7 @@ def model_flops_per_token(model: ModelSpec, *, seq_len: int, finetune: Finetune 
 
 
 def _attention_flops_per_token(model: ModelSpec, *, seq_len: int) -> float:
-    width = (model.mla.qk_head_dim + model.mla.v_head_dim) if model.mla else 2 * model.head_dim
-    return 6 * model.num_layers * model.num_heads * width * seq_len
+    return 6 * model.num_layers * model.num_heads * model.score_value_width * seq_len
 
 
 def _training_flops_per_token(model: ModelSpec, *, seq_len: int) -> float:

@@ -15,16 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from meshplan.core import activations as act
-from meshplan.core import finetune, pipeline, shards
+from meshplan.core import finetune, pipeline
 from meshplan.core.num import Num, gcd, maximum, minimum, to_float, where
 from meshplan.core.params import LayerParams, ParamCount
+from meshplan.core.pytorch import shards
+from meshplan.core.stages import candidate_stages, stage_row
 from meshplan.spec.cluster import GpuCalibration
 from meshplan.spec.layout import LayoutLike, Recompute, ZeroStage
 from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.workload import Framework, Kernels, OptimizerKind, Workload
-from meshplan.units import DTYPE_BYTES, DType
-
-FP32_BYTES = 4.0
+from meshplan.units import DTYPE_BYTES, FP32_BYTES, DType
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,15 +95,13 @@ def stage_params(
     params: ParamCount, model: ModelSpec, *, tp: Num, pp: Num, ep: Num, stage: Num, copies: Num = 1
 ) -> StageParams:
     """Parameters on one GPU of pipeline stage ``stage`` (``copies`` = 2 under DualPipe)."""
-    layers = pipeline.stage_layers(model.num_layers, pp=pp, stage=stage)
-    first = pipeline.stage_first_layer(model.num_layers, pp=pp, stage=stage)
-    dense_layers = minimum(maximum(params.num_dense_layers - first, 0), layers)
-    moe_layers = layers - dense_layers
+    row = stage_row(model, pp=pp, stage=stage)
+    dense_layers, moe_layers = row.dense_layers, row.moe_layers
     d_dense, _ = _layer_rank_params(params.dense_layer, model, tp=tp, ep=ep)
     m_dense, m_expert = _layer_rank_params(params.moe_layer, model, tp=tp, ep=ep)
     dense = dense_layers * d_dense + moe_layers * m_dense
     experts = moe_layers * m_expert
-    is_first, is_last = stage == 0, stage == pp - 1
+    is_first, is_last = row.embedding == 1, row.head == 1
     vocab_rows = model.vocab_size * model.hidden / tp
     dense = dense + where(is_first, vocab_rows + params.position_embedding, 0)
     head = where(model.tied_embeddings & (pp == 1), 0, vocab_rows)  # tied and pp > 1: the last stage keeps a copy
@@ -144,9 +142,11 @@ def shard_degrees(*, dp_shard: Num, cp: Num, ep: Num) -> tuple[Num, Num]:
     return group, group // gcd(group, ep)
 
 
-def _gather_bytes(workload: Workload) -> float:
-    """Bytes per element of parameters gathered for compute (bf16 unless training in fp32)."""
-    return DTYPE_BYTES[DType.FP32] if workload.precision.compute is DType.TF32 else DTYPE_BYTES[DType.BF16]
+def state_bytes_per_param(model: ModelSpec, workload: Workload) -> float:
+    """Weights, gradients, master copy and optimizer moments per trained parameter, before any sharding: the
+    back-of-envelope figure (16 bytes under bf16 mixed precision with Adam; ZeRO paper Sec. 3.1)."""
+    prec = workload.precision
+    return prec.weight_bytes + prec.grad_bytes + prec.master_bytes + moment_bytes_per_param(model, workload)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,15 +167,15 @@ class StageTraining:
 
 
 def stage_training(
-    model: ModelSpec, params: ParamCount, lay: LayoutLike, workload: Workload, *, stage: Num, sp_: StageParams
+    model: ModelSpec, params: ParamCount, lay: LayoutLike, workload: Workload, *, stage: Num, held: StageParams
 ) -> StageTraining:
     """Split one GPU's stage parameters into base, adapters and trainable (fine-tuning aware)."""
     ft = workload.finetune
     if ft.adapted:
         dense_a, exp_a = finetune.adapter_split(model, ft, moe_layer=False, tp=lay.tp, ep=lay.ep)
         dense_m, exp_m = finetune.adapter_split(model, ft, moe_layer=True, tp=lay.tp, ep=lay.ep)
-        ad = sp_.dense_layers * dense_a + sp_.moe_layers * dense_m
-        ae = sp_.dense_layers * exp_a + sp_.moe_layers * exp_m
+        ad = held.dense_layers * dense_a + held.moe_layers * dense_m
+        ae = held.dense_layers * exp_a + held.moe_layers * exp_m
         quantized: Num = 0.0
         if finetune.quantized_base(ft):
             # kept in bf16: the embedding, the output head (its own copy unless tied on one stage), final norm
@@ -184,14 +184,14 @@ def stage_training(
             edges = where(stage == 0, vocab + params.position_embedding, 0) + where(last, head + model.norm_params, 0)
             quantized = finetune.quantizable_params(
                 model,
-                dense=sp_.dense,
-                experts=sp_.experts,
-                layers=sp_.dense_layers + sp_.moe_layers,
+                dense=held.dense,
+                experts=held.experts,
+                layers=held.dense_layers + held.moe_layers,
                 edges=edges,
             )
         return StageTraining(
-            base_dense=sp_.dense,
-            base_experts=sp_.experts,
+            base_dense=held.dense,
+            base_experts=held.experts,
             adapter_dense=ad,
             adapter_experts=ae,
             train_dense=ad,
@@ -203,18 +203,18 @@ def stage_training(
     if ft.freeze_embeddings:
         frozen_dense = where(stage == 0, model.vocab_size * model.hidden / lay.tp + params.position_embedding, 0)
     if ft.freeze_layers:
-        first = pipeline.stage_first_layer(model.num_layers, pp=lay.pp, stage=stage)
-        n = finetune.frozen_leading_layers(ft, first=first, layers=sp_.dense_layers + sp_.moe_layers)
+        first = stage_row(model, pp=lay.pp, stage=stage).first_layer
+        n = finetune.frozen_leading_layers(ft, first=first, layers=held.dense_layers + held.moe_layers)
         layer = params.dense_layer if params.num_dense_layers >= ft.freeze_layers else params.moe_layer
         d, e = _layer_rank_params(layer, model, tp=lay.tp, ep=lay.ep)
         frozen_dense, frozen_experts = frozen_dense + n * d, n * e
     return StageTraining(
-        base_dense=sp_.dense,
-        base_experts=sp_.experts,
+        base_dense=held.dense,
+        base_experts=held.experts,
         adapter_dense=0.0,
         adapter_experts=0.0,
-        train_dense=sp_.dense - frozen_dense,
-        train_experts=sp_.experts - frozen_experts,
+        train_dense=held.dense - frozen_dense,
+        train_experts=held.experts - frozen_experts,
         quantized=0.0,
     )
 
@@ -256,12 +256,12 @@ def _model_state(
 def state_bytes(model: ModelSpec, params: ParamCount, lay: LayoutLike, workload: Workload, *, stage: Num) -> Num:
     """Model-state bytes of one GPU of ``stage`` (Megatron-style accounting): a lower bound of its whole bill,
     which the planner uses to drop hopeless layouts before it computes activations."""
-    sp_ = stage_params(
+    held = stage_params(
         params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=stage, copies=pipeline.stage_copies(lay.schedule)
     )
     if workload.framework is Framework.TORCH:
-        return 0.0 * sp_.dense  # PyTorch-native state is billed tensor by tensor: no shortcut
-    tr = stage_training(model, params, lay, workload, stage=stage, sp_=sp_)
+        return 0.0 * held.dense  # PyTorch-native state is billed tensor by tensor: no shortcut
+    tr = stage_training(model, params, lay, workload, stage=stage, held=held)
     return sum(_model_state(model, lay, workload, tr))
 
 
@@ -389,9 +389,9 @@ def stage_bill(
     tp, pp, ep, cp = lay.tp, lay.pp, lay.ep, lay.cp
     zero, schedule = lay.zero, lay.schedule
     copies = pipeline.stage_copies(schedule)
-    sp_ = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage, copies=copies)
+    held = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage, copies=copies)
     shard, _ = shard_degrees(dp_shard=lay.dp_shard, cp=cp, ep=ep)
-    tr = stage_training(model, params, lay, workload, stage=stage, sp_=sp_)
+    tr = stage_training(model, params, lay, workload, stage=stage, held=held)
     weights, adapters, grads, master, moments = _model_state(model, lay, workload, tr)
     prec = workload.precision
     dequant = where(finetune.quantized_base(workload.finetune), 2.0 * finetune.largest_matrix(model, tp=tp), 0.0)
@@ -402,13 +402,13 @@ def stage_bill(
         lay,
         workload,
         stage=stage,
-        sp_=sp_,
+        held=held,
         la=layer_acts,
-        frozen=_frozen_activation_layers(model, lay, workload, stage=stage, sp_=sp_),
+        frozen=_frozen_activation_layers(model, lay, workload, stage=stage, held=held),
     )
     gathered = where(
         (zero >= ZeroStage.PARAMETERS) & (shard > 1),
-        sp_.largest_layer * (2 * _gather_bytes(workload) + prec.grad_bytes),
+        held.largest_layer * (2 * shards.gather_bytes(prec) + prec.grad_bytes),
         0,
     )
     if workload.framework is Framework.TORCH and not workload.finetune.adapted:
@@ -416,7 +416,7 @@ def stage_bill(
         state = shards.torch_state(
             model,
             shards.RankCoords(tp=tp, ep=ep, fsdp=fsdp),
-            shards.stage_units(model, pp=pp, stage=stage),
+            stage_row(model, pp=pp, stage=stage),
             zero=zero,
             ddp_ranks=lay.dp_replicate * lay.dp_shard * cp,
             precision=prec,
@@ -430,7 +430,7 @@ def stage_bill(
         # torch.optim's 0-dim fp32 step per trained tensor: thousands of small adapter tensors
         ft, step = workload.finetune, shards.OPTIMIZER_STEP_BYTES.get(workload.optimizer.kind, 0.0)
         per_layer = [finetune.adapter_tensors(model, ft, moe_layer=moe, ep=ep) for moe in (False, True)]
-        moments = moments + step * (sp_.dense_layers * per_layer[0] + sp_.moe_layers * per_layer[1])
+        moments = moments + step * (held.dense_layers * per_layer[0] + held.moe_layers * per_layer[1])
     dynamic = acts + logits + workspace + dequant + gathered
     return MemoryBill(
         weights_bytes=to_float(weights),
@@ -449,14 +449,14 @@ def stage_bill(
 
 
 def _frozen_activation_layers(
-    model: ModelSpec, lay: LayoutLike, workload: Workload, *, stage: Num, sp_: StageParams
+    model: ModelSpec, lay: LayoutLike, workload: Workload, *, stage: Num, held: StageParams
 ) -> Num:
     """Layers of this stage that keep nothing for backward: a frozen prefix behind a frozen embedding."""
     ft = workload.finetune
     if not (ft.freeze_embeddings and ft.freeze_layers):
         return 0.0
-    first = pipeline.stage_first_layer(model.num_layers, pp=lay.pp, stage=stage)
-    return finetune.frozen_leading_layers(ft, first=first, layers=sp_.dense_layers + sp_.moe_layers)
+    first = stage_row(model, pp=lay.pp, stage=stage).first_layer
+    return finetune.frozen_leading_layers(ft, first=first, layers=held.dense_layers + held.moe_layers)
 
 
 def _stage_activations(
@@ -465,7 +465,7 @@ def _stage_activations(
     workload: Workload,
     *,
     stage: Num,
-    sp_: StageParams,
+    held: StageParams,
     la: LayerActivations,
     frozen: Num = 0.0,
 ) -> tuple[Num, Num, Num]:
@@ -473,8 +473,8 @@ def _stage_activations(
     tp, pp, cp, sp = lay.tp, lay.pp, lay.cp, lay.sp
     b, recompute = lay.micro_batch, lay.recompute
     s, beta = workload.seq_len, workload.precision.activation_bytes
-    frozen_dense = minimum(frozen, sp_.dense_layers)  # a frozen prefix (dense layers first): nothing kept
-    per_mb = (sp_.dense_layers - frozen_dense) * la.dense + (sp_.moe_layers - (frozen - frozen_dense)) * la.moe
+    frozen_dense = minimum(frozen, held.dense_layers)  # a frozen prefix (dense layers first): nothing kept
+    per_mb = (held.dense_layers - frozen_dense) * la.dense + (held.moe_layers - (frozen - frozen_dense)) * la.moe
     tokens = s / cp * b
     rep = where(sp, 1.0 / tp, 1.0)
     mask = 1.0 if model.dropout else 0.0
@@ -482,7 +482,7 @@ def _stage_activations(
     fw, ft = workload.framework, workload.finetune
     if ft.adapted:
         dead = where(
-            sp_.dense_layers > 0,  # dense layers come first
+            held.dense_layers > 0,  # dense layers come first
             _first_layer_dead_per_token(model, lay, workload, moe_layer=False),
             _first_layer_dead_per_token(model, lay, workload, moe_layer=True),
         )
@@ -498,15 +498,15 @@ def _stage_activations(
         frozen_norm=ft.adapted,
     )
     per_mb = per_mb + where(stage == pp - 1, head, 0)  # final norm + head input
-    held = act.stage_output_bytes(model, tokens=tokens, act_bytes=beta, last=stage == pp - 1, framework=fw)
+    outputs = act.stage_output_bytes(model, tokens=tokens, act_bytes=beta, last=stage == pp - 1, framework=fw)
 
     m = pipeline.micro_batches(workload.global_batch, micro_batch=b, dp=lay.dp_replicate * lay.dp_shard)
     flight = pipeline.in_flight(schedule=lay.schedule, pp=pp, vpp=lay.vpp, m=m, stage=stage)
-    saved = flight * (per_mb + where(pp > 1, held, 0)) / pipeline.stage_copies(lay.schedule)
+    saved = flight * (per_mb + where(pp > 1, outputs, 0)) / pipeline.stage_copies(lay.schedule)
 
     loss = act.loss_bytes(model, tokens=tokens, tp=tp, framework=fw) * (flight if fw is Framework.TORCH else 1)
     logits = where(stage == pp - 1, loss, 0)
-    has_dense, has_moe = sp_.dense_layers > 0, sp_.moe_layers > 0
+    has_dense, has_moe = held.dense_layers > 0, held.moe_layers > 0
     rebuilt = maximum(where(has_dense, la.dense_none, 0), where(has_moe, la.moe_none, 0))
     kept_selective = maximum(where(has_dense, la.dense_selective, 0), where(has_moe, la.moe_selective, 0))
     workspace = where(
@@ -515,6 +515,7 @@ def _stage_activations(
     return saved, logits, workspace
 
 
-def heaviest_stages(pp: Num) -> tuple[Num, ...]:
-    """The stages that can hold the most: the first two (most in flight, embedding) and the last (head, logits)."""
-    return (0, minimum(1, pp - 1), pp - 1)
+def candidates(model: ModelSpec, lay: LayoutLike, workload: Workload) -> tuple[Num, ...]:
+    """The stages of ``lay`` that hold the maximum of every term (``stages.candidate_stages``)."""
+    frozen = workload.finetune.freeze_layers if not workload.finetune.adapted else 0
+    return candidate_stages(model, pp=lay.pp, boundaries=(frozen,) if frozen else ())

@@ -39,11 +39,6 @@ class LayerParams:
     def total(self) -> int:
         return self.attention + self.mlp + self.routed_experts + self.shared_experts + self.router + self.norms
 
-    @property
-    def dense_part(self) -> int:
-        """Everything but the routed experts: what every expert-parallel rank holds alike."""
-        return self.total - self.routed_experts
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParamCount:

@@ -19,19 +19,21 @@ def stage_layers(num_layers: int, *, pp: Num, stage: Num) -> Num:
     layers (how Llama 3 405B put 126 layers on 16 stages: 7 on the first and
     last, 8 elsewhere; Llama 3 paper Sec. 3.3.2).
     """
+    return stage_span(num_layers, pp=pp, stage=stage)[1]
+
+
+def stage_span(num_layers: int, *, pp: Num, stage: Num) -> tuple[Num, Num]:
+    """(index of the first layer, number of layers) of ``stage``: one split computed once."""
     base = ceil_div(num_layers, pp)
-    short_first, short_last = _shortfall(num_layers, pp=pp)
-    return base - where(stage < short_first, 1, 0) - where(stage >= pp - short_last, 1, 0)
+    deficit = base * pp - num_layers
+    short_first = deficit // 2
+    tail_start = pp - (deficit - short_first)
+    first = stage * base - minimum(stage, short_first) - maximum(stage - tail_start, 0)
+    layers = base - where(stage < short_first, 1, 0) - where(stage >= tail_start, 1, 0)
+    return first, layers
 
 
-def stage_first_layer(num_layers: int, *, pp: Num, stage: Num) -> Num:
-    """Index of the first layer on ``stage`` (layers before it sit on earlier stages)."""
-    base = ceil_div(num_layers, pp)
-    short_first, short_last = _shortfall(num_layers, pp=pp)
-    return stage * base - minimum(stage, short_first) - maximum(stage - (pp - short_last), 0)
-
-
-def _shortfall(num_layers: int, *, pp: Num) -> tuple[Num, Num]:
+def shortfall(num_layers: int, *, pp: Num) -> tuple[Num, Num]:
     """How many leading and trailing stages hold one layer fewer than ceil(L/p)."""
     deficit = ceil_div(num_layers, pp) * pp - num_layers
     return deficit // 2, deficit - deficit // 2

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.core.num import Num, maximum, minimum, where
-from meshplan.spec.cluster import LinkTier
 
 AXES = ("tp", "cp", "ep", "dp_shard", "dp_replicate", "pp")
 DEFAULT_ORDER = AXES
@@ -87,8 +86,3 @@ def place_axis(axis: str, *, sizes: dict[str, Num], order: tuple[str, ...], doma
 def place(sizes: dict[str, Num], *, order: tuple[str, ...] = DEFAULT_ORDER, domain: int) -> dict[str, AxisPlacement]:
     """Placement of every axis; ``sizes`` maps tp, cp, ep, dp_shard, dp_replicate, pp to degrees."""
     return {axis: place_axis(axis, sizes=sizes, order=order, domain=domain) for axis in AXES}
-
-
-def tier_name(placement: AxisPlacement) -> str:
-    """The link tier one (scalar) axis uses."""
-    return (LinkTier.SCALE_OUT if bool(placement.outer > 1) else LinkTier.SCALE_UP).value

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.core.collectives import CollectiveCall
+from meshplan.core.comm import CollectiveCall
 from meshplan.core.constraints import check_layout
 from meshplan.core.params import count_params
 from meshplan.core.placement import DEFAULT_ORDER, AxisPlacement, place

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from meshplan.core.finetune import nf4_bytes_per_param
 from meshplan.core.memory import StageParams, stage_params
 from meshplan.core.params import ParamCount, count_params
 from meshplan.spec.cluster import GPU
@@ -23,16 +24,16 @@ QUANT_GROUP = 128
 SERVING_WEIGHT_DTYPES = (DType.BF16, DType.FP16, DType.FP8, DType.INT8, DType.INT4, DType.FP4)
 
 
-def weight_bytes_per_param(dtype: DType, *, hidden: int) -> float:
+def weight_bytes_per_param(dtype: DType, *, hidden: int, group: int = QUANT_GROUP) -> float:
     """Bytes per quantized matmul weight, scales included.
 
-    int4: a 16-bit scale and a 16-bit zero point per group of 128 (AWQ/GPTQ);
+    int4: a 16-bit scale and a 16-bit zero point per group of ``group`` weights (128: AWQ/GPTQ);
     fp4: NVFP4's 8-bit scale per 16 values; int8: a 16-bit scale per output
     row (1/h per weight); fp8 and 16-bit: one scale per tensor (negligible).
     """
     if dtype not in SERVING_WEIGHT_DTYPES:
         raise ValueError(f"serving weights cannot be {dtype}; choose one of {', '.join(SERVING_WEIGHT_DTYPES)}")
-    overhead = {DType.INT4: 4 / QUANT_GROUP, DType.FP4: 1 / 16, DType.INT8: 2 / hidden}.get(dtype, 0.0)
+    overhead = {DType.INT4: 4 / group, DType.FP4: 1 / 16, DType.INT8: 2 / hidden}.get(dtype, 0.0)
     return DTYPE_BYTES[dtype] + overhead
 
 
@@ -44,11 +45,11 @@ def _unquantized_params(params: ParamCount) -> int:
 
 
 def _stage_unquantized(
-    params: ParamCount, model: ModelSpec, *, tp: int, pp: int, stage: int, sp_: StageParams
+    params: ParamCount, model: ModelSpec, *, tp: int, pp: int, stage: int, held: StageParams
 ) -> float:
     """16-bit parameters on one GPU of ``stage``: its share of embedding and head, its norms and routers."""
-    layers = sp_.dense_layers * (params.dense_layer.norms + params.dense_layer.router)
-    layers += sp_.moe_layers * (params.moe_layer.norms + params.moe_layer.router)
+    layers = held.dense_layers * (params.dense_layer.norms + params.dense_layer.router)
+    layers += held.moe_layers * (params.moe_layer.norms + params.moe_layer.router)
     vocab_rows = model.vocab_size * model.hidden / tp
     first = vocab_rows + params.position_embedding if stage == 0 else 0.0
     last = (0.0 if model.tied_embeddings and pp == 1 else vocab_rows) + params.final_norm if stage == pp - 1 else 0.0
@@ -56,10 +57,15 @@ def _stage_unquantized(
 
 
 def weights_bytes_total(model: ModelSpec, dtype: DType) -> float:
-    """All weights of the model in ``dtype`` (matmul weights quantized, the rest 16-bit)."""
+    """All weights of the model in ``dtype`` (matmul weights quantized, the rest 16-bit); NF4 is QLoRA's, with
+    double-quantized block scales (4.127 bits per weight)."""
     params = count_params(model)
     plain = _unquantized_params(params)
-    return (params.total - plain) * weight_bytes_per_param(dtype, hidden=model.hidden) + plain * 2.0
+    if dtype is DType.NF4:
+        per_param = nf4_bytes_per_param(double_quant=True)
+    else:
+        per_param = weight_bytes_per_param(dtype, hidden=model.hidden)
+    return (params.total - plain) * per_param + plain * 2.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,6 +98,11 @@ class ServingBill:
     @property
     def fits(self) -> bool:
         return self.max_concurrent_sequences >= 1
+
+
+def kv_bytes_per_token_total(model: ModelSpec, *, kv_dtype: DType = DType.BF16) -> float:
+    """KV-cache bytes one token costs the whole model (every layer, every KV head): a fleet-wide figure."""
+    return model.num_layers * kv_bytes_per_token_per_layer(model, tp=1, kv_dtype=kv_dtype)
 
 
 def kv_bytes_per_token_per_layer(model: ModelSpec, *, tp: int, kv_dtype: DType) -> float:
@@ -132,6 +143,7 @@ def serving_bill(
     context: int | None = None,
     gpu_memory_utilization: float = 0.9,
     prefill_chunk_tokens: int = 8192,
+    quant_group: int = QUANT_GROUP,
 ) -> ServingBill:
     """What one GPU of a TP x PP (x EP) serving replica holds, and how much KV cache is left."""
     for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("prefill_chunk_tokens", prefill_chunk_tokens)):
@@ -145,15 +157,15 @@ def serving_bill(
         raise ValueError(f"ep={ep} must divide the number of experts ({model.moe.num_experts if model.moe else 0})")
     context = context or model.max_seq_len or 8192
     params = count_params(model)
-    per_param = weight_bytes_per_param(weight_dtype, hidden=model.hidden)
+    per_param = weight_bytes_per_param(weight_dtype, hidden=model.hidden, group=quant_group)
     weights = 0.0
     layers_max = 0.0
-    for stage in {0, pp - 1}:
-        sp_ = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage)
-        held = float(sp_.dense + sp_.experts)
-        plain = _stage_unquantized(params, model, tp=tp, pp=pp, stage=stage, sp_=sp_)
+    for stage in range(pp):  # every stage: uneven splits and dense-first MoE put the heaviest anywhere
+        on_stage = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage)
+        held = float(on_stage.dense + on_stage.experts)
+        plain = _stage_unquantized(params, model, tp=tp, pp=pp, stage=stage, held=on_stage)
         weights = max(weights, (held - plain) * per_param + plain * 2.0)
-        layers_max = max(layers_max, float(sp_.dense_layers + sp_.moe_layers))
+        layers_max = max(layers_max, float(on_stage.dense_layers + on_stage.moe_layers))
     per_layer = kv_bytes_per_token_per_layer(model, tp=tp, kv_dtype=kv_dtype)
     sliding_share = model.num_sliding_layers / model.num_layers
     window = min(context, model.sliding_window) if model.sliding_window else context

@@ -19,13 +19,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.core import finetune, pipeline
-from meshplan.core.collectives import CollectiveCall, StageShape, inventory
+from meshplan.core.comm import CollectiveCall, StageShape, inventory
 from meshplan.core.compute import head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
-from meshplan.core.memory import StageParams, moment_bytes_per_param, shard_degrees, stage_params, stage_training
+from meshplan.core.memory import (
+    StageParams,
+    candidates,
+    moment_bytes_per_param,
+    shard_degrees,
+    stage_params,
+    stage_training,
+)
 from meshplan.core.num import Num, maximum, minimum, to_float, where
 from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
+from meshplan.core.stages import stage_row
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
@@ -130,14 +138,12 @@ def stage_times(
     recompute = lay.recompute
     worst: dict[str, Num] = {}
     for stage in stages:
-        layers = pipeline.stage_layers(model.num_layers, pp=pp, stage=stage)
-        first = pipeline.stage_first_layer(model.num_layers, pp=pp, stage=stage)
-        n_dense = minimum(maximum(model.num_dense_mlp_layers - first, 0), layers)
-        n_moe = layers - n_dense
+        row = stage_row(model, pp=pp, stage=stage)
+        layers, first, n_dense, n_moe = row.layers, row.first_layer, row.dense_layers, row.moe_layers
         fwd = n_dense * dense.forward_s + n_moe * moe.forward_s
         attn_fwd = n_dense * dense.attention_core_fwd_s + n_moe * moe.attention_core_fwd_s
         redo = where(recompute == Recompute.FULL, fwd, where(recompute == Recompute.SELECTIVE, attn_fwd, 0.0))
-        last = stage == pp - 1
+        last = row.head == 1
         bwd = n_dense * dense.backward_s + n_moe * moe.backward_s
         wgrad = n_dense * dense.weight_grad_s + n_moe * moe.weight_grad_s
         if ft.freeze_layers:
@@ -206,15 +212,14 @@ def _stage_step(
 ) -> StageStep:
     """Per micro-batch compute and exposed traffic of the slowest stage, and its per-step traffic.
 
-    The stages that can be slowest are the first (embedding), a middle one
-    (the most layers) and the last (output head); each term takes its
-    maximum over them, an upper bound when different stages set different terms.
+    Each term takes its maximum over the stages, found on the stage table's candidates (``memory.candidates``):
+    an upper bound of the slowest stage when different stages set different terms.
     """
     copies = pipeline.stage_copies(lay.schedule)
-    stages = (0, minimum(1, lay.pp - 1), lay.pp - 1)
+    stages = candidates(model, lay, work)
     times = stage_times(model, lay, work, cluster, stages=stages)
     held = [stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies) for s in stages]
-    training = [stage_training(model, params, lay, work, stage=s, sp_=h) for s, h in zip(stages, held, strict=True)]
+    training = [stage_training(model, params, lay, work, stage=s, held=h) for s, h in zip(stages, held, strict=True)]
 
     def most(name: str) -> Num:
         out = getattr(training[0], name)
@@ -313,7 +318,7 @@ def _dp_exposed(
     return exposed + m * _hidden(one_call("forward", True), fwd_s, ov.fsdp_prefetch, efficiency)
 
 
-def _optimizer_time(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Cluster, sp_: StageParams) -> Num:
+def _optimizer_time(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Cluster, held: StageParams) -> Num:
     """The optimizer step over this GPU's shard, streamed at HBM speed.
 
     Per parameter: gradients read three times (overflow check, global norm,
@@ -323,7 +328,7 @@ def _optimizer_time(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: 
     prec = work.precision
     shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
     on = lay.zero >= ZeroStage.OPTIMIZER
-    n = sp_.dense / where(on, shard, 1) + sp_.experts / where(on, expert_shard, 1)
+    n = held.dense / where(on, shard, 1) + held.experts / where(on, expert_shard, 1)
     master = prec.master_bytes if prec.master is not None else prec.weight_bytes
     per_param = 4 * prec.grad_bytes + 3 * master + 2 * moment_bytes_per_param(model, work) + prec.weight_bytes
     gpu = cluster.gpu
@@ -335,8 +340,7 @@ def _recompute_factor(model: ModelSpec, recompute: Num, work: Workload) -> Num:
     base's), selective the attention scores' forward."""
     per_token = model_flops_per_token(model, seq_len=work.seq_len, finetune=work.finetune)
     forward = model_flops_per_token(model, seq_len=work.seq_len) / 3
-    width = (model.mla.qk_head_dim + model.mla.v_head_dim) if model.mla else 2 * model.head_dim
-    attention_fwd = 2 * model.num_layers * model.num_heads * width * work.seq_len
+    attention_fwd = 2 * model.num_layers * model.num_heads * model.score_value_width * work.seq_len
     return where(
         recompute == Recompute.FULL,
         1 + forward / per_token,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.core.constraints import check_layout
-from meshplan.core.memory import TERMS, MemoryBill, heaviest_stages, layer_activations, stage_bill
+from meshplan.core.memory import TERMS, MemoryBill, candidates, layer_activations, stage_bill
 from meshplan.core.num import Num, where
 from meshplan.core.params import ParamCount, count_params
 from meshplan.spec.cluster import GPU, GpuCalibration
@@ -50,10 +50,10 @@ def training_memory(model: ModelSpec, layout: Layout, workload: Workload, *, gpu
 def peak_bill(
     model: ModelSpec, params: ParamCount, layouts: LayoutLike, workload: Workload, *, calibration: GpuCalibration
 ) -> MemoryBill:
-    """The heaviest-stage bill of each layout in a batch, from the stages that can be heaviest."""
+    """The heaviest-stage bill of each layout in a batch, from the stages that can be heaviest (``candidates``)."""
     best: MemoryBill | None = None
     acts = layer_activations(model, layouts, workload)
-    for stage in heaviest_stages(layouts.pp):
+    for stage in candidates(model, layouts, workload):
         bill = stage_bill(model, params, layouts, workload, calibration=calibration, stage=stage, layer_acts=acts)
         best = bill if best is None else _heavier(best, bill)
     assert best is not None

@@ -16,6 +16,7 @@ from meshplan.exports.deepspeed import export_deepspeed
 from meshplan.exports.megatron import export_megatron
 from meshplan.exports.sglang import export_sglang
 from meshplan.exports.torchtitan import export_torchtitan
+from meshplan.exports.trtllm import export_trtllm
 from meshplan.exports.vllm import export_vllm
 from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
@@ -43,7 +44,7 @@ TRAINING_EXPORTERS: Mapping[Engine, TrainingExporter] = MappingProxyType(
     {Engine.TORCHTITAN: export_torchtitan, Engine.MEGATRON: export_megatron, Engine.DEEPSPEED: export_deepspeed}
 )
 SERVING_EXPORTERS: Mapping[Engine, ServingExporter] = MappingProxyType(
-    {Engine.VLLM: export_vllm, Engine.SGLANG: export_sglang}
+    {Engine.VLLM: export_vllm, Engine.SGLANG: export_sglang, Engine.TRTLLM: export_trtllm}
 )
 
 __all__ = [
@@ -59,5 +60,6 @@ __all__ = [
     "export_megatron",
     "export_sglang",
     "export_torchtitan",
+    "export_trtllm",
     "export_vllm",
 ]

@@ -30,6 +30,8 @@ class Engine(StrEnum):
     """vLLM serving, configured by `vllm serve` engine arguments."""
     SGLANG = "sglang"
     """SGLang serving, configured by `sglang.launch_server` server arguments."""
+    TRTLLM = "trtllm"
+    """TensorRT-LLM serving, configured by `trtllm-serve` options and an extra LLM-API YAML file."""
 
 
 class UnsupportedByEngine(ValueError):
@@ -117,6 +119,8 @@ class ServingPlan:
     """Storage type of the KV cache; None keeps the model's dtype."""
     quantization: str | None = None
     """The engine's name for the weights' quantization method; None loads them as stored."""
+    dp_attention: bool = False
+    """Attention data-parallel over the tp ranks of a replica, experts over all of them (MoE)."""
 
     def __post_init__(self) -> None:
         counts = {

@@ -74,8 +74,14 @@ def sglang_args(plan: ServingPlan) -> list[str]:
         raise UnsupportedByEngine(
             ENGINE, f"spread experts over ep={ep} GPUs outside a tp={tp} group (ep must divide tp)", f"ep={tp}"
         )
+    if plan.dp_attention and plan.dp > 1:
+        raise UnsupportedByEngine(
+            ENGINE, f"run {plan.dp} attention-DP replicas from one launch", "dp=1 (one server per replica)"
+        )
+    dp = tp if plan.dp_attention else plan.dp  # attention-DP: one DP rank per TP rank, experts over all
     args = ["python", "-m", "sglang.launch_server", "--model-path", plan.model_path]
-    args += ["--tp-size", str(tp), "--pp-size", str(plan.pp), "--dp-size", str(plan.dp), "--ep-size", str(ep)]
+    args += ["--tp-size", str(tp), "--pp-size", str(plan.pp), "--dp-size", str(dp), "--ep-size", str(ep)]
+    args += ["--enable-dp-attention"] if plan.dp_attention else []
     if 1 < ep < tp:
         args += ["--moe-dp-size", str(tp // ep)]  # experts replicated over tp / ep groups
     args += ["--context-length", str(plan.max_model_len)]

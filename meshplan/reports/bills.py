@@ -7,8 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from meshplan import io
+from meshplan.core.memory import state_bytes_per_param
 from meshplan.core.params import count_params
-from meshplan.core.serving import min_gpus, serving_bill, weights_bytes_total
+from meshplan.core.serving import kv_bytes_per_token_total, min_gpus, serving_bill, weights_bytes_total
 from meshplan.core.terms import explain
 from meshplan.core.training import training_memory
 from meshplan.render import jsonable
@@ -23,6 +24,8 @@ from meshplan.reports.inputs import (
     resolve_workload,
 )
 from meshplan.spec.cluster import GPU
+from meshplan.spec.finetune import Finetune, FinetuneMode
+from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
 
@@ -39,6 +42,7 @@ def memory_report(
     optimizer: str = "adamw",
     optimizer_bytes: float | None = None,
     attention: str = "flash",
+    kernels: str = "fused",
     finetune: FinetuneRequest | None = None,
 ) -> dict[str, Any]:
     """``meshplan memory``: the per-GPU training bill of every pipeline stage."""
@@ -53,6 +57,7 @@ def memory_report(
         optimizer=optimizer,
         optimizer_bytes=optimizer_bytes,
         attention=attention,
+        kernels=kernels,
         finetune=resolve_finetune(finetune, spec) if finetune else None,
     )
     mem = training_memory(spec, lay, work, gpu=gpu_spec)
@@ -67,8 +72,8 @@ def memory_report(
         "layout": layout_dict(lay),
         "per_gpu": jsonable(mem.per_gpu.as_dict()),
         "heaviest_stage": mem.heaviest_stage,
-        "hbm_bytes": gpu_spec.hbm_bytes,
-        "free_bytes": mem.free_bytes,
+        "hbm_bytes_per_gpu": gpu_spec.hbm_bytes,
+        "free_bytes_per_gpu": mem.free_bytes,
         "fits": mem.fits,
         "stages": [jsonable(s.as_dict()) for s in mem.stages],
         "terms": explain(mem.per_gpu),
@@ -84,8 +89,12 @@ def fit_report(
     finetune: FinetuneRequest | None = None,
     seq: int = 4096,
     precision: str = "bf16",
+    headroom: float = 0.10,
 ) -> dict[str, Any]:
     """``meshplan fit``: the weights-split playground, weights spread evenly over ``gpus``.
+
+    The verdict keeps ``headroom`` of HBM free, as the planner does. Under QLoRA the weights are NF4 (the base
+    is quantized whatever ``dtype`` says).
 
     With ``finetune``, also the largest micro-batch at ``seq`` and the longest sequence at micro-batch 1 that
     fit, with and without full recompute, on FSDP over every GPU (ZeRO-3 over the frozen base, the common
@@ -95,27 +104,33 @@ def fit_report(
     gpu_spec = io.load_gpu(gpu)
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
+    if finetune is not None and finetune.mode == "qlora":
+        dtype = "nf4"
     total = weights_bytes_total(spec, choice(DType, dtype, "dtype"))
     per_gpu = total / gpus
-    state = count_params(spec).total * 16.0  # bf16 weights and grads, fp32 master and Adam moments
+    budget = gpu_spec.hbm_bytes * (1 - headroom)
+    per_param = state_bytes_per_param(spec, resolve_workload(layout=Layout(), seq=seq, precision=precision))
+    state = count_params(spec).total * per_param
     out: dict[str, Any] = {
         "model": spec.name,
         "gpu": gpu_spec.name,
         "gpus": gpus,
         "dtype": dtype,
         "weights_bytes_total": total,
-        "weights_bytes_per_gpu": per_gpu,
+        "weights_bytes_per_gpu_even_split": per_gpu,
         "hbm_bytes_per_gpu": gpu_spec.hbm_bytes,
         "hbm_fraction_per_gpu": per_gpu / gpu_spec.hbm_bytes,
         "free_bytes_per_gpu": gpu_spec.hbm_bytes - per_gpu,
         "free_bytes_total": gpus * (gpu_spec.hbm_bytes - per_gpu),
-        "fits": per_gpu <= gpu_spec.hbm_bytes,
-        "min_gpus_for_weights": min_gpus(total, gpu_spec.hbm_bytes),
-        "training_state_bytes": state,
-        "min_gpus_for_training": min_gpus(state, gpu_spec.hbm_bytes),
+        "headroom_fraction": headroom,
+        "fits": per_gpu <= budget,
+        "min_gpus_for_weights": min_gpus(total, budget),
+        "training_state_bytes_per_param": per_param,
+        "training_state_bytes_total": state,
+        "min_gpus_for_training": min_gpus(state, budget),
     }
     if finetune is not None:
-        out |= _fit_finetune(spec, gpu_spec, gpus=gpus, req=finetune, seq=seq, precision=precision)
+        out |= _fit_finetune(spec, gpu_spec, gpus=gpus, req=finetune, seq=seq, precision=precision, budget=budget)
     return out
 
 
@@ -138,7 +153,7 @@ def _largest(fits: Callable[[int], bool], limit: int) -> int:
 
 
 def _fit_finetune(
-    spec: ModelSpec, gpu: GPU, *, gpus: int, req: FinetuneRequest, seq: int, precision: str
+    spec: ModelSpec, gpu: GPU, *, gpus: int, req: FinetuneRequest, seq: int, precision: str, budget: float
 ) -> dict[str, Any]:
     ft = resolve_finetune(req, spec)
     zero = 3 if gpus > 1 else 0
@@ -147,14 +162,36 @@ def _fit_finetune(
     def fits(mb: int, s: int, recompute: str) -> bool:
         lay = resolve_layout(LayoutRequest(zero=zero, recompute=recompute, micro_batch=mb), gpus=gpus)
         work = resolve_workload(layout=lay, seq=s, global_batch=mb * lay.dp, precision=precision, finetune=ft)
-        return training_memory(spec, lay, work, gpu=gpu).fits
+        return bool(training_memory(spec, lay, work, gpu=gpu).per_gpu.total_bytes <= budget)
 
     for recompute, suffix in (("none", ""), ("full", "_with_recompute")):
         out[f"max_micro_batch{suffix}"] = _largest(
             functools.partial(fits, s=seq, recompute=recompute), LIMIT_MICRO_BATCH
         )
         out[f"max_seq_len{suffix}"] = _largest(functools.partial(fits, 1, recompute=recompute), LIMIT_SEQ)
+    if out["max_micro_batch_with_recompute"] == 0:
+        out["nothing_fits"] = _fit_what_would(spec, gpu, gpus=gpus, ft=ft, seq=seq, precision=precision, budget=budget)
     return out
+
+
+def _fit_what_would(
+    spec: ModelSpec, gpu: GPU, *, gpus: int, ft: Finetune, seq: int, precision: str, budget: float
+) -> dict[str, Any]:
+    """When not even one sequence fits with full recompute: the fewest GPUs (FSDP, doubling) for one, and the
+    LoRA / QLoRA variants that fit on these GPUs."""
+
+    def one_fits(n: int, tuning: Finetune) -> bool:
+        lay = resolve_layout(LayoutRequest(zero=3 if n > 1 else 0, recompute="full"), gpus=n)
+        work = resolve_workload(layout=lay, seq=seq, global_batch=lay.dp, precision=precision, finetune=tuning)
+        return bool(training_memory(spec, lay, work, gpu=gpu).per_gpu.total_bytes <= budget)
+
+    fewest = next((n for n in (gpus * 2**k for k in range(1, 7)) if one_fits(n, ft)), None)
+    variants = [
+        f"--finetune {mode.value}"
+        for mode in (FinetuneMode.LORA, FinetuneMode.QLORA)
+        if not ft.adapted and one_fits(gpus, Finetune(mode=mode))
+    ]
+    return {"fewest_gpus_that_fit": fewest, "variants": variants}
 
 
 def serving_report(
@@ -200,14 +237,15 @@ def serving_report(
         "kv_dtype": kv_dtype,
         "context": bill.context,
         "weights_bytes_per_gpu": bill.weights_bytes,
-        "kv_bytes_per_token": bill.kv_bytes_per_token,
-        "kv_bytes_per_sequence": bill.kv_bytes_per_sequence,
-        "activations_bytes": bill.activations_bytes,
-        "framework_bytes": bill.framework_bytes,
-        "usable_bytes": bill.usable_bytes,
-        "kv_budget_bytes": bill.kv_budget_bytes,
-        "kv_capacity_tokens": bill.kv_capacity_tokens,
-        "max_concurrent_sequences": bill.max_concurrent_sequences * replicas,
+        "kv_bytes_per_token_per_gpu": bill.kv_bytes_per_token,
+        "kv_bytes_per_token_total": kv_bytes_per_token_total(spec, kv_dtype=choice(DType, kv_dtype, "kv dtype")),
+        "kv_bytes_per_sequence_per_gpu": bill.kv_bytes_per_sequence,
+        "activations_bytes_per_gpu": bill.activations_bytes,
+        "framework_bytes_per_gpu": bill.framework_bytes,
+        "usable_bytes_per_gpu": bill.usable_bytes,
+        "kv_budget_bytes_per_gpu": bill.kv_budget_bytes,
+        "kv_capacity_tokens_per_replica": bill.kv_capacity_tokens,
+        "max_concurrent_sequences_total": bill.max_concurrent_sequences * replicas,
         "max_concurrent_sequences_per_replica": bill.max_concurrent_sequences,
         "fits": bill.fits,
     }

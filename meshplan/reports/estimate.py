@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan import io
-from meshplan.core.comms import BUS_FACTOR_DOC, Collective, bus_factor, ring_time
+from meshplan.core.comm.cost import BUS_FACTOR_DOC, Collective, bus_factor, ring_time
+from meshplan.core.placement import AxisPlacement
 from meshplan.core.plan import Plan, evaluate
 from meshplan.core.terms import explain
 from meshplan.render import jsonable
@@ -20,6 +21,7 @@ from meshplan.reports.inputs import (
     resolve_order,
     resolve_workload,
 )
+from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import ModelSpec
 from meshplan.units import SECONDS_PER_DAY, SECONDS_PER_HOUR
 
@@ -52,20 +54,21 @@ def _collectives(plan: Plan) -> list[dict[str, Any]]:
                 "axis": c.axis,
                 "phase": c.phase,
                 "group_size": int(c.group_size),
-                "bytes": float(c.size_bytes),
+                "size_bytes_per_call": float(c.size_bytes),
                 "count_per_step": float(c.count_per_step),
                 "link": link.name,
                 "crosses_fabric": bool(c.outer > 1),
-                "time_s": float(c.time_s),
-                "exposed_s": min(float(c.time_s), float(c.time_s) * share),
+                "time_s_per_step": float(c.time_s),
+                "exposed_s_per_step": min(float(c.time_s), float(c.time_s) * share),
             }
         )
     return out
 
 
-def _placement(plan: Plan) -> dict[str, Any]:
+def placement_dict(placement: dict[str, AxisPlacement], cluster: Cluster) -> dict[str, Any]:
+    """Each parallel axis of a layout: its size, stride, how it sits in the scale-up domains, and its link."""
     out = {}
-    for axis, p in plan.placement.items():
+    for axis, p in placement.items():
         if int(p.size) == 1:
             continue
         crosses = bool(p.outer > 1)
@@ -74,13 +77,13 @@ def _placement(plan: Plan) -> dict[str, Any]:
             "stride": int(p.stride),
             "inside_domain": int(p.inner),
             "domains": int(p.outer),
-            "link": (plan.cluster.scale_out if crosses else plan.cluster.scale_up).name,
+            "link": (cluster.scale_out if crosses else cluster.scale_up).name,
             "crosses_fabric": crosses,
         }
     return out
 
 
-def plan_report(plan: Plan, *, tokens: float | None = None) -> dict[str, Any]:
+def evaluated_plan_dict(plan: Plan, *, tokens: float | None = None) -> dict[str, Any]:
     """The JSON of one evaluated layout: memory keys, step time, MFU, collectives, placement."""
     step, mem = plan.step, plan.memory
     out: dict[str, Any] = {
@@ -94,8 +97,8 @@ def plan_report(plan: Plan, *, tokens: float | None = None) -> dict[str, Any]:
         "layout": layout_dict(plan.layout),
         "per_gpu": jsonable(mem.per_gpu.as_dict()),
         "heaviest_stage": mem.heaviest_stage,
-        "hbm_bytes": mem.hbm_bytes,
-        "free_bytes": mem.free_bytes,
+        "hbm_bytes_per_gpu": mem.hbm_bytes,
+        "free_bytes_per_gpu": mem.free_bytes,
         "fits": mem.fits,
         "stages": [jsonable(s.as_dict()) for s in mem.stages],
         "terms": explain(mem.per_gpu),
@@ -115,16 +118,16 @@ def plan_report(plan: Plan, *, tokens: float | None = None) -> dict[str, Any]:
             "exposed_dp_s": float(step.exposed_dp_s),
         },
         "collectives": _collectives(plan),
-        "placement": _placement(plan),
+        "placement": placement_dict(plan.placement, plan.cluster),
         "axis_order": list(plan.order),
         "warnings": plan.warnings(),
     }
     if tokens:
         seconds = tokens / (float(step.tokens_per_s_per_gpu) * plan.cluster.num_gpus)
         out["time_to_train"] = {
-            "tokens": tokens,
-            "days": seconds / SECONDS_PER_DAY,
-            "gpu_hours": seconds * plan.cluster.num_gpus / SECONDS_PER_HOUR,
+            "tokens_total": tokens,
+            "wall_time_days": seconds / SECONDS_PER_DAY,
+            "gpu_hours_total": seconds * plan.cluster.num_gpus / SECONDS_PER_HOUR,
         }
     return out
 
@@ -164,7 +167,7 @@ def estimate_report(
         finetune=resolve_finetune(finetune, spec) if finetune else None,
     )
     plan = evaluate(spec, cluster, lay, work, order=resolve_order(axis_order))
-    return plan_report(plan, tokens=tokens)
+    return evaluated_plan_dict(plan, tokens=tokens)
 
 
 WALL_LINKS = ("nvlink5", "nvlink4", "ib-ndr", "eth-100g")

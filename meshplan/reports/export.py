@@ -94,7 +94,7 @@ def export_training(
         "step_time_s": float(plan.step.step_time_s),
         "mfu": float(plan.step.mfu),
         "tokens_per_s_per_gpu": float(plan.step.tokens_per_s_per_gpu),
-        "memory_per_gpu_bytes": float(plan.memory.per_gpu.total_bytes),
+        "memory_bytes_per_gpu": float(plan.memory.per_gpu.total_bytes),
     }
     export = TRAINING_EXPORTERS[eng](
         spec, lay, work, model_path=model_path, predicted=predicted, gpus_per_node=cluster.gpu.gpus_per_node
@@ -142,7 +142,7 @@ def export_serving(
     quant = {"fp8": "fp8", "int4": "awq", "int8": "compressed-tensors", "fp4": "modelopt_fp4"}.get(dtype)
     kv = choice(DType, kv_dtype, "kv dtype")
     predicted = {
-        "kv_capacity_tokens": float(bill["kv_capacity_tokens"]),
+        "kv_capacity_tokens_per_replica": float(bill["kv_capacity_tokens_per_replica"]),
         "weights_bytes_per_gpu": float(bill["weights_bytes_per_gpu"]),
     }
     plan = ServingPlan(
@@ -157,5 +157,47 @@ def export_serving(
         kv_cache_dtype=None if kv is DType.BF16 else kv,
         quantization=quant,
     )
+    export = SERVING_EXPORTERS[eng](plan, predicted=predicted)
+    return _export_dict(export) | {"predicted": predicted}
+
+
+SERVE_PLAN_QUANTIZATION = {"fp8": "fp8", "int4": "awq", "int8": "compressed-tensors", "fp4": "modelopt_fp4"}
+"""The plan's weight dtype -> the quantization method the serving engines load it with."""
+
+
+def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) -> dict[str, Any]:
+    """The best plan of a ``meshplan serve-plan --save`` file as ``engine``'s server flags."""
+    eng = _engine(engine)
+    if eng not in SERVING_EXPORTERS:
+        raise ValueError(f"{eng.value} trains models; a serving plan exports to vllm, sglang or trtllm")
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read plan file {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"plan file {path} is not JSON: {exc}") from None
+    best = data.get("best") if isinstance(data, dict) else None
+    if not best:
+        raise ValueError(f"plan file {path} holds no serving plan (write one with meshplan serve-plan --save FILE)")
+    if best.get("prefill_replicas"):
+        raise ValueError(
+            f"plan file {path} splits prefill and decode pools; the exports launch colocated replicas only"
+        )
+    lay = best["layout"]
+    kv = choice(DType, lay["kv_dtype"], "kv dtype")
+    plan = ServingPlan(
+        model_path=model_path or data["model"],
+        tp=lay["tp"],
+        pp=lay["pp"],
+        ep=lay["ep"],
+        dp=best["replicas"],
+        dp_attention=lay["dp_attention"],
+        max_model_len=data["input_len"] + data["output_len"],
+        gpu_memory_utilization=0.9,
+        max_num_seqs=best["batch_cap_per_replica"] // (lay["tp"] if lay["dp_attention"] else 1) or 1,
+        kv_cache_dtype=None if kv is DType.BF16 else kv,
+        quantization=SERVE_PLAN_QUANTIZATION.get(lay["weights_dtype"]),
+    )
+    predicted = {k: float(best[k]) for k in ("ttft_s_p99", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user")}
     export = SERVING_EXPORTERS[eng](plan, predicted=predicted)
     return _export_dict(export) | {"predicted": predicted}

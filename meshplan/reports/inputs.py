@@ -10,6 +10,7 @@ from typing import Any
 from meshplan import io
 from meshplan.core.finetune import trainable_params, validate_finetune
 from meshplan.core.placement import DEFAULT_ORDER, parse_order
+from meshplan.spec import requests
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.finetune import LORA_TARGETS, Finetune, FinetuneMode
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
@@ -33,6 +34,15 @@ class LayoutRequest:
     schedule: str | None = None
     cp_kind: str = "ring"
     micro_batch: int = 1
+    dp: int | None = None
+    """Data-parallel ranks as the user counted them: checked against gpus / (tp * pp * cp), never used as-is."""
+    dp_replicate: int | None = None
+    """Replicas of the shard group: checked against dp / dp_shard (a plan's JSON layout reads back as it is)."""
+
+    @classmethod
+    def parse(cls, values: Mapping[str, Any]) -> LayoutRequest:
+        """A layout from raw values (a run file's table, ``--compare``'s items), parsed by the schema."""
+        return cls(**requests.parse_values(values, allowed=requests.group(requests.Group.LAYOUT), what="layout"))
 
 
 def choice(enum_type: Any, value: str, what: str) -> Any:
@@ -57,11 +67,20 @@ def resolve_layout(req: LayoutRequest, *, gpus: int) -> Layout:
     if gpus % model_ranks:
         raise ValueError(f"tp*pp*cp = {req.tp}*{req.pp}*{req.cp} = {model_ranks} does not divide gpus = {gpus}")
     data = gpus // model_ranks
+    if req.dp is not None and req.dp != data:
+        raise ValueError(
+            f"dp={req.dp} does not match the fleet: gpus / (tp*pp*cp) = {gpus} / {model_ranks} = {data} "
+            "data-parallel ranks"
+        )
     if req.zero not in (0, 1, 2, 3):
         raise ValueError(f"zero must be 0, 1, 2 or 3, got {req.zero}")
     dp_shard = req.dp_shard if req.dp_shard is not None else (data if req.zero else 1)
     if dp_shard < 1 or data % dp_shard:
         raise ValueError(f"dp_shard={dp_shard} must divide the data-parallel ranks gpus/(tp*pp*cp) = {data}")
+    if req.dp_replicate is not None and req.dp_replicate != data // dp_shard:
+        raise ValueError(
+            f"dp_replicate={req.dp_replicate} does not match dp / dp_shard = {data} / {dp_shard} = {data // dp_shard}"
+        )
     schedule = req.schedule or ("interleaved" if req.vpp > 1 else "1f1b")
     return Layout(
         tp=req.tp,
@@ -187,8 +206,8 @@ def layout_dict(layout: Layout) -> dict[str, Any]:
         "zero": int(layout.zero),
         "sp": layout.sp,
         "recompute": layout.recompute.name.lower(),
-        "schedule": layout.schedule.name.lower().replace("one_f_one_b", "1f1b"),
-        "cp_kind": layout.cp_kind.name.lower(),
+        "schedule": layout.schedule.name.lower().replace("one_f_one_b", "1f1b").replace("_", "-"),
+        "cp_kind": layout.cp_kind.name.lower().replace("_", "-"),
         "micro_batch": layout.micro_batch,
     }
 

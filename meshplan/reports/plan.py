@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -11,10 +13,11 @@ from meshplan.core.memory import TERMS
 from meshplan.core.placement import place
 from meshplan.core.plan import Plan, evaluate, mesh_sizes
 from meshplan.render import jsonable
-from meshplan.reports.estimate import plan_report as evaluated_report
+from meshplan.reports.estimate import evaluated_plan_dict, placement_dict
 from meshplan.reports.inputs import (
     FinetuneRequest,
     LayoutRequest,
+    choice,
     finetune_fields,
     layout_dict,
     resolve_cluster,
@@ -24,9 +27,12 @@ from meshplan.reports.inputs import (
     resolve_workload,
 )
 from meshplan.search.rank import Objective, SearchResult, search
+from meshplan.search.space import SearchSpace
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.finetune import Finetune
+from meshplan.spec.finetune import Finetune, FinetuneMode
+from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.requests import Group, group, parse_key_values
 from meshplan.spec.workload import Workload
 
 MAX_GPUS = 1 << 20
@@ -53,66 +59,8 @@ STEP_LABELS = {
 
 
 def parse_compare(text: str) -> LayoutRequest:
-    """A layout from 'tp=8,pp=16,dp=128' (also vpp, cp, ep, dp_shard, zero, sp, recompute, mb, schedule)."""
-    known = {
-        "tp",
-        "pp",
-        "vpp",
-        "cp",
-        "ep",
-        "dp",
-        "dp_shard",
-        "zero",
-        "sp",
-        "recompute",
-        "mb",
-        "micro_batch",
-        "schedule",
-    }
-    values: dict[str, Any] = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        if "=" not in item:
-            raise ValueError(f"layout item {item!r} must look like key=value (e.g. tp=8,pp=16,dp=128)")
-        key, value = (x.strip().lower().replace("-", "_") for x in item.split("=", 1))
-        if key not in known:
-            raise ValueError(f"unknown layout key {key!r} in {text!r} (known: {', '.join(sorted(known))})")
-        values[key] = value
-    ints = {}
-    for key in ("tp", "pp", "vpp", "cp", "ep", "dp_shard", "zero", "mb", "micro_batch"):
-        if key in values:
-            try:
-                ints[key] = int(values[key])
-            except ValueError:
-                raise ValueError(f"{key}={values[key]!r} is not an integer") from None
-    sp = values.get("sp", "false").lower() in ("1", "true", "yes", "on")
-    return LayoutRequest(
-        tp=ints.get("tp", 1),
-        pp=ints.get("pp", 1),
-        vpp=ints.get("vpp", 1),
-        cp=ints.get("cp", 1),
-        ep=ints.get("ep", 1),
-        dp_shard=ints.get("dp_shard"),
-        zero=ints.get("zero", 0),
-        sp=sp,
-        recompute=values.get("recompute", "none"),
-        schedule=values.get("schedule"),
-        micro_batch=ints.get("mb", ints.get("micro_batch", 1)),
-    )
-
-
-def _placement(layout: Any, cluster: Cluster, order: tuple[str, ...]) -> dict[str, Any]:
-    """Each parallel axis of a layout: inside one NVLink domain, or across the fabric."""
-    out = {}
-    for axis, p in place(mesh_sizes(layout), order=order, domain=cluster.domain_size).items():
-        if int(p.size) > 1:
-            crosses = bool(p.outer > 1)
-            out[axis] = {
-                "size": int(p.size),
-                "domains": int(p.outer),
-                "crosses_fabric": crosses,
-                "link": (cluster.scale_out if crosses else cluster.scale_up).name,
-            }
-    return out
+    """A layout from 'tp=8,pp=16,dp=128': any layout field of the schema (mb for micro_batch), none dropped."""
+    return LayoutRequest(**parse_key_values(text, allowed=group(Group.LAYOUT), what="layout"))
 
 
 def _candidate(result: SearchResult, i: int, cluster: Cluster, order: tuple[str, ...]) -> dict[str, Any]:
@@ -128,9 +76,9 @@ def _candidate(result: SearchResult, i: int, cluster: Cluster, order: tuple[str,
         "mfu": float(np.asarray(step.mfu)[i]),
         "tokens_per_s_per_gpu": float(np.asarray(step.tokens_per_s_per_gpu)[i]),
         "per_gpu": per_gpu,
-        "headroom_bytes": cluster.gpu.hbm_bytes - per_gpu["total_bytes"],
+        "free_bytes_per_gpu": cluster.gpu.hbm_bytes - per_gpu["total_bytes"],
         "breakdown": breakdown,
-        "placement": _placement(lay, cluster, order),
+        "placement": placement_dict(place(mesh_sizes(lay), order=order, domain=cluster.domain_size), cluster),
     }
 
 
@@ -142,8 +90,8 @@ def _explain(a: dict[str, Any], b: dict[str, Any], label_a: str, label_b: str) -
             {
                 "term": STEP_LABELS[name],
                 "unit": "s",
-                label_a: a["breakdown"][name],
-                label_b: b["breakdown"][name],
+                "value_a": a["breakdown"][name],
+                "value_b": b["breakdown"][name],
                 "difference": b["breakdown"][name] - a["breakdown"][name],
             }
         )
@@ -152,8 +100,8 @@ def _explain(a: dict[str, Any], b: dict[str, Any], label_a: str, label_b: str) -
             {
                 "term": name,
                 "unit": "bytes",
-                label_a: a["per_gpu"][name],
-                label_b: b["per_gpu"][name],
+                "value_a": a["per_gpu"][name],
+                "value_b": b["per_gpu"][name],
                 "difference": b["per_gpu"][name] - a["per_gpu"][name],
             }
         )
@@ -179,9 +127,9 @@ def _explain(a: dict[str, Any], b: dict[str, Any], label_a: str, label_b: str) -
 
 
 def _plan_as_candidate(plan: Plan) -> dict[str, Any]:
-    r = evaluated_report(plan)
+    r = evaluated_plan_dict(plan)
     return {k: r[k] for k in ("layout", "step_time_s", "mfu", "tokens_per_s_per_gpu", "per_gpu", "fits")} | {
-        "headroom_bytes": r["hbm_bytes"] - r["per_gpu"]["total_bytes"],
+        "free_bytes_per_gpu": r["free_bytes_per_gpu"],
         "breakdown": {name: r["breakdown"][name] for name in STEP_TERMS},
         "warnings": r["warnings"],
     }
@@ -197,17 +145,72 @@ def run_search(
     allow_cross_node_tp: bool,
     order: tuple[str, ...],
     objective: Objective,
+    pins: Mapping[str, Any] | None = None,
+    engine: str | None = None,
 ) -> tuple[SearchResult, list[dict[str, Any]]]:
+    space, columns = pinned_space(pins)
     result = search(
         spec,
         cluster,
         work,
+        space=space,
         headroom=headroom,
         allow_cross_node_tp=allow_cross_node_tp,
         order=order,
         objective=objective,
+        pins=columns,
     )
-    return result, [_candidate(result, i, cluster, order) for i in distinct(result, top)]
+    accept = None if engine is None else _runs_on(engine, spec, work)
+    return result, [_candidate(result, i, cluster, order) for i in distinct(result, top, accept=accept)]
+
+
+def pinned_space(pins: Mapping[str, Any] | None) -> tuple[SearchSpace | None, dict[str, int]]:
+    """The search space and column filters that keep only layouts with the pinned layout fields (schema names,
+    values as parsed; None or a False ``sp`` pins nothing)."""
+    given = {k: v for k, v in (pins or {}).items() if v is not None and not (k == "sp" and v is False)}
+    if not given:
+        return None, {}
+    space, columns = SearchSpace(), {}
+    for name, value in given.items():
+        if name == "vpp":
+            space = dataclasses.replace(space, vpp_choices=(value,))
+        elif name == "micro_batch":
+            space = dataclasses.replace(space, micro_batch_choices=(value,))
+        elif name == "zero":
+            space = dataclasses.replace(space, zero_choices=(value,))
+        elif name == "recompute":
+            space = dataclasses.replace(space, recompute_choices=(int(choice(Recompute, value, "recompute")),))
+        elif name == "cp_kind":
+            space = dataclasses.replace(space, cp_kind=choice(ContextParallel, value, "cp kind"))
+        elif name == "schedule":
+            schedule = choice(Schedule, value, "schedule")
+            if schedule in (Schedule.GPIPE, Schedule.DUALPIPE):
+                raise ValueError(
+                    f"the planner does not search the {value} schedule; pin 1f1b, interleaved or zero-bubble"
+                )
+            space = dataclasses.replace(space, zero_bubble=schedule is Schedule.ZERO_BUBBLE)
+            columns["schedule"] = int(schedule)
+        elif name == "dp":
+            continue  # derived from the fleet: pinning tp, pp and cp pins it
+        else:
+            columns[name] = int(value)
+    return space, columns
+
+
+def _runs_on(engine: str, spec: ModelSpec, work: Workload) -> Callable[[Layout], bool]:
+    """Whether ``engine``'s export accepts a layout (the check ``meshplan export ENGINE --from-plan`` runs)."""
+    from meshplan.exports import TRAINING_EXPORTERS, Engine, UnsupportedByEngine
+
+    exporter = TRAINING_EXPORTERS[Engine(engine)]
+
+    def accept(layout: Layout) -> bool:
+        try:
+            exporter(spec, layout, dataclasses.replace(work, global_batch=work.global_batch))
+        except UnsupportedByEngine:
+            return False
+        return True
+
+    return accept
 
 
 DISTINCT_BY = ("tp", "cp", "pp", "ep", "zero", "sp", "recompute")
@@ -215,15 +218,20 @@ DISTINCT_BY = ("tp", "cp", "pp", "ep", "zero", "sp", "recompute")
 of one layout: the report shows the best of each."""
 
 
-def distinct(result: SearchResult, top: int) -> list[int]:
-    """Indices of the best candidate of each distinct layout, best first, at most ``top``."""
+ENGINE_SCAN = 20_000
+"""Candidates an engine filter examines at most, best first (each one is an export)."""
+
+
+def distinct(result: SearchResult, top: int, *, accept: Callable[[Layout], bool] | None = None) -> list[int]:
+    """Indices of the best candidate of each distinct layout, best first, at most ``top`` (only those ``accept``
+    takes, among the first ENGINE_SCAN candidates, when given)."""
     cand = result.candidates
     keys = np.stack([np.asarray(getattr(cand, name), dtype=np.int64) for name in DISTINCT_BY], axis=1)
     seen: set[tuple[int, ...]] = set()
     out: list[int] = []
-    for i in range(len(cand)):
+    for i in range(len(cand) if accept is None else min(len(cand), ENGINE_SCAN)):
         key = tuple(keys[i].tolist())
-        if key not in seen:
+        if key not in seen and (accept is None or accept(cand.layout(i))):
             seen.add(key)
             out.append(i)
             if len(out) == top:
@@ -253,8 +261,14 @@ def plan_report(
     tokens: float | None = None,
     days: float | None = None,
     finetune: FinetuneRequest | None = None,
+    pins: Mapping[str, Any] | None = None,
+    training_engine: str | None = None,
 ) -> dict[str, Any]:
-    """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for."""
+    """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for.
+
+    ``pins`` keeps only layouts with the layout fields it sets; ``training_engine`` only those that engine's
+    export accepts, so that ``meshplan export ENGINE --from-plan`` runs what the plan picked.
+    """
     spec = io.load_model(model) if isinstance(model, str) else model
     ft = resolve_finetune(finetune, spec) if finetune else None
     if global_batch_tokens % seq:
@@ -295,11 +309,13 @@ def plan_report(
         allow_cross_node_tp=allow_cross_node_tp,
         order=order,
         objective=obj,
+        pins=pins,
+        engine=training_engine,
     )
     front = [
         {
             "step_time_s": float(np.asarray(result.step.step_time_s)[i]),
-            "memory_bytes": float(np.asarray(result.memory.total_bytes)[i]),
+            "memory_bytes_per_gpu": float(np.asarray(result.memory.total_bytes)[i]),
             "layout": layout_dict(result.candidates.layout(int(i))),
         }
         for i in result.pareto
@@ -312,7 +328,8 @@ def plan_report(
         "global_batch": work.global_batch,
         "global_batch_tokens": global_batch_tokens,
         "objective": "fewest-gpus" if fewest else str(obj),
-        "headroom": headroom,
+        "engine": training_engine,
+        "headroom_fraction": headroom,
         **finetune_fields(spec, work.finetune),
         "evaluated": result.evaluated,
         "feasible": result.feasible,
@@ -323,9 +340,13 @@ def plan_report(
     }
     if fewest:
         out["fewest_gpus"] = fewest
+    if not plans:
+        out["nothing_fits"] = _what_would_fit(
+            spec, cluster, work, result, headroom=headroom, allow=allow_cross_node_tp, order=order, tuning=ft
+        )
     if tokens:
         for p in out["plans"]:
-            p["days_to_train"] = tokens / (p["tokens_per_s_per_gpu"] * cluster.num_gpus) / 86400
+            p["time_to_train_days"] = tokens / (p["tokens_per_s_per_gpu"] * cluster.num_gpus) / 86400
     if explain or compare:
         out["explain"] = _explanations(spec, cluster, work, plans, order, compare)
     data: dict[str, Any] = jsonable(out)
@@ -378,6 +399,67 @@ def _explanations(
         item = _explain(plans[0], named, "best", compare)
         item["named"] = named
         out.append(item)
+    return out
+
+
+GROWTH_STEPS = 6
+"""Fleet doublings tried (up to 64x) when nothing fits."""
+
+
+def _what_would_fit(
+    spec: ModelSpec,
+    cluster: Cluster,
+    work: Workload,
+    result: SearchResult,
+    *,
+    headroom: float,
+    allow: bool,
+    order: tuple[str, ...],
+    tuning: Finetune | None,
+) -> dict[str, Any]:
+    """When no layout fits: the lightest bill found, the fewest GPUs (doubling the fleet) that fit, and the
+    nearest variants on this fleet (no HBM kept free; LoRA or QLoRA when fine-tuning)."""
+    budget = cluster.gpu.hbm_bytes * (1 - headroom)
+    out: dict[str, Any] = {
+        "lightest_layout": layout_dict(result.lightest) if result.lightest is not None else None,
+        "lightest_bytes_per_gpu": result.lightest_bytes,
+        "budget_bytes_per_gpu": budget,
+        "fewest_gpus_that_fit": None,
+        "variants": [],
+    }
+
+    def best(c: Cluster, w: Workload, room: float) -> SearchResult | None:
+        found = search(spec, c, w, headroom=room, allow_cross_node_tp=allow, order=order)
+        return found if found.feasible else None
+
+    n = cluster.num_gpus
+    for _ in range(GROWTH_STEPS):
+        n *= 2
+        if n > MAX_GPUS:
+            break
+        bigger = dataclasses.replace(cluster, num_gpus=n)
+        if best(bigger, work, headroom) is not None:
+            out["fewest_gpus_that_fit"] = n
+            break
+    variants: list[tuple[str, Workload, float]] = []
+    if headroom > 0:
+        variants.append(("--headroom 0 (keep no HBM free)", work, 0.0))
+    if tuning is not None and not tuning.adapted:
+        for mode in (FinetuneMode.LORA, FinetuneMode.QLORA):
+            variants.append(
+                (f"--finetune {mode.value}", dataclasses.replace(work, finetune=Finetune(mode=mode)), headroom)
+            )
+    for change, w, room in variants:
+        found = best(cluster, w, room)
+        if found is not None:
+            first = found.candidates.layout(0)
+            out["variants"].append(
+                {
+                    "change": change,
+                    "layout": layout_dict(first),
+                    "step_time_s": float(np.asarray(found.step.step_time_s)[0]),
+                }
+            )
     return out
 
 

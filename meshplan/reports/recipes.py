@@ -12,7 +12,7 @@ import numpy as np
 
 from meshplan import io
 from meshplan.core.plan import Plan, evaluate
-from meshplan.reports.estimate import plan_report
+from meshplan.reports.estimate import evaluated_plan_dict
 from meshplan.reports.inputs import (
     LayoutRequest,
     layout_dict,
@@ -70,7 +70,7 @@ def evaluate_recipe(name: str) -> Plan:
     if r.get("model_overrides"):
         model = dataclasses.replace(model, **r["model_overrides"])
     cluster = resolve_cluster(gpu=r["gpu"], gpus=r["gpus"], scale_out=r.get("scale_out"))
-    layout = resolve_layout(LayoutRequest(**r["layout"]), gpus=r["gpus"])
+    layout = resolve_layout(LayoutRequest.parse(r["layout"]), gpus=r["gpus"])
     work = resolve_workload(
         layout=layout,
         seq=r["seq"],
@@ -84,7 +84,7 @@ def evaluate_recipe(name: str) -> Plan:
 
 def factors(name: str) -> dict[str, int]:
     """The recipe's parallel degrees (the fleet ruler's marks) and the GPUs they multiply to."""
-    lay = resolve_layout(LayoutRequest(**_recipe(name)["layout"]), gpus=_recipe(name)["gpus"])
+    lay = resolve_layout(LayoutRequest.parse(_recipe(name)["layout"]), gpus=_recipe(name)["gpus"])
     out = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "ep": lay.ep, "dp": lay.dp}
     return {k: v for k, v in out.items() if v > 1 or k in ("tp", "pp", "dp")} | {"gpus": lay.num_gpus}
 
@@ -113,7 +113,7 @@ def recipe_report(name: str, *, rank: bool = True) -> dict[str, Any]:
     """``meshplan recipe NAME``: the published layout evaluated, and where the planner ranks it."""
     r = _recipe(name)
     plan = evaluate_recipe(name)
-    out = plan_report(plan)
+    out = evaluated_plan_dict(plan)
     out.update({"recipe": name, "title": r["title"], "source": r["source"], "why": r["why"], "factors": factors(name)})
     if rank:
         found = search(plan.model, plan.cluster, plan.workload, order=plan.order)

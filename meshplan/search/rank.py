@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -26,6 +27,7 @@ from meshplan.core.step_time import StepTime, step_time
 from meshplan.core.training import peak_bill
 from meshplan.search.space import LayoutBatch, SearchSpace, enumerate_layouts
 from meshplan.spec.cluster import Cluster
+from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
@@ -44,6 +46,13 @@ class Objective(StrEnum):
     """Most free memory per GPU among layouts within 5% of the fastest."""
 
 
+MAX_TP_DOMAINS = 4
+"""TP groups spanning more scale-up domains than this are not enumerated: every one of their per-layer
+collectives crosses the fabric, and tensor parallelism pays off up to the size of one server's NVLink domain
+(Narayanan et al. 2021, Sec. 3.3, takeaway 1). Beyond one domain they are still enumerated, and refused
+unless --allow-cross-node-tp, so the rejection table says how many there were."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchResult:
     """The ranked feasible layouts and the count of every rejection."""
@@ -57,6 +66,10 @@ class SearchResult:
     elapsed_s: float
     pareto: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """Indices (into ``candidates``) of the step-time / memory Pareto front, fastest first."""
+    lightest: Layout | None = None
+    """The valid layout with the smallest bill, fitting or not (what to show when nothing fits)."""
+    lightest_bytes: float = 0.0
+    """Its whole bill per GPU (the heaviest stage)."""
 
     @property
     def feasible(self) -> int:
@@ -90,10 +103,16 @@ def search(
     allow_cross_node_tp: bool = False,
     order: tuple[str, ...] = DEFAULT_ORDER,
     objective: Objective = Objective.STEP_TIME,
+    pins: Mapping[str, int] | None = None,
 ) -> SearchResult:
-    """Search every layout of ``model`` on ``cluster`` for ``workload``; the fastest that fit come first."""
+    """Search every layout of ``model`` on ``cluster`` for ``workload``; the fastest that fit come first.
+
+    ``pins`` keeps only layouts whose column (a LayoutBatch field: tp, zero, recompute as its enum value...)
+    equals the value given; the others are rejected as "not the pinned <field>".
+    """
     start = time.perf_counter()
-    space = space or SearchSpace(max_tp=max(4 * cluster.domain_size, 8) if not allow_cross_node_tp else None)
+    wide = max(MAX_TP_DOMAINS * cluster.domain_size, 8)
+    space = space or SearchSpace(max_tp=wide if not allow_cross_node_tp else None)
     batch = enumerate_layouts(
         model,
         num_gpus=cluster.num_gpus,
@@ -110,14 +129,23 @@ def search(
         )
     if not allow_cross_node_tp:
         _reject(batch.tp <= cluster.domain_size, alive, TP_CROSSES, counts)
+    for name, value in (pins or {}).items():
+        _reject(np.asarray(getattr(batch, name)) == value, alive, f"not the pinned {name}", counts)
     params = count_params(model)
     budget = cluster.gpu.hbm_bytes * (1 - headroom)
     valid = batch.take(alive)
     # the first stage's model state is part of its bill: over budget alone, the layout cannot fit
-    light = np.asarray(state_bytes(model, params, valid, workload, stage=0) <= budget, dtype=np.bool_)
+    state = np.asarray(state_bytes(model, params, valid, workload, stage=0), dtype=np.float64) * np.ones(len(valid))
+    light = state <= budget
     counts[OOM] = int((~light).sum())
     batch_ok = valid.take(light)
-    bill = peak_bill(model, params, batch_ok, workload, calibration=cluster.gpu.calibration)
+    cal = cluster.gpu.calibration
+    bill = peak_bill(model, params, batch_ok, workload, calibration=cal)
+    billed = np.asarray(bill.total_bytes, dtype=np.float64) * np.ones(len(batch_ok))
+    lightest, lightest_bytes = _lightest(valid, state, batch_ok, billed)
+    if lightest is not None and not len(batch_ok):  # every layout's state alone overflowed: bill the lightest whole
+        one = LayoutBatch.of([lightest])
+        lightest_bytes = float(np.asarray(peak_bill(model, params, one, workload, calibration=cal).total_bytes)[0])
     fits = np.asarray(bill.total_bytes <= budget, dtype=np.bool_)
     still = np.ones(len(batch_ok), dtype=np.bool_)
     _reject(fits, still, OOM, counts)
@@ -142,7 +170,22 @@ def search(
         rejections=counts,
         elapsed_s=time.perf_counter() - start,
         pareto=front,
+        lightest=lightest,
+        lightest_bytes=lightest_bytes,
     )
+
+
+def _lightest(
+    valid: LayoutBatch, state: npt.NDArray[np.float64], billed_batch: LayoutBatch, billed: npt.NDArray[np.float64]
+) -> tuple[Layout | None, float]:
+    """The layout with the smallest whole bill, or, when none was billed, the one with the smallest model state."""
+    if len(billed_batch):
+        i = int(np.argmin(billed))
+        return billed_batch.layout(i), float(billed[i])
+    if len(valid):
+        i = int(np.argmin(state))
+        return valid.layout(i), float(state[i])
+    return None, 0.0
 
 
 def _rank(

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Iterable
 from functools import cache
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
 from meshplan import io
 from meshplan.render import jsonable
 from meshplan.reports import LayoutRequest, fit_report, memory_report, params_report, serving_report
+from meshplan.reports import models as m
 from meshplan.reports.estimate import collectives_report, estimate_report
 from meshplan.reports.inputs import FinetuneRequest
 from meshplan.reports.recipes import list_report
@@ -17,17 +20,21 @@ from meshplan.server import parse
 from meshplan.server.content import serving_terms
 from meshplan.spec.layout import Recompute
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.requests import Field, Group, field
+from meshplan.spec.requests import group as fields_of
 from meshplan.spec.workload import PRECISIONS, OptimizerKind
 
 router = APIRouter(prefix="/api")
 
 Name = Annotated[str, Query(max_length=parse.MAX_NAME_CHARS)]
-Gpus = Annotated[int, Query(ge=1, le=parse.MAX_GPUS, description="number of GPUs")]
-Degree = Annotated[int, Query(ge=1, le=parse.MAX_DEGREE)]
-Seq = Annotated[int, Query(ge=1, le=parse.MAX_SEQ, description="sequence length in tokens")]
-MicroBatch = Annotated[int, Query(ge=1, le=parse.MAX_MICRO_BATCH, description="sequences per micro-batch")]
-SERVING_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
-KV_DTYPES = ("bf16", "fp16", "fp8")
+
+SERVING_DTYPES = field("dtype").choices
+KV_DTYPES = field("kv_dtype").choices
+
+
+def ok(model: type) -> dict[int | str, dict[str, Any]]:
+    """The 200 response documented with a report model (meshplan.reports.models); the body is the report itself."""
+    return {200: {"model": model, "description": model.__doc__ or "the report"}}
 
 
 def json_dict(obj: Any) -> dict[str, Any]:
@@ -52,70 +59,83 @@ ModelArg = Annotated[ModelSpec | str, Depends(model_arg)]
 GpuArg = Annotated[str, Depends(gpu_arg)]
 
 
-def layout_arg(
-    tp: Degree = 1,
-    pp: Degree = 1,
-    vpp: Annotated[int, Query(ge=1, le=64)] = 1,
-    cp: Degree = 1,
-    ep: Degree = 1,
-    dp_shard: Annotated[int | None, Query(ge=1, le=parse.MAX_DEGREE)] = None,
-    zero: Annotated[int, Query(ge=0, le=3)] = 0,
-    sp: bool = False,
-    recompute: Name = "none",
-    schedule: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS)] = None,
-    cp_kind: Name = "ring",
-    micro_batch: MicroBatch = 1,
-) -> LayoutRequest:
-    """The layout flags of ``meshplan memory`` / ``estimate``; degrees left at 1 are unused."""
-    return LayoutRequest(
-        tp=tp,
-        pp=pp,
-        vpp=vpp,
-        cp=cp,
-        ep=ep,
-        dp_shard=dp_shard,
-        zero=zero,
-        sp=sp,
-        recompute=recompute,
-        schedule=schedule,
-        cp_kind=cp_kind,
-        micro_batch=micro_batch,
-    )
+def _annotation(f: Field, default: Any) -> Any:
+    annotation: Any = Literal[f.choices] if f.choices else f.type  # an enum in the OpenAPI
+    return annotation | None if default is None else annotation
 
 
-def workload_arg(
-    seq: Seq = 4096,
-    global_batch: Annotated[int | None, Query(ge=1, le=parse.MAX_BATCH, description="sequences per step")] = None,
-    precision: Name = "bf16",
-    optimizer: Name = "adamw",
-    optimizer_bytes: Annotated[float | None, Query(ge=0, le=64)] = None,
-    attention: Name = "flash",
-) -> dict[str, Any]:
-    return {
-        "seq": seq,
-        "global_batch": global_batch,
-        "precision": precision,
-        "optimizer": optimizer,
-        "optimizer_bytes": optimizer_bytes,
-        "attention": attention,
-    }
+def _query(f: Field, **default: Any) -> Any:
+    """FastAPI's Query for a field: its bounds, its help; ``default`` only outside ``Annotated``."""
+    if f.type is str:
+        bounds: dict[str, Any] = {"max_length": parse.MAX_NAME_CHARS}
+    elif f.type is bool:
+        bounds = {}
+    else:
+        bounds = {"le": f.hi, ("gt" if f.exclusive_lo else "ge"): f.lo}
+    return Query(description=f.describe(), **bounds, **default)
 
 
-def finetune_arg(
-    finetune: Name = "full",
-    lora_rank: Annotated[int | None, Query(ge=1, le=1 << 16, description="adapter rank (default 16)")] = None,
-    lora_targets: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="e.g. q,v")] = None,
-    freeze: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="embeddings,layers=N")] = None,
-) -> FinetuneRequest | None:
+def query_params(fields: Iterable[Field], *, unset: bool = False) -> list[inspect.Parameter]:
+    """Query parameters for schema fields: the same names, defaults, bounds, choices and help as the CLI flags
+    (``unset``: every default None, for filters that apply only when given)."""
+    out = []
+    for f in fields:
+        default = None if unset else f.default
+        query = _query(f, default=default)
+        out.append(
+            inspect.Parameter(f.key, inspect.Parameter.KEYWORD_ONLY, default=query, annotation=_annotation(f, default))
+        )
+    return out
+
+
+def one(name: str) -> Any:
+    """One schema field's Query (bounds and help) for an ``Annotated`` parameter."""
+    return _query(field(name))
+
+
+Gpus = Annotated[int, one("gpus")]
+Degree = Annotated[int, one("tp")]
+Seq = Annotated[int, one("seq")]
+MicroBatch = Annotated[int, one("micro_batch")]
+
+
+def dependency(
+    fields: Iterable[Field], build: Callable[[dict[str, Any]], Any], name: str, *, unset: bool = False
+) -> Callable[..., Any]:
+    """A FastAPI dependency taking every one of ``fields`` as a query parameter, handing them to ``build``."""
+
+    fields = tuple(fields)
+    names = {f.key: f.name for f in fields}
+
+    def dependency(**values: Any) -> Any:
+        return build({names[key]: value for key, value in values.items()})
+
+    dependency.__signature__ = inspect.Signature(query_params(fields, unset=unset))  # type: ignore[attr-defined]
+    dependency.__name__ = name
+    return dependency
+
+
+def _finetune(values: dict[str, Any]) -> FinetuneRequest | None:
     """The fine-tuning flags (--finetune, --lora-rank, --lora-targets, --freeze); None: pre-training."""
-    if finetune == "full" and not (freeze or lora_rank or lora_targets):
+    mode, rest = values.pop("finetune"), values
+    if mode in (None, "full") and not any(rest.values()):
         return None
-    return FinetuneRequest(mode=finetune, lora_rank=lora_rank, lora_targets=lora_targets or None, freeze=freeze)
+    return FinetuneRequest(mode=mode or "full", **rest)
 
 
+def _fleet_shape(values: dict[str, Any]) -> dict[str, Any]:
+    return values | {"scale_out": parse.link(values["scale_out"]), "axis_order": values["axis_order"] or None}
+
+
+layout_arg = dependency(fields_of(Group.LAYOUT), lambda values: LayoutRequest(**values), "layout_arg")
+workload_arg = dependency(fields_of(Group.WORKLOAD), dict, "workload_arg")
+finetune_arg = dependency(fields_of(Group.FINETUNE), _finetune, "finetune_arg")
+fleet_shape_arg = dependency(fields_of(Group.FLEET_SHAPE), _fleet_shape, "fleet_shape_arg")
 LayoutArg = Annotated[LayoutRequest, Depends(layout_arg)]
 WorkloadArg = Annotated[dict[str, Any], Depends(workload_arg)]
 FinetuneArg = Annotated[FinetuneRequest | None, Depends(finetune_arg)]
+FleetShapeArg = Annotated[dict[str, Any], Depends(fleet_shape_arg)]
+ServingArg = Annotated[dict[str, Any], Depends(dependency(fields_of(Group.SERVING), dict, "serving_arg"))]
 
 
 @cache
@@ -126,7 +146,7 @@ def _catalog() -> dict[str, Any]:
         gpus.append(
             {
                 "name": name,
-                "hbm_bytes": g.hbm_bytes,
+                "hbm_bytes_per_gpu": g.hbm_bytes,
                 "scale_up_link": g.scale_up_link,
                 "scale_up_domain": g.scale_up_domain,
                 "scale_out_link": g.scale_out_link,
@@ -157,7 +177,7 @@ def _catalog() -> dict[str, Any]:
             "recompute": [r.name.lower() for r in Recompute],
             "serving_dtypes": list(SERVING_DTYPES),
             "kv_dtypes": list(KV_DTYPES),
-            "objectives": ["step-time", "tokens-per-gpu", "headroom", "fewest-gpus"],
+            "objectives": list(field("objective").choices),
             "limits": {
                 "gpus": parse.MAX_GPUS,
                 "seq": parse.MAX_SEQ,
@@ -175,68 +195,88 @@ def catalog() -> dict[str, Any]:
     return _catalog()
 
 
-@router.get("/params", summary="Exact parameter counts by component (meshplan params)")
+@router.get(
+    "/params",
+    summary="Exact parameter counts by component (meshplan params)",
+    responses=ok(m.ParamsReport),
+    response_model=None,
+)
 def params(model: Name, finetune: FinetuneArg) -> dict[str, Any]:
     return json_dict(params_report(parse.catalog_model(model), finetune=finetune))
 
 
-@router.get("/memory", summary="Per-GPU training memory, term by term (meshplan memory)")
+@router.get(
+    "/memory",
+    summary="Per-GPU training memory, term by term (meshplan memory)",
+    responses=ok(m.MemoryReport),
+    response_model=None,
+)
 def memory(
     model: ModelArg, gpu: GpuArg, gpus: Gpus, layout: LayoutArg, work: WorkloadArg, finetune: FinetuneArg
 ) -> dict[str, Any]:
     return json_dict(memory_report(model, gpu=gpu, gpus=gpus, layout=layout, finetune=finetune, **work))
 
 
-@router.get("/fit", summary="Weights split evenly over N GPUs; with fine-tuning, the largest batch and context")
+@router.get(
+    "/fit",
+    summary="Weights split evenly over N GPUs; with fine-tuning, the largest batch and context",
+    responses=ok(m.FitReport),
+    response_model=None,
+)
 def fit(
-    model: ModelArg, gpu: GpuArg, gpus: Gpus, finetune: FinetuneArg, dtype: Name = "bf16", seq: Seq = 4096
+    model: ModelArg,
+    gpu: GpuArg,
+    gpus: Gpus,
+    finetune: FinetuneArg,
+    dtype: Annotated[Literal[SERVING_DTYPES], one("dtype")] = "bf16",  # type: ignore[valid-type]
+    seq: Seq = 4096,
+    precision: Annotated[Literal[field("precision").choices], one("precision")] = "bf16",  # type: ignore[valid-type]
+    headroom: Annotated[float, one("headroom")] = 0.10,
 ) -> dict[str, Any]:
-    dtype = parse.choice(dtype, SERVING_DTYPES, "dtype")
-    return json_dict(fit_report(model, gpu=gpu, gpus=gpus, dtype=dtype, finetune=finetune, seq=seq))
+    report = fit_report(
+        model, gpu=gpu, gpus=gpus, dtype=dtype, finetune=finetune, seq=seq, precision=precision, headroom=headroom
+    )
+    return json_dict(report)
 
 
 def serving_bill(report: dict[str, Any], *, sequences: int) -> dict[str, Any]:
     """The serving bar: the report's terms for ``sequences`` sequences of its context, with what each is."""
     values = {
         "weights_bytes": report["weights_bytes_per_gpu"],
-        "kv_cache_bytes": report["kv_bytes_per_sequence"] * sequences,
-        "activations_bytes": report["activations_bytes"],
-        "framework_bytes": report["framework_bytes"],
+        "kv_cache_bytes": report["kv_bytes_per_sequence_per_gpu"] * sequences,
+        "activations_bytes": report["activations_bytes_per_gpu"],
+        "framework_bytes": report["framework_bytes_per_gpu"],
     }
     terms = [dict(t, value_bytes=values[t["name"]]) for t in serving_terms()]
     return {"sequences": sequences, "terms": terms, "total_bytes": sum(values.values())}
 
 
-@router.get("/serving", summary="Serving memory: weights, KV cache, what fits (meshplan serving)")
+@router.get(
+    "/serving",
+    summary="Serving memory: weights, KV cache, what fits (meshplan serving)",
+    responses=ok(m.ServingBarReport),
+    response_model=None,
+)
 def serving(
     model: ModelArg,
     gpu: GpuArg,
     gpus: Gpus,
-    tp: Annotated[int | None, Query(ge=1, le=parse.MAX_DEGREE)] = None,
+    serving: ServingArg,
+    tp: Annotated[int | None, one("tp")] = None,
     pp: Degree = 1,
     ep: Degree = 1,
-    dtype: Name = "bf16",
-    kv_dtype: Name = "bf16",
-    context: Annotated[int | None, Query(ge=1, le=parse.MAX_SEQ)] = None,
-    gpu_memory_utilization: Annotated[float, Query(gt=0, le=1)] = 0.9,
     sequences: Annotated[int, Query(ge=1, le=parse.MAX_BATCH, description="sequences in the bill")] = 1,
 ) -> dict[str, Any]:
-    report = serving_report(
-        model,
-        gpu=gpu,
-        gpus=gpus,
-        tp=tp,
-        pp=pp,
-        ep=ep,
-        dtype=parse.choice(dtype, SERVING_DTYPES, "dtype"),
-        kv_dtype=parse.choice(kv_dtype, KV_DTYPES, "kv dtype"),
-        context=context,
-        gpu_memory_utilization=gpu_memory_utilization,
-    )
+    report = serving_report(model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, ep=ep, **serving)
     return json_dict(report | {"bill": serving_bill(report, sequences=sequences)})
 
 
-@router.get("/estimate", summary="Step time, MFU and every collective of one layout (meshplan estimate)")
+@router.get(
+    "/estimate",
+    summary="Step time, MFU and every collective of one layout (meshplan estimate)",
+    responses=ok(m.EstimateReport),
+    response_model=None,
+)
 def estimate(
     model: ModelArg,
     gpu: GpuArg,
@@ -244,29 +284,28 @@ def estimate(
     layout: LayoutArg,
     work: WorkloadArg,
     finetune: FinetuneArg,
-    kernels: Name = "fused",
-    node_size: Annotated[int | None, Query(ge=1, le=parse.MAX_GPUS)] = None,
-    scale_out: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS)] = None,
-    axis_order: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS)] = None,
-    tokens: Annotated[float | None, Query(gt=0, le=parse.MAX_TOKENS)] = None,
+    shape: FleetShapeArg,
+    tokens: Annotated[float | None, one("tokens")] = None,
 ) -> dict[str, Any]:
     report = estimate_report(
         model,
         gpu=gpu,
         gpus=gpus,
         layout=layout,
-        kernels=kernels,
-        node_size=node_size,
-        scale_out=parse.link(scale_out),
-        axis_order=axis_order,
         tokens=tokens,
         finetune=finetune,
+        **shape,
         **work,
     )
     return json_dict(report)
 
 
-@router.get("/collectives", summary="One all-reduce over NVLink 5, NVLink 4, IB NDR and 100G Ethernet")
+@router.get(
+    "/collectives",
+    summary="One all-reduce over NVLink 5, NVLink 4, IB NDR and 100G Ethernet",
+    responses=ok(m.CollectivesReport),
+    response_model=None,
+)
 def collectives(
     model: Name = "llama-3.1-70b",
     size_mb: Annotated[float | None, Query(gt=0, le=parse.MAX_SIZE_MB, description="buffer in MB (1e6 B)")] = None,
@@ -277,5 +316,68 @@ def collectives(
     size = None if size_mb is None else size_mb * 1e6
     report = collectives_report(
         model=parse.catalog_model(model), size_bytes=size, group=group, seq=seq, micro_batch=micro_batch
+    )
+    return json_dict(report)
+
+
+SERVE: tuple[str, ...] = ("input_len", "output_len", "concurrency", "rate", "dp_attention", "replicas")
+SERVE += ("weights_dtype", "kv_dtype", "quant", "engine", "max_batch", "disaggregate")
+ServeArg = Annotated[dict[str, Any], Depends(dependency([field(n) for n in SERVE], dict, "serve_arg"))]
+SERVE_PLAN: tuple[str, ...] = ("input_len", "output_len", "ttft_p99", "tpot_p99", "serve_objective", "concurrency")
+SERVE_PLAN += ("engine",)
+SERVE_PLAN += ("weights_dtypes", "search_disaggregated")
+ServePlanArg = Annotated[dict[str, Any], Depends(dependency([field(n) for n in SERVE_PLAN], dict, "serve_plan_arg"))]
+
+
+@router.get(
+    "/serve",
+    summary="Serving speed under load: TTFT, TPOT, tokens/s per GPU and per user (meshplan serve)",
+    responses=ok(m.ServeReport),
+    response_model=None,
+)
+def serve(
+    model: ModelArg,
+    gpu: GpuArg,
+    gpus: Gpus,
+    load: ServeArg,
+    tp: Annotated[int | None, one("tp")] = None,
+    pp: Degree = 1,
+    ep: Degree = 1,
+    gpu_memory_utilization: Annotated[float | None, one("gpu_memory_utilization")] = None,
+) -> dict[str, Any]:
+    from meshplan.reports.serve import serve_report
+
+    report = serve_report(
+        model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, ep=ep, gpu_memory_utilization=gpu_memory_utilization, **load
+    )
+    return json_dict(report)
+
+
+@router.get(
+    "/serve-plan",
+    summary="Serving layouts ranked under TTFT/TPOT targets (meshplan serve-plan)",
+    responses=ok(m.ServePlanReport),
+    response_model=None,
+)
+def serve_plan(
+    model: ModelArg, gpu: GpuArg, gpus: Gpus, plan: ServePlanArg, top: Annotated[int, one("top")] = 5
+) -> dict[str, Any]:
+    from meshplan.reports.serve_plan import serve_plan_report
+
+    dtypes = plan.pop("weights_dtypes")
+    report = serve_plan_report(
+        model,
+        gpu=gpu,
+        gpus=gpus,
+        input_len=plan["input_len"],
+        output_len=plan["output_len"],
+        ttft_p99_s=plan["ttft_p99"],
+        tpot_p99_s=plan["tpot_p99"],
+        objective=plan["serve_objective"],
+        concurrency=plan["concurrency"],
+        engine=plan["engine"],
+        dtypes=None if not dtypes else [field("weights_dtype").parse(d) for d in dtypes.split(",")],
+        top=top,
+        disaggregate=plan["search_disaggregated"],
     )
     return json_dict(report)

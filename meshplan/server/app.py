@@ -24,6 +24,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from meshplan.render import to_json
 from meshplan.server import api, explorer, exports, parse, planner
 from meshplan.server.uploads import ModelStore
 
@@ -99,9 +100,17 @@ def _install_errors(app: FastAPI) -> None:
     app.add_exception_handler(Exception, internal)
 
 
+class ReportResponse(JSONResponse):
+    """The CLI's JSON text (``render.to_json``): the same request answers byte for byte what ``--json`` prints."""
+
+    def render(self, content: Any) -> bytes:
+        return to_json(content).encode("utf-8")
+
+
 def create_app() -> FastAPI:
     """The API under /api, the schema at /openapi.json, the explorer at /."""
     app = FastAPI(
+        default_response_class=ReportResponse,
         title="meshplan",
         version=_version(),
         summary="Memory, collectives, step time and layouts of transformers split over GPUs.",

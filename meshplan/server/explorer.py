@@ -7,11 +7,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 
 from meshplan import io
-from meshplan.core.tp_split import MAX_DIM, MAX_RANKS, tp_mlp_split
 from meshplan.reports import LayoutRequest, memory_report
 from meshplan.server import parse
 from meshplan.server.api import GpuArg, MicroBatch, ModelArg, Seq, json_dict
 from meshplan.server.content import EXPLORER_GPUS, glance, pieces, serving_terms, strategies, tiers
+from meshplan.server.tp_split import MAX_DIM, MAX_RANKS, tp_mlp_split
 from meshplan.spec.model import ModelSpec
 
 router = APIRouter(prefix="/api")
@@ -30,7 +30,7 @@ def _strategy(item: dict[str, Any], model: ModelSpec | str, *, gpu: str, seq: in
     words = {k: v for k, v in glance()[item["key"]].items() if k != "key"}
     out = {k: item[k] for k in item if k != "layout"} | {"layout_request": item["layout"], "glance": words}
     try:
-        layout = LayoutRequest(**item["layout"], micro_batch=micro_batch)
+        layout = LayoutRequest.parse(item["layout"] | {"micro_batch": micro_batch})
         report = memory_report(model, gpu=gpu, gpus=EXPLORER_GPUS, layout=layout, seq=seq)
     except ValueError as exc:
         return out | {
@@ -75,13 +75,13 @@ def serving_term_list() -> dict[str, Any]:
 @router.get("/tp-split", summary="The tensor-parallel MLP split on small random matrices, checked numerically")
 def tp_split(
     ranks: Annotated[int, Query(ge=1, le=MAX_RANKS)] = 4,
-    tokens: Dim = 4,
+    rows: Annotated[int, Query(ge=1, le=MAX_DIM, description="token rows of the activation matrix")] = 4,
     hidden: Dim = 8,
     ffn: Dim = 16,
     activation: Annotated[str, Query(max_length=16)] = "gelu",
     seed: Annotated[int, Query(ge=0, lt=2**32)] = 0,
 ) -> dict[str, Any]:
-    return tp_mlp_split(tokens=tokens, hidden=hidden, ffn=ffn, ranks=ranks, activation=activation, seed=seed)
+    return tp_mlp_split(tokens=rows, hidden=hidden, ffn=ffn, ranks=ranks, activation=activation, seed=seed)
 
 
 @router.post(

@@ -15,19 +15,21 @@ from functools import cache
 from typing import Any
 
 from meshplan import io
+from meshplan.spec.requests import (
+    MAX_BATCH,
+    MAX_DAYS,
+    MAX_DEGREE,
+    MAX_GPUS,
+    MAX_MICRO_BATCH,
+    MAX_SEQ,
+    MAX_TOKENS,
+    MAX_TOP,
+)
 
-MAX_GPUS = 131_072
-MAX_SEQ = 1_048_576
-MAX_BATCH = 65_536
-MAX_DEGREE = 131_072
-MAX_MICRO_BATCH = 4_096
-MAX_TOP = 50
 MAX_BODY_BYTES = 256 * 1024
 MAX_QUERY_CHARS = 4_096
 MAX_NAME_CHARS = 200
 MAX_SIZE_MB = 1e7
-MAX_TOKENS = 1e16
-MAX_DAYS = 3650.0
 
 UPLOAD_PREFIX = "upload:"
 _UPLOAD_ID = re.compile(r"^upload:[0-9a-f]{12}$")

@@ -14,13 +14,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
+from meshplan.reports.models import PlanReport
 from meshplan.reports.plan import plan_report
 from meshplan.reports.recipes import list_report, recipe_report, recipes
 from meshplan.server import parse
-from meshplan.server.api import FinetuneArg, GpuArg, Gpus, ModelArg, Name, Seq, json_dict
+from meshplan.server.api import FinetuneArg, FleetShapeArg, GpuArg, Gpus, ModelArg, Seq, dependency, json_dict, ok
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.requests import Group, field
+from meshplan.spec.requests import group as fields_of
 
 router = APIRouter(prefix="/api")
 CACHE_SIZE = 16
@@ -67,7 +70,17 @@ def _model_key(model: ModelSpec | str) -> Any:
     return model if isinstance(model, str) else ("spec", model)
 
 
-@router.get("/plan", summary="Search every layout: the best that fit, the Pareto front, rejections (meshplan plan)")
+SEARCH_FIELDS = (*fields_of(Group.SEARCH), field("precision"), field("attention"), field("kernels"))
+SearchArg = Annotated[dict[str, Any], Depends(dependency(SEARCH_FIELDS, dict, "search_arg"))]
+PinsArg = Annotated[dict[str, Any], Depends(dependency(fields_of(Group.LAYOUT), dict, "pins_arg", unset=True))]
+
+
+@router.get(
+    "/plan",
+    summary="Search every layout: the best that fit, the Pareto front, rejections (meshplan plan)",
+    responses=ok(PlanReport),
+    response_model=None,
+)
 def plan(
     request: Request,
     model: ModelArg,
@@ -75,42 +88,22 @@ def plan(
     gpus: Gpus,
     seq: Seq,
     finetune: FinetuneArg,
-    global_batch_tokens: Annotated[int, Query(ge=1, le=parse.MAX_SEQ * parse.MAX_BATCH)],
-    top: Annotated[int, Query(ge=1, le=parse.MAX_TOP)] = 5,
-    headroom: Annotated[float, Query(ge=0, lt=1)] = 0.10,
-    allow_cross_node_tp: bool = False,
-    objective: Name = "step-time",
-    precision: Name = "bf16",
-    attention: Name = "flash",
-    kernels: Name = "fused",
-    node_size: Annotated[int | None, Query(ge=1, le=parse.MAX_GPUS)] = None,
-    scale_out: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS)] = None,
-    axis_order: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS)] = None,
+    search: SearchArg,
+    shape: FleetShapeArg,
+    pins: PinsArg,
     compare: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="e.g. tp=8,pp=4")] = None,
-    tokens: Annotated[float | None, Query(gt=0, le=parse.MAX_TOKENS)] = None,
-    days: Annotated[float | None, Query(gt=0, le=parse.MAX_DAYS)] = None,
 ) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "gpu": gpu,
         "gpus": gpus,
         "seq": seq,
-        "global_batch_tokens": global_batch_tokens,
-        "top": top,
-        "headroom": headroom,
-        "allow_cross_node_tp": allow_cross_node_tp,
-        "objective": objective,
-        "precision": precision,
-        "attention": attention,
-        "kernels": kernels,
-        "node_size": node_size,
-        "scale_out": parse.link(scale_out),
-        "axis_order": axis_order or None,
+        **search,
+        **shape,
         "compare": compare.strip() if compare and compare.strip() else None,
-        "tokens": tokens,
-        "days": days,
         "finetune": finetune,
+        "pins": pins,
     }
-    key = ("plan", _model_key(model), *sorted(kwargs.items()))
+    key = ("plan", _model_key(model), *sorted((k, repr(v)) for k, v in kwargs.items()))
     gate: SearchGate = request.app.state.searches
     return gate.run(key, lambda: json_dict(plan_report(model, explain=True, **kwargs)))
 

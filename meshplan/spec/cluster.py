@@ -157,8 +157,3 @@ class Cluster:
             raise ValueError(f"num_gpus must be >= 1, got {self.num_gpus}")
         if self.domain_size < 1:
             raise ValueError(f"domain_size must be >= 1, got {self.domain_size}")
-
-    @property
-    def num_domains(self) -> int:
-        """Scale-up domains the fleet spans (the last one may be partial)."""
-        return -(-self.num_gpus // self.domain_size)

@@ -118,10 +118,6 @@ class Layout:
         """All data-parallel ranks: each sees different sequences."""
         return self.dp_replicate * self.dp_shard
 
-    def degrees(self) -> dict[str, int]:
-        """Every axis degree by name, for messages and exports."""
-        return {name: getattr(self, name) for name in _DEGREES}
-
 
 class LayoutLike(Protocol):
     """A Layout, or a batch of layouts whose fields are numpy arrays (the planner's LayoutBatch).

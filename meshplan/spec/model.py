@@ -204,6 +204,13 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def score_value_width(self) -> int:
+        """Per head, the query-key width plus the value width: what QK^T and AV multiply over (2 d; d_qk + d_v)."""
+        if self.mla is not None:
+            return self.mla.qk_head_dim + self.mla.v_head_dim
+        return 2 * self.head_dim
+
+    @property
     def attn_out_width(self) -> int:
         """Input width of the attention output projection (a * d, or a * d_v under MLA)."""
         if self.mla is not None:
@@ -214,8 +221,3 @@ class ModelSpec:
     def norm_params(self) -> int:
         """Parameters of one norm layer over the hidden size."""
         return self.hidden * (2 if self.norm is NormKind.LAYERNORM else 1)
-
-    @property
-    def mlp_matrices(self) -> int:
-        """Weight matrices of one MLP (3 gated, 2 plain)."""
-        return 3 if self.mlp is MlpKind.GATED else 2

@@ -16,6 +16,8 @@ pytest.importorskip("torch", reason="meshplan check needs torch (pip install tor
 
 from meshplan.check.runner import DENSE, MOE, Measurement, run_check
 
+pytestmark = pytest.mark.slow  # torch.distributed processes start in the fixtures
+
 F32 = 4
 C = DENSE
 L, H, A, K, D, FF, V, S, B = (C.num_layers, C.hidden, C.num_heads, C.num_kv_heads, C.head_dim, C.ffn_hidden,

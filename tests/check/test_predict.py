@@ -12,6 +12,8 @@ pytest.importorskip("torch", reason="meshplan check needs the torch extra (pip i
 from meshplan.check.render import render_check
 from meshplan.reports.check import check_report
 
+pytestmark = pytest.mark.slow  # torch.distributed processes start in the fixtures
+
 EXTRAS = ("fsdp-bf16", "fsdp-reshard")
 LAYOUTS = {
     2: ("ddp", "fsdp", "tp", "sp", "pp", "ep", "cp", *EXTRAS),

@@ -125,8 +125,8 @@ VLLM_KV_CACHE_DTYPES = _words(
 )
 SGLANG_FLAGS = _words(
     """
-    --context-length --dp-size --ep-size --kv-cache-dtype --max-running-requests --mem-fraction-static --model-path
-    --moe-dp-size --pp-size --quantization --tp-size
+    --context-length --dp-size --enable-dp-attention --ep-size --kv-cache-dtype --max-running-requests
+    --mem-fraction-static --model-path --moe-dp-size --pp-size --quantization --tp-size
     """
 )
 SGLANG_KV_CACHE_DTYPES = _words(

@@ -16,10 +16,12 @@ from meshplan.exports import (
     export_megatron,
     export_sglang,
     export_torchtitan,
+    export_trtllm,
     export_vllm,
 )
 from meshplan.spec.layout import Layout, Recompute, ZeroStage
 from meshplan.spec.workload import PRECISIONS, Workload
+from meshplan.units import DType
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "exports.md"
 
@@ -45,6 +47,7 @@ EXAMPLES: dict[str, Callable[[], Export]] = {
     ),
     "vllm-70b": lambda: export_vllm(SERVE_70B),
     "sglang-70b": lambda: export_sglang(replace(SERVE_70B, gpu_memory_utilization=0.85)),
+    "trtllm-70b": lambda: export_trtllm(replace(SERVE_70B, kv_cache_dtype=DType.FP8)),
 }
 
 _BLOCK = re.compile(r"<!-- export: (\S+) (\S+) -->\n```\w*\n(.*?)```", re.DOTALL)

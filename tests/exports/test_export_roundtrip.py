@@ -95,14 +95,14 @@ def test_megatron_uneven_layout_string_covers_every_layer() -> None:
 
 
 def test_predictions_become_comments() -> None:
-    predicted = {"step_time_s": 7.25, "mfu": 0.41, "memory_per_gpu_bytes": 6.1e10}
+    predicted = {"step_time_s": 7.25, "mfu": 0.41, "memory_bytes_per_gpu": 6.1e10}
     _name, model, layout, workload = TRAINING[0]
     for engine in (Engine.TORCHTITAN, Engine.MEGATRON):
         export = TRAINING_EXPORTERS[engine](model, layout, workload, predicted=predicted)
         for text in export.files.values():
             assert "#   step_time_s = 7.25" in text and "#   mfu = 0.41" in text
     ds = export_deepspeed(LLAMA2_7B, DEEPSPEED[0][2], DEEPSPEED[0][3], predicted=predicted)
-    assert "#   memory_per_gpu_bytes = 6.1e+10" in ds.files["train_deepspeed.sh"]
+    assert "#   memory_bytes_per_gpu = 6.1e+10" in ds.files["train_deepspeed.sh"]
     json.loads(ds.files["ds_config.json"])  # JSON has no comments: the numbers live in the launcher
 
 

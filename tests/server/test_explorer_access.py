@@ -30,6 +30,7 @@ READY = {
     "recipes": "#rc-ruler svg",
     "tiers": ".tier-head",
     "planner": "#pl-table tbody tr",
+    "serving": "#sv-pareto svg",
 }
 
 

@@ -98,7 +98,7 @@ def test_near_ties_are_called_and_pareto_points_open(page: Any) -> None:
     page.keyboard.press("Enter")
     page.wait_for_selector("#pl-point-title:has-text('On the front')")
     front = plan["pareto"][0]
-    assert float(page.get_attribute("#pl-point-mem", "data-value") or "nan") == front["memory_bytes"]
+    assert float(page.get_attribute("#pl-point-mem", "data-value") or "nan") == front["memory_bytes_per_gpu"]
     page.click("#pl-point-compare")
     page.wait_for_selector("#pl-explain .explain[data-b^='tp=']")
 

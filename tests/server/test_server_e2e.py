@@ -50,7 +50,7 @@ def wait_number(pg: Any, selector: str, value: float, attr: str = "bytes") -> No
 def test_home_links_every_view_and_lists_the_api(page: Any, shot: Any) -> None:
     open_view(page, "home")
     hrefs = page.eval_on_selector_all(".cards a", "as => as.map(a => a.getAttribute('href'))")
-    assert hrefs == ["#memory", "#strategies", "#weights", "#tp", "#recipes", "#tiers", "#planner"]
+    assert hrefs == ["#memory", "#strategies", "#weights", "#tp", "#recipes", "#tiers", "#planner", "#serving"]
     page.wait_for_selector("#api-list li >> nth=12")
     assert "/api/plan" in page.inner_text("#api-list")
     shot(page, "home")
@@ -195,13 +195,13 @@ def test_strategies_show_each_gpu_piece_and_bill(page: Any, shot: Any) -> None:
 def test_weights_split_follows_gpu_count_and_kind(page: Any, shot: Any) -> None:
     open_view(page, "weights")
     fit = api(page, "/api/fit", model="llama-3.3-70b", gpu="h200", gpus=8)
-    wait_number(page, "#w-per-gpu", fit["weights_bytes_per_gpu"])
+    wait_number(page, "#w-per-gpu", fit["weights_bytes_per_gpu_even_split"])
     wait_number(page, "#w-free-total", fit["free_bytes_total"])
     assert page.locator("#w-chart rect.weights").count() == 8
     page.select_option("#w-form select[name=gpu]", "h100-sxm")
     page.fill("#w-form input[name=gpus]", "4")
     four = api(page, "/api/fit", model="llama-3.3-70b", gpu="h100-sxm", gpus=4)
-    wait_number(page, "#w-per-gpu", four["weights_bytes_per_gpu"])
+    wait_number(page, "#w-per-gpu", four["weights_bytes_per_gpu_even_split"])
     assert page.locator("#w-chart rect.weights").count() == 4
     assert page.input_value("#w-form input[name=gpus_range]") == "4"
     shot(page, "weights")
@@ -219,7 +219,7 @@ def test_weights_split_follows_gpu_count_and_kind(page: Any, shot: Any) -> None:
 
 def test_tp_split_steps_and_link_race(page: Any, shot: Any) -> None:
     open_view(page, "tp")
-    split = api(page, "/api/tp-split", ranks=4, activation="gelu", seed=0, tokens=4, hidden=8, ffn=16)
+    split = api(page, "/api/tp-split", ranks=4, activation="gelu", seed=0, rows=4, hidden=8, ffn=16)
     page.wait_for_selector("#tp-matches.ok")
     for _ in range(3):
         page.click("#tp-next")
@@ -313,14 +313,37 @@ def test_planner_table_pareto_rejections_and_comparison(page: Any, shot: Any) ->
     page.wait_for_selector("#pl-results[data-stale='error']")
 
 
-@pytest.mark.parametrize("view", ["memory", "strategies", "planner"])
+def test_serving_pareto_best_plan_and_step(page: Any, shot: Any) -> None:
+    open_view(page, "serving")
+    params = dict(model="llama-2-70b", gpu="h100-sxm", gpus=8, input_len=1024, output_len=256, ttft_p99=2, tpot_p99=0.2)
+    plan = api(page, "/api/serve-plan", **params, engine="trtllm", top=5)
+    best = plan["best"]
+    wait_number(page, "#sv-tps", best["tokens_per_s_per_gpu"], "value")
+    assert "4 × TP 2" in page.inner_text("#sv-best")  # the MLPerf layout on 8 H100
+    assert page.locator("#sv-pareto circle.pareto-pt").count() == len(plan["pareto"])
+    assert page.locator("#sv-best-pt").count() == 1
+    page.wait_for_selector("#sv-steps rect.phase", state="attached")  # a phase may be 0 s wide
+    assert page.locator("#sv-steps rect.phase").count() == 5
+    shown = sum(float(v) for v in page.eval_on_selector_all("#sv-steps rect.phase", "r => r.map(e => e.dataset.value)"))
+    assert shown == pytest.approx(float(page.get_attribute("#sv-tpot", "data-value")), rel=1e-9)
+    shot(page, "serving")
+
+    page.fill("#sv-form input[name=tpot_p99]", "0.001")
+    page.wait_for_function("() => document.querySelector('#sv-summary').textContent.startsWith('No layout')")
+    page.fill("#sv-form input[name=gpus]", "0")
+    page.wait_for_selector("#sv-error:not([hidden])")
+    assert "GPUs: input should be greater than or equal to 1" in page.inner_text("#sv-error")
+
+
+@pytest.mark.parametrize("view", ["memory", "strategies", "planner", "serving"])
 def test_phone_width_has_no_sideways_scroll(browser: Any, live_server: str, shot: Any, view: str) -> None:
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
     pg = context.new_page()
     pg.base = live_server
     try:
         open_view(pg, view)
-        ready = {"memory": "#mem-chart svg", "strategies": "#st-gpus .gpu", "planner": "#pl-table tbody tr"}[view]
+        ready = {"memory": "#mem-chart svg", "strategies": "#st-gpus .gpu", "planner": "#pl-table tbody tr",
+                 "serving": "#sv-pareto svg"}[view]  # fmt: skip
         pg.wait_for_selector(ready, timeout=15_000)
         width = pg.evaluate("() => document.documentElement.scrollWidth")
         assert width <= 392, f"{view} is {width} px wide at a 390 px viewport"

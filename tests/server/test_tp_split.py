@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshplan.core.tp_split import MAX_DIM, tp_mlp_split
+from meshplan.server.tp_split import MAX_DIM, tp_mlp_split
 
 
 @given(

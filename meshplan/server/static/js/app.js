@@ -8,9 +8,10 @@ import * as tp from "./tp.js";
 import * as recipes from "./recipes.js";
 import * as tiers from "./tiers.js";
 import * as planner from "./planner.js";
+import * as serving from "./serving.js";
 import * as state from "./state.js";
 
-const VIEWS = { memory, strategies, weights, tp, recipes, tiers, planner };
+const VIEWS = { memory, strategies, weights, tp, recipes, tiers, planner, serving };
 const started = new Set();
 const ctx = { catalog: null, uploads: [] };
 

@@ -159,7 +159,7 @@ function draw(train, serve) {
     el("span", { text: "Training: " }),
     el("strong", { id: "mem-training-total", "data-bytes": heavy, text: fmtBytes(heavy) }),
     el("span", { text: ` per GPU${train.stages.length > 1 ? " on the heaviest stage" : ""} of ${train.gpus.toLocaleString("en-US")} × ${train.gpu} (${layoutWords(l)}; ${trainingWhat(train)}, ${train.precision}, ${train.seq.toLocaleString("en-US")} tokens × micro-batch ${l.micro_batch}), ` }),
-    el("strong", { id: "mem-fits", class: train.fits ? "ok" : "bad", text: train.fits ? `fits in ${fmtBytes(train.hbm_bytes)}` : `over its ${fmtBytes(train.hbm_bytes)} by ${fmtBytes(-train.free_bytes)}` }),
+    el("strong", { id: "mem-fits", class: train.fits ? "ok" : "bad", text: train.fits ? `fits in ${fmtBytes(train.hbm_bytes_per_gpu)}` : `over its ${fmtBytes(train.hbm_bytes_per_gpu)} by ${fmtBytes(-train.free_bytes_per_gpu)}` }),
     ".", ...perStage,
     serving
       ? el("span", {}, " Serving: ", el("strong", { id: "mem-serving-total", "data-bytes": serveTotal, text: fmtBytes(serveTotal) }),
@@ -174,7 +174,7 @@ function draw(train, serve) {
   bars.forEach((b, i) => { b.y = 28 + i * (BAR_H + BAR_GAP); });
   const axisY = 28 + bars.length * (BAR_H + BAR_GAP) - BAR_GAP + 12;
   const H = axisY + 40;
-  const max = Math.max(...stages.map((s) => s.bill.total_bytes), serveTotal, train.hbm_bytes) * 1.04;
+  const max = Math.max(...stages.map((s) => s.bill.total_bytes), serveTotal, train.hbm_bytes_per_gpu) * 1.04;
   const unit = max >= 2e12 ? 1e12 : 1e9;
   const unitName = unit === 1e12 ? "TB" : "GB";
   const x = (b) => LEFT + ((W - LEFT - RIGHT) * b) / max;
@@ -207,12 +207,12 @@ function draw(train, serve) {
       acc += term.value_bytes;
     }
   }
-  const hx = x(train.hbm_bytes);
+  const hx = x(train.hbm_bytes_per_gpu);
   root.append(
     svg("line", { x1: hx, x2: hx, y1: 16, y2: axisY, class: "hbm-line" }),
     svg("text", {
       x: hx > W * 0.6 ? hx - 4 : hx + 4, y: 14, class: "hbm-label", "text-anchor": hx > W * 0.6 ? "end" : "start",
-      text: `one ${train.gpu}: ${fmtBytes(train.hbm_bytes)} HBM`,
+      text: `one ${train.gpu}: ${fmtBytes(train.hbm_bytes_per_gpu)} HBM`,
     }),
   );
   $("#mem-chart").replaceChildren(root);

@@ -115,7 +115,7 @@ function render() {
     "Evaluated ", el("strong", { id: "pl-evaluated", "data-value": r.evaluated, text: fmtInt(r.evaluated) }),
     " layouts in ", el("span", { text: fmtSeconds(r.elapsed_s) }), "; ",
     el("strong", { id: "pl-feasible", "data-value": r.feasible, text: fmtInt(r.feasible) }),
-    ` fit with ${fmtPct(r.headroom)} of HBM kept free. ${r.global_batch} sequences of ${fmtInt(r.seq)} tokens per step, objective ${r.objective}.`,
+    ` fit with ${fmtPct(r.headroom_fraction)} of HBM kept free. ${r.global_batch} sequences of ${fmtInt(r.seq)} tokens per step, objective ${r.objective}.`,
     r.fewest_gpus ? el("span", { id: "pl-fewest", "data-value": r.fewest_gpus.gpus,
       text: ` The fewest GPUs that train ${Number(r.fewest_gpus.tokens).toExponential(2)} tokens in ${r.fewest_gpus.days} days: ${fmtInt(r.fewest_gpus.gpus)} (the search began at ${fmtInt(r.fewest_gpus.searched_from)}).` }) : "",
   );
@@ -132,7 +132,7 @@ const METRICS = {
   "step-time": ["step time", (p) => p.step_time_s, (x) => fmtSeconds(x), -1],
   "fewest-gpus": ["step time", (p) => p.step_time_s, (x) => fmtSeconds(x), -1],
   "tokens-per-gpu": ["tokens/s per GPU", (p) => p.tokens_per_s_per_gpu, (x) => fmtInt(x), 1],
-  headroom: ["headroom", (p) => p.headroom_bytes, (x) => fmtBytes(x), 1],
+  headroom: ["headroom", (p) => p.free_bytes_per_gpu, (x) => fmtBytes(x), 1],
 };
 
 // Say when the best plans are too close to call, and when nothing fits, what would.
@@ -216,7 +216,7 @@ const COLUMNS = [
   ["mfu", "MFU (%)", (p) => p.mfu, (x) => (100 * x).toFixed(1)],
   ["tps", "Tokens/s per GPU", (p) => p.tokens_per_s_per_gpu, (x) => fmtInt(x)],
   ["mem", "Memory per GPU (GB)", (p) => p.per_gpu.total_bytes, (x) => (x / 1e9).toFixed(1)],
-  ["free", "Headroom (GB)", (p) => p.headroom_bytes, (x) => (x / 1e9).toFixed(1)],
+  ["free", "Headroom (GB)", (p) => p.free_bytes_per_gpu, (x) => (x / 1e9).toFixed(1)],
 ];
 
 function table() {
@@ -244,8 +244,8 @@ function table() {
 
 function pareto() {
   const r = result;
-  const hbm = ctx.catalog.gpus.find((g) => g.name === r.gpu)?.hbm_bytes;
-  const pts = r.pareto.map((p) => ({ m: p.memory_bytes, t: p.step_time_s, layout: p.layout }));
+  const hbm = ctx.catalog.gpus.find((g) => g.name === r.gpu)?.hbm_bytes_per_gpu;
+  const pts = r.pareto.map((p) => ({ m: p.memory_bytes_per_gpu, t: p.step_time_s, layout: p.layout }));
   const top = r.plans.map((p, i) => ({ m: p.per_gpu.total_bytes, t: p.step_time_s, rank: i + 1, layout: p.layout }));
   const all = [...pts, ...top];
   if (!all.length) { $("#pl-pareto").replaceChildren(el("p", { class: "note", text: "No layout fits: nothing to plot." })); return; }
@@ -353,7 +353,7 @@ function rejections() {
 
 function explain() {
   const blocks = (result.explain || []).map((item) => {
-    const rows = item.rows.filter((row) => row[item.a] !== 0 || row[item.b] !== 0);
+    const rows = item.rows.filter((row) => row.value_a !== 0 || row.value_b !== 0);
     const fmt = (row, v) => (row.unit === "s" ? fmtSeconds(v) : fmtGB(v, 2));
     // A named layout gets a short column header; its full text heads the block.
     const bName = item.named ? "named layout" : item.b;
@@ -365,7 +365,7 @@ function explain() {
         el("thead", {}, el("tr", {}, el("th", { text: "Term" }), el("th", { text: item.a }), el("th", { text: bName }), el("th", { text: "Difference" }))),
         el("tbody", {}, ...rows.map((row) => el("tr", {},
           el("td", { text: row.term.replace(/_bytes$/, "").replaceAll("_", " ") }),
-          el("td", { text: fmt(row, row[item.a]) }), el("td", { text: fmt(row, row[item.b]) }),
+          el("td", { text: fmt(row, row.value_a) }), el("td", { text: fmt(row, row.value_b) }),
           el("td", { class: row.difference > 0 ? "worse" : row.difference < 0 ? "better" : "", text: `${row.difference > 0 ? "+" : ""}${fmt(row, row.difference)}` }),
         ))),
       )),

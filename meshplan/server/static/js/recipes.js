@@ -88,7 +88,7 @@ async function verdict(r) {
   const stage = r.stages.length > 1 ? ` on stage ${r.heaviest_stage} (the heaviest of ${r.stages.length})` : "";
   if (r.fits) {
     node.replaceChildren(el("strong", { class: "ok", id: "rc-fits", text: "Fits. " }),
-      `The engine bills ${fmtBytes(r.per_gpu.total_bytes)} per GPU${stage}, leaving ${fmtBytes(r.free_bytes)} of the ${fmtBytes(r.hbm_bytes)} HBM.`);
+      `The engine bills ${fmtBytes(r.per_gpu.total_bytes)} per GPU${stage}, leaving ${fmtBytes(r.free_bytes_per_gpu)} of the ${fmtBytes(r.hbm_bytes_per_gpu)} HBM.`);
     return;
   }
   const names = TERM_NAMES(r.terms);
@@ -96,7 +96,7 @@ async function verdict(r) {
     .map((t) => `${names[t.name]} ${fmtBytes(t.value_bytes)}`).join(" and ");
   const say = (extra) => node.replaceChildren(
     el("strong", { class: "bad", id: "rc-fits", text: "Over HBM. " }),
-    `The engine bills ${fmtBytes(r.per_gpu.total_bytes)} per GPU${stage}, ${fmtBytes(-r.free_bytes)} more than the ${fmtBytes(r.hbm_bytes)} of one ${r.gpu}; `,
+    `The engine bills ${fmtBytes(r.per_gpu.total_bytes)} per GPU${stage}, ${fmtBytes(-r.free_bytes_per_gpu)} more than the ${fmtBytes(r.hbm_bytes_per_gpu)} of one ${r.gpu}; `,
     `the largest terms are ${big}. The published run did train this way, so the bill is missing something that run did `,
     "(a recipe states its degrees, not every memory setting). ", ...extra);
   say([]);
@@ -108,7 +108,7 @@ async function verdict(r) {
     if (report !== r) return;
     say(["What it would need: ", ...bills.flatMap(([m, b], i) => [i ? "; " : "", `with ${m} recompute the same layout is billed `,
       el("strong", { "data-recompute": m, "data-bytes": b.per_gpu.total_bytes, text: fmtBytes(b.per_gpu.total_bytes) }),
-      b.fits ? " and fits" : ` (${fmtBytes(-b.free_bytes)} over)`]), "."]);
+      b.fits ? " and fits" : ` (${fmtBytes(-b.free_bytes_per_gpu)} over)`]), "."]);
   } catch (err) {
     if (!isAbort(err)) say([`(The engine could not bill the recompute alternatives: ${err.message}.)`]);
   }
@@ -143,7 +143,7 @@ function nest() {
     notes.push(`EP ${ep.size}: the expert groups are carved out of the data-parallel ranks (no factor of their own); they ${ep.crosses_fabric ? `cross the fabric over ${ep.link}` : `stay on ${ep.link}`}.`);
   }
   notes.push("Green boxes keep their traffic inside one NVLink domain; every dashed orange box is an axis whose groups cross the scale-out fabric. Only a representative slice of each level is drawn.");
-  notes.push(`Engine estimate for this recipe: ${fmtSeconds(report.step_time_s)} per step, MFU ${fmtPct(report.mfu)}, ${fmtBytes(report.per_gpu.total_bytes)} per GPU of ${fmtBytes(report.hbm_bytes)} HBM.`);
+  notes.push(`Engine estimate for this recipe: ${fmtSeconds(report.step_time_s)} per step, MFU ${fmtPct(report.mfu)}, ${fmtBytes(report.per_gpu.total_bytes)} per GPU of ${fmtBytes(report.hbm_bytes_per_gpu)} HBM.`);
   $("#rc-notes").replaceChildren(...notes.map((n) => el("span", { class: "block", text: n })));
   $("#rc-play").textContent = d < ls.length ? `▶ Add the next axis (${d} of ${ls.length})` : "▶ Build outward";
 }

@@ -120,7 +120,7 @@ async function ladder(v) {
 }
 
 function gpus(s) {
-  const hbm = s.applies ? s.memory.hbm_bytes : null;
+  const hbm = s.applies ? s.memory.hbm_bytes_per_gpu : null;
   const items = s.gpus.map((g) => {
     const over = s.applies && g.total_bytes > hbm;
     const fill = s.applies ? Math.min(g.total_bytes / hbm, 1) : 0;

@@ -38,7 +38,7 @@ export function restore() {
 async function updateSplit() {
   const v = formValues($("#tp-form"));
   try {
-    split = await tracked($("#tp-results"), () => splitCall("/api/tp-split", { ranks: v.ranks, activation: v.activation, seed: v.seed, tokens: 4, hidden: 8, ffn: 16 }));
+    split = await tracked($("#tp-results"), () => splitCall("/api/tp-split", { ranks: v.ranks, activation: v.activation, seed: v.seed, rows: 4, hidden: 8, ffn: 16 }));
     showError($("#tp-error"), null);
     drawSplit();
   } catch (err) {

@@ -41,7 +41,7 @@ function draw(r) {
   $("#w-summary").replaceChildren(
     `${r.model} is `, el("strong", { id: "w-total", "data-bytes": r.weights_bytes_total, text: fmtBytes(r.weights_bytes_total) }),
     ` of weights in ${r.dtype}. Split ${fmtInt(r.gpus)} ways, each ${r.gpu} holds `,
-    el("strong", { id: "w-per-gpu", "data-bytes": r.weights_bytes_per_gpu, text: fmtBytes(r.weights_bytes_per_gpu) }),
+    el("strong", { id: "w-per-gpu", "data-bytes": r.weights_bytes_per_gpu_even_split, text: fmtBytes(r.weights_bytes_per_gpu_even_split) }),
     `, ${fmtPct(r.hbm_fraction_per_gpu)} of its ${fmtBytes(r.hbm_bytes_per_gpu)}, leaving `,
     el("strong", { id: "w-free", "data-bytes": r.free_bytes_per_gpu, text: fmtBytes(r.free_bytes_per_gpu) }),
     " per GPU (", el("span", { id: "w-free-total", "data-bytes": r.free_bytes_total, text: fmtBytes(r.free_bytes_total) }),
@@ -51,7 +51,7 @@ function draw(r) {
     el("strong", { id: "w-fits", class: r.fits ? "ok" : "bad", text: r.fits ? "Fits." : "Does not fit." }),
     ` The weights alone need at least `,
     el("strong", { id: "w-min-weights", text: String(r.min_gpus_for_weights) }),
-    ` × ${r.gpu}. Training with Adam in mixed precision (16 bytes per parameter, ${fmtBytes(r.training_state_bytes)}) `,
+    ` × ${r.gpu}. Training with Adam in mixed precision (${r.training_state_bytes_per_param} bytes per parameter, ${fmtBytes(r.training_state_bytes_total)}) `,
     "needs at least ",
     el("strong", { id: "w-min-training", text: String(r.min_gpus_for_training) }),
     " before any activation is counted.",
@@ -62,7 +62,7 @@ function draw(r) {
 function bars(r) {
   const n = Math.min(r.gpus, MAX_BARS);
   const W = chartWidth($("#w-chart")), H = 250, L = 56, B = 40, T = 22;
-  const max = Math.max(r.hbm_bytes_per_gpu, r.weights_bytes_per_gpu) * 1.02;
+  const max = Math.max(r.hbm_bytes_per_gpu, r.weights_bytes_per_gpu_even_split) * 1.02;
   const y = (b) => T + (H - T - B) * (1 - b / max);
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "weights per GPU against HBM" });
   for (const t of ticks(max / 1e9)) {
@@ -74,11 +74,11 @@ function bars(r) {
   const bw = Math.max(Math.min(slot * 0.7, 60), 2);
   for (let i = 0; i < n; i++) {
     const x = L + i * slot + (slot - bw) / 2;
-    const used = Math.min(r.weights_bytes_per_gpu, max);
+    const used = Math.min(r.weights_bytes_per_gpu_even_split, max);
     root.append(svg("rect", { x, y: y(r.hbm_bytes_per_gpu), width: bw, height: y(0) - y(r.hbm_bytes_per_gpu), class: "hbm" }));
     root.append(svg("rect", {
       x, y: y(used), width: bw, height: y(0) - y(used), class: r.fits ? "weights" : "weights over", "data-gpu": i,
-    }, svg("title", { text: `GPU ${i}: ${fmtBytes(r.weights_bytes_per_gpu)} of weights, ${fmtBytes(r.free_bytes_per_gpu)} free` })));
+    }, svg("title", { text: `GPU ${i}: ${fmtBytes(r.weights_bytes_per_gpu_even_split)} of weights, ${fmtBytes(r.free_bytes_per_gpu)} free` })));
     if (n <= Math.floor(W / 60)) root.append(svg("text", { x: x + bw / 2, y: H - B + 16, class: "tick", "text-anchor": "middle", text: `GPU ${i}` }));
   }
   const caption = r.gpus > MAX_BARS

@@ -14,11 +14,12 @@ Measured on torch 2.13 by ``meshplan check`` (docs/check.md):
 
 from __future__ import annotations
 
-from meshplan.core.calls import CollectiveCall, StageShape, make_call
-from meshplan.core.comms import Collective
+from meshplan.core.comm.call import CollectiveCall, StageShape, make_call
+from meshplan.core.comm.cost import Collective
 from meshplan.core.num import Num, ceil_div, where
 from meshplan.core.placement import AxisPlacement
-from meshplan.core.shards import RankCoords, StageUnits, ddp_buckets, fsdp_units, gather_bytes, rank_params
+from meshplan.core.pytorch.shards import RankCoords, ddp_buckets, fsdp_units, gather_bytes, rank_params
+from meshplan.core.stages import StageRow
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import ZeroStage
 from meshplan.spec.model import ModelSpec
@@ -29,9 +30,18 @@ PARTIAL_GRAD_READS = {OptimizerKind.ADAMW: 3, OptimizerKind.SGD_MOMENTUM: 1, Opt
 AdamW (lerp_ once, addcmul_ twice) is measured; the others are read from their update rules."""
 
 
-def _units(st: StageShape) -> StageUnits:
+def _units(st: StageShape) -> StageRow:
     first, last = where(st.embedding, 1, 0), where(st.head, 1, 0)
-    return StageUnits(dense_layers=st.dense_layers, moe_layers=st.moe_layers, embedding=first, head=last)
+    layers = st.dense_layers + st.moe_layers
+    return StageRow(
+        stage=0,
+        first_layer=0,
+        layers=layers,
+        dense_layers=st.dense_layers,
+        moe_layers=st.moe_layers,
+        embedding=first,
+        head=last,
+    )
 
 
 def tp_edge_calls(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.core.comms import Collective, hierarchical_time
+from meshplan.core.comm.cost import Collective, hierarchical_time
 from meshplan.core.num import Num
 from meshplan.core.placement import AxisPlacement
 from meshplan.spec.cluster import Cluster

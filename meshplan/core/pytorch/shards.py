@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.core import pipeline
 from meshplan.core.num import Num, ceil_div, maximum, minimum, where
 from meshplan.core.params import ParamTensor, embedding_tensors, head_tensors, layer_tensors
+from meshplan.core.stages import StageRow
 from meshplan.spec.layout import ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import OptimizerKind, PrecisionPolicy
@@ -91,31 +91,7 @@ def unit_padded_numel(tensors: tuple[ParamTensor, ...], at: RankCoords) -> Num:
     return sum((fsdp_numel(t, at)[1] for t in tensors), 0.0 * at.fsdp)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageUnits:
-    """The parameter groups of one pipeline stage and how many of each it holds (FSDP2's units)."""
-
-    dense_layers: Num
-    moe_layers: Num
-    embedding: Num
-    """1 on the first stage, else 0."""
-    head: Num
-    """1 on the last stage, else 0."""
-
-
-def stage_units(model: ModelSpec, *, pp: Num, stage: Num) -> StageUnits:
-    layers = pipeline.stage_layers(model.num_layers, pp=pp, stage=stage)
-    first = pipeline.stage_first_layer(model.num_layers, pp=pp, stage=stage)
-    dense = minimum(maximum(model.num_dense_mlp_layers - first, 0), layers)
-    return StageUnits(
-        dense_layers=dense,
-        moe_layers=layers - dense,
-        embedding=where(stage == 0, 1, 0),
-        head=where(stage == pp - 1, 1, 0),
-    )
-
-
-def _stage_groups(model: ModelSpec, units: StageUnits) -> Iterator[tuple[tuple[ParamTensor, ...], Num]]:
+def _stage_groups(model: ModelSpec, units: StageRow) -> Iterator[tuple[tuple[ParamTensor, ...], Num]]:
     """(tensors of one group, copies on the stage), in module order."""
     yield embedding_tensors(model), units.embedding
     yield layer_tensors(model, moe_layer=False), units.dense_layers
@@ -140,7 +116,7 @@ class RankParams:
     """Elements of the token table on other TP ranks (what a replicated embedding gradient adds)."""
 
 
-def rank_params(model: ModelSpec, at: RankCoords, units: StageUnits) -> RankParams:
+def rank_params(model: ModelSpec, at: RankCoords, units: StageRow) -> RankParams:
     """What one GPU of a pipeline stage holding ``units`` keeps, tensor by tensor."""
     numel, padded, expert, tensors = (0.0 * at.tp,) * 4
     for group, copies in _stage_groups(model, units):
@@ -157,7 +133,7 @@ def rank_params(model: ModelSpec, at: RankCoords, units: StageUnits) -> RankPara
     )
 
 
-def fsdp_units(model: ModelSpec, at: RankCoords, units: StageUnits) -> list[tuple[str, Num, Num]]:
+def fsdp_units(model: ModelSpec, at: RankCoords, units: StageRow) -> list[tuple[str, Num, Num]]:
     """(unit, padded shard elements of one unit, units of that kind on the stage): FSDP2 wraps every layer and
     then the stage's root (embedding, final norm, output head)."""
     root = units.embedding * unit_padded_numel(embedding_tensors(model), at)
@@ -169,7 +145,7 @@ def fsdp_units(model: ModelSpec, at: RankCoords, units: StageUnits) -> list[tupl
     return out
 
 
-def _ready_order(model: ModelSpec, units: StageUnits) -> Iterator[tuple[ParamTensor, Num]]:
+def _ready_order(model: ModelSpec, units: StageRow) -> Iterator[tuple[ParamTensor, Num]]:
     """Every tensor of the stage with a 0/1 presence flag, in the order backward makes gradients ready."""
     groups = list(_stage_groups(model, units))
     most = [int(np.max(copies)) for _, copies in groups]
@@ -179,7 +155,7 @@ def _ready_order(model: ModelSpec, units: StageUnits) -> Iterator[tuple[ParamTen
                 yield t, copies > i
 
 
-def ddp_buckets(model: ModelSpec, at: RankCoords, units: StageUnits, *, grad_bytes: float, experts: Num = True) -> Num:
+def ddp_buckets(model: ModelSpec, at: RankCoords, units: StageRow, *, grad_bytes: float, experts: Num = True) -> Num:
     """Gradient buckets DDP all-reduces each step, after it rebuilt them in the order gradients became ready.
 
     A bucket closes once it reaches its cap (1 MiB for the first, 25 MiB after), the tensor that crossed the
@@ -225,7 +201,7 @@ class TorchState:
 def torch_state(
     model: ModelSpec,
     at: RankCoords,
-    units: StageUnits,
+    units: StageRow,
     *,
     zero: Num,
     ddp_ranks: Num,

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshplan.core.comms import Collective, all_reduce_time, bus_factor, hierarchical_time, ring_time
+from meshplan.core.comm.cost import Collective, all_reduce_time, bus_factor, hierarchical_time, ring_time
 
 BW = 100e9
 

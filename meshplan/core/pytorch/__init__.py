@@ -1,0 +1,2 @@
+"""PyTorch-native accounting: what FSDP2, DTensor TP/SP and DDP hold tensor by tensor (shards.py) and the
+collectives only they issue (collectives.py), as measured by ``meshplan check``."""

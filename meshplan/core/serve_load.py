@@ -1,0 +1,281 @@
+"""Serving under load: continuous batching capped by KV capacity, max batch and tokens per step.
+
+Steady state of a replica holding B sequences (I input and O output tokens each; b = B / (pp x d) per
+forward, d = tp under attention-DP, else 1):
+  step      t(b) = pp x forward(b decode tokens at mean context I + O/2, + b I / O prefill tokens riding along)
+  TPOT=ITL  t(b);   output tokens/s per replica  B / t(b)
+  TTFT      ceil(I / (N_step - b)) chunks of a step with the chunk in it, + half a step of waiting for the
+            step boundary (p99: a whole step), + the queue for a batch slot
+Closed loop (C users, no think time): B = min(C, cap); beyond the cap the extra users queue, W = (C - B) / X
+by Little's law (X requests/s). Open loop (rate R): B solves B = R (TTFT + (O - 1) t(b)); the slot queue is
+M/D/c with c = cap (Erlang C halved for deterministic service; Allen-Cunneen), its p99 from the exponential
+tail. The knee is the smallest batch reaching 90% of the throughput at the cap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from meshplan.core.num import Num
+from meshplan.core.serve_phases import Forward, decode_step, pipeline_factor, prefill
+from meshplan.core.serve_shape import Hardware, ReplicaShape, ServeLayout
+from meshplan.spec.model import ModelSpec
+
+KNEE_SHARE = 0.9
+"""The knee: the smallest batch whose throughput reaches this share of the throughput at the cap."""
+P99_TAIL = 0.01
+
+
+class BatchLimit(StrEnum):
+    """What stops the batch from growing."""
+
+    LOAD = "load"
+    """The offered load: fewer requests than slots."""
+    KV_CACHE = "kv-cache"
+    """The KV cache: no room for another sequence."""
+    MAX_BATCH = "max-batch"
+    """The engine's cap on sequences per step."""
+    MAX_TOKENS = "max-tokens"
+    """The engine's cap on tokens per step."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Requests:
+    """The traffic: request shape and either closed-loop concurrency or an open-loop rate (per replica)."""
+
+    input_len: int
+    output_len: int
+    concurrency: float | None = None
+    rate_per_s: float | None = None
+    max_batch: int | None = None
+    """A batch cap below the engine's (the planner's knob)."""
+
+    def __post_init__(self) -> None:
+        if self.input_len < 1 or self.output_len < 1:
+            raise ValueError(f"input and output lengths must be >= 1, got {self.input_len} and {self.output_len}")
+        if (self.concurrency is None) == (self.rate_per_s is None):
+            raise ValueError("give exactly one of concurrency and rate")
+        if (self.concurrency or 1) <= 0 or (self.rate_per_s or 1) <= 0:
+            raise ValueError("concurrency and rate must be positive")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Capacity:
+    """How many sequences a replica can batch, and which cap binds."""
+
+    sequences: int
+    limit: BatchLimit
+    kv_sequences: int
+    per_forward: int
+    """Divisor from replica sequences to the batch of one forward (pp x attention-DP ranks)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadPoint:
+    """A replica at steady state under the given traffic."""
+
+    batch: float
+    """Sequences in flight per replica."""
+    limit: BatchLimit
+    capacity: Capacity
+    step: Forward
+    """One forward (per GPU, per micro-batch) at that batch."""
+    tpot_s: float
+    ttft_s_p50: float | None
+    ttft_s_p99: float | None
+    ttft_unloaded_s: float
+    queue_s_p50: float
+    queue_s_p99: float
+    output_tokens_per_s: float
+    requests_per_s: float
+    saturated: bool
+    knee_batch: int
+    max_output_tokens_per_s: float
+
+
+def capacity(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests) -> Capacity:
+    """Sequences per replica: the least of the KV cache, the engine's max batch and the user's cap."""
+    reserve = req.input_len + (req.output_len if hw.cal.reserve_full_sequence else req.output_len / 2)
+    ranks = layout.tp if layout.dp_attention else 1
+    kv = int(shape.max_sequences(model, tokens_per_sequence=reserve)) * ranks
+    engine = hw.cal.max_batch * ranks
+    caps = [(kv, BatchLimit.KV_CACHE), (engine, BatchLimit.MAX_BATCH)]
+    if req.max_batch is not None:
+        caps.append((req.max_batch, BatchLimit.MAX_BATCH))
+    tokens_cap = (hw.cal.max_num_tokens - 1) * layout.pp * ranks  # a decode token each, one prefill token left
+    caps.append((tokens_cap, BatchLimit.MAX_TOKENS))
+    seqs, limit = min(caps, key=lambda c: c[0])
+    return Capacity(sequences=max(seqs, 0), limit=limit, kv_sequences=kv, per_forward=layout.pp * ranks)
+
+
+def step_at(
+    model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests, *, batch: object
+) -> Forward:
+    """One steady-state forward with ``batch`` sequences per replica (arrays broadcast)."""
+    arr = np.asarray(batch, dtype=np.float64) / (layout.pp * (layout.tp if layout.dp_attention else 1))
+    ride = np.minimum(arr * req.input_len / req.output_len, np.maximum(hw.cal.max_num_tokens - arr, 0.0))
+    b = arr.item() if arr.ndim == 0 else arr
+    riding = ride.item() if np.ndim(ride) == 0 else ride
+    context = req.input_len + req.output_len / 2
+    return decode_step(model, shape, hw, layout, batch=b, context=context, prefill_tokens=riding)
+
+
+def ttft_s(
+    model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests, *, batch: Num
+) -> Num:
+    """Prefill of one request in chunks beside ``batch`` decoding sequences per replica (no queueing, no
+    wait for the step boundary); arrays of batches broadcast."""
+    ranks = layout.tp if layout.dp_attention else 1
+    b = np.asarray(batch, dtype=np.float64) / (layout.pp * ranks)
+    chunk = np.minimum(float(req.input_len), np.maximum(hw.cal.max_num_tokens - b, 1.0))
+    chunks = np.ceil(req.input_len / chunk)
+    alone = prefill(model, shape, hw, layout, tokens=chunk, cached=(req.input_len - chunk) / 2).total_s
+    context = req.input_len + req.output_len / 2
+    beside = decode_step(model, shape, hw, layout, batch=b, context=context, prefill_tokens=chunk).total_s
+    out = chunks * pipeline_factor(hw, layout) * np.where(b < 1, alone, beside)
+    return float(out) if out.ndim == 0 else out
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """Probability an arrival waits in M/M/c (Erlang B recurrence, then C)."""
+    if offered >= servers:
+        return 1.0
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = offered * b / (k + offered * b)
+    rho = offered / servers
+    return b / (1 - rho + rho * b)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Steady:
+    """What a load model settles on: the batch, its step, the prefill and queue times, the request rate."""
+
+    batch: float
+    limit: BatchLimit
+    tpot_s: float
+    prefill_s: float
+    wait_s_p50: float
+    wait_s_p99: float
+    requests_per_s: float
+
+
+def _closed_loop(
+    req: Requests, cap: Capacity, tpot: Callable[[float], float], first: Callable[[float], float]
+) -> _Steady:
+    """C users with no think time: B = min(C, cap); the rest wait, (C - B) / X by Little's law."""
+    assert req.concurrency is not None
+    batch = min(req.concurrency, float(cap.sequences))
+    t, pre = tpot(batch), first(batch - 1)
+    rate = batch / (pre + t / 2 + (req.output_len - 1) * t)
+    wait = (req.concurrency - batch) / rate
+    limit = BatchLimit.LOAD if req.concurrency <= cap.sequences else cap.limit
+    return _Steady(
+        batch=batch, limit=limit, tpot_s=t, prefill_s=pre, wait_s_p50=wait, wait_s_p99=wait, requests_per_s=rate
+    )
+
+
+def _open_loop(
+    req: Requests, cap: Capacity, tpot: Callable[[float], float], first: Callable[[float], float]
+) -> _Steady:
+    """Poisson arrivals at R: B = R x time in system (a fixed point from below, monotone in B); the wait
+    for a batch slot is M/D/c with c = cap."""
+    assert req.rate_per_s is not None
+    lam, batch = req.rate_per_s, 1.0
+    for _ in range(60):
+        t = tpot(batch)
+        nxt = lam * (first(batch) + t / 2 + (req.output_len - 1) * t)
+        if nxt >= cap.sequences or abs(nxt - batch) < 1e-3:
+            batch = min(nxt, float(cap.sequences))
+            break
+        batch = max(nxt, 1e-6)
+    t, pre = tpot(batch), first(batch)
+    service = pre + t / 2 + (req.output_len - 1) * t
+    servers = cap.sequences
+    if lam * service >= servers:
+        return _Steady(
+            batch=float(servers),
+            limit=cap.limit,
+            tpot_s=t,
+            prefill_s=pre,
+            wait_s_p50=math.inf,
+            wait_s_p99=math.inf,
+            requests_per_s=servers / service,
+        )
+    p_wait = erlang_c(servers, lam * service)
+    spare = servers / service - lam
+    p99 = 0.5 * math.log(p_wait / P99_TAIL) / spare if p_wait > P99_TAIL else 0.0
+    return _Steady(
+        batch=batch,
+        limit=BatchLimit.LOAD,
+        tpot_s=t,
+        prefill_s=pre,
+        wait_s_p50=0.5 * p_wait / spare,
+        wait_s_p99=p99,
+        requests_per_s=lam,
+    )
+
+
+def load_point(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests) -> LoadPoint:
+    """The replica's batch, latencies and throughput under ``req``."""
+    cap = capacity(model, shape, hw, layout, req)
+    if cap.sequences < 1:
+        raise ValueError(f"no sequence of {req.input_len}+{req.output_len} tokens fits in the KV cache")
+    rounds = pipeline_factor(hw, layout)
+    sizes = np.arange(1, cap.sequences + 1, dtype=np.float64)
+    curve = sizes / (rounds * step_at(model, shape, hw, layout, req, batch=sizes).total_s)
+    best = float(curve[-1])
+
+    def tpot(b: float) -> float:
+        return float(rounds * step_at(model, shape, hw, layout, req, batch=b).total_s)
+
+    def first(b: float) -> float:
+        return float(ttft_s(model, shape, hw, layout, req, batch=b))
+
+    steady = (_closed_loop if req.concurrency is not None else _open_loop)(req, cap, tpot, first)
+    saturated = math.isinf(steady.wait_s_p50)
+    t = steady.tpot_s
+    return LoadPoint(
+        batch=steady.batch,
+        limit=steady.limit,
+        capacity=cap,
+        step=step_at(model, shape, hw, layout, req, batch=steady.batch),
+        tpot_s=t,
+        ttft_s_p50=None if saturated else steady.prefill_s + t / 2 + steady.wait_s_p50,
+        ttft_s_p99=None if saturated else steady.prefill_s + t + steady.wait_s_p99,
+        ttft_unloaded_s=first(0.0),
+        queue_s_p50=steady.wait_s_p50,
+        queue_s_p99=steady.wait_s_p99,
+        output_tokens_per_s=steady.batch / t,
+        requests_per_s=steady.requests_per_s,
+        saturated=saturated,
+        knee_batch=int(np.argmax(curve >= KNEE_SHARE * best)) + 1,
+        max_output_tokens_per_s=best,
+    )
+
+
+def static_batch_s(
+    model: ModelSpec,
+    shape: ReplicaShape,
+    hw: Hardware,
+    layout: ServeLayout,
+    *,
+    batch: int,
+    input_len: int,
+    output_len: int,
+) -> tuple[float, float]:
+    """(prefill, decode) seconds of a static batch: all prompts prefilled at once, then O - 1 decode steps
+    at the mean context (the KV read is linear in context, so the mean step is the step at the mean)."""
+    b = batch / layout.pp
+    pre = pipeline_factor(hw, layout) * prefill(model, shape, hw, layout, tokens=b * input_len, sequences=b).total_s
+    steps = max(output_len - 1, 0)
+    dec = (
+        pipeline_factor(hw, layout)
+        * decode_step(model, shape, hw, layout, batch=b, context=input_len + output_len / 2).total_s
+    )
+    return float(pre), float(steps * dec)

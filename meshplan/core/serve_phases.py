@@ -1,0 +1,250 @@
+"""Serving phases on one GPU: a decode step and a prefill chunk, term by term.
+
+Decode step of a batch of B sequences with context c (per GPU of a TP x PP replica):
+  GEMMs     max(W_read / (HBM e_hbm), 2 P_active B / (peak e_mm s(B)))   weights read once, then compute bound
+  attention max(B c kv_tok / (HBM e_hbm), F_attn(B, c) / (peak e_attn))  the KV cache of every sequence
+  + TP all-reduces (2 per layer, alpha + 2(n-1)/n bytes / bw) + EP dispatch/combine + PP sends + overheads
+where s(M) = M / (M + d_half) is the GEMM shape efficiency of the GPU kind. Each kernel class is its own
+roofline (a GEMM is memory or compute bound, the attention kernel likewise) and the classes run one after
+another. Prefill of T tokens after c0 cached ones: the same GEMMs with M = T, causal attention
+4 T (c0 + T/2) a d per layer, memory-bound ops at HBM speed. Every array argument broadcasts (numpy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.core.num import Num, maximum, where
+from meshplan.core.serve_shape import (
+    ACT_BYTES,
+    Hardware,
+    Quant,
+    ReplicaShape,
+    ServeLayout,
+    compute_dtype,
+    sliding_context,
+)
+from meshplan.spec.cluster import Link
+from meshplan.spec.model import ModelSpec
+from meshplan.units import DType
+
+EP_DISPATCH_BYTES = 1.0
+"""Bytes per value a token's hidden state takes to its experts (fp8 dispatch, DeepEP) ..."""
+EP_COMBINE_BYTES = 2.0
+"""... and back from them (bf16 combine)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Forward:
+    """One forward of the stage on one GPU: seconds by term (arrays where inputs are arrays)."""
+
+    weights_read_s: Num
+    kv_read_s: Num
+    gemm_compute_s: Num
+    attention_compute_s: Num
+    memory_ops_s: Num
+    tp_comm_s: Num
+    ep_comm_s: Num
+    pp_comm_s: Num
+    overhead_s: Num
+
+    @property
+    def gemm_s(self) -> Num:
+        return maximum(self.weights_read_s, self.gemm_compute_s)
+
+    @property
+    def attention_s(self) -> Num:
+        return maximum(self.kv_read_s, self.attention_compute_s)
+
+    @property
+    def comm_s(self) -> Num:
+        return self.tp_comm_s + self.ep_comm_s + self.pp_comm_s
+
+    @property
+    def total_s(self) -> Num:
+        return self.gemm_s + self.attention_s + self.memory_ops_s + self.comm_s + self.overhead_s
+
+    def breakdown(self) -> dict[str, Num]:
+        """Seconds by what bounds them: the binding side of each roofline, then the rest."""
+        gemm_mem = self.weights_read_s >= self.gemm_compute_s
+        attn_mem = self.kv_read_s >= self.attention_compute_s
+        return {
+            "weights_read_s": where(gemm_mem, self.weights_read_s, 0.0),
+            "kv_read_s": where(attn_mem, self.kv_read_s, 0.0),
+            "compute_s": where(gemm_mem, 0.0, self.gemm_compute_s)
+            + where(attn_mem, 0.0, self.attention_compute_s)
+            + self.memory_ops_s,
+            "communication_s": self.comm_s,
+            "overhead_s": self.overhead_s,
+        }
+
+
+def pipeline_factor(hw: Hardware, layout: ServeLayout) -> float:
+    """Seconds of a token's round through all stages per second of one stage's forward: pp, over the
+    engine's pipeline efficiency when pp > 1."""
+    return layout.pp / (hw.cal.pp_efficiency if layout.pp > 1 else 1.0)
+
+
+def shape_efficiency(m: Num, half_dim: float) -> Num:
+    """s(M) = M / (M + d_half): a GEMM with few rows falls off its peak (compute.gemm_time's factor)."""
+    return m / (m + half_dim)
+
+
+def _hbm_bytes_per_s(hw: Hardware, layout: ServeLayout) -> float:
+    share = hw.cal.weight_only_bandwidth_share.get(layout.weights_dtype.value, 1.0)
+    share = share if layout.quant is Quant.WEIGHT_ONLY else 1.0
+    return hw.gpu.hbm_bandwidth_bytes_per_s * hw.cal.hbm_efficiency * share
+
+
+def allreduce_s(size_bytes: Num, *, n: int, link: Link, floor_s: float) -> Num:
+    """One all-reduce of ``size_bytes`` over ``n`` ranks: a latency floor plus the ring's 2(n-1)/n bytes."""
+    if n == 1:
+        return 0.0 * size_bytes
+    return floor_s + 2 * (n - 1) / n * size_bytes / link.effective_bytes_per_s
+
+
+def forward(
+    model: ModelSpec,
+    shape: ReplicaShape,
+    hw: Hardware,
+    layout: ServeLayout,
+    *,
+    new_tokens: Num,
+    decode_pairs: Num,
+    prefill_pairs: Num,
+    kv_tokens_read: Num,
+    group_tokens: Num,
+    logits: Num,
+    layer_overhead_s: float,
+    ep_per_node: bool,
+) -> Forward:
+    """One forward on one GPU: ``new_tokens`` local tokens attend over (query, key) pairs, decode and
+    prefill ones apart, reading ``kv_tokens_read`` cached tokens; ``group_tokens`` tokens reach the
+    experts of the TP group; ``logits`` tokens go through the LM head."""
+    cal, gpu = hw.cal, hw.gpu
+    hbm = _hbm_bytes_per_s(hw, layout)
+    dtype = compute_dtype(layout)
+    peak = gpu.peak(dtype) * gpu.calibration.matmul_efficiency_max * cal.matmul_share.get(dtype.value, 1.0)
+    touched = 1.0 - (1.0 - shape.expert_fraction) ** group_tokens if model.moe else 0.0
+    weights = shape.dense_weight_bytes + shape.expert_weight_bytes * touched
+    half = gpu.calibration.matmul_half_dim
+    dense_flops = 2 * (shape.gemm_params_per_token * new_tokens + shape.lm_head_params * logits)
+    gemm = dense_flops / (peak * shape_efficiency(maximum(new_tokens, 1.0), half))
+    if model.moe is not None:  # the busiest expert rank sets the pace: imbalance x the mean load
+        expert_rows = maximum(group_tokens * shape.expert_fraction, 1.0)
+        imbalance = cal.ep_imbalance if layout.ep > 1 else 1.0
+        expert_flops = 2 * shape.expert_params_per_token * new_tokens * imbalance
+        gemm = gemm + expert_flops / (peak * shape_efficiency(expert_rows, half))
+    attn_flops = decode_pairs * shape.attn_flops_per_pair_decode + prefill_pairs * shape.attn_flops_per_pair_prefill
+    attn = attn_flops / (gpu.peak(DType.BF16) * cal.attention_efficiency)
+    tp_link = hw.link(layout.tp)
+    ar_bytes = new_tokens * model.hidden * ACT_BYTES * (layout.tp if layout.dp_attention else 1)
+    n_ar = 0 if layout.dp_attention and model.moe else 2
+    tp_comm = n_ar * shape.layers * allreduce_s(ar_bytes, n=layout.tp, link=tp_link, floor_s=cal.allreduce_latency_s)
+    return Forward(
+        weights_read_s=weights / hbm,
+        kv_read_s=kv_tokens_read * shape.kv_bytes_per_token / hbm,
+        gemm_compute_s=gemm,
+        attention_compute_s=attn,
+        memory_ops_s=new_tokens * shape.memory_bytes_per_token / (gpu.hbm_bandwidth_bytes_per_s * cal.hbm_efficiency),
+        tp_comm_s=tp_comm,
+        ep_comm_s=_ep_comm_s(model, shape, hw, layout, new_tokens=new_tokens, per_node=ep_per_node),
+        pp_comm_s=_pp_send_s(model, hw, layout, new_tokens=new_tokens),
+        overhead_s=cal.step_overhead_s + layer_overhead_s * shape.layers + 0.0 * new_tokens,
+    )
+
+
+def _ep_comm_s(
+    model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, *, new_tokens: Num, per_node: bool
+) -> Num:
+    """Dispatch (fp8) and combine (bf16) all-to-all of each MoE layer under attention-DP, the part not hidden.
+
+    Of a token's k copies, k (D - 1) / ep go to other GPUs of its scale-up domain (D GPUs) and k (ep - D) / ep
+    to other domains over the NICs. DeepEP's normal kernels (prefill, ``per_node``) send a token once to
+    each other domain it needs and forward it over NVLink there: (n - 1)(1 - (1 - 1/n)^k) NIC copies for n
+    domains; its low-latency kernels (decode) send every copy over RDMA. The slower of the two paths sets
+    the pace; each collective adds log2(ep) link latencies."""
+    if model.moe is None or not layout.dp_attention or layout.ep == 1:
+        return 0.0 * new_tokens
+    k, ep = model.moe.experts_per_token, layout.ep
+    domain = min(hw.gpu.scale_up_domain, ep)
+    nodes = -(-ep // domain)
+    on_copies = k * (domain - 1) / ep
+    off_copies = (nodes - 1) * (1 - (1 - 1 / nodes) ** k) if per_node else k * (ep - domain) / ep
+    per_copy = new_tokens * model.hidden * (EP_DISPATCH_BYTES + EP_COMBINE_BYTES)
+    per_layer = maximum(
+        per_copy * on_copies / hw.scale_up.effective_bytes_per_s,
+        per_copy * off_copies / hw.scale_out.effective_bytes_per_s,
+    ) + 2 * hw.link(ep).latency_s * np.log2(ep)
+    moe_layers = min(model.num_moe_layers, shape.layers)
+    return moe_layers * per_layer * hw.cal.ep_imbalance * (1 - hw.cal.ep_overlap)
+
+
+def _pp_send_s(model: ModelSpec, hw: Hardware, layout: ServeLayout, *, new_tokens: Num) -> Num:
+    """The activation a stage hands to the next (one send per forward; the last stage sends nothing)."""
+    if layout.pp == 1:
+        return 0.0 * new_tokens
+    link = hw.link(layout.tp * layout.pp)
+    return link.latency_s + new_tokens * model.hidden * ACT_BYTES / link.effective_bytes_per_s
+
+
+def decode_step(
+    model: ModelSpec,
+    shape: ReplicaShape,
+    hw: Hardware,
+    layout: ServeLayout,
+    *,
+    batch: Num,
+    context: Num,
+    prefill_tokens: Num = 0.0,
+) -> Forward:
+    """One decode step of ``batch`` sequences per GPU (per micro-batch under PP) at mean ``context``,
+    with ``prefill_tokens`` of chunked prefill riding along (their attention at mean depth context/2)."""
+    sliding = sliding_context(model, context)
+    group = batch * (layout.tp if layout.dp_attention else 1) + prefill_tokens
+    new = batch + prefill_tokens
+    return forward(
+        model,
+        shape,
+        hw,
+        layout,
+        new_tokens=new,
+        decode_pairs=batch * sliding,
+        prefill_pairs=prefill_tokens * context / 2,
+        kv_tokens_read=batch * sliding,
+        group_tokens=group,
+        logits=batch,
+        layer_overhead_s=hw.cal.layer_overhead_s,
+        ep_per_node=False,
+    )
+
+
+def prefill(
+    model: ModelSpec,
+    shape: ReplicaShape,
+    hw: Hardware,
+    layout: ServeLayout,
+    *,
+    tokens: Num,
+    cached: Num = 0.0,
+    sequences: Num = 1.0,
+) -> Forward:
+    """A prefill forward of ``tokens`` new tokens after ``cached`` ones (causal: each attends to half the
+    chunk on average), ``sequences`` of them ending here (their last token goes through the LM head)."""
+    group = tokens * (layout.tp if layout.dp_attention else 1)
+    return forward(
+        model,
+        shape,
+        hw,
+        layout,
+        new_tokens=tokens,
+        decode_pairs=0.0,
+        prefill_pairs=tokens * (cached + tokens / (2 * sequences)),
+        kv_tokens_read=0.0 * tokens,
+        group_tokens=group,
+        logits=sequences,
+        layer_overhead_s=hw.cal.prefill_layer_overhead_s,
+        ep_per_node=True,
+    )

@@ -1,0 +1,260 @@
+"""The serving planner: every replica layout x dtype x batch cap, under latency targets.
+
+A candidate is a replica layout (TP x PP, experts over the TP group, attention-DP for MoE), its weight and
+KV dtypes, and a batch cap. For each layout the batch caps 1 .. capacity (every one to 64, then 2% apart)
+are evaluated at once (numpy)
+with the same step and TTFT formulas as ``meshplan serve``: a replica at batch B runs B users in a closed
+loop, TPOT = t(B), TTFT p99 = prefill beside B - 1 decoding sequences + one whole step of waiting. The
+largest batch meeting both targets is the layout's best throughput; every batch meeting them is a point of
+the Pareto front of tokens/s per GPU against tokens/s per user. A layout with no such batch keeps the
+reason: out of memory, or the TTFT / TPOT it reaches at batch 1 against the target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from meshplan.core.serve_disagg import Pools, split_curve
+from meshplan.core.serve_load import Requests, capacity, step_at, ttft_s
+from meshplan.core.serve_phases import pipeline_factor
+from meshplan.core.serve_shape import Hardware, ReplicaShape, ServeLayout
+from meshplan.spec.model import ModelSpec
+
+
+class Objective(StrEnum):
+    """What the planner ranks by, among the plans that meet the targets."""
+
+    THROUGHPUT = "throughput"
+    """The most output tokens/s per GPU."""
+    LATENCY = "latency"
+    """The shortest time per output token (the most tokens/s per user)."""
+    FEWEST_GPUS = "fewest-gpus"
+    """The fewest GPUs that serve the given concurrency; ties by tokens/s per GPU."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Targets:
+    ttft_p99_s: float | None = None
+    tpot_p99_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """One layout at its best batch cap under the targets."""
+
+    layout: ServeLayout
+    batch_cap: int
+    """Sequences per replica."""
+    kv_sequences: int
+    ttft_p99_s: float
+    tpot_s: float
+    tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    gpus: int
+    """GPUs this plan uses: replicas x gpus per replica."""
+    replicas: int
+    prefill_replicas: int = 0
+    """Replicas that only prefill, the rest only decode (0: every replica does both)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejection:
+    layout: ServeLayout
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParetoPoint:
+    layout: ServeLayout
+    batch_cap: int
+    tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    prefill_replicas: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchResult:
+    ranked: list[Candidate]
+    pareto: list[ParetoPoint]
+    rejected: list[Rejection]
+    evaluated_layouts: int
+    evaluated_points: int
+
+
+ShapeOf = Callable[[ServeLayout], ReplicaShape]
+DENSE_BATCHES = 64
+"""Batch caps up to this are all tried; beyond, a geometric grid ..."""
+GRID_RATIO = 1.02
+"""... 2% apart (throughput changes smoothly there), and the capacity itself."""
+
+
+def batch_grid(cap: int) -> np.ndarray:
+    """Batch caps 1 .. cap: every one up to DENSE_BATCHES, then 2% apart, and cap."""
+    dense = np.arange(1, min(cap, DENSE_BATCHES) + 1, dtype=np.float64)
+    if cap <= DENSE_BATCHES:
+        return dense
+    steps = int(np.ceil(np.log(cap / DENSE_BATCHES) / np.log(GRID_RATIO)))
+    sparse = np.unique(np.floor(DENSE_BATCHES * GRID_RATIO ** np.arange(1, steps + 1)))
+    return np.concatenate([dense, sparse[sparse < cap], [float(cap)]])
+
+
+def _curve(
+    model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(batches, TPOT, TTFT p99) for every batch cap 1 .. the replica's capacity, and that capacity."""
+    cap = capacity(model, shape, hw, layout, req)
+    batches = batch_grid(max(cap.sequences, 0))
+    if batches.size == 0:
+        return batches, batches, batches, cap.kv_sequences
+    tpot = pipeline_factor(hw, layout) * np.asarray(step_at(model, shape, hw, layout, req, batch=batches).total_s)
+    ttft = np.asarray(ttft_s(model, shape, hw, layout, req, batch=batches - 1)) + tpot
+    return batches, tpot, ttft, cap.kv_sequences
+
+
+def _reason(tpot: np.ndarray, ttft: np.ndarray, targets: Targets) -> str:
+    parts = []
+    if targets.ttft_p99_s is not None and ttft[0] > targets.ttft_p99_s:
+        parts.append(f"TTFT p99 {ttft[0]:.3g} s > {targets.ttft_p99_s:.3g} s at batch 1")
+    if targets.tpot_p99_s is not None and tpot[0] > targets.tpot_p99_s:
+        parts.append(f"TPOT {tpot[0]:.3g} s > {targets.tpot_p99_s:.3g} s at batch 1")
+    return "; ".join(parts) or "no batch meets both targets together"
+
+
+def search(
+    model: ModelSpec,
+    hw: Hardware,
+    layouts: Iterator[ServeLayout],
+    shape_of: ShapeOf,
+    req: Requests,
+    *,
+    gpus: int,
+    targets: Targets,
+    objective: Objective,
+    concurrency: float | None = None,
+    disaggregate: bool = False,
+) -> SearchResult:
+    """Every layout evaluated at every batch cap; the best batch of each ranked by ``objective``."""
+    ranked, pareto, rejected = [], [], []
+    layouts_seen = points = 0
+    for layout in layouts:
+        layouts_seen += 1
+        try:
+            shape = shape_of(layout)
+        except ValueError as exc:
+            rejected.append(Rejection(layout=layout, reason=str(exc)))
+            continue
+        batches, tpot, ttft, kv = _curve(model, shape, hw, layout, req)
+        points += batches.size
+        if batches.size == 0:
+            rejected.append(Rejection(layout=layout, reason="out of memory: no sequence fits beside the weights"))
+            continue
+        g, replicas = layout.gpus_per_replica, gpus // layout.gpus_per_replica
+        per_gpu = batches / tpot / g
+        found = _best(layout, batches, per_gpu, tpot, ttft, kv, targets, objective, replicas=replicas)
+        if found is None:
+            rejected.append(Rejection(layout=layout, reason=_reason(tpot, ttft, targets)))
+        elif objective is Objective.FEWEST_GPUS:
+            assert concurrency is not None
+            needed = int(np.ceil(concurrency / found[0].batch_cap)) * g
+            found = _fewest(found, concurrency=concurrency, gpus=gpus)
+            if found is None:
+                rejected.append(Rejection(layout=layout, reason=f"needs {needed} GPUs > {gpus}"))
+        if found is not None:
+            ranked.append(found[0])
+            pareto += found[1]
+        if disaggregate and objective is not Objective.FEWEST_GPUS:
+            for p in range(1, replicas):
+                pools = Pools(prefill_replicas=p, decode_replicas=replicas - p)
+                gpu_rate, t, first, keeps_up = split_curve(model, shape, hw, layout, req, batches=batches, pools=pools)
+                points += batches.size
+                split = _best(layout, batches, gpu_rate, t, first, kv, targets, objective, replicas=replicas,
+                              prefill_replicas=p, valid=keeps_up)  # fmt: skip
+                if split is not None:
+                    ranked.append(split[0])
+                    pareto += split[1]
+    return SearchResult(
+        ranked=sorted(ranked, key=_key(objective)),
+        pareto=pareto_front(pareto),
+        rejected=rejected,
+        evaluated_layouts=layouts_seen,
+        evaluated_points=points,
+    )
+
+
+def _best(
+    layout: ServeLayout,
+    batches: np.ndarray,
+    per_gpu: np.ndarray,
+    tpot: np.ndarray,
+    ttft: np.ndarray,
+    kv: int,
+    targets: Targets,
+    objective: Objective,
+    *,
+    replicas: int,
+    prefill_replicas: int = 0,
+    valid: np.ndarray | None = None,
+) -> tuple[Candidate, list[ParetoPoint]] | None:
+    """The batch cap ``objective`` prefers among those meeting the targets, and the points that meet them."""
+    ok = np.ones(batches.size, dtype=bool) if valid is None else valid.copy()
+    if targets.ttft_p99_s is not None:
+        ok &= ttft <= targets.ttft_p99_s
+    if targets.tpot_p99_s is not None:
+        ok &= tpot <= targets.tpot_p99_s
+    if not ok.any():
+        return None
+    idx = np.flatnonzero(ok)
+    i = int(idx[0]) if objective is Objective.LATENCY else int(idx[np.argmax(per_gpu[ok])])
+    points = [
+        ParetoPoint(layout=layout, batch_cap=int(b), tokens_per_s_per_gpu=float(x),
+                    tokens_per_s_per_user=float(1.0 / t), prefill_replicas=prefill_replicas)
+        for b, x, t in zip(batches[ok], per_gpu[ok], tpot[ok], strict=True)
+    ]  # fmt: skip
+    best = Candidate(
+        layout=layout,
+        batch_cap=int(batches[i]),
+        kv_sequences=kv,
+        ttft_p99_s=float(ttft[i]),
+        tpot_s=float(tpot[i]),
+        tokens_per_s_per_gpu=float(per_gpu[i]),
+        tokens_per_s_per_user=float(1.0 / tpot[i]),
+        gpus=replicas * layout.gpus_per_replica,
+        replicas=replicas,
+        prefill_replicas=prefill_replicas,
+    )
+    return best, points
+
+
+def _fewest(
+    found: tuple[Candidate, list[ParetoPoint]], *, concurrency: float, gpus: int
+) -> tuple[Candidate, list[ParetoPoint]] | None:
+    """The same plan with just the replicas that serve ``concurrency`` users (None beyond the fleet)."""
+    best, points = found
+    replicas = int(np.ceil(concurrency / best.batch_cap))
+    if replicas * best.layout.gpus_per_replica > gpus:
+        return None
+    return dataclasses.replace(best, replicas=replicas, gpus=replicas * best.layout.gpus_per_replica), points
+
+
+def _key(objective: Objective) -> Callable[[Candidate], tuple[float, ...]]:
+    if objective is Objective.THROUGHPUT:
+        return lambda c: (-c.tokens_per_s_per_gpu,)
+    if objective is Objective.LATENCY:
+        return lambda c: (c.tpot_s, -c.tokens_per_s_per_gpu)
+    return lambda c: (c.gpus, -c.tokens_per_s_per_gpu)
+
+
+def pareto_front(points: list[ParetoPoint]) -> list[ParetoPoint]:
+    """The points no other beats on both tokens/s per GPU and tokens/s per user, fastest per user first."""
+    front: list[ParetoPoint] = []
+    best_gpu = -1.0
+    for p in sorted(points, key=lambda p: (-p.tokens_per_s_per_user, -p.tokens_per_s_per_gpu)):
+        if p.tokens_per_s_per_gpu > best_gpu:
+            front.append(p)
+            best_gpu = p.tokens_per_s_per_gpu
+    return front

@@ -1,0 +1,254 @@
+"""A serving replica and what one of its GPUs holds and does per token.
+
+The inputs of the serving phase model: the engine family's constants (catalog/serving/engines.toml),
+the replica layout (TP x PP, experts over the TP group, attention-DP), the hardware, and the replica's
+shape: the memory bill of its heaviest stage, the weights a forward reads, the matmul parameters and
+attention FLOPs per token, the KV bytes per cached token. Formulas: docs/formulas.md, section 4b.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from meshplan.core.memory import stage_params
+from meshplan.core.num import Num
+from meshplan.core.params import count_params
+from meshplan.core.serving import (
+    QUANT_GROUP,
+    ServingBill,
+    kv_bytes_per_token_per_layer,
+    serving_bill,
+    weight_bytes_per_param,
+)
+from meshplan.spec.cluster import GPU, Link
+from meshplan.spec.model import ModelSpec
+from meshplan.units import DTYPE_BYTES, DType
+
+ACT_BYTES = 2.0
+"""Activations between kernels and on the wire are 16-bit (fp8 GEMMs quantize inside the kernel)."""
+MEMORY_OP_PASSES_HIDDEN = 12
+"""Hidden-width passes of the memory-bound ops of one layer: two norms (read + write), two residual adds
+(read 2 + write 1), the input of both all-reduces; rotary and the gated activation are counted apart."""
+
+
+class Quant(StrEnum):
+    """How quantized weights meet the activations."""
+
+    NONE = "none"
+    """16-bit weights, 16-bit matmuls."""
+    WEIGHT_ONLY = "weight-only"
+    """W8A16 / W4A16: weights are dequantized to 16 bits inside the kernel; the matmul runs in bf16."""
+    WEIGHT_ACTIVATION = "w-a"
+    """W8A8 / W4A4: activations are quantized too and the matmul runs at the low-precision peak."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeCalibration:
+    """Constants of one engine family on one GPU kind (catalog/serving/engines.toml), each with its source."""
+
+    engine: str
+    hbm_efficiency: float
+    """Share of HBM bandwidth a decode step's weight and KV streaming reaches."""
+    weight_only_bandwidth_share: dict[str, float]
+    """Share of that bandwidth a weight-only dequantizing kernel keeps, by weight dtype (int8, int4)."""
+    matmul_share: dict[str, float]
+    """Share of the GPU kind's large-GEMM efficiency (its calibration's matmul_efficiency_max) this engine's
+    serving GEMMs reach, by compute dtype (bf16, fp8, int8, fp4); s(M) scales it down for small M."""
+    attention_efficiency: float
+    """Share of 16-bit dense peak the prefill attention kernel reaches."""
+    step_overhead_s: float
+    """Fixed cost of each forward (scheduler, sampling, CUDA-graph launch, host sync)."""
+    layer_overhead_s: float
+    """Launch gaps per layer of a decode step not hidden by CUDA graphs."""
+    prefill_layer_overhead_s: float
+    """Launch gaps per layer of a prefill forward (not graph-captured)."""
+    allreduce_latency_s: float
+    """Floor of one small TP all-reduce in this engine (custom one-shot kernels or NCCL)."""
+    ep_overlap: float
+    ep_imbalance: float
+    pp_efficiency: float
+    """Share of the ideal pipelined throughput a PP > 1 replica keeps (micro-batches unequal in size)."""
+    """Load of the busiest expert-parallel rank over the mean (after the engine's expert balancing)."""
+    """Share of EP dispatch/combine hidden behind compute (two-batch overlap)."""
+    max_batch: int
+    """The engine's default cap on sequences per step."""
+    max_num_tokens: int
+    """The engine's default cap on tokens per step (prefill chunk budget)."""
+    reserve_full_sequence: bool
+    """Whether admission reserves KV for input + output (TensorRT-LLM guaranteed-no-evict) or input only."""
+    memory_fraction: float
+    """Share of HBM the engine may fill (vLLM gpu_memory_utilization), or of what the weights, activations
+    and runtime leave free (TensorRT-LLM kv_cache_free_gpu_mem_fraction) when ``memory_fraction_of_free``."""
+    memory_fraction_of_free: bool
+    source: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeLayout:
+    """One serving replica: tp x pp GPUs; experts split over the tp group (ep ranks, expert-TP beyond)."""
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    dp_attention: bool = False
+    """Attention data-parallel over the tp ranks (each keeps its own sequences and all attention weights)."""
+    weights_dtype: DType = DType.BF16
+    kv_dtype: DType = DType.BF16
+    quant: Quant = Quant.NONE
+    quant_group: int = QUANT_GROUP
+    """Weights per int4 scale group (128: AWQ/GPTQ; gpt-fast uses 32)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "ep"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.ep > self.tp or self.tp % self.ep:
+            raise ValueError(f"ep={self.ep} must divide tp={self.tp} (experts are split inside the TP group)")
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hardware:
+    """The GPU, the links a replica's groups use, and the engine's constants."""
+
+    gpu: GPU
+    scale_up: Link
+    scale_out: Link
+    cal: ServeCalibration
+
+    def link(self, group: int) -> Link:
+        return self.scale_up if group <= self.gpu.scale_up_domain else self.scale_out
+
+
+def default_quant(weights: DType, gpu: GPU) -> Quant:
+    """W8A8/W4A4 where the GPU has tensor cores for the weight dtype (fp8, fp4), weight-only otherwise."""
+    if weights in (DType.BF16, DType.FP16):
+        return Quant.NONE
+    if weights in (DType.FP8, DType.FP4) and weights in gpu.peak_flops:
+        return Quant.WEIGHT_ACTIVATION
+    return Quant.WEIGHT_ONLY
+
+
+def compute_dtype(layout: ServeLayout) -> DType:
+    return layout.weights_dtype if layout.quant is Quant.WEIGHT_ACTIVATION else DType.BF16
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaShape:
+    """What one GPU of the replica holds and does per token: the bill plus the FLOP and byte counts of a step."""
+
+    bill: ServingBill
+    layers: int
+    """Layers of the heaviest stage."""
+    dense_weight_bytes: float
+    """Weights read by every forward whatever the batch (all but the routed experts)."""
+    expert_weight_bytes: float
+    """Routed-expert weights on this GPU (read only where a token is routed)."""
+    kv_budget_bytes: float
+    """HBM left for the KV cache on this GPU."""
+    gemm_params_per_token: float
+    """Matmul parameters on this GPU one local token passes, routed experts and lm_head apart."""
+    expert_params_per_token: float
+    """Routed-expert parameters on this GPU per local token (all experts at k/E)."""
+    lm_head_params: float
+    kv_bytes_per_token: float
+    attn_flops_per_pair_decode: float
+    """Attention-core FLOPs per (query, cached token) pair, all layers of the stage (QK^T and AV); MLA in
+    its absorbed form (queries meet the latent: d_c + d_R for scores, d_c for values)."""
+    attn_flops_per_pair_prefill: float
+    """The same in prefill, where MLA runs as plain multi-head attention (d_nope + d_R, then d_v)."""
+    expert_fraction: float
+    """k / E: the chance a token picks a given routed expert (0 for dense models)."""
+    memory_bytes_per_token: float
+    """Bytes memory-bound ops move per token (all layers of the stage)."""
+
+    def max_sequences(self, model: ModelSpec, *, tokens_per_sequence: Num) -> Num:
+        """Sequences whose KV cache fits beside the weights (sliding-window layers capped)."""
+        per_sequence = self.kv_bytes_per_token * sliding_context(model, tokens_per_sequence)
+        return np.floor(self.kv_budget_bytes / per_sequence)
+
+
+def replica_shape(model: ModelSpec, hw: Hardware, layout: ServeLayout, *, context: int) -> ReplicaShape:
+    """Per-GPU bytes and FLOPs of ``layout`` (the heavier of the first and last pipeline stages).
+
+    Attention-DP keeps every attention weight and the KV heads of its own sequences on each rank; the
+    MLPs and experts stay split over the group and see the tokens of all its ranks.
+    """
+    params = count_params(model)
+    tp, pp = layout.tp, layout.pp
+    attn_tp = 1 if layout.dp_attention else tp
+    if model.num_heads % attn_tp:
+        raise ValueError(f"tp={attn_tp} does not divide the {model.num_heads} attention heads of {model.name}")
+    cal, gpu = hw.cal, hw.gpu
+    bill = serving_bill(
+        model,
+        gpu=gpu,
+        tp=tp,
+        pp=pp,
+        weight_dtype=layout.weights_dtype,
+        kv_dtype=layout.kv_dtype,
+        context=context,
+        quant_group=layout.quant_group,
+        gpu_memory_utilization=1.0 if cal.memory_fraction_of_free else cal.memory_fraction,
+    )
+    per_param = weight_bytes_per_param(layout.weights_dtype, hidden=model.hidden, group=layout.quant_group)
+    stage = stage_params(params, model, tp=tp, pp=pp, ep=1, stage=pp - 1)
+    layers = int(stage.dense_layers + stage.moe_layers)
+    d, m = params.dense_layer, params.moe_layer
+    replicated = (d.attention * stage.dense_layers + m.attention * stage.moe_layers) * (1 - 1 / tp)
+    replicated *= layout.dp_attention
+    frac = model.moe.experts_per_token / model.moe.num_experts if model.moe else 0.0
+    per_layer = stage.dense_layers * (d.attention + d.mlp + d.shared_experts)
+    per_layer += stage.moe_layers * (m.attention + m.mlp + m.shared_experts)
+    free_share = cal.memory_fraction if cal.memory_fraction_of_free else 1.0
+    per_layer_kv = kv_bytes_per_token_per_layer(model, tp=attn_tp, kv_dtype=layout.kv_dtype)
+    return ReplicaShape(
+        bill=bill,
+        layers=layers,
+        dense_weight_bytes=bill.weights_bytes - float(stage.experts) * per_param + replicated * per_param,
+        expert_weight_bytes=float(stage.experts) * per_param,
+        kv_budget_bytes=max(bill.kv_budget_bytes - replicated * per_param, 0.0) * free_share,
+        gemm_params_per_token=float(per_layer) / attn_tp,
+        expert_params_per_token=float(stage.moe_layers * m.routed_experts) * frac / attn_tp,
+        lm_head_params=model.vocab_size * model.hidden / attn_tp,
+        kv_bytes_per_token=layers * per_layer_kv,
+        attn_flops_per_pair_decode=layers * _attn_flops_per_pair(model, absorbed=True) / attn_tp,
+        attn_flops_per_pair_prefill=layers * _attn_flops_per_pair(model, absorbed=False) / attn_tp,
+        expert_fraction=frac,
+        memory_bytes_per_token=layers * ACT_BYTES * _memory_passes(model, tp=attn_tp),
+    )
+
+
+def _attn_flops_per_pair(model: ModelSpec, *, absorbed: bool) -> float:
+    """QK^T and AV FLOPs of one layer for one query and one cached token."""
+    if model.mla is not None:
+        mla = model.mla
+        if absorbed:
+            return 2.0 * model.num_heads * (2 * mla.kv_lora_rank + mla.qk_rope_head_dim)
+        return 2.0 * model.num_heads * (mla.qk_head_dim + mla.v_head_dim)
+    return 4.0 * model.num_heads * model.head_dim
+
+
+def _memory_passes(model: ModelSpec, *, tp: int) -> float:
+    ffn = model.moe.experts_per_token * model.moe.expert_ffn_hidden if model.moe else model.ffn_hidden
+    return MEMORY_OP_PASSES_HIDDEN * model.hidden + (3 * ffn + 2 * (model.q_width + model.kv_width)) / tp
+
+
+def sliding_context(model: ModelSpec, context: Num) -> Num:
+    """Cached tokens one query reads on average over the layers (sliding-window layers capped)."""
+    if not model.sliding_window:
+        return context
+    share = model.num_sliding_layers / model.num_layers
+    return (1 - share) * context + share * np.minimum(context, model.sliding_window)
+
+
+def kv_dtype_bytes(dtype: DType) -> float:
+    if dtype not in (DType.BF16, DType.FP16, DType.FP8):
+        raise ValueError(f"KV cache dtype must be bf16, fp16 or fp8, got {dtype}")
+    return DTYPE_BYTES[dtype]

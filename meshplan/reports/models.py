@@ -1,0 +1,489 @@
+"""The shape of every report: one typed model per command's JSON and API response.
+
+The reports are plain dicts (what ``--json`` prints and the API sends, byte for byte); these TypedDicts say
+which keys each holds and of what type. The API publishes them as its response schemas in the OpenAPI, and
+tests/test_json_contract.py validates every command's real output against its model with unknown keys refused,
+so the contract, its documentation (docs/json.md) and the code cannot drift apart. Names follow one rule:
+quantity, unit, then scope.
+"""
+
+from typing import (
+    Any,
+    NotRequired,  # pydantic reads these on Python < 3.12 (the OpenAPI)
+)
+
+from typing_extensions import TypedDict
+
+
+class LayoutJSON(TypedDict):
+    tp: int
+    pp: int
+    vpp: int
+    cp: int
+    ep: int
+    dp_shard: int
+    dp_replicate: int
+    zero: int
+    sp: bool
+    recompute: str
+    schedule: str
+    cp_kind: str
+    micro_batch: int
+
+
+class BillJSON(TypedDict):
+    """One GPU's bill, by term (bytes)."""
+
+    weights_bytes: float
+    adapter_weights_bytes: float
+    gradients_bytes: float
+    master_weights_bytes: float
+    optimizer_moments_bytes: float
+    activations_bytes: float
+    logits_bytes: float
+    activation_workspace_bytes: float
+    dequant_workspace_bytes: float
+    comm_buffers_bytes: float
+    framework_bytes: float
+    fragmentation_bytes: float
+    optimizer_bytes: float
+    total_bytes: float
+
+
+class TermJSON(TypedDict):
+    name: str
+    title: str
+    what: str
+    formula: str
+    source: str
+    value_bytes: float
+
+
+class FrozenJSON(TypedDict):
+    embeddings: bool
+    layers: int
+
+
+class TrainsJSON(TypedDict):
+    """What trains: every training report carries these."""
+
+    finetune: str
+    trainable_params: int
+    lora_rank: NotRequired[int]
+    lora_targets: NotRequired[list[str]]
+    frozen: NotRequired[FrozenJSON]
+
+
+class MemoryReport(TrainsJSON):
+    model: str
+    gpu: str
+    gpus: int
+    seq: int
+    global_batch: int
+    precision: str
+    layout: LayoutJSON
+    per_gpu: BillJSON
+    heaviest_stage: int
+    hbm_bytes_per_gpu: float
+    free_bytes_per_gpu: float
+    fits: bool
+    stages: list[BillJSON]
+    terms: list[TermJSON]
+
+
+class BreakdownJSON(TypedDict):
+    compute_s: float
+    exposed_comm_s: float
+    bubble_s: float
+    optimizer_s: float
+    exposed_tp_s: float
+    exposed_cp_s: float
+    exposed_ep_s: float
+    exposed_pp_s: float
+    exposed_dp_s: float
+
+
+class CollectiveJSON(TypedDict):
+    strategy: str
+    op: str
+    axis: str
+    phase: str
+    group_size: int
+    size_bytes_per_call: float
+    count_per_step: float
+    link: str
+    crosses_fabric: bool
+    time_s_per_step: float
+    exposed_s_per_step: float
+
+
+class AxisPlacementJSON(TypedDict):
+    size: int
+    stride: int
+    inside_domain: int
+    domains: int
+    link: str
+    crosses_fabric: bool
+
+
+class TimeToTrainJSON(TypedDict):
+    tokens_total: float
+    wall_time_days: float
+    gpu_hours_total: float
+
+
+class EstimateReport(MemoryReport):
+    step_time_s: float
+    mfu: float
+    hfu: float
+    tokens_per_s_per_gpu: float
+    breakdown: BreakdownJSON
+    collectives: list[CollectiveJSON]
+    placement: dict[str, AxisPlacementJSON]
+    axis_order: list[str]
+    warnings: list[str]
+    time_to_train: NotRequired[TimeToTrainJSON]
+
+
+class ComponentsJSON(TypedDict):
+    embedding: int
+    attention: int
+    mlp: int
+    routed_experts: int
+    shared_experts: int
+    router: int
+    norms: int
+    lm_head: int
+
+
+class ParamsReport(TypedDict):
+    model: str
+    total_params: int
+    active_params_per_token: int
+    by_component: ComponentsJSON
+    mtp_params: int
+    finetune: NotRequired[str]
+    trainable_params: NotRequired[int]
+    frozen_params: NotRequired[int]
+    adapter_params: NotRequired[int]
+    trainable_fraction: NotRequired[float]
+    lora_rank: NotRequired[int]
+    lora_targets: NotRequired[list[str]]
+    frozen: NotRequired[FrozenJSON]
+
+
+class FitNothingJSON(TypedDict):
+    fewest_gpus_that_fit: int | None
+    variants: list[str]
+
+
+class FitLayoutJSON(TypedDict):
+    dp_shard: int
+    zero: int
+
+
+class FitReport(TypedDict):
+    model: str
+    gpu: str
+    gpus: int
+    dtype: str
+    weights_bytes_total: float
+    weights_bytes_per_gpu_even_split: float
+    hbm_bytes_per_gpu: float
+    hbm_fraction_per_gpu: float
+    free_bytes_per_gpu: float
+    free_bytes_total: float
+    headroom_fraction: float
+    fits: bool
+    min_gpus_for_weights: int
+    training_state_bytes_per_param: float
+    training_state_bytes_total: float
+    min_gpus_for_training: int
+    finetune: NotRequired[str]
+    trainable_params: NotRequired[int]
+    lora_rank: NotRequired[int]
+    lora_targets: NotRequired[list[str]]
+    frozen: NotRequired[FrozenJSON]
+    seq: NotRequired[int]
+    layout: NotRequired[FitLayoutJSON]
+    max_micro_batch: NotRequired[int]
+    max_seq_len: NotRequired[int]
+    max_micro_batch_with_recompute: NotRequired[int]
+    max_seq_len_with_recompute: NotRequired[int]
+    nothing_fits: NotRequired[FitNothingJSON]
+
+
+class ServingReport(TypedDict):
+    model: str
+    gpu: str
+    gpus: int
+    tp: int
+    pp: int
+    ep: int
+    replicas: int
+    dtype: str
+    kv_dtype: str
+    context: int
+    weights_bytes_per_gpu: float
+    kv_bytes_per_token_per_gpu: float
+    kv_bytes_per_token_total: float
+    kv_bytes_per_sequence_per_gpu: float
+    activations_bytes_per_gpu: float
+    framework_bytes_per_gpu: float
+    usable_bytes_per_gpu: float
+    kv_budget_bytes_per_gpu: float
+    kv_capacity_tokens_per_replica: int
+    max_concurrent_sequences_total: int
+    max_concurrent_sequences_per_replica: int
+    fits: bool
+
+
+class PlanItemJSON(TypedDict):
+    layout: LayoutJSON
+    step_time_s: float
+    mfu: float
+    tokens_per_s_per_gpu: float
+    per_gpu: BillJSON
+    free_bytes_per_gpu: float
+    breakdown: dict[str, float]
+    placement: dict[str, AxisPlacementJSON]
+    time_to_train_days: NotRequired[float]
+
+
+class ParetoPointJSON(TypedDict):
+    step_time_s: float
+    memory_bytes_per_gpu: float
+    layout: LayoutJSON
+
+
+class ExplainRowJSON(TypedDict):
+    term: str
+    unit: str
+    value_a: float
+    value_b: float
+    difference: float
+
+
+class ExplainJSON(TypedDict):
+    a: str
+    b: str
+    rows: list[ExplainRowJSON]
+    why: str
+    named: NotRequired[dict[str, Any]]
+
+
+class FewestJSON(TypedDict):
+    gpus: int
+    searched_from: int
+    tokens: float
+    days: float
+
+
+class VariantJSON(TypedDict):
+    change: str
+    layout: LayoutJSON
+    step_time_s: float
+
+
+class NothingFitsJSON(TypedDict):
+    lightest_layout: LayoutJSON | None
+    lightest_bytes_per_gpu: float
+    budget_bytes_per_gpu: float
+    fewest_gpus_that_fit: int | None
+    variants: list[VariantJSON]
+
+
+class PlanReport(TrainsJSON):
+    model: str
+    gpu: str
+    gpus: int
+    seq: int
+    global_batch: int
+    global_batch_tokens: int
+    objective: str
+    engine: str | None
+    headroom_fraction: float
+    evaluated: int
+    feasible: int
+    elapsed_s: float
+    plans: list[PlanItemJSON]
+    pareto: list[ParetoPointJSON]
+    rejections: dict[str, int]
+    fewest_gpus: NotRequired[FewestJSON]
+    explain: NotRequired[list[ExplainJSON]]
+    nothing_fits: NotRequired[NothingFitsJSON]
+
+
+class LinkRaceJSON(TypedDict):
+    link: str
+    tier: str
+    bandwidth_bytes_per_s: float
+    bandwidth_only_s: float
+    modeled_s: float
+    ratio_bandwidth_only: float
+    ratio_modeled: float
+
+
+class CollectivesReport(TypedDict):
+    model: NotRequired[str]
+    op: str
+    bus_factor: str
+    group_size: int
+    size_bytes: float
+    links: list[LinkRaceJSON]
+    tp_collectives_per_forward: NotRequired[int]
+    tp_collectives_per_step_per_micro_batch: NotRequired[int]
+    note: str
+
+
+class ListItemJSON(TypedDict):
+    name: str
+    description: NotRequired[str]
+    hbm_bytes_per_gpu: NotRequired[float]
+    bandwidth_bytes_per_s_per_direction: NotRequired[float]
+    params_total: NotRequired[int]
+    layers: NotRequired[int]
+    moe: NotRequired[bool]
+
+
+class ListReport(TypedDict):
+    kind: str
+    items: list[ListItemJSON]
+
+
+class ServingBarJSON(TypedDict):
+    sequences: int
+    terms: list[dict[str, Any]]
+    total_bytes: float
+
+
+class ServingBarReport(ServingReport):
+    """``GET /api/serving``: the serving report and the explorer's bar for ``sequences`` sequences."""
+
+    bill: ServingBarJSON
+
+
+class ServeLayoutJSON(TypedDict):
+    tp: int
+    pp: int
+    ep: int
+    dp_attention: bool
+    replicas: NotRequired[int]
+    weights_dtype: NotRequired[str]
+    kv_dtype: NotRequired[str]
+    quant: NotRequired[str]
+
+
+class StepPartsJSON(TypedDict):
+    weights_read_s: float
+    kv_read_s: float
+    compute_s: float
+    communication_s: float
+    overhead_s: float
+
+
+class ServeReport(TypedDict):
+    model: str
+    gpu: str
+    gpus: int
+    engine: str
+    layout: ServeLayoutJSON
+    weights_dtype: str
+    kv_dtype: str
+    quant: str
+    input_len: int
+    output_len: int
+    concurrency_total: float | None
+    rate_per_s_total: float | None
+    weights_bytes_per_gpu: float
+    kv_bytes_per_token_per_gpu: float
+    kv_budget_bytes_per_gpu: float
+    ttft_s_p50: float
+    ttft_s_p99: float
+    ttft_s_unloaded: float
+    queue_s_p50: float
+    queue_s_p99: float
+    tpot_s: float
+    itl_s: float
+    tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    tokens_per_s_total: float
+    requests_per_s_total: float
+    batch_per_replica: float
+    batch_limit: str
+    batch_cap_per_replica: int
+    kv_sequences_per_replica: int
+    saturated: bool
+    knee_batch_per_replica: int
+    max_tokens_per_s_per_gpu: float
+    step_s: StepPartsJSON
+    calibration_source: str
+    disaggregated: NotRequired[dict[str, Any]]
+
+
+class ServePlanItemJSON(TypedDict):
+    layout: ServeLayoutJSON
+    batch_cap_per_replica: int
+    kv_sequences_per_replica: int
+    ttft_s_p99: float
+    tpot_s: float
+    tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    gpus: int
+    replicas: int
+    prefill_replicas: int
+
+
+class ServeParetoJSON(TypedDict):
+    layout: ServeLayoutJSON
+    batch_cap_per_replica: int
+    tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+
+
+class RejectedJSON(TypedDict):
+    layout: ServeLayoutJSON
+    reason: str
+
+
+class TargetsJSON(TypedDict):
+    ttft_s_p99: float | None
+    tpot_s_p99: float | None
+
+
+class ServePlanReport(TypedDict):
+    model: str
+    gpu: str
+    gpus: int
+    engine: str
+    objective: str
+    best: ServePlanItemJSON | None
+    top: list[ServePlanItemJSON]
+    pareto: list[ServeParetoJSON]
+    pareto_points_total: int
+    rejected: list[RejectedJSON]
+    layouts_evaluated: int
+    points_evaluated: int
+    layouts_meeting_targets: int
+    elapsed_s: float
+    input_len: int
+    output_len: int
+    targets: TargetsJSON
+    disaggregate_searched: bool
+    concurrency_total: float | None
+    fewest_gpus: NotRequired[dict[str, Any]]
+
+
+REPORTS: dict[str, type] = {
+    "params": ParamsReport,
+    "memory": MemoryReport,
+    "fit": FitReport,
+    "serving": ServingReport,
+    "estimate": EstimateReport,
+    "collectives": CollectivesReport,
+    "plan": PlanReport,
+    "list": ListReport,
+    "serve": ServeReport,
+    "serve-plan": ServePlanReport,
+}
+"""Command (and API endpoint) name to its report model."""

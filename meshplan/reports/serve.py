@@ -1,0 +1,307 @@
+"""``meshplan serve``: latency and throughput of one serving layout under load."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, fields
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from meshplan import io
+from meshplan.core.serve_disagg import Pools, disaggregated_point
+from meshplan.core.serve_load import LoadPoint, Requests, load_point
+from meshplan.core.serve_phases import pipeline_factor
+from meshplan.core.serve_shape import (
+    Hardware,
+    Quant,
+    ReplicaShape,
+    ServeCalibration,
+    ServeLayout,
+    default_quant,
+    kv_dtype_bytes,
+    replica_shape,
+)
+from meshplan.core.serving import QUANT_GROUP
+from meshplan.reports.inputs import choice
+from meshplan.spec.model import ModelSpec
+from meshplan.units import DType
+
+ENGINES = ("trtllm", "vllm", "sglang", "gpt-fast")
+DEFAULT_ENGINE = "trtllm"
+
+
+@cache
+def _engines() -> dict[str, Any]:
+    text = (resources.files("meshplan") / "catalog" / "serving" / "engines.toml").read_text(encoding="utf-8")
+    return dict(tomllib.loads(text)["engine"])
+
+
+def calibration(engine: str, gpu: str) -> ServeCalibration:
+    """The engine family's constants, with the GPU kind's overrides."""
+    table = _engines()
+    if engine not in table:
+        raise ValueError(f"unknown engine {engine!r} (choose from {', '.join(table)})")
+    data = {k: v for k, v in table[engine].items() if k != "gpu"}
+    data |= table[engine].get("gpu", {}).get(gpu, {})
+    known = {f.name for f in fields(ServeCalibration)}
+    unknown = set(data) - known
+    assert not unknown, f"engines.toml [{engine}]: unknown keys {sorted(unknown)}"
+    return ServeCalibration(engine=engine, **{k: v for k, v in data.items() if k != "engine"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Setup:
+    """A resolved serving question: model, hardware, replica layout and how many replicas."""
+
+    model: ModelSpec
+    hw: Hardware
+    layout: ServeLayout
+    replicas: int
+    shape: ReplicaShape
+
+
+def resolve(
+    model: ModelSpec | str,
+    *,
+    gpu: str,
+    gpus: int,
+    tp: int | None = None,
+    pp: int = 1,
+    ep: int = 1,
+    dp_attention: bool = False,
+    replicas: int | None = None,
+    weights_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    quant: str | None = None,
+    quant_group: int = QUANT_GROUP,
+    engine: str = DEFAULT_ENGINE,
+    context: int,
+    gpu_memory_utilization: float | None = None,
+) -> Setup:
+    """Check and resolve the inputs: TP defaults to what the replicas leave, replicas to what TP x PP leaves."""
+    spec = io.load_model(model) if isinstance(model, str) else model
+    gpu_spec = io.load_gpu(gpu)
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    if pp > gpus:
+        raise ValueError(f"pp={pp} exceeds gpus={gpus}")
+    if tp is None:
+        tp = max(gpus // (pp * (replicas or 1)), 1)
+    if tp < 1 or gpus % (tp * pp):
+        raise ValueError(f"tp x pp = {tp} x {pp} must divide gpus = {gpus}")
+    replicas = replicas if replicas is not None else gpus // (tp * pp)
+    if replicas * tp * pp != gpus:
+        raise ValueError(f"replicas x tp x pp = {replicas} x {tp} x {pp} must equal gpus = {gpus}")
+    if dp_attention and spec.moe is None:
+        raise ValueError("--dp-attention needs a MoE model (dense layers would replicate every weight)")
+    if dp_attention and ep != tp:
+        raise ValueError(f"--dp-attention spreads the experts over the whole TP group: give --ep {tp} (got {ep})")
+    if ep > 1 and spec.moe is None:
+        raise ValueError(f"ep={ep} needs a MoE model; {spec.name} is dense")
+    w = choice(DType, weights_dtype, "weights dtype")
+    kv = choice(DType, kv_dtype, "kv dtype")
+    kv_dtype_bytes(kv)
+    if w is DType.FP4 and DType.FP4 not in gpu_spec.peak_flops:
+        raise ValueError(f"fp4 weights need fp4 tensor cores (Blackwell); {gpu_spec.name} has none")
+    q = default_quant(w, gpu_spec) if quant is None else _quant(quant)
+    if q is Quant.WEIGHT_ACTIVATION and w not in gpu_spec.peak_flops:
+        raise ValueError(f"{gpu_spec.name} has no {w} tensor cores: use weight-only quantization")
+    if (q is Quant.NONE) != (w in (DType.BF16, DType.FP16)):
+        raise ValueError(f"quantization {q} does not suit {w} weights")
+    layout = ServeLayout(
+        tp=tp, pp=pp, ep=ep, dp_attention=dp_attention, weights_dtype=w, kv_dtype=kv, quant=q, quant_group=quant_group
+    )
+    cal = calibration(engine, gpu_spec.name)
+    if gpu_memory_utilization is not None:
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        cal = dataclasses.replace(cal, memory_fraction=gpu_memory_utilization, memory_fraction_of_free=False)
+    hw = Hardware(
+        gpu=gpu_spec,
+        scale_up=io.load_link(gpu_spec.scale_up_link),
+        scale_out=io.load_link(gpu_spec.scale_out_link),
+        cal=cal,
+    )
+    shape = replica_shape(spec, hw, layout, context=context)
+    return Setup(model=spec, hw=hw, layout=layout, replicas=replicas, shape=shape)
+
+
+def _quant(text: str) -> Quant:
+    try:
+        return Quant(text.strip().lower())
+    except ValueError:
+        raise ValueError(f"unknown quantization {text!r} (choose from {', '.join(q.value for q in Quant)})") from None
+
+
+def _seconds(x: float | None) -> float | None:
+    return None if x is None or math.isinf(x) else x
+
+
+def point_dict(setup: Setup, req: Requests, pt: LoadPoint) -> dict[str, Any]:
+    """The JSON of one load point (replica figures scaled to the fleet where the key says total)."""
+    lay, gpus_per_replica = setup.layout, setup.layout.gpus_per_replica
+    per_gpu = pt.output_tokens_per_s / gpus_per_replica
+    breakdown = {k: float(v) * pipeline_factor(setup.hw, lay) for k, v in pt.step.breakdown().items()}
+    return {
+        "ttft_s_p50": _seconds(pt.ttft_s_p50),
+        "ttft_s_p99": _seconds(pt.ttft_s_p99),
+        "ttft_s_unloaded": pt.ttft_unloaded_s,
+        "queue_s_p50": _seconds(pt.queue_s_p50),
+        "queue_s_p99": _seconds(pt.queue_s_p99),
+        "tpot_s": pt.tpot_s,
+        "itl_s": pt.tpot_s,
+        "tokens_per_s_per_gpu": per_gpu,
+        "tokens_per_s_per_user": 1.0 / pt.tpot_s,
+        "tokens_per_s_total": pt.output_tokens_per_s * setup.replicas,
+        "requests_per_s_total": pt.requests_per_s * setup.replicas,
+        "batch_per_replica": pt.batch,
+        "batch_limit": pt.limit.value,
+        "batch_cap_per_replica": pt.capacity.sequences,
+        "kv_sequences_per_replica": pt.capacity.kv_sequences,
+        "saturated": pt.saturated,
+        "knee_batch_per_replica": pt.knee_batch,
+        "max_tokens_per_s_per_gpu": pt.max_output_tokens_per_s / gpus_per_replica,
+        "step_s": breakdown,
+    }
+
+
+def serve_report(
+    model: ModelSpec | str,
+    *,
+    gpu: str,
+    gpus: int,
+    input_len: int,
+    output_len: int,
+    concurrency: float | None = None,
+    rate: float | None = None,
+    tp: int | None = None,
+    pp: int = 1,
+    ep: int = 1,
+    dp_attention: bool = False,
+    replicas: int | None = None,
+    weights_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    quant: str | None = None,
+    engine: str = DEFAULT_ENGINE,
+    max_batch: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    disaggregate: str | None = None,
+) -> dict[str, Any]:
+    """``meshplan serve``: TTFT, TPOT, throughput per GPU and per user, and where a step's time goes.
+
+    ``disaggregate`` = "P:D" splits the GPUs into a prefill pool of P and a decode pool of D, each made of
+    replicas of the given layout."""
+    setup = resolve(
+        model,
+        gpu=gpu,
+        gpus=gpus,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        dp_attention=dp_attention,
+        replicas=replicas,
+        weights_dtype=weights_dtype,
+        kv_dtype=kv_dtype,
+        quant=quant,
+        engine=engine,
+        context=input_len + output_len,
+        gpu_memory_utilization=gpu_memory_utilization,
+    )
+    if (concurrency is None) == (rate is None):
+        raise ValueError("give exactly one of --concurrency and --rate")
+    if disaggregate is not None:
+        if replicas is not None:
+            raise ValueError("--disaggregate P:D sets the replicas of both pools; drop --replicas")
+        req = Requests(
+            input_len=input_len, output_len=output_len, max_batch=max_batch, concurrency=concurrency, rate_per_s=rate
+        )
+        return _head(setup, engine, input_len, output_len, concurrency, rate) | _disaggregated(setup, req, disaggregate)
+    per_replica = {
+        "concurrency": None if concurrency is None else concurrency / setup.replicas,
+        "rate_per_s": None if rate is None else rate / setup.replicas,
+    }
+    req = Requests(input_len=input_len, output_len=output_len, max_batch=max_batch, **per_replica)
+    pt = load_point(setup.model, setup.shape, setup.hw, setup.layout, req)
+    return _head(setup, engine, input_len, output_len, concurrency, rate) | {
+        **point_dict(setup, req, pt),
+        "calibration_source": setup.hw.cal.source,
+    }
+
+
+def _head(
+    setup: Setup, engine: str, input_len: int, output_len: int, concurrency: float | None, rate: float | None
+) -> dict[str, Any]:
+    lay = setup.layout
+    return {
+        "model": setup.model.name,
+        "gpu": setup.hw.gpu.name,
+        "gpus": setup.replicas * lay.gpus_per_replica,
+        "engine": engine,
+        "layout": {
+            "tp": lay.tp,
+            "pp": lay.pp,
+            "ep": lay.ep,
+            "dp_attention": lay.dp_attention,
+            "replicas": setup.replicas,
+        },
+        "weights_dtype": lay.weights_dtype.value,
+        "kv_dtype": lay.kv_dtype.value,
+        "quant": lay.quant.value,
+        "input_len": input_len,
+        "output_len": output_len,
+        "concurrency_total": concurrency,
+        "rate_per_s_total": rate,
+        "weights_bytes_per_gpu": setup.shape.bill.weights_bytes,
+        "kv_bytes_per_token_per_gpu": setup.shape.kv_bytes_per_token,
+        "kv_budget_bytes_per_gpu": setup.shape.kv_budget_bytes,
+    }
+
+
+def _pools(text: str, *, gpus: int, per_replica: int) -> Pools:
+    try:
+        p, d = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--disaggregate takes P:D, prefill and decode GPUs (e.g. 8:24), got {text!r}") from None
+    if p + d != gpus or p < 1 or d < 1:
+        raise ValueError(f"--disaggregate {text}: the pools must split the {gpus} GPUs (P + D = {gpus}, both >= 1)")
+    if p % per_replica or d % per_replica:
+        raise ValueError(f"--disaggregate {text}: each pool must be whole replicas of {per_replica} GPUs")
+    return Pools(prefill_replicas=p // per_replica, decode_replicas=d // per_replica)
+
+
+def _disaggregated(setup: Setup, req: Requests, text: str) -> dict[str, Any]:
+    lay, g = setup.layout, setup.layout.gpus_per_replica
+    pools = _pools(text, gpus=setup.replicas * g, per_replica=g)
+    pt = disaggregated_point(setup.model, setup.shape, setup.hw, lay, req, pools)
+    gpus = setup.replicas * g
+    return {
+        "ttft_s_p50": _seconds(pt.ttft_s_p50),
+        "ttft_s_p99": _seconds(pt.ttft_s_p99),
+        "ttft_s_unloaded": pt.prefill_s + pt.kv_transfer_s + pt.tpot_s / 2,
+        "queue_s_p50": _seconds(pt.queue_s_p50),
+        "queue_s_p99": _seconds(pt.queue_s_p99),
+        "tpot_s": pt.tpot_s,
+        "itl_s": pt.tpot_s,
+        "tokens_per_s_per_gpu": pt.output_tokens_per_s / gpus,
+        "tokens_per_s_per_user": 1.0 / pt.tpot_s,
+        "tokens_per_s_total": pt.output_tokens_per_s,
+        "requests_per_s_total": pt.requests_per_s,
+        "batch_per_replica": pt.batch,
+        "batch_limit": pt.limit.value,
+        "batch_cap_per_replica": pt.cap,
+        "saturated": pt.saturated,
+        "step_s": {k: float(v) * pipeline_factor(setup.hw, lay) for k, v in pt.step.breakdown().items()},
+        "disaggregated": {
+            "prefill_gpus": pools.prefill_replicas * g,
+            "decode_gpus": pools.decode_replicas * g,
+            "prefill_s": pt.prefill_s,
+            "kv_transfer_s": pt.kv_transfer_s,
+            "prefill_requests_per_s_max": pt.prefill_requests_per_s_max,
+            "decode_requests_per_s_max": pt.decode_requests_per_s_max,
+            "bottleneck": pt.bottleneck,
+        },
+        "calibration_source": setup.hw.cal.source,
+    }

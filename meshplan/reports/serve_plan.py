@@ -1,0 +1,178 @@
+"""``meshplan serve-plan``: the serving layouts that meet latency targets, ranked, with the Pareto front."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from meshplan import io
+from meshplan.core.serve_load import Requests
+from meshplan.core.serve_search import Objective, SearchResult, Targets, search
+from meshplan.core.serve_shape import Hardware, Quant, ReplicaShape, ServeLayout, default_quant, replica_shape
+from meshplan.reports.inputs import choice
+from meshplan.reports.serve import DEFAULT_ENGINE, calibration
+from meshplan.spec.cluster import GPU
+from meshplan.spec.model import ModelSpec
+from meshplan.units import DType
+
+PP_DEGREES = (1, 2, 4, 8)
+WEIGHT_DTYPES = (DType.BF16, DType.FP8, DType.INT8, DType.INT4, DType.FP4)
+KV_DTYPES = (DType.BF16, DType.FP8)
+PARETO_SHOWN = 40
+"""Pareto points kept in the answer (evenly spaced along the front)."""
+
+
+JSON_KEYS = {
+    "batch_cap": "batch_cap_per_replica",
+    "kv_sequences": "kv_sequences_per_replica",
+    "ttft_p99_s": "ttft_s_p99",
+}
+"""Candidate fields as the JSON contract names them: quantity, unit, then scope (docs/json.md)."""
+
+
+def _weight_options(gpu: GPU, only: list[str] | None) -> list[tuple[DType, Quant]]:
+    out = []
+    for w in WEIGHT_DTYPES:
+        if only is not None and w.value not in only:
+            continue
+        if w is DType.FP4 and w not in gpu.peak_flops:
+            continue  # fp4 needs Blackwell tensor cores
+        if w is DType.FP8 and w not in gpu.peak_flops:
+            continue  # weight-only fp8 on Ampere is int8's twin; keep the list short
+        out.append((w, default_quant(w, gpu)))
+    return out
+
+
+def layouts(model: ModelSpec, gpu: GPU, *, gpus: int, dtypes: list[str] | None) -> Iterator[ServeLayout]:
+    """Every replica layout: TP within the scale-up domain (attention-DP groups may span it), PP, experts."""
+    tps = [t for t in (1, 2, 4, 8, 16, 32, 64, 72) if t <= gpus]
+    for tp in tps:
+        for pp in PP_DEGREES:
+            if tp * pp > gpus or pp > model.num_layers:
+                continue
+            moe_options: list[tuple[int, bool]] = [(1, False)]
+            if model.moe is not None and tp > 1:
+                moe_options += [(tp, False), (tp, True)]
+            for ep, dp_attention in moe_options:
+                if tp > gpu.scale_up_domain and not dp_attention:
+                    continue  # plain TP across the fabric: all-reduces on the NICs
+                for w, q in _weight_options(gpu, dtypes):
+                    for kv in KV_DTYPES:
+                        yield ServeLayout(
+                            tp=tp, pp=pp, ep=ep, dp_attention=dp_attention, weights_dtype=w, kv_dtype=kv, quant=q
+                        )
+
+
+def layout_dict(lay: ServeLayout) -> dict[str, Any]:
+    return {
+        "tp": lay.tp,
+        "pp": lay.pp,
+        "ep": lay.ep,
+        "dp_attention": lay.dp_attention,
+        "weights_dtype": lay.weights_dtype.value,
+        "kv_dtype": lay.kv_dtype.value,
+        "quant": lay.quant.value,
+    }
+
+
+def _spread(points: list[Any], n: int) -> list[Any]:
+    if len(points) <= n:
+        return points
+    step = (len(points) - 1) / (n - 1)
+    return [points[round(i * step)] for i in range(n)]
+
+
+def serve_plan_report(
+    model: ModelSpec | str,
+    *,
+    gpu: str,
+    gpus: int,
+    input_len: int,
+    output_len: int,
+    ttft_p99_s: float | None = None,
+    tpot_p99_s: float | None = None,
+    objective: str = "throughput",
+    concurrency: float | None = None,
+    engine: str = DEFAULT_ENGINE,
+    dtypes: list[str] | None = None,
+    top: int = 5,
+    disaggregate: bool = False,
+) -> dict[str, Any]:
+    """Search, rank and explain: the best plans, the Pareto front, and why every other layout lost."""
+    start = time.perf_counter()
+    spec = io.load_model(model) if isinstance(model, str) else model
+    gpu_spec = io.load_gpu(gpu)
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    obj = choice(Objective, objective, "objective")
+    if obj is Objective.FEWEST_GPUS and concurrency is None:
+        raise ValueError("--objective fewest-gpus needs --concurrency (the users to serve)")
+    for d in dtypes or []:
+        choice(DType, d, "weights dtype")
+    hw = Hardware(
+        gpu=gpu_spec,
+        scale_up=io.load_link(gpu_spec.scale_up_link),
+        scale_out=io.load_link(gpu_spec.scale_out_link),
+        cal=calibration(engine, gpu_spec.name),
+    )
+    req = Requests(input_len=input_len, output_len=output_len, concurrency=float(gpus * 1e6))
+
+    def shape_of(lay: ServeLayout) -> ReplicaShape:
+        return replica_shape(spec, hw, lay, context=input_len + output_len)
+
+    result = search(
+        spec,
+        hw,
+        layouts(spec, gpu_spec, gpus=gpus, dtypes=dtypes),
+        shape_of,
+        req,
+        gpus=gpus,
+        targets=Targets(ttft_p99_s=ttft_p99_s, tpot_p99_s=tpot_p99_s),
+        objective=obj,
+        concurrency=concurrency,
+        disaggregate=disaggregate,
+    )
+    return _answer(spec, gpu_spec, result, gpus=gpus, engine=engine, obj=obj, top=top, start=start) | {
+        "input_len": input_len,
+        "output_len": output_len,
+        "targets": {"ttft_s_p99": ttft_p99_s, "tpot_s_p99": tpot_p99_s},
+        "disaggregate_searched": disaggregate,
+        "concurrency_total": concurrency,
+    }
+
+
+def _answer(
+    spec: ModelSpec, gpu: GPU, result: SearchResult, *, gpus: int, engine: str, obj: Objective, top: int, start: float
+) -> dict[str, Any]:
+    ranked = [
+        {"layout": layout_dict(c.layout)}
+        | {JSON_KEYS.get(k, k): v for k, v in dataclasses.asdict(c).items() if k != "layout"}
+        for c in result.ranked[:top]
+    ]
+    pareto = [
+        {
+            "layout": layout_dict(p.layout),
+            "batch_cap_per_replica": p.batch_cap,
+            "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
+            "tokens_per_s_per_user": p.tokens_per_s_per_user,
+        }
+        for p in _spread(result.pareto, PARETO_SHOWN)
+    ]
+    return {
+        "model": spec.name,
+        "gpu": gpu.name,
+        "gpus": gpus,
+        "engine": engine,
+        "objective": obj.value,
+        "best": ranked[0] if ranked else None,
+        "top": ranked,
+        "pareto": pareto,
+        "pareto_points_total": len(result.pareto),
+        "rejected": [{"layout": layout_dict(r.layout), "reason": r.reason} for r in result.rejected],
+        "layouts_evaluated": result.evaluated_layouts,
+        "points_evaluated": result.evaluated_points,
+        "layouts_meeting_targets": len(result.ranked),
+        "elapsed_s": time.perf_counter() - start,
+    }

@@ -1,0 +1,299 @@
+"""Published serving measurements against meshplan's serving model (``meshplan validate --serving``).
+
+The 47 rows of ../shared/reference/serving_runs.json (TensorRT-LLM performance tables, gpt-fast batch-1
+decode, SGLang disaggregated DeepSeek-V3) are predicted with the engine family's constants. Rows that
+break physics (faster than the HBM bandwidth allows even with ideal kernels) are flagged, not fitted.
+Per source, three errors: the model's, the model's after a per-metric correction fitted on the other
+sources only (leave-one-source-out), and the best single efficiency constant on a bare roofline fitted
+on the source's own answers (the bar to beat).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import statistics
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from meshplan import io
+from meshplan.core.serve_load import Requests, load_point, static_batch_s
+from meshplan.core.serve_phases import decode_step, prefill
+from meshplan.core.serve_shape import Hardware, replica_shape
+from meshplan.core.serving import QUANT_GROUP
+from meshplan.reports.serve import Setup, resolve
+
+ENGINE_OF_SOURCE = {"trtllm": "trtllm", "gptfast": "gpt-fast", "sglang": "sglang"}
+UNBOUNDED = 1e9
+"""Concurrency standing for 'all requests queued at once' (the offline benchmarks)."""
+STATED_TOKENS_PER_DEVICE = 16384
+"""Prefill tokens per GPU per forward in the SGLang large-EP runs (stated for ISL 4K, assumed for 1K and 2K)."""
+TARGETS = {
+    "decode": (0.10, 0.30),
+    "prefill": (0.15, 0.35),
+    "throughput-dense": (0.15, None),
+    "throughput-moe": (0.25, None),
+}
+"""Mean and max |error| targets per metric class (issue 14)."""
+
+
+@cache
+def reference_rows() -> list[dict[str, Any]]:
+    """catalog/serving/runs.json: a verbatim copy of the shared serving_runs.json."""
+    text = (resources.files("meshplan") / "catalog" / "serving" / "runs.json").read_text(encoding="utf-8")
+    rows: list[dict[str, Any]] = json.loads(text)
+    return rows
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Row:
+    """One published measurement, predicted."""
+
+    case: str
+    source: str
+    engine: str
+    metric: str
+    metric_class: str
+    measured: float
+    predicted: float | None
+    roofline: float | None
+    """The same quantity from a bare roofline (ideal HBM and peak, no communication or overhead)."""
+    status: str
+    """ok, unclean (a setting the source does not state), physics (faster than physics allows), skipped."""
+    reason: str
+
+    @property
+    def error(self) -> float | None:
+        return None if self.predicted is None else self.predicted / self.measured - 1
+
+
+def _engine(source_id: str) -> str:
+    for prefix, engine in ENGINE_OF_SOURCE.items():
+        if source_id.startswith(prefix):
+            return engine
+    raise ValueError(f"no engine family for source {source_id!r}")
+
+
+def _dtype(text: str) -> str:
+    for name in ("fp16", "bf16", "fp8", "fp4", "int8", "int4"):
+        if text.startswith(name):
+            return name
+    raise ValueError(f"unknown dtype {text!r}")
+
+
+def _setup(row: dict[str, Any], *, context: int, ideal: bool = False) -> Setup:
+    par, prec = row["parallel"], row["precision"]
+    weights = _dtype(prec["weights"])
+    kv = prec.get("kv", "")
+    kv = _dtype(kv) if kv[:4] in ("fp8", "fp16", "bf16") else ("fp8" if weights in ("fp8", "fp4") else "bf16")
+    dp_attention = bool(par.get("attention_dp"))
+    ep = par["ep"] if isinstance(par["ep"], int) else 1
+    tp = max(par["tp"], ep) if dp_attention else par["tp"]
+    moe = row["model"]["arch"].startswith("moe")
+    if moe and not dp_attention and ep == 1:
+        ep = tp  # the MoE recipes split experts over the TP group (expert parallel)
+    quant = "weight-only" if "weight-only" in prec["weights"] else None
+    group = re.search(r"group (\d+)", prec["weights"])
+    setup = resolve(
+        row["model"]["catalog"],
+        gpu=row["hardware"]["catalog"],
+        gpus=tp * par["pp"],
+        tp=tp,
+        pp=par["pp"],
+        ep=ep,
+        dp_attention=dp_attention,
+        weights_dtype=weights,
+        kv_dtype=kv,
+        quant=quant,
+        quant_group=int(group.group(1)) if group else QUANT_GROUP,
+        engine=_engine(row["source"]["id"]),
+        context=context,
+    )
+    return _ideal(setup) if ideal else setup
+
+
+def _ideal(setup: Setup) -> Setup:
+    """The bare roofline: ideal HBM and tensor cores, no overheads, free links, no shape penalty."""
+    cal = dataclasses.replace(
+        setup.hw.cal,
+        hbm_efficiency=1.0,
+        weight_only_bandwidth_share={},
+        matmul_share={},
+        attention_efficiency=1.0,
+        step_overhead_s=0.0,
+        layer_overhead_s=0.0,
+        prefill_layer_overhead_s=0.0,
+        allreduce_latency_s=0.0,
+        ep_overlap=1.0,
+        ep_imbalance=1.0,
+        pp_efficiency=1.0,
+    )
+    gpu = dataclasses.replace(
+        setup.hw.gpu,
+        calibration=dataclasses.replace(setup.hw.gpu.calibration, matmul_half_dim=0.0, matmul_efficiency_max=1.0),
+    )
+    free = dataclasses.replace(setup.hw.scale_up, bandwidth_bytes_per_s=1e30, latency_s=0.0)
+    hw = Hardware(gpu=gpu, scale_up=free, scale_out=free, cal=cal)
+    return dataclasses.replace(setup, hw=hw)
+
+
+def _measured(row: dict[str, Any]) -> tuple[str, float]:
+    ((metric, value),) = row["measured"].items() if len(row["measured"]) == 1 else [next(iter(row["measured"].items()))]
+    return metric, float(value["value"])
+
+
+def _predict(row: dict[str, Any], metric: str, ideal: bool) -> float:
+    """The measured quantity, as the model (or the bare roofline) predicts it."""
+    w, kind = row["workload"], row["kind"]
+    isl = int(w["isl"])
+    osl = w["osl"] if isinstance(w.get("osl"), int) else 1
+    setup = _setup(row, context=isl + osl, ideal=ideal)
+    m, sh, hw, lay = setup.model, setup.shape, setup.hw, setup.layout
+    gpus = lay.gpus_per_replica
+    if kind == "offline_throughput_static_batch":
+        pre, dec = static_batch_s(m, sh, hw, lay, batch=w["batch"], input_len=isl, output_len=osl)
+        return float(w["batch"] * osl / (pre + dec) / gpus)
+    if kind == "prefill_latency_bs1":
+        return 1e3 * float(prefill(m, sh, hw, lay, tokens=isl).total_s)
+    if kind == "decode_latency_bs1":
+        return 1.0 / float(decode_step(m, sh, hw, lay, batch=1, context=isl + osl / 2).total_s)
+    if kind == "offline_throughput_ifb":
+        pt = load_point(m, sh, hw, lay, Requests(input_len=isl, output_len=osl, concurrency=UNBOUNDED))
+        return pt.output_tokens_per_s
+    per_node = 8 if metric.endswith("per_node") else 1
+    if kind == "disagg_prefill_throughput":
+        tokens = w["tokens_per_device"] if isinstance(w.get("tokens_per_device"), int) else STATED_TOKENS_PER_DEVICE
+        t = float(prefill(m, sh, hw, lay, tokens=tokens, sequences=tokens / isl).total_s)
+        return per_node * tokens / t
+    if kind == "disagg_decode_throughput":
+        batch = w.get("batch_per_device")
+        if not isinstance(batch, int):
+            full = replica_shape(m, hw, lay, context=isl)
+            batch = int(min(full.max_sequences(m, tokens_per_sequence=isl), hw.cal.max_batch))
+        t = float(decode_step(m, sh, hw, lay, batch=batch, context=w.get("kv_cache_length", isl)).total_s)
+        return per_node * batch / t
+    raise ValueError(f"unknown kind {kind!r}")
+
+
+def _metric_class(row: dict[str, Any]) -> str:
+    kind = row["kind"]
+    if "prefill" in kind:
+        return "prefill"
+    if kind.startswith("decode") or kind == "disagg_decode_throughput":
+        return "decode"
+    return "throughput-moe" if row["model"]["arch"].startswith("moe") else "throughput-dense"
+
+
+def predict_row(row: dict[str, Any]) -> Row:
+    metric, measured = _measured(row)
+    base = {
+        "case": row["id"],
+        "source": row["source"]["id"],
+        "engine": _engine(row["source"]["id"]),
+        "metric": metric,
+        "metric_class": _metric_class(row),
+        "measured": measured,
+    }
+    try:
+        io.load_gpu(row["hardware"]["catalog"] or "")
+    except ValueError:
+        return Row(**base, predicted=None, roofline=None, status="skipped", reason="GPU not in the catalog")
+    predicted = _predict(row, metric, ideal=False)
+    roofline = _predict(row, metric, ideal=True)
+    lower_is_faster = metric.endswith("_ms")
+    beyond = measured < roofline if lower_is_faster else measured > roofline
+    if beyond:
+        reason = f"measured {measured:.4g} is beyond the ideal roofline {roofline:.4g}: not fitted"
+        return Row(**base, predicted=predicted, roofline=roofline, status="physics", reason=reason)
+    status, reason = ("ok", "") if row["clean"] else ("unclean", "; ".join(row.get("missing", [])))
+    return Row(**base, predicted=predicted, roofline=roofline, status=status, reason=reason)
+
+
+def _mean_abs(values: list[float]) -> float:
+    return statistics.mean(abs(v) for v in values) if values else math.nan
+
+
+def best_efficiency_error(rows: list[Row]) -> float:
+    """Mean |error| of the bare roofline run at the one efficiency e that suits ``rows`` best: a rate
+    predicted as e x its roofline, a latency as its roofline / e."""
+    pairs = [(r.roofline, r.measured, r.metric.endswith("_ms")) for r in rows if r.roofline]
+    if not pairs:
+        return math.nan
+    effs = [(roof / meas) if lower else (meas / roof) for roof, meas, lower in pairs]
+    lo, hi = min(effs), max(effs)
+    grid = [lo + (hi - lo) * i / 400 for i in range(401)]
+
+    def error(e: float) -> float:
+        return _mean_abs([(roof / e if lower else roof * e) / meas - 1 for roof, meas, lower in pairs])
+
+    return min(error(e) for e in grid)
+
+
+def _correction(rows: list[Row]) -> float:
+    """The geometric-mean ratio measured / predicted (1 where there are no rows)."""
+    logs = [math.log(r.measured / r.predicted) for r in rows if r.predicted]
+    return math.exp(statistics.mean(logs)) if logs else 1.0
+
+
+def summarize(rows: list[Row]) -> dict[str, Any]:
+    """Per source and metric class: the model's error, its leave-one-source-out error, the best constant."""
+    fitted = [r for r in rows if r.status == "ok"]
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in fitted:
+        groups.setdefault((r.source, r.metric_class), []).append(r)
+    per_source = []
+    loso_by_class: dict[str, list[float]] = {}
+    for (source, cls), members in sorted(groups.items()):
+        others = [r for r in fitted if r.source != source and r.metric_class == cls]
+        k = _correction(others)
+        lower = members[0].metric.endswith("_ms")
+        loso = [(r.predicted / k if lower else r.predicted * k) / r.measured - 1 for r in members if r.predicted]
+        loso_by_class.setdefault(cls, []).extend(loso)
+        per_source.append(
+            {
+                "source": source,
+                "metric_class": cls,
+                "cases": len(members),
+                "mean_abs_error": _mean_abs([r.error for r in members if r.error is not None]),
+                "max_abs_error": max(abs(r.error) for r in members if r.error is not None),
+                "loso_correction": k,
+                "loso_mean_abs_error": _mean_abs(loso),
+                "best_constant_mean_abs_error": best_efficiency_error(members),
+            }
+        )
+    per_class = []
+    for cls, (target_mean, target_max) in TARGETS.items():
+        members = [r for r in fitted if r.metric_class == cls]
+        if not members:
+            continue
+        errors = [abs(r.error) for r in members if r.error is not None]
+        mean, worst = statistics.mean(errors), max(errors)
+        const = best_efficiency_error(members)
+        per_class.append(
+            {
+                "metric_class": cls,
+                "cases": len(members),
+                "mean_abs_error": mean,
+                "max_abs_error": worst,
+                "loso_mean_abs_error": _mean_abs(loso_by_class[cls]),
+                "target_mean": target_mean,
+                "target_max": target_max,
+                "best_constant_mean_abs_error": const,
+                "ok": mean <= target_mean and (target_max is None or worst <= target_max) and mean <= 0.75 * const,
+            }
+        )
+    return {"sources": per_source, "classes": per_class}
+
+
+def validate_serving() -> dict[str, Any]:
+    rows = [predict_row(r) for r in reference_rows()]
+    summary = summarize(rows)
+    return {
+        "runs": [dataclasses.asdict(r) | {"error": r.error} for r in rows],
+        **summary,
+        "all_ok": all(c["ok"] for c in summary["classes"]),
+    }

@@ -1,0 +1,55 @@
+"""GET /api/serve and /api/serve-plan: the same JSON as the CLI, and one-line refusals."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from meshplan.reports.serve import serve_report
+
+pytest.importorskip("fastapi", reason="the web explorer needs the [web] extra: pip install 'meshplan[web]'")
+
+SERVE = {"model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": 8, "input_len": 1000, "output_len": 200}
+
+
+def test_serve_equals_the_report(client: Any) -> None:
+    r = client.get("/api/serve", params=SERVE | {"tp": 2, "weights_dtype": "fp8", "rate": 5})
+    assert r.status_code == 200, r.text
+    want = serve_report(
+        "llama-3.1-70b", gpu="h100-sxm", gpus=8, input_len=1000, output_len=200, tp=2, weights_dtype="fp8", rate=5
+    )
+    assert json.loads(json.dumps(want)) == r.json()
+
+
+def test_serve_disaggregated(client: Any) -> None:
+    params = SERVE | {"gpus": 16, "tp": 4, "rate": 2, "disaggregate": "8:8"}
+    r = client.get("/api/serve", params=params)
+    assert r.status_code == 200, r.text
+    assert r.json()["disaggregated"]["decode_gpus"] == 8
+    assert client.get("/api/serve", params=params | {"disaggregate": "8:9"}).status_code == 400
+
+
+def test_serve_plan_answers(client: Any) -> None:
+    params = SERVE | {"model": "llama-2-70b", "input_len": 1024, "output_len": 256, "ttft_p99": 2, "tpot_p99": 0.2}
+    r = client.get("/api/serve-plan", params=params)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["best"]["layout"]["tp"] == 2 and body["best"]["replicas"] == 4 and body["pareto"]
+    only = client.get("/api/serve-plan", params=params | {"weights_dtypes": "bf16,int4"}).json()
+    assert {p["layout"]["weights_dtype"] for p in only["top"]} <= {"bf16", "int4"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "words"),
+    [
+        ({"tp": 3, "rate": 1}, 400, "divide"),
+        ({"rate": 1, "concurrency": 2}, 400, "exactly one"),
+        ({"rate": 1, "weights_dtype": "fp5"}, 422, "weights_dtype"),
+        ({"rate": 0}, 422, "rate"),
+    ],
+)
+def test_serve_refuses_bad_input(client: Any, extra: dict[str, Any], status: int, words: str) -> None:
+    r = client.get("/api/serve", params=SERVE | extra)
+    assert r.status_code == status and words in r.text

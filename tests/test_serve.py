@@ -1,0 +1,138 @@
+"""The serving phase and load models: rooflines derived by hand, and properties that must hold."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from meshplan.core.serve_load import BatchLimit, Requests, capacity, load_point, step_at
+from meshplan.core.serve_phases import decode_step, prefill
+from meshplan.core.serve_shape import replica_shape
+from meshplan.reports.serve import Setup, resolve
+from meshplan.validate_serving import _ideal
+
+
+def setup(model: str = "llama-3.1-8b", gpu: str = "h100-sxm", **kw: object) -> Setup:
+    args: dict[str, object] = {"gpus": 1, "context": 2048} | kw
+    return resolve(model, gpu=gpu, **args)  # type: ignore[arg-type]
+
+
+def test_llama8b_batch1_decode_is_bounded_by_the_weight_read() -> None:
+    """8.03e9 parameters in bf16 are 16.06 GB; one H100 reads them at 3.35 TB/s in 4.79 ms per token."""
+    s = setup()
+    weights = 8_030_261_248 * 2
+    assert s.shape.bill.weights_bytes == pytest.approx(weights, rel=1e-6)
+    bound_s = weights / 3.35e12
+    assert bound_s == pytest.approx(4.79e-3, rel=1e-3)
+    ideal = _ideal(s)
+    step = decode_step(ideal.model, ideal.shape, ideal.hw, ideal.layout, batch=1, context=1)
+    assert step.total_s == pytest.approx(bound_s, rel=0.01)  # the KV of one token and one query add < 1%
+    real = decode_step(s.model, s.shape, s.hw, s.layout, batch=1, context=1)
+    assert bound_s < real.total_s < 1.5 * bound_s
+
+
+def test_prefill_flops_match_2_n_params_per_token() -> None:
+    """A long prefill is compute bound: ~2 x 8e9 FLOPs per token (lm_head for the last token only)."""
+    s = _ideal(setup())
+    tokens = 8192
+    f = prefill(s.model, s.shape, s.hw, s.layout, tokens=tokens)
+    matmul = 8_030_261_248 - 2 * 128_256 * 4096  # embedding lookups and the head of all but one token: no FLOPs
+    assert f.gemm_compute_s == pytest.approx(2 * matmul * tokens / 989.4e12, rel=0.01)
+    # causal attention: 32 layers x 4 x T x T/2 x 32 heads x 128
+    assert f.attention_compute_s == pytest.approx(32 * 4 * tokens * tokens / 2 * 4096 / 989.4e12, rel=1e-6)
+
+
+def test_more_hbm_bandwidth_never_slows_decode() -> None:
+    s = setup("llama-3.1-70b", gpus=8, tp=8)
+    batch = np.array([1, 8, 64, 256, 1024])
+    slow = decode_step(s.model, s.shape, s.hw, s.layout, batch=batch, context=3000).total_s
+    hw = dataclasses.replace(s.hw, gpu=dataclasses.replace(s.hw.gpu, hbm_bandwidth_bytes_per_s=8e12))
+    fast = decode_step(s.model, s.shape, hw, s.layout, batch=batch, context=3000).total_s
+    assert np.all(fast <= slow) and fast[0] < slow[0]
+
+
+def test_a_larger_batch_never_lowers_throughput_before_the_kv_limit() -> None:
+    s = setup("llama-3.1-70b", gpu="h200", gpus=2, tp=2, weights_dtype="fp8", kv_dtype="fp8")
+    req = Requests(input_len=1000, output_len=1000, concurrency=1e9)
+    cap = capacity(s.model, s.shape, s.hw, s.layout, req)
+    assert cap.limit is BatchLimit.KV_CACHE
+    sizes = np.arange(1, cap.sequences + 1)
+    throughput = sizes / step_at(s.model, s.shape, s.hw, s.layout, req, batch=sizes).total_s
+    assert np.all(np.diff(throughput) >= 0)
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-70b", "mixtral-8x7b"])
+def test_tp_never_increases_per_gpu_weight_reads(model: str) -> None:
+    reads = []
+    for tp in (1, 2, 4, 8):
+        s = setup(model, gpus=tp, tp=tp)
+        step = decode_step(s.model, s.shape, s.hw, s.layout, batch=16, context=1000)
+        reads.append(step.weights_read_s)
+    assert reads == sorted(reads, reverse=True) and reads[-1] < reads[0] / 6
+
+
+def test_tp_all_reduce_pays_a_latency_floor_at_batch_1() -> None:
+    """Batch-1 all-reduces are 8 KiB: the floor, not the bandwidth, sets their time (2 per layer)."""
+    s = setup("llama-3.1-70b", gpus=8, tp=8)
+    step = decode_step(s.model, s.shape, s.hw, s.layout, batch=1, context=100)
+    floor = 2 * 80 * s.hw.cal.allreduce_latency_s
+    assert floor < step.tp_comm_s < 1.05 * floor
+
+
+def test_fp8_kv_halves_the_kv_read_and_doubles_capacity() -> None:
+    bf16, fp8 = setup(kv_dtype="bf16"), setup(kv_dtype="fp8")
+    assert fp8.shape.kv_bytes_per_token == bf16.shape.kv_bytes_per_token / 2
+    req = Requests(input_len=1000, output_len=1000, concurrency=1e9)
+    kv16 = capacity(bf16.model, bf16.shape, bf16.hw, bf16.layout, req).kv_sequences
+    kv8 = capacity(fp8.model, fp8.shape, fp8.hw, fp8.layout, req).kv_sequences
+    assert kv8 == pytest.approx(2 * kv16, abs=1)
+
+
+def test_weight_only_int4_reads_a_quarter_and_computes_in_bf16() -> None:
+    bf16, int4 = setup(), setup(weights_dtype="int4")
+    assert int4.layout.quant.value == "weight-only"
+    b, i = (decode_step(x.model, x.shape, x.hw, x.layout, batch=1, context=1) for x in (bf16, int4))
+    assert 0.25 < i.weights_read_s / b.weights_read_s < 0.5  # 4.25 bits per weight, at the kernel's share
+
+
+def test_moe_decode_reads_only_the_experts_its_tokens_pick() -> None:
+    s = setup("mixtral-8x7b", gpus=2, tp=2)
+    one = decode_step(s.model, s.shape, s.hw, s.layout, batch=1, context=100).weights_read_s
+    many = decode_step(s.model, s.shape, s.hw, s.layout, batch=64, context=100).weights_read_s
+    expert_share = s.shape.expert_weight_bytes / (s.shape.expert_weight_bytes + s.shape.dense_weight_bytes)
+    assert one < many * (1 - expert_share * 0.7)  # top-2 of 8: a quarter of the experts at batch 1
+
+
+def test_open_loop_beyond_capacity_saturates() -> None:
+    s = setup()
+    light = load_point(s.model, s.shape, s.hw, s.layout, Requests(input_len=500, output_len=500, rate_per_s=1.0))
+    assert not light.saturated and light.limit is BatchLimit.LOAD
+    assert light.ttft_s_p50 is not None and light.ttft_s_p99 is not None
+    assert light.ttft_unloaded_s <= light.ttft_s_p50 <= light.ttft_s_p99
+    heavy = load_point(s.model, s.shape, s.hw, s.layout, Requests(input_len=500, output_len=500, rate_per_s=1e4))
+    assert heavy.saturated and heavy.ttft_s_p50 is None
+
+
+def test_closed_loop_beyond_the_cap_queues() -> None:
+    s = setup()
+    req = Requests(input_len=500, output_len=500, concurrency=100, max_batch=32)
+    pt = load_point(s.model, s.shape, s.hw, s.layout, req)
+    assert pt.batch == 32 and pt.limit is BatchLimit.MAX_BATCH
+    assert pt.queue_s_p50 > 0 and pt.ttft_s_p50 is not None and pt.ttft_s_p50 > pt.queue_s_p50
+    # Little's law: the 68 waiting users wait (68 / requests per second)
+    assert pt.queue_s_p50 == pytest.approx(68 / pt.requests_per_s, rel=1e-9)
+
+
+def test_knee_is_below_the_cap_and_reaches_90_percent() -> None:
+    s = setup()
+    pt = load_point(s.model, s.shape, s.hw, s.layout, Requests(input_len=200, output_len=800, concurrency=1e9))
+    assert 1 < pt.knee_batch < pt.capacity.sequences
+
+
+def test_replica_shape_of_attention_dp_keeps_whole_attention() -> None:
+    s = setup("deepseek-v3", gpu="h200", gpus=8, tp=8, ep=8, dp_attention=True, weights_dtype="fp8")
+    plain = replica_shape(s.model, s.hw, dataclasses.replace(s.layout, dp_attention=False), context=2048)
+    assert s.shape.dense_weight_bytes > plain.dense_weight_bytes
+    assert s.shape.gemm_params_per_token > plain.gemm_params_per_token

@@ -1,0 +1,88 @@
+"""``meshplan serve`` and ``validate --serving`` on the command line: JSON keys, tables, exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan.cli import main
+
+SERVE = ["serve", "llama-3.1-70b", "--gpu", "h100-sxm", "--gpus", "8", "--input-len", "1000", "--output-len", "200"]
+KEYS = {
+    "ttft_s_p50",
+    "ttft_s_p99",
+    "tpot_s",
+    "itl_s",
+    "tokens_per_s_per_gpu",
+    "tokens_per_s_per_user",
+    "requests_per_s_total",
+    "batch_per_replica",
+    "batch_limit",
+    "knee_batch_per_replica",
+    "step_s",
+}
+
+
+def test_serve_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*SERVE, "--tp", "2", "--weights-dtype", "fp8", "--rate", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= KEYS
+    assert out["layout"] == {"tp": 2, "pp": 1, "ep": 1, "dp_attention": False, "replicas": 4}
+    assert out["requests_per_s_total"] == pytest.approx(5.0)
+    assert set(out["step_s"]) == {"weights_read_s", "kv_read_s", "compute_s", "communication_s", "overhead_s"}
+    assert sum(out["step_s"].values()) == pytest.approx(out["tpot_s"], rel=1e-9)
+    assert out["tokens_per_s_per_gpu"] * 8 == pytest.approx(out["tokens_per_s_total"])
+
+
+@pytest.mark.parametrize(("quant", "dtype", "compute"), [("w-a", "fp8", "w-a"), ("weight-only", "fp8", "weight-only")])
+def test_serve_quant_flag(capsys: pytest.CaptureFixture[str], quant: str, dtype: str, compute: str) -> None:
+    assert main([*SERVE, "--weights-dtype", dtype, "--quant", quant, "--rate", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["quant"] == compute
+
+
+def test_serve_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*SERVE, "--concurrency", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "TTFT p50 / p99" in out and "tokens/s per GPU" in out and "weights read" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--tp", "3", "--rate", "1"], "must divide gpus"),
+        (["--weights-dtype", "fp4", "--rate", "1"], "fp4"),
+        (["--ep", "2", "--rate", "1"], "needs a MoE model"),
+        (["--concurrency", "0"], "--concurrency: 0 is outside (0, 1e+07]"),
+        ([], "one of the arguments --concurrency --rate is required"),
+        (["--rate", "1", "--concurrency", "2"], "not allowed with"),
+    ],
+)
+def test_serve_bad_input_exits_2(capsys: pytest.CaptureFixture[str], extra: list[str], message: str) -> None:
+    assert main([*SERVE, *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_validate_serving_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["validate", "--serving", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == (0 if out["all_ok"] else 1)
+    assert len(out["runs"]) == 47
+    assert {c["metric_class"] for c in out["classes"]} >= {"decode", "prefill", "throughput-dense"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["llama-3.1-8b", "--gpus", "64", "--tp", "64"], "does not divide the 32 attention heads"),
+        (["llama-3.1-8b", "--gpus", "64", "--pp", "200"], "pp=200 exceeds gpus=64"),
+        (["deepseek-v3", "--gpus", "8", "--dp-attention"], "give --ep 8"),
+        (["llama-3.1-8b", "--gpus", "1", "--input-len", "10000000"], "fits in the KV cache"),
+    ],
+)
+def test_serve_layout_errors(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    base = ["serve", argv[0], "--gpu", "h200", "--input-len", "100", "--output-len", "100", "--concurrency", "4"]
+    assert main([*base, *argv[1:]]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

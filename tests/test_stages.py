@@ -1,0 +1,185 @@
+"""The stage table: the layer split and its inverse, the candidate stages that hold every maximum, and the
+agreement of the scalar and vectorized paths over uneven pipelines, dense-first MoE and frozen prefixes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from meshplan import io
+from meshplan.core import pipeline
+from meshplan.core.constraints import RULES
+from meshplan.core.memory import TERMS, candidates, stage_bill
+from meshplan.core.params import count_params
+from meshplan.core.placement import place
+from meshplan.core.plan import evaluate, mesh_sizes
+from meshplan.core.stages import candidate_stages, layer_stage, stage_row, stage_table
+from meshplan.core.step_time import stage_times, step_time
+from meshplan.core.training import peak_bill
+from meshplan.reports.inputs import resolve_cluster
+from meshplan.search.space import LayoutBatch, SearchSpace, enumerate_layouts
+from meshplan.spec.finetune import Finetune, FinetuneMode
+from meshplan.spec.layout import Schedule
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.workload import Workload
+
+
+def _split(num_layers: int, pp: int) -> list[int]:
+    """Layers per stage written out by hand: ceil(L/p) each, one fewer on the last, then first, stages."""
+    base = -(-num_layers // pp)
+    counts = [base] * pp
+    short = base * pp - num_layers
+    for k in range(short):  # alternate last, first, ... (the last gets the odd one)
+        counts[pp - 1 - k // 2 if k % 2 == 0 else k // 2] -= 1
+    return counts
+
+
+@given(num_layers=st.integers(1, 160), data=st.data())
+def test_layer_split_and_its_inverse(num_layers: int, data: st.DataObject) -> None:
+    pp = data.draw(st.integers(1, num_layers))
+    counts = _split(num_layers, pp)
+    rows = stage_table(_model_with_layers(num_layers), pp=pp)
+    assert [r.layers for r in rows] == counts
+    assert sum(r.layers for r in rows) == num_layers
+    for layer in range(num_layers):
+        owner = next(i for i in range(pp) if sum(counts[:i]) <= layer < sum(counts[: i + 1]))
+        assert layer_stage(num_layers, pp=pp, layer=layer) == owner
+
+
+def test_layer_split_vectorized_matches_scalar() -> None:
+    pp = np.array([1, 2, 3, 5, 7, 16, 32])
+    for layer in (0, 3, 17, 47):
+        got = layer_stage(48, pp=pp, layer=layer)
+        assert got.tolist() == [layer_stage(48, pp=int(p), layer=layer) for p in pp]
+
+
+def test_llama3_405b_stage_rows() -> None:
+    """126 layers on 16 stages: 7 on the first and the last (the embedding and the head), 8 elsewhere."""
+    rows = stage_table(io.load_model("llama-3.1-405b"), pp=16)
+    assert [r.layers for r in rows] == [7] + [8] * 14 + [7]
+    assert (rows[0].embedding, rows[0].head, rows[-1].embedding, rows[-1].head) == (1, 0, 0, 1)
+
+
+def test_deepseek_v3_dense_layers_sit_on_the_first_stages() -> None:
+    """61 layers, 3 dense first, on 32 stages: stage 0 holds 1 layer, stage 1 two dense, stage 2 two MoE."""
+    rows = stage_table(io.load_model("deepseek-v3"), pp=32)
+    assert [(r.dense_layers, r.moe_layers) for r in rows[:4]] == [(1, 0), (2, 0), (0, 2), (0, 2)]
+    assert sum(r.dense_layers for r in rows) == 3
+    assert 2 in candidate_stages(io.load_model("deepseek-v3"), pp=32)
+
+
+def _model_with_layers(num_layers: int) -> ModelSpec:
+    return dataclasses.replace(io.load_model("llama-3.2-1b"), num_layers=num_layers)
+
+
+# --- random layouts over the models where the heaviest stage is not where one would guess -------------------
+
+MODELS = {
+    "deepseek-v3": (dataclasses.replace(io.load_model("deepseek-v3"), mtp_layers=0), 64, 4096),
+    "deepseek-v3-mtp": (io.load_model("deepseek-v3"), 64, 4096),
+    "qwen3-235b-a22b": (io.load_model("qwen3-235b-a22b"), 64, 4096),
+    "megatron-22b": (io.load_model("megatron-22b"), 64, 2048),
+    "mixtral-8x22b": (io.load_model("mixtral-8x22b"), 32, 4096),
+    "llama-3.1-8b": (io.load_model("llama-3.1-8b"), 24, 4096),
+}
+SPACE = SearchSpace(vpp_choices=(1, 2, 3), micro_batch_choices=(1, 2))
+SCHEDULES = (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE, Schedule.DUALPIPE)
+_BATCHES: dict[str, LayoutBatch] = {}
+
+
+def _batch(name: str) -> LayoutBatch:
+    if name not in _BATCHES:
+        model, gpus, seq = MODELS[name]
+        batch = enumerate_layouts(
+            model, num_gpus=gpus, global_batch=gpus * 2, space=SPACE, domain=8, allow_cross_node_tp=True
+        )
+        work = Workload(seq_len=seq, global_batch=gpus * 2)
+        ok = np.ones(len(batch), dtype=bool)
+        for rule in RULES:
+            ok &= np.asarray(rule.holds(model, batch, work, gpus), dtype=bool)
+        _BATCHES[name] = batch.take(ok)
+    return _BATCHES[name]
+
+
+@st.composite
+def layouts(draw: Any) -> tuple[ModelSpec, Any, Workload, str]:
+    name = draw(st.sampled_from(sorted(MODELS)))
+    model, gpus, seq = MODELS[name]
+    batch = _batch(name)
+    layout = batch.layout(draw(st.integers(0, len(batch) - 1)))
+    if layout.vpp == 1 and layout.pp > 1:
+        layout = dataclasses.replace(layout, schedule=draw(st.sampled_from(SCHEDULES)))
+    mode = draw(st.sampled_from(("full", "frozen", "lora")))
+    if mode == "frozen":
+        finetune = Finetune(
+            freeze_embeddings=draw(st.booleans()), freeze_layers=draw(st.integers(1, model.num_layers - 1))
+        )
+    elif mode == "lora":
+        finetune = Finetune(mode=FinetuneMode.LORA)
+    else:
+        finetune = Finetune()
+    return model, layout, Workload(seq_len=seq, global_batch=gpus * 2, finetune=finetune), name
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts())
+def test_candidate_stages_hold_every_maximum(case: tuple[ModelSpec, Any, Workload, str]) -> None:
+    """Every term of the bill and of the stage compute time: its maximum over all stages is on a candidate."""
+    model, layout, work, _ = case
+    params = count_params(model)
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=layout.num_gpus)
+    cal = cluster.gpu.calibration
+    every = range(layout.pp)
+    cands = sorted({int(s) for s in candidates(model, layout, work)})
+    bills = {s: stage_bill(model, params, layout, work, calibration=cal, stage=s) for s in every}
+    for term in (*TERMS, "total_bytes"):
+        values = [float(getattr(bills[s], term)) for s in every]
+        assert max(values[s] for s in cands) == pytest.approx(max(values), rel=1e-12), term
+    everywhere = stage_times(model, layout, work, cluster, stages=tuple(every))
+    on_candidates = stage_times(model, layout, work, cluster, stages=tuple(cands))
+    assert dataclasses.asdict(on_candidates) == pytest.approx(dataclasses.asdict(everywhere), rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts())
+def test_scalar_and_vectorized_paths_agree(case: tuple[ModelSpec, Any, Workload, str]) -> None:
+    """evaluate() bills every stage; the search's array path bills the candidates: same peak, verdict, time."""
+    model, layout, work, _ = case
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=layout.num_gpus)
+    plan = evaluate(model, cluster, layout, work)
+    batch = LayoutBatch.of([layout, layout])
+    params = count_params(model)
+    bill = peak_bill(model, params, batch, work, calibration=cluster.gpu.calibration)
+    for term in TERMS:
+        assert float(np.asarray(getattr(bill, term))[0]) == pytest.approx(
+            float(getattr(plan.memory.per_gpu, term)), rel=1e-9, abs=1e-6
+        ), term
+    fits = bool(np.asarray(bill.total_bytes)[0] <= cluster.gpu.hbm_bytes)
+    assert fits == plan.memory.fits
+    placement = place(mesh_sizes(batch), order=plan.order, domain=cluster.domain_size)
+    step, _ = step_time(model, params, batch, work, cluster, placement)
+    assert float(np.asarray(step.step_time_s)[0]) == pytest.approx(float(plan.step.step_time_s), rel=1e-9)
+
+
+def test_every_stage_is_billed_on_the_scalar_path() -> None:
+    """megatron-22b on 32 stages: 48 layers leave 8 short stages at each end, so stages 0, 1 and 31 hold one
+    layer and stage 8 holds two; the step time must be set by a two-layer stage."""
+    model = io.load_model("megatron-22b")
+    rows = stage_table(model, pp=32)
+    assert [r.layers for r in rows] == [1] * 8 + [2] * 16 + [1] * 8
+    layout = _batch("megatron-22b").layout(0)
+    layout = dataclasses.replace(layout, pp=32, tp=1, cp=1, dp_shard=1, dp_replicate=2, ep=1, zero=0)
+    work = Workload(seq_len=2048, global_batch=128)
+    cluster = resolve_cluster(gpu="a100-80gb", gpus=64)
+    times = stage_times(model, layout, work, cluster, stages=tuple(range(32)))
+    assert times.dense_layers == 2
+    two_layer = stage_times(model, layout, work, cluster, stages=(8,))
+    one_layer = stage_times(model, layout, work, cluster, stages=(1,))
+    assert times.fwd_compute_s == pytest.approx(two_layer.fwd_compute_s)
+    assert two_layer.fwd_compute_s > 1.9 * one_layer.fwd_compute_s
+    assert int(stage_row(model, pp=32, stage=8).layers) == pipeline.stage_layers(48, pp=32, stage=8) == 2
