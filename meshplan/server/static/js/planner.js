@@ -149,43 +149,39 @@ function verdict() {
     "Choose among them on what the ranking leaves out: memory headroom, fewer axes that cross nodes, a schedule your framework runs well.");
 }
 
-// Nothing fits on this fleet: ask the engine for the smallest fleet (doubling from this one) where a layout fits,
-// and, when every parameter trains, whether LoRA fits on this one; each answer comes with a button to search it.
-async function nothingFits() {
-  const r = result, v = asked, node = $("#pl-verdict");
+// Nothing fits on this fleet: the engine's answer (the plan report's nothing_fits) says what would, the lightest
+// layout it found, the fewest GPUs (doubling the fleet) on which one fits, and the variants that fit here; each
+// way out comes with a button that searches it.
+function nothingFits() {
+  const r = result, node = $("#pl-verdict"), nf = r.nothing_fits;
   const why = Object.entries(r.rejections).map(([k, n]) => `${k}: ${fmtInt(n)}`).join(", ");
-  const lines = [el("strong", { class: "bad", id: "pl-nothing", text: "Nothing fits. " }),
-    `All ${fmtInt(r.evaluated)} layouts of ${r.model} on ${fmtInt(r.gpus)} × ${r.gpu} are rejected (${why}). Asking the engine what would fit…`];
-  node.replaceChildren(...lines);
-  const base = { ...v.params, compare: null, top: 1 };
-  const out = [];
   const retry = (text, set) => el("button", { type: "button", class: "small", onclick: () => {
     const form = $("#pl-form");
     for (const [k, val] of Object.entries(set)) form.elements[k].value = val;
     form.dispatchEvent(new Event("change"));
     run();
   } }, text);
-  try {
-    const grown = await api("/api/plan", { ...base, objective: "fewest-gpus", tokens: 1, days: 3650 });
-    const n = grown.fewest_gpus.gpus;
-    out.push(el("span", { class: "block" }, "A larger fleet: the smallest, doubling from yours, on which a layout fits is ",
-      el("strong", { id: "pl-fits-at", "data-value": n, text: `${fmtInt(n)} × ${r.gpu}` }), ". ", retry(`Search on ${fmtInt(n)} GPUs`, { gpus: n })));
-  } catch (err) {
-    out.push(el("span", { class: "block", text: `A larger fleet: ${err.message}.` }));
+  const out = [el("strong", { class: "bad", id: "pl-nothing", text: "Nothing fits. " }),
+    `All ${fmtInt(r.evaluated)} layouts of ${r.model} on ${fmtInt(r.gpus)} × ${r.gpu} are rejected (${why}).`];
+  if (!nf) { node.replaceChildren(...out); return; }
+  if (nf.lightest_layout) {
+    out.push(el("span", { class: "block" }, `The lightest, ${layoutLabel(nf.lightest_layout)}, needs `,
+      el("strong", { id: "pl-lightest", "data-value": nf.lightest_bytes_per_gpu, text: fmtBytes(nf.lightest_bytes_per_gpu) }),
+      ` per GPU against a budget of ${fmtBytes(nf.budget_bytes_per_gpu)}.`));
   }
-  if (v.finetune === "full") {
-    try {
-      const lora = await api("/api/plan", { ...base, finetune: "lora" });
-      out.push(el("span", { class: "block" }, lora.feasible
-        ? `LoRA instead of every parameter: ${fmtInt(lora.feasible)} layouts fit on these ${fmtInt(r.gpus)} GPUs. `
-        : `LoRA instead of every parameter: still nothing fits on these ${fmtInt(r.gpus)} GPUs. `,
-        lora.feasible ? retry("Search with LoRA", { finetune: "lora" }) : ""));
-    } catch (err) {
-      out.push(el("span", { class: "block", text: `LoRA: ${err.message}.` }));
-    }
+  const n = nf.fewest_gpus_that_fit;
+  out.push(n
+    ? el("span", { class: "block" }, "A larger fleet: the smallest, doubling from yours, on which a layout fits is ",
+        el("strong", { id: "pl-fits-at", "data-value": n, text: `${fmtInt(n)} × ${r.gpu}` }), ". ", retry(`Search on ${fmtInt(n)} GPUs`, { gpus: n }))
+    : el("span", { class: "block", text: "A larger fleet: none of the fleets the engine tried by doubling this one fits." }));
+  const change = (c) => (c.startsWith("--headroom 0") ? { headroom: "0" } : c.startsWith("--finetune ") ? { finetune: c.split(" ")[1] } : null);
+  for (const v of nf.variants) {
+    const set = change(v.change);
+    out.push(el("span", { class: "block variant" }, `On these ${fmtInt(r.gpus)} GPUs with ${v.change}: ${layoutLabel(v.layout)} fits, ${fmtSeconds(v.step_time_s)} per step. `,
+      set ? retry(`Search with ${v.change.replace(/ \(.*\)$/, "")}`, set) : ""));
   }
   out.push(el("span", { class: "block note", text: "Recompute and ZeRO/FSDP are already part of every search: the rejections above include them." }));
-  if (result === r) node.replaceChildren(lines[0], `All ${fmtInt(r.evaluated)} layouts of ${r.model} on ${fmtInt(r.gpus)} × ${r.gpu} are rejected (${why}).`, ...out);
+  node.replaceChildren(...out);
 }
 
 function takeAway() {
