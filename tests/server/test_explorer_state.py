@@ -220,3 +220,18 @@ def test_a_slow_answer_dims_and_labels_the_old_numbers(page: Any) -> None:
         with contextlib.suppress(Exception):  # a request the page aborted for a newer one is handled already
             route.continue_()
     page.wait_for_selector("#w-results[aria-busy='false']:not([data-stale])", timeout=10_000)
+
+
+def test_the_planner_keeps_layouts_an_engine_runs_and_exports_them(page: Any) -> None:
+    page.goto(f"{page.base}/#planner?engine=torchtitan&pin_tp=8")
+    page.wait_for_selector("body[data-ready]")
+    page.wait_for_selector("#pl-results[aria-busy='false']:not([data-stale]) #pl-table tbody tr")
+    layouts = page.eval_on_selector_all("#pl-table td[data-col='layout']", "t => t.map(e => e.textContent)")
+    assert layouts and all(text.startswith("TP 8") for text in layouts)
+    command = page.inner_text("#pl-command")
+    assert "--engine torchtitan --tp 8" in command
+    page.select_option("#pl-engine", "torchtitan")
+    with page.expect_download() as got:
+        page.click("#pl-export")
+    export = json.loads(Path(got.value.path()).read_text())
+    assert export["engine"] == "torchtitan" and export["files"]

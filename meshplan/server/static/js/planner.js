@@ -6,6 +6,7 @@ import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtPct, fmtS
 
 const LABELS = {
   gpus: "GPUs", seq: "Sequence length", global_batch_tokens: "Tokens per step", top: "Plans to show", headroom: "HBM kept free",
+  tp: "Pinned TP", pp: "Pinned PP", cp: "Pinned CP", ep: "Pinned EP", micro_batch: "Pinned micro-batch",
 };
 let ctx = null;
 let result = null;
@@ -71,6 +72,10 @@ function compareText(l) {
   return parts.join(",");
 }
 
+// Layout fields pinned in the form (pin_tp, ...), as /api/plan and `meshplan plan --tp` take them.
+const PINS = ["tp", "pp", "cp", "ep", "zero", "recompute", "micro_batch"];
+const pins = (v) => Object.fromEntries(PINS.filter((k) => v[`pin_${k}`]).map((k) => [k, v[`pin_${k}`]]));
+
 async function run() {
   if (running) return;
   running = true;
@@ -83,6 +88,7 @@ async function run() {
     // adapter inputs mean something only when adapters train; freezing only when every parameter does
     lora_rank: v.finetune !== "full" ? v.lora_rank || null : null, lora_targets: v.finetune !== "full" ? v.lora_targets || null : null,
     freeze: v.finetune === "full" ? v.freeze || null : null,
+    engine: v.engine || null, ...pins(v),
   };
   const started = performance.now();
   const progress = $("#pl-progress");
@@ -191,7 +197,8 @@ function takeAway() {
     ["headroom", v.headroom, "0.10"], ["allow_cross_node_tp", v.allow_cross_node_tp], ["objective", v.objective, "step-time"],
     ["precision", v.precision, "bf16"], ["finetune", v.finetune, "full"], ["scale_out", v.scale_out], ["node_size", v.node_size],
     ["tokens", v.tokens], ["days", v.days], ["attention", v.attention, "flash"], ["kernels", v.kernels, "fused"],
-    ["axis_order", v.axis_order], ["lora_rank", v.params.lora_rank], ["lora_targets", v.params.lora_targets], ["freeze", v.params.freeze], ["compare", v.compare], ["explain", true],
+    ["axis_order", v.axis_order], ["lora_rank", v.params.lora_rank], ["lora_targets", v.params.lora_targets], ["freeze", v.params.freeze],
+    ["engine", v.engine], ...Object.entries(pins(v)), ["compare", v.compare], ["explain", true],
   ];
   const pick = el("select", { id: "pl-export-plan", "aria-label": "plan to export" },
     ...r.plans.map((p, i) => el("option", { value: i, text: `plan #${i + 1}` })));
