@@ -57,7 +57,7 @@ REQUESTS: dict[str, Callable[[int], tuple[str, dict[str, Any]]]] = {
     "recipes: /api/recipe": lambda i: ("/api/recipe/llama3-405b-8k", {"rank": "false", "i": i}),
     "take-away: /api/export": lambda i: (
         "/api/export",
-        {"engine": "megatron", "model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": 64, "tp": 8, "seq": 4096 + 8 * i},
+        {"to": "megatron", "model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": 64, "tp": 8, "seq": 4096 + 8 * i},
     ),
 }
 # The memory view's layout inputs for the second browser measurement: a pipeline of 4 stages, 3 bars drawn.

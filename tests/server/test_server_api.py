@@ -287,7 +287,7 @@ EXPORT_LAYOUTS = {
 def test_export_training_equals_the_cli_export(client: Any, engine: str) -> None:
     lay = EXPORT_LAYOUTS[engine]
     query = {k: str(v).lower() for k, v in lay.items()}
-    got = ok(client, "/api/export", engine=engine, model="llama-3.1-8b", gpu="h100-sxm", gpus=16, seq=8192, **query)
+    got = ok(client, "/api/export", to=engine, model="llama-3.1-8b", gpu="h100-sxm", gpus=16, seq=8192, **query)
     layout = LayoutRequest(**lay)  # type: ignore[arg-type]
     want = export_training(
         engine, "llama-3.1-8b", gpu="h100-sxm", gpus=16, layout=layout, seq=8192, global_batch=None, precision="bf16"
@@ -298,7 +298,7 @@ def test_export_training_equals_the_cli_export(client: Any, engine: str) -> None
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_export_serving_equals_the_cli_export(client: Any, engine: str) -> None:
-    got = ok(client, "/api/export", engine=engine, model="llama-3.1-70b", gpu="h100-sxm", gpus=8, tp=4, context=8192)
+    got = ok(client, "/api/export", to=engine, model="llama-3.1-70b", gpu="h100-sxm", gpus=8, tp=4, context=8192)
     want = export_serving(
         engine,
         "llama-3.1-70b",
@@ -316,5 +316,5 @@ def test_export_serving_equals_the_cli_export(client: Any, engine: str) -> None:
 
 
 def test_export_refuses_an_unknown_engine(client: Any) -> None:
-    message = refused(client, "/api/export", status=400, engine="jax", model="llama-3.1-8b", gpu="h100-sxm", gpus=8)
-    assert "unknown engine" in message
+    message = refused(client, "/api/export", status=422, to="jax", model="llama-3.1-8b", gpu="h100-sxm", gpus=8)
+    assert message.startswith("to: ") and "torchtitan" in message

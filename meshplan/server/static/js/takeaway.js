@@ -80,7 +80,7 @@ export function takeaway(node, o) {
       const name = engine.value;
       status.textContent = `Asking for the ${ENGINE_NAMES[name]} configuration…`;
       try {
-        const result = await api("/api/export", { engine: name, ...o.exportQuery(name) });
+        const result = await api("/api/export", { to: name, ...o.exportQuery(name) });
         const file = `meshplan-${name}-${slug(o.filename.replace(/\.json$/, ""))}.json`;
         download(file, result);
         status.textContent = `Saved ${file}: ${Object.keys(result.files).join(", ")} and the launch command.`;
