@@ -6,7 +6,8 @@ Starts the real server (uvicorn) on a loopback port in this process, then
 1. times every endpoint a view calls on an input change, each request with a different input so that no
    answer comes from a cache (median and max over --repeat requests);
 2. with Playwright and Debian's chromium, times the memory view from typing a new sequence length to the
-   new total on the page (Python's clock around the fill and the wait, so Playwright's own round trips count).
+   new total on the page (Python's clock around the fill and the wait, so Playwright's own round trips count),
+   for one unsplit GPU and for a 64-GPU layout with four pipeline stages (three bars and the serving bar).
 Needs the web extra (pip install -e '.[web,test]').
 """
 
@@ -21,8 +22,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import uvicorn
+
+try:
+    import httpx
+except ImportError:  # the test extra installs httpx2, the same client under another name
+    import httpx2 as httpx  # type: ignore[no-redef]
 
 from meshplan.server.app import create_app, free_socket
 
@@ -50,7 +55,13 @@ REQUESTS: dict[str, Callable[[int], tuple[str, dict[str, Any]]]] = {
         {"model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": 64, "tp": 8, "pp": 2, "seq": 4096 + 128 * i},
     ),
     "recipes: /api/recipe": lambda i: ("/api/recipe/llama3-405b-8k", {"rank": "false", "i": i}),
+    "take-away: /api/export": lambda i: (
+        "/api/export",
+        {"to": "megatron", "model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": 64, "tp": 8, "seq": 4096 + 8 * i},
+    ),
 }
+# The memory view's layout inputs for the second browser measurement: a pipeline of 4 stages, 3 bars drawn.
+LAYOUT = {"gpus": "64", "tp": "8", "pp": "4"}
 
 
 def serve() -> tuple[str, uvicorn.Server, threading.Thread]:
@@ -81,7 +92,7 @@ def endpoints(base: str, repeat: int) -> None:
             print(f"{name:34s} {ms(times)}")
 
 
-def memory_view(base: str, repeat: int) -> None:
+def memory_view(base: str, repeat: int, layout: dict[str, str] | None = None) -> None:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -96,14 +107,17 @@ def memory_view(base: str, repeat: int) -> None:
         page.goto(f"{base}/#memory")
         page.wait_for_selector("body[data-ready]")
         page.wait_for_selector("#mem-training-total")
+        for name, value in (layout or {}).items():
+            page.fill(f"#mem-form input[name={name}]", value)
+        page.wait_for_function("() => !document.querySelector('#mem-results')?.dataset.stale")
         times = []
         for i in range(repeat):
             seq = 2048 + 32 * (i + 1)
             want = client.get(
                 "/api/memory",
                 params={"model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": 1, "seq": seq, "micro_batch": 1,
-                        "global_batch": 1, "precision": "bf16", "optimizer": "adamw", "recompute": "none",
-                        "finetune": "full"},
+                        "precision": "bf16", "optimizer": "adamw", "recompute": "none", "finetune": "full",
+                        **(layout or {})},
             ).json()["per_gpu"]["total_bytes"]  # fmt: skip
             start = time.perf_counter()
             page.fill("#mem-form input[name=seq]", str(seq))
@@ -112,7 +126,8 @@ def memory_view(base: str, repeat: int) -> None:
             )
             times.append(time.perf_counter() - start)
         browser.close()
-    print(f"{'memory view in chromium, input->page':34s} {ms(times)}")
+    name = "memory view, 64 GPUs TP 8 PP 4" if layout else "memory view in chromium, input->page"
+    print(f"{name:34s} {ms(times)}")
 
 
 def main() -> None:
@@ -123,6 +138,7 @@ def main() -> None:
     try:
         endpoints(base, args.repeat)
         memory_view(base, args.repeat)
+        memory_view(base, args.repeat, LAYOUT)
     finally:
         server.should_exit = True
         thread.join(timeout=5)

@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshplan.render import to_json
 from meshplan.search.rank import SearchTimeout
-from meshplan.server import api, explorer, parse, planner
+from meshplan.server import api, explorer, exports, parse, planner
 from meshplan.server.uploads import ModelStore
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -132,6 +132,7 @@ def create_app() -> FastAPI:
     app.include_router(api.router)
     app.include_router(explorer.router)
     app.include_router(planner.router)
+    app.include_router(exports.router)
     _install_errors(app)
 
     @app.get("/", include_in_schema=False)

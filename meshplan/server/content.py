@@ -25,6 +25,7 @@ STRATEGY_FIELDS = {
 PICTURE_FIELDS = {"unit", "units", "cut", "pattern"}
 TIER_FIELDS = {"key", "title", "strategies", "reason", "detail"}
 TERM_FIELDS = {"name", "title", "what", "formula", "source"}
+GLANCE_FIELDS = {"key", "split", "when", "sensitivity", "placement", "tier", "order"}
 
 
 def _load(name: str, table: str, fields: set[str]) -> list[dict[str, Any]]:
@@ -66,6 +67,19 @@ def tiers() -> tuple[dict[str, Any], ...]:
 def serving_terms() -> tuple[dict[str, Any], ...]:
     """What each term of the serving bar is."""
     return tuple(_load("serving_terms.toml", "term", TERM_FIELDS))
+
+
+@cache
+def glance() -> dict[str, dict[str, Any]]:
+    """The at-a-glance words and the placement of each strategy, by key."""
+    items = _load("glance.toml", "glance", GLANCE_FIELDS)
+    keys = tuple(item["key"] for item in items)
+    if sorted(keys) != sorted(STRATEGY_KEYS):
+        raise ValueError(f"explorer/glance.toml: expected strategies {STRATEGY_KEYS}, got {keys}")
+    for item in items:
+        if item["tier"] not in ("scale-up", "scale-out"):
+            raise ValueError(f"explorer/glance.toml: tier of {item['key']} must be scale-up or scale-out")
+    return {item["key"]: item for item in items}
 
 
 def pieces(picture: dict[str, Any], *, gpus: int = EXPLORER_GPUS) -> list[str]:

@@ -11,7 +11,7 @@ from meshplan import io
 from meshplan.reports import LayoutRequest, memory_report
 from meshplan.server import parse
 from meshplan.server.api import GpuArg, MicroBatch, ModelArg, Seq, json_dict
-from meshplan.server.content import EXPLORER_GPUS, pieces, serving_terms, strategies, tiers
+from meshplan.server.content import EXPLORER_GPUS, glance, pieces, serving_terms, strategies, tiers
 from meshplan.server.tp_split import MAX_DIM, MAX_RANKS, tp_mlp_split
 from meshplan.spec.model import ModelSpec
 
@@ -28,7 +28,8 @@ def _strategy(item: dict[str, Any], model: ModelSpec | str, *, gpu: str, seq: in
     if item["picture"]["unit"] == "expert" and spec.moe is not None and spec.moe.num_experts % EXPLORER_GPUS == 0:
         item = item | {"picture": item["picture"] | {"units": spec.moe.num_experts}}
     labels = pieces(item["picture"])
-    out = {k: item[k] for k in item if k != "layout"} | {"layout_request": item["layout"]}
+    words = {k: v for k, v in glance()[item["key"]].items() if k != "key"}
+    out = {k: item[k] for k in item if k != "layout"} | {"layout_request": item["layout"], "glance": words}
     try:
         layout = LayoutRequest.parse(item["layout"] | {"micro_batch": micro_batch})
         report = memory_report(model, gpu=gpu, gpus=EXPLORER_GPUS, layout=layout, seq=seq)

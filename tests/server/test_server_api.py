@@ -10,6 +10,7 @@ import pytest
 
 from meshplan.reports import LayoutRequest, fit_report, memory_report, serving_report
 from meshplan.reports.estimate import collectives_report, estimate_report
+from meshplan.reports.export import export_serving, export_training
 from meshplan.reports.plan import plan_report
 from meshplan.reports.recipes import list_report, recipe_report
 from meshplan.spec.requests import field
@@ -256,6 +257,7 @@ def test_openapi_schema_lists_every_endpoint(client: Any) -> None:
         "/api/tiers",
         "/api/tp-split",
         "/api/model",
+        "/api/export",
     ):
         assert path in paths, path
     gpus = next(p for p in schema["paths"]["/api/memory"]["get"]["parameters"] if p["name"] == "gpus")
@@ -271,3 +273,48 @@ def test_pages_are_served_offline(client: Any) -> None:
     for asset in ("/static/style.css", "/static/js/app.js", "/static/js/planner.js"):
         res = client.get(asset)
         assert res.status_code == 200 and "https://" not in res.text, asset
+
+
+# A layout each engine can express (each refuses, with the closest it can, what its config cannot set).
+EXPORT_LAYOUTS = {
+    "torchtitan": {"tp": 2, "pp": 2, "zero": 3, "sp": True, "micro_batch": 2},
+    "megatron": {"tp": 2, "pp": 2, "zero": 1, "sp": True, "micro_batch": 2},
+    "deepspeed": {"tp": 2, "zero": 1, "micro_batch": 2},
+}
+
+
+@pytest.mark.parametrize("engine", sorted(EXPORT_LAYOUTS))
+def test_export_training_equals_the_cli_export(client: Any, engine: str) -> None:
+    lay = EXPORT_LAYOUTS[engine]
+    query = {k: str(v).lower() for k, v in lay.items()}
+    got = ok(client, "/api/export", to=engine, model="llama-3.1-8b", gpu="h100-sxm", gpus=16, seq=8192, **query)
+    layout = LayoutRequest(**lay)  # type: ignore[arg-type]
+    want = export_training(
+        engine, "llama-3.1-8b", gpu="h100-sxm", gpus=16, layout=layout, seq=8192, global_batch=None, precision="bf16"
+    )
+    assert got == json.loads(json.dumps({"engine": engine} | want))
+    assert got["files"] and got["command"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_export_serving_equals_the_cli_export(client: Any, engine: str) -> None:
+    got = ok(client, "/api/export", to=engine, model="llama-3.1-70b", gpu="h100-sxm", gpus=8, tp=4, context=8192)
+    want = export_serving(
+        engine,
+        "llama-3.1-70b",
+        gpu="h100-sxm",
+        gpus=8,
+        tp=4,
+        pp=1,
+        ep=1,
+        dtype="bf16",
+        kv_dtype="bf16",
+        context=8192,
+        gpu_memory_utilization=0.9,
+    )
+    assert got == json.loads(json.dumps({"engine": engine} | want))
+
+
+def test_export_refuses_an_unknown_engine(client: Any) -> None:
+    message = refused(client, "/api/export", status=422, to="jax", model="llama-3.1-8b", gpu="h100-sxm", gpus=8)
+    assert message.startswith("to: ") and "torchtitan" in message

@@ -58,13 +58,13 @@ def test_home_links_every_view_and_lists_the_api(page: Any, shot: Any) -> None:
 
 def test_memory_bill_segments_inputs_and_upload(page: Any, shot: Any) -> None:
     open_view(page, "memory")
-    base = {"model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": 1, "micro_batch": 1, "global_batch": 1}
+    base = {"model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": 1, "micro_batch": 1}
     train = api(page, "/api/memory", **base, seq=4096)
     serve = api(page, "/api/serving", model="llama-3.1-70b", gpu="h100-sxm", gpus=1, context=4096, sequences=1)
     wait_number(page, "#mem-training-total", train["per_gpu"]["total_bytes"])
     wait_number(page, "#mem-serving-total", serve["bill"]["total_bytes"])
 
-    page.click("#mem-chart rect[data-bar='training'][data-term='optimizer_moments_bytes']")
+    page.click("#mem-chart rect[data-bar='stage-0'][data-term='optimizer_moments_bytes']")
     moments = next(t for t in train["terms"] if t["name"] == "optimizer_moments_bytes")
     wait_number(page, "#mem-detail-value", moments["value_bytes"])
     detail = page.inner_text("#mem-detail")
@@ -86,7 +86,7 @@ def test_memory_bill_segments_inputs_and_upload(page: Any, shot: Any) -> None:
     wait_number(page, "#mem-training-total", qlora["per_gpu"]["total_bytes"])
     assert qlora["per_gpu"]["total_bytes"] < longer["per_gpu"]["total_bytes"] / 3  # 4-bit base, adapters train
     assert f"{qlora['trainable_params']:,} adapter parameters train" in page.inner_text("#mem-headline")
-    page.wait_for_selector("#mem-chart rect[data-bar='training'][data-term='dequant_workspace_bytes']")
+    page.wait_for_selector("#mem-chart rect[data-bar='stage-0'][data-term='dequant_workspace_bytes']")
     shot(page, "memory-qlora")
     page.select_option("#mem-form select[name=finetune]", "full")
     wait_number(page, "#mem-training-total", longer["per_gpu"]["total_bytes"])
@@ -105,7 +105,7 @@ def test_memory_bill_segments_inputs_and_upload(page: Any, shot: Any) -> None:
     model_id = page.eval_on_selector("#mem-form select[name=model]", "s => s.value")
     mine = api(page, "/api/memory", **(base | {"model": model_id}), seq=4096, recompute="full")
     wait_number(page, "#mem-training-total", mine["per_gpu"]["total_bytes"])
-    shot(page, "memory")
+    shot(page, "memory-upload")
 
     page.set_input_files(
         "#mem-upload",
@@ -113,6 +113,62 @@ def test_memory_bill_segments_inputs_and_upload(page: Any, shot: Any) -> None:
     )
     page.wait_for_selector("#mem-error:not([hidden])")
     assert "unsupported model_type" in page.inner_text("#mem-error")
+
+
+def cli_json(*args: str) -> Any:
+    """``meshplan ... --json`` run as the CLI runs it, in-process."""
+    import contextlib
+    import io
+
+    from meshplan.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main([*args, "--json"]) in (0, None)
+    return json.loads(out.getvalue())
+
+
+def test_memory_layout_bills_each_stage_as_the_cli_does(page: Any, shot: Any) -> None:
+    open_view(page, "memory")
+    page.wait_for_selector("#mem-chart svg")
+    layout = {"gpus": "64", "tp": "4", "pp": "4", "vpp": "2", "cp": "2", "micro_batch": "2", "seq": "16384"}
+    for name, value in layout.items():
+        page.fill(f"#mem-form input[name={name}]", value)
+    page.check("#mem-form input[name=sp]")
+    page.select_option("#mem-form select[name=zero]", "1")
+    page.select_option("#mem-form select[name=recompute]", "selective")
+    page.select_option("#mem-form select[name=precision]", "fp8")
+    args = "memory llama-3.1-70b --gpu h100-sxm --gpus 64 --tp 4 --pp 4 --vpp 2 --cp 2 --sp --zero 1"
+    args += " --micro-batch 2 --seq 16384 --recompute selective --precision fp8"
+    cli = cli_json(*args.split())
+    wait_number(page, "#mem-training-total", cli["per_gpu"]["total_bytes"])
+    shown = sorted({0, cli["heaviest_stage"], len(cli["stages"]) - 1})
+    assert len(shown) >= 2
+    for i in shown:
+        wait_number(page, f"#mem-headline .stage-total[data-stage='{i}']", cli["stages"][i]["total_bytes"])
+        segments = page.eval_on_selector_all(
+            f"#mem-chart rect[data-bar='stage-{i}']", "rs => rs.map(r => Number(r.dataset.bytes))"
+        )
+        terms = {t["name"] for t in cli["terms"]}
+        expect = sum(v for k, v in cli["stages"][i].items() if k in terms)
+        assert sum(segments) == pytest.approx(expect, rel=1e-9)
+        assert expect == pytest.approx(cli["stages"][i]["total_bytes"], rel=1e-9)
+    # each term explains itself on focus, as on hover and tap
+    page.mouse.move(0, 0)  # a resting pointer over the chart would pick the segment under it
+    page.focus(f"#mem-chart rect[data-bar='stage-{shown[-1]}'][data-term='activations_bytes']")
+    acts = next(t for t in cli["terms"] if t["name"] == "activations_bytes")
+    wait_number(page, "#mem-detail-value", cli["stages"][shown[-1]]["activations_bytes"])
+    detail = page.inner_text("#mem-detail")
+    assert acts["formula"] in detail and acts["source"] in detail
+    assert page.locator("#mem-chart rect[data-bar='serving']").count() >= 1
+    shot(page, "memory")
+    # a layout the engine refuses leaves the bars marked as not current
+    page.fill("#mem-form input[name=tp]", "7")
+    page.wait_for_selector("#mem-error:not([hidden])")
+    page.wait_for_selector("#mem-results[data-stale='error']")
+    page.fill("#mem-form input[name=tp]", "4")
+    page.wait_for_selector("#mem-error", state="hidden")
+    page.wait_for_selector("#mem-results:not([data-stale])")
 
 
 def test_strategies_show_each_gpu_piece_and_bill(page: Any, shot: Any) -> None:
@@ -155,6 +211,10 @@ def test_weights_split_follows_gpu_count_and_kind(page: Any, shot: Any) -> None:
     page.fill("#w-form input[name=gpus]", "many")
     page.wait_for_selector("#w-error:not([hidden])")
     assert "GPU count" in page.inner_text("#w-error")
+    # the last accepted split stays on the page, marked as not current
+    page.wait_for_selector("#w-results[data-stale='error'][aria-busy='false']")
+    page.fill("#w-form input[name=gpus]", "2")
+    page.wait_for_selector("#w-results:not([data-stale])")
 
 
 def test_tp_split_steps_and_link_race(page: Any, shot: Any) -> None:
@@ -233,8 +293,15 @@ def test_planner_table_pareto_rejections_and_comparison(page: Any, shot: Any) ->
     page.click("#pl-table th[data-sort='mem']")
     assert column("mem") == sorted(column("mem"), reverse=True)
 
+    page.evaluate(
+        """() => { window.seenBusy = false; const r = document.querySelector('#pl-results');
+        const busy = () => r.getAttribute('aria-busy') === 'true';
+        new MutationObserver(() => { if (busy()) window.seenBusy = true; }).observe(r, { attributes: true }); }"""
+    )
     page.click("#pl-table tbody tr >> nth=2 >> button")
     page.wait_for_selector("#pl-explain .explain[data-b^='tp=']")
+    assert page.evaluate("() => window.seenBusy"), "the old table was not marked while the search ran"
+    page.wait_for_selector("#pl-results[aria-busy='false']:not([data-stale])")
     named = page.locator("#pl-explain .explain[data-b^='tp='] tbody tr >> nth=0 >> td")
     assert named.count() == 4 and named.nth(2).inner_text().endswith("s")
     shot(page, "planner")
@@ -243,6 +310,7 @@ def test_planner_table_pareto_rejections_and_comparison(page: Any, shot: Any) ->
     page.click("#pl-run")
     page.wait_for_selector("#pl-error:not([hidden])")
     assert "GPUs: input should be greater than or equal to 1" in page.inner_text("#pl-error")
+    page.wait_for_selector("#pl-results[data-stale='error']")
 
 
 def test_serving_pareto_best_plan_and_step(page: Any, shot: Any) -> None:

@@ -1,6 +1,6 @@
 // The explorer's shell: load the catalog, fill the shared selects, route #hash to a view.
 
-import { $, $$, api, el } from "./util.js";
+import { $, $$, api, debounce, el } from "./util.js";
 import * as memory from "./memory.js";
 import * as strategies from "./strategies.js";
 import * as weights from "./weights.js";
@@ -9,6 +9,7 @@ import * as recipes from "./recipes.js";
 import * as tiers from "./tiers.js";
 import * as planner from "./planner.js";
 import * as serving from "./serving.js";
+import * as state from "./state.js";
 
 const VIEWS = { memory, strategies, weights, tp, recipes, tiers, planner, serving };
 const started = new Set();
@@ -30,6 +31,8 @@ function fillSelects(catalog) {
   for (const s of $$("select[data-recompute]")) fill(s, catalog.recompute);
   for (const s of $$("select[data-serving-dtypes]")) fill(s, catalog.serving_dtypes);
   for (const s of $$("select[data-kv-dtypes]")) fill(s, catalog.kv_dtypes);
+  const links = [{ name: "", label: "the GPU's default" }, ...catalog.links.map((l) => ({ name: l.name, label: l.name }))];
+  for (const s of $$("select[data-links]")) fill(s, links, { value: (l) => l.name, label: (l) => l.label });
 }
 
 // An uploaded config.json becomes a choice in every model select that takes uploads.
@@ -42,16 +45,41 @@ ctx.addUpload = (upload) => {
   }
 };
 
+// A select asked for a value it does not offer: an uploaded model's id from a shared link (the server says if it
+// no longer holds it).
+function addOption(select, value) {
+  if (select.name === "model" && value.startsWith("upload:")) ctx.addUpload({ id: value, name: value });
+}
+
 function route() {
-  const name = (location.hash || "#home").slice(1).split("?")[0];
+  const name = state.hashView();
   const view = VIEWS[name] ? name : "home";
   for (const section of $$("section.view")) section.hidden = section.dataset.view !== view;
-  for (const a of $$("#nav a")) a.classList.toggle("active", a.getAttribute("href") === `#${view}`);
-  if (view !== "home" && !started.has(view)) {
-    started.add(view);
-    VIEWS[view].init(ctx);
+  for (const a of $$("#nav a")) {
+    const here = a.getAttribute("href") === `#${view}`;
+    a.classList.toggle("active", here);
+    if (here) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
   }
-  if (view !== "home" && VIEWS[view].show) VIEWS[view].show(ctx);
+  if (view !== "home") {
+    const mod = VIEWS[view];
+    if (!started.has(view)) {
+      state.apply(view, state.hashParams(), addOption, mod.PRIMARY);
+      started.add(view);
+      state.watch(view);
+      mod.init(ctx);
+      state.save(view);
+    } else if (state.changedFromOutside(view)) {
+      // A pasted or edited address: set the inputs from it and recompute.
+      state.apply(view, state.hashParams(), addOption, mod.PRIMARY);
+      if (mod.restore) mod.restore(ctx);
+      else for (const form of $$(`#view-${view} form`)) form.dispatchEvent(new Event("change"));
+      state.save(view);
+    } else {
+      state.save(view); // back from another view: the address shows this view's inputs again
+    }
+    if (mod.show) mod.show(ctx);
+  }
   window.scrollTo(0, 0);
 }
 
@@ -70,6 +98,52 @@ async function listEndpoints() {
   }
 }
 
+// Regions wider than the screen (tables, fixed-size charts, commands) scroll sideways: they take the keyboard
+// focus (arrow keys scroll them), say so to screen readers, and show a cue until scrolled to their end.
+function scrollCues() {
+  for (const node of $$(".table-wrap, .chart, .cli-row, .nest")) {
+    const scrolls = node.scrollWidth > node.clientWidth + 2;
+    node.classList.toggle("scrolls", scrolls);
+    node.classList.toggle("at-end", scrolls && node.scrollLeft + node.clientWidth >= node.scrollWidth - 2);
+    if (scrolls && !node.hasAttribute("tabindex")) {
+      node.setAttribute("tabindex", "0");
+      node.setAttribute("role", "region");
+      node.setAttribute("aria-label", `${node.getAttribute("data-what") || "wide content"}, scrolls sideways`);
+      node.addEventListener("scroll", () => node.classList.toggle("at-end", node.scrollLeft + node.clientWidth >= node.scrollWidth - 2));
+    } else if (!scrolls && node.getAttribute("role") === "region") {
+      node.removeAttribute("tabindex");
+      node.removeAttribute("role");
+      node.removeAttribute("aria-label");
+    }
+  }
+}
+
+// On a phone the inputs fill the screen: after a change, the view's first result (its headline) also shows in a
+// bar at the bottom until the result itself is on screen; tapping the bar scrolls to it.
+function peek() {
+  const bar = el("button", { type: "button", id: "peek", class: "peek", hidden: true });
+  document.body.append(bar);
+  const narrow = window.matchMedia("(max-width: 720px)");
+  let target = null;
+  bar.addEventListener("click", () => { if (target) target.scrollIntoView({ block: "start" }); bar.hidden = true; });
+  document.addEventListener("results-current", (e) => {
+    const first = e.detail.querySelector(".headline, .chips");
+    if (!narrow.matches || !first || !first.textContent.trim()) return;
+    // the first number of the headline is what must be on screen
+    const box = (first.querySelector("strong") || first).getBoundingClientRect();
+    if (box.top >= 0 && box.bottom <= window.innerHeight) { bar.hidden = true; return; }
+    target = first;
+    bar.replaceChildren(el("span", { class: "peek-text", text: `${first.textContent.trim().slice(0, 220)} ↓` }));
+    bar.hidden = false;
+  });
+  window.addEventListener("scroll", debounce(() => {
+    if (!target || bar.hidden) return;
+    const box = (target.querySelector("strong") || target).getBoundingClientRect();
+    if (box.top >= 0 && box.bottom <= window.innerHeight - bar.offsetHeight) bar.hidden = true;
+  }, 60), { passive: true });
+  window.addEventListener("hashchange", () => { bar.hidden = true; });
+}
+
 async function boot() {
   try {
     ctx.catalog = await api("/api/catalog");
@@ -79,6 +153,9 @@ async function boot() {
     return;
   }
   $("#boot").remove();
+  new MutationObserver(debounce(scrollCues, 60)).observe($("main"), { childList: true, subtree: true });
+  window.addEventListener("resize", debounce(scrollCues, 150));
+  peek();
   fillSelects(ctx.catalog);
   window.addEventListener("hashchange", route);
   route();

@@ -1,21 +1,47 @@
 // View 7: the planner: search, a sortable table of the best plans, the Pareto plot, rejections, a comparison.
 
-import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtPct, fmtSeconds, formValues, onResize, showError, svg, ticks } from "./util.js";
+import { extra, setExtra } from "./state.js";
+import { TRAINING_ENGINES, cliCommand, cliModel, layoutQuery, takeaway } from "./takeaway.js";
+import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtPct, fmtSeconds, formValues, keepFocus, markResults, onResize, pressable, showError, svg, ticks } from "./util.js";
 
 const LABELS = {
   gpus: "GPUs", seq: "Sequence length", global_batch_tokens: "Tokens per step", top: "Plans to show", headroom: "HBM kept free",
+  tp: "Pinned TP", pp: "Pinned PP", cp: "Pinned CP", ep: "Pinned EP", micro_batch: "Pinned micro-batch",
 };
 let ctx = null;
 let result = null;
 let sortKey = "rank";
 let sortUp = true;
 let running = false;
+let asked = null; // the form's values of the search shown
+let zoom = false; // the Pareto plot zoomed to the table's plans
 
 export function init(context) {
   ctx = context;
+  readSort();
   $("#pl-form").addEventListener("submit", (e) => { e.preventDefault(); run(); });
   onResize(() => result && pareto());
   run();
+}
+
+function readSort() {
+  zoom = extra("planner", "zoom") === "1";
+  sortKey = COLUMNS.some((c) => c[0] === extra("planner", "sort")) ? extra("planner", "sort") : "rank";
+  sortUp = extra("planner", "order") !== "down";
+}
+
+// A pasted address: its inputs, its sort, and a new search.
+export function restore() {
+  readSort();
+  run();
+}
+
+function sortBy(key) {
+  sortUp = key === sortKey ? !sortUp : true;
+  sortKey = key;
+  setExtra("planner", "sort", key === "rank" ? null : key);
+  setExtra("planner", "order", sortUp ? null : "down");
+  table();
 }
 
 export function layoutLabel(l) {
@@ -46,6 +72,10 @@ function compareText(l) {
   return parts.join(",");
 }
 
+// Layout fields pinned in the form (pin_tp, ...), as /api/plan and `meshplan plan --tp` take them.
+const PINS = ["tp", "pp", "cp", "ep", "zero", "recompute", "micro_batch"];
+const pins = (v) => Object.fromEntries(PINS.filter((k) => v[`pin_${k}`]).map((k) => [k, v[`pin_${k}`]]));
+
 async function run() {
   if (running) return;
   running = true;
@@ -53,6 +83,12 @@ async function run() {
   const params = {
     model: v.model, gpu: v.gpu, gpus: v.gpus, seq: v.seq, global_batch_tokens: v.global_batch_tokens, top: v.top,
     objective: v.objective, headroom: v.headroom, allow_cross_node_tp: v.allow_cross_node_tp, compare: v.compare || null,
+    precision: v.precision, finetune: v.finetune, scale_out: v.scale_out || null, node_size: v.node_size || null, tokens: v.tokens || null, days: v.days || null,
+    attention: v.attention, kernels: v.kernels, axis_order: v.axis_order || null,
+    // adapter inputs mean something only when adapters train; freezing only when every parameter does
+    lora_rank: v.finetune !== "full" ? v.lora_rank || null : null, lora_targets: v.finetune !== "full" ? v.lora_targets || null : null,
+    freeze: v.finetune === "full" ? v.freeze || null : null,
+    engine: v.engine || null, ...pins(v),
   };
   const started = performance.now();
   const progress = $("#pl-progress");
@@ -60,12 +96,16 @@ async function run() {
   say();
   progress.hidden = false;
   $("#pl-run").disabled = true;
+  markResults($("#pl-results"), "busy");
   const clock = setInterval(say, 100);
   try {
     result = await api("/api/plan", params);
+    asked = { ...v, params };
     showError($("#pl-error"), null);
     render();
+    markResults($("#pl-results"), null);
   } catch (err) {
+    markResults($("#pl-results"), result ? "error" : null);
     showError($("#pl-error"), err instanceof ApiError && err.status === 429 ? new Error(err.message) : err, LABELS);
   } finally {
     clearInterval(clock);
@@ -82,11 +122,94 @@ function render() {
     " layouts in ", el("span", { text: fmtSeconds(r.elapsed_s) }), "; ",
     el("strong", { id: "pl-feasible", "data-value": r.feasible, text: fmtInt(r.feasible) }),
     ` fit with ${fmtPct(r.headroom_fraction)} of HBM kept free. ${r.global_batch} sequences of ${fmtInt(r.seq)} tokens per step, objective ${r.objective}.`,
+    r.fewest_gpus ? el("span", { id: "pl-fewest", "data-value": r.fewest_gpus.gpus,
+      text: ` The fewest GPUs that train ${Number(r.fewest_gpus.tokens).toExponential(2)} tokens in ${r.fewest_gpus.days} days: ${fmtInt(r.fewest_gpus.gpus)} (the search began at ${fmtInt(r.fewest_gpus.searched_from)}).` }) : "",
   );
   table();
   pareto();
   rejections();
   explain();
+  takeAway();
+  verdict();
+}
+
+const CLOSE = 0.03; // top plans closer than this on the objective are called a tie
+const METRICS = {
+  "step-time": ["step time", (p) => p.step_time_s, (x) => fmtSeconds(x), -1],
+  "fewest-gpus": ["step time", (p) => p.step_time_s, (x) => fmtSeconds(x), -1],
+  "tokens-per-gpu": ["tokens/s per GPU", (p) => p.tokens_per_s_per_gpu, (x) => fmtInt(x), 1],
+  headroom: ["headroom", (p) => p.free_bytes_per_gpu, (x) => fmtBytes(x), 1],
+};
+
+// Say when the best plans are too close to call, and when nothing fits, what would.
+function verdict() {
+  const r = result, node = $("#pl-verdict");
+  if (!r.plans.length) { nothingFits(); return; }
+  const [name, metric, fmt] = METRICS[r.objective] || METRICS["step-time"];
+  const best = metric(r.plans[0]);
+  const near = r.plans.filter((p) => Math.abs(metric(p) - best) <= CLOSE * Math.abs(best));
+  if (near.length < 2) { node.replaceChildren(); return; }
+  const last = near[near.length - 1];
+  node.replaceChildren(el("strong", { id: "pl-tie", "data-value": near.length, text: `The best ${near.length} plans are within ${Math.round(CLOSE * 100)}% of each other` }),
+    ` in ${name} (#1 ${fmt(best)}, #${r.plans.indexOf(last) + 1} ${fmt(metric(last))}): closer than an analytical estimate can separate. `,
+    "Choose among them on what the ranking leaves out: memory headroom, fewer axes that cross nodes, a schedule your framework runs well.");
+}
+
+// Nothing fits on this fleet: the engine's answer (the plan report's nothing_fits) says what would, the lightest
+// layout it found, the fewest GPUs (doubling the fleet) on which one fits, and the variants that fit here; each
+// way out comes with a button that searches it.
+function nothingFits() {
+  const r = result, node = $("#pl-verdict"), nf = r.nothing_fits;
+  const why = Object.entries(r.rejections).map(([k, n]) => `${k}: ${fmtInt(n)}`).join(", ");
+  const retry = (text, set) => el("button", { type: "button", class: "small", onclick: () => {
+    const form = $("#pl-form");
+    for (const [k, val] of Object.entries(set)) form.elements[k].value = val;
+    form.dispatchEvent(new Event("change"));
+    run();
+  } }, text);
+  const out = [el("strong", { class: "bad", id: "pl-nothing", text: "Nothing fits. " }),
+    `All ${fmtInt(r.evaluated)} layouts of ${r.model} on ${fmtInt(r.gpus)} × ${r.gpu} are rejected (${why}).`];
+  if (!nf) { node.replaceChildren(...out); return; }
+  if (nf.lightest_layout) {
+    out.push(el("span", { class: "block" }, `The lightest, ${layoutLabel(nf.lightest_layout)}, needs `,
+      el("strong", { id: "pl-lightest", "data-value": nf.lightest_bytes_per_gpu, text: fmtBytes(nf.lightest_bytes_per_gpu) }),
+      ` per GPU against a budget of ${fmtBytes(nf.budget_bytes_per_gpu)}.`));
+  }
+  const n = nf.fewest_gpus_that_fit;
+  out.push(n
+    ? el("span", { class: "block" }, "A larger fleet: the smallest, doubling from yours, on which a layout fits is ",
+        el("strong", { id: "pl-fits-at", "data-value": n, text: `${fmtInt(n)} × ${r.gpu}` }), ". ", retry(`Search on ${fmtInt(n)} GPUs`, { gpus: n }))
+    : el("span", { class: "block", text: "A larger fleet: none of the fleets the engine tried by doubling this one fits." }));
+  const change = (c) => (c.startsWith("--headroom 0") ? { headroom: "0" } : c.startsWith("--finetune ") ? { finetune: c.split(" ")[1] } : null);
+  for (const v of nf.variants) {
+    const set = change(v.change);
+    out.push(el("span", { class: "block variant" }, `On these ${fmtInt(r.gpus)} GPUs with ${v.change}: ${layoutLabel(v.layout)} fits, ${fmtSeconds(v.step_time_s)} per step. `,
+      set ? retry(`Search with ${v.change.replace(/ \(.*\)$/, "")}`, set) : ""));
+  }
+  out.push(el("span", { class: "block note", text: "Recompute and ZeRO/FSDP are already part of every search: the rejections above include them." }));
+  node.replaceChildren(...out);
+}
+
+function takeAway() {
+  const v = asked, r = result;
+  const flags = [
+    ["gpu", v.gpu], ["gpus", v.gpus], ["seq", v.seq], ["global_batch_tokens", v.global_batch_tokens], ["top", v.top, 5],
+    ["headroom", v.headroom, "0.10"], ["allow_cross_node_tp", v.allow_cross_node_tp], ["objective", v.objective, "step-time"],
+    ["precision", v.precision, "bf16"], ["finetune", v.finetune, "full"], ["scale_out", v.scale_out], ["node_size", v.node_size],
+    ["tokens", v.tokens], ["days", v.days], ["attention", v.attention, "flash"], ["kernels", v.kernels, "fused"],
+    ["axis_order", v.axis_order], ["lora_rank", v.params.lora_rank], ["lora_targets", v.params.lora_targets], ["freeze", v.params.freeze],
+    ["engine", v.engine], ...Object.entries(pins(v)), ["compare", v.compare], ["explain", true],
+  ];
+  const pick = el("select", { id: "pl-export-plan", "aria-label": "plan to export" },
+    ...r.plans.map((p, i) => el("option", { value: i, text: `plan #${i + 1}` })));
+  takeaway($("#pl-takeaway"), {
+    id: "pl", command: cliCommand("plan", [cliModel(v.model)], flags), json: r,
+    filename: `meshplan-plan-${r.model}-${r.gpus}x${r.gpu}.json`, engines: r.plans.length ? TRAINING_ENGINES : [], before: [pick],
+    exportQuery: () => {
+      const p = r.plans[Number(pick.value) || 0];
+      return { model: v.model, gpu: r.gpu, gpus: (r.fewest_gpus && r.fewest_gpus.gpus) || r.gpus, seq: r.seq, global_batch: r.global_batch, precision: v.precision, ...layoutQuery(p.layout) };
+    },
+  });
 }
 
 const COLUMNS = [
@@ -107,18 +230,19 @@ function table() {
     const c = typeof x === "string" ? x.localeCompare(y) : x - y;
     return sortUp ? c : -c;
   });
-  const head = el("tr", {}, ...COLUMNS.map(([key, label]) => el("th", {
-    scope: "col", "data-sort": key, class: key === sortKey ? (sortUp ? "sorted up" : "sorted down") : "",
-    onclick: () => { sortUp = key === sortKey ? !sortUp : true; sortKey = key; table(); },
-  }, label)), el("th", { text: "" }));
+  const head = el("tr", {}, ...COLUMNS.map(([key, label]) => pressable(el("th", {
+    scope: "col", "data-sort": key, class: key === sortKey ? (sortUp ? "sorted up" : "sorted down") : "", tabindex: 0,
+    "aria-sort": key === sortKey ? (sortUp ? "ascending" : "descending") : "none", title: `sort by ${label}`,
+  }, label), () => sortBy(key))), el("th", {}, el("span", { class: "sr-only", text: "Compare" })));
   const rows = plans.map((p) => el("tr", { "data-rank": p.rank },
     ...COLUMNS.map(([key, , get, fmt]) => el("td", { "data-col": key, "data-value": get(p), text: fmt(get(p)) })),
     el("td", {}, el("button", { type: "button", class: "small", text: "Compare", onclick: () => {
       $("#pl-form").elements.compare.value = compareText(p.layout);
+      $("#pl-form").dispatchEvent(new Event("change")); // the address keeps the comparison
       run();
     } })),
   ));
-  $("#pl-table").replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
+  keepFocus($("#pl-table"), "data-sort", () => $("#pl-table").replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows)));
 }
 
 function pareto() {
@@ -129,28 +253,84 @@ function pareto() {
   const all = [...pts, ...top];
   if (!all.length) { $("#pl-pareto").replaceChildren(el("p", { class: "note", text: "No layout fits: nothing to plot." })); return; }
   const W = chartWidth($("#pl-pareto")), H = 300, L = 64, B = 46, T = 14, R = 16;
-  const mMax = Math.max(...all.map((p) => p.m), hbm || 0) * 1.05 / 1e9;
+  // Zoomed: linear axes around the table's plans only (front points outside them are left out).
+  const zoomed = zoom && top.length > 1;
+  const span = (vals, pad) => { const lo = Math.min(...vals), hi = Math.max(...vals), d = Math.max(hi - lo, hi * 0.01) * pad; return [lo - d, hi + d]; };
+  const [mLo, mMax] = zoomed ? span(top.map((p) => p.m / 1e9), 0.12) : [0, Math.max(...all.map((p) => p.m), hbm || 0) * 1.05 / 1e9];
   // Step times span orders of magnitude along the front: a log axis keeps the knee readable.
-  const tLo = Math.log10(Math.min(...all.map((p) => p.t)) / 1.15);
-  const tHi = Math.log10(Math.max(...all.map((p) => p.t)) * 1.15);
-  const x = (gb) => L + ((W - L - R) * gb) / mMax;
-  const y = (s) => T + (H - T - B) * (1 - (Math.log10(s) - tLo) / Math.max(tHi - tLo, 1e-9));
-  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "Pareto front: step time against memory per GPU" });
-  for (const g of ticks(mMax, 6)) root.append(svg("line", { x1: x(g), x2: x(g), y1: T, y2: H - B, class: "grid" }), svg("text", { x: x(g), y: H - B + 16, class: "tick", "text-anchor": "middle", text: `${g}` }));
-  for (const s of logTicks(tLo, tHi)) root.append(svg("line", { x1: L, x2: W - R, y1: y(s), y2: y(s), class: "grid" }), svg("text", { x: L - 6, y: y(s) + 4, class: "tick", "text-anchor": "end", text: `${+s.toPrecision(3)}` }));
+  const [tLo, tHi] = zoomed ? span(top.map((p) => p.t), 0.15)
+    : [Math.log10(Math.min(...all.map((p) => p.t)) / 1.15), Math.log10(Math.max(...all.map((p) => p.t)) * 1.15)];
+  const x = (gb) => L + ((W - L - R) * (gb - mLo)) / (mMax - mLo);
+  const y = (s) => T + (H - T - B) * (1 - ((zoomed ? s : Math.log10(s)) - tLo) / Math.max(tHi - tLo, 1e-9));
+  const inside = (p) => !zoomed || (p.m / 1e9 >= mLo && p.m / 1e9 <= mMax && p.t >= tLo && p.t <= tHi);
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "group", "aria-label": "Pareto front: step time against memory per GPU; each point is a button" });
+  for (const g of zoomed ? rangeTicks(mLo, mMax, 6) : ticks(mMax, 6)) root.append(svg("line", { x1: x(g), x2: x(g), y1: T, y2: H - B, class: "grid" }), svg("text", { x: x(g), y: H - B + 16, class: "tick", "text-anchor": "middle", text: `${g}` }));
+  for (const s of zoomed ? rangeTicks(tLo, tHi, 5) : logTicks(tLo, tHi)) root.append(svg("line", { x1: L, x2: W - R, y1: y(s), y2: y(s), class: "grid" }), svg("text", { x: L - 6, y: y(s) + 4, class: "tick", "text-anchor": "end", text: `${+s.toPrecision(3)}` }));
   root.append(
     svg("text", { x: (W + L) / 2, y: H - 8, class: "axis-label", "text-anchor": "middle", text: "memory per GPU (GB)" }),
-    svg("text", { x: 14, y: (H - B) / 2, class: "axis-label", "text-anchor": "middle", transform: `rotate(-90 14 ${(H - B) / 2})`, text: "step time (s, log scale)" }),
+    svg("text", { x: 14, y: (H - B) / 2, class: "axis-label", "text-anchor": "middle", transform: `rotate(-90 14 ${(H - B) / 2})`, text: zoomed ? "step time (s)" : "step time (s, log scale)" }),
   );
-  if (hbm) root.append(svg("line", { x1: x(hbm / 1e9), x2: x(hbm / 1e9), y1: T, y2: H - B, class: "hbm-line" }), svg("text", { x: x(hbm / 1e9) - 4, y: T + 10, class: "hbm-label", "text-anchor": "end", text: `${r.gpu} HBM ${fmtBytes(hbm)}` }));
-  const front = [...pts].sort((a, b) => a.m - b.m);
+  if (hbm && hbm / 1e9 <= mMax) root.append(svg("line", { x1: x(hbm / 1e9), x2: x(hbm / 1e9), y1: T, y2: H - B, class: "hbm-line" }), svg("text", { x: x(hbm / 1e9) - 4, y: T + 10, class: "hbm-label", "text-anchor": "end", text: `${r.gpu} HBM ${fmtBytes(hbm)}` }));
+  const front = [...pts].filter(inside).sort((a, b) => a.m - b.m);
   root.append(svg("polyline", { points: front.map((p) => `${x(p.m / 1e9)},${y(p.t)}`).join(" "), class: "front" }));
-  for (const p of pts) root.append(svg("circle", { cx: x(p.m / 1e9), cy: y(p.t), r: 3.5, class: "pareto-pt" }, svg("title", { text: `${layoutLabel(p.layout)}: ${fmtSeconds(p.t)}, ${fmtGB(p.m)}` })));
+  // Every point is a button (a 24-px target around the dot): click, tap, Enter or Space shows it below the plot.
+  const point = (p, cls, r, i) => {
+    const name = p.rank ? `#${p.rank} ${layoutLabel(p.layout)}` : `front point ${i + 1}: ${layoutLabel(p.layout)}`;
+    const g = svg("g", { class: "pt", tabindex: 0, role: "button", "aria-label": `${name}, ${fmtSeconds(p.t)} per step, ${fmtGB(p.m)} per GPU`, "data-rank": p.rank || null, "data-front": p.rank ? null : i },
+      svg("circle", { cx: x(p.m / 1e9), cy: y(p.t), r: 12, class: "hit" }),
+      svg("circle", { cx: x(p.m / 1e9), cy: y(p.t), r, class: cls, "data-rank": p.rank || null }));
+    root.append(pressable(g, () => pickPoint(p, g)));
+  };
+  pts.forEach((p, i) => { if (inside(p)) point(p, "pareto-pt", 3.5, i); });
+  [...top].reverse().forEach((p) => point(p, "top-pt", 6)); // the best drawn last, on top of a cluster
+  // Rank labels where they do not collide: the best first.
+  const placed = [];
   for (const p of top) {
-    root.append(svg("circle", { cx: x(p.m / 1e9), cy: y(p.t), r: 6, class: "top-pt", "data-rank": p.rank }, svg("title", { text: `#${p.rank} ${layoutLabel(p.layout)}: ${fmtSeconds(p.t)}, ${fmtGB(p.m)}` })));
-    if (p.rank <= 3) root.append(svg("text", { x: x(p.m / 1e9) + 8, y: y(p.t) - 6, class: "tick", text: `#${p.rank}` }));
+    const lx = x(p.m / 1e9) + 8, ly = y(p.t) - 8;
+    if (placed.some(([a, b]) => Math.abs(a - lx) < 26 && Math.abs(b - ly) < 14)) continue;
+    placed.push([lx, ly]);
+    root.append(svg("text", { x: lx, y: ly, class: "tick pt-label", text: `#${p.rank}` }));
   }
-  $("#pl-pareto").replaceChildren(root, el("p", { class: "note", text: `Small dots: the ${pts.length} layouts no other layout beats on both axes; large dots: the table's plans.` }));
+  const toggle = el("button", { type: "button", class: "small", id: "pl-zoom", "aria-pressed": zoomed ? "true" : "false", onclick: () => {
+    zoom = !zoom;
+    setExtra("planner", "zoom", zoom ? "1" : null);
+    keepFocus($("#pl-pareto"), "id", pareto);
+  } }, zoom ? "Show the whole front" : "Zoom to the table's plans");
+  $("#pl-pareto").replaceChildren(root, el("p", { class: "note" }, `Small dots: the ${pts.length} layouts no other layout beats on both axes; large dots: the table's plans. `, top.length > 1 ? toggle : ""));
+}
+
+function pickPoint(p, g) {
+  for (const n of document.querySelectorAll("#pl-pareto g.pt.selected, #pl-table tr.picked")) n.classList.remove("selected", "picked");
+  g.classList.add("selected");
+  const best = result.plans[0];
+  const items = [el("h4", { id: "pl-point-title", text: p.rank ? `Plan #${p.rank}: ${layoutLabel(p.layout)}` : `On the front: ${layoutLabel(p.layout)}` }),
+    el("p", {}, el("strong", { id: "pl-point-time", "data-value": p.t, text: fmtSeconds(p.t) }), " per step, ",
+      el("strong", { id: "pl-point-mem", "data-value": p.m, text: fmtGB(p.m) }), " per GPU",
+      best && p.rank !== 1 ? ` (the best: ${fmtSeconds(best.step_time_s)}, ${fmtGB(best.per_gpu.total_bytes)}).` : ".")];
+  if (p.rank) {
+    const row = document.querySelector(`#pl-table tr[data-rank="${p.rank}"]`);
+    if (row) row.classList.add("picked");
+    const pick = $("#pl-export-plan");
+    if (pick) pick.value = String(p.rank - 1);
+  }
+  if (best && p.rank !== 1) {
+    items.push(el("button", { type: "button", class: "small", id: "pl-point-compare", onclick: () => {
+      $("#pl-form").elements.compare.value = compareText(p.layout);
+      $("#pl-form").dispatchEvent(new Event("change"));
+      run();
+    } }, "Compare with the best, term by term"));
+  }
+  $("#pl-point").replaceChildren(...items);
+}
+
+// Round ticks between lo and hi (1, 2 or 5 times a power of ten apart).
+function rangeTicks(lo, hi, count) {
+  const raw = (hi - lo) / count;
+  const p = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 5, 10].map((m) => m * p).find((st) => st >= raw);
+  const out = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi; v += step) out.push(+v.toPrecision(6));
+  return out;
 }
 
 // 1, 2 and 5 times each power of ten between 10^lo and 10^hi (fewer when the range is wide).

@@ -1,6 +1,8 @@
 // View 5: published recipes as nested mesh axes from one GPU outward, and every recipe on one fleet ruler.
 
-import { $, chartWidth, el, fmtBytes, fmtInt, fmtPct, fmtSeconds, isAbort, latestOnly, onResize, showError, svg } from "./util.js";
+import { extra, setExtra } from "./state.js";
+import { TRAINING_ENGINES, cliCommand, layoutQuery, takeaway } from "./takeaway.js";
+import { $, chartWidth, el, inkOn, keepFocus, pressable, fmtBytes, fmtInt, fmtPct, fmtSeconds, isAbort, latestOnly, onResize, showError, svg, tracked } from "./util.js";
 
 const call = latestOnly();
 // The axes that multiply to the fleet (EP is carved out of them), innermost first by default.
@@ -14,6 +16,7 @@ let ctx = null;
 let report = null;
 let depth = 99;
 let timer = null;
+const DEFAULT = "llama3-405b-128k";
 
 export function init(context) {
   ctx = context;
@@ -22,18 +25,34 @@ export function init(context) {
   tabs(ctx.catalog.recipes[0].name);
   ruler();
   onResize(ruler);
-  select(ctx.catalog.recipes.find((r) => r.name === "llama3-405b-128k")?.name || ctx.catalog.recipes[0].name);
+  select(wanted(), false);
+}
+
+export const PRIMARY = "recipe";
+
+function wanted() {
+  const names = ctx.catalog.recipes.map((r) => r.name);
+  const asked = extra("recipes", "recipe");
+  return names.includes(asked) ? asked : names.includes(DEFAULT) ? DEFAULT : names[0];
+}
+
+export function restore() {
+  select(wanted(), false);
 }
 
 function tabs(active) {
-  $("#rc-tabs").replaceChildren(...ctx.catalog.recipes.map((r) =>
-    el("button", { type: "button", role: "tab", class: r.name === active ? "tab active" : "tab", "data-key": r.name, text: r.title, onclick: () => select(r.name) })));
+  keepFocus($("#rc-tabs"), "data-key", () => $("#rc-tabs").replaceChildren(...ctx.catalog.recipes.map((r) =>
+    el("button", {
+      type: "button", role: "tab", class: r.name === active ? "tab active" : "tab", "aria-selected": r.name === active ? "true" : "false",
+      "data-key": r.name, text: r.title, onclick: () => select(r.name),
+    }))));
 }
 
-async function select(name) {
+async function select(name, remember = true) {
+  if (remember) setExtra("recipes", "recipe", name === DEFAULT ? null : name);
   tabs(name);
   try {
-    report = await call(`/api/recipe/${encodeURIComponent(name)}`, {});
+    report = await tracked($("#rc-results"), () => call(`/api/recipe/${encodeURIComponent(name)}`, {}));
     showError($("#rc-error"), null);
   } catch (err) {
     if (!isAbort(err)) showError($("#rc-error"), err);
@@ -43,13 +62,56 @@ async function select(name) {
   depth = 99;
   $("#rc-title").textContent = `${report.title} · ${fmtInt(report.gpus)} × ${report.gpu}`;
   $("#rc-why").textContent = report.why;
+  verdict(report);
   $("#rc-source").textContent = `Source: ${report.source}.`;
+  const r = report;
+  takeaway($("#rc-takeaway"), {
+    id: "rc", command: cliCommand("recipe", [r.recipe], []), json: r, filename: `meshplan-recipe-${r.recipe}.json`,
+    engines: TRAINING_ENGINES,
+    exportQuery: () => ({ model: r.model, gpu: r.gpu, gpus: r.gpus, seq: r.seq, global_batch: r.global_batch, precision: r.precision, ...layoutQuery(r.layout) }),
+  });
   const f = report.factors;
   $("#rc-factors").replaceChildren(
     ...Object.entries(f).filter(([k]) => k !== "gpus").map(([k, v]) => el("span", { class: "chip", style: `--c:${AXIS_COLORS[k]}`, text: `${k.toUpperCase()} ${v}` })),
     el("span", { class: "chip total", id: "rc-gpus", "data-gpus": f.gpus, text: `${fmtInt(f.gpus)} GPUs` }),
   );
   nest();
+}
+
+const whatIfCall = latestOnly();
+const TERM_NAMES = (terms) => Object.fromEntries(terms.map((t) => [t.name, t.title.toLowerCase()]));
+
+// Whether the engine's bill of the recipe fits, and when it does not, by how much, which terms weigh most, and
+// what the engine bills for the same layout with recompute (the lever the recipes leave unstated).
+async function verdict(r) {
+  const node = $("#rc-verdict");
+  const stage = r.stages.length > 1 ? ` on stage ${r.heaviest_stage} (the heaviest of ${r.stages.length})` : "";
+  if (r.fits) {
+    node.replaceChildren(el("strong", { class: "ok", id: "rc-fits", text: "Fits. " }),
+      `The engine bills ${fmtBytes(r.per_gpu.total_bytes)} per GPU${stage}, leaving ${fmtBytes(r.free_bytes_per_gpu)} of the ${fmtBytes(r.hbm_bytes_per_gpu)} HBM.`);
+    return;
+  }
+  const names = TERM_NAMES(r.terms);
+  const big = [...r.terms].sort((a, b) => b.value_bytes - a.value_bytes).slice(0, 2)
+    .map((t) => `${names[t.name]} ${fmtBytes(t.value_bytes)}`).join(" and ");
+  const say = (extra) => node.replaceChildren(
+    el("strong", { class: "bad", id: "rc-fits", text: "Over HBM. " }),
+    `The engine bills ${fmtBytes(r.per_gpu.total_bytes)} per GPU${stage}, ${fmtBytes(-r.free_bytes_per_gpu)} more than the ${fmtBytes(r.hbm_bytes_per_gpu)} of one ${r.gpu}; `,
+    `the largest terms are ${big}. The published run did train this way, so the bill is missing something that run did `,
+    "(a recipe states its degrees, not every memory setting). ", ...extra);
+  say([]);
+  const options = ["selective", "full"].filter((m) => m !== r.layout.recompute);
+  try {
+    const base = { model: r.model, gpu: r.gpu, gpus: r.gpus, seq: r.seq, global_batch: r.global_batch, precision: r.precision, ...layoutQuery(r.layout) };
+    const bills = [];
+    for (const recompute of options) bills.push([recompute, await whatIfCall("/api/memory", { ...base, recompute })]);
+    if (report !== r) return;
+    say(["What it would need: ", ...bills.flatMap(([m, b], i) => [i ? "; " : "", `with ${m} recompute the same layout is billed `,
+      el("strong", { "data-recompute": m, "data-bytes": b.per_gpu.total_bytes, text: fmtBytes(b.per_gpu.total_bytes) }),
+      b.fits ? " and fits" : ` (${fmtBytes(-b.free_bytes_per_gpu)} over)`]), "."]);
+  } catch (err) {
+    if (!isAbort(err)) say([`(The engine could not bill the recompute alternatives: ${err.message}.)`]);
+  }
 }
 
 function levels() {
@@ -104,7 +166,7 @@ function ruler() {
   const W = Math.max(chartWidth($("#rc-ruler")), 620), L = 160, R = 64, rowH = 34, T = 14;
   const H = T + items.length * rowH + 40;
   const x = (n) => L + ((W - L - R) * Math.log(n)) / Math.log(top);
-  const root = svg("svg", { class: "fixed", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "fleet ruler, log scale of GPUs" });
+  const root = svg("svg", { class: "fixed", style: `width:${W}px`, viewBox: `0 0 ${W} ${H}`, role: "group", "aria-label": "fleet ruler, log scale of GPUs; each row opens its recipe" });
   for (let g = 1; g <= top; g *= 8) {
     root.append(svg("line", { x1: x(g), x2: x(g), y1: T - 4, y2: H - 34, class: "grid" }));
     root.append(svg("text", { x: x(g), y: H - 20, class: "tick", "text-anchor": "middle", text: fmtInt(g) }));
@@ -113,15 +175,15 @@ function ruler() {
   items.forEach((r, i) => {
     const y = T + i * rowH;
     const row = svg("g", { class: "ruler-row", "data-recipe": r.name, tabindex: 0, role: "button" });
-    row.addEventListener("click", () => select(r.name));
+    pressable(row, () => select(r.name));
     row.append(svg("text", { x: L - 8, y: y + 15, class: "bar-label small", "text-anchor": "end", text: r.name }));
     let at = 1;
     for (const axis of ["tp", "cp", "pp", "dp"]) {
       const f = r.factors[axis];
       if (!f || f <= 1) continue;
-      row.append(svg("rect", { x: x(at), y, width: x(at * f) - x(at), height: 20, fill: AXIS_COLORS[axis], rx: 2 },
+      row.append(svg("rect", { x: x(at), y, width: x(at * f) - x(at), height: 24, fill: AXIS_COLORS[axis], rx: 2 },
         svg("title", { text: `${axis.toUpperCase()} ${f}` })));
-      if (x(at * f) - x(at) > 26) row.append(svg("text", { x: (x(at) + x(at * f)) / 2, y: y + 14, class: "on-color", "text-anchor": "middle", text: `${axis.toUpperCase()} ${f}` }));
+      if (x(at * f) - x(at) > 26) row.append(svg("text", { x: (x(at) + x(at * f)) / 2, y: y + 16, class: "on-color", fill: inkOn(AXIS_COLORS[axis]), "text-anchor": "middle", text: `${axis.toUpperCase()} ${f}` }));
       at *= f;
     }
     const ep = r.factors.ep ? ` (EP ${r.factors.ep} within DP)` : "";

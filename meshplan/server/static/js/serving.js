@@ -1,6 +1,6 @@
 // View 8: serving: the serving planner's Pareto curve under latency targets, its chosen plan, and where a step goes.
 
-import { $, chartWidth, el, fmtInt, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks } from "./util.js";
+import { $, chartWidth, el, fmtInt, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks, tracked } from "./util.js";
 
 const plan = latestOnly();
 const serve = latestOnly();
@@ -35,12 +35,16 @@ async function update() {
     ttft_p99: v.ttft_p99 || null, tpot_p99: v.tpot_p99 || null, engine: v.engine, top: 5,
   };
   try {
-    const r = await plan("/api/serve-plan", params);
-    showError($("#sv-error"), null);
+    const r = await tracked($("#sv-results"), async () => {
+      const answer = await plan("/api/serve-plan", params);
+      showError($("#sv-error"), null);
+      last = answer;
+      summary(answer);
+      curve(answer);
+      await breakdown(answer, v);
+      return answer;
+    });
     last = r;
-    summary(r);
-    curve(r);
-    await breakdown(r, v);
   } catch (err) {
     if (!isAbort(err)) showError($("#sv-error"), err, LABELS);
   }

@@ -1,30 +1,41 @@
 // View 2: the six strategies on 8 GPUs: the cut, each GPU's piece and bytes, the traffic, when to use it.
 
-import { $, PIECE_COLORS, el, fmtBytes, formValues, isAbort, latestOnly, onFormChange, showError, svg } from "./util.js";
+import { extra, setExtra } from "./state.js";
+import { TRAINING_ENGINES, cliCommand, cliModel, layoutQuery, takeaway } from "./takeaway.js";
+import { $, PIECE_COLORS, el, inkOn, keepFocus, reducedMotion, fmtBytes, fmtRatio, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, showError, svg, tracked } from "./util.js";
 
 const call = latestOnly();
+const ladderCall = latestOnly();
 let data = null;
 let selected = "tp";
 
+export const PRIMARY = "strategy";
+
 export function init() {
+  selected = extra("strategies", "strategy") || "tp";
   onFormChange($("#st-form"), update);
   update();
 }
 
-export function show() {
-  const wanted = location.hash.split("?")[1];
-  if (wanted && wanted !== selected) {
-    selected = wanted;
-    if (data) render();
-  }
+// A pasted address: its strategy and inputs.
+export function restore() {
+  selected = extra("strategies", "strategy") || "tp";
+  update();
+}
+
+function pick(key) {
+  selected = key;
+  setExtra("strategies", "strategy", key === "tp" ? null : key);
+  render();
 }
 
 async function update() {
   const v = formValues($("#st-form"));
   try {
-    data = await call("/api/strategies", { model: v.model, gpu: v.gpu, seq: v.seq });
+    data = await tracked($("#st-results"), () => call("/api/strategies", { model: v.model, gpu: v.gpu, seq: v.seq }));
     showError($("#st-error"), null);
     render();
+    ladder(v);
   } catch (err) {
     if (!isAbort(err)) showError($("#st-error"), err, { seq: "Sequence length" });
   }
@@ -34,20 +45,78 @@ function render() {
   const cards = data.strategies;
   const s = cards.find((c) => c.key === selected) || cards[0];
   selected = s.key;
-  $("#st-tabs").replaceChildren(
+  keepFocus($("#st-tabs"), "data-key", () => $("#st-tabs").replaceChildren(
     ...cards.map((c) =>
       el("button", {
         type: "button", role: "tab", class: c.key === s.key ? "tab active" : "tab", "data-key": c.key,
         "aria-selected": c.key === s.key ? "true" : "false", text: c.name,
-        onclick: () => { selected = c.key; render(); },
+        onclick: () => pick(c.key),
       }),
     ),
-  );
+  ));
   $("#st-work").replaceChildren(work(s));
   gpus(s);
   $("#st-collective-title").textContent = `The traffic: ${s.collective}`;
   $("#st-traffic").replaceChildren(traffic(s.picture.pattern));
   facts(s);
+  glance();
+  takeAway(s);
+}
+
+// The selected strategy's bill as a command, a JSON file and an engine's configuration.
+function takeAway(s) {
+  if (!s.applies) { $("#st-takeaway").replaceChildren(); return; }
+  const flags = [["gpu", data.gpu], ["gpus", data.gpus], ...Object.entries(s.layout_request).map(([k, v]) => [k, v]), ["seq", data.seq, 4096]];
+  takeaway($("#st-takeaway"), {
+    id: "st", command: cliCommand("memory", [cliModel(data.model)], flags), json: s.memory,
+    filename: `meshplan-memory-${data.model}-${s.key}-8x${data.gpu}.json`, engines: TRAINING_ENGINES,
+    exportQuery: () => ({ model: data.model, gpu: data.gpu, gpus: data.gpus, seq: data.seq, precision: s.memory.precision, ...layoutQuery(s.memory.layout) }),
+  });
+}
+
+// The at-a-glance table: the words of each strategy and the heaviest GPU of its layout for this model.
+function glance() {
+  const head = ["Strategy", "What is split", "Main collective", "When it runs", "Sensitive to", "Placement", `Heaviest GPU (${data.model}, 8 × ${data.gpu})`];
+  const rows = data.strategies.map((c) => {
+    const worst = c.applies ? Math.max(...c.gpus.map((g) => g.total_bytes)) : null;
+    return el("tr", { "data-key": c.key, class: c.key === selected ? "picked" : "" },
+      el("th", { scope: "row" }, el("button", { type: "button", class: "link-button", "data-key": c.key, onclick: () => pick(c.key), text: c.name })),
+      el("td", { text: c.glance.split }), el("td", { text: c.collective }), el("td", { text: c.glance.when }),
+      el("td", { text: c.glance.sensitivity }), el("td", { text: c.glance.placement }),
+      el("td", { class: "num", "data-bytes": worst ?? "", text: worst === null ? "does not apply" : fmtBytes(worst) }));
+  });
+  keepFocus($("#st-glance"), "data-key", () => $("#st-glance").replaceChildren(
+    el("thead", {}, el("tr", {}, ...head.map((h) => el("th", { scope: "col", text: h })))), el("tbody", {}, ...rows)));
+}
+
+// The link ladder for the chosen model: one TP all-reduce timed on each link (GET /api/collectives), and the axes
+// whose place, by the placement rule, is on a link of that tier.
+async function ladder(v) {
+  const size = $("#st-ladder-size");
+  if (String(v.model).startsWith("upload:")) {
+    $("#st-ladder").replaceChildren();
+    size.textContent = "The link ladder needs a catalog model (the collectives report takes catalog models only).";
+    return;
+  }
+  let r;
+  try {
+    r = await ladderCall("/api/collectives", { model: v.model, seq: v.seq, group: 8 });
+  } catch (err) {
+    if (!isAbort(err)) {
+      size.textContent = `The link ladder could not be computed: ${err.message}`;
+      $("#st-ladder").replaceChildren();
+    }
+    return;
+  }
+  size.textContent = `One ring all-reduce of ${fmtBytes(r.size_bytes)} (${r.model}'s activations for ${Number(v.seq).toLocaleString("en-US")} tokens) over ${r.group_size} ranks; tensor parallelism runs ${r.tp_collectives_per_forward} of them per forward pass.`;
+  const byTier = (tier) => data.strategies.filter((c) => c.glance.tier === tier).sort((a, b) => a.glance.order - b.glance.order).map((c) => c.name.replace(/ \(.*\)$/, "")).join(", then ");
+  const head = ["Link", "Tier", "Per direction", "One TP all-reduce", "Modeled", "Slower than the fastest", "Axes that belong here"];
+  $("#st-ladder").replaceChildren(el("thead", {}, el("tr", {}, ...head.map((h) => el("th", { scope: "col", text: h })))),
+    el("tbody", {}, ...r.links.map((l) => el("tr", { "data-link": l.link },
+      el("td", { text: l.link }), el("td", { text: l.tier }), el("td", { text: `${(l.bandwidth_bytes_per_s / 1e9).toFixed(1)} GB/s` }),
+      el("td", { "data-s": l.bandwidth_only_s, text: fmtSeconds(l.bandwidth_only_s) }), el("td", { text: fmtSeconds(l.modeled_s) }),
+      el("td", { "data-ratio": l.ratio_bandwidth_only, text: `${fmtRatio(l.ratio_bandwidth_only)} (modeled ${fmtRatio(l.ratio_modeled)})` }),
+      el("td", { class: "wrap", text: l.tier === "scale-up" ? byTier("scale-up") : `${byTier("scale-out")}; never TP` })))));
 }
 
 function gpus(s) {
@@ -81,7 +150,7 @@ function layoutText(l) {
 // The illustrative object each strategy cuts, drawn with its 8 pieces and the cut lines between them.
 function work(s) {
   const W = 420, H = 230;
-  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `what ${s.name} cuts` });
+  const root = svg("svg", { class: "fixed", style: `width:${W}px`, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `what ${s.name} cuts` });
   const cut = s.picture.cut;
   const color = (i) => PIECE_COLORS[i % 8];
   const cutLine = (x1, y1, x2, y2) => root.append(svg("line", { x1, y1, x2, y2, class: "cut" }));
@@ -90,7 +159,7 @@ function work(s) {
     const bw = cut === "state" ? 200 : 380;
     for (let i = 0; i < 8; i++) {
       root.append(svg("rect", { x: 20, y: 14 + i * 24, width: bw, height: 18, fill: color(i), rx: 3 }));
-      root.append(svg("text", { x: 26, y: 27 + i * 24, class: "on-color", text: s.gpus[i].piece }));
+      root.append(svg("text", { x: 26, y: 27 + i * 24, class: "on-color", fill: inkOn(color(i)), text: s.gpus[i].piece }));
       if (i) cutLine(14, 11 + i * 24, 26 + bw, 11 + i * 24);
     }
     if (cut === "state") {
@@ -109,7 +178,7 @@ function work(s) {
   } else if (cut === "layers") {
     for (let i = 0; i < 8; i++) {
       root.append(svg("rect", { x: 60, y: 8 + i * 25, width: 300, height: 22, fill: color(i), rx: 2 }));
-      root.append(svg("text", { x: 70, y: 23 + i * 25, class: "on-color", text: s.gpus[i].piece }));
+      root.append(svg("text", { x: 70, y: 23 + i * 25, class: "on-color", fill: inkOn(color(i)), text: s.gpus[i].piece }));
       if (i) cutLine(50, 6.5 + i * 25, 370, 6.5 + i * 25);
     }
     label(`the stack of ${s.picture.units} layers cut into 8 stages`);
@@ -136,7 +205,7 @@ function work(s) {
 // The 8 GPUs and the pattern of their collective; dots travel along the links.
 function traffic(pattern) {
   const W = 640, H = pattern === "all-to-all" ? 170 : 110;
-  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `traffic pattern: ${pattern}` });
+  const root = svg("svg", { class: "fixed", style: `width:${W}px`, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `traffic pattern: ${pattern}` });
   const xs = Array.from({ length: 8 }, (_, i) => 40 + i * 80);
   const y = 50;
   const paths = [];
@@ -154,12 +223,14 @@ function traffic(pattern) {
   paths.forEach((d, k) => {
     root.append(svg("path", { d, class: "link" }));
     const dot = svg("circle", { r: 3.5, class: "dot" });
-    dot.append(svg("animateMotion", { dur: `${1.6 + (k % 5) * 0.2}s`, repeatCount: "indefinite", path: d }));
+    // With reduced motion the dots rest at the start of their links.
+    if (reducedMotion()) { const [, x0, y0] = d.match(/^M([\d.]+),([\d.]+)/); dot.setAttribute("cx", x0); dot.setAttribute("cy", y0); }
+    else dot.append(svg("animateMotion", { dur: `${1.6 + (k % 5) * 0.2}s`, repeatCount: "indefinite", path: d }));
     root.append(dot);
   });
   xs.forEach((x, i) => {
     root.append(svg("rect", { x: x - 18, y: y - 18, width: 36, height: 36, rx: 5, fill: PIECE_COLORS[i] }));
-    root.append(svg("text", { x, y: y + 5, class: "on-color", "text-anchor": "middle", text: `${i}` }));
+    root.append(svg("text", { x, y: y + 5, class: "on-color", fill: inkOn(PIECE_COLORS[i]), "text-anchor": "middle", text: `${i}` }));
   });
   return root;
 }

@@ -1,6 +1,7 @@
 // View 4: the TP MLP split in steps, checked by the engine, and one all-reduce raced over four links.
 
-import { $, el, fmtBytes, fmtRatio, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, showError, svg, PIECE_COLORS } from "./util.js";
+import { extra, setExtra } from "./state.js";
+import { $, el, fmtBytes, fmtRatio, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, reducedMotion, showError, svg, tracked, PIECE_COLORS } from "./util.js";
 
 const splitCall = latestOnly();
 const raceCall = latestOnly();
@@ -14,9 +15,22 @@ let frame = null;
 export function init() {
   onFormChange($("#tp-form"), updateSplit);
   onFormChange($("#race-form"), updateRace);
-  $("#tp-prev").addEventListener("click", () => { step = Math.max(0, step - 1); drawSplit(); });
-  $("#tp-next").addEventListener("click", () => { step = Math.min(split ? split.steps.length - 1 : 0, step + 1); drawSplit(); });
+  step = Number(extra("tp", "step")) || 0;
+  $("#tp-prev").addEventListener("click", () => goto(step - 1));
+  $("#tp-next").addEventListener("click", () => goto(step + 1));
   $("#race-play").addEventListener("click", play);
+  updateSplit();
+  updateRace();
+}
+
+function goto(k) {
+  step = Math.max(0, Math.min(split ? split.steps.length - 1 : 0, k));
+  setExtra("tp", "step", step || null);
+  drawSplit();
+}
+
+export function restore() {
+  step = Number(extra("tp", "step")) || 0;
   updateSplit();
   updateRace();
 }
@@ -24,7 +38,7 @@ export function init() {
 async function updateSplit() {
   const v = formValues($("#tp-form"));
   try {
-    split = await splitCall("/api/tp-split", { ranks: v.ranks, activation: v.activation, seed: v.seed, rows: 4, hidden: 8, ffn: 16 });
+    split = await tracked($("#tp-results"), () => splitCall("/api/tp-split", { ranks: v.ranks, activation: v.activation, seed: v.seed, rows: 4, hidden: 8, ffn: 16 }));
     showError($("#tp-error"), null);
     drawSplit();
   } catch (err) {
@@ -37,12 +51,13 @@ function shapeText(shapes) {
 }
 
 function drawSplit() {
+  step = Math.min(step, split.steps.length - 1);
   const s = split.steps[step];
   $("#tp-step-label").textContent = `Step ${step + 1} of ${split.steps.length}: ${s.step}`;
   $("#tp-step-label").dataset.step = String(step);
   $("#tp-step-text").textContent = `${s.what[0].toUpperCase()}${s.what.slice(1)}. Shapes: ${shapeText(s.shapes)}.`;
   const t = split.ranks, w = split.ffn / t;
-  const root = svg("svg", { class: "fixed", viewBox: "0 0 760 345", role: "img", "aria-label": `tensor-parallel MLP, step ${step + 1}` });
+  const root = svg("svg", { class: "fixed", style: "width:760px", viewBox: "0 0 760 345", role: "img", "aria-label": `tensor-parallel MLP, step ${step + 1}` });
   const matrix = (x, y, rows, cols, name, { cutCols = false, cutRows = false, active = true } = {}) => {
     const byCols = cutCols && active, byRows = cutRows && active;
     for (let r = 0; r < t; r++) {
@@ -111,7 +126,7 @@ function sums(root) {
 async function updateRace() {
   const v = formValues($("#race-form"));
   try {
-    race = await raceCall("/api/collectives", { model: v.model, group: v.group, seq: v.seq });
+    race = await tracked($("#race-results"), () => raceCall("/api/collectives", { model: v.model, group: v.group, seq: v.seq }));
     race.key = v.timing;
     showError($("#race-error"), null);
     drawRace(0);
@@ -144,12 +159,29 @@ function drawRace(clock) {
   $("#race-note").textContent = key === "ratio_bandwidth_only"
     ? "Durations are the ratios of bus bytes over nominal bandwidth only: latency, efficiency and overlap are left out. Pipe thickness grows with bandwidth (log scale)."
     : "Durations are the modeled ratios: link efficiency and per-step latency included (alpha-beta ring). Pipe thickness grows with bandwidth (log scale).";
+  wall();
+}
+
+// Why these ratios are half the seed page's 36x and 144x: every bandwidth here is per direction.
+function wall() {
+  const up = race.links[0];
+  const out = race.links.filter((l) => l.tier === "scale-out");
+  if (!out.length) { $("#race-wall").textContent = ""; return; }
+  const gbs = (b) => `${(b / 1e9).toLocaleString("en-US", { maximumFractionDigits: 1 })} GB/s`;
+  const ratios = out.map((l) => `${fmtRatio(l.ratio_bandwidth_only)} for ${l.link}`).join(" and ");
+  const doubled = out.map((l) => fmtRatio(2 * l.ratio_bandwidth_only)).join(" and ");
+  $("#race-wall").replaceChildren(el("b", { text: "Why per direction: " }),
+    `${up.link} moves ${gbs(up.bandwidth_bytes_per_s)} each way; its datasheet's ${gbs(2 * up.bandwidth_bytes_per_s)} adds the two directions. `,
+    `A NIC's ${out.map((l) => gbs(l.bandwidth_bytes_per_s)).join(" or ")} is already one direction. Dividing the two-way figure by a one-way one gives the `,
+    `${doubled} that some pages quote; a ring all-reduce sends and receives on every link at the same time, so the like-for-like ratios are `,
+    el("span", { id: "race-wall-ratios", text: ratios }), ".");
 }
 
 function play() {
   if (!race) return;
   cancelAnimationFrame(frame);
   const end = Math.max(...race.links.map((l) => l[race.key]));
+  if (reducedMotion()) { drawRace(end); return; } // the finished race, without the motion
   const start = performance.now();
   const tick = (now) => {
     const clock = Math.min(end, (end * (now - start)) / (RACE_SECONDS * 1000));

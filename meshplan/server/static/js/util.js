@@ -173,7 +173,8 @@ export function onFormChange(form, fn) {
 
 // --- colors --------------------------------------------------------------------------------------------------------
 
-export const PIECE_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"];
+// Fills that carry text: each leaves ink or white at 4.5:1 or more (red darkened from #e15759 for that).
+export const PIECE_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#c8383b", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"];
 
 export const TERM_COLORS = {
   weights_bytes: "#4e79a7",
@@ -190,3 +191,74 @@ export const TERM_COLORS = {
   fragmentation_bytes: "#bab0ac",
   kv_cache_bytes: "#17a2b8",
 };
+
+// --- never a stale number ------------------------------------------------------------------------------------------
+
+// Mark a view's results while a request is pending ("busy") or after the last input was refused ("error"); null
+// marks them current. aria-busy is set at once; the dimming and its label wait 150 ms, so that quick updates
+// (most take 10-60 ms) neither flicker nor restyle the page on every keystroke.
+const dimTimers = new WeakMap();
+export function markResults(node, state) {
+  if (!node) return;
+  clearTimeout(dimTimers.get(node));
+  node.setAttribute("aria-busy", state === "busy" ? "true" : "false");
+  if (state === "busy") {
+    dimTimers.set(node, setTimeout(() => { node.dataset.stale = "busy"; }, 150));
+  } else if (state) {
+    node.dataset.stale = state;
+  } else {
+    if (node.dataset.stale) delete node.dataset.stale;
+    // after the caller has drawn the new answer
+    requestAnimationFrame(() => node.dispatchEvent(new CustomEvent("results-current", { bubbles: true, detail: node })));
+  }
+}
+
+// Run `request` with the results marked busy meanwhile; on success they are current, on a refusal they stay marked.
+// An aborted request leaves the marks to the request that replaced it.
+export async function tracked(node, request) {
+  markResults(node, "busy");
+  try {
+    const out = await request();
+    markResults(node, null);
+    return out;
+  } catch (err) {
+    if (!isAbort(err)) markResults(node, "error");
+    throw err;
+  }
+}
+
+// --- phones, keyboards, eyes ---------------------------------------------------------------------------------------
+
+// The text color (ink or white) with the higher contrast on a fill `#rrggbb` (WCAG relative luminance).
+export function inkOn(hex) {
+  const c = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16) / 255)
+    .map((v) => (v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4));
+  const lum = 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2];
+  const ink = 0.0173; // #1d2430
+  return (lum + 0.05) / (ink + 0.05) >= 1.05 / (lum + 0.05) ? "#1d2430" : "#ffffff";
+}
+
+export const reducedMotion = () => window.matchMedia("(prefers-reduced-motion: reduce)").matches;
+
+// Re-render `container` without losing the keyboard focus: the focused element is found again by `attr`.
+export function keepFocus(container, attr, render) {
+  const active = document.activeElement;
+  const key = active && container.contains(active) ? active.getAttribute(attr) : null;
+  render();
+  if (key !== null) {
+    const again = Array.from(container.querySelectorAll(`[${attr}]`)).find((n) => n.getAttribute(attr) === key);
+    if (again) again.focus({ preventScroll: true });
+  }
+}
+
+// Enter and Space act as a click on an element that is not a native button (an SVG row, a table header).
+export function pressable(node, action) {
+  node.addEventListener("click", action);
+  node.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" || e.key === " ") {
+      e.preventDefault();
+      action(e);
+    }
+  });
+  return node;
+}

@@ -1,6 +1,7 @@
 // View 3: a model's weights spread evenly over N GPUs: one bar per GPU against its HBM.
 
-import { $, chartWidth, el, fmtBytes, fmtInt, fmtPct, formValues, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks } from "./util.js";
+import { SERVING_ENGINES, cliCommand, cliModel, takeaway } from "./takeaway.js";
+import { $, chartWidth, el, fmtBytes, fmtInt, fmtPct, formValues, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks, tracked } from "./util.js";
 
 const call = latestOnly();
 const MAX_BARS = 64;
@@ -22,9 +23,14 @@ export function init() {
 async function update() {
   const v = formValues($("#w-form"));
   try {
-    const r = await call("/api/fit", { model: v.model, gpu: v.gpu, gpus: v.gpus, dtype: v.dtype });
+    const r = await tracked($("#w-results"), () => call("/api/fit", { model: v.model, gpu: v.gpu, gpus: v.gpus, dtype: v.dtype }));
     showError($("#w-error"), null);
     draw(r);
+    takeaway($("#w-takeaway"), {
+      id: "w", command: cliCommand("fit", [cliModel(v.model)], [["gpu", v.gpu], ["gpus", v.gpus], ["dtype", v.dtype, "bf16"]]),
+      json: r, filename: `meshplan-fit-${r.model}-${r.gpus}x${r.gpu}.json`, engines: SERVING_ENGINES,
+      exportQuery: () => ({ model: v.model, gpu: v.gpu, gpus: v.gpus, dtype: v.dtype }),
+    });
   } catch (err) {
     if (!isAbort(err)) showError($("#w-error"), err, { gpus: "GPU count" });
   }
