@@ -53,7 +53,7 @@ def test_plan_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
             "micro_batch",
         }
         assert {"step_time_s", "mfu", "tokens_per_s_per_gpu", "per_gpu", "placement"} <= set(p)
-        assert p["per_gpu"]["total_bytes"] <= 0.9 * 141e9
+        assert p["per_gpu"]["total_bytes"] <= 0.9 * 143_771 * 2**20
     times = [p["step_time_s"] for p in out["plans"]]
     assert times == sorted(times)
     assert all(isinstance(v, int) and v > 0 for v in out["rejections"].values())
