@@ -126,6 +126,12 @@ def _cmd_params(args: argparse.Namespace) -> dict[str, Any]:
     return params_report(args.model, finetune=_finetune_request(args))
 
 
+def _conditions(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.spec.requests import Group, group
+
+    return {f.name: getattr(args, f.name) for f in group(Group.CONDITIONS)}
+
+
 def _cmd_memory(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.bills import memory_report
 
@@ -135,8 +141,15 @@ def _cmd_memory(args: argparse.Namespace) -> dict[str, Any]:
         gpus=args.gpus,
         layout=_layout_request(args),
         finetune=_finetune_request(args),
+        conditions=_conditions(args),
         **_workload_kwargs(args),
     )
+
+
+def _cmd_stacks(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.listing import stacks_report
+
+    return stacks_report()
 
 
 def _add_fleet_shape(p: argparse.ArgumentParser) -> None:
@@ -424,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = command("list", _cmd_list, "what the catalog holds: models, GPUs, links or recipes")
-    p.add_argument("kind", choices=("models", "gpus", "links", "recipes"))
+    p.add_argument("kind", choices=("models", "gpus", "links", "recipes", "stacks"))
 
     p = command("params", _cmd_params, "exact parameter counts, total and active per token, by component")
     p.add_argument("model", help="catalog name, model TOML, or a Hugging Face config.json")
@@ -433,8 +446,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("memory", _cmd_memory, "per-GPU training memory, term by term, for a layout")
     p.add_argument("model")
     _add_fleet(p)
-    _add_layout(p)
+    _add_group(p, "layout")
+    _add_group(p, "workload", precision=None, attention=None, kernels=None)  # None: the stack's, else the default
     _add_finetune(p)
+    _add_group(p, "conditions")
+
+    p = command("stacks", _cmd_stacks, "the training stacks and the conditions each sets (for --stack)")
 
     p = command("estimate", _cmd_estimate, "step time, MFU, every collective and where it runs, for one layout")
     p.add_argument("model")

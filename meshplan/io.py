@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.spec.cluster import GPU, GpuCalibration, Link, LinkKind, LinkTier
+from meshplan.spec.conditions import Stack
 from meshplan.spec.model import MLASpec, MlpKind, ModelSpec, MoESpec, NormKind
 from meshplan.units import DType
 
 _ENUMS: dict[str, type[Any]] = {"MlpKind": MlpKind, "NormKind": NormKind, "LinkKind": LinkKind, "LinkTier": LinkTier}
 _TABLES: dict[str, type[Any]] = {"MoESpec | None": MoESpec, "MLASpec | None": MLASpec, "GpuCalibration": GpuCalibration}
-_SINGULAR = {"models": "model", "gpus": "gpu", "links": "link"}
+_SINGULAR = {"models": "model", "gpus": "gpu", "links": "link", "stacks": "stack"}
 
 
 # --- the catalog -------------------------------------------------------------------------------------------------
@@ -47,6 +48,11 @@ def list_gpus() -> list[str]:
 def list_links() -> list[str]:
     """Names of the catalog links."""
     return sorted(_catalog("links"))
+
+
+def list_stacks() -> list[str]:
+    """Names of the catalog training stacks."""
+    return sorted(_catalog("stacks"))
 
 
 def _unknown_name(kind: str, name: str) -> ValueError:
@@ -201,6 +207,24 @@ def load_gpu(name_or_path: str) -> GPU:
     body, _ = _without_meta(table, where)
     gpu: GPU = _build(GPU, body, where, **({} if "name" in body else {"name": stem}))
     return gpu
+
+
+def load_stack(name_or_path: str) -> Stack:
+    """A catalog training stack by name, or a stack TOML file; its defaults are checked against the schema."""
+    from meshplan.spec import requests
+
+    table, where, stem = _load_table("stacks", name_or_path)
+    body, _ = _without_meta(table, where)
+    raw = body.pop("defaults", {})
+    if not isinstance(raw, dict):
+        raise ValueError(f"'defaults' in {where} must be a table")
+    allowed = [*requests.group(requests.Group.WORKLOAD), *requests.group(requests.Group.CONDITIONS)]
+    try:
+        defaults = requests.parse_values(raw, allowed=[f for f in allowed if f.name != "stack"], what="stack default")
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    stack: Stack = _build(Stack, body, where, defaults=defaults, **({} if "name" in body else {"name": stem}))
+    return stack
 
 
 def load_link(name_or_path: str) -> Link:

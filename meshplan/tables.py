@@ -65,7 +65,24 @@ def _memory(r: dict[str, Any]) -> str:
     verdict = "fits" if r["fits"] else "does NOT fit"
     tail = f"{verdict}: {gb(bill['total_bytes'])} of {gb(r['hbm_bytes_per_gpu'])} ({gb(abs(r['free_bytes_per_gpu']))} "
     tail += "free)" if r["fits"] else "over)"
-    return "\n".join([*head, "", table(rows, ["term", "per GPU", "formula"], align="lrl"), "", tail])
+    peaks = f"allocator peaks: {gb(bill['allocated_bytes'])} allocated, {gb(bill['reserved_bytes'])} reserved"
+    body = table(rows, ["term", "per GPU", "formula"], align="lrl")
+    return "\n".join([*head, "", body, "", peaks, tail, "", _conditions_lines(r)])
+
+
+def _conditions_lines(r: dict[str, Any]) -> str:
+    """The conditions the bill assumed and where each came from (flag, stack or default)."""
+    stack = r.get("stack") or "none"
+    rows = [(name, "-" if c["value"] is None else str(c["value"]), c["source"]) for name, c in r["conditions"].items()]
+    return f"conditions (stack: {stack})\n" + table(rows, ["condition", "value", "from"], align="lll")
+
+
+def _stacks(r: dict[str, Any]) -> str:
+    out = []
+    for s in r["stacks"]:
+        settings = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in s["defaults"].items())
+        out += [f"{s['name']}: {s['description']} (reports {s['reports']} bytes)", f"  {settings}"]
+    return "\n".join(out)
 
 
 def _fit(r: dict[str, Any]) -> str:
@@ -504,6 +521,7 @@ def _list(r: dict[str, Any]) -> str:
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "list": _list,
+    "stacks": _stacks,
     "check": _check,
     "plan": _plan,
     "recipe": _recipe,

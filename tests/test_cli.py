@@ -170,6 +170,7 @@ def test_console_script_start_up_and_exit_code() -> None:
 TEXT_RUNS = {
     "params": ["params", "mixtral-8x7b"],
     "list": ["list", "gpus"],
+    "stacks": ["stacks"],
     "fit": ["fit", "llama-3.3-70b", "--gpu", "h200", "--gpus", "8"],
     "memory": ["memory", "llama-3.1-8b", "--gpu", "a100-80gb", "--gpus", "8", "--zero", "3"],
     "serving": ["serving", "llama-3.1-8b", "--gpu", "l40s", "--gpus", "1"],

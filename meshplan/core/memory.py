@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import numpy as np
+
 from meshplan.core import activations as act
 from meshplan.core import finetune, pipeline
 from meshplan.core.num import Num, gcd, maximum, minimum, to_float, where
@@ -21,7 +23,8 @@ from meshplan.core.params import LayerParams, ParamCount
 from meshplan.core.pytorch import shards
 from meshplan.core.stages import candidate_stages, stage_row
 from meshplan.spec.cluster import GpuCalibration
-from meshplan.spec.layout import LayoutLike, Recompute, ZeroStage
+from meshplan.spec.conditions import FUSED_LOSS_CHUNKS, UPCAST_LOSS_BYTES, LossKind
+from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.workload import Framework, Kernels, OptimizerKind, Workload
 from meshplan.units import DTYPE_BYTES, FP32_BYTES, DType
@@ -43,6 +46,7 @@ class MemoryBill:
     comm_buffers_bytes: Num
     framework_bytes: Num
     fragmentation_bytes: Num
+    runtime_reserve_bytes: Num
 
     @property
     def optimizer_bytes(self) -> Num:
@@ -58,10 +62,23 @@ class MemoryBill:
     def total_bytes(self) -> Num:
         return sum(getattr(self, name) for name in TERMS)
 
+    @property
+    def reserved_bytes(self) -> Num:
+        """What the caching allocator holds at the peak (torch.cuda.max_memory_reserved): the total less what
+        lives outside the allocator (CUDA context and workspaces, the runtime's reserve)."""
+        return self.total_bytes - self.framework_bytes - self.runtime_reserve_bytes
+
+    @property
+    def allocated_bytes(self) -> Num:
+        """Bytes of live tensors at the peak (torch.cuda.max_memory_allocated): reserved less fragmentation."""
+        return self.reserved_bytes - self.fragmentation_bytes
+
     def as_dict(self) -> dict[str, Num]:
-        """Every term, the optimizer subtotal and the total, keyed by name."""
+        """Every term, the optimizer subtotal, the allocator's allocated and reserved peaks and the total."""
         out = {name: getattr(self, name) for name in TERMS}
         out["optimizer_bytes"] = self.optimizer_bytes
+        out["allocated_bytes"] = self.allocated_bytes
+        out["reserved_bytes"] = self.reserved_bytes
         out["total_bytes"] = self.total_bytes
         return out
 
@@ -431,6 +448,7 @@ def stage_bill(
         ft, step = workload.finetune, shards.OPTIMIZER_STEP_BYTES.get(workload.optimizer.kind, 0.0)
         per_layer = [finetune.adapter_tensors(model, ft, moe_layer=moe, ep=ep) for moe in (False, True)]
         moments = moments + step * (held.dense_layers * per_layer[0] + held.moe_layers * per_layer[1])
+    grads, gathered = _accumulation_state(model, lay, workload, tr=tr, held=held, grads=grads, gathered=gathered)
     dynamic = acts + logits + workspace + dequant + gathered
     return MemoryBill(
         weights_bytes=to_float(weights),
@@ -445,7 +463,57 @@ def stage_bill(
         comm_buffers_bytes=to_float(gathered),
         framework_bytes=to_float(calibration.framework_bytes + 0 * dynamic),
         fragmentation_bytes=to_float(calibration.fragmentation * dynamic),
+        runtime_reserve_bytes=to_float(workload.conditions.runtime_reserve_bytes + 0 * dynamic),
     )
+
+
+def _accumulation_state(
+    model: ModelSpec,
+    lay: LayoutLike,
+    workload: Workload,
+    *,
+    tr: StageTraining,
+    held: StageParams,
+    grads: Num,
+    gathered: Num,
+) -> tuple[Num, Num]:
+    """(gradients, gathered parameters) once gradient accumulation and FSDP resharding are accounted for.
+
+    Accumulating without sync (``no_sync`` / ``set_requires_gradient_sync(False)``) holds the unsharded
+    gradient in the gradient dtype on every rank until the last micro-batch; with reshard-after-forward off,
+    FSDP / ZeRO-3 keeps every layer of the stage gathered between forward and backward. PyTorch's pipeline
+    schedules do both under FSDP whenever pp > 1 (torchtitan: parameters and fp32 gradients stay unsharded
+    across the micro-batches of a step).
+    """
+    cond, prec = workload.conditions, workload.precision
+    m = pipeline.micro_batches(workload.global_batch, micro_batch=lay.micro_batch, dp=lay.dp_replicate * lay.dp_shard)
+    torch_pp = (lay.pp > 1) if workload.framework is Framework.TORCH else False
+    shard, _ = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
+    no_sync = ((not cond.grad_sync) | torch_pp) & (m > 1) & (lay.zero >= ZeroStage.GRADIENTS) & (shard > 1)
+    unsharded_grads = (tr.train_dense + tr.train_experts) * prec.grad_bytes
+    grads = where(no_sync, maximum(grads, unsharded_grads), grads)
+    keep = ((not cond.reshard_after_forward) | torch_pp) & (lay.zero >= ZeroStage.PARAMETERS) & (shard > 1)
+    stage_gathered = (held.dense + held.experts) * shards.gather_bytes(prec)
+    gathered = where(keep, maximum(gathered, stage_gathered + held.largest_layer * prec.grad_bytes), gathered)
+    return grads, gathered
+
+
+def loss_peak_bytes(model: ModelSpec, *, tokens: Num, tp: Num, workload: Workload) -> Num:
+    """The loss's peak for one micro-batch on the last stage, by the loss the run uses.
+
+    framework: the framework's own (Megatron: fp32 softmax of the vocab-parallel logits, 4sbV/t; PyTorch as
+    ``check`` measures it, 4sbV). upcast: ``cross_entropy(logits.float())``, 14 bytes per token and vocabulary
+    entry at its backward (conditions.UPCAST_LOSS_BYTES); fused: the same on one of 8 token chunks. Under
+    loss parallelism the vocabulary is split over the TP group.
+    """
+    cond, fw = workload.conditions, workload.framework
+    own = act.SAVED_TENSORS[fw].vocab_parallel_loss
+    split = where(own if cond.loss_parallel is None else cond.loss_parallel, tp, 1)
+    if cond.loss is LossKind.FRAMEWORK:
+        scalar = act.SAVED_TENSORS[fw].loss_scalar_bytes
+        return FP32_BYTES * tokens * model.vocab_size / split + scalar
+    chunks = FUSED_LOSS_CHUNKS if cond.loss is LossKind.FUSED else 1
+    return UPCAST_LOSS_BYTES * tokens * model.vocab_size / split / chunks
 
 
 def _frozen_activation_layers(
@@ -474,11 +542,11 @@ def _stage_activations(
     b, recompute = lay.micro_batch, lay.recompute
     s, beta = workload.seq_len, workload.precision.activation_bytes
     frozen_dense = minimum(frozen, held.dense_layers)  # a frozen prefix (dense layers first): nothing kept
-    per_mb = (held.dense_layers - frozen_dense) * la.dense + (held.moe_layers - (frozen - frozen_dense)) * la.moe
+    per_layers = (held.dense_layers - frozen_dense) * la.dense + (held.moe_layers - (frozen - frozen_dense)) * la.moe
     tokens = s / cp * b
     rep = where(sp, 1.0 / tp, 1.0)
     mask = 1.0 if model.dropout else 0.0
-    per_mb = per_mb + where(stage == 0, tokens * mask * model.hidden * rep, 0)  # embedding dropout mask
+    per_mb = where(stage == 0, tokens * mask * model.hidden * rep, 0)  # embedding dropout mask
     fw, ft = workload.framework, workload.finetune
     if ft.adapted:
         dead = where(
@@ -502,9 +570,17 @@ def _stage_activations(
 
     m = pipeline.micro_batches(workload.global_batch, micro_batch=b, dp=lay.dp_replicate * lay.dp_shard)
     flight = pipeline.in_flight(schedule=lay.schedule, pp=pp, vpp=lay.vpp, m=m, stage=stage)
-    saved = flight * (per_mb + where(pp > 1, outputs, 0)) / pipeline.stage_copies(lay.schedule)
+    layers = held.dense_layers + held.moe_layers
+    group = minimum(workload.conditions.microbatch_group or pp, m)
+    chunked = pipeline.interleaved_layer_microbatches(
+        pp=pp, vpp=lay.vpp, m=m, stage=stage, group=group, layers=layers, max_vpp=int(np.max(lay.vpp, initial=1))
+    )
+    layer_flight = where(lay.schedule == Schedule.INTERLEAVED, chunked / maximum(layers, 1), flight)
+    saved = (layer_flight * per_layers + flight * (per_mb + where(pp > 1, outputs, 0))) / pipeline.stage_copies(
+        lay.schedule
+    )
 
-    loss = act.loss_bytes(model, tokens=tokens, tp=tp, framework=fw) * (flight if fw is Framework.TORCH else 1)
+    loss = loss_peak_bytes(model, tokens=tokens, tp=tp, workload=workload) * (flight if fw is Framework.TORCH else 1)
     logits = where(stage == pp - 1, loss, 0)
     has_dense, has_moe = held.dense_layers > 0, held.moe_layers > 0
     rebuilt = maximum(where(has_dense, la.dense_none, 0), where(has_moe, la.moe_none, 0))

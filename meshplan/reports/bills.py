@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from meshplan import io
@@ -13,6 +13,8 @@ from meshplan.core.serving import kv_bytes_per_token_total, min_gpus, serving_bi
 from meshplan.core.terms import explain
 from meshplan.core.training import training_memory
 from meshplan.render import jsonable
+from meshplan.reports.conditions import conditions_of, overlap_of, precision_of
+from meshplan.reports.conditions import resolve as resolve_conditions
 from meshplan.reports.inputs import (
     FinetuneRequest,
     LayoutRequest,
@@ -37,27 +39,37 @@ def memory_report(
     layout: LayoutRequest,
     seq: int = 4096,
     global_batch: int | None = None,
-    precision: str = "bf16",
+    precision: str | None = None,
     optimizer: str = "adamw",
     optimizer_bytes: float | None = None,
-    attention: str = "flash",
-    kernels: str = "fused",
+    attention: str | None = None,
+    kernels: str | None = None,
     finetune: FinetuneRequest | None = None,
+    conditions: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``meshplan memory``: the per-GPU training bill of every pipeline stage."""
+    """``meshplan memory``: the per-GPU training bill of every pipeline stage.
+
+    ``conditions`` holds the conditions group's raw values (``stack`` and each condition; None: unset);
+    precision, attention and kernels left None come from the stack, else from the schema's defaults."""
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
     lay = resolve_layout(layout, gpus=gpus)
+    given = dict(conditions or {}) | {"precision": precision, "attention": attention, "kernels": kernels}
+    resolved, block = resolve_conditions(given)
     work = resolve_workload(
         layout=lay,
         seq=seq,
         global_batch=global_batch,
-        precision=precision,
+        precision=resolved["precision"],
         optimizer=optimizer,
         optimizer_bytes=optimizer_bytes,
-        attention=attention,
-        kernels=kernels,
+        attention=resolved["attention"],
+        kernels=resolved["kernels"],
         finetune=resolve_finetune(finetune, spec) if finetune else None,
+        framework=resolved["framework"] or "megatron",
+        conditions=conditions_of(resolved),
+        overlap=overlap_of(resolved),
+        policy=precision_of(resolved["precision"], resolved),
     )
     mem = training_memory(spec, lay, work, gpu=gpu_spec)
     return {
@@ -74,6 +86,8 @@ def memory_report(
         "hbm_bytes_per_gpu": gpu_spec.hbm_bytes,
         "free_bytes_per_gpu": mem.free_bytes,
         "fits": mem.fits,
+        "stack": block["stack"],
+        "conditions": block["values"],
         "stages": [jsonable(s.as_dict()) for s in mem.stages],
         "terms": explain(mem.per_gpu),
     }

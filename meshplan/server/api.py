@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterable
 from functools import cache
@@ -120,6 +121,15 @@ layout_arg = dependency(fields_of(Group.LAYOUT), lambda values: LayoutRequest(**
 workload_arg = dependency(fields_of(Group.WORKLOAD), dict, "workload_arg")
 finetune_arg = dependency(fields_of(Group.FINETUNE), _finetune, "finetune_arg")
 fleet_shape_arg = dependency(fields_of(Group.FLEET_SHAPE), _fleet_shape, "fleet_shape_arg")
+conditions_arg = dependency(fields_of(Group.CONDITIONS), dict, "conditions_arg")
+ConditionsArg = Annotated[dict[str, Any], Depends(conditions_arg)]
+_STACK_SET = ("precision", "attention", "kernels")  # unset: the stack's, else the schema's default (as the CLI)
+memory_workload_arg = dependency(
+    [dataclasses.replace(f, default=None) if f.name in _STACK_SET else f for f in fields_of(Group.WORKLOAD)],
+    dict,
+    "memory_workload_arg",
+)
+MemoryWorkloadArg = Annotated[dict[str, Any], Depends(memory_workload_arg)]
 LayoutArg = Annotated[LayoutRequest, Depends(layout_arg)]
 WorkloadArg = Annotated[dict[str, Any], Depends(workload_arg)]
 FinetuneArg = Annotated[FinetuneRequest | None, Depends(finetune_arg)]
@@ -191,9 +201,16 @@ def params(model: Name, finetune: FinetuneArg) -> dict[str, Any]:
 
 @router.get("/memory", summary="Per-GPU training memory, term by term (meshplan memory)")
 def memory(
-    model: ModelArg, gpu: GpuArg, gpus: Gpus, layout: LayoutArg, work: WorkloadArg, finetune: FinetuneArg
+    model: ModelArg,
+    gpu: GpuArg,
+    gpus: Gpus,
+    layout: LayoutArg,
+    work: MemoryWorkloadArg,
+    finetune: FinetuneArg,
+    conditions: ConditionsArg,
 ) -> dict[str, Any]:
-    return json_dict(memory_report(model, gpu=gpu, gpus=gpus, layout=layout, finetune=finetune, **work))
+    report = memory_report(model, gpu=gpu, gpus=gpus, layout=layout, finetune=finetune, conditions=conditions, **work)
+    return json_dict(report)
 
 
 @router.get("/fit", summary="Weights split evenly over N GPUs; with fine-tuning, the largest batch and context")
