@@ -183,6 +183,10 @@ def _cmd_collectives(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
+    if args.memory:
+        from meshplan.validate_memory import validate_memory
+
+        return validate_memory()
     if args.serving:
         from meshplan.validate_serving import validate_serving
 
@@ -475,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("validate", _cmd_validate, "predictions against published measured runs, with the error of each")
     p.add_argument("--source", default=None, help="one source only (korthikanti2022, narayanan2021, llama3)")
     p.add_argument("--serving", action="store_true", help="the published serving measurements instead")
+    p.add_argument(
+        "--memory", action="store_true", help="the published peak-memory figures, and the fit of published layouts"
+    )
 
     p = command("plan", _cmd_plan, "search every layout: the fastest that fit, why they win, why the rest lost")
     p.add_argument("model")

@@ -519,6 +519,53 @@ def _list(r: dict[str, Any]) -> str:
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, width, strict=True)).rstrip() for row in rows)
 
 
+def _validate_memory(r: dict[str, Any]) -> str:
+    from meshplan.render import gb, percent
+
+    rows = [
+        [
+            x["source"],
+            x["case"],
+            x["metric"],
+            f"{x['measured_gib']:.1f}",
+            f"{x['predicted_gib']:.1f}",
+            f"{x['error']:+.1%}",
+        ]
+        for x in r["runs"]
+    ]
+    out = [table(rows, ["source", "case", "figure", "measured GiB", "billed GiB", "error"], align="lllrrr"), ""]
+    srcs = [
+        [
+            s["source"],
+            s["reports"],
+            str(s["cases"]),
+            percent(s["mean_abs_error"]),
+            percent(s["max_abs_error"]),
+            percent(s["best_constant_error"]),
+            "ok" if s["ok"] else "MISSED",
+        ]
+        for s in r["sources"]
+    ]
+    head = ["source", "reports", "cases", "mean |error|", "max |error|", "best constant", "targets"]
+    out += [table(srcs, head, align="llrrrrl"), ""]
+    summary = r["summary"]
+    out.append(
+        f"all cases: mean |error| {percent(summary['mean_abs_error'])} (target {percent(summary['target_mean'])}), "
+        f"max {percent(summary['max_abs_error'])} (target {percent(summary['target_max'])})"
+    )
+    for v in r["verdicts"]:
+        verdict = "fits" if v["fits"] else f"billed {gb(v['over_bytes_per_gpu'])} over HBM"
+        out += ["", f"{v['case']}: {gb(v['memory_bytes_per_gpu'])} of {gb(v['hbm_bytes_per_gpu'])}, {verdict}"]
+        for s in v.get("savings", []):
+            closes = "closes the gap" if s["closes_gap"] else "not enough alone"
+            out.append(f"  unstated saving: {s['saving']}: {gb(s['bytes'])} ({closes})")
+    return "\n".join(out)
+
+
+def _validate_any(r: dict[str, Any]) -> str:
+    return _validate_memory(r) if "verdicts" in r else _validate(r)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "list": _list,
     "stacks": _stacks,
@@ -528,7 +575,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "export": _export,
     "estimate": _estimate,
     "collectives": _collectives,
-    "validate": _validate,
+    "validate": _validate_any,
     "params": _params,
     "memory": _memory,
     "fit": _fit,

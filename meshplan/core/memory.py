@@ -23,7 +23,7 @@ from meshplan.core.params import LayerParams, ParamCount
 from meshplan.core.pytorch import shards
 from meshplan.core.stages import candidate_stages, stage_row
 from meshplan.spec.cluster import GpuCalibration
-from meshplan.spec.conditions import FUSED_LOSS_CHUNKS, UPCAST_LOSS_BYTES, LossKind
+from meshplan.spec.conditions import FUSED_LOSS_CHUNKS, UPCAST_LOSS_BYTES, LossKind, Selective
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.workload import Framework, Kernels, OptimizerKind, Workload
@@ -354,6 +354,24 @@ def _first_layer_dead_per_token(model: ModelSpec, lay: LayoutLike, workload: Wor
     return dead + mlp - beta * ffn / lay.tp  # down's adapter needs its input
 
 
+def _op_checkpoint_per_token(model: ModelSpec, lay: LayoutLike, workload: Workload, *, moe_layer: bool) -> Num:
+    """Bytes per token a layer keeps under torchtitan's per-op selective checkpointing.
+
+    Its policy saves the outputs of matmuls but recomputes every second one, saves the attention kernel's
+    output and log-sum-exp, and keeps the layer input to rebuild the rest: beta (h/t_sp + (attention out)/t
+    + (q + k + v + o + 3 f) / (2 t)) + 4 fp32 log-sum-exp per head, with f the MLP width of the layer (top-k
+    experts' under MoE).
+    """
+    beta, tp = workload.precision.activation_bytes, lay.tp
+    ffn = model.ffn_hidden
+    if moe_layer and model.moe is not None:
+        ffn = model.moe.expert_ffn_hidden * model.moe.experts_per_token
+    matmuls = model.q_width + 2 * model.kv_width + model.hidden + 3 * ffn
+    layer_input = model.hidden * where(lay.sp, 1.0 / tp, 1.0)
+    lse = FP32_BYTES * model.num_heads / tp
+    return beta * (layer_input + model.attn_out_width / tp + matmuls / (2 * tp)) + lse
+
+
 def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> LayerActivations:
     """Per-layer activation bytes of a layout (or batch), computed once and shared by every stage."""
     common = dict(
@@ -378,9 +396,27 @@ def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> 
         kept = where(recompute == Recompute.FULL, 0.0, 1.0)  # full recompute keeps only the layer input
         return dense + kept * delta_dense, moe + kept * (delta_moe if model.moe else delta_dense)
 
-    dense, moe = both(lay.recompute)
     dense_none, moe_none = both(Recompute.NONE)
-    dense_sel, moe_sel = both(Recompute.SELECTIVE)
+    dense_full, moe_full = both(Recompute.FULL)
+    policy = workload.conditions.selective
+    if policy is Selective.LAYER:  # every second layer fully recomputed
+        dense_sel, moe_sel = (dense_none + dense_full) / 2, (moe_none + moe_full) / 2
+    elif policy is Selective.OP:
+        dense_sel = tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=False) + delta_dense
+        moe_sel = tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=True) + delta_moe
+    else:
+        dense_sel, moe_sel = both(Recompute.SELECTIVE)
+    pick = {Recompute.NONE: (dense_none, moe_none), Recompute.FULL: (dense_full, moe_full)}
+    dense = where(
+        lay.recompute == Recompute.NONE,
+        pick[Recompute.NONE][0],
+        where(lay.recompute == Recompute.FULL, pick[Recompute.FULL][0], dense_sel),
+    )
+    moe = where(
+        lay.recompute == Recompute.NONE,
+        pick[Recompute.NONE][1],
+        where(lay.recompute == Recompute.FULL, pick[Recompute.FULL][1], moe_sel),
+    )
     return LayerActivations(
         dense=dense,
         moe=moe,
@@ -575,12 +611,19 @@ def _stage_activations(
     chunked = pipeline.interleaved_layer_microbatches(
         pp=pp, vpp=lay.vpp, m=m, stage=stage, group=group, layers=layers, max_vpp=int(np.max(lay.vpp, initial=1))
     )
-    layer_flight = where(lay.schedule == Schedule.INTERLEAVED, chunked / maximum(layers, 1), flight)
-    saved = (layer_flight * per_layers + flight * (per_mb + where(pp > 1, outputs, 0))) / pipeline.stage_copies(
-        lay.schedule
+    interleaved = lay.schedule == Schedule.INTERLEAVED
+    layer_flight = where(interleaved, chunked / maximum(layers, 1), flight)
+    # the head, its logits and the loss live in the last chunk of the last stage: count that chunk's forwards
+    last_chunk = pipeline.interleaved_chunk_forwards(
+        pp=pp, vpp=lay.vpp, m=m, stage=stage, group=group, chunk=lay.vpp - 1
     )
+    head_flight = where(interleaved & (stage == pp - 1), last_chunk, flight)
+    copies = pipeline.stage_copies(lay.schedule)
+    saved = (layer_flight * per_layers + flight * per_mb + head_flight * where(pp > 1, outputs, 0)) / copies
 
-    loss = loss_peak_bytes(model, tokens=tokens, tp=tp, workload=workload) * (flight if fw is Framework.TORCH else 1)
+    loss = loss_peak_bytes(model, tokens=tokens, tp=tp, workload=workload) * (
+        head_flight if fw is Framework.TORCH else 1
+    )
     logits = where(stage == pp - 1, loss, 0)
     has_dense, has_moe = held.dense_layers > 0, held.moe_layers > 0
     rebuilt = maximum(where(has_dense, la.dense_none, 0), where(has_moe, la.moe_none, 0))

@@ -73,6 +73,15 @@ def interleaved_forwards(*, pp: Num, vpp: Num, m: Num, stage: Num, group: Num) -
     return minimum((vpp - 1) * group + 2 * (pp - 1 - stage) + 1, m * vpp)
 
 
+def interleaved_chunk_forwards(*, pp: Num, vpp: Num, m: Num, stage: Num, group: Num, chunk: Num) -> Num:
+    """Forwards of chunk ``chunk`` among those rank ``stage`` has run at its peak (groups of N per chunk)."""
+    forwards = interleaved_forwards(pp=pp, vpp=vpp, m=m, stage=stage, group=group)
+    per_round = group * vpp
+    rounds = forwards // per_round
+    rest = forwards - rounds * per_round
+    return rounds * group + minimum(maximum(rest - chunk * group, 0), group)
+
+
 def interleaved_layer_microbatches(
     *, pp: Num, vpp: Num, m: Num, stage: Num, group: Num, layers: Num, max_vpp: int
 ) -> Num:
@@ -85,16 +94,12 @@ def interleaved_layer_microbatches(
     (rank p-1's last chunk holds only the head). Llama 3 405B, p = 16, v = 8, N = 16, m = 32: 141 forwards
     of one layer on rank 1, and on rank 0 143 forwards of which 31 are of its empty first chunk: 112.
     """
-    forwards = interleaved_forwards(pp=pp, vpp=vpp, m=m, stage=stage, group=group)
-    per_round = group * vpp
-    rounds = forwards // per_round
-    rest = forwards - rounds * per_round
     base = ceil_div(layers, vpp)
     short = base * vpp - layers
     first_half = stage < pp / 2
-    total: Num = 0 * forwards
+    total: Num = 0 * base
     for c in range(max_vpp):
-        count = rounds * group + minimum(maximum(rest - c * group, 0), group)
+        count = interleaved_chunk_forwards(pp=pp, vpp=vpp, m=m, stage=stage, group=group, chunk=c)
         is_short = where(first_half, c < short, c >= vpp - short)
         total = total + where(c < vpp, count * (base - where(is_short, 1, 0)), 0)
     return total

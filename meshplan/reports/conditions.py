@@ -12,7 +12,7 @@ from typing import Any
 
 from meshplan import io
 from meshplan.spec import requests
-from meshplan.spec.conditions import Conditions, LossKind
+from meshplan.spec.conditions import Conditions, LossKind, Selective
 from meshplan.spec.workload import PRECISIONS, Overlap, PrecisionPolicy
 from meshplan.units import DType
 
@@ -64,6 +64,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         reshard_after_forward=_on(resolved.get("reshard_after_forward"), True),
         runtime_reserve_bytes=float(resolved.get("runtime_reserve") or 0.0),
         loss=LossKind(resolved.get("loss") or "framework"),
+        selective=Selective(resolved.get("selective") or "core-attention"),
         loss_parallel=None if loss_parallel is None else loss_parallel == "on",
     )
 

@@ -19,17 +19,30 @@ class LossKind(StrEnum):
     """The framework's own loss (Megatron's fused vocab-parallel CE, PyTorch's as ``check`` measures it)."""
     UPCAST = "upcast"
     """``cross_entropy(logits.float())`` in eager PyTorch: bf16 logits, their fp32 copy, the saved fp32
-    log-probabilities and two fp32 gradients; 14 bytes per token and vocabulary entry at the backward peak."""
+    log-probabilities and two fp32 gradients; 12 bytes per token and vocabulary entry at the backward peak."""
     FUSED = "fused"
     """Chunked or fused linear cross-entropy (torchtune, Liger): the upcast loss on one of 8 token chunks at a time."""
 
 
-UPCAST_LOSS_BYTES = 14.0
-"""Bytes per token per vocabulary entry at the peak of ``cross_entropy(logits.float())``'s backward: bf16 logits
-still referenced (2), saved fp32 log-probabilities (4), the fp32 gradient of the log-probabilities (4) and of the
-upcast logits (4). The fp32 upcast itself (4) is freed once log_softmax has run, so the forward peak is 10."""
+UPCAST_LOSS_BYTES = 12.0
+"""Bytes per token per vocabulary entry at the peak of ``cross_entropy(logits.float())``: in forward the bf16
+logits (2), their fp32 upcast (4) and the saved fp32 log-probabilities (4) make 10; in backward the saved
+log-probabilities (4), the fp32 gradient of the log-probabilities (4) and of the upcast logits (4) make 12, the
+bf16 logits being freed once the loop drops them (torchtitan's ``del pred``; 14 if the caller keeps them)."""
 FUSED_LOSS_CHUNKS = 8
 """Token chunks of a chunked cross-entropy (torchtune's CEWithChunkedOutputLoss default)."""
+
+
+class Selective(StrEnum):
+    """What ``--recompute selective`` recomputes, as each stack defines it."""
+
+    CORE_ATTENTION = "core-attention"
+    """Megatron's selective: the attention core (scores, softmax, dropout) only (Korthikanti et al. 2022)."""
+    OP = "op"
+    """torchtitan's per-op selective checkpointing: keeps the layer input, every second matmul output and the
+    attention output (with its log-sum-exp); recomputes norms, activations and the other matmuls."""
+    LAYER = "layer"
+    """torchtitan's per-layer selective checkpointing (ac_freq 2): every second layer fully recomputed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +61,7 @@ class Conditions:
     """What the runtime keeps beyond the allocator's peak: NCCL buffers and communicators, allocator caching
     the stack's logs count, graphs and workspaces outside the allocator."""
     loss: LossKind = LossKind.FRAMEWORK
+    selective: Selective = Selective.CORE_ATTENTION
     loss_parallel: bool | None = None
     """The loss is computed on vocabulary shards over the TP group; None: the framework's own default."""
 

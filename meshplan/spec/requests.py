@@ -445,6 +445,15 @@ FIELDS: tuple[Field, ...] = (
     ),
     _switch("loss_parallel", "compute the loss on vocabulary shards over the TP group"),
     Field(
+        name="selective",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("core-attention", "layer", "op"),
+        help="what --recompute selective recomputes: Megatron's core attention, or torchtitan's per-op or "
+        "every-second-layer checkpointing",
+    ),
+    Field(
         name="grad_dtype",
         type=str,
         default=None,
