@@ -169,6 +169,7 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
         scale_out=args.scale_out,
         axis_order=args.axis_order,
         tokens=args.tokens,
+        conditions=_conditions(args),
         **_workload_kwargs(args),
     )
 
@@ -460,8 +461,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("estimate", _cmd_estimate, "step time, MFU, every collective and where it runs, for one layout")
     p.add_argument("model")
     _add_fleet(p)
-    _add_layout(p)
+    _add_group(p, "layout")
+    _add_group(p, "workload", precision=None, attention=None, kernels=None)
     _add_finetune(p)
+    _add_group(p, "conditions")
     _add_fleet_shape(p)
     add_fields(p, "tokens")
 

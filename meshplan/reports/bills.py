@@ -13,8 +13,7 @@ from meshplan.core.serving import kv_bytes_per_token_total, min_gpus, serving_bi
 from meshplan.core.terms import explain
 from meshplan.core.training import training_memory
 from meshplan.render import jsonable
-from meshplan.reports.conditions import conditions_of, overlap_of, precision_of
-from meshplan.reports.conditions import resolve as resolve_conditions
+from meshplan.reports.conditions import workload_kwargs
 from meshplan.reports.inputs import (
     FinetuneRequest,
     LayoutRequest,
@@ -54,22 +53,15 @@ def memory_report(
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
     lay = resolve_layout(layout, gpus=gpus)
-    given = dict(conditions or {}) | {"precision": precision, "attention": attention, "kernels": kernels}
-    resolved, block = resolve_conditions(given)
+    set_by, shown = workload_kwargs(conditions, precision=precision, attention=attention, kernels=kernels)
     work = resolve_workload(
         layout=lay,
         seq=seq,
         global_batch=global_batch,
-        precision=resolved["precision"],
         optimizer=optimizer,
         optimizer_bytes=optimizer_bytes,
-        attention=resolved["attention"],
-        kernels=resolved["kernels"],
         finetune=resolve_finetune(finetune, spec) if finetune else None,
-        framework=resolved["framework"] or "megatron",
-        conditions=conditions_of(resolved),
-        overlap=overlap_of(resolved),
-        policy=precision_of(resolved["precision"], resolved),
+        **set_by,
     )
     mem = training_memory(spec, lay, work, gpu=gpu_spec)
     return {
@@ -86,8 +78,7 @@ def memory_report(
         "hbm_bytes_per_gpu": gpu_spec.hbm_bytes,
         "free_bytes_per_gpu": mem.free_bytes,
         "fits": mem.fits,
-        "stack": block["stack"],
-        "conditions": block["values"],
+        **shown,
         "stages": [jsonable(s.as_dict()) for s in mem.stages],
         "terms": explain(mem.per_gpu),
     }

@@ -94,3 +94,22 @@ def precision_of(name: str, resolved: Mapping[str, Any]) -> PrecisionPolicy:
     if resolved.get("moment_dtype"):
         changes["moments"] = DType(resolved["moment_dtype"])
     return dataclasses.replace(policy, **changes) if changes else policy
+
+
+def workload_kwargs(
+    conditions: Mapping[str, Any] | None, *, precision: str | None, attention: str | None, kernels: str | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(keyword arguments of ``resolve_workload`` the conditions decide, the report's ``stack`` and
+    ``conditions``): precision, attention and kernels left None come from the stack, else the defaults."""
+    given = dict(conditions or {}) | {"precision": precision, "attention": attention, "kernels": kernels}
+    resolved, block = resolve(given)
+    kwargs = {
+        "precision": resolved["precision"],
+        "attention": resolved["attention"],
+        "kernels": resolved["kernels"],
+        "framework": resolved["framework"] or "megatron",
+        "conditions": conditions_of(resolved),
+        "overlap": overlap_of(resolved),
+        "policy": precision_of(resolved["precision"], resolved),
+    }
+    return kwargs, {"stack": block["stack"], "conditions": block["values"]}

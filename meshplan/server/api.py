@@ -260,9 +260,10 @@ def estimate(
     gpu: GpuArg,
     gpus: Gpus,
     layout: LayoutArg,
-    work: WorkloadArg,
+    work: MemoryWorkloadArg,
     finetune: FinetuneArg,
     shape: FleetShapeArg,
+    conditions: ConditionsArg,
     tokens: Annotated[float | None, one("tokens")] = None,
 ) -> dict[str, Any]:
     report = estimate_report(
@@ -272,6 +273,7 @@ def estimate(
         layout=layout,
         tokens=tokens,
         finetune=finetune,
+        conditions=conditions,
         **shape,
         **work,
     )
