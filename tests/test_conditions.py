@@ -125,3 +125,18 @@ def test_runtime_reserve_and_the_allocator_peaks() -> None:
     )
     assert bill["allocated_bytes"] == pytest.approx(bill["reserved_bytes"] - bill["fragmentation_bytes"])
     assert r["conditions"]["framework"] == {"value": "torch", "source": "stack"}
+
+
+def test_full_recompute_on_the_first_k_layers() -> None:
+    """Megatron's block method with --recompute-num-layers 8 on a 32-layer stage: 8 layers keep their input
+    only (2sbh), 24 keep everything."""
+    layout = LayoutRequest(tp=8, sp=True, recompute="full")
+    r = _memory(model="llama-3.1-8b", gpus=8, layout=layout, seq=4096, conditions={"recompute_layers": 8})
+    model = io.load_model("llama-3.1-8b")
+    lay = resolve_layout(layout, gpus=8)
+    la = layer_activations(model, lay, resolve_workload(layout=lay, seq=4096, global_batch=8))
+    assert la.dense_full == pytest.approx(2 * 4096 * 4096 / 8)  # 2 bytes x s x h / t with SP
+    everything = _memory(model="llama-3.1-8b", gpus=8, layout=layout, seq=4096)
+    head = everything["per_gpu"]["activations_bytes"] - 32 * la.dense_full  # final norm and head input
+    assert head == pytest.approx(2 * la.dense_full)  # the final norm input and the head input, 2sbh/t each
+    assert r["per_gpu"]["activations_bytes"] == pytest.approx(8 * la.dense_full + 24 * la.dense_none + head)

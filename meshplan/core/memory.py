@@ -292,6 +292,8 @@ class LayerActivations:
     moe_none: Num
     dense_selective: Num
     moe_selective: Num
+    dense_full: Num = 0.0
+    moe_full: Num = 0.0
 
 
 def _frozen_delta_per_token(model: ModelSpec, lay: LayoutLike, workload: Workload, *, moe_layer: bool) -> Num:
@@ -424,6 +426,8 @@ def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> 
         moe_none=moe_none,
         dense_selective=dense_sel,
         moe_selective=moe_sel,
+        dense_full=dense_full,
+        moe_full=moe_full,
     )
 
 
@@ -579,6 +583,17 @@ def _stage_activations(
     s, beta = workload.seq_len, workload.precision.activation_bytes
     frozen_dense = minimum(frozen, held.dense_layers)  # a frozen prefix (dense layers first): nothing kept
     per_layers = (held.dense_layers - frozen_dense) * la.dense + (held.moe_layers - (frozen - frozen_dense)) * la.moe
+    k = workload.conditions.recompute_layers
+    if k is not None:  # full recompute on the first k layers of the stage, none on the rest (Megatron block method)
+        held_layers = held.dense_layers + held.moe_layers - frozen
+        share = minimum(k, held_layers) / maximum(held_layers, 1)
+        full = (held.dense_layers - frozen_dense) * la.dense_full + (
+            held.moe_layers - (frozen - frozen_dense)
+        ) * la.moe_full
+        none = (held.dense_layers - frozen_dense) * la.dense_none + (
+            held.moe_layers - (frozen - frozen_dense)
+        ) * la.moe_none
+        per_layers = where(recompute == Recompute.FULL, share * full + (1 - share) * none, per_layers)
     tokens = s / cp * b
     rep = where(sp, 1.0 / tp, 1.0)
     mask = 1.0 if model.dropout else 0.0

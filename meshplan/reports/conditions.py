@@ -65,6 +65,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         runtime_reserve_bytes=float(resolved.get("runtime_reserve") or 0.0),
         loss=LossKind(resolved.get("loss") or "framework"),
         selective=Selective(resolved.get("selective") or "core-attention"),
+        recompute_layers=resolved.get("recompute_layers"),
         loss_parallel=None if loss_parallel is None else loss_parallel == "on",
     )
 

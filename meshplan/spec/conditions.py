@@ -62,12 +62,17 @@ class Conditions:
     the stack's logs count, graphs and workspaces outside the allocator."""
     loss: LossKind = LossKind.FRAMEWORK
     selective: Selective = Selective.CORE_ATTENTION
+    recompute_layers: int | None = None
+    """Under full recompute, only the first k layers of each stage are recomputed and the rest keep everything
+    (Megatron --recompute-method block --recompute-num-layers k); None: every layer."""
     loss_parallel: bool | None = None
     """The loss is computed on vocabulary shards over the TP group; None: the framework's own default."""
 
     def __post_init__(self) -> None:
         if self.microbatch_group is not None and self.microbatch_group < 1:
             raise ValueError(f"microbatch_group must be >= 1, got {self.microbatch_group}")
+        if self.recompute_layers is not None and self.recompute_layers < 0:
+            raise ValueError(f"recompute_layers must be >= 0, got {self.recompute_layers}")
         if self.runtime_reserve_bytes < 0:
             raise ValueError(f"runtime_reserve_bytes must be >= 0, got {self.runtime_reserve_bytes}")
 

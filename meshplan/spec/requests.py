@@ -433,6 +433,17 @@ FIELDS: tuple[Field, ...] = (
         help="interleaved schedule: micro-batches per group N (Megatron microbatch_group_size_per_vp_stage; "
         "default: pp)",
     ),
+    Field(
+        name="recompute_layers",
+        type=int,
+        default=None,
+        group=_C,
+        unit="layers",
+        lo=0,
+        hi=4096,
+        help="with --recompute full, recompute only the first k layers of each stage (Megatron "
+        "--recompute-num-layers with the block method); the rest keep everything",
+    ),
     _switch("grad_sync", "reduce gradients on every micro-batch; off: accumulate without sync (unsharded grads)"),
     _switch("reshard_after_forward", "FSDP/ZeRO-3 frees gathered parameters after forward; off: keeps them"),
     Field(
