@@ -228,6 +228,7 @@ def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
         compare=args.compare,
         tokens=args.tokens,
         days=args.days,
+        conditions=_conditions(args),
     )
     if args.save:
         import json
@@ -496,9 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare", default=None, help="also compare with a named layout, e.g. tp=8,pp=16,dp=128 (layout flags' names)"
     )
     p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
-    add_fields(p, "precision", "attention", "kernels")
+    add_fields(p, "precision", "attention", "kernels", default=None)  # None: the stack's, else the default
     _add_fleet_shape(p)
     _add_finetune(p)
+    _add_group(p, "conditions")
 
     p = command("recipe", _cmd_recipe, "published recipes: evaluated, and ranked against the planner's search")
     p.add_argument("name", nargs="?", default=None, help="recipe name (meshplan recipe --list)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,7 @@ from meshplan.core.memory import TERMS
 from meshplan.core.placement import place
 from meshplan.core.plan import Plan, evaluate, mesh_sizes
 from meshplan.render import jsonable
+from meshplan.reports.conditions import workload_kwargs
 from meshplan.reports.estimate import evaluated_plan_dict
 from meshplan.reports.inputs import (
     FinetuneRequest,
@@ -200,9 +202,9 @@ def plan_report(
     headroom: float = 0.10,
     allow_cross_node_tp: bool = False,
     objective: str = "step-time",
-    precision: str = "bf16",
-    attention: str = "flash",
-    kernels: str = "fused",
+    precision: str | None = None,
+    attention: str | None = None,
+    kernels: str | None = None,
     node_size: int | None = None,
     scale_out: str | None = None,
     axis_order: str | None = None,
@@ -211,6 +213,7 @@ def plan_report(
     tokens: float | None = None,
     days: float | None = None,
     finetune: FinetuneRequest | None = None,
+    conditions: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for."""
     spec = io.load_model(model) if isinstance(model, str) else model
@@ -223,7 +226,8 @@ def plan_report(
         raise ValueError(f"top must be >= 1, got {top}")
     order = resolve_order(axis_order)
     obj = _objective(objective, tokens=tokens, days=days)
-    work = _workload(seq, global_batch_tokens // seq, precision, attention, kernels, ft)
+    set_by, shown = workload_kwargs(conditions, precision=precision, attention=attention, kernels=kernels)
+    work = _workload(seq, global_batch_tokens // seq, set_by, ft)
     fewest: dict[str, Any] | None = None
     if not isinstance(obj, Objective):  # "fewest-gpus"
         assert tokens is not None and days is not None
@@ -272,6 +276,7 @@ def plan_report(
         "objective": "fewest-gpus" if fewest else str(obj),
         "headroom_fraction": headroom,
         **finetune_fields(spec, work.finetune),
+        **shown,
         "evaluated": result.evaluated,
         "feasible": result.feasible,
         "elapsed_s": result.elapsed_s,
@@ -302,20 +307,10 @@ def _objective(text: str, *, tokens: float | None, days: float | None) -> Object
         raise ValueError(f"unknown objective {text!r} (choose from {names})") from None
 
 
-def _workload(
-    seq: int, batch: int, precision: str, attention: str, kernels: str, finetune: Finetune | None = None
-) -> Workload:
+def _workload(seq: int, batch: int, set_by: Mapping[str, Any], finetune: Finetune | None = None) -> Workload:
     from meshplan.spec.layout import Layout
 
-    return resolve_workload(
-        layout=Layout(),
-        seq=seq,
-        global_batch=batch,
-        precision=precision,
-        attention=attention,
-        kernels=kernels,
-        finetune=finetune,
-    )
+    return resolve_workload(layout=Layout(), seq=seq, global_batch=batch, finetune=finetune, **set_by)
 
 
 def _explanations(

@@ -9,6 +9,7 @@ answers are kept so that asking again is instant.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -19,7 +20,17 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from meshplan.reports.plan import plan_report
 from meshplan.reports.recipes import list_report, recipe_report, recipes
 from meshplan.server import parse
-from meshplan.server.api import FinetuneArg, FleetShapeArg, GpuArg, Gpus, ModelArg, Seq, dependency, json_dict
+from meshplan.server.api import (
+    ConditionsArg,
+    FinetuneArg,
+    FleetShapeArg,
+    GpuArg,
+    Gpus,
+    ModelArg,
+    Seq,
+    dependency,
+    json_dict,
+)
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.requests import Group, field
 from meshplan.spec.requests import group as fields_of
@@ -69,7 +80,10 @@ def _model_key(model: ModelSpec | str) -> Any:
     return model if isinstance(model, str) else ("spec", model)
 
 
-SEARCH_FIELDS = (*fields_of(Group.SEARCH), field("precision"), field("attention"), field("kernels"))
+SEARCH_FIELDS = (
+    *fields_of(Group.SEARCH),
+    *(dataclasses.replace(field(name), default=None) for name in ("precision", "attention", "kernels")),
+)
 SearchArg = Annotated[dict[str, Any], Depends(dependency(SEARCH_FIELDS, dict, "search_arg"))]
 
 
@@ -83,9 +97,11 @@ def plan(
     finetune: FinetuneArg,
     search: SearchArg,
     shape: FleetShapeArg,
+    conditions: ConditionsArg,
     compare: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="e.g. tp=8,pp=4")] = None,
 ) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
+        "conditions": conditions,
         "gpu": gpu,
         "gpus": gpus,
         "seq": seq,
@@ -94,7 +110,8 @@ def plan(
         "compare": compare.strip() if compare and compare.strip() else None,
         "finetune": finetune,
     }
-    key = ("plan", _model_key(model), *sorted(kwargs.items()))
+    key = ("plan", _model_key(model), *sorted((k, v) for k, v in kwargs.items() if k != "conditions"))
+    key += tuple(sorted(conditions.items()))
     gate: SearchGate = request.app.state.searches
     return gate.run(key, lambda: json_dict(plan_report(model, explain=True, **kwargs)))
 
