@@ -140,3 +140,19 @@ def test_full_recompute_on_the_first_k_layers() -> None:
     head = everything["per_gpu"]["activations_bytes"] - 32 * la.dense_full  # final norm and head input
     assert head == pytest.approx(2 * la.dense_full)  # the final norm input and the head input, 2sbh/t each
     assert r["per_gpu"]["activations_bytes"] == pytest.approx(8 * la.dense_full + 24 * la.dense_none + head)
+
+
+def test_routing_imbalance_scales_the_routed_experts() -> None:
+    """Mixtral 8x7B (top-2 of 8, f_e = 14336), EP 8: the busiest rank at 2x the mean keeps twice the routed
+    experts' activations. Per token per layer those are k (3 beta f_e + what each routed copy keeps), so the
+    step from 1 to 2 adds at least 2 x 3 x 2 x 14336 bytes and at most that plus k x 4 beta h."""
+    base = dict(model="mixtral-8x7b", gpus=8, layout=LayoutRequest(ep=8, zero=1), seq=4096, global_batch=8)
+    acts = [
+        _memory(**base, conditions={"routing_imbalance": x})["per_gpu"]["activations_bytes"] for x in (1.0, 2.0, 3.0)
+    ]
+    per_token_layer = (acts[1] - acts[0]) / (4096 * 32)
+    assert 2 * 3 * 2 * 14336 <= per_token_layer <= 2 * 3 * 2 * 14336 + 2 * 4 * 2 * 4096
+    assert acts[2] - acts[1] == pytest.approx(acts[1] - acts[0])  # linear in the imbalance
+    no_ep = dict(base, layout=LayoutRequest(zero=1))
+    same = [_memory(**no_ep, conditions={"routing_imbalance": x})["per_gpu"]["activations_bytes"] for x in (1.0, 2.0)]
+    assert same[0] == same[1]  # every expert on every rank: nothing to be unbalanced

@@ -386,6 +386,7 @@ def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> 
         act_bytes=workload.precision.activation_bytes,
         kernels=workload.kernels,
         framework=workload.framework,
+        routing_imbalance=where(lay.ep > 1, workload.conditions.routing_imbalance, 1.0),
     )
 
     tokens = workload.seq_len / lay.cp * lay.micro_batch

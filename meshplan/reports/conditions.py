@@ -66,6 +66,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         loss=LossKind(resolved.get("loss") or "framework"),
         selective=Selective(resolved.get("selective") or "core-attention"),
         recompute_layers=resolved.get("recompute_layers"),
+        routing_imbalance=float(resolved.get("routing_imbalance") or 1.0),
         loss_parallel=None if loss_parallel is None else loss_parallel == "on",
     )
 

@@ -62,6 +62,9 @@ class Conditions:
     the stack's logs count, graphs and workspaces outside the allocator."""
     loss: LossKind = LossKind.FRAMEWORK
     selective: Selective = Selective.CORE_ATTENTION
+    routing_imbalance: float = 1.0
+    """Tokens the busiest expert-parallel rank receives over the mean (1: perfectly balanced routing); scales
+    the routed experts' activations under EP > 1."""
     recompute_layers: int | None = None
     """Under full recompute, only the first k layers of each stage are recomputed and the rest keep everything
     (Megatron --recompute-method block --recompute-num-layers k); None: every layer."""
@@ -71,6 +74,8 @@ class Conditions:
     def __post_init__(self) -> None:
         if self.microbatch_group is not None and self.microbatch_group < 1:
             raise ValueError(f"microbatch_group must be >= 1, got {self.microbatch_group}")
+        if self.routing_imbalance < 1:
+            raise ValueError(f"routing_imbalance must be >= 1, got {self.routing_imbalance}")
         if self.recompute_layers is not None and self.recompute_layers < 0:
             raise ValueError(f"recompute_layers must be >= 0, got {self.recompute_layers}")
         if self.runtime_reserve_bytes < 0:

@@ -444,6 +444,16 @@ FIELDS: tuple[Field, ...] = (
         help="with --recompute full, recompute only the first k layers of each stage (Megatron "
         "--recompute-num-layers with the block method); the rest keep everything",
     ),
+    Field(
+        name="routing_imbalance",
+        type=float,
+        default=None,
+        group=_C,
+        unit="busiest / mean",
+        lo=1,
+        hi=64,
+        help="MoE: tokens the busiest expert-parallel rank receives over the mean (default 1, balanced)",
+    ),
     _switch("grad_sync", "reduce gradients on every micro-batch; off: accumulate without sync (unsharded grads)"),
     _switch("reshard_after_forward", "FSDP/ZeRO-3 frees gathered parameters after forward; off: keeps them"),
     Field(
