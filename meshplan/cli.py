@@ -92,12 +92,17 @@ def _add_finetune(p: argparse.ArgumentParser) -> None:
 
 def _finetune_request(args: argparse.Namespace) -> Any:
     """None unless a fine-tuning flag was given (so the default path loads nothing more)."""
-    if args.finetune is None and args.freeze is None and args.lora_targets is None and args.lora_rank is None:
+    given = (args.finetune, args.freeze, args.lora_targets, args.lora_rank)
+    if all(x is None for x in given) and not args.lora_train_embeddings:
         return None
     from meshplan.reports.inputs import FinetuneRequest
 
     return FinetuneRequest(
-        mode=args.finetune or "full", lora_rank=args.lora_rank, lora_targets=args.lora_targets, freeze=args.freeze
+        mode=args.finetune or "full",
+        lora_rank=args.lora_rank,
+        lora_targets=args.lora_targets,
+        freeze=args.freeze,
+        lora_train_embeddings=args.lora_train_embeddings,
     )
 
 

@@ -156,3 +156,20 @@ def test_routing_imbalance_scales_the_routed_experts() -> None:
     no_ep = dict(base, layout=LayoutRequest(zero=1))
     same = [_memory(**no_ep, conditions={"routing_imbalance": x})["per_gpu"]["activations_bytes"] for x in (1.0, 2.0)]
     assert same[0] == same[1]  # every expert on every rank: nothing to be unbalanced
+
+
+def test_lora_with_trainable_embedding_and_head() -> None:
+    """Llama 3.1 8B, LoRA on one GPU with the embedding and the untied head trained in place: both 128,256 x 4096
+    matrices gain bf16 gradients (2 bytes), an fp32 master (4) and two fp32 moments (8)."""
+    from meshplan.reports.inputs import FinetuneRequest
+
+    base = dict(model="llama-3.1-8b", gpus=1, layout=LayoutRequest(), seq=2048, global_batch=1)
+    plain = _memory(**base, finetune=FinetuneRequest(mode="lora"))["per_gpu"]
+    edges = _memory(**base, finetune=FinetuneRequest(mode="lora", lora_train_embeddings=True))["per_gpu"]
+    vocab = 2 * V * 4096  # embedding + head
+    assert edges["gradients_bytes"] - plain["gradients_bytes"] == pytest.approx(2 * vocab)
+    assert edges["master_weights_bytes"] - plain["master_weights_bytes"] == pytest.approx(4 * vocab)
+    assert edges["optimizer_moments_bytes"] - plain["optimizer_moments_bytes"] == pytest.approx(8 * vocab)
+    assert edges["activations_bytes"] > plain["activations_bytes"]  # the head's input is kept for its gradient
+    with pytest.raises(ValueError, match="lora-train-embeddings"):
+        _memory(**base, finetune=FinetuneRequest(mode="full", lora_train_embeddings=True))

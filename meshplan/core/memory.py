@@ -206,12 +206,17 @@ def stage_training(
                 layers=held.dense_layers + held.moe_layers,
                 edges=edges,
             )
+        edges_trained: Num = 0.0
+        if ft.train_embeddings:  # the embedding and the output head train beside the adapters
+            vocab = model.vocab_size * model.hidden / lay.tp
+            head = where((lay.pp > 1) | (not model.tied_embeddings), vocab, 0.0)
+            edges_trained = where(stage == 0, vocab, 0) + where(stage == lay.pp - 1, head, 0)
         return StageTraining(
             base_dense=held.dense,
             base_experts=held.experts,
             adapter_dense=ad,
             adapter_experts=ae,
-            train_dense=ad,
+            train_dense=ad + edges_trained,
             train_experts=ae,
             quantized=quantized,
         )
@@ -600,7 +605,7 @@ def _stage_activations(
     mask = 1.0 if model.dropout else 0.0
     per_mb = where(stage == 0, tokens * mask * model.hidden * rep, 0)  # embedding dropout mask
     fw, ft = workload.framework, workload.finetune
-    if ft.adapted:
+    if ft.adapted and not ft.train_embeddings:  # behind a trained embedding every layer keeps all it saves
         dead = where(
             held.dense_layers > 0,  # dense layers come first
             _first_layer_dead_per_token(model, lay, workload, moe_layer=False),
@@ -614,7 +619,7 @@ def _stage_activations(
         sp=sp,
         act_bytes=beta,
         framework=fw,
-        frozen_head=ft.adapted or ft.freeze_embeddings,
+        frozen_head=(ft.adapted and not ft.train_embeddings) or ft.freeze_embeddings,
         frozen_norm=ft.adapted,
     )
     per_mb = per_mb + where(stage == pp - 1, head, 0)  # final norm + head input

@@ -157,6 +157,8 @@ class FinetuneRequest:
     """Comma-separated projections (q,k,v,o,gate,up,down); None: all of them."""
     freeze: str | None = None
     """Comma-separated frozen parts: 'embeddings' and/or 'layers=N' (full fine-tuning)."""
+    lora_train_embeddings: bool = False
+    """LoRA / QLoRA: the embedding and the output head train too."""
 
 
 def resolve_finetune(req: FinetuneRequest, model: ModelSpec) -> Finetune:
@@ -188,6 +190,7 @@ def resolve_finetune(req: FinetuneRequest, model: ModelSpec) -> Finetune:
         lora_targets=targets,
         freeze_embeddings=freeze_embeddings,
         freeze_layers=freeze_layers,
+        train_embeddings=req.lora_train_embeddings,
     )
     validate_finetune(model, ft)
     return ft
@@ -206,6 +209,7 @@ def finetune_fields(model: ModelSpec, ft: Finetune) -> dict[str, Any]:
     out: dict[str, Any] = {"finetune": ft.mode.value, "trainable_params": trainable_params(model, ft).trainable}
     if ft.adapted:
         out |= {"lora_rank": ft.lora_rank, "lora_targets": list(ft.lora_targets)}
+        out |= {"lora_train_embeddings": ft.train_embeddings} if ft.train_embeddings else {}
     elif ft.freeze_embeddings or ft.freeze_layers:
         out |= {"frozen": {"embeddings": ft.freeze_embeddings, "layers": ft.freeze_layers}}
     return out

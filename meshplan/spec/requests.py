@@ -389,6 +389,13 @@ FIELDS: tuple[Field, ...] = (
         help="adapted projections, comma-separated: q,k,v,o,gate,up,down (default: all of them)",
     ),
     Field(
+        name="lora_train_embeddings",
+        type=bool,
+        default=False,
+        group=_F,
+        help="LoRA / QLoRA: the embedding and the output head train too (PEFT modules_to_save)",
+    ),
+    Field(
         name="freeze",
         type=str,
         default=None,
