@@ -187,6 +187,23 @@ PUBLISHED_LAYOUTS: tuple[dict[str, Any], ...] = (
         "stack": "megatron-core",
         "microbatch_group": 16,
     },
+    {
+        "id": "DeepSeek-V3, 2,048 H800 (DeepSeek-V3 Sec. 3.2-3.3)",
+        "model": "deepseek-v3",
+        "gpu": "h800",
+        "gpus": 2048,
+        "pp": 16,
+        "ep": 64,
+        "dp_shard": 128,
+        "zero": 1,
+        "schedule": "dualpipe",
+        "recompute": "selective",
+        "seq": 4096,
+        "global_batch": 15360,
+        "precision": "deepseek-fp8",
+        "stack": "megatron-core",
+        "overlap_ep": "on",
+    },
 )
 
 
@@ -209,12 +226,17 @@ def _savings(values: Mapping[str, Any], report: dict[str, Any]) -> list[dict[str
         conditions=conditions_of(resolved),
         policy=precision_of(resolved["precision"], resolved),
     )
-    per_layer = float(layer_activations(model, lay, work).dense)
+    la = layer_activations(model, lay, work)
+    moe = model.moe is not None and model.num_moe_layers > model.num_layers / 2
+    per_layer = float(la.moe if moe else la.dense)
     layer_mbs = report["per_gpu"]["activations_bytes"] / per_layer
     tokens = values["seq"] / lay.cp * lay.micro_batch
     beta = work.precision.activation_bytes
     rep = 1 / lay.tp if lay.sp else 1.0
-    swiglu = layer_mbs * tokens * beta * model.ffn_hidden / lay.tp
+    ffn = model.ffn_hidden
+    if moe and model.moe is not None:  # the routed experts' and the shared experts' products
+        ffn = model.moe.expert_ffn_hidden * model.moe.experts_per_token + model.moe.shared_hidden
+    swiglu = layer_mbs * tokens * beta * ffn / lay.tp
     norms = layer_mbs * tokens * beta * model.hidden * rep * 2
     return [
         {
@@ -226,6 +248,10 @@ def _savings(values: Mapping[str, Any], report: dict[str, Any]) -> list[dict[str
             "bytes": norms,
         },
         {"saving": "both of the above", "bytes": swiglu + norms},
+        {
+            "saving": "saved activations cached in FP8, half of every saved tensor (as DeepSeek-V3 Sec. 3.3 does)",
+            "bytes": report["per_gpu"]["activations_bytes"] / 2,
+        },
         {
             "saving": "full recompute on every layer",
             "bytes": report["per_gpu"]["activations_bytes"] - layer_mbs * tokens * beta * model.hidden * rep,
