@@ -90,12 +90,17 @@ def _add_finetune(p: argparse.ArgumentParser) -> None:
 
 def _finetune_request(args: argparse.Namespace) -> Any:
     """None unless a fine-tuning flag was given (so the default path loads nothing more)."""
-    if args.finetune is None and args.freeze is None and args.lora_targets is None and args.lora_rank is None:
+    given = (args.finetune, args.freeze, args.lora_targets, args.lora_rank)
+    if all(x is None for x in given) and not args.lora_train_embeddings:
         return None
     from meshplan.reports.inputs import FinetuneRequest
 
     return FinetuneRequest(
-        mode=args.finetune or "full", lora_rank=args.lora_rank, lora_targets=args.lora_targets, freeze=args.freeze
+        mode=args.finetune or "full",
+        lora_rank=args.lora_rank,
+        lora_targets=args.lora_targets,
+        freeze=args.freeze,
+        lora_train_embeddings=args.lora_train_embeddings,
     )
 
 
@@ -124,6 +129,12 @@ def _cmd_params(args: argparse.Namespace) -> dict[str, Any]:
     return params_report(args.model, finetune=_finetune_request(args))
 
 
+def _conditions(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.spec.requests import Group, group
+
+    return {f.name: getattr(args, f.name) for f in group(Group.CONDITIONS)}
+
+
 def _cmd_memory(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.bills import memory_report
 
@@ -133,8 +144,15 @@ def _cmd_memory(args: argparse.Namespace) -> dict[str, Any]:
         gpus=args.gpus,
         layout=_layout_request(args),
         finetune=_finetune_request(args),
+        conditions=_conditions(args),
         **_workload_kwargs(args),
     )
+
+
+def _cmd_stacks(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.listing import stacks_report
+
+    return stacks_report()
 
 
 def _add_fleet_shape(p: argparse.ArgumentParser) -> None:
@@ -154,6 +172,7 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
         scale_out=args.scale_out,
         axis_order=args.axis_order,
         tokens=args.tokens,
+        conditions=_conditions(args),
         **_workload_kwargs(args),
     )
 
@@ -168,6 +187,10 @@ def _cmd_collectives(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
+    if args.memory:
+        from meshplan.validate_memory import validate_memory
+
+        return validate_memory()
     if args.serving:
         from meshplan.validate_serving import validate_serving
 
@@ -219,6 +242,7 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
         days=args.days,
         pins={name: getattr(args, name) for name in PIN_FIELDS},
         training_engine=args.training_engine,
+        conditions=_conditions(args),
     )
     if args.save:
         save_json(args.save, result, command="plan")
@@ -481,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = command("list", _cmd_list, "what the catalog holds: models, GPUs, links or recipes")
-    p.add_argument("kind", choices=("models", "gpus", "links", "recipes"))
+    p.add_argument("kind", choices=("models", "gpus", "links", "recipes", "stacks"))
 
     p = command("params", _cmd_params, "exact parameter counts, total and active per token, by component")
     p.add_argument("model", help="catalog name, model TOML, or a Hugging Face config.json")
@@ -490,14 +514,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("memory", _cmd_memory, "per-GPU training memory, term by term, for a layout")
     p.add_argument("model")
     _add_fleet(p)
-    _add_layout(p)
+    _add_group(p, "layout")
+    _add_group(p, "workload", precision=None, attention=None, kernels=None)  # None: the stack's, else the default
     _add_finetune(p)
+    _add_group(p, "conditions")
+
+    p = command("stacks", _cmd_stacks, "the training stacks and the conditions each sets (for --stack)")
 
     p = command("estimate", _cmd_estimate, "step time, MFU, every collective and where it runs, for one layout")
     p.add_argument("model")
     _add_fleet(p)
-    _add_layout(p)
+    _add_group(p, "layout")
+    _add_group(p, "workload", precision=None, attention=None, kernels=None)
     _add_finetune(p)
+    _add_group(p, "conditions")
     _add_fleet_shape(p)
     add_fields(p, "tokens")
 
@@ -515,6 +545,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("validate", _cmd_validate, "predictions against published measured runs, with the error of each")
     p.add_argument("--source", default=None, help=f"one source only: {', '.join(_run_sources())}")
     p.add_argument("--serving", action="store_true", help="the published serving measurements instead")
+    p.add_argument(
+        "--memory", action="store_true", help="the published peak-memory figures, and the fit of published layouts"
+    )
 
     p = command("plan", _cmd_plan, "search every layout: the fastest that fit, why they win, why the rest lost")
     p.add_argument("model")
@@ -526,12 +559,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare", default=None, help="also compare with a named layout, e.g. tp=8,pp=16,dp=128 (layout flags' names)"
     )
     p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
-    add_fields(p, "precision", "attention", "kernels")
+    add_fields(p, "precision", "attention", "kernels", default=None)  # None: the stack's, else the default
     _add_fleet_shape(p)
     _add_finetune(p)
     pins = p.add_argument_group("pins: keep only layouts with these layout values (none by default)")
     add_fields(pins, *PIN_FIELDS, default=None)
     add_fields(pins, "training_engine")
+    _add_group(p, "conditions")
 
     p = command("recipe", _cmd_recipe, "published recipes: evaluated, and ranked against the planner's search")
     p.add_argument("name", nargs="?", default=None, help="recipe name (meshplan recipe --list)")

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.spec.cluster import GPU, GpuCalibration, Link, LinkKind, LinkTier
+from meshplan.spec.conditions import Stack
 from meshplan.spec.model import MLASpec, MlpKind, ModelSpec, MoESpec, NormKind
 from meshplan.units import DType
 
 _ENUMS: dict[str, type[Any]] = {"MlpKind": MlpKind, "NormKind": NormKind, "LinkKind": LinkKind, "LinkTier": LinkTier}
 _TABLES: dict[str, type[Any]] = {"MoESpec | None": MoESpec, "MLASpec | None": MLASpec, "GpuCalibration": GpuCalibration}
-_SINGULAR = {"models": "model", "gpus": "gpu", "links": "link"}
+_SINGULAR = {"models": "model", "gpus": "gpu", "links": "link", "stacks": "stack"}
 MAX_FILE_BYTES = 4 * 1024 * 1024
 """Largest input file read (a config.json is a few KB; a saved plan a few hundred KB)."""
 MAX_DEPTH = 64
@@ -58,6 +59,11 @@ def list_links() -> list[str]:
 
 class UnknownName(ValueError):
     """A name given by the user that the catalog does not hold (a ValueError: bad input, one line)."""
+
+
+def list_stacks() -> list[str]:
+    """Names of the catalog training stacks."""
+    return sorted(_catalog("stacks"))
 
 
 def _unknown_name(kind: str, name: str) -> UnknownName:
@@ -129,11 +135,12 @@ def read_text_file(path: Path | str, *, what: str = "file", limit: int = MAX_FIL
         raise ValueError(f"{what} {path} is a folder, not a file") from None
     except OSError as exc:
         raise ValueError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    info = os.fstat(fd)  # before fdopen, which refuses a folder with an OSError of its own
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise ValueError(f"{what} {path} is {kind}")
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-            raise ValueError(f"{what} {path} is {kind}")
         if info.st_size > limit:
             raise ValueError(f"{what} {path} is {info.st_size:,} bytes; the limit is {limit:,}")
         try:
@@ -149,7 +156,7 @@ def read_text_file(path: Path | str, *, what: str = "file", limit: int = MAX_FIL
 
 
 def _looks_like_path(text: str) -> bool:
-    return "/" in text or "\\" in text or text.endswith((".toml", ".json")) or Path(text).exists()
+    return bool(text) and ("/" in text or "\\" in text or text.endswith((".toml", ".json")) or Path(text).exists())
 
 
 def _load_table(kind: str, name_or_path: str) -> tuple[dict[str, Any], str, str]:
@@ -278,6 +285,24 @@ def load_gpu(name_or_path: str) -> GPU:
     body, _ = _without_meta(table, where)
     gpu: GPU = _build(GPU, body, where, **({} if "name" in body else {"name": stem}))
     return gpu
+
+
+def load_stack(name_or_path: str) -> Stack:
+    """A catalog training stack by name, or a stack TOML file; its defaults are checked against the schema."""
+    from meshplan.spec import requests
+
+    table, where, stem = _load_table("stacks", name_or_path)
+    body, _ = _without_meta(table, where)
+    raw = body.pop("defaults", {})
+    if not isinstance(raw, dict):
+        raise ValueError(f"'defaults' in {where} must be a table")
+    allowed = [*requests.group(requests.Group.WORKLOAD), *requests.group(requests.Group.CONDITIONS)]
+    try:
+        defaults = requests.parse_values(raw, allowed=[f for f in allowed if f.name != "stack"], what="stack default")
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    stack: Stack = _build(Stack, body, where, defaults=defaults, **({} if "name" in body else {"name": stem}))
+    return stack
 
 
 def load_link(name_or_path: str) -> Link:

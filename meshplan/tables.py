@@ -65,7 +65,24 @@ def _memory(r: dict[str, Any]) -> str:
     verdict = "fits" if r["fits"] else "does NOT fit"
     tail = f"{verdict}: {gb(bill['total_bytes'])} of {gb(r['hbm_bytes_per_gpu'])} ({gb(abs(r['free_bytes_per_gpu']))} "
     tail += "free)" if r["fits"] else "over)"
-    return "\n".join([*head, "", table(rows, ["term", "per GPU", "formula"], align="lrl"), "", tail])
+    peaks = f"allocator peaks: {gb(bill['allocated_bytes'])} allocated, {gb(bill['reserved_bytes'])} reserved"
+    body = table(rows, ["term", "per GPU", "formula"], align="lrl")
+    return "\n".join([*head, "", body, "", peaks, tail, "", _conditions_lines(r)])
+
+
+def _conditions_lines(r: dict[str, Any]) -> str:
+    """The conditions the bill assumed and where each came from (flag, stack or default)."""
+    stack = r.get("stack") or "none"
+    rows = [(name, "-" if c["value"] is None else str(c["value"]), c["source"]) for name, c in r["conditions"].items()]
+    return f"conditions (stack: {stack})\n" + table(rows, ["condition", "value", "from"], align="lll")
+
+
+def _stacks(r: dict[str, Any]) -> str:
+    out = []
+    for s in r["stacks"]:
+        settings = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in s["defaults"].items())
+        out += [f"{s['name']}: {s['description']} (reports {s['reports']} bytes)", f"  {settings}"]
+    return "\n".join(out)
 
 
 def _fit(r: dict[str, Any]) -> str:
@@ -553,15 +570,63 @@ def _list(r: dict[str, Any]) -> str:
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, width, strict=True)).rstrip() for row in rows)
 
 
+def _validate_memory(r: dict[str, Any]) -> str:
+    from meshplan.render import gb, percent
+
+    rows = [
+        [
+            x["source"],
+            x["case"],
+            x["metric"],
+            f"{x['measured_gib']:.1f}",
+            f"{x['predicted_gib']:.1f}",
+            f"{x['error']:+.1%}",
+        ]
+        for x in r["runs"]
+    ]
+    out = [table(rows, ["source", "case", "figure", "measured GiB", "billed GiB", "error"], align="lllrrr"), ""]
+    srcs = [
+        [
+            s["source"],
+            s["reports"],
+            str(s["cases"]),
+            percent(s["mean_abs_error"]),
+            percent(s["max_abs_error"]),
+            percent(s["best_constant_error"]),
+            "ok" if s["ok"] else "MISSED",
+        ]
+        for s in r["sources"]
+    ]
+    head = ["source", "reports", "cases", "mean |error|", "max |error|", "best constant", "targets"]
+    out += [table(srcs, head, align="llrrrrl"), ""]
+    summary = r["summary"]
+    out.append(
+        f"all cases: mean |error| {percent(summary['mean_abs_error'])} (target {percent(summary['target_mean'])}), "
+        f"max {percent(summary['max_abs_error'])} (target {percent(summary['target_max'])})"
+    )
+    for v in r["verdicts"]:
+        verdict = "fits" if v["fits"] else f"billed {gb(v['over_bytes_per_gpu'])} over HBM"
+        out += ["", f"{v['case']}: {gb(v['memory_bytes_per_gpu'])} of {gb(v['hbm_bytes_per_gpu'])}, {verdict}"]
+        for s in v.get("savings", []):
+            closes = "closes the gap" if s["closes_gap"] else "not enough alone"
+            out.append(f"  unstated saving: {s['saving']}: {gb(s['bytes'])} ({closes})")
+    return "\n".join(out)
+
+
+def _validate_any(r: dict[str, Any]) -> str:
+    return _validate_memory(r) if "verdicts" in r else _validate(r)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "list": _list,
+    "stacks": _stacks,
     "check": _check,
     "plan": _plan,
     "recipe": _recipe,
     "export": _export,
     "estimate": _estimate,
     "collectives": _collectives,
-    "validate": _validate,
+    "validate": _validate_any,
     "params": _params,
     "memory": _memory,
     "fit": _fit,

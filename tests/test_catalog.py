@@ -15,7 +15,7 @@ from meshplan.io import (
     model_to_toml,
 )
 from meshplan.spec.cluster import LinkKind, LinkTier
-from meshplan.units import GB, DType
+from meshplan.units import DType
 
 REQUIRED_MODELS = {
     "llama-3.1-8b",
@@ -118,11 +118,16 @@ def test_gpu_loads_and_its_links_exist(name: str) -> None:
         assert gpu.peak_flops[DType.FP8] == pytest.approx(2 * gpu.peak_flops[DType.BF16], rel=0.02)
 
 
-def test_hbm_is_decimal() -> None:
-    assert load_gpu("h200").hbm_bytes == 141e9
-    assert load_gpu("a100-80gb").hbm_bytes == 80 * GB
-    assert load_gpu("b200").hbm_bytes == 180e9
-    assert load_gpu("mi300x").hbm_bytes == 192e9
+def test_hbm_is_what_the_driver_reports() -> None:
+    """nvidia-smi's totals (MiB): an "80 GB" H100 shows 81,559 MiB (85.5e9 bytes), not 80e9."""
+    mib = 2**20
+    assert load_gpu("h100-sxm").hbm_bytes == 81_559 * mib == pytest.approx(85.52e9, rel=1e-4)
+    assert load_gpu("h800").hbm_bytes == 81_559 * mib
+    assert load_gpu("a100-80gb").hbm_bytes == 81_920 * mib
+    assert load_gpu("a100-40gb").hbm_bytes == 40_960 * mib
+    assert load_gpu("h200").hbm_bytes == 143_771 * mib
+    assert load_gpu("b200").hbm_bytes == 183_359 * mib
+    assert load_gpu("l40s").hbm_bytes == 46_068 * mib
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,7 @@ def test_memory_keys(capsys: pytest.CaptureFixture[str]) -> None:
     for key in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "total_bytes"):
         assert key in per
     assert per["optimizer_bytes"] == per["master_weights_bytes"] + per["optimizer_moments_bytes"]
-    assert out["hbm_bytes_per_gpu"] == 80e9 and isinstance(out["fits"], bool)
+    assert out["hbm_bytes_per_gpu"] == 81_559 * 2**20 and isinstance(out["fits"], bool)
     assert len(out["stages"]) == 4 and out["per_gpu"] == out["stages"][out["heaviest_stage"]]
     assert out["layout"]["dp_shard"] == 2 and out["layout"]["dp_replicate"] == 1
     assert {t["name"] for t in out["terms"]} >= {"weights_bytes", "activations_bytes"}
@@ -57,10 +57,12 @@ def test_fit_keys_match_the_seed_example(capsys: pytest.CaptureFixture[str]) -> 
     out = run_json(capsys, "fit", "llama-3.3-70b", "--gpu", "h200", "--gpus", "8")
     assert out["weights_bytes_total"] == pytest.approx(141.1e9, rel=1e-3)
     assert out["weights_bytes_per_gpu_even_split"] == pytest.approx(out["weights_bytes_total"] / 8)
-    assert out["hbm_bytes_per_gpu"] == 141e9 and out["fits"]
-    assert out["free_bytes_per_gpu"] == pytest.approx(141e9 - out["weights_bytes_per_gpu_even_split"])
-    assert out["min_gpus_for_weights"] == 2  # 141.1 GB is just over one H200's 141 GB
-    assert out["min_gpus_for_training"] == 9  # 16 bytes x 70.55B = 1.13 TB
+    hbm = 143_771 * 2**20  # what the driver reports for an H200: 150.75e9 bytes, more than the 141 GB marketed
+    assert out["hbm_bytes_per_gpu"] == hbm and out["fits"]
+    assert out["free_bytes_per_gpu"] == pytest.approx(hbm - out["weights_bytes_per_gpu_even_split"])
+    budget = 0.9 * hbm  # fit keeps the planner's 10% of HBM free
+    assert out["min_gpus_for_weights"] == 2  # 141.1 GB of weights over 0.9 x 150.75e9 bytes
+    assert out["min_gpus_for_training"] == 9 == -(-16 * 70_553_706_496 // budget)  # 16 bytes x 70.55B = 1.13 TB
 
 
 def test_serving_keys(capsys: pytest.CaptureFixture[str]) -> None:
@@ -169,6 +171,7 @@ def test_console_script_start_up_and_exit_code() -> None:
 TEXT_RUNS = {
     "params": ["params", "mixtral-8x7b"],
     "list": ["list", "gpus"],
+    "stacks": ["stacks"],
     "fit": ["fit", "llama-3.3-70b", "--gpu", "h200", "--gpus", "8"],
     "memory": ["memory", "llama-3.1-8b", "--gpu", "a100-80gb", "--gpus", "8", "--zero", "3"],
     "serving": ["serving", "llama-3.1-8b", "--gpu", "l40s", "--gpus", "1"],

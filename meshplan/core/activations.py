@@ -186,8 +186,10 @@ def mlp_bytes_per_token(
     moe_layer: bool,
     kernels: Kernels = Kernels.FUSED,
     framework: Framework = Framework.MEGATRON,
+    routing_imbalance: Num = 1.0,
 ) -> Num:
-    """Bytes one MLP (or MoE) block keeps per local token (norm included)."""
+    """Bytes one MLP (or MoE) block keeps per local token (norm included); the routed experts' share is scaled
+    by ``routing_imbalance``, the busiest expert-parallel rank's tokens over the mean."""
     rep = where(sp, 1.0 / tp, 1.0)
     beta, h, mask = act_bytes, model.hidden, 1.0 if model.dropout else 0.0
     norm = norm_bytes_per_token(model, act_bytes=beta, framework=framework)
@@ -199,7 +201,7 @@ def mlp_bytes_per_token(
     k = moe.experts_per_token
     router = saved.router_fp32_tensors * FP32_BYTES * moe.num_experts * rep
     per_pair = saved.routed_hidden_copies * beta * h + saved.routed_index_bytes + saved.routed_gate_values * beta
-    routed = k * (per_pair + n * beta * moe.expert_ffn_hidden / tp)
+    routed = routing_imbalance * k * (per_pair + n * beta * moe.expert_ffn_hidden / tp)
     shared = moe.num_shared_experts * n * beta * moe.shared_hidden / tp
     return replicated + router + routed + shared
 
@@ -223,6 +225,7 @@ def layer_bytes(
     moe_layer: bool,
     kernels: Kernels = Kernels.FUSED,
     framework: Framework = Framework.MEGATRON,
+    routing_imbalance: Num = 1.0,
 ) -> Num:
     """Bytes one layer keeps for one micro-batch under the given recompute policy."""
     tokens = seq_len / cp * micro_batch
@@ -237,7 +240,14 @@ def layer_bytes(
         keep_scores=keep_scores,
         framework=framework,
     ) + mlp_bytes_per_token(
-        model, tp=tp, sp=sp, act_bytes=act_bytes, moe_layer=moe_layer, kernels=kernels, framework=framework
+        model,
+        tp=tp,
+        sp=sp,
+        act_bytes=act_bytes,
+        moe_layer=moe_layer,
+        kernels=kernels,
+        framework=framework,
+        routing_imbalance=routing_imbalance,
     )
     full = layer_input_bytes_per_token(model, tp=tp, sp=sp, act_bytes=act_bytes)
     return tokens * where(recompute == Recompute.FULL, full, kept)

@@ -125,7 +125,8 @@ def trainable_params(model: ModelSpec, finetune: Finetune) -> Trainable:
             p.num_dense_layers * adapter_params(model, finetune, moe_layer=False)
             + p.num_moe_layers * adapter_params(model, finetune, moe_layer=True)
         )
-        return Trainable(trainable=adapters, frozen=p.total, adapters=adapters)
+        edges = p.embedding if finetune.train_embeddings else 0
+        return Trainable(trainable=adapters + edges, frozen=p.total - edges, adapters=adapters)
     frozen = p.embedding if finetune.freeze_embeddings else 0
     layers = [p.dense_layer.total] * p.num_dense_layers + [p.moe_layer.total] * p.num_moe_layers
     frozen += sum(layers[: finetune.freeze_layers])

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import numpy as np
+
 from meshplan.core import activations as act
 from meshplan.core import finetune, pipeline
 from meshplan.core.num import Num, gcd, maximum, minimum, to_float, where
@@ -21,7 +23,8 @@ from meshplan.core.params import LayerParams, ParamCount
 from meshplan.core.pytorch import shards
 from meshplan.core.stages import candidate_stages, stage_row
 from meshplan.spec.cluster import GpuCalibration
-from meshplan.spec.layout import LayoutLike, Recompute, ZeroStage
+from meshplan.spec.conditions import FUSED_LOSS_CHUNKS, UPCAST_LOSS_BYTES, LossKind, Selective
+from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.workload import Framework, Kernels, OptimizerKind, Workload
 from meshplan.units import DTYPE_BYTES, FP32_BYTES, DType
@@ -43,6 +46,7 @@ class MemoryBill:
     comm_buffers_bytes: Num
     framework_bytes: Num
     fragmentation_bytes: Num
+    runtime_reserve_bytes: Num
 
     @property
     def optimizer_bytes(self) -> Num:
@@ -58,10 +62,23 @@ class MemoryBill:
     def total_bytes(self) -> Num:
         return sum(getattr(self, name) for name in TERMS)
 
+    @property
+    def reserved_bytes(self) -> Num:
+        """What the caching allocator holds at the peak (torch.cuda.max_memory_reserved): the total less what
+        lives outside the allocator (CUDA context and workspaces, the runtime's reserve)."""
+        return self.total_bytes - self.framework_bytes - self.runtime_reserve_bytes
+
+    @property
+    def allocated_bytes(self) -> Num:
+        """Bytes of live tensors at the peak (torch.cuda.max_memory_allocated): reserved less fragmentation."""
+        return self.reserved_bytes - self.fragmentation_bytes
+
     def as_dict(self) -> dict[str, Num]:
-        """Every term, the optimizer subtotal and the total, keyed by name."""
+        """Every term, the optimizer subtotal, the allocator's allocated and reserved peaks and the total."""
         out = {name: getattr(self, name) for name in TERMS}
         out["optimizer_bytes"] = self.optimizer_bytes
+        out["allocated_bytes"] = self.allocated_bytes
+        out["reserved_bytes"] = self.reserved_bytes
         out["total_bytes"] = self.total_bytes
         return out
 
@@ -189,12 +206,17 @@ def stage_training(
                 layers=held.dense_layers + held.moe_layers,
                 edges=edges,
             )
+        edges_trained: Num = 0.0
+        if ft.train_embeddings:  # the embedding and the output head train beside the adapters
+            vocab = model.vocab_size * model.hidden / lay.tp
+            head = where((lay.pp > 1) | (not model.tied_embeddings), vocab, 0.0)
+            edges_trained = where(stage == 0, vocab, 0) + where(stage == lay.pp - 1, head, 0)
         return StageTraining(
             base_dense=held.dense,
             base_experts=held.experts,
             adapter_dense=ad,
             adapter_experts=ae,
-            train_dense=ad,
+            train_dense=ad + edges_trained,
             train_experts=ae,
             quantized=quantized,
         )
@@ -275,6 +297,8 @@ class LayerActivations:
     moe_none: Num
     dense_selective: Num
     moe_selective: Num
+    dense_full: Num = 0.0
+    moe_full: Num = 0.0
 
 
 def _frozen_delta_per_token(model: ModelSpec, lay: LayoutLike, workload: Workload, *, moe_layer: bool) -> Num:
@@ -337,6 +361,24 @@ def _first_layer_dead_per_token(model: ModelSpec, lay: LayoutLike, workload: Wor
     return dead + mlp - beta * ffn / lay.tp  # down's adapter needs its input
 
 
+def _op_checkpoint_per_token(model: ModelSpec, lay: LayoutLike, workload: Workload, *, moe_layer: bool) -> Num:
+    """Bytes per token a layer keeps under torchtitan's per-op selective checkpointing.
+
+    Its policy saves the outputs of matmuls but recomputes every second one, saves the attention kernel's
+    output and log-sum-exp, and keeps the layer input to rebuild the rest: beta (h/t_sp + (attention out)/t
+    + (q + k + v + o + 3 f) / (2 t)) + 4 fp32 log-sum-exp per head, with f the MLP width of the layer (top-k
+    experts' under MoE).
+    """
+    beta, tp = workload.precision.activation_bytes, lay.tp
+    ffn = model.ffn_hidden
+    if moe_layer and model.moe is not None:
+        ffn = model.moe.expert_ffn_hidden * model.moe.experts_per_token
+    matmuls = model.q_width + 2 * model.kv_width + model.hidden + 3 * ffn
+    layer_input = model.hidden * where(lay.sp, 1.0 / tp, 1.0)
+    lse = FP32_BYTES * model.num_heads / tp
+    return beta * (layer_input + model.attn_out_width / tp + matmuls / (2 * tp)) + lse
+
+
 def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> LayerActivations:
     """Per-layer activation bytes of a layout (or batch), computed once and shared by every stage."""
     common = dict(
@@ -349,6 +391,7 @@ def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> 
         act_bytes=workload.precision.activation_bytes,
         kernels=workload.kernels,
         framework=workload.framework,
+        routing_imbalance=where(lay.ep > 1, workload.conditions.routing_imbalance, 1.0),
     )
 
     tokens = workload.seq_len / lay.cp * lay.micro_batch
@@ -361,9 +404,27 @@ def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> 
         kept = where(recompute == Recompute.FULL, 0.0, 1.0)  # full recompute keeps only the layer input
         return dense + kept * delta_dense, moe + kept * (delta_moe if model.moe else delta_dense)
 
-    dense, moe = both(lay.recompute)
     dense_none, moe_none = both(Recompute.NONE)
-    dense_sel, moe_sel = both(Recompute.SELECTIVE)
+    dense_full, moe_full = both(Recompute.FULL)
+    policy = workload.conditions.selective
+    if policy is Selective.LAYER:  # every second layer fully recomputed
+        dense_sel, moe_sel = (dense_none + dense_full) / 2, (moe_none + moe_full) / 2
+    elif policy is Selective.OP:
+        dense_sel = tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=False) + delta_dense
+        moe_sel = tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=True) + delta_moe
+    else:
+        dense_sel, moe_sel = both(Recompute.SELECTIVE)
+    pick = {Recompute.NONE: (dense_none, moe_none), Recompute.FULL: (dense_full, moe_full)}
+    dense = where(
+        lay.recompute == Recompute.NONE,
+        pick[Recompute.NONE][0],
+        where(lay.recompute == Recompute.FULL, pick[Recompute.FULL][0], dense_sel),
+    )
+    moe = where(
+        lay.recompute == Recompute.NONE,
+        pick[Recompute.NONE][1],
+        where(lay.recompute == Recompute.FULL, pick[Recompute.FULL][1], moe_sel),
+    )
     return LayerActivations(
         dense=dense,
         moe=moe,
@@ -371,6 +432,8 @@ def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> 
         moe_none=moe_none,
         dense_selective=dense_sel,
         moe_selective=moe_sel,
+        dense_full=dense_full,
+        moe_full=moe_full,
     )
 
 
@@ -431,6 +494,7 @@ def stage_bill(
         ft, step = workload.finetune, shards.OPTIMIZER_STEP_BYTES.get(workload.optimizer.kind, 0.0)
         per_layer = [finetune.adapter_tensors(model, ft, moe_layer=moe, ep=ep) for moe in (False, True)]
         moments = moments + step * (held.dense_layers * per_layer[0] + held.moe_layers * per_layer[1])
+    grads, gathered = _accumulation_state(model, lay, workload, tr=tr, held=held, grads=grads, gathered=gathered)
     dynamic = acts + logits + workspace + dequant + gathered
     return MemoryBill(
         weights_bytes=to_float(weights),
@@ -445,7 +509,57 @@ def stage_bill(
         comm_buffers_bytes=to_float(gathered),
         framework_bytes=to_float(calibration.framework_bytes + 0 * dynamic),
         fragmentation_bytes=to_float(calibration.fragmentation * dynamic),
+        runtime_reserve_bytes=to_float(workload.conditions.runtime_reserve_bytes + 0 * dynamic),
     )
+
+
+def _accumulation_state(
+    model: ModelSpec,
+    lay: LayoutLike,
+    workload: Workload,
+    *,
+    tr: StageTraining,
+    held: StageParams,
+    grads: Num,
+    gathered: Num,
+) -> tuple[Num, Num]:
+    """(gradients, gathered parameters) once gradient accumulation and FSDP resharding are accounted for.
+
+    Accumulating without sync (``no_sync`` / ``set_requires_gradient_sync(False)``) holds the unsharded
+    gradient in the gradient dtype on every rank until the last micro-batch; with reshard-after-forward off,
+    FSDP / ZeRO-3 keeps every layer of the stage gathered between forward and backward. PyTorch's pipeline
+    schedules do both under FSDP whenever pp > 1 (torchtitan: parameters and fp32 gradients stay unsharded
+    across the micro-batches of a step).
+    """
+    cond, prec = workload.conditions, workload.precision
+    m = pipeline.micro_batches(workload.global_batch, micro_batch=lay.micro_batch, dp=lay.dp_replicate * lay.dp_shard)
+    torch_pp = (lay.pp > 1) if workload.framework is Framework.TORCH else False
+    shard, _ = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
+    no_sync = ((not cond.grad_sync) | torch_pp) & (m > 1) & (lay.zero >= ZeroStage.GRADIENTS) & (shard > 1)
+    unsharded_grads = (tr.train_dense + tr.train_experts) * prec.grad_bytes
+    grads = where(no_sync, maximum(grads, unsharded_grads), grads)
+    keep = ((not cond.reshard_after_forward) | torch_pp) & (lay.zero >= ZeroStage.PARAMETERS) & (shard > 1)
+    stage_gathered = (held.dense + held.experts) * shards.gather_bytes(prec)
+    gathered = where(keep, maximum(gathered, stage_gathered + held.largest_layer * prec.grad_bytes), gathered)
+    return grads, gathered
+
+
+def loss_peak_bytes(model: ModelSpec, *, tokens: Num, tp: Num, workload: Workload) -> Num:
+    """The loss's peak for one micro-batch on the last stage, by the loss the run uses.
+
+    framework: the framework's own (Megatron: fp32 softmax of the vocab-parallel logits, 4sbV/t; PyTorch as
+    ``check`` measures it, 4sbV). upcast: ``cross_entropy(logits.float())``, 14 bytes per token and vocabulary
+    entry at its backward (conditions.UPCAST_LOSS_BYTES); fused: the same on one of 8 token chunks. Under
+    loss parallelism the vocabulary is split over the TP group.
+    """
+    cond, fw = workload.conditions, workload.framework
+    own = act.SAVED_TENSORS[fw].vocab_parallel_loss
+    split = where(own if cond.loss_parallel is None else cond.loss_parallel, tp, 1)
+    if cond.loss is LossKind.FRAMEWORK:
+        scalar = act.SAVED_TENSORS[fw].loss_scalar_bytes
+        return FP32_BYTES * tokens * model.vocab_size / split + scalar
+    chunks = FUSED_LOSS_CHUNKS if cond.loss is LossKind.FUSED else 1
+    return UPCAST_LOSS_BYTES * tokens * model.vocab_size / split / chunks
 
 
 def _frozen_activation_layers(
@@ -474,13 +588,24 @@ def _stage_activations(
     b, recompute = lay.micro_batch, lay.recompute
     s, beta = workload.seq_len, workload.precision.activation_bytes
     frozen_dense = minimum(frozen, held.dense_layers)  # a frozen prefix (dense layers first): nothing kept
-    per_mb = (held.dense_layers - frozen_dense) * la.dense + (held.moe_layers - (frozen - frozen_dense)) * la.moe
+    per_layers = (held.dense_layers - frozen_dense) * la.dense + (held.moe_layers - (frozen - frozen_dense)) * la.moe
+    k = workload.conditions.recompute_layers
+    if k is not None:  # full recompute on the first k layers of the stage, none on the rest (Megatron block method)
+        held_layers = held.dense_layers + held.moe_layers - frozen
+        share = minimum(k, held_layers) / maximum(held_layers, 1)
+        full = (held.dense_layers - frozen_dense) * la.dense_full + (
+            held.moe_layers - (frozen - frozen_dense)
+        ) * la.moe_full
+        none = (held.dense_layers - frozen_dense) * la.dense_none + (
+            held.moe_layers - (frozen - frozen_dense)
+        ) * la.moe_none
+        per_layers = where(recompute == Recompute.FULL, share * full + (1 - share) * none, per_layers)
     tokens = s / cp * b
     rep = where(sp, 1.0 / tp, 1.0)
     mask = 1.0 if model.dropout else 0.0
-    per_mb = per_mb + where(stage == 0, tokens * mask * model.hidden * rep, 0)  # embedding dropout mask
+    per_mb = where(stage == 0, tokens * mask * model.hidden * rep, 0)  # embedding dropout mask
     fw, ft = workload.framework, workload.finetune
-    if ft.adapted:
+    if ft.adapted and not ft.train_embeddings:  # behind a trained embedding every layer keeps all it saves
         dead = where(
             held.dense_layers > 0,  # dense layers come first
             _first_layer_dead_per_token(model, lay, workload, moe_layer=False),
@@ -494,7 +619,7 @@ def _stage_activations(
         sp=sp,
         act_bytes=beta,
         framework=fw,
-        frozen_head=ft.adapted or ft.freeze_embeddings,
+        frozen_head=(ft.adapted and not ft.train_embeddings) or ft.freeze_embeddings,
         frozen_norm=ft.adapted,
     )
     per_mb = per_mb + where(stage == pp - 1, head, 0)  # final norm + head input
@@ -502,9 +627,24 @@ def _stage_activations(
 
     m = pipeline.micro_batches(workload.global_batch, micro_batch=b, dp=lay.dp_replicate * lay.dp_shard)
     flight = pipeline.in_flight(schedule=lay.schedule, pp=pp, vpp=lay.vpp, m=m, stage=stage)
-    saved = flight * (per_mb + where(pp > 1, outputs, 0)) / pipeline.stage_copies(lay.schedule)
+    layers = held.dense_layers + held.moe_layers
+    group = minimum(workload.conditions.microbatch_group or pp, m)
+    chunked = pipeline.interleaved_layer_microbatches(
+        pp=pp, vpp=lay.vpp, m=m, stage=stage, group=group, layers=layers, max_vpp=int(np.max(lay.vpp, initial=1))
+    )
+    interleaved = lay.schedule == Schedule.INTERLEAVED
+    layer_flight = where(interleaved, chunked / maximum(layers, 1), flight)
+    # the head, its logits and the loss live in the last chunk of the last stage: count that chunk's forwards
+    last_chunk = pipeline.interleaved_chunk_forwards(
+        pp=pp, vpp=lay.vpp, m=m, stage=stage, group=group, chunk=lay.vpp - 1
+    )
+    head_flight = where(interleaved & (stage == pp - 1), last_chunk, flight)
+    copies = pipeline.stage_copies(lay.schedule)
+    saved = (layer_flight * per_layers + flight * per_mb + head_flight * where(pp > 1, outputs, 0)) / copies
 
-    loss = act.loss_bytes(model, tokens=tokens, tp=tp, framework=fw) * (flight if fw is Framework.TORCH else 1)
+    loss = loss_peak_bytes(model, tokens=tokens, tp=tp, workload=workload) * (
+        head_flight if fw is Framework.TORCH else 1
+    )
     logits = where(stage == pp - 1, loss, 0)
     has_dense, has_moe = held.dense_layers > 0, held.moe_layers > 0
     rebuilt = maximum(where(has_dense, la.dense_none, 0), where(has_moe, la.moe_none, 0))

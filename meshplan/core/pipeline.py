@@ -63,6 +63,48 @@ def in_flight(*, schedule: Num, pp: Num, vpp: Num, m: Num, stage: Num) -> Num:
     return where(schedule == Schedule.DUALPIPE, dualpipe, out)
 
 
+def interleaved_forwards(*, pp: Num, vpp: Num, m: Num, stage: Num, group: Num) -> Num:
+    """Chunk forwards rank ``stage`` has run when its first backward starts under interleaved 1F1B.
+
+    Megatron's warm-up is (v - 1) N + 2 (p - 1 - r) chunk forwards with micro-batch groups of N (its
+    microbatch_group_size_per_vp_stage, N = p by default; Llama 3 Sec. 3.3.2 sets N freely), and the steady
+    state runs one more forward before the first backward; never more than the m v forwards of the step.
+    """
+    return minimum((vpp - 1) * group + 2 * (pp - 1 - stage) + 1, m * vpp)
+
+
+def interleaved_chunk_forwards(*, pp: Num, vpp: Num, m: Num, stage: Num, group: Num, chunk: Num) -> Num:
+    """Forwards of chunk ``chunk`` among those rank ``stage`` has run at its peak (groups of N per chunk)."""
+    forwards = interleaved_forwards(pp=pp, vpp=vpp, m=m, stage=stage, group=group)
+    per_round = group * vpp
+    rounds = forwards // per_round
+    rest = forwards - rounds * per_round
+    return rounds * group + minimum(maximum(rest - chunk * group, 0), group)
+
+
+def interleaved_layer_microbatches(
+    *, pp: Num, vpp: Num, m: Num, stage: Num, group: Num, layers: Num, max_vpp: int
+) -> Num:
+    """Layer-micro-batches (one layer's activations for one micro-batch) rank ``stage`` holds at its peak.
+
+    Forwards run group by group: N micro-batches through chunk 0, the same N through chunk 1, ..., chunk v-1,
+    then the next group. The rank's ``layers`` are spread over its v chunks as evenly as they go; where they
+    do not divide, the short chunks are the first ones on the first half of the ranks (rank 0's first chunk
+    holds only the embedding, as in Llama 3 405B's 126 layers on 16 x 8 chunks) and the last ones elsewhere
+    (rank p-1's last chunk holds only the head). Llama 3 405B, p = 16, v = 8, N = 16, m = 32: 141 forwards
+    of one layer on rank 1, and on rank 0 143 forwards of which 31 are of its empty first chunk: 112.
+    """
+    base = ceil_div(layers, vpp)
+    short = base * vpp - layers
+    first_half = stage < pp / 2
+    total: Num = 0 * base
+    for c in range(max_vpp):
+        count = interleaved_chunk_forwards(pp=pp, vpp=vpp, m=m, stage=stage, group=group, chunk=c)
+        is_short = where(first_half, c < short, c >= vpp - short)
+        total = total + where(c < vpp, count * (base - where(is_short, 1, 0)), 0)
+    return total
+
+
 def stage_copies(schedule: Num) -> Num:
     """Parameter copies per rank: DualPipe holds two stages (i and p-1-i), every other schedule one."""
     return where(schedule == Schedule.DUALPIPE, 2, 1)

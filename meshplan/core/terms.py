@@ -103,7 +103,7 @@ TRAINING_TERMS: tuple[Term, ...] = (
     Term(
         name="framework_bytes",
         title="Framework",
-        what="CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers: resident whatever the model.",
+        what="CUDA context, cuBLAS/cuDNN workspaces and the first NCCL communicator: resident whatever the model.",
         formula="a constant per GPU kind (catalog calibration.framework_bytes)",
         source="stated assumption per GPU kind; see docs/formulas.md",
     ),
@@ -113,6 +113,14 @@ TRAINING_TERMS: tuple[Term, ...] = (
         what="Memory the caching allocator holds but cannot hand out, as a share of what is allocated per step.",
         formula="fragmentation * (activations + logits + workspace + gathered parameters)",
         source="stated assumption per GPU kind (default 5%); see docs/formulas.md",
+    ),
+    Term(
+        name="runtime_reserve_bytes",
+        title="Runtime reserve",
+        what="What the training stack's runtime keeps outside the caching allocator beyond the CUDA context: "
+        "NCCL communicators and their buffers, CUDA graphs, userbuffers for TP overlap.",
+        formula="a constant per stack (catalog/stacks runtime_reserve), or --runtime-reserve; 0 without a stack",
+        source="stated assumption per stack; see docs/formulas.md",
     ),
 )
 

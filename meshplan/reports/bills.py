@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from meshplan import io
@@ -13,6 +13,7 @@ from meshplan.core.serving import kv_bytes_per_token_total, min_gpus, serving_bi
 from meshplan.core.terms import explain
 from meshplan.core.training import training_memory
 from meshplan.render import jsonable
+from meshplan.reports.conditions import workload_kwargs
 from meshplan.reports.inputs import (
     FinetuneRequest,
     LayoutRequest,
@@ -38,28 +39,31 @@ def memory_report(
     layout: LayoutRequest,
     seq: int = 4096,
     global_batch: int | None = None,
-    precision: str = "bf16",
+    precision: str | None = None,
     optimizer: str = "adamw",
     optimizer_bytes: float | None = None,
-    attention: str = "flash",
-    kernels: str = "fused",
+    attention: str | None = None,
+    kernels: str | None = None,
     finetune: FinetuneRequest | None = None,
+    conditions: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``meshplan memory``: the per-GPU training bill of every pipeline stage."""
+    """``meshplan memory``: the per-GPU training bill of every pipeline stage.
+
+    ``conditions`` holds the conditions group's raw values (``stack`` and each condition; None: unset);
+    precision, attention and kernels left None come from the stack, else from the schema's defaults."""
     check_gpus(gpus)
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
     lay = resolve_layout(layout, gpus=gpus)
+    set_by, shown = workload_kwargs(conditions, precision=precision, attention=attention, kernels=kernels)
     work = resolve_workload(
         layout=lay,
         seq=seq,
         global_batch=global_batch,
-        precision=precision,
         optimizer=optimizer,
         optimizer_bytes=optimizer_bytes,
-        attention=attention,
-        kernels=kernels,
         finetune=resolve_finetune(finetune, spec) if finetune else None,
+        **set_by,
     )
     mem = training_memory(spec, lay, work, gpu=gpu_spec)
     return {
@@ -76,6 +80,7 @@ def memory_report(
         "hbm_bytes_per_gpu": gpu_spec.hbm_bytes,
         "free_bytes_per_gpu": mem.free_bytes,
         "fits": mem.fits,
+        **shown,
         "stages": [jsonable(s.as_dict()) for s in mem.stages],
         "terms": explain(mem.per_gpu),
     }

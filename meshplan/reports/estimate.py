@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from meshplan import io
@@ -10,6 +11,7 @@ from meshplan.core.placement import AxisPlacement
 from meshplan.core.plan import Plan, evaluate
 from meshplan.core.terms import explain
 from meshplan.render import jsonable
+from meshplan.reports.conditions import workload_kwargs
 from meshplan.reports.inputs import (
     FinetuneRequest,
     LayoutRequest,
@@ -142,34 +144,35 @@ def estimate_report(
     layout: LayoutRequest,
     seq: int = 4096,
     global_batch: int | None = None,
-    precision: str = "bf16",
+    precision: str | None = None,
     optimizer: str = "adamw",
     optimizer_bytes: float | None = None,
-    attention: str = "flash",
-    kernels: str = "fused",
+    attention: str | None = None,
+    kernels: str | None = None,
     node_size: int | None = None,
     scale_out: str | None = None,
     axis_order: str | None = None,
     tokens: float | None = None,
     finetune: FinetuneRequest | None = None,
+    conditions: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``meshplan estimate``: memory, collectives, placement and step time of one layout."""
+    """``meshplan estimate``: memory, collectives, placement and step time of one layout (``conditions``: the
+    stack and condition fields as given, None where unset; see ``memory_report``)."""
     spec = io.load_model(model) if isinstance(model, str) else model
     cluster = resolve_cluster(gpu=gpu, gpus=gpus, node_size=node_size, scale_out=scale_out)
     lay = resolve_layout(layout, gpus=gpus)
+    set_by, shown = workload_kwargs(conditions, precision=precision, attention=attention, kernels=kernels)
     work = resolve_workload(
         layout=lay,
         seq=seq,
         global_batch=global_batch,
-        precision=precision,
         optimizer=optimizer,
         optimizer_bytes=optimizer_bytes,
-        attention=attention,
-        kernels=kernels,
         finetune=resolve_finetune(finetune, spec) if finetune else None,
+        **set_by,
     )
     plan = evaluate(spec, cluster, lay, work, order=resolve_order(axis_order))
-    return evaluated_plan_dict(plan, tokens=tokens)
+    return evaluated_plan_dict(plan, tokens=tokens) | shown
 
 
 WALL_LINKS = ("nvlink5", "nvlink4", "ib-ndr", "eth-100g")

@@ -12,10 +12,21 @@ from meshplan.core.finetune import trainable_params, validate_finetune
 from meshplan.core.placement import DEFAULT_ORDER, parse_order
 from meshplan.spec import requests
 from meshplan.spec.cluster import Cluster
+from meshplan.spec.conditions import Conditions
 from meshplan.spec.finetune import LORA_TARGETS, Finetune, FinetuneMode
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
-from meshplan.spec.workload import PRECISIONS, Attention, Kernels, Optimizer, OptimizerKind, Overlap, Workload
+from meshplan.spec.workload import (
+    PRECISIONS,
+    Attention,
+    Framework,
+    Kernels,
+    Optimizer,
+    OptimizerKind,
+    Overlap,
+    PrecisionPolicy,
+    Workload,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,15 +122,22 @@ def resolve_workload(
     kernels: str = "fused",
     overlap: Mapping[str, bool] | None = None,
     finetune: Finetune | None = None,
+    framework: str = "megatron",
+    conditions: Conditions | None = None,
+    policy: PrecisionPolicy | None = None,
 ) -> Workload:
-    """A workload; the global batch defaults to pp micro-batches per data-parallel rank (a full 1F1B pipeline)."""
+    """A workload; the global batch defaults to pp micro-batches per data-parallel rank (a full 1F1B pipeline).
+
+    ``policy`` replaces the named ``precision`` (a policy with dtypes the conditions override)."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
     batch = global_batch if global_batch is not None else layout.micro_batch * layout.dp * layout.pp
     return Workload(
         seq_len=seq,
         global_batch=batch,
-        precision=PRECISIONS[precision],
+        framework=choice(Framework, framework, "framework"),
+        conditions=conditions or Conditions(),
+        precision=policy or PRECISIONS[precision],
         optimizer=Optimizer(kind=choice(OptimizerKind, optimizer, "optimizer"), state_bytes_per_param=optimizer_bytes),
         attention=choice(Attention, attention, "attention"),
         kernels=choice(Kernels, kernels, "kernels"),
@@ -139,6 +157,8 @@ class FinetuneRequest:
     """Comma-separated projections (q,k,v,o,gate,up,down); None: all of them."""
     freeze: str | None = None
     """Comma-separated frozen parts: 'embeddings' and/or 'layers=N' (full fine-tuning)."""
+    lora_train_embeddings: bool = False
+    """LoRA / QLoRA: the embedding and the output head train too."""
 
 
 def resolve_finetune(req: FinetuneRequest, model: ModelSpec) -> Finetune:
@@ -170,6 +190,7 @@ def resolve_finetune(req: FinetuneRequest, model: ModelSpec) -> Finetune:
         lora_targets=targets,
         freeze_embeddings=freeze_embeddings,
         freeze_layers=freeze_layers,
+        train_embeddings=req.lora_train_embeddings,
     )
     validate_finetune(model, ft)
     return ft
@@ -188,6 +209,7 @@ def finetune_fields(model: ModelSpec, ft: Finetune) -> dict[str, Any]:
     out: dict[str, Any] = {"finetune": ft.mode.value, "trainable_params": trainable_params(model, ft).trainable}
     if ft.adapted:
         out |= {"lora_rank": ft.lora_rank, "lora_targets": list(ft.lora_targets)}
+        out |= {"lora_train_embeddings": ft.train_embeddings} if ft.train_embeddings else {}
     elif ft.freeze_embeddings or ft.freeze_layers:
         out |= {"frozen": {"embeddings": ft.freeze_embeddings, "layers": ft.freeze_layers}}
     return out

@@ -6,13 +6,15 @@ from typing import Any
 
 from meshplan import io
 
-KINDS = ("models", "gpus", "links", "recipes")
+KINDS = ("models", "gpus", "links", "recipes", "stacks")
 
 
 def list_report(kind: str) -> dict[str, Any]:
     """The catalog's ``kind``: names with a short description (and the numbers that tell them apart)."""
     if kind not in KINDS:
         raise ValueError(f"meshplan list: unknown kind {kind!r} (choose from {', '.join(KINDS)})")
+    if kind == "stacks":
+        return {"kind": kind, "items": stacks_report()["stacks"]}
     items: list[dict[str, Any]]
     if kind == "models":
         from meshplan.core.params import count_params
@@ -43,3 +45,20 @@ def list_report(kind: str) -> dict[str, Any]:
 
         items = [{"name": r["name"], "description": r.get("title", "")} for r in recipes()["recipes"]]
     return {"kind": kind, "items": items}
+
+
+def stacks_report() -> dict[str, Any]:
+    """``meshplan stacks``: every training stack with the conditions it sets and where its defaults come from."""
+    stacks = []
+    for name in io.list_stacks():
+        s = io.load_stack(name)
+        stacks.append(
+            {
+                "name": s.name,
+                "description": s.description,
+                "reports": s.reports,
+                "defaults": dict(s.defaults),
+                "source": s.source,
+            }
+        )
+    return {"stacks": stacks}

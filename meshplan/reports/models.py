@@ -46,8 +46,11 @@ class BillJSON(TypedDict):
     comm_buffers_bytes: float
     framework_bytes: float
     fragmentation_bytes: float
+    runtime_reserve_bytes: float
     optimizer_bytes: float
     total_bytes: float
+    allocated_bytes: NotRequired[float]
+    reserved_bytes: NotRequired[float]
 
 
 class TermJSON(TypedDict):
@@ -64,11 +67,19 @@ class FrozenJSON(TypedDict):
     layers: int
 
 
+class ConditionJSON(TypedDict):
+    value: Any
+    source: str
+
+
 class TrainsJSON(TypedDict):
-    """What trains: every training report carries these."""
+    """What trains and how the run was set up: every training report carries these."""
 
     finetune: str
     trainable_params: int
+    stack: str | None
+    conditions: dict[str, ConditionJSON]
+    lora_train_embeddings: NotRequired[bool]
     lora_rank: NotRequired[int]
     lora_targets: NotRequired[list[str]]
     frozen: NotRequired[FrozenJSON]

@@ -13,6 +13,7 @@ from meshplan.core.memory import TERMS
 from meshplan.core.placement import place
 from meshplan.core.plan import Plan, evaluate, mesh_sizes
 from meshplan.render import jsonable
+from meshplan.reports.conditions import workload_kwargs
 from meshplan.reports.estimate import evaluated_plan_dict, placement_dict
 from meshplan.reports.inputs import (
     FinetuneRequest,
@@ -249,9 +250,9 @@ def plan_report(
     headroom: float = 0.10,
     allow_cross_node_tp: bool = False,
     objective: str = "step-time",
-    precision: str = "bf16",
-    attention: str = "flash",
-    kernels: str = "fused",
+    precision: str | None = None,
+    attention: str | None = None,
+    kernels: str | None = None,
     node_size: int | None = None,
     scale_out: str | None = None,
     axis_order: str | None = None,
@@ -263,6 +264,7 @@ def plan_report(
     pins: Mapping[str, Any] | None = None,
     training_engine: str | None = None,
     max_gpus: int = MAX_GPUS,
+    conditions: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for.
 
@@ -283,7 +285,8 @@ def plan_report(
         raise ValueError(f"top must be >= 1, got {top}")
     order = resolve_order(axis_order)
     obj = _objective(objective, tokens=tokens, days=days)
-    work = _workload(seq, global_batch_tokens // seq, precision, attention, kernels, ft)
+    set_by, shown = workload_kwargs(conditions, precision=precision, attention=attention, kernels=kernels)
+    work = _workload(seq, global_batch_tokens // seq, set_by, ft)
     fewest: dict[str, Any] | None = None
     if not isinstance(obj, Objective):  # "fewest-gpus"
         assert tokens is not None and days is not None
@@ -336,6 +339,7 @@ def plan_report(
         "engine": training_engine,
         "headroom_fraction": headroom,
         **finetune_fields(spec, work.finetune),
+        **shown,
         "evaluated": result.evaluated,
         "feasible": result.feasible,
         "elapsed_s": result.elapsed_s,
@@ -370,20 +374,10 @@ def _objective(text: str, *, tokens: float | None, days: float | None) -> Object
         raise ValueError(f"unknown objective {text!r} (choose from {names})") from None
 
 
-def _workload(
-    seq: int, batch: int, precision: str, attention: str, kernels: str, finetune: Finetune | None = None
-) -> Workload:
+def _workload(seq: int, batch: int, set_by: Mapping[str, Any], finetune: Finetune | None = None) -> Workload:
     from meshplan.spec.layout import Layout
 
-    return resolve_workload(
-        layout=Layout(),
-        seq=seq,
-        global_batch=batch,
-        precision=precision,
-        attention=attention,
-        kernels=kernels,
-        finetune=finetune,
-    )
+    return resolve_workload(layout=Layout(), seq=seq, global_batch=batch, finetune=finetune, **set_by)
 
 
 def _explanations(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterable
 from functools import cache
@@ -102,13 +103,15 @@ def _query(f: Field, **default: Any) -> Any:
     return Query(description=f.describe(), **bounds, **default)
 
 
-def query_params(fields: Iterable[Field], *, unset: bool = False) -> list[inspect.Parameter]:
+def query_params(
+    fields: Iterable[Field], *, unset: bool = False, required: tuple[str, ...] = ()
+) -> list[inspect.Parameter]:
     """Query parameters for schema fields: the same names, defaults, bounds, choices and help as the CLI flags
-    (``unset``: every default None, for filters that apply only when given)."""
+    (``unset``: every default None, for filters that apply only when given; ``required``: no default at all)."""
     out = []
     for f in fields:
         default = None if unset else f.default
-        query = _query(f, default=default)
+        query = _query(f) if f.name in required else _query(f, default=default)
         out.append(
             inspect.Parameter(f.key, inspect.Parameter.KEYWORD_ONLY, default=query, annotation=_annotation(f, default))
         )
@@ -127,7 +130,12 @@ MicroBatch = Annotated[int, one("micro_batch")]
 
 
 def dependency(
-    fields: Iterable[Field], build: Callable[[dict[str, Any]], Any], name: str, *, unset: bool = False
+    fields: Iterable[Field],
+    build: Callable[[dict[str, Any]], Any],
+    name: str,
+    *,
+    unset: bool = False,
+    required: tuple[str, ...] = (),
 ) -> Callable[..., Any]:
     """A FastAPI dependency taking every one of ``fields`` as a query parameter, handing them to ``build``."""
 
@@ -137,7 +145,8 @@ def dependency(
     def dependency(**values: Any) -> Any:
         return build({names[key]: value for key, value in values.items()})
 
-    dependency.__signature__ = inspect.Signature(query_params(fields, unset=unset))  # type: ignore[attr-defined]
+    params = sorted(query_params(fields, unset=unset, required=required), key=lambda p: p.name not in required)
+    dependency.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     dependency.__name__ = name
     return dependency
 
@@ -158,6 +167,15 @@ layout_arg = dependency(fields_of(Group.LAYOUT), lambda values: LayoutRequest(**
 workload_arg = dependency(fields_of(Group.WORKLOAD), dict, "workload_arg")
 finetune_arg = dependency(fields_of(Group.FINETUNE), _finetune, "finetune_arg")
 fleet_shape_arg = dependency(fields_of(Group.FLEET_SHAPE), _fleet_shape, "fleet_shape_arg")
+conditions_arg = dependency(fields_of(Group.CONDITIONS), dict, "conditions_arg")
+ConditionsArg = Annotated[dict[str, Any], Depends(conditions_arg)]
+_STACK_SET = ("precision", "attention", "kernels")  # unset: the stack's, else the schema's default (as the CLI)
+memory_workload_arg = dependency(
+    [dataclasses.replace(f, default=None) if f.name in _STACK_SET else f for f in fields_of(Group.WORKLOAD)],
+    dict,
+    "memory_workload_arg",
+)
+MemoryWorkloadArg = Annotated[dict[str, Any], Depends(memory_workload_arg)]
 LayoutArg = Annotated[LayoutRequest, Depends(layout_arg)]
 WorkloadArg = Annotated[dict[str, Any], Depends(workload_arg)]
 FinetuneArg = Annotated[FinetuneRequest | None, Depends(finetune_arg)]
@@ -239,9 +257,16 @@ def params(model: CatalogModel, finetune: FinetuneArg) -> dict[str, Any]:
     response_model=None,
 )
 def memory(
-    model: ModelArg, gpu: GpuArg, gpus: Gpus, layout: LayoutArg, work: WorkloadArg, finetune: FinetuneArg
+    model: ModelArg,
+    gpu: GpuArg,
+    gpus: Gpus,
+    layout: LayoutArg,
+    work: MemoryWorkloadArg,
+    finetune: FinetuneArg,
+    conditions: ConditionsArg,
 ) -> dict[str, Any]:
-    return json_dict(memory_report(model, gpu=gpu, gpus=gpus, layout=layout, finetune=finetune, **work))
+    report = memory_report(model, gpu=gpu, gpus=gpus, layout=layout, finetune=finetune, conditions=conditions, **work)
+    return json_dict(report)
 
 
 @router.get(
@@ -309,9 +334,10 @@ def estimate(
     gpu: GpuArg,
     gpus: Gpus,
     layout: LayoutArg,
-    work: WorkloadArg,
+    work: MemoryWorkloadArg,
     finetune: FinetuneArg,
     shape: FleetShapeArg,
+    conditions: ConditionsArg,
     tokens: Annotated[float | None, one("tokens")] = None,
 ) -> dict[str, Any]:
     report = estimate_report(
@@ -321,6 +347,7 @@ def estimate(
         layout=layout,
         tokens=tokens,
         finetune=finetune,
+        conditions=conditions,
         **shape,
         **work,
     )
@@ -351,11 +378,16 @@ def collectives(
 
 SERVE: tuple[str, ...] = ("input_len", "output_len", "concurrency", "rate", "dp_attention", "replicas")
 SERVE += ("weights_dtype", "kv_dtype", "quant", "engine", "max_batch", "disaggregate")
-ServeArg = Annotated[dict[str, Any], Depends(dependency([field(n) for n in SERVE], dict, "serve_arg"))]
 SERVE_PLAN: tuple[str, ...] = ("input_len", "output_len", "ttft_p99", "tpot_p99", "serve_objective", "concurrency")
-SERVE_PLAN += ("engine",)
-SERVE_PLAN += ("weights_dtypes", "search_disaggregated")
-ServePlanArg = Annotated[dict[str, Any], Depends(dependency([field(n) for n in SERVE_PLAN], dict, "serve_plan_arg"))]
+SERVE_PLAN += ("engine", "weights_dtypes", "search_disaggregated")
+LENGTHS = ("input_len", "output_len")
+"""Required on the API as on the CLI: a request without its lengths has nothing to time."""
+ServeArg = Annotated[
+    dict[str, Any], Depends(dependency([field(n) for n in SERVE], dict, "serve_arg", required=LENGTHS))
+]
+ServePlanArg = Annotated[
+    dict[str, Any], Depends(dependency([field(n) for n in SERVE_PLAN], dict, "serve_plan_arg", required=LENGTHS))
+]
 
 
 @router.get(

@@ -10,6 +10,7 @@ answers are kept so that asking again is instant.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import threading
 from collections import OrderedDict
@@ -24,7 +25,18 @@ from meshplan.reports.plan import plan_report
 from meshplan.reports.recipes import list_report, recipe_report, recipes
 from meshplan.search.rank import time_limit
 from meshplan.server import parse
-from meshplan.server.api import FinetuneArg, FleetShapeArg, GpuArg, Gpus, ModelArg, Seq, dependency, json_dict, ok
+from meshplan.server.api import (
+    ConditionsArg,
+    FinetuneArg,
+    FleetShapeArg,
+    GpuArg,
+    Gpus,
+    ModelArg,
+    Seq,
+    dependency,
+    json_dict,
+    ok,
+)
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.requests import Group, field
 from meshplan.spec.requests import group as fields_of
@@ -74,7 +86,10 @@ def _model_key(model: ModelSpec | str) -> Any:
     return model if isinstance(model, str) else ("spec", model)
 
 
-SEARCH_FIELDS = (*fields_of(Group.SEARCH), field("precision"), field("attention"), field("kernels"))
+SEARCH_FIELDS = (
+    *fields_of(Group.SEARCH),
+    *(dataclasses.replace(field(name), default=None) for name in ("precision", "attention", "kernels")),
+)
 SearchArg = Annotated[dict[str, Any], Depends(dependency(SEARCH_FIELDS, dict, "search_arg"))]
 PinsArg = Annotated[dict[str, Any], Depends(dependency(fields_of(Group.LAYOUT), dict, "pins_arg", unset=True))]
 
@@ -95,9 +110,11 @@ async def plan(
     search: SearchArg,
     shape: FleetShapeArg,
     pins: PinsArg,
+    conditions: ConditionsArg,
     compare: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="e.g. tp=8,pp=4")] = None,
 ) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
+        "conditions": conditions,
         "gpu": gpu,
         "gpus": gpus,
         "seq": seq,

@@ -32,6 +32,9 @@ class Finetune:
     """Keep the token embedding (and the untied output head) fixed in full fine-tuning."""
     freeze_layers: int = 0
     """Keep the first N transformer layers fixed in full fine-tuning."""
+    train_embeddings: bool = False
+    """LoRA / QLoRA: the token embedding and the output head train in full beside the adapters (PEFT's
+    ``modules_to_save = ["embed_tokens", "lm_head"]``, trained in place, as when new tokens are added)."""
     double_quant: bool = True
     """QLoRA's second quantization of the block scales (8-bit scales with an fp32 scale per 256 blocks)."""
 
@@ -45,6 +48,8 @@ class Finetune:
             raise ValueError("LoRA needs at least one target projection")
         if self.freeze_layers < 0:
             raise ValueError(f"freeze_layers must be >= 0, got {self.freeze_layers}")
+        if self.train_embeddings and not self.adapted:
+            raise ValueError("--lora-train-embeddings applies to the lora and qlora modes (full training trains them)")
         if self.adapted and (self.freeze_layers or self.freeze_embeddings):
             raise ValueError(f"{self.mode.value} already freezes the whole base; --freeze applies to full fine-tuning")
 

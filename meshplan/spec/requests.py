@@ -46,6 +46,8 @@ class Group(StrEnum):
     """What one step computes: sequence, batch, precision, optimizer, kernels."""
     FINETUNE = "fine-tuning"
     """What trains."""
+    CONDITIONS = "conditions"
+    """How the run was set up: its training stack and the conditions the stack sets (each overridable)."""
     SEARCH = "search"
     """What the planner searches for and how it ranks."""
     SERVING = "serving"
@@ -176,6 +178,15 @@ PRECISION_CHOICES = ("bf16", "bf16-fp32-grads", "fp16", "fsdp2-bf16", "fp8", "de
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble", "dualpipe")
 OBJECTIVES = ("step-time", "tokens-per-gpu", "headroom", "fewest-gpus")
 _L, _W, _F, _S = Group.LAYOUT, Group.WORKLOAD, Group.FINETUNE, Group.SEARCH
+_C = Group.CONDITIONS
+STACKS = ("deepspeed", "fsdp2", "llm-foundry", "megatron-core", "megatron-lm-2021", "nemo", "torchtitan")
+"""The catalog's training stacks (catalog/stacks/*.toml; a test keeps the two lists equal)."""
+ON_OFF = ("on", "off")
+
+
+def _switch(name: str, help: str) -> Field:
+    """A condition that is on or off, unset (None) until a flag or the stack sets it."""
+    return Field(name=name, type=str, default=None, group=_C, choices=ON_OFF, help=help)
 
 
 def _degree(name: str, help: str, unit: str = "GPUs") -> Field:
@@ -378,12 +389,128 @@ FIELDS: tuple[Field, ...] = (
         help="adapted projections, comma-separated: q,k,v,o,gate,up,down (default: all of them)",
     ),
     Field(
+        name="lora_train_embeddings",
+        type=bool,
+        default=False,
+        group=_F,
+        help="LoRA / QLoRA: the embedding and the output head train too (PEFT modules_to_save)",
+    ),
+    Field(
         name="freeze",
         type=str,
         default=None,
         group=_F,
         help="frozen parts in full fine-tuning: embeddings and/or layers=N",
     ),
+    Field(
+        name="stack",
+        type=str,
+        default=None,
+        group=_C,
+        choices=STACKS,
+        help="training stack whose defaults set every condition below (meshplan stacks lists them)",
+    ),
+    Field(
+        name="framework",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("megatron", "torch"),
+        help="whose tensors the activation bill counts: Megatron-Core's or PyTorch-native (FSDP2, DTensor)",
+    ),
+    Field(
+        name="runtime_reserve",
+        type=float,
+        default=None,
+        group=_C,
+        unit="bytes",
+        lo=0,
+        hi=1e12,
+        suffixes=True,
+        help="what the runtime keeps beyond the allocator's peak: NCCL buffers, communicators, CUDA graphs",
+    ),
+    Field(
+        name="microbatch_group",
+        type=int,
+        default=None,
+        group=_C,
+        unit="micro-batches",
+        lo=1,
+        hi=MAX_BATCH,
+        help="interleaved schedule: micro-batches per group N (Megatron microbatch_group_size_per_vp_stage; "
+        "default: pp)",
+    ),
+    Field(
+        name="recompute_layers",
+        type=int,
+        default=None,
+        group=_C,
+        unit="layers",
+        lo=0,
+        hi=4096,
+        help="with --recompute full, recompute only the first k layers of each stage (Megatron "
+        "--recompute-num-layers with the block method); the rest keep everything",
+    ),
+    Field(
+        name="routing_imbalance",
+        type=float,
+        default=None,
+        group=_C,
+        unit="busiest / mean",
+        lo=1,
+        hi=64,
+        help="MoE: tokens the busiest expert-parallel rank receives over the mean (default 1, balanced)",
+    ),
+    _switch("grad_sync", "reduce gradients on every micro-batch; off: accumulate without sync (unsharded grads)"),
+    _switch("reshard_after_forward", "FSDP/ZeRO-3 frees gathered parameters after forward; off: keeps them"),
+    Field(
+        name="loss",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("framework", "upcast", "fused"),
+        help="cross-entropy: the framework's own, eager fp32 upcast, or chunked/fused",
+    ),
+    _switch("loss_parallel", "compute the loss on vocabulary shards over the TP group"),
+    Field(
+        name="selective",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("core-attention", "layer", "op"),
+        help="what --recompute selective recomputes: Megatron's core attention, or torchtitan's per-op or "
+        "every-second-layer checkpointing",
+    ),
+    Field(
+        name="grad_dtype",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("bf16", "fp32"),
+        help="gradient buffers (overrides the precision policy)",
+    ),
+    Field(
+        name="master_dtype",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("fp32", "none"),
+        help="optimizer's master copy of the weights; none: the weights are updated in place",
+    ),
+    Field(
+        name="moment_dtype",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("bf16", "fp32"),
+        help="optimizer moments (overrides the precision policy)",
+    ),
+    _switch("overlap_dp", "data-parallel gradient reduction overlaps backward"),
+    _switch("overlap_param_gather", "ZeRO/FSDP parameter all-gather overlaps compute"),
+    _switch("overlap_tp", "TP communication overlaps its matmuls (Megatron --tp-comm-overlap, async TP)"),
+    _switch("overlap_ep", "MoE dispatch/combine all-to-alls overlap compute"),
+    _switch("overlap_pp", "pipeline sends and receives overlap compute"),
+    _switch("overlap_cp", "context-parallel K/V exchange overlaps attention"),
     Field(
         name="global_batch_tokens",
         type=int,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from meshplan.spec.conditions import Conditions
 from meshplan.spec.finetune import Finetune
 from meshplan.units import DTYPE_BYTES, DType
 
@@ -206,6 +207,8 @@ class Workload:
     framework: Framework = Framework.MEGATRON
     finetune: Finetune = field(default_factory=Finetune)
     """What trains: everything (pre-training), LoRA or QLoRA adapters, or all but frozen parts."""
+    conditions: Conditions = field(default_factory=Conditions)
+    """How the run was set up beyond its layout (from its stack and flags): loss, gradient sync, reserves."""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "global_batch"):

@@ -36,7 +36,7 @@ def test_serve_plan_answers(client: Any) -> None:
     r = client.get("/api/serve-plan", params=params)
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["best"]["layout"]["tp"] == 2 and body["best"]["replicas"] == 4 and body["pareto"]
+    assert body["best"]["layout"]["tp"] * body["best"]["replicas"] == 8 and body["pareto"]
     only = client.get("/api/serve-plan", params=params | {"weights_dtypes": "bf16,int4"}).json()
     assert {p["layout"]["weights_dtype"] for p in only["top"]} <= {"bf16", "int4"}
 

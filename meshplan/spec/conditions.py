@@ -1,0 +1,99 @@
+"""How a run was set up beyond its layout: the conditions a training stack sets and a user can override.
+
+A stack (catalog/stacks/*.toml) gives a default for each condition; a flag overrides it. The core reads the
+resolved values from ``Workload.conditions``; the reports say where each value came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class LossKind(StrEnum):
+    """How the cross-entropy over the vocabulary is computed, which decides the loss peak."""
+
+    FRAMEWORK = "framework"
+    """The framework's own loss (Megatron's fused vocab-parallel CE, PyTorch's as ``check`` measures it)."""
+    UPCAST = "upcast"
+    """``cross_entropy(logits.float())`` in eager PyTorch: bf16 logits, their fp32 copy, the saved fp32
+    log-probabilities and two fp32 gradients; 12 bytes per token and vocabulary entry at the backward peak."""
+    FUSED = "fused"
+    """Chunked or fused linear cross-entropy (torchtune, Liger): the upcast loss on one of 8 token chunks at a time."""
+
+
+UPCAST_LOSS_BYTES = 12.0
+"""Bytes per token per vocabulary entry at the peak of ``cross_entropy(logits.float())``: in forward the bf16
+logits (2), their fp32 upcast (4) and the saved fp32 log-probabilities (4) make 10; in backward the saved
+log-probabilities (4), the fp32 gradient of the log-probabilities (4) and of the upcast logits (4) make 12, the
+bf16 logits being freed once the loop drops them (torchtitan's ``del pred``; 14 if the caller keeps them)."""
+FUSED_LOSS_CHUNKS = 8
+"""Token chunks of a chunked cross-entropy (torchtune's CEWithChunkedOutputLoss default)."""
+
+
+class Selective(StrEnum):
+    """What ``--recompute selective`` recomputes, as each stack defines it."""
+
+    CORE_ATTENTION = "core-attention"
+    """Megatron's selective: the attention core (scores, softmax, dropout) only (Korthikanti et al. 2022)."""
+    OP = "op"
+    """torchtitan's per-op selective checkpointing: keeps the layer input, every second matmul output and the
+    attention output (with its log-sum-exp); recomputes norms, activations and the other matmuls."""
+    LAYER = "layer"
+    """torchtitan's per-layer selective checkpointing (ac_freq 2): every second layer fully recomputed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Conditions:
+    """The resolved conditions of one run (each from a flag, the stack, or meshplan's default)."""
+
+    microbatch_group: int | None = None
+    """N, micro-batches per group of the interleaved schedule (Megatron microbatch_group_size_per_vp_stage);
+    None: pp (Megatron's default)."""
+    grad_sync: bool = True
+    """Gradients are reduced on every micro-batch; False: accumulation without sync (``no_sync`` /
+    ``set_requires_gradient_sync(False)``), every rank holds the unsharded gradient until the last micro-batch."""
+    reshard_after_forward: bool = True
+    """FSDP / ZeRO-3 frees gathered parameters after each layer's forward; False keeps them until backward."""
+    runtime_reserve_bytes: float = 0.0
+    """What the runtime keeps beyond the allocator's peak: NCCL buffers and communicators, allocator caching
+    the stack's logs count, graphs and workspaces outside the allocator."""
+    loss: LossKind = LossKind.FRAMEWORK
+    selective: Selective = Selective.CORE_ATTENTION
+    routing_imbalance: float = 1.0
+    """Tokens the busiest expert-parallel rank receives over the mean (1: perfectly balanced routing); scales
+    the routed experts' activations under EP > 1."""
+    recompute_layers: int | None = None
+    """Under full recompute, only the first k layers of each stage are recomputed and the rest keep everything
+    (Megatron --recompute-method block --recompute-num-layers k); None: every layer."""
+    loss_parallel: bool | None = None
+    """The loss is computed on vocabulary shards over the TP group; None: the framework's own default."""
+
+    def __post_init__(self) -> None:
+        if self.microbatch_group is not None and self.microbatch_group < 1:
+            raise ValueError(f"microbatch_group must be >= 1, got {self.microbatch_group}")
+        if self.routing_imbalance < 1:
+            raise ValueError(f"routing_imbalance must be >= 1, got {self.routing_imbalance}")
+        if self.recompute_layers is not None and self.recompute_layers < 0:
+            raise ValueError(f"recompute_layers must be >= 0, got {self.recompute_layers}")
+        if self.runtime_reserve_bytes < 0:
+            raise ValueError(f"runtime_reserve_bytes must be >= 0, got {self.runtime_reserve_bytes}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stack:
+    """A training stack: its name, where its defaults come from, and the defaults themselves."""
+
+    name: str
+    description: str
+    source: str
+    reports: str
+    """What its memory logs report: 'reserved' (torch.cuda.max_memory_reserved) or 'allocated'."""
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Schema field names to values: conditions, and workload fields the stack fixes (precision, kernels)."""
+
+    def __post_init__(self) -> None:
+        if self.reports not in ("reserved", "allocated"):
+            raise ValueError(f"stack {self.name}: reports must be 'reserved' or 'allocated', got {self.reports!r}")

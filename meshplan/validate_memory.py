@@ -1,0 +1,281 @@
+"""``meshplan validate --memory``: the bill against every published peak-memory figure, and the fit verdicts.
+
+Each case in catalog/memory_runs/*.toml is a command line a user could type (schema field names only) with
+the figure it reproduces: the allocator's ``reserved`` or ``allocated`` peak, or one term (``model_state``,
+``activations``) where the source gives terms. Errors are relative; each source is also compared with the
+best single constant (the one GiB figure that, guessed for every case of the source, errs least).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
+
+from meshplan import io
+from meshplan.core.memory import layer_activations
+from meshplan.reports.bills import memory_report
+from meshplan.reports.conditions import conditions_of, precision_of
+from meshplan.reports.conditions import resolve as resolve_conditions
+from meshplan.reports.inputs import LayoutRequest, resolve_layout, resolve_workload
+from meshplan.spec import requests
+from meshplan.units import GiB
+
+TARGET_MEAN = 0.08
+TARGET_MAX = 0.20
+METRICS = ("reserved", "allocated", "model_state", "activations")
+CASE_KEYS = ("id", "measured_gib", "metric", "stage", "note")
+"""Keys of a case that are not schema fields: what it reproduces."""
+
+
+def _files() -> list[tuple[str, dict[str, Any]]]:
+    folder = resources.files("meshplan") / "catalog" / "memory_runs"
+    return sorted(
+        (e.name[: -len(".toml")], tomllib.loads(e.read_text(encoding="utf-8")))
+        for e in folder.iterdir()
+        if e.name.endswith(".toml")
+    )
+
+
+def case_values(defaults: Mapping[str, Any], case: Mapping[str, Any]) -> dict[str, Any]:
+    """A case's schema values (defaults, then its own), parsed and checked by the schema; ``model`` is the
+    command's argument."""
+    merged = {**defaults, **case}
+    raw = {k: v for k, v in merged.items() if k not in (*CASE_KEYS, "model")}
+    return {"model": str(merged["model"])} | requests.parse_values(raw, allowed=requests.FIELDS, what="memory run")
+
+
+def _report(values: Mapping[str, Any]) -> dict[str, Any]:
+    layout_names = {f.name for f in requests.group(requests.Group.LAYOUT)}
+    condition_names = {f.name for f in requests.group(requests.Group.CONDITIONS)}
+    layout = LayoutRequest(**{k: v for k, v in values.items() if k in layout_names})
+    return memory_report(
+        values["model"],
+        gpu=values["gpu"],
+        gpus=values["gpus"],
+        layout=layout,
+        seq=values.get("seq", 4096),
+        global_batch=values.get("global_batch"),
+        precision=values.get("precision"),
+        attention=values.get("attention"),
+        kernels=values.get("kernels"),
+        conditions={k: v for k, v in values.items() if k in condition_names},
+    )
+
+
+def _predicted(report: dict[str, Any], metric: str, stage: int | None) -> float:
+    bill = report["per_gpu"] if stage is None else report["stages"][stage]
+    key = {"reserved": "reserved_bytes", "allocated": "allocated_bytes", "activations": "activations_bytes"}
+    if metric == "model_state":
+        return float(
+            bill["weights_bytes"]
+            + bill["gradients_bytes"]
+            + bill["master_weights_bytes"]
+            + bill["optimizer_moments_bytes"]
+        )
+    return float(bill[key[metric]])
+
+
+def best_constant_error(measured: list[float]) -> float:
+    """The least mean relative error of one figure guessed for every case (the optimum is a measured value)."""
+    return min(sum(abs(c / m - 1) for m in measured) / len(measured) for c in measured)
+
+
+def validate_memory() -> dict[str, Any]:
+    """Every memory case: prediction, error; per source: mean, max, best-constant error; the targets."""
+    runs: list[dict[str, Any]] = []
+    sources: list[dict[str, Any]] = []
+    for name, data in _files():
+        src, defaults = data["source"], data.get("defaults", {})
+        rows = []
+        for case in data["case"]:
+            metric = case.get("metric", src["reports"])
+            if metric not in METRICS:
+                raise ValueError(f"memory run {case['id']!r}: metric {metric!r} is not one of {', '.join(METRICS)}")
+            values = case_values(defaults, case)
+            report = _report(values)
+            predicted = _predicted(report, metric, case.get("stage")) / GiB
+            measured = float(case["measured_gib"])
+            rows.append(
+                {
+                    "source": name,
+                    "case": case["id"],
+                    "metric": metric,
+                    "measured_gib": measured,
+                    "predicted_gib": predicted,
+                    "error": predicted / measured - 1,
+                    "stack": report["stack"],
+                    "fits": report["fits"],
+                    "hbm_bytes_per_gpu": report["hbm_bytes_per_gpu"],
+                    "memory_bytes_per_gpu": report["per_gpu"]["total_bytes"],
+                    "command": command_line(values),
+                }
+            )
+        errors = [abs(r["error"]) for r in rows]
+        mean = sum(errors) / len(errors)
+        constant = best_constant_error([r["measured_gib"] for r in rows])
+        sources.append(
+            {
+                "source": name,
+                "title": src["title"],
+                "reports": src["reports"],
+                "cases": len(rows),
+                "mean_abs_error": mean,
+                "max_abs_error": max(errors),
+                "best_constant_error": constant,
+                "ok": mean <= TARGET_MEAN and max(errors) <= TARGET_MAX and mean < constant,
+            }
+        )
+        runs += rows
+    errors = [abs(r["error"]) for r in runs]
+    summary = {"mean_abs_error": sum(errors) / len(errors), "max_abs_error": max(errors)}
+    ok = summary["mean_abs_error"] <= TARGET_MEAN and summary["max_abs_error"] <= TARGET_MAX
+    return {
+        "runs": runs,
+        "sources": sources,
+        "summary": summary | {"target_mean": TARGET_MEAN, "target_max": TARGET_MAX},
+        "verdicts": verdicts(),
+        "all_ok": ok and all(s["ok"] for s in sources),
+    }
+
+
+def command_line(values: Mapping[str, Any]) -> str:
+    """The ``meshplan memory`` command that reproduces a case."""
+    parts = ["meshplan memory", str(values["model"])]
+    for key, value in values.items():
+        if key == "model":
+            continue
+        flag = requests.field(key).flag
+        if isinstance(value, bool):
+            parts += [flag] if value else []
+        else:
+            parts += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return " ".join(parts)
+
+
+# --- published layouts that trained: does the bill fit, and if not, what unstated saving would ------------------
+
+PUBLISHED_LAYOUTS: tuple[dict[str, Any], ...] = (
+    {
+        "id": "Llama 3 405B, 8K, 16,384 H100 (Llama 3 Table 4)",
+        "model": "llama-3.1-405b",
+        "gpu": "h100-sxm",
+        "gpus": 16384,
+        "tp": 8,
+        "pp": 16,
+        "vpp": 8,
+        "sp": True,
+        "zero": 1,
+        "seq": 8192,
+        "global_batch": 2048,
+        "stack": "megatron-core",
+        "microbatch_group": 16,
+    },
+    {
+        "id": "Llama 3 405B, 8K, 8,192 H100 (Llama 3 Table 4)",
+        "model": "llama-3.1-405b",
+        "gpu": "h100-sxm",
+        "gpus": 8192,
+        "tp": 8,
+        "pp": 16,
+        "vpp": 8,
+        "sp": True,
+        "zero": 1,
+        "seq": 8192,
+        "global_batch": 2048,
+        "stack": "megatron-core",
+        "microbatch_group": 16,
+    },
+    {
+        "id": "DeepSeek-V3, 2,048 H800 (DeepSeek-V3 Sec. 3.2-3.3)",
+        "model": "deepseek-v3",
+        "gpu": "h800",
+        "gpus": 2048,
+        "pp": 16,
+        "ep": 64,
+        "dp_shard": 128,
+        "zero": 1,
+        "schedule": "dualpipe",
+        "recompute": "selective",
+        "seq": 4096,
+        "global_batch": 15360,
+        "precision": "deepseek-fp8",
+        "stack": "megatron-core",
+        "overlap_ep": "on",
+    },
+)
+
+
+def _savings(values: Mapping[str, Any], report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Unstated savings a run may have made, each in bytes on the heaviest stage."""
+    model = io.load_model(values["model"])
+    lay = resolve_layout(
+        LayoutRequest(
+            **{k: v for k, v in values.items() if k in {f.name for f in requests.group(requests.Group.LAYOUT)}}
+        ),
+        gpus=values["gpus"],
+    )
+    resolved, _ = resolve_conditions({k: values.get(k) for k in ("stack", "microbatch_group")})
+    work = resolve_workload(
+        layout=lay,
+        seq=values["seq"],
+        global_batch=values["global_batch"],
+        precision=resolved["precision"],
+        kernels=resolved["kernels"],
+        conditions=conditions_of(resolved),
+        policy=precision_of(resolved["precision"], resolved),
+    )
+    la = layer_activations(model, lay, work)
+    moe = model.moe is not None and model.num_moe_layers > model.num_layers / 2
+    per_layer = float(la.moe if moe else la.dense)
+    layer_mbs = report["per_gpu"]["activations_bytes"] / per_layer
+    tokens = values["seq"] / lay.cp * lay.micro_batch
+    beta = work.precision.activation_bytes
+    rep = 1 / lay.tp if lay.sp else 1.0
+    ffn = model.ffn_hidden
+    if moe and model.moe is not None:  # the routed experts' and the shared experts' products
+        ffn = model.moe.expert_ffn_hidden * model.moe.experts_per_token + model.moe.shared_hidden
+    swiglu = layer_mbs * tokens * beta * ffn / lay.tp
+    norms = layer_mbs * tokens * beta * model.hidden * rep * 2
+    return [
+        {
+            "saving": "not keeping the SwiGLU product act(gate) * up (rebuilt from gate and up in backward)",
+            "bytes": swiglu,
+        },
+        {
+            "saving": "normalizations that keep their output only (fused norm + matmul input, both norms)",
+            "bytes": norms,
+        },
+        {"saving": "both of the above", "bytes": swiglu + norms},
+        {
+            "saving": "saved activations cached in FP8, half of every saved tensor (as DeepSeek-V3 Sec. 3.3 does)",
+            "bytes": report["per_gpu"]["activations_bytes"] / 2,
+        },
+        {
+            "saving": "full recompute on every layer",
+            "bytes": report["per_gpu"]["activations_bytes"] - layer_mbs * tokens * beta * model.hidden * rep,
+        },
+    ]
+
+
+def verdicts() -> list[dict[str, Any]]:
+    """Each published layout that trained: billed total, HBM, and when over it, the savings that would close it."""
+    out = []
+    for layout in PUBLISHED_LAYOUTS:
+        values = case_values({}, {k: v for k, v in layout.items() if k != "id"})
+        report = _report(values)
+        over = report["per_gpu"]["total_bytes"] - report["hbm_bytes_per_gpu"]
+        row: dict[str, Any] = {
+            "case": layout["id"],
+            "memory_bytes_per_gpu": report["per_gpu"]["total_bytes"],
+            "hbm_bytes_per_gpu": report["hbm_bytes_per_gpu"],
+            "fits": report["fits"],
+            "over_bytes_per_gpu": max(over, 0.0),
+            "command": command_line(values),
+        }
+        if over > 0:
+            savings = _savings(values, report)
+            row["savings"] = [s | {"closes_gap": s["bytes"] >= over} for s in savings]
+        out.append(row)
+    return out

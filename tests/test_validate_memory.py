@@ -1,0 +1,70 @@
+"""``meshplan validate --memory`` as regression bounds: the published peak-memory figures (docs/validation.md).
+
+Each bound is the error reached when it was set plus a small margin: a change to the bill that makes a source
+worse fails here. The issue's targets: mean <= 8%, max <= 20%, each source below its best single constant.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import pytest
+
+from meshplan import io
+from meshplan.spec import requests
+from meshplan.validate_memory import best_constant_error, case_values, validate_memory
+
+# source: (mean |error| at most, max |error| at most)
+BOUNDS = {"korthikanti2022_figure1": (0.012, 0.03), "torchtitan_h100": (0.055, 0.13)}
+
+
+@cache
+def result() -> dict[str, Any]:
+    return validate_memory()
+
+
+@pytest.mark.parametrize("source", sorted(BOUNDS))
+def test_error_bounds(source: str) -> None:
+    (row,) = [s for s in result()["sources"] if s["source"] == source]
+    mean, worst = BOUNDS[source]
+    assert row["mean_abs_error"] <= mean and row["max_abs_error"] <= worst
+    assert row["mean_abs_error"] < row["best_constant_error"]
+
+
+def test_targets_hold() -> None:
+    r = result()
+    assert r["summary"]["mean_abs_error"] <= 0.08 and r["summary"]["max_abs_error"] <= 0.20
+    assert r["all_ok"]
+    assert {s["source"] for s in r["sources"]} == set(BOUNDS)
+
+
+def test_korthikanti_figure_1_activations_within_2_percent() -> None:
+    rows = [x for x in result()["runs"] if x["source"] == "korthikanti2022_figure1" and x["metric"] == "activations"]
+    assert len(rows) == 8 and all(abs(x["error"]) <= 0.025 for x in rows)
+
+
+def test_llama3_405b_8k_names_the_saving_it_needs() -> None:
+    """Billed over 85.5e9 bytes under Megatron accounting with N = 16; the report names what closes the gap."""
+    v16k, v8k, deepseek = result()["verdicts"]
+    assert not v16k["fits"] and 5e9 < v16k["over_bytes_per_gpu"] < 12e9
+    assert any(s["closes_gap"] and "SwiGLU" in s["saving"] for s in v16k["savings"])
+    assert any(s["closes_gap"] and s["saving"] == "both of the above" for s in v8k["savings"])
+    # DeepSeek-V3 trained on 80 GB H800s: billed over HBM in 16-bit; its stated FP8 activation caching closes it
+    assert not deepseek["fits"] and any(s["closes_gap"] and "FP8" in s["saving"] for s in deepseek["savings"])
+
+
+def test_cases_use_schema_names_only() -> None:
+    keys = {f.name for f in requests.FIELDS}
+    for name in ("torchtitan_h100", "korthikanti2022_figure1"):
+        for row in [x for x in result()["runs"] if x["source"] == name]:
+            assert row["command"].startswith("meshplan memory ")
+    assert case_values({"gpu": "h100-sxm"}, {"model": "llama-3.1-8b", "gpus": 8, "id": "x"})["gpus"] == 8
+    with pytest.raises(ValueError, match="unknown memory run key"):
+        case_values({}, {"model": "llama-3.1-8b", "gpus": 8, "layout": {"tp": 2}})
+    assert "stack" in keys and io.load_gpu("h100-sxm-96gb").hbm_bytes > 96e9
+
+
+def test_best_constant_by_hand() -> None:
+    # guessing 2 for (1, 2, 4): errors 1, 0, 0.5 -> 0.5; guessing 1: 0, 0.5, 0.75 -> 0.4167; 4: 3, 1, 0 -> 1.33
+    assert best_constant_error([1.0, 2.0, 4.0]) == pytest.approx(1.25 / 3)
