@@ -227,3 +227,55 @@ def test_a_fleet_with_too_many_layouts_is_refused_at_once(capsys: pytest.Capture
     argv = ("plan", "deepseek-v3", "--gpu", "h100-sxm", "--gpus", "9999360", "--seq", "4096")
     line = refused(capsys, *argv, "--global-batch-tokens", "16777216")
     assert "over the limit" in line
+
+
+# --- Ctrl-C ------------------------------------------------------------------------------------------------------
+
+
+def _interrupt(argv: list[str], after_s: float) -> tuple[int, str, list[str]]:
+    """Run the CLI in a session of its own, send the group SIGINT (as a terminal's Ctrl-C does) after
+    ``after_s``; (exit code, stderr, processes of the group still alive a moment later)."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshplan.cli", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        text=True,
+    )
+    time.sleep(after_s)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    time.sleep(1.0)
+    left = [p for p in Path("/proc").glob("[0-9]*") if _group(p) == proc.pid]
+    return proc.returncode, err, [p.name for p in left]
+
+
+def _group(proc: Path) -> int | None:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc and process groups")
+
+
+@needs_proc
+def test_ctrl_c_during_a_search_is_one_line_and_130() -> None:
+    argv = ["plan", "deepseek-v3", "--gpu", "h100-sxm", "--gpus", "16384", "--seq", "4096"]
+    code, err, left = _interrupt([*argv, "--global-batch-tokens", "16777216"], after_s=1.5)
+    assert code == 130 and err.strip() == "meshplan: interrupted", err
+    assert left == []
+
+
+@needs_proc
+@pytest.mark.slow
+def test_ctrl_c_during_check_leaves_no_process() -> None:
+    pytest.importorskip("torch", reason="meshplan check needs the torch extra")
+    code, err, left = _interrupt(["check", "--layouts", "ddp"], after_s=4.0)
+    assert code in (0, 130) and len(err.strip().splitlines()) <= 1, err  # 0: it finished before the signal
+    assert left == []
