@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from meshplan.cli_support import UsageError, check_numbers, error_line, save_json, search_progress
+from meshplan.cli_support import UsageError, check_numbers, error_line, interrupted, save_json, search_progress
 
 
 class _Parser(argparse.ArgumentParser):
@@ -654,6 +654,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     except KeyboardInterrupt:
+        print("meshplan: interrupted", file=sys.stderr)
+        return 130
+    except ImportError as exc:  # numpy turns a Ctrl-C during its import into an ImportError
+        if not interrupted(exc):
+            raise
         print("meshplan: interrupted", file=sys.stderr)
         return 130
 

@@ -38,6 +38,18 @@ def check_numbers(args: argparse.Namespace) -> None:
             raise UsageError(f"meshplan {args.command}: {flag} must be in [{low:g}, {high:g}], got {value:g}")
 
 
+def interrupted(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt caused ``exc`` (numpy, for one, re-raises it as an ImportError)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 def error_line(exc: BaseException) -> str:
     """One line for a refused input: the message of a ValueError, or what an OSError was about."""
     if isinstance(exc, OSError):

@@ -227,3 +227,61 @@ def test_a_fleet_with_too_many_layouts_is_refused_at_once(capsys: pytest.Capture
     argv = ("plan", "deepseek-v3", "--gpu", "h100-sxm", "--gpus", "9999360", "--seq", "4096")
     line = refused(capsys, *argv, "--global-batch-tokens", "16777216")
     assert "over the limit" in line
+
+
+# --- Ctrl-C ------------------------------------------------------------------------------------------------------
+
+
+def _interrupt(argv: list[str], after_s: float) -> tuple[int, str, list[str]]:
+    """Run the CLI in a session of its own, send the group SIGINT (as a terminal's Ctrl-C does) after
+    ``after_s``; (exit code, stderr, processes of the group still alive 5 s later)."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshplan.cli", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        text=True,
+    )
+    time.sleep(after_s)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    deadline = time.monotonic() + 5.0  # the resource tracker ends by itself once its parent has gone
+    while True:
+        left = [p.name for p in Path("/proc").glob("[0-9]*") if _group(p) == proc.pid]
+        if not left or time.monotonic() > deadline:
+            return proc.returncode, err, left
+        time.sleep(0.2)
+
+
+def _group(proc: Path) -> int | None:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+INTERRUPTED = (130, -2)
+"""Exit 130, or killed by SIGINT after printing its line (a Ctrl-C that lands inside torch's import leaves
+the interpreter to end by the signal): a shell shows 130 for both."""
+needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc and process groups")
+
+
+@needs_proc
+def test_ctrl_c_during_a_search_is_one_line_and_130() -> None:
+    argv = ["plan", "deepseek-v3", "--gpu", "h100-sxm", "--gpus", "16384", "--seq", "4096"]
+    code, err, left = _interrupt([*argv, "--global-batch-tokens", "16777216"], after_s=3.0)
+    assert code in INTERRUPTED and err.strip() == "meshplan: interrupted", (code, err)
+    assert left == []
+
+
+@needs_proc
+@pytest.mark.slow
+def test_ctrl_c_during_check_leaves_no_process() -> None:
+    pytest.importorskip("torch", reason="meshplan check needs the torch extra")
+    code, err, left = _interrupt(["check", "--layouts", "ddp"], after_s=4.0)
+    assert code in (0, *INTERRUPTED) and len(err.strip().splitlines()) <= 1, err  # 0: done before the signal
+    assert left == []

@@ -9,8 +9,11 @@ import contextlib
 import json
 import logging
 import multiprocessing
+import os
+import signal
 import socket
 import tempfile
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -204,6 +207,9 @@ def measure_layout(name: str, recipe: LayoutRecipe, cfg: TinyConfig, world_size:
 def _worker(
     rank: int, world_size: int, port: int, layouts: list[str], dense: TinyConfig, moe: TinyConfig, out_dir: str
 ) -> None:
+    # the fork server ignores Ctrl-C (meshplan.check.deaf); a worker hears it again, and torch's wrapper ends it
+    # quietly on one
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
@@ -269,8 +275,11 @@ def _launch(world_size: int, names: list[str], dense: TinyConfig, moe: TinyConfi
     """Start the workers and wait for them; whatever happens (a failure, Ctrl-C), no process is left behind."""
     # a fork server that imported torch once forks every worker: no 3 s torch import per process, and
     # unlike a plain fork it never copies a parent whose OpenMP threads already ran
-    multiprocessing.set_forkserver_preload(["meshplan.check.runner"])
+    multiprocessing.set_forkserver_preload(["meshplan.check.deaf", "meshplan.check.runner"])
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # we report failures ourselves
+    token = f"{os.getpid()}-{time.monotonic_ns()}"
+    previous = os.environ.get(RUN_TOKEN)
+    os.environ[RUN_TOKEN] = token  # inherited by the fork server and every worker: how cleanup finds them
     try:
         for attempt in range(1, PORT_TRIES + 1):
             port = _free_port()
@@ -285,7 +294,11 @@ def _launch(world_size: int, names: list[str], dense: TinyConfig, moe: TinyConfi
                         f"{PORT_TRIES} ports in a row on 127.0.0.1 were taken by other programs (the last {port})"
                     ) from None
     finally:
-        _stop_forkserver()
+        _stop_forkserver(token)
+        if previous is None:
+            os.environ.pop(RUN_TOKEN, None)
+        else:
+            os.environ[RUN_TOKEN] = previous
 
 
 def _run_workers(
@@ -310,10 +323,48 @@ def _run_workers(
                     process.join(timeout=5)
 
 
-def _stop_forkserver() -> None:
-    """End the fork server (it holds an imported torch, ~300 MB) instead of leaving it to the interpreter's exit."""
+RUN_TOKEN = "MESHPLAN_CHECK_RUN"
+"""Environment variable naming one check run; its fork server and workers carry it."""
+
+
+def _stop_forkserver(token: str) -> None:
+    """End the fork server (it holds an imported torch, ~300 MB) and every worker of this run, at once.
+
+    Not gracefully: a Ctrl-C during start-up can leave a worker that the fork server forked after the parent
+    stopped waiting (it holds the fork server's liveness pipe, so the server never sees the parent go, and it
+    sleeps in gloo's connection retries). The run's processes are found by their environment, since an
+    orphan's parent is no longer the fork server.
+    """
     from multiprocessing import forkserver
 
-    stop = getattr(forkserver._forkserver, "_stop", None)
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)  # first, so it forks nothing more
+    for process in _run_processes(token):
+        with contextlib.suppress(OSError):
+            os.kill(process, signal.SIGKILL)
+    stop = getattr(server, "_stop", None)
     if stop is not None:
         stop()
+
+
+def _run_processes(token: str) -> list[int]:
+    """Processes other than this one, and other than the resource tracker, whose environment holds ``token``
+    (Linux /proc; empty elsewhere)."""
+    needle = f"{RUN_TOKEN}={token}".encode()
+    out = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        if pid == os.getpid():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            if b"resource_tracker" in (entry / "cmdline").read_bytes():
+                continue
+        except OSError:
+            continue
+        out.append(pid)
+    return out
