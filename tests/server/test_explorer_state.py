@@ -235,3 +235,26 @@ def test_the_planner_keeps_layouts_an_engine_runs_and_exports_them(page: Any) ->
         page.click("#pl-export")
     export = json.loads(Path(got.value.path()).read_text())
     assert export["engine"] == "torchtitan" and export["files"]
+
+
+def test_the_serving_view_keeps_its_inputs_and_gives_its_command(page: Any) -> None:
+    import contextlib
+    import io
+    import shlex
+
+    from meshplan.cli import main
+
+    page.goto(f"{page.base}/#serving?gpus=4&output_len=128")
+    page.wait_for_selector("body[data-ready]")
+    page.wait_for_selector("#sv-command")
+    assert page.input_value("#sv-form input[name=gpus]") == "4"
+    command = page.inner_text("#sv-command")
+    assert "--gpus 4" in command and "--output-len 128" in command
+    with page.expect_download() as got:
+        page.click("#sv-json")
+    shown = json.loads(Path(got.value.path()).read_text())
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(shlex.split(command)[1:])
+    cli = json.loads(out.getvalue())
+    assert cli["best"] == shown["best"]

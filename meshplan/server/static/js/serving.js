@@ -1,5 +1,6 @@
 // View 8: serving: the serving planner's Pareto curve under latency targets, its chosen plan, and where a step goes.
 
+import { cliCommand, takeaway } from "./takeaway.js";
 import { $, chartWidth, el, fmtInt, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks, tracked } from "./util.js";
 
 const plan = latestOnly();
@@ -41,6 +42,11 @@ async function update() {
       last = answer;
       summary(answer);
       curve(answer);
+      takeaway($("#sv-takeaway"), {
+        id: "sv", json: answer, filename: `meshplan-serve-plan-${answer.model}-${v.gpus}x${v.gpu}.json`,
+        command: cliCommand("serve-plan", [v.model], [["gpu", v.gpu], ["gpus", v.gpus], ["input_len", v.input_len],
+          ["output_len", v.output_len], ["ttft_p99", v.ttft_p99], ["tpot_p99", v.tpot_p99], ["engine", v.engine, "trtllm"], ["top", 5]]),
+      });
       await breakdown(answer, v);
       return answer;
     });
