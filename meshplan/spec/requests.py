@@ -477,9 +477,17 @@ FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_C,
-        choices=("core-attention", "layer", "op"),
-        help="what --recompute selective recomputes: Megatron's core attention, or torchtitan's per-op or "
-        "every-second-layer checkpointing",
+        choices=("core-attention", "layer", "modules", "op"),
+        help="what --recompute selective recomputes: Megatron's core attention or its --recompute-modules list, "
+        "or torchtitan's per-op or every-second-layer checkpointing",
+    ),
+    Field(
+        name="recompute_modules",
+        type=str,
+        default=None,
+        group=_C,
+        help="with --selective modules: Megatron's modules, comma-separated: core_attn, layernorm, mlp, moe_act, "
+        "moe, shared_experts, mla_up_proj (default: core_attn)",
     ),
     Field(
         name="grad_dtype",
