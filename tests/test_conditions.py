@@ -197,3 +197,15 @@ def test_megatron_module_list_recompute_on_a_gpt_layer() -> None:
     assert megatron - mlp == pytest.approx(2048 * 13824)
     both = dense(selective=Selective.MODULES, recompute_modules=("core_attn", "mlp", "layernorm"))
     assert mlp - both == pytest.approx(2048 * (3072 - 1536))  # the MLP input is one of the two norm outputs
+
+
+def test_scale_out_bandwidth_as_a_number() -> None:
+    from meshplan.reports.estimate import estimate_report
+    from meshplan.reports.inputs import resolve_cluster
+
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=64, scale_out_bandwidth=12.5e9)
+    assert cluster.scale_out.bandwidth_bytes_per_s == 12.5e9 and cluster.scale_out.name == "ib-ndr"
+    run = dict(gpu="h100-sxm", gpus=64, layout=LayoutRequest(tp=8), seq=4096, global_batch=64)
+    fast = estimate_report("llama-3.1-70b", **run)["breakdown"]["exposed_dp_s"]  # type: ignore[arg-type]
+    slow = estimate_report("llama-3.1-70b", scale_out_bandwidth=12.5e9, **run)["breakdown"]["exposed_dp_s"]  # type: ignore[arg-type]
+    assert slow > fast  # a quarter of NDR's 50e9 bytes/s for the data-parallel reduce across nodes

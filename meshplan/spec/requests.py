@@ -220,6 +220,18 @@ FIELDS: tuple[Field, ...] = (
         help="scale-out link: a catalog name (meshplan list links) or a link TOML file (default: the GPU's NIC)",
     ),
     Field(
+        name="scale_out_bandwidth",
+        type=float,
+        default=None,
+        group=Group.FLEET_SHAPE,
+        unit="bytes/s per GPU per direction",
+        lo=0,
+        hi=1e13,
+        exclusive_lo=True,
+        suffixes=True,
+        help="scale-out bandwidth as a number, replacing the link's (e.g. 50G for one 400 Gb/s NIC per GPU)",
+    ),
+    Field(
         name="axis_order",
         type=str,
         default=None,
