@@ -73,7 +73,11 @@ def _memory(r: dict[str, Any]) -> str:
 def _conditions_lines(r: dict[str, Any]) -> str:
     """The conditions the bill assumed and where each came from (flag, stack or default)."""
     stack = r.get("stack") or "none"
-    rows = [(name, "-" if c["value"] is None else str(c["value"]), c["source"]) for name, c in r["conditions"].items()]
+
+    def shown(v: Any) -> str:
+        return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+    rows = [(name, shown(c["value"]), c["source"]) for name, c in r["conditions"].items()]
     return f"conditions (stack: {stack})\n" + table(rows, ["condition", "value", "from"], align="lll")
 
 

@@ -173,3 +173,39 @@ def test_lora_with_trainable_embedding_and_head() -> None:
     assert edges["activations_bytes"] > plain["activations_bytes"]  # the head's input is kept for its gradient
     with pytest.raises(ValueError, match="lora-train-embeddings"):
         _memory(**base, finetune=FinetuneRequest(mode="full", lora_train_embeddings=True))
+
+
+def test_megatron_module_list_recompute_on_a_gpt_layer() -> None:
+    """Megatron-22B (GELU MLP, h = 6144, f = 4h), t = 8 with SP, s = 2048, fp16: recomputing core_attn and mlp
+    drops, per token, the attention scores (as selective does) and the MLP's input and its two internals:
+    2 h / t + 2 x 2 f / t = 1536 + 12288 = 13824 bytes; adding layernorm drops the two norm outputs the block
+    keeps besides, 2 x 2 h / t = 3072 bytes (the MLP input being one of them)."""
+    from meshplan.spec.conditions import Selective
+
+    model = io.load_model("megatron-22b")
+    lay = resolve_layout(LayoutRequest(tp=8, sp=True, recompute="selective"), gpus=8)
+
+    def dense(**cond: Any) -> float:
+        work = resolve_workload(
+            layout=lay, seq=2048, global_batch=1, precision="fp16", attention="eager", conditions=Conditions(**cond)
+        )
+        return float(layer_activations(model, lay, work).dense)
+
+    megatron = dense()  # --recompute selective: core attention
+    assert dense(selective=Selective.MODULES, recompute_modules=("core_attn",)) == pytest.approx(megatron)
+    mlp = dense(selective=Selective.MODULES, recompute_modules=("core_attn", "mlp"))
+    assert megatron - mlp == pytest.approx(2048 * 13824)
+    both = dense(selective=Selective.MODULES, recompute_modules=("core_attn", "mlp", "layernorm"))
+    assert mlp - both == pytest.approx(2048 * (3072 - 1536))  # the MLP input is one of the two norm outputs
+
+
+def test_scale_out_bandwidth_as_a_number() -> None:
+    from meshplan.reports.estimate import estimate_report
+    from meshplan.reports.inputs import resolve_cluster
+
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=64, scale_out_bandwidth=12.5e9)
+    assert cluster.scale_out.bandwidth_bytes_per_s == 12.5e9 and cluster.scale_out.name == "ib-ndr"
+    run = dict(gpu="h100-sxm", gpus=64, layout=LayoutRequest(tp=8), seq=4096, global_batch=64)
+    fast = estimate_report("llama-3.1-70b", **run)["breakdown"]["exposed_dp_s"]  # type: ignore[arg-type]
+    slow = estimate_report("llama-3.1-70b", scale_out_bandwidth=12.5e9, **run)["breakdown"]["exposed_dp_s"]  # type: ignore[arg-type]
+    assert slow > fast  # a quarter of NDR's 50e9 bytes/s for the data-parallel reduce across nodes

@@ -361,6 +361,39 @@ def _first_layer_dead_per_token(model: ModelSpec, lay: LayoutLike, workload: Wor
     return dead + mlp - beta * ffn / lay.tp  # down's adapter needs its input
 
 
+def _module_savings_per_token(model: ModelSpec, lay: LayoutLike, workload: Workload, *, moe_layer: bool) -> Num:
+    """Bytes per token a layer no longer keeps when Megatron recomputes the listed modules (core_attn apart).
+
+    layernorm: the two norm outputs (the QKV and MLP inputs, beta h each, 1/t under SP); mlp: a dense MLP's
+    input and internals (beta h split + n beta f / t); moe: the same for the MoE block with the routed experts'
+    internals; moe_act: the experts' activation output (beta f_e / t per routed copy); shared_experts: their
+    internals; mla_up_proj: MLA's up-projected queries, keys and values (beta (q + k + v) / t).
+    """
+    mods = set(workload.conditions.recompute_modules)
+    beta, tp, h = workload.precision.activation_bytes, lay.tp, model.hidden
+    split = act.input_split(tp, lay.sp, workload.framework)
+    n = act.GATED_SAVED_TENSORS[workload.kernels] if model.mlp is MlpKind.GATED else act.PLAIN_SAVED_TENSORS
+    out: Num = 0.0
+    if "layernorm" in mods:
+        out = out + 2 * beta * h * split
+    moe = model.moe if moe_layer else None
+    if "mlp" in mods and moe is None:
+        out = out + beta * h * split * ("layernorm" not in mods) + n * beta * model.ffn_hidden / tp
+    if moe is not None:
+        routed = moe.experts_per_token * n * beta * moe.expert_ffn_hidden / tp
+        shared = moe.num_shared_experts * n * beta * moe.shared_hidden / tp
+        if "moe" in mods:
+            out = out + beta * h * split * ("layernorm" not in mods) + routed + shared
+        else:
+            if "moe_act" in mods:
+                out = out + moe.experts_per_token * beta * moe.expert_ffn_hidden / tp
+            if "shared_experts" in mods:
+                out = out + shared
+    if "mla_up_proj" in mods and model.mla is not None:
+        out = out + beta * (model.q_width + 2 * model.num_heads * model.mla.v_head_dim) / tp
+    return out
+
+
 def _op_checkpoint_per_token(model: ModelSpec, lay: LayoutLike, workload: Workload, *, moe_layer: bool) -> Num:
     """Bytes per token a layer keeps under torchtitan's per-op selective checkpointing.
 
@@ -409,6 +442,12 @@ def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> 
     policy = workload.conditions.selective
     if policy is Selective.LAYER:  # every second layer fully recomputed
         dense_sel, moe_sel = (dense_none + dense_full) / 2, (moe_none + moe_full) / 2
+    elif policy is Selective.MODULES:
+        core_dense, core_moe = both(Recompute.SELECTIVE)  # what recomputing core attention alone keeps
+        dense_sel = dense_none - tokens * _module_savings_per_token(model, lay, workload, moe_layer=False)
+        moe_sel = moe_none - tokens * _module_savings_per_token(model, lay, workload, moe_layer=True)
+        if "core_attn" in workload.conditions.recompute_modules:
+            dense_sel, moe_sel = dense_sel - (dense_none - core_dense), moe_sel - (moe_none - core_moe)
     elif policy is Selective.OP:
         dense_sel = tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=False) + delta_dense
         moe_sel = tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=True) + delta_moe

@@ -51,6 +51,12 @@ def resolve(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return resolved, block
 
 
+def _modules(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return ("core_attn",)
+    return tuple(m.strip().lower().replace("-", "_") for m in text.split(",") if m.strip())
+
+
 def _on(value: str | None, default: bool) -> bool:
     return default if value is None else value == "on"
 
@@ -66,6 +72,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         loss=LossKind(resolved.get("loss") or "framework"),
         selective=Selective(resolved.get("selective") or "core-attention"),
         recompute_layers=resolved.get("recompute_layers"),
+        recompute_modules=_modules(resolved.get("recompute_modules")),
         routing_imbalance=float(resolved.get("routing_imbalance") or 1.0),
         loss_parallel=None if loss_parallel is None else loss_parallel == "on",
     )

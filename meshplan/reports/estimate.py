@@ -155,11 +155,14 @@ def estimate_report(
     tokens: float | None = None,
     finetune: FinetuneRequest | None = None,
     conditions: Mapping[str, Any] | None = None,
+    scale_out_bandwidth: float | None = None,
 ) -> dict[str, Any]:
     """``meshplan estimate``: memory, collectives, placement and step time of one layout (``conditions``: the
     stack and condition fields as given, None where unset; see ``memory_report``)."""
     spec = io.load_model(model) if isinstance(model, str) else model
-    cluster = resolve_cluster(gpu=gpu, gpus=gpus, node_size=node_size, scale_out=scale_out)
+    cluster = resolve_cluster(
+        gpu=gpu, gpus=gpus, node_size=node_size, scale_out=scale_out, scale_out_bandwidth=scale_out_bandwidth
+    )
     lay = resolve_layout(layout, gpus=gpus)
     set_by, shown = workload_kwargs(conditions, precision=precision, attention=attention, kernels=kernels)
     work = resolve_workload(

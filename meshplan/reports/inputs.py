@@ -11,7 +11,7 @@ from meshplan import io
 from meshplan.core.finetune import trainable_params, validate_finetune
 from meshplan.core.placement import DEFAULT_ORDER, parse_order
 from meshplan.spec import requests
-from meshplan.spec.cluster import Cluster
+from meshplan.spec.cluster import Cluster, Link
 from meshplan.spec.conditions import Conditions
 from meshplan.spec.finetune import LORA_TARGETS, Finetune, FinetuneMode
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
@@ -234,8 +234,16 @@ def layout_dict(layout: Layout) -> dict[str, Any]:
     }
 
 
-def resolve_cluster(*, gpu: str, gpus: int, node_size: int | None = None, scale_out: str | None = None) -> Cluster:
-    """The fleet: ``gpus`` of one catalog GPU, its scale-up link, and a scale-out link (default: the GPU's NIC)."""
+def resolve_cluster(
+    *,
+    gpu: str,
+    gpus: int,
+    node_size: int | None = None,
+    scale_out: str | None = None,
+    scale_out_bandwidth: float | None = None,
+) -> Cluster:
+    """The fleet: ``gpus`` of one catalog GPU, its scale-up link, and a scale-out link (default: the GPU's NIC),
+    whose bandwidth per GPU ``scale_out_bandwidth`` replaces when given (bytes/s per direction)."""
     spec = io.load_gpu(gpu)
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
@@ -246,9 +254,17 @@ def resolve_cluster(*, gpu: str, gpus: int, node_size: int | None = None, scale_
         gpu=spec,
         num_gpus=gpus,
         scale_up=io.load_link(spec.scale_up_link),
-        scale_out=io.load_link(scale_out or spec.scale_out_link),
+        scale_out=_with_bandwidth(io.load_link(scale_out or spec.scale_out_link), scale_out_bandwidth),
         domain_size=domain,
     )
+
+
+def _with_bandwidth(link: Link, bandwidth_bytes_per_s: float | None) -> Link:
+    if bandwidth_bytes_per_s is None:
+        return link
+    if bandwidth_bytes_per_s <= 0:
+        raise ValueError(f"scale-out bandwidth must be positive, got {bandwidth_bytes_per_s:g} bytes/s")
+    return dataclasses.replace(link, bandwidth_bytes_per_s=bandwidth_bytes_per_s)
 
 
 def resolve_order(text: str | None) -> tuple[str, ...]:

@@ -265,6 +265,7 @@ def plan_report(
     training_engine: str | None = None,
     max_gpus: int = MAX_GPUS,
     conditions: Mapping[str, Any] | None = None,
+    scale_out_bandwidth: float | None = None,
 ) -> dict[str, Any]:
     """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for.
 
@@ -304,10 +305,13 @@ def plan_report(
             node_size=node_size,
             scale_out=scale_out,
             max_gpus=max_gpus,
+            scale_out_bandwidth=scale_out_bandwidth,
         )
         fewest = {"gpus": gpus, "searched_from": start, "tokens": tokens, "days": days}
         obj = Objective.STEP_TIME
-    cluster = resolve_cluster(gpu=gpu, gpus=gpus, node_size=node_size, scale_out=scale_out)
+    cluster = resolve_cluster(
+        gpu=gpu, gpus=gpus, node_size=node_size, scale_out=scale_out, scale_out_bandwidth=scale_out_bandwidth
+    )
     result, plans = run_search(
         spec,
         cluster,
@@ -476,13 +480,16 @@ def _fewest_gpus(
     node_size: int | None,
     scale_out: str | None,
     max_gpus: int = MAX_GPUS,
+    scale_out_bandwidth: float | None = None,
 ) -> int:
     """The smallest fleet (powers of two times the node, from ``start``) whose best plan trains in ``days``."""
     if start > max_gpus:
         raise ValueError(f"gpus={start:,} is above the limit of {max_gpus:,} for the fewest-gpus search")
     n = max(start, 1)
     while n <= max_gpus:
-        cluster = resolve_cluster(gpu=gpu, gpus=n, node_size=node_size, scale_out=scale_out)
+        cluster = resolve_cluster(
+            gpu=gpu, gpus=n, node_size=node_size, scale_out=scale_out, scale_out_bandwidth=scale_out_bandwidth
+        )
         result = search(spec, cluster, work, headroom=headroom, allow_cross_node_tp=allow, order=order)
         if result.feasible:
             rate = float(np.asarray(result.step.tokens_per_s_per_gpu)[0]) * n

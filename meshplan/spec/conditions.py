@@ -43,6 +43,12 @@ class Selective(StrEnum):
     attention output (with its log-sum-exp); recomputes norms, activations and the other matmuls."""
     LAYER = "layer"
     """torchtitan's per-layer selective checkpointing (ac_freq 2): every second layer fully recomputed."""
+    MODULES = "modules"
+    """Megatron's --recompute-modules: the listed modules (``Conditions.recompute_modules``) are recomputed."""
+
+
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj")
+"""Megatron-Core's --recompute-modules names."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +71,8 @@ class Conditions:
     routing_imbalance: float = 1.0
     """Tokens the busiest expert-parallel rank receives over the mean (1: perfectly balanced routing); scales
     the routed experts' activations under EP > 1."""
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    """Modules recomputed under ``Selective.MODULES`` (Megatron's default list is core_attn)."""
     recompute_layers: int | None = None
     """Under full recompute, only the first k layers of each stage are recomputed and the rest keep everything
     (Megatron --recompute-method block --recompute-num-layers k); None: every layer."""
@@ -74,6 +82,9 @@ class Conditions:
     def __post_init__(self) -> None:
         if self.microbatch_group is not None and self.microbatch_group < 1:
             raise ValueError(f"microbatch_group must be >= 1, got {self.microbatch_group}")
+        unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+        if unknown:
+            raise ValueError(f"unknown recompute module {unknown[0]!r} (modules: {', '.join(RECOMPUTE_MODULES)})")
         if self.routing_imbalance < 1:
             raise ValueError(f"routing_imbalance must be >= 1, got {self.routing_imbalance}")
         if self.recompute_layers is not None and self.recompute_layers < 0:

@@ -220,6 +220,18 @@ FIELDS: tuple[Field, ...] = (
         help="scale-out link: a catalog name (meshplan list links) or a link TOML file (default: the GPU's NIC)",
     ),
     Field(
+        name="scale_out_bandwidth",
+        type=float,
+        default=None,
+        group=Group.FLEET_SHAPE,
+        unit="bytes/s per GPU per direction",
+        lo=0,
+        hi=1e13,
+        exclusive_lo=True,
+        suffixes=True,
+        help="scale-out bandwidth as a number, replacing the link's (e.g. 50G for one 400 Gb/s NIC per GPU)",
+    ),
+    Field(
         name="axis_order",
         type=str,
         default=None,
@@ -477,9 +489,17 @@ FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_C,
-        choices=("core-attention", "layer", "op"),
-        help="what --recompute selective recomputes: Megatron's core attention, or torchtitan's per-op or "
-        "every-second-layer checkpointing",
+        choices=("core-attention", "layer", "modules", "op"),
+        help="what --recompute selective recomputes: Megatron's core attention or its --recompute-modules list, "
+        "or torchtitan's per-op or every-second-layer checkpointing",
+    ),
+    Field(
+        name="recompute_modules",
+        type=str,
+        default=None,
+        group=_C,
+        help="with --selective modules: Megatron's modules, comma-separated: core_attn, layernorm, mlp, moe_act, "
+        "moe, shared_experts, mla_up_proj (default: core_attn)",
     ),
     Field(
         name="grad_dtype",
