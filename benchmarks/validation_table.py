@@ -10,6 +10,7 @@ from meshplan.validate import validate
 UNITS = {
     "iteration_time_s": ("iteration time", "s", 1.0),
     "tflops_per_gpu_eq3": ("TFLOP/s per GPU", "", 1.0),
+    "tflops_per_gpu_megatron": ("TFLOP/s per GPU (Megatron's count)", "", 1.0),
     "mfu": ("MFU", "%", 100.0),
     "tokens_per_s_per_gpu": ("tokens/s per GPU", "", 1.0),
 }
@@ -35,6 +36,25 @@ def main() -> None:
             print(f"- {'holds' if c['ok'] else 'FAILS'}: {c['check']} = {c['value']:.4g} (bound {c['bound']:.4g})")
         print()
     print("All targets hold." if report["all_ok"] else "Some targets do not hold.")
+    held_out(report)
+
+
+def held_out(report: dict) -> None:
+    """The leave-one-source-out table and the goals."""
+    print("\n### Held out: each source against the scales fitted on all the others\n")
+    print("| source | runs | model | held out | best constant | compute / comm scale fitted without it |")
+    print("|---|---|---|---|---|---|")
+    for s in report["held_out"]["sources"]:
+        const = f"{100 * s['best_constant_error']:.1f}%" if s["cases"] >= 3 else "-"
+        print(
+            f"| {s['source']} | {s['cases']} | {100 * s['mean_abs_error']:.1f}% "
+            f"| {100 * s['loso_mean_abs_error']:.1f}% "
+            f"| {const} | {s['loso_compute_scale']:.2f} / {s['loso_comm_scale']:.2f} |"
+        )
+    fit = report["held_out"]["fit_all"]
+    print(f"\nFitted on all sources: compute scale {fit['compute_scale']:.3f}, comm scale {fit['comm_scale']:.3f}.\n")
+    for g in report["goals"]:
+        print(f"- {'met' if g['ok'] else 'not met'}: {g['check']} = {g['value']:.4g} (goal {g['bound']:.4g})")
 
 
 if __name__ == "__main__":

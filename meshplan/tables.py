@@ -355,9 +355,13 @@ def _validate(r: dict[str, Any]) -> str:
     out = []
     for src in r["sources"]:
         runs = [x for x in r["runs"] if x["source"] == src["source"]]
-        unit = {"iteration_time_s": "s", "mfu": "", "tflops_per_gpu_eq3": "TFLOP/s", "tokens_per_s_per_gpu": "tok/s"}[
-            src["metric"]
-        ]
+        unit = {
+            "iteration_time_s": "s",
+            "mfu": "",
+            "tflops_per_gpu_eq3": "TFLOP/s",
+            "tflops_per_gpu_megatron": "TFLOP/s",
+            "tokens_per_s_per_gpu": "tok/s",
+        }[src["metric"]]
         rows = [
             (x["case"], f"{x['measured']:.3g} {unit}", f"{x['predicted']:.3g} {unit}", f"{100 * x['error']:+.1f}%")
             for x in runs
@@ -372,8 +376,37 @@ def _validate(r: dict[str, Any]) -> str:
             for c in src["checks"]
         ]
         out.append("")
+    if "held_out" in r:
+        out += _held_out(r)
     out.append("all targets hold" if r["all_ok"] else "some targets do NOT hold")
     return "\n".join(out)
+
+
+def _held_out(r: dict[str, Any]) -> list[str]:
+    """Leave-one-source-out: each source against the scales fitted on all the others."""
+    rows = [
+        (
+            s["source"],
+            s["cases"],
+            percent(s["mean_abs_error"]),
+            percent(s["loso_mean_abs_error"]),
+            percent(s["best_constant_error"]) if s["cases"] >= 3 else "-",
+            f"{s['loso_compute_scale']:.2f} / {s['loso_comm_scale']:.2f}",
+        )
+        for s in r["held_out"]["sources"]
+    ]
+    fit = r["held_out"]["fit_all"]
+    lines = [
+        "Held out: each source predicted with the shared scales fitted on all the other sources",
+        table(rows, ["source", "runs", "model", "held out", "best constant", "compute / comm scale"]),
+        f"fit on all sources: compute scale {fit['compute_scale']:.3f}, comm scale {fit['comm_scale']:.3f}",
+        "goals (reported, not yet part of the checks):",
+    ]
+    lines += [
+        f"  [{'ok' if g['ok'] else 'not met'}] {g['check']}: {g['value']:.4g} (goal {g['bound']:.4g})"
+        for g in r["goals"]
+    ]
+    return [*lines, ""]
 
 
 def _layout_short(lay: dict[str, Any]) -> str:
