@@ -156,6 +156,7 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
         scale_out=args.scale_out,
         axis_order=args.axis_order,
         tokens=args.tokens,
+        profile=args.profile,
         **_workload_kwargs(args),
     )
 
@@ -176,7 +177,7 @@ def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
         return validate_serving()
     from meshplan.validate import validate
 
-    return validate(args.source)
+    return validate(args.source, profile=args.profile)
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
@@ -206,6 +207,7 @@ def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
         node_size=args.node_size,
         scale_out=args.scale_out,
         axis_order=args.axis_order,
+        profile=args.profile,
         explain=args.explain,
         compare=args.compare,
         tokens=args.tokens,
@@ -456,8 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_fields(p, "micro_batch")
 
     p = command("validate", _cmd_validate, "predictions against published measured runs, with the error of each")
-    p.add_argument("--source", default=None, help="one source only (korthikanti2022, narayanan2021, llama3)")
+    p.add_argument(
+        "--source", default=None, help="one source only (korthikanti2022, narayanan2021, llama3, ...: catalog/runs)"
+    )
     p.add_argument("--serving", action="store_true", help="the published serving measurements instead")
+    add_fields(p, "profile")
 
     p = command("plan", _cmd_plan, "search every layout: the fastest that fit, why they win, why the rest lost")
     p.add_argument("model")

@@ -25,7 +25,7 @@ from meshplan.core.plan import Plan, evaluate
 from meshplan.reports.inputs import LayoutRequest, resolve_cluster, resolve_layout, resolve_workload
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import MlpKind, ModelSpec
-from meshplan.spec.profile import IDENTITY, Profile, apply_profile
+from meshplan.spec.profile import IDENTITY, Profile, apply_profile, parse_profile
 
 TUNABLE = {"micro_batch": (1, 2, 4, 8, 16, 32), "vpp": (1, 2, 3, 4, 5, 6, 8)}
 
@@ -296,12 +296,14 @@ def goals(runs: list[dict[str, Any]], loso: dict[str, Any]) -> list[dict[str, An
     return out
 
 
-def validate(only: str | None = None, *, held_out: bool = True) -> dict[str, Any]:
+def validate(only: str | None = None, *, held_out: bool = True, profile: str | None = None) -> dict[str, Any]:
     """Every published run, predicted; per-source error summaries and whether all targets hold.
 
     Over all sources (``only`` None) and with ``held_out``, also each source's leave-one-source-out error
-    and the issue's generalization goals (reported, not part of ``all_ok``).
+    and the issue's generalization goals (reported, not part of ``all_ok``). With a cluster ``profile``
+    (``--profile``) every run is predicted with its scales, and no held-out fit is made.
     """
+    scales = parse_profile(profile)
     names = list(sources())
     if only is not None:
         if only not in names:
@@ -309,11 +311,11 @@ def validate(only: str | None = None, *, held_out: bool = True) -> dict[str, Any
         names = [only]
     runs, summaries = [], []
     for name in names:
-        results = run_source(name)
+        results = run_source(name, scales)
         runs += [dict(dataclasses.asdict(r), error=r.error) for r in results]
         summaries.append(summarize(name, results))
     out: dict[str, Any] = {"runs": runs, "sources": summaries, "all_ok": all(s["ok"] for s in summaries)}
-    if only is None and held_out:
+    if only is None and held_out and scales.is_identity:
         loso = leave_one_source_out(names)
         out["held_out"] = loso
         out["goals"] = goals(runs, loso)

@@ -24,6 +24,7 @@ FREE_TEXT = {
     "freeze": "layers=2",
     "disaggregate": "4:4",
     "weights_dtypes": "fp8,bf16",
+    "profile": "compute_scale=0.9,comm_scale=1.2",
 }
 
 

@@ -147,10 +147,11 @@ def estimate_report(
     axis_order: str | None = None,
     tokens: float | None = None,
     finetune: FinetuneRequest | None = None,
+    profile: str | None = None,
 ) -> dict[str, Any]:
     """``meshplan estimate``: memory, collectives, placement and step time of one layout."""
     spec = io.load_model(model) if isinstance(model, str) else model
-    cluster = resolve_cluster(gpu=gpu, gpus=gpus, node_size=node_size, scale_out=scale_out)
+    cluster = resolve_cluster(gpu=gpu, gpus=gpus, node_size=node_size, scale_out=scale_out, profile=profile)
     lay = resolve_layout(layout, gpus=gpus)
     work = resolve_workload(
         layout=lay,

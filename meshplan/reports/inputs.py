@@ -15,6 +15,7 @@ from meshplan.spec.cluster import Cluster
 from meshplan.spec.finetune import LORA_TARGETS, Finetune, FinetuneMode
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.profile import apply_profile, parse_profile
 from meshplan.spec.workload import PRECISIONS, Attention, Kernels, Optimizer, OptimizerKind, Overlap, Workload
 
 
@@ -212,21 +213,25 @@ def layout_dict(layout: Layout) -> dict[str, Any]:
     }
 
 
-def resolve_cluster(*, gpu: str, gpus: int, node_size: int | None = None, scale_out: str | None = None) -> Cluster:
-    """The fleet: ``gpus`` of one catalog GPU, its scale-up link, and a scale-out link (default: the GPU's NIC)."""
+def resolve_cluster(
+    *, gpu: str, gpus: int, node_size: int | None = None, scale_out: str | None = None, profile: str | None = None
+) -> Cluster:
+    """The fleet: ``gpus`` of one catalog GPU, its scale-up link, and a scale-out link (default: the GPU's NIC),
+    its constants scaled by a cluster ``profile`` (``--profile``) when one is given."""
     spec = io.load_gpu(gpu)
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
     domain = node_size if node_size is not None else spec.scale_up_domain
     if domain < 1:
         raise ValueError(f"node size must be >= 1, got {domain}")
-    return Cluster(
+    cluster = Cluster(
         gpu=spec,
         num_gpus=gpus,
         scale_up=io.load_link(spec.scale_up_link),
         scale_out=io.load_link(scale_out or spec.scale_out_link),
         domain_size=domain,
     )
+    return apply_profile(cluster, parse_profile(profile))
 
 
 def resolve_order(text: str | None) -> tuple[str, ...]:

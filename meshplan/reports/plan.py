@@ -211,6 +211,7 @@ def plan_report(
     tokens: float | None = None,
     days: float | None = None,
     finetune: FinetuneRequest | None = None,
+    profile: str | None = None,
 ) -> dict[str, Any]:
     """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for."""
     spec = io.load_model(model) if isinstance(model, str) else model
@@ -240,10 +241,11 @@ def plan_report(
             order=order,
             node_size=node_size,
             scale_out=scale_out,
+            profile=profile,
         )
         fewest = {"gpus": gpus, "searched_from": start, "tokens": tokens, "days": days}
         obj = Objective.STEP_TIME
-    cluster = resolve_cluster(gpu=gpu, gpus=gpus, node_size=node_size, scale_out=scale_out)
+    cluster = resolve_cluster(gpu=gpu, gpus=gpus, node_size=node_size, scale_out=scale_out, profile=profile)
     result, plans = run_search(
         spec,
         cluster,
@@ -352,11 +354,12 @@ def _fewest_gpus(
     order: tuple[str, ...],
     node_size: int | None,
     scale_out: str | None,
+    profile: str | None = None,
 ) -> int:
     """The smallest fleet (powers of two times the node, from ``start``) whose best plan trains in ``days``."""
     n = max(start, 1)
     while n <= MAX_GPUS:
-        cluster = resolve_cluster(gpu=gpu, gpus=n, node_size=node_size, scale_out=scale_out)
+        cluster = resolve_cluster(gpu=gpu, gpus=n, node_size=node_size, scale_out=scale_out, profile=profile)
         result = search(spec, cluster, work, headroom=headroom, allow_cross_node_tp=allow, order=order)
         if result.feasible:
             rate = float(np.asarray(result.step.tokens_per_s_per_gpu)[0]) * n

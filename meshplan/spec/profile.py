@@ -77,6 +77,30 @@ def load_profile(path: str | Path) -> Profile:
     return Profile(**{k: v for k, v in data.items() if k in known})
 
 
+def parse_profile(text: str | None, *, files: bool = True) -> Profile:
+    """A profile from ``--profile``: inline ``compute_scale=0.9,comm_scale=1.2``, or (``files``) a TOML file."""
+    if text is None or not text.strip():
+        return IDENTITY
+    text = text.strip()
+    if "=" in text and not text.endswith(".toml"):
+        values: dict[str, float] = {}
+        for item in filter(None, (x.strip() for x in text.split(","))):
+            key, _, value = item.partition("=")
+            key = key.strip().replace("-", "_")
+            if key not in ("compute_scale", "comm_scale"):
+                raise ValueError(f"--profile: unknown key {key!r} (known: compute_scale, comm_scale)")
+            try:
+                values[key] = float(value)
+            except ValueError:
+                raise ValueError(f"--profile: {key} must be a number, got {value.strip()[:40]!r}") from None
+        return Profile(**values, source="inline")
+    if not files:
+        raise ValueError(
+            "--profile: give the scales inline (compute_scale=0.9,comm_scale=1.2); files are read by the CLI"
+        )
+    return load_profile(text)
+
+
 def dump_profile(profile: Profile, fit: dict[str, float] | None = None) -> str:
     """The TOML text of a profile, with the numbers of its fit in a [fit] table."""
     lines = [
