@@ -25,7 +25,9 @@ from meshplan.spec.profile import IDENTITY, Profile
 PERTURB = 0.9
 """Each scale's step for the sensitivities: a 10% slower GPU, a 10% slower network."""
 COMPUTE_GRID = np.exp(np.linspace(math.log(0.6), math.log(1.6), 61))
-COMM_GRID = np.exp(np.linspace(math.log(0.25), math.log(4.0), 49))
+COMM_GRID = np.exp(np.linspace(math.log(0.25), math.log(1.25), 41))
+"""Up to 1.25: a collective never beats its link's nominal bandwidth, and the least efficient link of the
+catalog reaches 0.81 of it (NVLink 4 ring collectives), so no network is more than 1/0.81 faster than modeled."""
 IDENTIFIES = 0.01
 """A scale is identified by a set of runs when a 10% change of it moves some run's time by more than 1%."""
 

@@ -38,6 +38,7 @@ from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
+from meshplan.units import DType
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +106,7 @@ def stage_times(
     tp, pp, cp, b = lay.tp, lay.pp, lay.cp, lay.micro_batch
     gpu = cluster.gpu
     peak = gpu.peak(work.precision.compute)
+    fp8 = work.precision.compute is DType.FP8
     tokens = work.seq_len / cp * b
     common = dict(
         tokens=tokens,
@@ -119,6 +121,8 @@ def stage_times(
         act_bytes=work.precision.activation_bytes,
         kernels=work.kernels,
         finetune=work.finetune,
+        fp8=fp8,
+        bf16_peak_flops=gpu.peak(DType.BF16),
     )
     dense = layer_time(model, moe_layer=False, **common)
     moe = layer_time(model, moe_layer=True, **common)
@@ -130,7 +134,7 @@ def stage_times(
         model,
         tokens=tokens,
         tp=tp,
-        peak_flops=peak,
+        peak_flops=gpu.peak(DType.BF16) if fp8 else peak,
         hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
         cal=gpu.calibration,
         act_bytes=work.precision.activation_bytes,

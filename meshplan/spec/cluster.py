@@ -87,6 +87,11 @@ class GpuCalibration:
     """GEMM dimension at which that dimension alone halves efficiency: each of M, N, K scales it by d/(d + this)."""
     attention_efficiency: float = 0.35
     """Fraction of dense peak a fused (flash) attention kernel reaches in forward; backward reaches 0.8 of it."""
+    fp8_matmul_ratio: float = 0.883
+    """A large FP8 GEMM's share of FP8 peak over a large bf16 GEMM's share of bf16 peak: the measured maximum
+    achievable matmul FLOPs (MAMF) in each. H100 SXM: FP8 1,402.6 of 1,978.8 (0.709) over bf16 794.5 of 989.4
+    (0.803) = 0.883 (published_runs.json hw_H100_SXM, stas00/ml-engineering MAMF table); the default for kinds
+    without an FP8 measurement."""
     hbm_efficiency: float = 0.80
     """Fraction of HBM bandwidth memory-bound kernels reach."""
     kernel_overhead_s: float = 4e-6
