@@ -180,6 +180,12 @@ def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
     return validate(args.source, profile=args.profile)
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.calibrate import calibrate_report
+
+    return calibrate_report(args.runs, out=args.out)
+
+
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_fields(p, "input_len", "output_len", required=True)
     add_fields(p, "tp", default=None)
@@ -463,6 +469,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--serving", action="store_true", help="the published serving measurements instead")
     add_fields(p, "profile")
+
+    p = command("calibrate", _cmd_calibrate, "fit a cluster profile (--profile) from your own measured runs")
+    p.add_argument(
+        "runs",
+        help="RUNS.json: a list of {args: [meshplan estimate arguments], step_time_s or tokens_per_s_per_gpu, "
+        "peak_memory_bytes (optional)}",
+    )
+    p.add_argument("--out", default=None, help="write the profile TOML to this file (for --profile)")
 
     p = command("plan", _cmd_plan, "search every layout: the fastest that fit, why they win, why the rest lost")
     p.add_argument("model")

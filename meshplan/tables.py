@@ -131,6 +131,9 @@ def _estimate(r: dict[str, Any]) -> str:
         "",
         table(rows, ["step time", ""]),
         "",
+        f"step time P10-P90 {seconds(r['step_time_s_p10'])} - {seconds(r['step_time_s_p90'])} ({r['uncertainty']})"
+        if "step_time_s_p10" in r
+        else "",
         f"MFU {percent(r['mfu'])}, HFU {percent(r['hfu'])}, {r['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU; "
         f"memory {gb(r['per_gpu']['total_bytes'])} of {gb(r['hbm_bytes_per_gpu'])} "
         f"({'fits' if r['fits'] else 'does NOT fit'})",
@@ -535,7 +538,38 @@ def _list(r: dict[str, Any]) -> str:
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, width, strict=True)).rstrip() for row in rows)
 
 
+def _calibrate(r: dict[str, Any]) -> str:
+    rows = [
+        (
+            " ".join(x["args"])[:60],
+            x["metric"],
+            f"{x['measured']:.4g}",
+            f"{x['predicted_before']:.4g}",
+            f"{100 * x['error_before']:+.1f}%",
+            f"{x['predicted_fitted']:.4g}",
+            f"{100 * x['error_fitted']:+.1f}%",
+        )
+        for x in r["runs_detail"]
+    ]
+    p = r["profile"]
+    out = [
+        table(rows, ["run", "metric", "measured", "catalog", "error", "fitted", "error"]),
+        "",
+        f"profile: compute_scale {p['compute_scale']:.3f}, comm_scale {p['comm_scale']:.3f} "
+        f"(fitted: {', '.join(r['fitted'])}; not identified by these runs: "
+        f"{', '.join(k for k, ok in r['identified'].items() if not ok) or 'none'})",
+        f"mean |error| over {r['runs']} runs: {percent(r['mean_abs_error_before'])} with the catalog, "
+        f"{percent(r['mean_abs_error_fitted'])} fitted, {percent(r['mean_abs_error_held_out'])} held out "
+        "(each run predicted from the others)",
+    ]
+    out.append(f"written to {r['profile_file']}" if r["profile_file"] else "profile (write it with --out FILE):")
+    if not r["profile_file"]:
+        out.append(r["profile_toml"].rstrip())
+    return "\n".join(out)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "calibrate": _calibrate,
     "list": _list,
     "check": _check,
     "plan": _plan,

@@ -276,6 +276,21 @@ def leave_one_source_out(names: list[str] | None = None) -> dict[str, Any]:
     }
 
 
+def held_out_band(report: dict[str, Any]) -> dict[str, float]:
+    """P10 and P90 of measured over predicted step time, over every run held out (leave one source out).
+
+    A rate's error e (predicted / measured - 1) is a time ratio of 1 + e; a time's, 1 / (1 + e).
+    """
+    metric = {s["source"]: s["metric"] for s in report["sources"]}
+    ratios = sorted(
+        (1 / (1 + e) if metric[s["source"]].endswith("_s") else 1 + e)
+        for s in report["held_out"]["sources"]
+        for e in s["loso_residuals"]
+    )
+    deciles = statistics.quantiles(ratios, n=10, method="inclusive")
+    return {"time_ratio_p10": deciles[0], "time_ratio_p90": deciles[-1], "runs": float(len(ratios))}
+
+
 GOAL_LOSO_VS_CONSTANT = 0.8
 """Each source's held-out error must be below this share of its best single constant (sources of 3+ runs)."""
 GOAL_MEAN_THROUGHPUT = 0.06

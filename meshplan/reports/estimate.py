@@ -165,7 +165,20 @@ def estimate_report(
         finetune=resolve_finetune(finetune, spec) if finetune else None,
     )
     plan = evaluate(spec, cluster, lay, work, order=resolve_order(axis_order))
-    return evaluated_plan_dict(plan, tokens=tokens)
+    return evaluated_plan_dict(plan, tokens=tokens) | uncertainty(float(plan.step.step_time_s), profile)
+
+
+def uncertainty(step_time_s: float, profile: str | None) -> dict[str, Any]:
+    """The step time's P10-P90 band from the held-out errors of the published runs (catalog/held_out.toml)."""
+    band = io.held_out_band()
+    lo, hi = band["time_ratio_p10"] * step_time_s, band["time_ratio_p90"] * step_time_s
+    return {
+        "step_time_s_p10": lo,
+        "step_time_s_p90": hi,
+        "uncertainty": f"P10-P90 of measured over predicted step time on {int(band['runs'])} published runs, each "
+        "predicted with constants fitted without its source"
+        + ("; the profile's own held-out error is in its file" if profile else ""),
+    }
 
 
 WALL_LINKS = ("nvlink5", "nvlink4", "ib-ndr", "eth-100g")
