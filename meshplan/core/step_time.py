@@ -309,11 +309,12 @@ def _dp_exposed(
     ov = work.overlap
 
     def one_call(phase: str, per_mb: bool) -> Num:
+        """Per step (once-per-step calls) or per micro-batch (every call of it: ZeRO-3 issues one per layer)."""
         total: Num = 0.0
         for c in calls:
             if c.strategy in ("dp", "dp-experts") and c.phase == phase:
                 issued = (c.count_per_step > 0) & (c.per_micro_batch == per_mb)
-                total = total + where(issued, c.call_s, 0.0)
+                total = total + where(issued, c.time_s / m if per_mb else c.call_s, 0.0)
         return total
 
     exposed = _hidden(one_call("backward", False), bwd_s, ov.dp, efficiency)
