@@ -258,13 +258,14 @@ def _stage_step(
                 total = total + where(c.overlappable == overlappable, c.time_s, 0.0)
         return total / m
 
-    def exposed(strategies: tuple[str, ...], phase: str, behind: Num) -> Num:
-        return per_mb(strategies, phase, False) + _hidden(per_mb(strategies, phase, True), behind, True, eff)
+    def exposed(strategies: tuple[str, ...], phase: str, behind: Num, efficiency: float = eff) -> Num:
+        return per_mb(strategies, phase, False) + _hidden(per_mb(strategies, phase, True), behind, True, efficiency)
 
     fwd_c, bwd_c = times.fwd_compute_s * copies, times.bwd_compute_s * copies
     wgrad = times.weight_grad_s * copies
-    tp_f = exposed(("tp", "sp"), "forward", wgrad / 2)
-    tp_b = exposed(("tp", "sp"), "backward", wgrad)
+    tp_eff = cluster.gpu.calibration.tp_overlap_efficiency if work.overlap.tp else eff
+    tp_f = exposed(("tp", "sp"), "forward", wgrad / 2, tp_eff)
+    tp_b = exposed(("tp", "sp"), "backward", wgrad, tp_eff)
     cp_f = exposed(("cp",), "forward", times.attention_fwd_s * copies)
     cp_b = exposed(("cp",), "backward", times.attention_bwd_s * copies)
     ep_f = exposed(("ep",), "forward", fwd_c)
