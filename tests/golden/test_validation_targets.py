@@ -62,17 +62,18 @@ def test_every_source_is_held_out_once(report: dict, held_out: dict) -> None:
         assert len(s["loso_residuals"]) == s["cases"]
 
 
-# Regression bounds on the held-out errors as measured after the FP8 and H100 changes (docs/validation.md);
+# Regression bounds on the held-out errors as measured on this branch (docs/validation.md);
 # the goals are reported by
 # `meshplan validate` under "goals" and are not all met yet.
 HELD_OUT_BOUNDS = {
-    "korthikanti2022": 0.07,
+    "deepseek_v3": 0.10,
+    "korthikanti2022": 0.06,
     "llama3": 0.035,
     "narayanan2021": 0.035,
     "narayanan2021_table2": 0.045,
-    "torchtitan_a100": 0.10,
+    "torchtitan_a100": 0.11,
     "megascale2024": 0.17,
-    "nemo2407_h100": 0.19,
+    "nemo2407_h100": 0.18,
     "megatron_h100_weak": 0.10,
 }
 
