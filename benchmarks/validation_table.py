@@ -1,15 +1,23 @@
 """The validation tables of docs/validation.md, as Markdown, from `meshplan validate`.
 
 python benchmarks/validation_table.py > /tmp/validation.md
+python benchmarks/validation_table.py --write-band   # also refresh meshplan/catalog/held_out.toml
+
+The band is the P10-P90 of measured over predicted step time over every run held out of the fit (leave one
+source out); `meshplan estimate` prints it beside every step time.
 """
 
 from __future__ import annotations
 
-from meshplan.validate import validate
+import sys
+from pathlib import Path
+
+from meshplan.validate import held_out_band, validate
 
 UNITS = {
     "iteration_time_s": ("iteration time", "s", 1.0),
     "tflops_per_gpu_eq3": ("TFLOP/s per GPU", "", 1.0),
+    "tflops_per_gpu_megatron": ("TFLOP/s per GPU (Megatron's count)", "", 1.0),
     "mfu": ("MFU", "%", 100.0),
     "tokens_per_s_per_gpu": ("tokens/s per GPU", "", 1.0),
 }
@@ -35,6 +43,36 @@ def main() -> None:
             print(f"- {'holds' if c['ok'] else 'FAILS'}: {c['check']} = {c['value']:.4g} (bound {c['bound']:.4g})")
         print()
     print("All targets hold." if report["all_ok"] else "Some targets do not hold.")
+    held_out(report)
+    if "--write-band" in sys.argv:
+        band = held_out_band(report)
+        path = Path(__file__).parent.parent / "meshplan" / "catalog" / "held_out.toml"
+        path.write_text(
+            "# Written by benchmarks/validation_table.py --write-band: measured over predicted step time, P10 and P90\n"
+            "# over every published run of catalog/runs held out of the shared-scale fit (leave one source out).\n"
+            f"time_ratio_p10 = {band['time_ratio_p10']:.4f}\n"
+            f"time_ratio_p90 = {band['time_ratio_p90']:.4f}\n"
+            f"runs = {int(band['runs'])}\n",
+            encoding="utf-8",
+        )
+
+
+def held_out(report: dict) -> None:
+    """The leave-one-source-out table and the goals."""
+    print("\n### Held out: each source against the scales fitted on all the others\n")
+    print("| source | runs | model | held out | best constant | compute / comm scale fitted without it |")
+    print("|---|---|---|---|---|---|")
+    for s in report["held_out"]["sources"]:
+        const = f"{100 * s['best_constant_error']:.1f}%" if s["cases"] >= 3 else "-"
+        print(
+            f"| {s['source']} | {s['cases']} | {100 * s['mean_abs_error']:.1f}% "
+            f"| {100 * s['loso_mean_abs_error']:.1f}% "
+            f"| {const} | {s['loso_compute_scale']:.2f} / {s['loso_comm_scale']:.2f} |"
+        )
+    fit = report["held_out"]["fit_all"]
+    print(f"\nFitted on all sources: compute scale {fit['compute_scale']:.3f}, comm scale {fit['comm_scale']:.3f}.\n")
+    for g in report["goals"]:
+        print(f"- {'met' if g['ok'] else 'not met'}: {g['check']} = {g['value']:.4g} (goal {g['bound']:.4g})")
 
 
 if __name__ == "__main__":

@@ -174,6 +174,7 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
         axis_order=args.axis_order,
         tokens=args.tokens,
         conditions=_conditions(args),
+        profile=args.profile,
         **_workload_kwargs(args),
     )
 
@@ -198,7 +199,13 @@ def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
         return validate_serving()
     from meshplan.validate import validate
 
-    return validate(args.source)
+    return validate(args.source, profile=args.profile)
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.calibrate import calibrate_report
+
+    return calibrate_report(args.runs, out=args.out)
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
@@ -238,6 +245,7 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
         scale_out_bandwidth=args.scale_out_bandwidth,
         scale_out=args.scale_out,
         axis_order=args.axis_order,
+        profile=args.profile,
         explain=args.explain,
         compare=args.compare,
         tokens=args.tokens,
@@ -550,6 +558,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--memory", action="store_true", help="the published peak-memory figures, and the fit of published layouts"
     )
+    add_fields(p, "profile")
+
+    p = command("calibrate", _cmd_calibrate, "fit a cluster profile (--profile) from your own measured runs")
+    p.add_argument(
+        "runs",
+        help="RUNS.json: a list of {args: [meshplan estimate arguments], step_time_s or tokens_per_s_per_gpu, "
+        "peak_memory_bytes (optional)}",
+    )
+    p.add_argument("--out", default=None, help="write the profile TOML to this file (for --profile)")
 
     p = command("plan", _cmd_plan, "search every layout: the fastest that fit, why they win, why the rest lost")
     p.add_argument("model")

@@ -177,6 +177,13 @@ def _qwen3_moe(c: _HfConfig) -> dict[str, Any]:
     return fields | {"moe": moe}
 
 
+def _node_limit(c: _HfConfig) -> int:
+    """Group-limited routing (n_group expert groups, topk_group reachable): DeepSeek places one group per node,
+    so a token reaches at most topk_group nodes (DeepSeek-V3 Sec. 2.1.2: 8 groups, 4 nodes); 0 when unlimited."""
+    groups, reachable = c.integer("n_group", 1), c.integer("topk_group", 0)
+    return reachable if groups > 1 and 0 < reachable < groups else 0
+
+
 def _deepseek(c: _HfConfig, *, router_bias: bool) -> dict[str, Any]:
     if c.flag("attention_bias", False):
         raise ValueError("attention_bias=true on MLA projections is not modeled")
@@ -198,6 +205,7 @@ def _deepseek(c: _HfConfig, *, router_bias: bool) -> dict[str, Any]:
             num_shared_experts=c.integer("n_shared_experts", 0),
             num_dense_layers=min(c.integer("first_k_dense_replace", 0), fields["num_layers"]),
             router_bias=router_bias,
+            max_nodes_per_token=_node_limit(c),
         )
     return fields | {"mtp_layers": c.integer("num_nextn_predict_layers", 0)}
 

@@ -279,6 +279,13 @@ def model_meta(name: str) -> dict[str, Any]:
     return dict(_without_meta(table, where)[1])
 
 
+@cache
+def held_out_band() -> dict[str, float]:
+    """catalog/held_out.toml: the P10-P90 of measured over predicted step time on held-out published runs."""
+    text = (resources.files("meshplan") / "catalog" / "held_out.toml").read_text(encoding="utf-8")
+    return {k: float(v) for k, v in tomllib.loads(text).items()}
+
+
 def load_gpu(name_or_path: str) -> GPU:
     """A catalog GPU by name, or a GPU TOML file."""
     table, where, stem = _load_table("gpus", name_or_path)

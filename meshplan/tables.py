@@ -163,6 +163,9 @@ def _estimate(r: dict[str, Any]) -> str:
         "",
         table(rows, ["step time", ""]),
         "",
+        f"step time P10-P90 {seconds(r['step_time_s_p10'])} - {seconds(r['step_time_s_p90'])} ({r['uncertainty']})"
+        if "step_time_s_p10" in r
+        else "",
         f"MFU {percent(r['mfu'])}, HFU {percent(r['hfu'])}, {r['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU; "
         f"memory {gb(r['per_gpu']['total_bytes'])} of {gb(r['hbm_bytes_per_gpu'])} "
         f"({'fits' if r['fits'] else 'does NOT fit'})",
@@ -387,9 +390,13 @@ def _validate(r: dict[str, Any]) -> str:
     out = []
     for src in r["sources"]:
         runs = [x for x in r["runs"] if x["source"] == src["source"]]
-        unit = {"iteration_time_s": "s", "mfu": "", "tflops_per_gpu_eq3": "TFLOP/s", "tokens_per_s_per_gpu": "tok/s"}[
-            src["metric"]
-        ]
+        unit = {
+            "iteration_time_s": "s",
+            "mfu": "",
+            "tflops_per_gpu_eq3": "TFLOP/s",
+            "tflops_per_gpu_megatron": "TFLOP/s",
+            "tokens_per_s_per_gpu": "tok/s",
+        }[src["metric"]]
         rows = [
             (x["case"], f"{x['measured']:.3g} {unit}", f"{x['predicted']:.3g} {unit}", f"{100 * x['error']:+.1f}%")
             for x in runs
@@ -404,8 +411,37 @@ def _validate(r: dict[str, Any]) -> str:
             for c in src["checks"]
         ]
         out.append("")
+    if "held_out" in r:
+        out += _held_out(r)
     out.append("all targets hold" if r["all_ok"] else "some targets do NOT hold")
     return "\n".join(out)
+
+
+def _held_out(r: dict[str, Any]) -> list[str]:
+    """Leave-one-source-out: each source against the scales fitted on all the others."""
+    rows = [
+        (
+            s["source"],
+            s["cases"],
+            percent(s["mean_abs_error"]),
+            percent(s["loso_mean_abs_error"]),
+            percent(s["best_constant_error"]) if s["cases"] >= 3 else "-",
+            f"{s['loso_compute_scale']:.2f} / {s['loso_comm_scale']:.2f}",
+        )
+        for s in r["held_out"]["sources"]
+    ]
+    fit = r["held_out"]["fit_all"]
+    lines = [
+        "Held out: each source predicted with the shared scales fitted on all the other sources",
+        table(rows, ["source", "runs", "model", "held out", "best constant", "compute / comm scale"]),
+        f"fit on all sources: compute scale {fit['compute_scale']:.3f}, comm scale {fit['comm_scale']:.3f}",
+        "goals (reported, not yet part of the checks):",
+    ]
+    lines += [
+        f"  [{'ok' if g['ok'] else 'not met'}] {g['check']}: {g['value']:.4g} (goal {g['bound']:.4g})"
+        for g in r["goals"]
+    ]
+    return [*lines, ""]
 
 
 def _layout_short(lay: dict[str, Any]) -> str:
@@ -621,7 +657,38 @@ def _validate_any(r: dict[str, Any]) -> str:
     return _validate_memory(r) if "verdicts" in r else _validate(r)
 
 
+def _calibrate(r: dict[str, Any]) -> str:
+    rows = [
+        (
+            " ".join(x["args"])[:60],
+            x["metric"],
+            f"{x['measured']:.4g}",
+            f"{x['predicted_before']:.4g}",
+            f"{100 * x['error_before']:+.1f}%",
+            f"{x['predicted_fitted']:.4g}",
+            f"{100 * x['error_fitted']:+.1f}%",
+        )
+        for x in r["runs_detail"]
+    ]
+    p = r["profile"]
+    out = [
+        table(rows, ["run", "metric", "measured", "catalog", "error", "fitted", "error"]),
+        "",
+        f"profile: compute_scale {p['compute_scale']:.3f}, comm_scale {p['comm_scale']:.3f} "
+        f"(fitted: {', '.join(r['fitted'])}; not identified by these runs: "
+        f"{', '.join(k for k, ok in r['identified'].items() if not ok) or 'none'})",
+        f"mean |error| over {r['runs']} runs: {percent(r['mean_abs_error_before'])} with the catalog, "
+        f"{percent(r['mean_abs_error_fitted'])} fitted, {percent(r['mean_abs_error_held_out'])} held out "
+        "(each run predicted from the others)",
+    ]
+    out.append(f"written to {r['profile_file']}" if r["profile_file"] else "profile (write it with --out FILE):")
+    if not r["profile_file"]:
+        out.append(r["profile_toml"].rstrip())
+    return "\n".join(out)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "calibrate": _calibrate,
     "list": _list,
     "stacks": _stacks,
     "check": _check,

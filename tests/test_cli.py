@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -181,6 +182,7 @@ TEXT_RUNS = {
              "--global-batch-tokens", "1048576", "--explain"],
     "recipe": ["recipe", "llama3-405b-8k", "--no-rank"],
     "validate": ["validate"],
+    "calibrate": ["calibrate", str(Path(__file__).parent / "data" / "calibrate_runs.json")],
     "export": ["export", "torchtitan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--zero", "3"],
     "serve": ["serve", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "1", "--input-len", "500",
               "--output-len", "100", "--concurrency", "8"],

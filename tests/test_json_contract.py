@@ -34,6 +34,7 @@ RUNS = {
                    "--output-len", "200", "--ttft-p99", "2", "--tpot-p99", "0.2"],
     "recipe": ["recipe", "llama3-405b-8k", "--no-rank"],
     "validate": ["validate", "--source", "korthikanti2022"],
+    "calibrate": ["calibrate", str(Path(__file__).parent / "data" / "calibrate_runs.json")],
     "export": ["export", "torchtitan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--zero", "3"],
 }  # fmt: skip
 FREE_FORM = {"files", "rejections", "placement", "factors", "rejected"}

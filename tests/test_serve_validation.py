@@ -17,7 +17,8 @@ from meshplan.validate_serving import validate_serving
 # throughput-dense rose from (0.15, 0.47) to (0.18, 1.02) when HBM became the driver's total: Llama 3.1 70B
 # fp8 on one H100 (trt014_h100_l31-70b_fp8_tp1_1000_1000) now gets about 7 GB of KV cache instead of none and is
 # billed 2x the measured 410 tokens/s. The engines' own runtime reserve is not in the serving bill yet.
-BOUNDS = {"decode": (0.10, 0.22), "prefill": (0.11, 0.30), "throughput-dense": (0.18, 1.02)}
+# With the training matmul refit (H100 0.61 -> 0.64) on top, the mean is 0.186.
+BOUNDS = {"decode": (0.10, 0.22), "prefill": (0.11, 0.30), "throughput-dense": (0.19, 1.02)}
 
 
 @cache

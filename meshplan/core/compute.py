@@ -59,11 +59,25 @@ class LayerTime:
         return self.gemm_s + self.attention_s + self.memory_s
 
 
-def gemm_time(g: Gemm, *, peak_flops: float, hbm_bytes_per_s: float, cal: GpuCalibration, act_bytes: float) -> Num:
-    """Roofline time of ``g`` with the size-dependent efficiency of the GPU kind."""
+FP8_CAST_BYTES_FWD = {False: 3.0, True: 0.0}
+"""Bytes per input element an FP8 linear layer adds in forward (Transformer Engine), unfused (False): the bf16
+input read and its FP8 copy written, amax fused in; fused kernels (True: LayerNormLinear, the fused activation)
+write the FP8 copy in place of the bf16 one, at no extra cost. Weights are cast once per step, not counted."""
+FP8_CAST_BYTES_BWD_GRAD = {False: 5.0, True: 4.0}
+"""Per output-gradient element in backward: cast and transpose (read bf16, write the FP8 copy and its
+transpose: 4 bytes fused in TE's cast_transpose, 3 + 2 as two kernels)."""
+FP8_TRANSPOSE_BYTES_INPUT = 2.0
+"""Per saved-input element in backward: the FP8 transpose the weight-gradient GEMM reads (read and write 1 byte)."""
+
+
+def gemm_time(
+    g: Gemm, *, peak_flops: float, hbm_bytes_per_s: float, cal: GpuCalibration, act_bytes: float, fp8: bool = False
+) -> Num:
+    """Roofline time of ``g`` with the size-dependent efficiency of the GPU kind (FP8: its FP8 share)."""
     d = cal.matmul_half_dim
     shape = (g.m / (g.m + d)) * (g.n / (g.n + d)) * (g.k / (g.k + d))
-    compute = g.flops / (peak_flops * cal.matmul_efficiency_max * shape)
+    e_max = cal.matmul_efficiency_max * (cal.fp8_matmul_ratio if fp8 else 1.0)
+    compute = g.flops / (peak_flops * e_max * shape)
     traffic = act_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count / (hbm_bytes_per_s * cal.hbm_efficiency)
     return maximum(compute, traffic)
 
@@ -110,6 +124,8 @@ def layer_time(
     kernels: Kernels = Kernels.FUSED,
     finetune: Finetune | None = None,
     frozen: bool = False,
+    fp8: bool = False,
+    bf16_peak_flops: float | None = None,
 ) -> LayerTime:
     """Forward and backward compute time of one layer for ``tokens`` local tokens on one GPU.
 
@@ -117,16 +133,31 @@ def layer_time(
     input-gradient ones only. Adapters add skinny matmuls, memory bound: per adapted matrix and token, read
     x, write and read A x, write B A x and add it to the output. QLoRA dequantizes each NF4 matrix to bf16
     before every use (forward and backward): 4.127 bits read, 16 written and read again per weight.
+    With ``fp8`` (Transformer Engine recipes), the linear layers run at the FP8 peak times the GPU kind's FP8
+    share and pay the casts and transposes around them; attention runs at the bf16 peak.
     """
     hbm = hbm_bytes_per_s * cal.hbm_efficiency
+    # FP8 runs the linear layers' GEMMs at FP8 (``peak_flops``); attention and its score products stay bf16
+    bf16_peak = bf16_peak_flops if fp8 and bf16_peak_flops is not None else peak_flops
 
-    def gemm_s_of(g: Gemm) -> Num:
-        return gemm_time(g, peak_flops=peak_flops, hbm_bytes_per_s=hbm_bytes_per_s, cal=cal, act_bytes=act_bytes)
+    def gemm_s_of(g: Gemm, linear: bool = False) -> Num:
+        peak = peak_flops if linear else bf16_peak
+        return gemm_time(
+            g, peak_flops=peak, hbm_bytes_per_s=hbm_bytes_per_s, cal=cal, act_bytes=act_bytes, fp8=fp8 and linear
+        )
 
     gemms = attention_gemms(model, tokens=tokens, tp=tp) + mlp_gemms(
         model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer
     )
-    gemm_s = sum(gemm_s_of(g) for g in gemms)
+    gemm_s = sum(gemm_s_of(g, linear=True) for g in gemms)
+    cast_fwd: Num = 0.0
+    cast_bwd: Num = 0.0
+    if fp8:
+        fused = kernels is Kernels.FUSED
+        inputs = sum(g.m * g.k * g.count for g in gemms)
+        outputs = sum(g.m * g.n * g.count for g in gemms)
+        cast_fwd = inputs * FP8_CAST_BYTES_FWD[fused] / hbm
+        cast_bwd = (outputs * FP8_CAST_BYTES_BWD_GRAD[fused] + inputs * FP8_TRANSPOSE_BYTES_INPUT) / hbm
     memory_s = (
         tokens
         * _memory_bytes_per_token(model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=act_bytes, kernels=kernels)
@@ -134,7 +165,7 @@ def layer_time(
     )
     if attention is Attention.FLASH:
         flops = attention_core_flops(model, tokens=tokens, seq_len=seq_len, tp=tp, causal_skip=True)
-        attn_fwd = flops / (peak_flops * cal.attention_efficiency)
+        attn_fwd = flops / (bf16_peak * cal.attention_efficiency)
         attn_bwd = BACKWARD_FLASH_RATIO * attn_fwd / BACKWARD_FLASH_EFFICIENCY
     else:
         heads = model.num_heads / tp
@@ -156,11 +187,11 @@ def layer_time(
             dequant = weights * (nf4_bytes_per_param(double_quant=finetune.double_quant) + 4.0) / hbm
             gemm_s = gemm_s + dequant  # before the forward matmul; the backward matmul below pays it again
     weight_grad = 2 * adapter_fwd if frozen_base else gemm_s
-    backward = gemm_s + weight_grad + 2 * adapter_fwd + attn_bwd + 2 * memory_s + 2 * launch
+    backward = gemm_s + weight_grad + 2 * adapter_fwd + attn_bwd + 2 * memory_s + 2 * launch + cast_bwd
     return LayerTime(
         gemm_s=gemm_s,
         attention_s=attn_fwd,
-        memory_s=memory_s + launch + adapter_fwd,
+        memory_s=memory_s + launch + adapter_fwd + cast_fwd,
         backward_s=backward,
         weight_grad_s=weight_grad,
         attention_core_fwd_s=attn_fwd,

@@ -140,6 +140,28 @@ def narayanan_flops(*, batch: Num, layers: Num, seq: Num, hidden: Num, vocab: Nu
     return 96 * batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
 
 
+def megatron_flops(
+    *,
+    batch: Num,
+    layers: Num,
+    seq: Num,
+    hidden: Num,
+    vocab: Num,
+    ffn_hidden: Num,
+    kv_heads: Num,
+    heads: Num,
+    gated: bool,
+) -> Num:
+    """Megatron-LM's model FLOPs per iteration (``num_floating_point_operations`` in training.py, 2024).
+
+    12 B s l h^2 ((1 + g/a + s/h) + (f/h) x 1.5 if gated + V / (2 l h)): QKV, output projection, full
+    (non-causal) attention scores and values, the MLP and the logits, forward and backward, no recompute.
+    """
+    attention = 1 + kv_heads / heads + seq / hidden
+    mlp = ffn_hidden / hidden * (1.5 if gated else 1.0)
+    return 12 * batch * seq * layers * hidden**2 * (attention + mlp + vocab / (2 * layers * hidden))
+
+
 def six_nd(params: float, tokens: float) -> float:
     """The back-of-envelope 6 N D training FLOPs (Kaplan et al. 2020)."""
     return 6.0 * params * tokens

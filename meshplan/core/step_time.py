@@ -38,6 +38,7 @@ from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
+from meshplan.units import DType
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +106,7 @@ def stage_times(
     tp, pp, cp, b = lay.tp, lay.pp, lay.cp, lay.micro_batch
     gpu = cluster.gpu
     peak = gpu.peak(work.precision.compute)
+    fp8 = work.precision.compute is DType.FP8
     tokens = work.seq_len / cp * b
     common = dict(
         tokens=tokens,
@@ -119,6 +121,8 @@ def stage_times(
         act_bytes=work.precision.activation_bytes,
         kernels=work.kernels,
         finetune=work.finetune,
+        fp8=fp8,
+        bf16_peak_flops=gpu.peak(DType.BF16),
     )
     dense = layer_time(model, moe_layer=False, **common)
     moe = layer_time(model, moe_layer=True, **common)
@@ -130,7 +134,7 @@ def stage_times(
         model,
         tokens=tokens,
         tp=tp,
-        peak_flops=peak,
+        peak_flops=gpu.peak(DType.BF16) if fp8 else peak,
         hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
         cal=gpu.calibration,
         act_bytes=work.precision.activation_bytes,
@@ -254,13 +258,14 @@ def _stage_step(
                 total = total + where(c.overlappable == overlappable, c.time_s, 0.0)
         return total / m
 
-    def exposed(strategies: tuple[str, ...], phase: str, behind: Num) -> Num:
-        return per_mb(strategies, phase, False) + _hidden(per_mb(strategies, phase, True), behind, True, eff)
+    def exposed(strategies: tuple[str, ...], phase: str, behind: Num, efficiency: float = eff) -> Num:
+        return per_mb(strategies, phase, False) + _hidden(per_mb(strategies, phase, True), behind, True, efficiency)
 
     fwd_c, bwd_c = times.fwd_compute_s * copies, times.bwd_compute_s * copies
     wgrad = times.weight_grad_s * copies
-    tp_f = exposed(("tp", "sp"), "forward", wgrad / 2)
-    tp_b = exposed(("tp", "sp"), "backward", wgrad)
+    tp_eff = cluster.gpu.calibration.tp_overlap_efficiency if work.overlap.tp else eff
+    tp_f = exposed(("tp", "sp"), "forward", wgrad / 2, tp_eff)
+    tp_b = exposed(("tp", "sp"), "backward", wgrad, tp_eff)
     cp_f = exposed(("cp",), "forward", times.attention_fwd_s * copies)
     cp_b = exposed(("cp",), "backward", times.attention_bwd_s * copies)
     ep_f = exposed(("ep",), "forward", fwd_c)
@@ -305,11 +310,12 @@ def _dp_exposed(
     ov = work.overlap
 
     def one_call(phase: str, per_mb: bool) -> Num:
+        """Per step (once-per-step calls) or per micro-batch (every call of it: ZeRO-3 issues one per layer)."""
         total: Num = 0.0
         for c in calls:
             if c.strategy in ("dp", "dp-experts") and c.phase == phase:
                 issued = (c.count_per_step > 0) & (c.per_micro_batch == per_mb)
-                total = total + where(issued, c.call_s, 0.0)
+                total = total + where(issued, c.time_s / m if per_mb else c.call_s, 0.0)
         return total
 
     exposed = _hidden(one_call("backward", False), bwd_s, ov.dp, efficiency)

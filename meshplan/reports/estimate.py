@@ -156,12 +156,18 @@ def estimate_report(
     finetune: FinetuneRequest | None = None,
     conditions: Mapping[str, Any] | None = None,
     scale_out_bandwidth: float | None = None,
+    profile: str | None = None,
 ) -> dict[str, Any]:
     """``meshplan estimate``: memory, collectives, placement and step time of one layout (``conditions``: the
     stack and condition fields as given, None where unset; see ``memory_report``)."""
     spec = io.load_model(model) if isinstance(model, str) else model
     cluster = resolve_cluster(
-        gpu=gpu, gpus=gpus, node_size=node_size, scale_out=scale_out, scale_out_bandwidth=scale_out_bandwidth
+        gpu=gpu,
+        gpus=gpus,
+        node_size=node_size,
+        scale_out=scale_out,
+        scale_out_bandwidth=scale_out_bandwidth,
+        profile=profile,
     )
     lay = resolve_layout(layout, gpus=gpus)
     set_by, shown = workload_kwargs(conditions, precision=precision, attention=attention, kernels=kernels)
@@ -175,7 +181,20 @@ def estimate_report(
         **set_by,
     )
     plan = evaluate(spec, cluster, lay, work, order=resolve_order(axis_order))
-    return evaluated_plan_dict(plan, tokens=tokens) | shown
+    return evaluated_plan_dict(plan, tokens=tokens) | shown | uncertainty(float(plan.step.step_time_s), profile)
+
+
+def uncertainty(step_time_s: float, profile: str | None) -> dict[str, Any]:
+    """The step time's P10-P90 band from the held-out errors of the published runs (catalog/held_out.toml)."""
+    band = io.held_out_band()
+    lo, hi = band["time_ratio_p10"] * step_time_s, band["time_ratio_p90"] * step_time_s
+    return {
+        "step_time_s_p10": lo,
+        "step_time_s_p90": hi,
+        "uncertainty": f"P10-P90 of measured over predicted step time on {int(band['runs'])} published runs, each "
+        "predicted with constants fitted without its source"
+        + ("; the profile's own held-out error is in its file" if profile else ""),
+    }
 
 
 WALL_LINKS = ("nvlink5", "nvlink4", "ib-ndr", "eth-100g")

@@ -16,6 +16,7 @@ from meshplan.spec.conditions import Conditions
 from meshplan.spec.finetune import LORA_TARGETS, Finetune, FinetuneMode
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.profile import apply_profile, parse_profile
 from meshplan.spec.workload import (
     PRECISIONS,
     Attention,
@@ -241,22 +242,25 @@ def resolve_cluster(
     node_size: int | None = None,
     scale_out: str | None = None,
     scale_out_bandwidth: float | None = None,
+    profile: str | None = None,
 ) -> Cluster:
     """The fleet: ``gpus`` of one catalog GPU, its scale-up link, and a scale-out link (default: the GPU's NIC),
-    whose bandwidth per GPU ``scale_out_bandwidth`` replaces when given (bytes/s per direction)."""
+    whose bandwidth per GPU ``scale_out_bandwidth`` replaces when given (bytes/s per direction); its constants
+    scaled by a cluster ``profile`` (``--profile``) when one is given."""
     spec = io.load_gpu(gpu)
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
     domain = node_size if node_size is not None else spec.scale_up_domain
     if domain < 1:
         raise ValueError(f"node size must be >= 1, got {domain}")
-    return Cluster(
+    cluster = Cluster(
         gpu=spec,
         num_gpus=gpus,
         scale_up=io.load_link(spec.scale_up_link),
         scale_out=_with_bandwidth(io.load_link(scale_out or spec.scale_out_link), scale_out_bandwidth),
         domain_size=domain,
     )
+    return apply_profile(cluster, parse_profile(profile))
 
 
 def _with_bandwidth(link: Link, bandwidth_bytes_per_s: float | None) -> Link:

@@ -154,6 +154,9 @@ class EstimateReport(MemoryReport):
     axis_order: list[str]
     warnings: list[str]
     time_to_train: NotRequired[TimeToTrainJSON]
+    step_time_s_p10: float
+    step_time_s_p90: float
+    uncertainty: str
 
 
 class ComponentsJSON(TypedDict):

@@ -266,6 +266,7 @@ def plan_report(
     max_gpus: int = MAX_GPUS,
     conditions: Mapping[str, Any] | None = None,
     scale_out_bandwidth: float | None = None,
+    profile: str | None = None,
 ) -> dict[str, Any]:
     """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for.
 
@@ -306,11 +307,17 @@ def plan_report(
             scale_out=scale_out,
             max_gpus=max_gpus,
             scale_out_bandwidth=scale_out_bandwidth,
+            profile=profile,
         )
         fewest = {"gpus": gpus, "searched_from": start, "tokens": tokens, "days": days}
         obj = Objective.STEP_TIME
     cluster = resolve_cluster(
-        gpu=gpu, gpus=gpus, node_size=node_size, scale_out=scale_out, scale_out_bandwidth=scale_out_bandwidth
+        gpu=gpu,
+        gpus=gpus,
+        node_size=node_size,
+        scale_out=scale_out,
+        scale_out_bandwidth=scale_out_bandwidth,
+        profile=profile,
     )
     result, plans = run_search(
         spec,
@@ -481,6 +488,7 @@ def _fewest_gpus(
     scale_out: str | None,
     max_gpus: int = MAX_GPUS,
     scale_out_bandwidth: float | None = None,
+    profile: str | None = None,
 ) -> int:
     """The smallest fleet (powers of two times the node, from ``start``) whose best plan trains in ``days``."""
     if start > max_gpus:
@@ -488,7 +496,12 @@ def _fewest_gpus(
     n = max(start, 1)
     while n <= max_gpus:
         cluster = resolve_cluster(
-            gpu=gpu, gpus=n, node_size=node_size, scale_out=scale_out, scale_out_bandwidth=scale_out_bandwidth
+            gpu=gpu,
+            gpus=n,
+            node_size=node_size,
+            scale_out=scale_out,
+            scale_out_bandwidth=scale_out_bandwidth,
+            profile=profile,
         )
         result = search(spec, cluster, work, headroom=headroom, allow_cross_node_tp=allow, order=order)
         if result.feasible:

@@ -21,6 +21,7 @@ from meshplan.server import parse
 from meshplan.server.content import serving_terms
 from meshplan.spec.layout import Recompute
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.profile import parse_profile
 from meshplan.spec.requests import Field, Group, field
 from meshplan.spec.requests import group as fields_of
 from meshplan.spec.workload import PRECISIONS, OptimizerKind
@@ -160,7 +161,14 @@ def _finetune(values: dict[str, Any]) -> FinetuneRequest | None:
 
 
 def _fleet_shape(values: dict[str, Any]) -> dict[str, Any]:
-    return values | {"scale_out": parse.link(values["scale_out"]), "axis_order": values["axis_order"] or None}
+    profile = values["profile"] or None
+    if profile is not None:
+        parse_profile(profile, files=False)  # the API takes inline scales only, never a path on the server
+    return values | {
+        "scale_out": parse.link(values["scale_out"]),
+        "axis_order": values["axis_order"] or None,
+        "profile": profile,
+    }
 
 
 layout_arg = dependency(fields_of(Group.LAYOUT), lambda values: LayoutRequest(**values), "layout_arg")

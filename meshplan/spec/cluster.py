@@ -87,6 +87,11 @@ class GpuCalibration:
     """GEMM dimension at which that dimension alone halves efficiency: each of M, N, K scales it by d/(d + this)."""
     attention_efficiency: float = 0.35
     """Fraction of dense peak a fused (flash) attention kernel reaches in forward; backward reaches 0.8 of it."""
+    fp8_matmul_ratio: float = 0.883
+    """A large FP8 GEMM's share of FP8 peak over a large bf16 GEMM's share of bf16 peak: the measured maximum
+    achievable matmul FLOPs (MAMF) in each. H100 SXM: FP8 1,402.6 of 1,978.8 (0.709) over bf16 794.5 of 989.4
+    (0.803) = 0.883 (published_runs.json hw_H100_SXM, stas00/ml-engineering MAMF table); the default for kinds
+    without an FP8 measurement."""
     hbm_efficiency: float = 0.80
     """Fraction of HBM bandwidth memory-bound kernels reach."""
     kernel_overhead_s: float = 4e-6
@@ -95,6 +100,11 @@ class GpuCalibration:
     """Fixed cost of each forward or backward chunk a pipeline stage runs (schedule sync, launch gaps)."""
     overlap_efficiency: float = 0.6
     """Share of communication run beside compute that really hides (NCCL kernels take SMs from the matmuls)."""
+    tp_overlap_efficiency: float = 0.9
+    """The same share for TP collectives overlapped with their GEMMs (Transformer Engine's userbuffers
+    comm-GEMM overlap, async TP), which move data with few SMs or the copy engines: fitted over the 16 runs
+    with TP overlap on (Megatron-Core H100 weak scaling, NeMo 24.07; grid 0.6, 0.8, 0.9, 1.0 in
+    docs/validation.md), 1.0 (perfect hiding) left out as unphysical."""
     framework_bytes: float = 1.5e9
     """CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers resident on every GPU."""
     fragmentation: float = 0.05

@@ -83,6 +83,9 @@ class MoESpec:
     """A per-expert bias on the router scores (DeepSeek-V3's correction bias)."""
     shared_expert_gate: bool = False
     """A sigmoid gate (hidden -> 1) on the shared expert (Qwen2-MoE)."""
+    max_nodes_per_token: int = 0
+    """Node-limited routing: each token reaches experts on at most this many nodes, sent once per node and
+    forwarded over NVLink inside it (DeepSeek-V3: 4, Sec. 2.1.2 and 3.2.2); 0: unlimited."""
 
     def __post_init__(self) -> None:
         _bounded(MAX_EXPERTS, num_experts=self.num_experts)

@@ -238,6 +238,14 @@ FIELDS: tuple[Field, ...] = (
         group=Group.FLEET_SHAPE,
         help="mesh axes innermost first, e.g. tp,cp,ep,dp_shard,dp_replicate,pp (the default)",
     ),
+    Field(
+        name="profile",
+        type=str,
+        default=None,
+        group=Group.FLEET_SHAPE,
+        help="cluster profile from meshplan calibrate: its TOML file, or inline compute_scale=0.9,comm_scale=1.2 "
+        "(scales on every GPU and link constant)",
+    ),
     _degree("tp", "tensor-parallel degree"),
     _degree("pp", "pipeline-parallel degree (stages)"),
     Field(

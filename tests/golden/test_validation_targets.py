@@ -49,3 +49,53 @@ def test_llama3_mfu_and_drops(report: dict) -> None:
     for a, b in ((base, more), (more, long)):
         got, want = b["predicted"] - a["predicted"], b["measured"] - a["measured"]
         assert got < 0 and abs(got - want) <= 0.02
+
+
+@pytest.fixture(scope="module")
+def held_out(report: dict) -> dict:
+    return {s["source"]: s for s in report["held_out"]["sources"]}
+
+
+def test_every_source_is_held_out_once(report: dict, held_out: dict) -> None:
+    assert set(held_out) == {s["source"] for s in report["sources"]}
+    for s in held_out.values():
+        assert len(s["loso_residuals"]) == s["cases"]
+
+
+# Regression bounds on the held-out errors as measured on this branch (docs/validation.md);
+# the issue's goals are reported by
+# `meshplan validate` under "goals" and are not all met yet.
+HELD_OUT_BOUNDS = {
+    "deepseek_v3": 0.10,
+    "korthikanti2022": 0.06,
+    "llama3": 0.035,
+    "narayanan2021": 0.035,
+    "narayanan2021_table2": 0.045,
+    "torchtitan_a100": 0.11,
+    "megascale2024": 0.17,
+    "nemo2407_h100": 0.18,
+    "megatron_h100_weak": 0.10,
+}
+
+
+@pytest.mark.parametrize("source", sorted(HELD_OUT_BOUNDS))
+def test_held_out_error_does_not_regress(held_out: dict, source: str) -> None:
+    assert held_out[source]["loso_mean_abs_error"] <= HELD_OUT_BOUNDS[source]
+
+
+def test_llama3_held_out_beats_its_best_constant(held_out: dict) -> None:
+    """H100's constants are no longer fitted on the Llama 3 rows alone: held out, they still predict them."""
+    s = held_out["llama3"]
+    assert s["loso_mean_abs_error"] < 0.8 * s["best_constant_error"]
+
+
+def test_the_stored_band_is_the_current_one(report: dict) -> None:
+    """catalog/held_out.toml (estimate's P10-P90) matches the held-out residuals of today's model."""
+    from meshplan import io
+    from meshplan.validate import held_out_band
+
+    stored, now = io.held_out_band(), held_out_band(report)
+    assert stored["runs"] == now["runs"]
+    assert stored["time_ratio_p10"] == pytest.approx(now["time_ratio_p10"], abs=0.01)
+    assert stored["time_ratio_p90"] == pytest.approx(now["time_ratio_p90"], abs=0.01)
+    assert stored["time_ratio_p10"] < 1 < stored["time_ratio_p90"]

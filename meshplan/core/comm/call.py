@@ -93,6 +93,7 @@ def make_call(
     inner: Num | None = None,
     per_micro_batch: Num = True,
     overlappable: Num = True,
+    leaving_share: Num = 1.0,
 ) -> CollectiveCall:
     n = place.size if group is None else group
     inner_n = place.inner if inner is None else inner
@@ -110,6 +111,7 @@ def make_call(
             outer_bytes_per_s=cluster.scale_out.effective_bytes_per_s,
             inner_latency_s=cluster.scale_up.latency_s,
             outer_latency_s=cluster.scale_out.latency_s,
+            leaving_share=leaving_share,
         )
     )
     return CollectiveCall(

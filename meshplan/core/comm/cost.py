@@ -99,6 +99,7 @@ def hierarchical_time(
     outer_bytes_per_s: Num,
     inner_latency_s: Num,
     outer_latency_s: Num,
+    leaving_share: Num = 1.0,
 ) -> Num:
     """A collective over ``inner`` ranks per scale-up domain times ``outer`` domains.
 
@@ -108,7 +109,8 @@ def hierarchical_time(
     share; all-to-all: the (outer-1)/outer share of each buffer leaves the
     domain over the NICs while the rest stays on the scale-up link.
     With outer = 1 it is the flat ring on the scale-up link; with inner = 1
-    the flat ring on the scale-out link.
+    the flat ring on the scale-out link. ``leaving_share`` scales an all-to-all's bytes that leave the domain
+    (node-limited MoE routing sends fewer copies across nodes).
     """
     n = inner * outer
 
@@ -122,7 +124,7 @@ def hierarchical_time(
         )
         return intra + inter
     if op is Collective.ALL_TO_ALL:
-        leaving = size_bytes * (n - inner) / n
+        leaving = size_bytes * (n - inner) / n * leaving_share
         staying = size_bytes * (inner - 1) / n
         t_out = where(outer > 1, leaving / outer_bytes_per_s + (outer - 1) * outer_latency_s, 0.0)
         t_in = where(inner > 1, staying / inner_bytes_per_s + (inner - 1) * inner_latency_s, 0.0)

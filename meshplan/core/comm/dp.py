@@ -1,8 +1,8 @@
 """Data parallelism and ZeRO/FSDP. ZeRO-0: gradient all-reduce over dp x cp, once per step, bucketed. ZeRO-1:
 gradient reduce-scatter and parameter all-gather over the shard group once per step. ZeRO-2: the
 reduce-scatter every micro-batch. ZeRO-3: parameter all-gathers in forward and backward and a gradient
-reduce-scatter every micro-batch (3x the parameters, ZeRO Sec. 7.2). HSDP adds an all-reduce of the shard
-across replicas."""
+reduce-scatter every micro-batch (3x the parameters, ZeRO Sec. 7.2), one per layer, each paying its latency.
+HSDP adds an all-reduce of the shard across replicas."""
 
 from __future__ import annotations
 
@@ -45,10 +45,14 @@ def dp_calls(
         st.expert_params if st.trained_expert_params is None else st.trained_expert_params,
     )
     base_gather = gathered if st.base_gather_bytes is None else st.base_gather_bytes
-    for label, params, train, ep_div in (
-        ("dense", st.dense_params, trained[0], 1),
-        ("experts", st.expert_params, trained[1], ep),
+    zero3 = zero == ZeroStage.PARAMETERS
+    for label, params, train, ep_div, layers in (
+        ("dense", st.dense_params, trained[0], 1, st.dense_layers + st.moe_layers),
+        ("experts", st.expert_params, trained[1], ep, st.moe_layers),
     ):
+        # ZeRO-3 gathers and reduce-scatters one layer at a time (FSDP's per-layer units, DeepSpeed's per-module
+        # fetches): the same bytes as one whole-stage collective, and one latency per layer
+        units = where(zero3, maximum(layers, 1), 1)
         grads = train * prec.grad_bytes  # only what trains is reduced (the adapters under LoRA)
         g_shard = shard // gcd(shard, ep_div)
         g_full = full // gcd(full, ep_div)
@@ -78,9 +82,9 @@ def dp_calls(
                 shard_p,
                 cl,
                 phase="backward",
-                size=grads,
+                size=grads / units,
                 per_micro_batch=every_mb,
-                count=where(zero == ZeroStage.OPTIMIZER, 1, where(every_mb & whole_model_zero3, m, 0)),
+                count=where(zero == ZeroStage.OPTIMIZER, 1, where(every_mb & whole_model_zero3, m * units, 0)),
                 **sharded,
             ),
             _call(
@@ -95,14 +99,14 @@ def dp_calls(
                 **sharded,
             ),
             *(
-                _call(  # ZeRO-3 gathers the whole stage before its forward and again before its backward
+                _call(  # ZeRO-3 gathers every layer before its forward and again before its backward
                     strat,
                     Collective.ALL_GATHER,
                     shard_p,
                     cl,
                     phase=phase,
-                    size=params * base_gather,
-                    count=where((zero == ZeroStage.PARAMETERS) & whole_model_zero3, m, 0),
+                    size=params * base_gather / units,
+                    count=where(zero3 & whole_model_zero3, m * units, 0),
                     **sharded,
                 )
                 for phase in ("forward", "backward")

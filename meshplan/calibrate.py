@@ -1,0 +1,166 @@
+"""``meshplan calibrate RUNS.json``: a cluster profile fitted from a user's own measured runs.
+
+RUNS.json is a list of objects, each with ``args`` (the ``meshplan estimate``
+arguments as typed, e.g. ``["llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8"]``)
+and the measured ``step_time_s`` or ``tokens_per_s_per_gpu`` (optionally
+``peak_memory_bytes``, compared, not fitted). The profile's two shared scales
+(compute efficiency, collective bandwidth; spec/profile.py) are fitted over all
+runs together (calibration.fit); a scale no run can move is not fitted, and
+fewer than three runs are refused: a constant is never fitted to one run. The
+held-out error is leave-one-run-out: each run predicted with the scales fitted
+on all the others.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from meshplan import calibration
+from meshplan.spec.profile import IDENTITY, Profile, dump_profile
+
+MIN_RUNS = 3
+METRICS = ("step_time_s", "tokens_per_s_per_gpu")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredRun:
+    """One run of the user's cluster: how it was set up (estimate's arguments) and what was measured."""
+
+    args: tuple[str, ...]
+    metric: str
+    """step_time_s or tokens_per_s_per_gpu."""
+    measured: float
+    peak_memory_bytes: float | None = None
+
+
+def load_runs(path: str | Path) -> list[MeasuredRun]:
+    """RUNS.json as MeasuredRun, with one-line errors naming the run."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a list of runs, got {type(data).__name__}")
+    return [_run(i, item) for i, item in enumerate(data)]
+
+
+def _run(i: int, item: Any) -> MeasuredRun:
+    if not isinstance(item, dict):
+        raise ValueError(f"run {i}: expected an object with args and step_time_s or tokens_per_s_per_gpu")
+    unknown = sorted(set(item) - {"args", "peak_memory_bytes", *METRICS})
+    if unknown:
+        raise ValueError(f"run {i}: unknown keys {', '.join(unknown)}")
+    args = item.get("args")
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args) or not args:
+        raise ValueError(f"run {i}: args must be the list of meshplan estimate arguments, as strings")
+    if "--profile" in args or any(a.startswith("--profile=") for a in args):
+        raise ValueError(f"run {i}: args must not carry --profile (the profile is what is fitted)")
+    given = [m for m in METRICS if m in item]
+    if len(given) != 1:
+        raise ValueError(f"run {i}: give exactly one of step_time_s and tokens_per_s_per_gpu")
+    value = item[given[0]]
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"run {i}: {given[0]} must be a positive number, got {value!r}")
+    memory = item.get("peak_memory_bytes")
+    if memory is not None and (not isinstance(memory, int | float) or memory <= 0):
+        raise ValueError(f"run {i}: peak_memory_bytes must be a positive number, got {memory!r}")
+    return MeasuredRun(args=tuple(args), metric=given[0], measured=float(value), peak_memory_bytes=memory)
+
+
+def _estimate(run: MeasuredRun, profile: Profile) -> dict[str, Any]:
+    from meshplan.cli import _cmd_estimate, build_parser
+    from meshplan.cli_support import UsageError
+
+    try:
+        ns = build_parser().parse_args(["estimate", *run.args])
+    except UsageError as exc:
+        raise ValueError(f"run {' '.join(run.args)[:80]!r}: {exc}") from None
+    ns.profile = (
+        None if profile.is_identity else f"compute_scale={profile.compute_scale},comm_scale={profile.comm_scale}"
+    )
+    return _cmd_estimate(ns)
+
+
+def predict(runs: list[MeasuredRun], profile: Profile) -> list[float]:
+    """Each run's predicted metric under ``profile``."""
+    return [float(_estimate(r, profile)[r.metric]) for r in runs]
+
+
+def _rows(runs: list[MeasuredRun], profile: Profile) -> list[tuple[str, str, str, float, float]]:
+    predicted = predict(runs, profile)
+    return [("runs", str(i), r.metric, r.measured, p) for i, (r, p) in enumerate(zip(runs, predicted, strict=True))]
+
+
+def _error(run: MeasuredRun, predicted: float) -> float:
+    return predicted / run.measured - 1
+
+
+def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
+    """The profile that suits ``runs`` and the numbers of its fit; ValueError when the runs cannot fit one."""
+    if len(runs) < MIN_RUNS:
+        raise ValueError(
+            f"{len(runs)} runs cannot fit a profile: give at least {MIN_RUNS} (never one constant per run)"
+        )
+    sens = calibration.sensitivities(lambda p: _rows(runs, p))
+    which = calibration.identified(sens)
+    free = [name for name, ok in which.items() if ok]
+    if not free:
+        raise ValueError("these runs cannot identify any constant: no run's time moves with compute or bandwidth")
+    if len(runs) < len(free) + 1:
+        raise ValueError(f"{len(runs)} runs cannot fit {len(free)} scales and say how far off the fit is")
+    fitted = calibration.fit(sens, free=free)
+    held = []
+    for i, r in enumerate(sens):
+        others = [s for j, s in enumerate(sens) if j != i]
+        profile = calibration.fit(others, free=free).profile
+        held.append(abs(r.error(calibration.predict(r, profile))))
+    before = [abs(_error(run, p)) for run, p in zip(runs, predict(runs, IDENTITY), strict=True)]
+    after = [abs(_error(run, p)) for run, p in zip(runs, predict(runs, fitted.profile), strict=True)]
+    profile = Profile(
+        compute_scale=fitted.profile.compute_scale,
+        comm_scale=fitted.profile.comm_scale,
+        source=f"meshplan calibrate: {len(runs)} runs; fitted {', '.join(free)}; "
+        f"mean |error| {100 * statistics.mean(before):.1f}% before, {100 * statistics.mean(after):.1f}% fitted, "
+        f"{100 * statistics.mean(held):.1f}% held out (leave one run out)",
+    )
+    numbers = {
+        "runs": len(runs),
+        "mean_abs_error_before": statistics.mean(before),
+        "mean_abs_error_fitted": statistics.mean(after),
+        "mean_abs_error_held_out": statistics.mean(held),
+    }
+    return profile, {"identified": which, "fitted": free, **numbers}
+
+
+def calibrate_report(path: str, *, out: str | None = None) -> dict[str, Any]:
+    """``meshplan calibrate``: the fitted profile, the errors before, fitted and held out, per run and overall."""
+    runs = load_runs(path)
+    profile, numbers = fit_runs(runs)
+    text = dump_profile(profile, {k: v for k, v in numbers.items() if isinstance(v, int | float)})
+    if out:
+        Path(out).write_text(text, encoding="utf-8")
+    before, after = predict(runs, IDENTITY), predict(runs, profile)
+    rows = []
+    for run, b, a in zip(runs, before, after, strict=True):
+        row: dict[str, Any] = {
+            "args": list(run.args),
+            "metric": run.metric,
+            "measured": run.measured,
+            "predicted_before": b,
+            "predicted_fitted": a,
+            "error_before": _error(run, b),
+            "error_fitted": _error(run, a),
+        }
+        if run.peak_memory_bytes is not None:
+            memory = float(_estimate(run, profile)["per_gpu"]["total_bytes"])
+            row["peak_memory_bytes"] = run.peak_memory_bytes
+            row["memory_error"] = memory / run.peak_memory_bytes - 1
+        rows.append(row)
+    return {
+        "profile": {"compute_scale": profile.compute_scale, "comm_scale": profile.comm_scale, "source": profile.source},
+        **numbers,
+        "runs_detail": rows,
+        "profile_file": out,
+        "profile_toml": text,
+    }

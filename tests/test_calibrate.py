@@ -1,0 +1,98 @@
+"""meshplan calibrate: a profile fitted from a user's own runs improves the prediction of that cluster's other
+runs, and runs that cannot identify a constant are refused."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from meshplan.calibrate import MeasuredRun, calibrate_report, fit_runs, load_runs, predict
+from meshplan.spec.profile import IDENTITY, Profile, load_profile
+
+TRUTH = Profile(compute_scale=0.8, comm_scale=0.5)
+"""The hidden cluster: GPUs 20% below the catalog's efficiency, a network at half its bandwidth."""
+
+SHAPES = [  # model, GPUs, tp, pp, micro-batch, sequence
+    ("llama-3.1-8b", 8, 1, 1, 1, 4096), ("llama-3.1-8b", 16, 2, 1, 2, 4096), ("llama-3.1-8b", 32, 1, 1, 1, 8192),
+    ("llama-3.1-8b", 64, 4, 1, 1, 8192), ("llama-3.1-70b", 64, 8, 2, 1, 4096), ("llama-3.1-70b", 128, 8, 4, 1, 4096),
+    ("llama-3.1-70b", 256, 4, 4, 1, 8192), ("llama-2-13b", 16, 2, 1, 1, 4096), ("llama-2-13b", 32, 4, 1, 2, 4096),
+    ("llama-2-7b", 8, 1, 1, 2, 4096), ("llama-2-70b", 64, 8, 1, 1, 4096), ("llama-3.1-8b", 128, 2, 1, 1, 8192),
+    ("llama-2-13b", 64, 1, 1, 1, 4096), ("llama-3.1-70b", 512, 8, 8, 1, 8192),
+]  # fmt: skip
+
+
+def _args(model: str, gpus: int, tp: int, pp: int, mb: int, seq: int) -> tuple[str, ...]:
+    dp = gpus // (tp * pp)
+    out = [model, "--gpu", "h100-sxm", "--gpus", str(gpus), "--tp", str(tp), "--pp", str(pp), "--dp-shard", str(dp)]
+    out += ["--zero", "1", "--micro-batch", str(mb), "--seq", str(seq), "--global-batch", str(dp * mb * 8)]
+    return tuple(out + (["--sp"] if tp > 1 else []))
+
+
+@pytest.fixture(scope="module")
+def measured() -> list[MeasuredRun]:
+    """Synthetic measurements: the model's own prediction on the hidden cluster."""
+    runs = [MeasuredRun(args=_args(*s), metric="tokens_per_s_per_gpu", measured=1.0) for s in SHAPES]
+    values = predict(runs, TRUTH)
+    return [MeasuredRun(args=r.args, metric=r.metric, measured=v) for r, v in zip(runs, values, strict=True)]
+
+
+def test_ten_runs_at_least_halve_the_error_on_the_others(measured: list[MeasuredRun]) -> None:
+    train, test = measured[:10], measured[10:]
+    profile, numbers = fit_runs(train)
+    assert numbers["fitted"] == ["compute_scale", "comm_scale"]
+    before = statistics.mean(abs(p / r.measured - 1) for r, p in zip(test, predict(test, IDENTITY), strict=True))
+    after = statistics.mean(abs(p / r.measured - 1) for r, p in zip(test, predict(test, profile), strict=True))
+    assert after <= before / 2, (before, after)
+    assert profile.compute_scale == pytest.approx(TRUTH.compute_scale, rel=0.05)
+    assert numbers["mean_abs_error_held_out"] < numbers["mean_abs_error_before"] / 2
+
+
+def test_too_few_runs_are_refused(measured: list[MeasuredRun]) -> None:
+    with pytest.raises(ValueError, match="at least 3"):
+        fit_runs(measured[:2])
+
+
+def test_runs_that_cannot_move_the_network_do_not_fit_it() -> None:
+    """Single-GPU runs have no collective: the bandwidth scale is not identified and stays 1."""
+    runs = [
+        MeasuredRun(
+            args=("llama-3.2-1b", "--gpu", "h100-sxm", "--gpus", "1", "--seq", str(seq), "--global-batch", "8"),
+            metric="step_time_s",
+            measured=1.0,
+        )
+        for seq in (1024, 2048, 4096)
+    ]
+    values = predict(runs, Profile(compute_scale=0.9))
+    runs = [MeasuredRun(args=r.args, metric=r.metric, measured=v) for r, v in zip(runs, values, strict=True)]
+    profile, numbers = fit_runs(runs)
+    assert numbers["fitted"] == ["compute_scale"] and profile.comm_scale == 1.0
+
+
+def test_report_writes_a_profile_file(tmp_path: Path, measured: list[MeasuredRun]) -> None:
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps([{"args": list(r.args), "tokens_per_s_per_gpu": r.measured} for r in measured[:4]]))
+    out = tmp_path / "profile.toml"
+    report = calibrate_report(str(path), out=str(out))
+    assert load_profile(out).compute_scale == pytest.approx(report["profile"]["compute_scale"], rel=1e-3)
+    assert len(report["runs_detail"]) == 4
+
+
+@pytest.mark.parametrize(
+    ("runs", "needle"),
+    [
+        ({"args": ["x"]}, "list of runs"),
+        ([{"args": ["llama-3.1-8b"], "step_time_s": 1, "tokens_per_s_per_gpu": 2}], "exactly one"),
+        ([{"args": ["llama-3.1-8b"], "step_time_s": -1}], "positive"),
+        ([{"args": ["llama-3.1-8b", "--profile", "p.toml"], "step_time_s": 1}], "--profile"),
+        ([{"args": "llama-3.1-8b", "step_time_s": 1}], "args"),
+        ([{"args": ["llama-3.1-8b"], "step_time_s": 1, "mfu": 0.4}], "unknown"),
+    ],
+)
+def test_bad_runs_files_are_one_line_errors(tmp_path: Path, runs: object, needle: str) -> None:
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(runs))
+    with pytest.raises(ValueError, match=needle):
+        load_runs(path)
