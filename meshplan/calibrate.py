@@ -69,7 +69,8 @@ def _run(i: int, item: Any) -> MeasuredRun:
 
 
 def _estimate(run: MeasuredRun, profile: Profile) -> dict[str, Any]:
-    from meshplan.cli import _cmd_estimate, build_parser
+    from meshplan.cli_commands import _cmd_estimate
+    from meshplan.cli_parser import build_parser
     from meshplan.cli_support import UsageError
 
     try:

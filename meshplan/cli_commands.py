@@ -1,0 +1,411 @@
+"""What each ``meshplan`` command does with its parsed flags: build the request, call one report.
+
+Heavy modules are imported inside the command that needs them, so start-up stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from meshplan.cli_support import UsageError, save_json, search_progress
+
+
+def _finetune_request(args: argparse.Namespace) -> Any:
+    """None unless a fine-tuning flag was given (so the default path loads nothing more)."""
+    given = (args.finetune, args.freeze, args.lora_targets, args.lora_rank)
+    if all(x is None for x in given) and not args.lora_train_embeddings:
+        return None
+    from meshplan.reports.inputs import FinetuneRequest
+
+    return FinetuneRequest(
+        mode=args.finetune or "full",
+        lora_rank=args.lora_rank,
+        lora_targets=args.lora_targets,
+        freeze=args.freeze,
+        lora_train_embeddings=args.lora_train_embeddings,
+    )
+
+
+def _layout_request(args: argparse.Namespace) -> Any:
+    from meshplan.reports import LayoutRequest
+    from meshplan.spec.requests import Group, group
+
+    return LayoutRequest(**{f.name: getattr(args, f.name) for f in group(Group.LAYOUT)})
+
+
+def _workload_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(
+        seq=args.seq,
+        global_batch=args.global_batch,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        optimizer_bytes=args.optimizer_bytes,
+        attention=args.attention,
+        kernels=args.kernels,
+    )
+
+
+def _cmd_params(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.params import params_report
+
+    return params_report(args.model, finetune=_finetune_request(args))
+
+
+def _conditions(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.spec.requests import Group, group
+
+    return {f.name: getattr(args, f.name) for f in group(Group.CONDITIONS)}
+
+
+def _cmd_memory(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.bills import memory_report
+
+    return memory_report(
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        layout=_layout_request(args),
+        finetune=_finetune_request(args),
+        conditions=_conditions(args),
+        **_workload_kwargs(args),
+    )
+
+
+def _cmd_stacks(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.listing import stacks_report
+
+    return stacks_report()
+
+
+def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.estimate import estimate_report
+
+    return estimate_report(
+        finetune=_finetune_request(args),
+        model=args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        layout=_layout_request(args),
+        node_size=args.node_size,
+        scale_out_bandwidth=args.scale_out_bandwidth,
+        scale_out=args.scale_out,
+        axis_order=args.axis_order,
+        tokens=args.tokens,
+        conditions=_conditions(args),
+        profile=args.profile,
+        **_workload_kwargs(args),
+    )
+
+
+def _cmd_collectives(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.estimate import collectives_report
+
+    size = None if args.size_mb is None else args.size_mb * 1e6
+    return collectives_report(
+        model=args.model, size_bytes=size, group=args.group, seq=args.seq, micro_batch=args.micro_batch
+    )
+
+
+def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
+    if args.memory:
+        from meshplan.validate_memory import validate_memory
+
+        return validate_memory()
+    if args.serving:
+        from meshplan.validate_serving import validate_serving
+
+        return validate_serving()
+    from meshplan.validate import validate
+
+    return validate(args.source, profile=args.profile)
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.calibrate import calibrate_report
+
+    return calibrate_report(args.runs, out=args.out)
+
+
+PIN_FIELDS: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "dp_shard", "dp_replicate", "zero", "sp", "recompute")
+PIN_FIELDS += ("schedule", "cp_kind", "micro_batch")
+
+
+def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
+    with search_progress(args):
+        return _plan(args)
+
+
+def _plan(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.plan import plan_report
+
+    result = plan_report(
+        finetune=_finetune_request(args),
+        model=args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        seq=args.seq,
+        global_batch_tokens=args.global_batch_tokens,
+        top=args.top,
+        headroom=args.headroom,
+        allow_cross_node_tp=args.allow_cross_node_tp,
+        objective=args.objective,
+        precision=args.precision,
+        attention=args.attention,
+        kernels=args.kernels,
+        node_size=args.node_size,
+        scale_out_bandwidth=args.scale_out_bandwidth,
+        scale_out=args.scale_out,
+        axis_order=args.axis_order,
+        profile=args.profile,
+        explain=args.explain,
+        compare=args.compare,
+        tokens=args.tokens,
+        days=args.days,
+        pins={name: getattr(args, name) for name in PIN_FIELDS},
+        training_engine=args.training_engine,
+        conditions=_conditions(args),
+    )
+    if args.save:
+        save_json(args.save, result, command="plan")
+    return result
+
+
+def _cmd_list(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.listing import list_report
+
+    return list_report(args.kind)
+
+
+def _cmd_recipe(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.recipes import list_report, recipe_report
+
+    if args.list or not args.name:
+        return list_report()
+    with search_progress(args):
+        return recipe_report(args.name, rank=not args.no_rank)
+
+
+SERVING_ENGINES = ("vllm", "sglang", "trtllm")
+
+
+SERVING_FLAGS = ("dtype", "kv_dtype", "context", "gpu_memory_utilization")
+
+
+SHARED_FLAGS = ("model", "gpu", "gpus", "from_plan", "out", "model_path", "tp", "pp", "ep", "json")
+
+
+EXPORT_IGNORES = ("optimizer", "optimizer_bytes", "attention")
+"""Workload flags export takes (they come with the layout flags) but no engine configuration carries."""
+
+
+FROM_PLAN_KEEPS = ("engine", "from_plan", "out", "model_path", "precision", "json", "command", "handler")
+"""What ``export --from-plan`` still reads from the command line: the rest comes from the saved plan."""
+
+
+def _ignored_flags(args: argparse.Namespace) -> list[str]:
+    """Flags given to ``export`` that it would ignore: serving flags on a trainer and back, workload flags no
+    engine takes, and with --from-plan everything the saved plan decides."""
+    from meshplan.cli_parser import build_parser
+
+    defaults = vars(build_parser().parse_args(["export", args.engine]))
+    serving = args.engine in SERVING_ENGINES
+    given = [k for k, v in vars(args).items() if k in defaults and v != defaults[k]]
+    if args.from_plan and not serving:
+        ignored = [k for k in given if k not in FROM_PLAN_KEEPS]
+    else:
+        ignored = [
+            k for k in given if k not in SHARED_FLAGS and ((k in SERVING_FLAGS) != serving or k in EXPORT_IGNORES)
+        ]
+    return ["MODEL" if k == "model" else "--" + k.replace("_", "-") for k in ignored]
+
+
+def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.export import export_serving, export_training, load_saved_plan
+
+    ignored = _ignored_flags(args)
+    if ignored and args.from_plan and args.engine not in SERVING_ENGINES:
+        raise UsageError(f"meshplan export {args.engine}: --from-plan sets what {', '.join(ignored)} would; drop them")
+    if ignored:
+        kind = "a serving" if args.engine in SERVING_ENGINES else "a training"
+        raise UsageError(f"meshplan export {args.engine}: {kind} engine ignores {', '.join(ignored)}")
+    if args.engine in SERVING_ENGINES and args.from_plan:
+        from meshplan.reports.export import export_serve_plan
+
+        result = export_serve_plan(args.engine, args.from_plan, model_path=args.model_path)
+    elif args.engine in SERVING_ENGINES:
+        if not (args.model and args.gpu and args.gpus):
+            raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and serving flags")
+        result = export_serving(
+            args.engine,
+            args.model,
+            gpu=args.gpu,
+            gpus=args.gpus,
+            tp=None if args.tp == 1 and args.pp == 1 else args.tp,
+            pp=args.pp,
+            ep=args.ep,
+            dtype=args.dtype,
+            kv_dtype=args.kv_dtype,
+            context=args.context,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            model_path=args.model_path,
+        )
+    elif args.from_plan:
+        saved = load_saved_plan(args.from_plan)
+        result = export_training(
+            args.engine,
+            saved["model"],
+            gpu=saved["gpu"],
+            gpus=saved["gpus"],
+            layout=saved["layout"],
+            seq=saved["seq"],
+            global_batch=saved["global_batch"],
+            precision=args.precision,
+            model_path=args.model_path,
+        )
+    else:
+        if not (args.model and args.gpu and args.gpus):
+            raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and layout flags, or --from-plan")
+        result = export_training(
+            args.engine,
+            args.model,
+            gpu=args.gpu,
+            gpus=args.gpus,
+            layout=_layout_request(args),
+            seq=args.seq,
+            global_batch=args.global_batch,
+            precision=args.precision,
+            model_path=args.model_path,
+        )
+    if args.out:
+        result["written"] = _write_export(result, args.out)
+    return result
+
+
+def _write_export(result: dict[str, Any], out: str) -> list[str]:
+    """The export's files and a launch.sh in folder ``out``; the names written."""
+    from pathlib import Path
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in result["files"].items():
+        (folder / name).write_text(text, encoding="utf-8")
+    (folder / "launch.sh").write_text("#!/bin/sh\n" + result["command"] + "\n", encoding="utf-8")
+    return sorted([*result["files"], "launch.sh"])
+
+
+def _cmd_ui(args: argparse.Namespace) -> None:
+    try:
+        from meshplan.server.app import serve
+    except ImportError as exc:
+        raise UsageError(
+            f"meshplan ui: the web explorer needs the [web] extra: pip install 'meshplan[web]' ({exc})"
+        ) from None
+    serve(host=args.host, port=args.port, open_browser=args.open)
+
+
+def _cmd_check(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.check import check_report
+
+    if sys.stderr.isatty() and not args.json:  # the runs take 10 s to minutes: say so while they go
+        sys.stderr.write(f"running {args.world_size} local torch.distributed processes (Ctrl-C stops them)...")
+        sys.stderr.flush()
+    try:
+        return _check(args, check_report)
+    finally:
+        if sys.stderr.isatty() and not args.json:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _check(args: argparse.Namespace, check_report: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    return check_report(
+        world_size=args.world_size,
+        layouts=args.layouts,
+        hidden=args.hidden,
+        layers=args.layers,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        seq=args.seq,
+        micro_batch=args.micro_batch,
+    )
+
+
+def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.bills import fit_report
+
+    return fit_report(
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        dtype=args.dtype,
+        finetune=_finetune_request(args),
+        seq=args.seq,
+        precision=args.precision,
+        headroom=args.headroom,
+    )
+
+
+def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.bills import serving_report
+
+    return serving_report(
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        tp=args.tp,
+        pp=args.pp,
+        ep=args.ep,
+        dtype=args.dtype,
+        kv_dtype=args.kv_dtype,
+        context=args.context,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+
+
+SERVE_KEYS: tuple[str, ...] = ("tp", "pp", "ep", "dp_attention", "replicas", "weights_dtype", "kv_dtype", "quant")
+SERVE_KEYS += ("engine", "max_batch", "disaggregate")
+
+
+def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.serve import serve_report
+
+    return serve_report(
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        concurrency=args.concurrency,
+        rate=args.rate,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        **{k: getattr(args, k) for k in SERVE_KEYS},
+    )
+
+
+def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.serve_plan import serve_plan_report
+
+    result = serve_plan_report(
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        ttft_p99_s=args.ttft_p99,
+        tpot_p99_s=args.tpot_p99,
+        objective=args.serve_objective,
+        concurrency=args.concurrency,
+        engine=args.engine,
+        dtypes=args.weights_dtypes.split(",") if args.weights_dtypes else None,
+        top=args.top,
+        disaggregate=args.search_disaggregated,
+    )
+    if args.save:
+        import json
+        from pathlib import Path
+
+        Path(args.save).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result

@@ -1,0 +1,318 @@
+"""The ``meshplan`` command line: every flag made from the request schema (spec/requests.py) and the
+commands that take them."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from meshplan.cli_commands import (
+    PIN_FIELDS,
+    _cmd_calibrate,
+    _cmd_check,
+    _cmd_collectives,
+    _cmd_estimate,
+    _cmd_export,
+    _cmd_fit,
+    _cmd_list,
+    _cmd_memory,
+    _cmd_params,
+    _cmd_plan,
+    _cmd_recipe,
+    _cmd_serve,
+    _cmd_serve_plan,
+    _cmd_serving,
+    _cmd_stacks,
+    _cmd_ui,
+    _cmd_validate,
+)
+from meshplan.cli_support import UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+_UNSET: Any = object()
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _flag_type(name: str) -> Callable[[str], Any]:
+    """An argparse type that parses through the schema field (argparse names the flag itself)."""
+    from meshplan.spec.requests import field
+
+    f = field(name)
+
+    def parse(text: str) -> Any:
+        try:
+            return f.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{f.flag}: ")) from None
+
+    parse.__name__ = f.name  # argparse's "invalid <name> value" wording
+    return parse
+
+
+def add_fields(p: argparse.ArgumentParser | Any, *names: str, required: bool = False, default: Any = _UNSET) -> None:
+    """Flags for schema fields (spec/requests.py): type, bounds, choices, unit and help come from there."""
+    from meshplan.spec.requests import field
+
+    for name in names:
+        f = field(name)
+        value = f.default if default is _UNSET else default
+        text = f.describe(value)
+        if f.type is bool:
+            p.add_argument(f.flag, dest=f.name, action="store_true", default=False, help=text)
+            continue
+        metavar = "{" + ",".join(f.choices) + "}" if f.choices else f.key.upper()
+        p.add_argument(
+            f.flag, dest=f.name, type=_flag_type(name), default=value, required=required, help=text, metavar=metavar
+        )
+
+
+def _add_group(p: argparse.ArgumentParser, group: str, **defaults: Any) -> None:
+    from meshplan.spec.requests import Group
+    from meshplan.spec.requests import group as fields_of
+
+    g = p.add_argument_group(group)
+    for f in fields_of(Group(group)):
+        add_fields(g, f.name, **({"default": defaults[f.name]} if f.name in defaults else {}))
+
+
+def _add_fleet(p: argparse.ArgumentParser) -> None:
+    add_fields(p, "gpu", "gpus", required=True)
+
+
+def _add_layout(p: argparse.ArgumentParser) -> None:
+    _add_group(p, "layout")
+    _add_group(p, "workload")
+
+
+def _add_finetune(p: argparse.ArgumentParser) -> None:
+    _add_group(p, "fine-tuning")
+
+
+def _add_fleet_shape(p: argparse.ArgumentParser) -> None:
+    _add_group(p, "fleet shape")
+
+
+def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    add_fields(p, "input_len", "output_len", required=True)
+    add_fields(p, "tp", default=None)
+    add_fields(p, "pp", "ep", "dp_attention", "weights_dtype", "kv_dtype", "quant", "engine", "max_batch")
+    add_fields(p, "gpu_memory_utilization", default=None)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535], got {value}")
+    return value
+
+
+def _run_sources() -> list[str]:
+    """The published-run sources ``validate`` holds (catalog/runs/*.toml), listed without loading them."""
+    from importlib import resources
+
+    folder = resources.files("meshplan") / "catalog" / "runs"
+    return sorted(e.name.removesuffix(".toml") for e in folder.iterdir() if e.name.endswith(".toml"))
+
+
+Command = Callable[[str, Callable[[argparse.Namespace], Any], str], argparse.ArgumentParser]
+"""Adds one subcommand (name, handler, one-line description) with its --json flag."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="meshplan", description="Plan how a transformer is split across GPUs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(
+        name: str, handler: Callable[[argparse.Namespace], dict[str, Any] | None], text: str
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+        p.set_defaults(handler=handler)
+        return p
+
+    for add in (_training_commands, _search_commands, _serving_commands, _tool_commands):
+        add(command)
+    return parser
+
+
+def _training_commands(command: Command) -> None:
+    """list, params, memory, stacks, estimate, collectives, validate, calibrate."""
+    p = command("list", _cmd_list, "what the catalog holds: models, GPUs, links or recipes")
+    p.add_argument("kind", choices=("models", "gpus", "links", "recipes", "stacks"))
+
+    p = command("params", _cmd_params, "exact parameter counts, total and active per token, by component")
+    p.add_argument("model", help="catalog name, model TOML, or a Hugging Face config.json")
+    _add_finetune(p)
+
+    p = command("memory", _cmd_memory, "per-GPU training memory, term by term, for a layout")
+    p.add_argument("model")
+    _add_fleet(p)
+    _add_group(p, "layout")
+    _add_group(p, "workload", precision=None, attention=None, kernels=None)  # None: the stack's, else the default
+    _add_finetune(p)
+    _add_group(p, "conditions")
+
+    p = command("stacks", _cmd_stacks, "the training stacks and the conditions each sets (for --stack)")
+
+    p = command("estimate", _cmd_estimate, "step time, MFU, every collective and where it runs, for one layout")
+    p.add_argument("model")
+    _add_fleet(p)
+    _add_group(p, "layout")
+    _add_group(p, "workload", precision=None, attention=None, kernels=None)
+    _add_finetune(p)
+    _add_group(p, "conditions")
+    _add_fleet_shape(p)
+    add_fields(p, "tokens")
+
+    p = command(
+        "collectives", _cmd_collectives, "the bandwidth wall: one all-reduce timed over NVLink, InfiniBand, Ethernet"
+    )
+    p.add_argument(
+        "--model", default=None, help="size the all-reduce as one TP all-reduce of this model (default llama-3.1-70b)"
+    )
+    p.add_argument("--size-mb", type=float, default=None, help="buffer size in MB (1e6 bytes) instead")
+    p.add_argument("--group", type=_positive_int, default=8, help="ranks in the ring")
+    add_fields(p, "seq", default=8192)
+    add_fields(p, "micro_batch")
+
+    p = command("validate", _cmd_validate, "predictions against published measured runs, with the error of each")
+    p.add_argument("--source", default=None, help=f"one source only: {', '.join(_run_sources())}")
+    p.add_argument("--serving", action="store_true", help="the published serving measurements instead")
+    p.add_argument(
+        "--memory", action="store_true", help="the published peak-memory figures, and the fit of published layouts"
+    )
+    add_fields(p, "profile")
+
+    p = command("calibrate", _cmd_calibrate, "fit a cluster profile (--profile) from your own measured runs")
+    p.add_argument(
+        "runs",
+        help="RUNS.json: a list of {args: [meshplan estimate arguments], step_time_s or tokens_per_s_per_gpu, "
+        "peak_memory_bytes (optional)}",
+    )
+    p.add_argument("--out", default=None, help="write the profile TOML to this file (for --profile)")
+
+
+def _search_commands(command: Command) -> None:
+    """plan, recipe, export, fit."""
+    p = command("plan", _cmd_plan, "search every layout: the fastest that fit, why they win, why the rest lost")
+    p.add_argument("model")
+    _add_fleet(p)
+    add_fields(p, "seq", "global_batch_tokens", required=True)
+    add_fields(p, "top", "headroom", "allow_cross_node_tp", "objective", "tokens", "days")
+    p.add_argument("--explain", action="store_true", help="compare the winner with the runner-up term by term")
+    p.add_argument(
+        "--compare", default=None, help="also compare with a named layout, e.g. tp=8,pp=16,dp=128 (layout flags' names)"
+    )
+    p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
+    add_fields(p, "precision", "attention", "kernels", default=None)  # None: the stack's, else the default
+    _add_fleet_shape(p)
+    _add_finetune(p)
+    pins = p.add_argument_group("pins: keep only layouts with these layout values (none by default)")
+    add_fields(pins, *PIN_FIELDS, default=None)
+    add_fields(pins, "training_engine")
+    _add_group(p, "conditions")
+
+    p = command("recipe", _cmd_recipe, "published recipes: evaluated, and ranked against the planner's search")
+    p.add_argument("name", nargs="?", default=None, help="recipe name (meshplan recipe --list)")
+    p.add_argument("--list", action="store_true", help="list the recipes and their factors")
+    p.add_argument("--no-rank", action="store_true", help="skip the search that ranks the published layout")
+
+    p = command(
+        "export",
+        _cmd_export,
+        "a plan as the launch configuration of torchtitan, Megatron-LM, DeepSpeed, vLLM, SGLang or TensorRT-LLM",
+    )
+    p.add_argument("engine", choices=("torchtitan", "megatron", "deepspeed", "vllm", "sglang", "trtllm"))
+    p.add_argument("model", nargs="?", default=None)
+    add_fields(p, "gpu", "gpus")
+    p.add_argument("--from-plan", default=None, help="a file written by meshplan plan --save (serve-plan for servers)")
+    p.add_argument("--out", default=None, help="write the files and launch.sh into this folder")
+    p.add_argument("--model-path", default=None, help="checkpoint or Hugging Face path to put in the config")
+    _add_layout(p)
+    _add_group(p, "serving")
+
+    p = command(
+        "fit",
+        _cmd_fit,
+        "weights split over N GPUs: per-GPU share, free memory, fewest GPUs; with --finetune, the largest "
+        "micro-batch and sequence that fit",
+    )
+    p.add_argument("model")
+    _add_fleet(p)
+    add_fields(p, "dtype", "seq", "precision", "headroom")
+    _add_finetune(p)
+
+
+def _serving_commands(command: Command) -> None:
+    """serving, serve, serve-plan."""
+    p = command("serving", _cmd_serving, "serving memory: weights, KV cache per token, tokens and sequences that fit")
+    p.add_argument("model")
+    _add_fleet(p)
+    add_fields(p, "tp", default=None)
+    add_fields(p, "pp", "ep")
+    _add_group(p, "serving")
+
+    p = command("serve", _cmd_serve, "serving speed under load: TTFT p50/p99, TPOT, tokens/s per GPU and per user")
+    p.add_argument("model")
+    _add_fleet(p)
+    _add_serve_flags(p)
+    add_fields(p, "replicas", "disaggregate")
+    load = p.add_mutually_exclusive_group(required=True)
+    add_fields(load, "concurrency", "rate")
+
+    p = command(
+        "serve-plan", _cmd_serve_plan, "every serving layout, dtype and batch cap ranked under TTFT/TPOT targets"
+    )
+    p.add_argument("model")
+    _add_fleet(p)
+    add_fields(p, "input_len", "output_len", required=True)
+    add_fields(p, "ttft_p99", "tpot_p99", "serve_objective", "concurrency", "engine", "weights_dtypes", "top")
+    p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
+    add_fields(p, "search_disaggregated")
+
+
+def _tool_commands(command: Command) -> None:
+    """check, ui."""
+    p = command(
+        "check",
+        _cmd_check,
+        "run a tiny model on local torch.distributed processes and hold every measured byte and collective "
+        "against meshplan's prediction (needs the torch extra)",
+    )
+    p.add_argument("--world-size", type=_positive_int, default=2, help="local processes (gloo), at least 2")
+    p.add_argument(
+        "--layouts",
+        default=None,
+        help="comma-separated, as the report names them: ddp,fsdp,tp,sp,fsdp_tp,pp,ep,cp (default: all that fit; "
+        "pp runs pp_gpipe and pp_1f1b), and fsdp_bf16, fsdp_bf16_reduce_bf16, fsdp_reshard_root, fsdp_no_reshard",
+    )
+    g = p.add_argument_group("tiny model (default 4 layers, hidden 32, 8 heads, 4 KV heads, seq 16, micro-batch 2)")
+    g.add_argument("--hidden", type=_positive_int, default=None, help="hidden size (head dim = hidden / heads)")
+    g.add_argument("--layers", type=_positive_int, default=None)
+    g.add_argument("--heads", type=_positive_int, default=None)
+    g.add_argument("--kv-heads", type=_positive_int, default=None)
+    g.add_argument("--seq", type=_positive_int, default=None, help="sequence length in tokens")
+    g.add_argument("--micro-batch", type=_positive_int, default=None, help="sequences per micro-batch")
+
+    p = command("ui", _cmd_ui, "the web explorer: the engine's answers as interactive pages in a local browser")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_port, default=0, help="port to listen on (default: a free one)")
+    p.add_argument("--open", action="store_true", help="open the explorer in the default browser")
