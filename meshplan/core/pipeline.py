@@ -76,9 +76,13 @@ def interleaved_forwards(*, pp: Num, vpp: Num, m: Num, stage: Num, group: Num) -
 def interleaved_chunk_forwards(*, pp: Num, vpp: Num, m: Num, stage: Num, group: Num, chunk: Num) -> Num:
     """Forwards of chunk ``chunk`` among those rank ``stage`` has run at its peak (groups of N per chunk)."""
     forwards = interleaved_forwards(pp=pp, vpp=vpp, m=m, stage=stage, group=group)
-    per_round = group * vpp
-    rounds = forwards // per_round
-    rest = forwards - rounds * per_round
+    return _chunk_share(forwards, vpp=vpp, group=group, chunk=chunk)
+
+
+def _chunk_share(forwards: Num, *, vpp: Num, group: Num, chunk: Num) -> Num:
+    """Of ``forwards`` run group by group (N micro-batches through each of v chunks in turn), chunk ``chunk``'s."""
+    rounds = forwards // (group * vpp)
+    rest = forwards - rounds * group * vpp
     return rounds * group + minimum(maximum(rest - chunk * group, 0), group)
 
 
@@ -97,9 +101,10 @@ def interleaved_layer_microbatches(
     base = ceil_div(layers, vpp)
     short = base * vpp - layers
     first_half = stage < pp / 2
+    forwards = interleaved_forwards(pp=pp, vpp=vpp, m=m, stage=stage, group=group)  # once, for every chunk
     total: Num = 0 * base
     for c in range(max_vpp):
-        count = interleaved_chunk_forwards(pp=pp, vpp=vpp, m=m, stage=stage, group=group, chunk=c)
+        count = _chunk_share(forwards, vpp=vpp, group=group, chunk=c)
         is_short = where(first_half, c < short, c >= vpp - short)
         total = total + where(c < vpp, count * (base - where(is_short, 1, 0)), 0)
     return total
