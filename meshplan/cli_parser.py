@@ -188,8 +188,13 @@ def _training_commands(command: Command) -> None:
     p.add_argument(
         "--model", default=None, help="size the all-reduce as one TP all-reduce of this model (default llama-3.1-70b)"
     )
-    p.add_argument("--size-mb", type=float, default=None, help="buffer size in MB (1e6 bytes) instead")
-    p.add_argument("--group", type=_positive_int, default=8, help="ranks in the ring")
+    p.add_argument(
+        "--size-mb",
+        type=float,
+        default=None,
+        help="buffer [MB, 1e6 bytes] instead of the model's TP all-reduce",
+    )
+    p.add_argument("--group", type=_positive_int, default=8, help="ranks in the ring [GPUs] (default: 8)")
     add_fields(p, "seq", default=8192)
     add_fields(p, "micro_batch")
 
@@ -297,7 +302,9 @@ def _tool_commands(command: Command) -> None:
         "run a tiny model on local torch.distributed processes and hold every measured byte and collective "
         "against meshplan's prediction (needs the torch extra)",
     )
-    p.add_argument("--world-size", type=_positive_int, default=2, help="local processes (gloo), at least 2")
+    p.add_argument(
+        "--world-size", type=_positive_int, default=2, help="local processes (gloo), at least 2 (default: 2)"
+    )
     p.add_argument(
         "--layouts",
         default=None,
@@ -305,12 +312,16 @@ def _tool_commands(command: Command) -> None:
         "pp runs pp_gpipe and pp_1f1b), and fsdp_bf16, fsdp_bf16_reduce_bf16, fsdp_reshard_root, fsdp_no_reshard",
     )
     g = p.add_argument_group("tiny model (default 4 layers, hidden 32, 8 heads, 4 KV heads, seq 16, micro-batch 2)")
-    g.add_argument("--hidden", type=_positive_int, default=None, help="hidden size (head dim = hidden / heads)")
-    g.add_argument("--layers", type=_positive_int, default=None)
-    g.add_argument("--heads", type=_positive_int, default=None)
-    g.add_argument("--kv-heads", type=_positive_int, default=None)
-    g.add_argument("--seq", type=_positive_int, default=None, help="sequence length in tokens")
-    g.add_argument("--micro-batch", type=_positive_int, default=None, help="sequences per micro-batch")
+    g.add_argument(
+        "--hidden", type=_positive_int, default=None, help="hidden size; head dim = hidden / heads (default: 32)"
+    )
+    g.add_argument("--layers", type=_positive_int, default=None, help="transformer layers (default: 4)")
+    g.add_argument("--heads", type=_positive_int, default=None, help="attention heads (default: 8)")
+    g.add_argument("--kv-heads", type=_positive_int, default=None, help="KV heads (default: 4)")
+    g.add_argument("--seq", type=_positive_int, default=None, help="sequence length [tokens] (default: 16)")
+    g.add_argument(
+        "--micro-batch", type=_positive_int, default=None, help="sequences per micro-batch [sequences] (default: 2)"
+    )
 
     p = command("ui", _cmd_ui, "the web explorer: the engine's answers as interactive pages in a local browser")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
