@@ -21,7 +21,7 @@ from meshplan.core import finetune, pipeline
 from meshplan.core.num import Num, gcd, maximum, minimum, to_float, where
 from meshplan.core.params import LayerParams, ParamCount
 from meshplan.core.pytorch import shards
-from meshplan.core.stages import candidate_stages, stage_row
+from meshplan.core.stages import candidate_stages, stage_row, vocab_params_per_rank
 from meshplan.spec.cluster import GpuCalibration
 from meshplan.spec.conditions import FUSED_LOSS_CHUNKS, UPCAST_LOSS_BYTES, LossKind, Selective
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
@@ -119,7 +119,7 @@ def stage_params(
     dense = dense_layers * d_dense + moe_layers * m_dense
     experts = moe_layers * m_expert
     is_first, is_last = row.embedding == 1, row.head == 1
-    vocab_rows = model.vocab_size * model.hidden / tp
+    vocab_rows = vocab_params_per_rank(model, tp=tp)
     dense = dense + where(is_first, vocab_rows + params.position_embedding, 0)
     head = where(model.tied_embeddings & (pp == 1), 0, vocab_rows)  # tied and pp > 1: the last stage keeps a copy
     dense = dense + where(is_last, head + params.final_norm, 0)
@@ -196,7 +196,7 @@ def stage_training(
         quantized: Num = 0.0
         if finetune.quantized_base(ft):
             # kept in bf16: the embedding, the output head (its own copy unless tied on one stage), final norm
-            vocab, last = model.vocab_size * model.hidden / lay.tp, stage == lay.pp - 1
+            vocab, last = vocab_params_per_rank(model, tp=lay.tp), stage == lay.pp - 1
             head = where((lay.pp > 1) | (not model.tied_embeddings), vocab, 0.0)
             edges = where(stage == 0, vocab + params.position_embedding, 0) + where(last, head + model.norm_params, 0)
             quantized = finetune.quantizable_params(
@@ -208,7 +208,7 @@ def stage_training(
             )
         edges_trained: Num = 0.0
         if ft.train_embeddings:  # the embedding and the output head train beside the adapters
-            vocab = model.vocab_size * model.hidden / lay.tp
+            vocab = vocab_params_per_rank(model, tp=lay.tp)
             head = where((lay.pp > 1) | (not model.tied_embeddings), vocab, 0.0)
             edges_trained = where(stage == 0, vocab, 0) + where(stage == lay.pp - 1, head, 0)
         return StageTraining(
@@ -223,7 +223,7 @@ def stage_training(
     frozen_dense: Num = 0.0
     frozen_experts: Num = 0.0
     if ft.freeze_embeddings:
-        frozen_dense = where(stage == 0, model.vocab_size * model.hidden / lay.tp + params.position_embedding, 0)
+        frozen_dense = where(stage == 0, vocab_params_per_rank(model, tp=lay.tp) + params.position_embedding, 0)
     if ft.freeze_layers:
         first = stage_row(model, pp=lay.pp, stage=stage).first_layer
         n = finetune.frozen_leading_layers(ft, first=first, layers=held.dense_layers + held.moe_layers)

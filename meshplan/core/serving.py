@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from meshplan.core.finetune import nf4_bytes_per_param
 from meshplan.core.memory import StageParams, stage_params
 from meshplan.core.params import ParamCount, count_params
+from meshplan.core.stages import vocab_params_per_rank
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DTYPE_BYTES, DType
@@ -50,7 +51,7 @@ def _stage_unquantized(
     """16-bit parameters on one GPU of ``stage``: its share of embedding and head, its norms and routers."""
     layers = held.dense_layers * (params.dense_layer.norms + params.dense_layer.router)
     layers += held.moe_layers * (params.moe_layer.norms + params.moe_layer.router)
-    vocab_rows = model.vocab_size * model.hidden / tp
+    vocab_rows = vocab_params_per_rank(model, tp=tp)
     first = vocab_rows + params.position_embedding if stage == 0 else 0.0
     last = (0.0 if model.tied_embeddings and pp == 1 else vocab_rows) + params.final_norm if stage == pp - 1 else 0.0
     return float(layers + first + last)

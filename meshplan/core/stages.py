@@ -55,6 +55,11 @@ def stage_row(model: ModelSpec, *, pp: Num, stage: Num) -> StageRow:
     )
 
 
+def vocab_params_per_rank(model: ModelSpec, *, tp: Num) -> Num:
+    """Parameters of one vocabulary matrix (the embedding or the output head) on one TP rank: V h / t."""
+    return model.vocab_size * model.hidden / tp
+
+
 def stage_table(model: ModelSpec, *, pp: int) -> tuple[StageRow, ...]:
     """Every stage of one layout's pipeline."""
     return tuple(stage_row(model, pp=pp, stage=i) for i in range(pp))
