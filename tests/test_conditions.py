@@ -24,12 +24,12 @@ def test_interleaved_warm_up_with_group_size() -> None:
     chunk forwards and one more before its first backward. Rank 1 holds one layer per chunk: 7*16 + 2*14 + 1
     = 141. Rank 0's 7 layers leave its first chunk empty (the embedding alone): of its 7*16 + 2*15 + 1 = 143
     forwards, 16 of the first group and 15 of the second run that empty chunk: 143 - 31 = 112."""
-    common = dict(pp=16, vpp=8, m=32, group=16, max_vpp=8)
+    common = dict(pp=16, vpp=8, m=32, group=16)
     assert pipeline.interleaved_forwards(pp=16, vpp=8, m=32, stage=1, group=16) == 141
     assert pipeline.interleaved_layer_microbatches(stage=1, layers=8, **common) == 141
     assert pipeline.interleaved_layer_microbatches(stage=0, layers=7, **common) == 112
     # group N = p is Megatron's default: the count Korthikanti et al. 2022 Sec. 4.2.3 use, p(1 + (p-1)/(pv)) x L/p
-    assert pipeline.interleaved_layer_microbatches(pp=4, vpp=2, m=8, stage=0, group=4, layers=8, max_vpp=2) == 4 * 11
+    assert pipeline.interleaved_layer_microbatches(pp=4, vpp=2, m=8, stage=0, group=4, layers=8) == 4 * 11
 
 
 def _memory(**kw: Any) -> dict[str, Any]:
@@ -209,3 +209,28 @@ def test_scale_out_bandwidth_as_a_number() -> None:
     fast = estimate_report("llama-3.1-70b", **run)["breakdown"]["exposed_dp_s"]  # type: ignore[arg-type]
     slow = estimate_report("llama-3.1-70b", scale_out_bandwidth=12.5e9, **run)["breakdown"]["exposed_dp_s"]  # type: ignore[arg-type]
     assert slow > fast  # a quarter of NDR's 50e9 bytes/s for the data-parallel reduce across nodes
+
+
+def test_interleaved_layer_microbatches_in_closed_form_equal_the_chunk_walk() -> None:
+    """The closed form against a walk chunk by chunk, written out here: every chunk's forwards times its layers."""
+    import itertools
+
+    def walk(*, pp: int, vpp: int, m: int, stage: int, group: int, layers: int) -> int:
+        forwards = min((vpp - 1) * group + 2 * (pp - 1 - stage) + 1, m * vpp)
+        base = -(-layers // vpp)
+        short = base * vpp - layers
+        total = 0
+        for c in range(vpp):
+            rounds, rest = divmod(forwards, group * vpp)
+            count = rounds * group + min(max(rest - c * group, 0), group)
+            is_short = c < short if stage < pp / 2 else c >= vpp - short
+            total += count * (base - is_short)
+        return total
+
+    for pp, vpp, stage, group, m, layers in itertools.product(
+        (2, 4, 16), (2, 3, 8), (0, 1, 3), (2, 4, 16), (4, 32), (5, 8, 16)
+    ):
+        if stage >= pp or group > m or layers < vpp - 1:
+            continue
+        kw = dict(pp=pp, vpp=vpp, m=m, stage=stage, group=group, layers=layers)
+        assert pipeline.interleaved_layer_microbatches(**kw) == walk(**kw), kw

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-import numpy as np
-
 from meshplan.core import activations as act
 from meshplan.core import finetune, pipeline
 from meshplan.core.num import Num, gcd, maximum, minimum, to_float, where
@@ -668,9 +666,7 @@ def _stage_activations(
     flight = pipeline.in_flight(schedule=lay.schedule, pp=pp, vpp=lay.vpp, m=m, stage=stage)
     layers = held.dense_layers + held.moe_layers
     group = minimum(workload.conditions.microbatch_group or pp, m)
-    chunked = pipeline.interleaved_layer_microbatches(
-        pp=pp, vpp=lay.vpp, m=m, stage=stage, group=group, layers=layers, max_vpp=int(np.max(lay.vpp, initial=1))
-    )
+    chunked = pipeline.interleaved_layer_microbatches(pp=pp, vpp=lay.vpp, m=m, stage=stage, group=group, layers=layers)
     interleaved = lay.schedule == Schedule.INTERLEAVED
     layer_flight = where(interleaved, chunked / maximum(layers, 1), flight)
     # the head, its logits and the loss live in the last chunk of the last stage: count that chunk's forwards

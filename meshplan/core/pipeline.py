@@ -86,9 +86,7 @@ def _chunk_share(forwards: Num, *, vpp: Num, group: Num, chunk: Num) -> Num:
     return rounds * group + minimum(maximum(rest - chunk * group, 0), group)
 
 
-def interleaved_layer_microbatches(
-    *, pp: Num, vpp: Num, m: Num, stage: Num, group: Num, layers: Num, max_vpp: int
-) -> Num:
+def interleaved_layer_microbatches(*, pp: Num, vpp: Num, m: Num, stage: Num, group: Num, layers: Num) -> Num:
     """Layer-micro-batches (one layer's activations for one micro-batch) rank ``stage`` holds at its peak.
 
     Forwards run group by group: N micro-batches through chunk 0, the same N through chunk 1, ..., chunk v-1,
@@ -101,13 +99,20 @@ def interleaved_layer_microbatches(
     base = ceil_div(layers, vpp)
     short = base * vpp - layers
     first_half = stage < pp / 2
-    forwards = interleaved_forwards(pp=pp, vpp=vpp, m=m, stage=stage, group=group)  # once, for every chunk
-    total: Num = 0 * base
-    for c in range(max_vpp):
-        count = _chunk_share(forwards, vpp=vpp, group=group, chunk=c)
-        is_short = where(first_half, c < short, c >= vpp - short)
-        total = total + where(c < vpp, count * (base - where(is_short, 1, 0)), 0)
-    return total
+    forwards = interleaved_forwards(pp=pp, vpp=vpp, m=m, stage=stage, group=group)
+    # whole rounds (N micro-batches through every chunk) hold N of every layer; the last, partial round has run
+    # k whole chunks and ``partial`` micro-batches of chunk k
+    rounds = forwards // (group * vpp)
+    rest = forwards - rounds * group * vpp
+    k = rest // group
+    partial = rest - k * group
+
+    def short_before(n: Num) -> Num:  # short chunks among the rank's first n
+        return where(first_half, minimum(n, short), maximum(n - (vpp - short), 0))
+
+    layers_before = k * base - short_before(k)
+    layers_of_k = base - (short_before(k + 1) - short_before(k))
+    return rounds * group * layers + group * layers_before + partial * layers_of_k
 
 
 def stage_copies(schedule: Num) -> Num:
