@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -276,49 +278,37 @@ def plan_report(
     """
     spec = io.load_model(model) if isinstance(model, str) else model
     ft = resolve_finetune(finetune, spec) if finetune else None
-    if global_batch_tokens % seq:
-        raise ValueError(f"global batch of {global_batch_tokens} tokens is not a whole number of {seq}-token sequences")
-    if not 0 <= headroom < 1:
-        raise ValueError(f"headroom must be in [0, 1), got {headroom}")
-    for name, value, high in (("tokens", tokens, 1e16), ("days", days, 3650.0)):
-        if value is not None and not 0 < value <= high:  # also refuses NaN and infinities
-            raise ValueError(f"{name} must be in (0, {high:g}], got {value:g}")
-    if top < 1:
-        raise ValueError(f"top must be >= 1, got {top}")
+    _check_numbers(
+        seq=seq, global_batch_tokens=global_batch_tokens, headroom=headroom, tokens=tokens, days=days, top=top
+    )
     order = resolve_order(axis_order)
     obj = _objective(objective, tokens=tokens, days=days)
     set_by, shown = workload_kwargs(conditions, precision=precision, attention=attention, kernels=kernels)
     work = _workload(seq, global_batch_tokens // seq, set_by, ft)
-    fewest: dict[str, Any] | None = None
-    if not isinstance(obj, Objective):  # "fewest-gpus"
-        assert tokens is not None and days is not None
-        start = gpus
-        gpus = _fewest_gpus(
-            spec,
-            gpu=gpu,
-            start=gpus,
-            work=work,
-            tokens=tokens,
-            days=days,
-            headroom=headroom,
-            allow=allow_cross_node_tp,
-            order=order,
-            node_size=node_size,
-            scale_out=scale_out,
-            max_gpus=max_gpus,
-            scale_out_bandwidth=scale_out_bandwidth,
-            profile=profile,
-        )
-        fewest = {"gpus": gpus, "searched_from": start, "tokens": tokens, "days": days}
-        obj = Objective.STEP_TIME
-    cluster = resolve_cluster(
+    fleet = functools.partial(
+        resolve_cluster,
         gpu=gpu,
-        gpus=gpus,
         node_size=node_size,
         scale_out=scale_out,
         scale_out_bandwidth=scale_out_bandwidth,
         profile=profile,
     )
+    fewest: dict[str, Any] | None = None
+    if not isinstance(obj, Objective):  # "fewest-gpus"
+        assert tokens is not None and days is not None
+        deadline = Deadline(tokens=tokens, days=days)
+        found = _fewest_gpus(
+            spec,
+            fleet,
+            start=gpus,
+            work=work,
+            deadline=deadline,
+            search_kw=dict(headroom=headroom, allow_cross_node_tp=allow_cross_node_tp, order=order),
+            max_gpus=max_gpus,
+        )
+        fewest = {"gpus": found, "searched_from": gpus, "tokens": tokens, "days": days}
+        gpus, obj = found, Objective.STEP_TIME
+    cluster = fleet(gpus=gpus)
     result, plans = run_search(
         spec,
         cluster,
@@ -331,14 +321,6 @@ def plan_report(
         pins=pins,
         engine=training_engine,
     )
-    front = [
-        {
-            "step_time_s": float(np.asarray(result.step.step_time_s)[i]),
-            "memory_bytes_per_gpu": float(np.asarray(result.memory.total_bytes)[i]),
-            "layout": layout_dict(result.candidates.layout(int(i))),
-        }
-        for i in result.pareto
-    ]
     out: dict[str, Any] = {
         "model": spec.name,
         "gpu": cluster.gpu.name,
@@ -355,7 +337,7 @@ def plan_report(
         "feasible": result.feasible,
         "elapsed_s": result.elapsed_s,
         "plans": plans,
-        "pareto": front,
+        "pareto": _pareto(result),
         "rejections": dict(sorted(result.rejections.items(), key=lambda kv: -kv[1])),
     }
     if fewest:
@@ -371,6 +353,33 @@ def plan_report(
         out["explain"] = _explanations(spec, cluster, work, plans, order, compare)
     data: dict[str, Any] = jsonable(out)
     return data
+
+
+def _check_numbers(
+    seq: int, global_batch_tokens: int, *, headroom: float, tokens: float | None, days: float | None, top: int
+) -> None:
+    """The library's own checks (the CLI and the API bound these fields in the schema already)."""
+    if global_batch_tokens % seq:
+        raise ValueError(f"global batch of {global_batch_tokens} tokens is not a whole number of {seq}-token sequences")
+    if not 0 <= headroom < 1:
+        raise ValueError(f"headroom must be in [0, 1), got {headroom}")
+    for name, value, high in (("tokens", tokens, 1e16), ("days", days, 3650.0)):
+        if value is not None and not 0 < value <= high:  # also refuses NaN and infinities
+            raise ValueError(f"{name} must be in (0, {high:g}], got {value:g}")
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+
+
+def _pareto(result: SearchResult) -> list[dict[str, Any]]:
+    """The step-time / memory Pareto front, fastest first."""
+    return [
+        {
+            "step_time_s": float(np.asarray(result.step.step_time_s)[i]),
+            "memory_bytes_per_gpu": float(np.asarray(result.memory.total_bytes)[i]),
+            "layout": layout_dict(result.candidates.layout(int(i))),
+        }
+        for i in result.pareto
+    ]
 
 
 def _objective(text: str, *, tokens: float | None, days: float | None) -> Objective | str:
@@ -473,40 +482,36 @@ def _what_would_fit(
     return out
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Deadline:
+    """Train ``tokens`` within ``days`` (the fewest-gpus objective)."""
+
+    tokens: float
+    days: float
+
+
 def _fewest_gpus(
     spec: ModelSpec,
+    fleet: Callable[..., Cluster],
     *,
-    gpu: str,
     start: int,
     work: Workload,
-    tokens: float,
-    days: float,
-    headroom: float,
-    allow: bool,
-    order: tuple[str, ...],
-    node_size: int | None,
-    scale_out: str | None,
+    deadline: Deadline,
+    search_kw: dict[str, Any],
     max_gpus: int = MAX_GPUS,
-    scale_out_bandwidth: float | None = None,
-    profile: str | None = None,
 ) -> int:
-    """The smallest fleet (powers of two times the node, from ``start``) whose best plan trains in ``days``."""
+    """The smallest fleet (powers of two times the node, from ``start``) whose best plan meets the deadline."""
     if start > max_gpus:
         raise ValueError(f"gpus={start:,} is above the limit of {max_gpus:,} for the fewest-gpus search")
     n = max(start, 1)
     while n <= max_gpus:
-        cluster = resolve_cluster(
-            gpu=gpu,
-            gpus=n,
-            node_size=node_size,
-            scale_out=scale_out,
-            scale_out_bandwidth=scale_out_bandwidth,
-            profile=profile,
-        )
-        result = search(spec, cluster, work, headroom=headroom, allow_cross_node_tp=allow, order=order)
+        result = search(spec, fleet(gpus=n), work, **search_kw)
         if result.feasible:
             rate = float(np.asarray(result.step.tokens_per_s_per_gpu)[0]) * n
-            if tokens / rate / 86400 <= days:
+            if deadline.tokens / rate / 86400 <= deadline.days:
                 return n
         n *= 2
-    raise ValueError(f"no fleet of up to {max_gpus:,} {gpu} trains {tokens:.3g} tokens within {days} days")
+    raise ValueError(
+        f"no fleet of up to {max_gpus:,} {fleet(gpus=1).gpu.name} trains {deadline.tokens:.3g} tokens within "
+        f"{deadline.days} days"
+    )
