@@ -258,3 +258,10 @@ def test_the_serving_view_keeps_its_inputs_and_gives_its_command(page: Any) -> N
         main(shlex.split(command)[1:])
     cli = json.loads(out.getvalue())
     assert cli["best"] == shown["best"]
+    # the best serving plan as a server's configuration, from the same export code as `meshplan export vllm`
+    page.select_option("#sv-engine", "vllm")
+    with page.expect_download() as got:
+        page.click("#sv-export")
+    export = json.loads(Path(got.value.path()).read_text())
+    layout = shown["best"]["layout"]
+    assert export["engine"] == "vllm" and f"--tensor-parallel-size {layout['tp']}" in export["command"]

@@ -1,6 +1,6 @@
 // View 8: serving: the serving planner's Pareto curve under latency targets, its chosen plan, and where a step goes.
 
-import { cliCommand, takeaway } from "./takeaway.js";
+import { SERVING_ENGINES, cliCommand, takeaway } from "./takeaway.js";
 import { $, chartWidth, el, fmtInt, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks, tracked } from "./util.js";
 
 const plan = latestOnly();
@@ -42,8 +42,17 @@ async function update() {
       last = answer;
       summary(answer);
       curve(answer);
+      const best = answer.best;
       takeaway($("#sv-takeaway"), {
         id: "sv", json: answer, filename: `meshplan-serve-plan-${answer.model}-${v.gpus}x${v.gpu}.json`,
+        // the best plan as one replica's server flags (launch best.replicas of them): TP x PP GPUs, dtypes, context
+        engines: best ? SERVING_ENGINES : [],
+        exportQuery: () => ({
+          model: v.model, gpu: v.gpu, gpus: best.layout.tp * best.layout.pp,
+          tp: best.layout.tp, pp: best.layout.pp, ep: best.layout.ep,
+          dtype: best.layout.weights_dtype, kv_dtype: best.layout.kv_dtype,
+          context: Number(v.input_len) + Number(v.output_len),
+        }),
         command: cliCommand("serve-plan", [v.model], [["gpu", v.gpu], ["gpus", v.gpus], ["input_len", v.input_len],
           ["output_len", v.output_len], ["ttft_p99", v.ttft_p99], ["tpot_p99", v.tpot_p99], ["engine", v.engine, "trtllm"], ["top", 5]]),
       });
