@@ -33,7 +33,8 @@ def _layout_request(args: argparse.Namespace) -> Any:
     from meshplan.reports import LayoutRequest
     from meshplan.spec.requests import Group, group
 
-    return LayoutRequest(**{f.name: getattr(args, f.name) for f in group(Group.LAYOUT)})
+    values = {f.name: getattr(args, f.name) for f in group(Group.LAYOUT)}
+    return LayoutRequest(**(values | {"tp": values["tp"] or 1}))  # export leaves tp unset for servers
 
 
 def _workload_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -243,7 +244,7 @@ def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
             args.model,
             gpu=args.gpu,
             gpus=args.gpus,
-            tp=None if args.tp == 1 and args.pp == 1 else args.tp,
+            tp=args.tp,
             pp=args.pp,
             ep=args.ep,
             dtype=args.dtype,

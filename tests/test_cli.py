@@ -215,3 +215,13 @@ def test_plan_table_names_the_axes_that_cross_the_fabric(capsys: pytest.CaptureF
     first = lines[header + 2]  # 16 GPUs are two NVLink domains: some axis must leave the node
     assert first.split()[-1] != "-" and set(first.split()[-1].split(",")) <= {"tp", "cp", "ep", "dp_shard",
                                                                            "dp_replicate", "pp"}  # fmt: skip
+
+
+def test_export_keeps_an_explicit_tp_of_one_for_a_server(capsys: pytest.CaptureFixture[str]) -> None:
+    """--tp 1 on 8 GPUs is eight replicas of one GPU each, not TP 8 (it was read as 'unset')."""
+    base = ["export", "vllm", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8"]
+    assert main([*base, "--tp", "1", "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)["command"]
+    assert "--tensor-parallel-size 1" in one and "--data-parallel-size 8" in one
+    assert main([*base, "--json"]) == 0  # unset: one scale-up domain of 8
+    assert "--tensor-parallel-size 8" in json.loads(capsys.readouterr().out)["command"]
