@@ -1,6 +1,7 @@
 // View 7: the planner: search, a sortable table of the best plans, the Pareto plot, rejections, a comparison.
 
 import { extra, setExtra } from "./state.js";
+import { conditionFlags, conditionParams } from "./conditions.js";
 import { TRAINING_ENGINES, cliCommand, cliModel, layoutQuery, takeaway } from "./takeaway.js";
 import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtPct, fmtSeconds, formValues, keepFocus, markResults, onResize, pressable, showError, svg, ticks } from "./util.js";
 
@@ -88,7 +89,7 @@ async function run() {
     // adapter inputs mean something only when adapters train; freezing only when every parameter does
     lora_rank: v.finetune !== "full" ? v.lora_rank || null : null, lora_targets: v.finetune !== "full" ? v.lora_targets || null : null,
     freeze: v.finetune === "full" ? v.freeze || null : null,
-    engine: v.engine || null, ...pins(v),
+    engine: v.engine || null, ...pins(v), ...conditionParams(v),
   };
   const started = performance.now();
   const progress = $("#pl-progress");
@@ -198,7 +199,7 @@ function takeAway() {
     ["precision", v.precision, "bf16"], ["finetune", v.finetune, "full"], ["scale_out", v.scale_out], ["node_size", v.node_size],
     ["tokens", v.tokens], ["days", v.days], ["attention", v.attention, "flash"], ["kernels", v.kernels, "fused"],
     ["axis_order", v.axis_order], ["lora_rank", v.params.lora_rank], ["lora_targets", v.params.lora_targets], ["freeze", v.params.freeze],
-    ["engine", v.engine], ...Object.entries(pins(v)), ["compare", v.compare], ["explain", true],
+    ["engine", v.engine], ...Object.entries(pins(v)), ...conditionFlags(v), ["compare", v.compare], ["explain", true],
   ];
   const pick = el("select", { id: "pl-export-plan", "aria-label": "plan to export" },
     ...r.plans.map((p, i) => el("option", { value: i, text: `plan #${i + 1}` })));
