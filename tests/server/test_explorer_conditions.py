@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,7 +52,7 @@ def test_the_catalog_lists_the_stacks_and_the_conditions_with_their_choices(clie
         assert (by_name[f.key]["lo"], by_name[f.key]["hi"]) == (f.lo, f.hi)
 
 
-def test_a_stack_bills_each_stage_as_the_cli_and_survives_a_reload(page: Any, browser: Any) -> None:
+def test_a_stack_bills_each_stage_as_the_cli_and_survives_a_reload(page: Any, browser: Any, shot: Any) -> None:
     open_view(page, "memory")
     page.wait_for_selector("#mem-chart svg")
     for name, value in {"gpus": "16", "tp": "2", "pp": "2"}.items():
@@ -69,6 +70,8 @@ def test_a_stack_bills_each_stage_as_the_cli_and_survives_a_reload(page: Any, br
     # the report's conditions, each with where its value came from
     page.wait_for_selector("#mem-conditions [data-condition='loss'][data-source='flag']", state="attached")
     assert page.get_attribute("#mem-conditions [data-condition='loss_parallel']", "data-source") == "stack"
+    page.click("#mem-conditions summary")
+    shot(page, "memory-conditions")
 
     # the address holds the stack and the condition: a shared link restores both, and the same bill
     page.wait_for_function("() => location.hash.includes('stack=torchtitan') && location.hash.includes('loss=fused')")
@@ -100,3 +103,12 @@ def test_the_planner_sends_the_stack_and_keeps_it_in_the_address_and_command(pag
         "() => /--stack megatron-core.*--grad-sync off/.test(document.querySelector('#pl-command')?.textContent)"
     )
     assert "stack=megatron-core" in page.url and "grad_sync=off" in page.url
+    page.wait_for_selector("#pl-results[aria-busy='false']:not([data-stale])")
+    with page.expect_download() as got:
+        page.click("#pl-json")
+    shown = json.loads(Path(got.value.path()).read_text())
+    assert shown["stack"] == "megatron-core" and shown["conditions"]["grad_sync"] == {"value": "off", "source": "flag"}
+    # the copied command, run as the CLI, finds the same best plan
+    cli = cli_json(shlex.split(page.inner_text("#pl-command"))[1:])
+    assert cli["plans"][0]["layout"] == shown["plans"][0]["layout"]
+    assert cli["plans"][0]["free_bytes_per_gpu"] == shown["plans"][0]["free_bytes_per_gpu"]
