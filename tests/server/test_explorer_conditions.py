@@ -91,6 +91,14 @@ def test_a_stack_bills_each_stage_as_the_cli_and_survives_a_reload(page: Any, br
     again = cli_json(shlex.split(command)[1:])
     assert again["per_gpu"]["total_bytes"] == cli["per_gpu"]["total_bytes"]
 
+    # a condition out of the schema's bounds is refused in the page's words, and the bill comes back when fixed
+    page.fill("#mem-form input[name=runtime_reserve]", "-1")
+    page.wait_for_selector("#mem-error:not([hidden])")
+    assert page.inner_text("#mem-error").startswith("The engine refused this input. Runtime reserve (bytes):")
+    page.fill("#mem-form input[name=runtime_reserve]", "2e9")
+    page.wait_for_selector("#mem-error", state="hidden")
+    page.wait_for_selector("#mem-conditions [data-condition='runtime_reserve'][data-source='flag']", state="attached")
+
 
 def test_the_planner_sends_the_stack_and_keeps_it_in_the_address_and_command(page: Any) -> None:
     open_view(page, "planner")

@@ -9,11 +9,11 @@ export const SHOWN = [
   "framework", "grad_sync", "reshard_after_forward", "microbatch_group", "selective", "recompute_modules", "loss",
   "loss_parallel", "grad_dtype", "master_dtype", "moment_dtype", "runtime_reserve",
 ];
-const LABELS = {
+export const CONDITION_LABELS = {
   framework: "Activation tensors of", grad_sync: "Gradient sync every micro-batch", reshard_after_forward: "Reshard after forward",
   microbatch_group: "Micro-batch group (interleaved)", selective: "Selective recompute of", recompute_modules: "Recompute modules",
   loss: "Loss", loss_parallel: "Loss parallel over TP", grad_dtype: "Gradients", master_dtype: "Master weights",
-  moment_dtype: "Optimizer moments", runtime_reserve: "Runtime reserve (bytes)",
+  moment_dtype: "Optimizer moments", runtime_reserve: "Runtime reserve (bytes)", stack: "Stack",
 };
 const NAMES = ["stack", ...SHOWN];
 
@@ -26,7 +26,7 @@ export function build(catalog) {
       ...(catalog.stacks || []).map((s) => el("option", { value: s.name, text: s.name, title: s.description })));
     const fields = SHOWN.filter((name) => specs[name]).map((name) => field(specs[name]));
     box.replaceChildren(
-      el("label", { title: specs.stack ? specs.stack.help : "" }, "Stack ", stack),
+      el("label", { title: specs.stack ? specs.stack.help : "" }, `${CONDITION_LABELS.stack} `, stack),
       el("details", { class: "more" },
         el("summary", { text: "Run conditions" }),
         el("div", { class: "more-body" }, ...fields)),
@@ -35,7 +35,7 @@ export function build(catalog) {
 }
 
 function field(spec) {
-  const label = LABELS[spec.name] || spec.name;
+  const label = CONDITION_LABELS[spec.name] || spec.name;
   const help = `${spec.help}${spec.unit ? ` [${spec.unit}]` : ""}`;
   if (spec.choices.length) {
     return el("label", { title: help }, `${label} `, el("select", { name: spec.name, "data-default": "" },
@@ -43,7 +43,7 @@ function field(spec) {
   }
   const bounds = spec.lo !== null && spec.hi !== null ? `, ${spec.lo} to ${spec.hi}` : "";
   return el("label", { title: `${help}${bounds}` }, `${label} `, el("input", {
-    name: spec.name, value: "", placeholder: "the stack's", inputmode: spec.type === "int" ? "numeric" : "decimal",
+    name: spec.name, value: "", placeholder: spec.type === "float" ? "the stack's (e.g. 1e9)" : "the stack's", inputmode: spec.type === "int" ? "numeric" : "decimal",
   }));
 }
 

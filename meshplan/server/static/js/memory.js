@@ -1,7 +1,7 @@
 // View 1: what one GPU holds for any layout: one training bar per distinct pipeline stage (first, heaviest, last)
 // and the serving bar of one replica, each segment a term of the engine's bill, against the GPU's HBM line.
 
-import { conditionFlags, conditionParams, conditionsList } from "./conditions.js";
+import { CONDITION_LABELS, conditionFlags, conditionParams, conditionsList } from "./conditions.js";
 import { SERVING_ENGINES, TRAINING_ENGINES, cliCommand, cliModel, takeaway } from "./takeaway.js";
 import { $, TERM_COLORS, chartWidth, el, fmtBytes, formValues, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks, tracked } from "./util.js";
 
@@ -10,7 +10,7 @@ const api2 = latestOnly();
 const LABELS = {
   seq: "Sequence length", context: "Sequence length", micro_batch: "Micro-batch", sequences: "Micro-batch", gpus: "GPUs",
   dp_shard: "ZeRO shard group", global_batch: "Global batch",
-  tp: "TP", pp: "PP", vpp: "Virtual stages", cp: "CP", ep: "EP", zero: "ZeRO",
+  tp: "TP", pp: "PP", vpp: "Virtual stages", cp: "CP", ep: "EP", zero: "ZeRO", ...CONDITION_LABELS,
 };
 const LEFT = 120;
 const RIGHT = 16;

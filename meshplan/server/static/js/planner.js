@@ -1,13 +1,13 @@
 // View 7: the planner: search, a sortable table of the best plans, the Pareto plot, rejections, a comparison.
 
 import { extra, setExtra } from "./state.js";
-import { conditionFlags, conditionParams } from "./conditions.js";
+import { CONDITION_LABELS, conditionFlags, conditionParams } from "./conditions.js";
 import { TRAINING_ENGINES, cliCommand, cliModel, layoutQuery, takeaway } from "./takeaway.js";
 import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtPct, fmtSeconds, formValues, keepFocus, markResults, onResize, pressable, showError, svg, ticks } from "./util.js";
 
 const LABELS = {
   gpus: "GPUs", seq: "Sequence length", global_batch_tokens: "Tokens per step", top: "Plans to show", headroom: "HBM kept free",
-  tp: "Pinned TP", pp: "Pinned PP", cp: "Pinned CP", ep: "Pinned EP", micro_batch: "Pinned micro-batch",
+  tp: "Pinned TP", pp: "Pinned PP", cp: "Pinned CP", ep: "Pinned EP", micro_batch: "Pinned micro-batch", ...CONDITION_LABELS,
 };
 let ctx = null;
 let result = null;
