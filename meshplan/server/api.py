@@ -231,6 +231,23 @@ def _catalog() -> dict[str, Any]:
             "serving_dtypes": list(SERVING_DTYPES),
             "kv_dtypes": list(KV_DTYPES),
             "objectives": list(field("objective").choices),
+            "stacks": [
+                {"name": s.name, "description": s.description, "reports": s.reports, "defaults": dict(s.defaults)}
+                for s in map(io.load_stack, io.list_stacks())
+            ],
+            # the run conditions as the CLI flags and the query parameters take them (choices, bounds, unit, help)
+            "conditions": [
+                {
+                    "name": f.key,
+                    "type": f.type.__name__,
+                    "choices": list(f.choices),
+                    "lo": f.lo,
+                    "hi": f.hi,
+                    "unit": f.unit,
+                    "help": f.help,
+                }
+                for f in fields_of(Group.CONDITIONS)
+            ],
             "limits": {
                 "gpus": parse.MAX_GPUS,
                 "seq": parse.MAX_SEQ,

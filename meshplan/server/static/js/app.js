@@ -10,6 +10,7 @@ import * as tiers from "./tiers.js";
 import * as planner from "./planner.js";
 import * as serving from "./serving.js";
 import * as state from "./state.js";
+import * as conditions from "./conditions.js";
 
 const VIEWS = { memory, strategies, weights, tp, recipes, tiers, planner, serving };
 const started = new Set();
@@ -17,7 +18,8 @@ const ctx = { catalog: null, uploads: [] };
 
 function fill(select, items, { value = (x) => x, label = (x) => x, selected } = {}) {
   const keep = select.value;
-  select.replaceChildren(...items.map((x) => el("option", { value: value(x), text: label(x) })));
+  const blank = select.dataset.blank !== undefined ? [el("option", { value: "", text: select.dataset.blank })] : [];
+  select.replaceChildren(...blank, ...items.map((x) => el("option", { value: value(x), text: label(x) })));
   const want = keep || selected || select.dataset.default;
   if (want && items.some((x) => value(x) === want)) select.value = want;
 }
@@ -31,6 +33,7 @@ function fillSelects(catalog) {
   for (const s of $$("select[data-recompute]")) fill(s, catalog.recompute);
   for (const s of $$("select[data-serving-dtypes]")) fill(s, catalog.serving_dtypes);
   for (const s of $$("select[data-kv-dtypes]")) fill(s, catalog.kv_dtypes);
+  conditions.build(catalog);
   const links = [{ name: "", label: "the GPU's default" }, ...catalog.links.map((l) => ({ name: l.name, label: l.name }))];
   for (const s of $$("select[data-links]")) fill(s, links, { value: (l) => l.name, label: (l) => l.label });
 }

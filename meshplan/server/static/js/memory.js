@@ -1,6 +1,7 @@
 // View 1: what one GPU holds for any layout: one training bar per distinct pipeline stage (first, heaviest, last)
 // and the serving bar of one replica, each segment a term of the engine's bill, against the GPU's HBM line.
 
+import { CONDITION_LABELS, conditionFlags, conditionParams, conditionsList } from "./conditions.js";
 import { SERVING_ENGINES, TRAINING_ENGINES, cliCommand, cliModel, takeaway } from "./takeaway.js";
 import { $, TERM_COLORS, chartWidth, el, fmtBytes, formValues, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks, tracked } from "./util.js";
 
@@ -9,7 +10,7 @@ const api2 = latestOnly();
 const LABELS = {
   seq: "Sequence length", context: "Sequence length", micro_batch: "Micro-batch", sequences: "Micro-batch", gpus: "GPUs",
   dp_shard: "ZeRO shard group", global_batch: "Global batch",
-  tp: "TP", pp: "PP", vpp: "Virtual stages", cp: "CP", ep: "EP", zero: "ZeRO",
+  tp: "TP", pp: "PP", vpp: "Virtual stages", cp: "CP", ep: "EP", zero: "ZeRO", ...CONDITION_LABELS,
 };
 const LEFT = 120;
 const RIGHT = 16;
@@ -59,9 +60,9 @@ async function upload(event) {
 export function memoryParams(v) {
   return {
     model: v.model, gpu: v.gpu, gpus: v.gpus, tp: v.tp, pp: v.pp, vpp: v.vpp, cp: v.cp, ep: v.ep, zero: v.zero,
-    sp: v.sp ? "true" : null, micro_batch: v.micro_batch, seq: v.seq, precision: v.precision, optimizer: v.optimizer,
+    sp: v.sp ? "true" : null, micro_batch: v.micro_batch, seq: v.seq, precision: v.precision || null, optimizer: v.optimizer,
     recompute: v.recompute, finetune: v.finetune, schedule: v.schedule || null, cp_kind: v.cp_kind, dp_shard: v.dp_shard || null,
-    attention: v.attention, global_batch: v.global_batch || null,
+    attention: v.attention || null, global_batch: v.global_batch || null, ...conditionParams(v),
   };
 }
 
@@ -93,9 +94,9 @@ function takeAway(v, train) {
   const flags = [
     ["gpu", v.gpu], ["gpus", v.gpus], ["tp", v.tp, 1], ["pp", v.pp, 1], ["vpp", v.vpp, 1], ["cp", v.cp, 1], ["ep", v.ep, 1],
     ["zero", v.zero, 0], ["sp", v.sp], ["recompute", v.recompute, "none"], ["micro_batch", v.micro_batch, 1], ["seq", v.seq, 4096],
-    ["precision", v.precision, "bf16"], ["optimizer", v.optimizer, "adamw"], ["finetune", v.finetune, "full"],
-    ["schedule", v.schedule], ["cp_kind", v.cp_kind, "ring"], ["dp_shard", v.dp_shard], ["attention", v.attention, "flash"],
-    ["global_batch", v.global_batch],
+    ["precision", v.precision], ["optimizer", v.optimizer, "adamw"], ["finetune", v.finetune, "full"],
+    ["schedule", v.schedule], ["cp_kind", v.cp_kind, "ring"], ["dp_shard", v.dp_shard], ["attention", v.attention],
+    ["global_batch", v.global_batch], ...conditionFlags(v),
   ];
   const q = memoryParams(v);
   takeaway($("#mem-takeaway"), {
@@ -216,6 +217,9 @@ function draw(train, serve) {
     }),
   );
   $("#mem-chart").replaceChildren(root);
+  const open = $("#mem-conditions") && $("#mem-conditions").open;
+  $("#mem-conditions-box").replaceChildren(conditionsList(train));
+  if (open) $("#mem-conditions").open = true;
   legend(bars);
   // Keep the details open on the same term, with its new value.
   const bar = picked && bars.find((b) => b.key === picked.bar);

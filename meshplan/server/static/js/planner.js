@@ -1,12 +1,13 @@
 // View 7: the planner: search, a sortable table of the best plans, the Pareto plot, rejections, a comparison.
 
 import { extra, setExtra } from "./state.js";
+import { CONDITION_LABELS, conditionFlags, conditionParams } from "./conditions.js";
 import { TRAINING_ENGINES, cliCommand, cliModel, layoutQuery, takeaway } from "./takeaway.js";
 import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtPct, fmtSeconds, formValues, keepFocus, markResults, onResize, pressable, showError, svg, ticks } from "./util.js";
 
 const LABELS = {
   gpus: "GPUs", seq: "Sequence length", global_batch_tokens: "Tokens per step", top: "Plans to show", headroom: "HBM kept free",
-  tp: "Pinned TP", pp: "Pinned PP", cp: "Pinned CP", ep: "Pinned EP", micro_batch: "Pinned micro-batch",
+  tp: "Pinned TP", pp: "Pinned PP", cp: "Pinned CP", ep: "Pinned EP", micro_batch: "Pinned micro-batch", ...CONDITION_LABELS,
 };
 let ctx = null;
 let result = null;
@@ -83,12 +84,12 @@ async function run() {
   const params = {
     model: v.model, gpu: v.gpu, gpus: v.gpus, seq: v.seq, global_batch_tokens: v.global_batch_tokens, top: v.top,
     objective: v.objective, headroom: v.headroom, allow_cross_node_tp: v.allow_cross_node_tp, compare: v.compare || null,
-    precision: v.precision, finetune: v.finetune, scale_out: v.scale_out || null, node_size: v.node_size || null, tokens: v.tokens || null, days: v.days || null,
-    attention: v.attention, kernels: v.kernels, axis_order: v.axis_order || null,
+    precision: v.precision || null, finetune: v.finetune, scale_out: v.scale_out || null, node_size: v.node_size || null, tokens: v.tokens || null, days: v.days || null,
+    attention: v.attention || null, kernels: v.kernels || null, axis_order: v.axis_order || null,
     // adapter inputs mean something only when adapters train; freezing only when every parameter does
     lora_rank: v.finetune !== "full" ? v.lora_rank || null : null, lora_targets: v.finetune !== "full" ? v.lora_targets || null : null,
     freeze: v.finetune === "full" ? v.freeze || null : null,
-    engine: v.engine || null, ...pins(v),
+    engine: v.engine || null, ...pins(v), ...conditionParams(v),
   };
   const started = performance.now();
   const progress = $("#pl-progress");
@@ -195,10 +196,10 @@ function takeAway() {
   const flags = [
     ["gpu", v.gpu], ["gpus", v.gpus], ["seq", v.seq], ["global_batch_tokens", v.global_batch_tokens], ["top", v.top, 5],
     ["headroom", v.headroom, "0.10"], ["allow_cross_node_tp", v.allow_cross_node_tp], ["objective", v.objective, "step-time"],
-    ["precision", v.precision, "bf16"], ["finetune", v.finetune, "full"], ["scale_out", v.scale_out], ["node_size", v.node_size],
-    ["tokens", v.tokens], ["days", v.days], ["attention", v.attention, "flash"], ["kernels", v.kernels, "fused"],
+    ["precision", v.precision], ["finetune", v.finetune, "full"], ["scale_out", v.scale_out], ["node_size", v.node_size],
+    ["tokens", v.tokens], ["days", v.days], ["attention", v.attention], ["kernels", v.kernels],
     ["axis_order", v.axis_order], ["lora_rank", v.params.lora_rank], ["lora_targets", v.params.lora_targets], ["freeze", v.params.freeze],
-    ["engine", v.engine], ...Object.entries(pins(v)), ["compare", v.compare], ["explain", true],
+    ["engine", v.engine], ...Object.entries(pins(v)), ...conditionFlags(v), ["compare", v.compare], ["explain", true],
   ];
   const pick = el("select", { id: "pl-export-plan", "aria-label": "plan to export" },
     ...r.plans.map((p, i) => el("option", { value: i, text: `plan #${i + 1}` })));
@@ -207,7 +208,7 @@ function takeAway() {
     filename: `meshplan-plan-${r.model}-${r.gpus}x${r.gpu}.json`, engines: r.plans.length ? TRAINING_ENGINES : [], before: [pick],
     exportQuery: () => {
       const p = r.plans[Number(pick.value) || 0];
-      return { model: v.model, gpu: r.gpu, gpus: (r.fewest_gpus && r.fewest_gpus.gpus) || r.gpus, seq: r.seq, global_batch: r.global_batch, precision: v.precision, ...layoutQuery(p.layout) };
+      return { model: v.model, gpu: r.gpu, gpus: (r.fewest_gpus && r.fewest_gpus.gpus) || r.gpus, seq: r.seq, global_batch: r.global_batch, precision: v.precision || null, ...layoutQuery(p.layout) };
     },
   });
 }

@@ -1,0 +1,69 @@
+// The training stack and the run conditions (the schema's "conditions" group) in a view's form: a Stack select and a
+// collapsible group of the conditions most runs set, built from /api/catalog (the choices, bounds and help of the
+// CLI flags), so that the query, the address and the copied command all take them by the flag's name.
+
+import { el } from "./util.js";
+
+// The conditions offered, in this order (the overlaps change only the step time, left to the CLI).
+export const SHOWN = [
+  "framework", "grad_sync", "reshard_after_forward", "microbatch_group", "selective", "recompute_modules", "loss",
+  "loss_parallel", "grad_dtype", "master_dtype", "moment_dtype", "runtime_reserve",
+];
+export const CONDITION_LABELS = {
+  framework: "Activation tensors of", grad_sync: "Gradient sync every micro-batch", reshard_after_forward: "Reshard after forward",
+  microbatch_group: "Micro-batch group (interleaved)", selective: "Selective recompute of", recompute_modules: "Recompute modules",
+  loss: "Loss", loss_parallel: "Loss parallel over TP", grad_dtype: "Gradients", master_dtype: "Master weights",
+  moment_dtype: "Optimizer moments", runtime_reserve: "Runtime reserve (bytes)", stack: "Stack",
+};
+const NAMES = ["stack", ...SHOWN];
+
+// Fill every <div data-conditions> of the page (before the views read their address).
+export function build(catalog) {
+  const specs = Object.fromEntries((catalog.conditions || []).map((c) => [c.name, c]));
+  for (const box of document.querySelectorAll("[data-conditions]")) {
+    const stack = el("select", { name: "stack", "data-default": "" },
+      el("option", { value: "", text: "none (the schema's defaults)" }),
+      ...(catalog.stacks || []).map((s) => el("option", { value: s.name, text: s.name, title: s.description })));
+    const fields = SHOWN.filter((name) => specs[name]).map((name) => field(specs[name]));
+    box.replaceChildren(
+      el("label", { title: specs.stack ? specs.stack.help : "" }, `${CONDITION_LABELS.stack} `, stack),
+      el("details", { class: "more" },
+        el("summary", { text: "Run conditions" }),
+        el("div", { class: "more-body" }, ...fields)),
+    );
+  }
+}
+
+function field(spec) {
+  const label = CONDITION_LABELS[spec.name] || spec.name;
+  const help = `${spec.help}${spec.unit ? ` [${spec.unit}]` : ""}`;
+  if (spec.choices.length) {
+    return el("label", { title: help }, `${label} `, el("select", { name: spec.name, "data-default": "" },
+      el("option", { value: "", text: "the stack's" }), ...spec.choices.map((c) => el("option", { value: c, text: c }))));
+  }
+  const bounds = spec.lo !== null && spec.hi !== null ? `, ${spec.lo} to ${spec.hi}` : "";
+  return el("label", { title: `${help}${bounds}` }, `${label} `, el("input", {
+    name: spec.name, value: "", placeholder: spec.type === "float" ? "the stack's (e.g. 1e9)" : "the stack's", inputmode: spec.type === "int" ? "numeric" : "decimal",
+  }));
+}
+
+// The query parameters (and flags) the form sets: the unset ones are left to the stack, else the schema's default.
+export function conditionParams(v) {
+  return Object.fromEntries(NAMES.map((name) => [name, (v[name] ?? "").trim() || null]));
+}
+
+export function conditionFlags(v) {
+  return Object.entries(conditionParams(v));
+}
+
+// What the report says it ran with: each condition, its value and where that came from (flag, stack or default).
+export function conditionsList(report) {
+  const entries = Object.entries(report.conditions || {});
+  if (!entries.length) return el("p", { class: "note", id: "mem-conditions-empty", text: "No run conditions reported." });
+  return el("details", { class: "conditions", id: "mem-conditions" },
+    el("summary", { text: `Run conditions${report.stack ? ` (stack ${report.stack})` : " (no stack)"}` }),
+    el("dl", { class: "facts" }, ...entries.flatMap(([name, c]) => [
+      el("dt", { text: name }),
+      el("dd", { "data-condition": name, "data-source": c.source }, el("code", { text: c.value === null ? "none" : String(c.value) }), ` (${c.source})`),
+    ])));
+}
