@@ -12,7 +12,10 @@ arrays of candidate layouts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+
+import numpy as np
 
 from meshplan.core import activations as act
 from meshplan.core import finetune, pipeline
@@ -666,14 +669,22 @@ def _stage_activations(
     flight = pipeline.in_flight(schedule=lay.schedule, pp=pp, vpp=lay.vpp, m=m, stage=stage)
     layers = held.dense_layers + held.moe_layers
     group = minimum(workload.conditions.microbatch_group or pp, m)
-    chunked = pipeline.interleaved_layer_microbatches(pp=pp, vpp=lay.vpp, m=m, stage=stage, group=group, layers=layers)
     interleaved = lay.schedule == Schedule.INTERLEAVED
-    layer_flight = where(interleaved, chunked / maximum(layers, 1), flight)
-    # the head, its logits and the loss live in the last chunk of the last stage: count that chunk's forwards
-    last_chunk = pipeline.interleaved_chunk_forwards(
-        pp=pp, vpp=lay.vpp, m=m, stage=stage, group=group, chunk=lay.vpp - 1
+    chunk_args = dict(pp=pp, vpp=lay.vpp, m=m, stage=stage, group=group)
+    layer_flight = _on_rows(
+        interleaved,
+        lambda **a: pipeline.interleaved_layer_microbatches(**a) / maximum(a["layers"], 1),
+        flight,
+        **chunk_args,
+        layers=layers,
     )
-    head_flight = where(interleaved & (stage == pp - 1), last_chunk, flight)
+    # the head, its logits and the loss live in the last chunk of the last stage: count that chunk's forwards
+    head_flight = _on_rows(
+        interleaved & (stage == pp - 1),
+        lambda **a: pipeline.interleaved_chunk_forwards(**a, chunk=a["vpp"] - 1),
+        flight,
+        **chunk_args,
+    )
     copies = pipeline.stage_copies(lay.schedule)
     saved = (layer_flight * per_layers + flight * per_mb + head_flight * where(pp > 1, outputs, 0)) / copies
 
@@ -688,6 +699,18 @@ def _stage_activations(
         recompute == Recompute.FULL, rebuilt, where(recompute == Recompute.SELECTIVE, rebuilt - kept_selective, 0)
     )
     return saved, logits, workspace
+
+
+def _on_rows(mask: Num, fn: Callable[..., Num], fill: Num, **args: Num) -> Num:
+    """``fn(**args)`` where ``mask`` holds and ``fill`` elsewhere; on a batch, ``fn`` runs on the masked rows only
+    (the interleaved schedule's chunk counts, for instance, on the interleaved layouts)."""
+    if np.ndim(mask) == 0:
+        return fn(**args) if mask else fill
+    idx = np.flatnonzero(mask)
+    out = np.array(np.broadcast_to(fill, np.shape(mask)), dtype=np.float64)
+    if len(idx):
+        out[idx] = fn(**{k: (v[idx] if np.ndim(v) else v) for k, v in args.items()})
+    return out
 
 
 def candidates(model: ModelSpec, lay: LayoutLike, workload: Workload) -> tuple[Num, ...]:
