@@ -106,11 +106,16 @@ def test_the_planner_sends_the_stack_and_keeps_it_in_the_address_and_command(pag
     page.select_option("#pl-form select[name=stack]", "megatron-core")
     page.click("#pl-form summary:has-text('Run conditions')")
     page.select_option("#pl-form select[name=grad_sync]", "off")
+    page.select_option("#pl-form select[name=overlap_tp]", "on")
+    page.fill("#pl-form input[name=scale_out_bandwidth]", "25e9")
+    page.fill("#pl-form input[name=profile]", "compute_scale=0.9,comm_scale=1.1")
     page.click("#pl-run")
     page.wait_for_function(
         "() => /--stack megatron-core.*--grad-sync off/.test(document.querySelector('#pl-command')?.textContent)"
     )
-    assert "stack=megatron-core" in page.url and "grad_sync=off" in page.url
+    command = page.inner_text("#pl-command")
+    assert "--overlap-tp on" in command and "--scale-out-bandwidth 25e9" in command and "--profile" in command
+    assert "stack=megatron-core" in page.url and "grad_sync=off" in page.url and "scale_out_bandwidth=25e9" in page.url
     page.wait_for_selector("#pl-results[aria-busy='false']:not([data-stale])")
     with page.expect_download() as got:
         page.click("#pl-json")
