@@ -158,7 +158,7 @@ def search(
 ) -> SearchResult:
     """Search every layout of ``model`` on ``cluster`` for ``workload``; the fastest that fit come first.
 
-    Candidates are evaluated a chunk at a time (``space.iter_layouts``) and only the feasible ones are kept, so
+    Candidates are evaluated a chunk at a time (``space.layout_chunks``) and only the feasible ones are kept, so
     memory stays bounded however large the fleet. ``pins`` keeps only layouts whose column (a LayoutBatch
     field: tp, zero, recompute as its enum value...) equals the value given; the others are rejected as
     "not the pinned <field>".

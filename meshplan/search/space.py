@@ -175,30 +175,6 @@ def _inner_count(space: SearchSpace) -> int:
     return count * (2 if space.zero_bubble else 1)
 
 
-def iter_layouts(
-    model: ModelSpec,
-    *,
-    num_gpus: int,
-    global_batch: int,
-    space: SearchSpace,
-    domain: int,
-    allow_cross_node_tp: bool,
-    chunk: int = CHUNK_CANDIDATES,
-) -> Iterator[LayoutBatch]:
-    """The candidates of ``enumerate_layouts`` in batches of about ``chunk`` (at least one mesh row each),
-    in the same order: a search over millions of layouts holds one batch at a time."""
-    _, batches = layout_chunks(
-        model,
-        num_gpus=num_gpus,
-        global_batch=global_batch,
-        space=space,
-        domain=domain,
-        allow_cross_node_tp=allow_cross_node_tp,
-        chunk=chunk,
-    )
-    return batches
-
-
 def layout_chunks(
     model: ModelSpec,
     *,
@@ -209,7 +185,9 @@ def layout_chunks(
     allow_cross_node_tp: bool,
     chunk: int = CHUNK_CANDIDATES,
 ) -> tuple[int, Iterator[LayoutBatch]]:
-    """(how many batches, the batches) of ``iter_layouts``: the count lets a long search show its progress."""
+    """(how many batches, the batches) of ``enumerate_layouts``'s candidates, in its order, about ``chunk`` each
+    (at least one mesh row): a search over millions of layouts holds one batch at a time, and the count lets a
+    long search show its progress."""
     count, rows = _outer_rows(
         model, num_gpus=num_gpus, space=space, domain=domain, allow_cross_node_tp=allow_cross_node_tp
     )
@@ -244,16 +222,15 @@ def enumerate_layouts(
     a shard group of more than one rank, sequence parallelism needs TP,
     virtual stages need a pipeline.
     """
-    batches = list(
-        iter_layouts(
-            model,
-            num_gpus=num_gpus,
-            global_batch=global_batch,
-            space=space,
-            domain=domain,
-            allow_cross_node_tp=allow_cross_node_tp,
-        )
+    _, chunks = layout_chunks(
+        model,
+        num_gpus=num_gpus,
+        global_batch=global_batch,
+        space=space,
+        domain=domain,
+        allow_cross_node_tp=allow_cross_node_tp,
     )
+    batches = list(chunks)
     if len(batches) == 1:
         return batches[0]
     return _from_columns({f.name: np.concatenate([getattr(b, f.name) for b in batches]) for f in fields(LayoutBatch)})
