@@ -191,39 +191,59 @@ FleetShapeArg = Annotated[dict[str, Any], Depends(fleet_shape_arg)]
 ServingArg = Annotated[dict[str, Any], Depends(dependency(fields_of(Group.SERVING), dict, "serving_arg"))]
 
 
+def _gpu_entries() -> list[dict[str, Any]]:
+    """Each catalog GPU with its memory and links."""
+    return [
+        {
+            "name": name,
+            "hbm_bytes_per_gpu": g.hbm_bytes,
+            "scale_up_link": g.scale_up_link,
+            "scale_up_domain": g.scale_up_domain,
+            "scale_out_link": g.scale_out_link,
+            "description": g.description,
+        }
+        for name, g in ((name, io.load_gpu(name)) for name in parse.gpu_names())
+    ]
+
+
+def _link_entries() -> list[dict[str, Any]]:
+    """Each catalog link with its tier, bandwidth per direction and latency."""
+    return [
+        {
+            "name": name,
+            "kind": lk.kind.value,
+            "tier": lk.tier.value,
+            "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s,
+            "latency_s": lk.latency_s,
+            "description": lk.description,
+        }
+        for name, lk in ((name, io.load_link(name)) for name in parse.link_names())
+    ]
+
+
+def _condition_entries() -> list[dict[str, Any]]:
+    """The run conditions as the CLI flags and the query parameters take them (choices, bounds, unit, help)."""
+    return [
+        {
+            "name": f.key,
+            "type": f.type.__name__,
+            "choices": list(f.choices),
+            "lo": f.lo,
+            "hi": f.hi,
+            "unit": f.unit,
+            "help": f.help,
+        }
+        for f in fields_of(Group.CONDITIONS)
+    ]
+
+
 @cache
 def _catalog() -> dict[str, Any]:
-    gpus = []
-    for name in parse.gpu_names():
-        g = io.load_gpu(name)
-        gpus.append(
-            {
-                "name": name,
-                "hbm_bytes_per_gpu": g.hbm_bytes,
-                "scale_up_link": g.scale_up_link,
-                "scale_up_domain": g.scale_up_domain,
-                "scale_out_link": g.scale_out_link,
-                "description": g.description,
-            }
-        )
-    links = []
-    for name in parse.link_names():
-        lk = io.load_link(name)
-        links.append(
-            {
-                "name": name,
-                "kind": lk.kind.value,
-                "tier": lk.tier.value,
-                "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s,
-                "latency_s": lk.latency_s,
-                "description": lk.description,
-            }
-        )
     return json_dict(
         {
             "models": list(parse.model_names()),
-            "gpus": gpus,
-            "links": links,
+            "gpus": _gpu_entries(),
+            "links": _link_entries(),
             "recipes": list_report()["recipes"],
             "precisions": [{"name": p.name, "description": p.description} for p in PRECISIONS.values()],
             "optimizers": [o.value for o in OptimizerKind],
@@ -235,19 +255,7 @@ def _catalog() -> dict[str, Any]:
                 {"name": s.name, "description": s.description, "reports": s.reports, "defaults": dict(s.defaults)}
                 for s in map(io.load_stack, io.list_stacks())
             ],
-            # the run conditions as the CLI flags and the query parameters take them (choices, bounds, unit, help)
-            "conditions": [
-                {
-                    "name": f.key,
-                    "type": f.type.__name__,
-                    "choices": list(f.choices),
-                    "lo": f.lo,
-                    "hi": f.hi,
-                    "unit": f.unit,
-                    "help": f.help,
-                }
-                for f in fields_of(Group.CONDITIONS)
-            ],
+            "conditions": _condition_entries(),
             "limits": {
                 "gpus": parse.MAX_GPUS,
                 "seq": parse.MAX_SEQ,
