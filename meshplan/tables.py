@@ -485,6 +485,10 @@ def _nothing_fits(r: dict[str, Any]) -> list[str]:
     return out
 
 
+def _band(p: dict[str, Any]) -> str:
+    return f"{seconds(p['step_time_s_p10'])} - {seconds(p['step_time_s_p90'])}"
+
+
 def _plan(r: dict[str, Any]) -> str:
     rows = [
         (
@@ -524,6 +528,7 @@ def _plan(r: dict[str, Any]) -> str:
             if rows
             else []
         ),
+        *([f"step times: P10-P90 {_band(r['plans'][0])} for plan 1 ({r['uncertainty']})"] if rows else []),
         "",
         "rejected: " + ("; ".join(f"{k} {v:,}" for k, v in r["rejections"].items()) or "none"),
         *_nothing_fits(r),

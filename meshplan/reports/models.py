@@ -256,6 +256,8 @@ class ServingReport(TypedDict):
 class PlanItemJSON(TypedDict):
     layout: LayoutJSON
     step_time_s: float
+    step_time_s_p10: float
+    step_time_s_p90: float
     mfu: float
     tokens_per_s_per_gpu: float
     per_gpu: BillJSON
@@ -324,6 +326,7 @@ class PlanReport(TrainsJSON):
     plans: list[PlanItemJSON]
     pareto: list[ParetoPointJSON]
     rejections: dict[str, int]
+    uncertainty: str
     fewest_gpus: NotRequired[FewestJSON]
     explain: NotRequired[list[ExplainJSON]]
     nothing_fits: NotRequired[NothingFitsJSON]

@@ -16,7 +16,7 @@ from meshplan.core.placement import place
 from meshplan.core.plan import Plan, evaluate, mesh_sizes
 from meshplan.render import jsonable
 from meshplan.reports.conditions import workload_kwargs
-from meshplan.reports.estimate import evaluated_plan_dict, placement_dict
+from meshplan.reports.estimate import evaluated_plan_dict, placement_dict, uncertainty
 from meshplan.reports.inputs import (
     FinetuneRequest,
     LayoutRequest,
@@ -72,9 +72,13 @@ def _candidate(result: SearchResult, i: int, cluster: Cluster, order: tuple[str,
     per_gpu["optimizer_bytes"] = per_gpu["master_weights_bytes"] + per_gpu["optimizer_moments_bytes"]
     per_gpu["total_bytes"] = sum(per_gpu[name] for name in TERMS)
     breakdown = {name: float(np.asarray(getattr(step, name))[i]) for name in STEP_TERMS}
+    step_time_s = float(np.asarray(step.step_time_s)[i])
+    band = uncertainty(step_time_s, profile=None)
     return {
         "layout": layout_dict(lay),
-        "step_time_s": float(np.asarray(step.step_time_s)[i]),
+        "step_time_s": step_time_s,
+        "step_time_s_p10": band["step_time_s_p10"],
+        "step_time_s_p90": band["step_time_s_p90"],
         "mfu": float(np.asarray(step.mfu)[i]),
         "tokens_per_s_per_gpu": float(np.asarray(step.tokens_per_s_per_gpu)[i]),
         "per_gpu": per_gpu,
@@ -309,6 +313,7 @@ def plan_report(
         **finetune_fields(spec, work.finetune),
         **shown,
         **_search_fields(result, plans),
+        "uncertainty": uncertainty(1.0, profile)["uncertainty"],
     }
     if fewest:
         out["fewest_gpus"] = fewest
