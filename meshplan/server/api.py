@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Iterable
 from functools import cache
 from typing import Annotated, Any, Literal
 
+import annotated_types as at
 from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BeforeValidator
 
 from meshplan import io
 from meshplan.render import jsonable
@@ -89,19 +92,39 @@ GpuArg = Annotated[str, Depends(gpu_arg)]
 
 
 def _annotation(f: Field, default: Any) -> Any:
+    """The parameter's type: an enum, or a number with its bounds (on the number a size suffix stands for)."""
     annotation: Any = Literal[f.choices] if f.choices else f.type  # an enum in the OpenAPI
+    if f.type in (int, float) and not f.choices:
+        annotation = Annotated[annotation, at.Interval(**_bounds(f))]
+    if f.suffixes:  # "8k", "15T" as on the command line
+        annotation = Annotated[annotation, sized(f.name)]
     return annotation | None if default is None else annotation
 
 
-def _query(f: Field, **default: Any) -> Any:
-    """FastAPI's Query for a field: its bounds, its help; ``default`` only outside ``Annotated``."""
+def _suffixed(f: Field, value: Any) -> Any:
+    """A size with a k/M/G/T suffix as the number it stands for; anything else is left to the type's check."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return f.parse_number(value)
+    except ValueError:
+        kind = "an integer" if f.type is int else "a number"
+        raise ValueError(f"expected {kind}, with an optional k, M, G or T suffix") from None
+
+
+def _bounds(f: Field) -> dict[str, Any]:
+    """A number's bounds as FastAPI and annotated-types name them; a name's length."""
     if f.type is str:
-        bounds: dict[str, Any] = {"max_length": parse.MAX_NAME_CHARS}
-    elif f.type is bool:
-        bounds = {}
-    else:
-        bounds = {"le": f.hi, ("gt" if f.exclusive_lo else "ge"): f.lo}
-    return Query(description=f.describe(), **bounds, **default)
+        return {"max_length": parse.MAX_NAME_CHARS}
+    if f.type is bool:
+        return {}
+    return {"le": f.hi, ("gt" if f.exclusive_lo else "ge"): f.lo}
+
+
+def _query(f: Field, *, bounded: bool = True) -> Any:
+    """FastAPI's Query for a field, inside ``Annotated``: its help, and its bounds unless the type has them."""
+    bounds = _bounds(f) if bounded or f.type is str else {}
+    return Query(description=f.describe(), **bounds)
 
 
 def query_params(
@@ -112,10 +135,9 @@ def query_params(
     out = []
     for f in fields:
         default = None if unset else f.default
-        query = _query(f) if f.name in required else _query(f, default=default)
-        out.append(
-            inspect.Parameter(f.key, inspect.Parameter.KEYWORD_ONLY, default=query, annotation=_annotation(f, default))
-        )
+        annotation: Any = Annotated[_annotation(f, default), _query(f, bounded=False)]  # inside: validators run
+        given = inspect.Parameter.empty if f.name in required else default
+        out.append(inspect.Parameter(f.key, inspect.Parameter.KEYWORD_ONLY, default=given, annotation=annotation))
     return out
 
 
@@ -124,10 +146,19 @@ def one(name: str) -> Any:
     return _query(field(name))
 
 
+def sized(name: str) -> Any:
+    """A validator reading one schema field's size suffixes ("8k", "15T") as the CLI does (after it, the
+    field's bounds apply to the number)."""
+    f = field(name)
+    assert f.suffixes, name
+    return BeforeValidator(functools.partial(_suffixed, f))
+
+
 Gpus = Annotated[int, one("gpus")]
 Degree = Annotated[int, one("tp")]
-Seq = Annotated[int, one("seq")]
+Seq = Annotated[int, at.Interval(**_bounds(field("seq"))), sized("seq"), _query(field("seq"), bounded=False)]
 MicroBatch = Annotated[int, one("micro_batch")]
+Tokens = Annotated[float, at.Interval(**_bounds(field("tokens"))), sized("tokens")]
 
 
 def dependency(
@@ -371,7 +402,7 @@ def estimate(
     finetune: FinetuneArg,
     shape: FleetShapeArg,
     conditions: ConditionsArg,
-    tokens: Annotated[float | None, one("tokens")] = None,
+    tokens: Annotated[Tokens | None, _query(field("tokens"), bounded=False)] = None,
 ) -> dict[str, Any]:
     report = estimate_report(
         model,

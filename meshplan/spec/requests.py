@@ -108,6 +108,10 @@ class Field:
         self.check(number)
         return number
 
+    def parse_number(self, text: str) -> int | float:
+        """A number from text, size suffixes included, before its bounds are checked."""
+        return _number(self, text)
+
     def check(self, value: Any) -> None:
         """Raise ValueError naming the field when ``value`` is outside its bounds or choices."""
         if value is None:
