@@ -76,7 +76,7 @@ class Prediction:
     values: list[Predicted]
     unmeasured: dict[str, float] = field(default_factory=dict)
     """Predicted for rank 0 but invisible on CPU: pipeline stage outputs held outside autograd, FSDP2's transient
-    all-gather and reduce-scatter buffers."""
+    all-gather and reduce-scatter buffers, the workspace a recomputing layer rebuilds in backward."""
 
 
 NO_OVERHEAD = GpuCalibration(framework_bytes=0.0, fragmentation=0.0)
