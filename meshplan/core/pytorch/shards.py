@@ -192,7 +192,8 @@ class TorchState:
     ddp_bucket_bytes: Num
     """DDP's bucket buffers, a second copy of the gradients it reduces (gradient_as_bucket_view=False)."""
     gathered_root_bytes: Num
-    """FSDP2's root unit, left gathered from forward to backward (its default for the root; 0 when resharded)."""
+    """FSDP2's units left gathered from forward to backward: the root by default (0 when resharded), every unit
+    with reshard-after-forward off."""
     fsdp_transient_bytes: Num
     """FSDP2's buffers around the largest layer: its all-gather output and the next layer's prefetched one, and
     one reduce-scatter input (from the source; CPU runs cannot see them)."""
@@ -209,8 +210,12 @@ def torch_state(
     optimizer: OptimizerKind,
     moment_bytes: float,
     reshard_root: Num = False,
+    reshard_after_forward: Num = True,
 ) -> TorchState:
-    """The state bill of one GPU; ``ddp_ranks`` is the group DDP averages gradients over (dp x cp)."""
+    """The state bill of one GPU; ``ddp_ranks`` is the group DDP averages gradients over (dp x cp).
+
+    ``reshard_after_forward`` False: every FSDP2 unit stays gathered between its forward and its backward
+    (``fully_shard(..., reshard_after_forward=False)``), the root as by default."""
     p = rank_params(model, at, units)
     fsdp = (zero >= ZeroStage.PARAMETERS) & (at.fsdp > 1)
     grads_extra = where(fsdp | (at.tp == 1), 0.0, p.vocab_rows_elsewhere)
@@ -218,7 +223,7 @@ def torch_state(
     ddp = (zero == ZeroStage.NONE) & (ddp_ranks > 1)
     reduced = p.numel - where(at.ep > 1, p.expert_numel, 0.0)
     sizes = fsdp_units(model, at, units)
-    root = sizes[0][1]
+    kept = sizes[0][1] + where(reshard_after_forward, 0.0, sum((padded * n for _, padded, n in sizes[1:]), 0.0))
     largest = sizes[1][1] if len(sizes) == 2 else maximum(sizes[1][1], sizes[2][1])
     transient = at.fsdp * largest * (2 * gather_bytes(precision) + precision.grad_bytes)
     return TorchState(
@@ -229,6 +234,6 @@ def torch_state(
         optimizer_bytes=p.numel * (moment_bytes + precision.master_bytes) + p.tensors * step,
         master_bytes=p.numel * precision.master_bytes,
         ddp_bucket_bytes=where(ddp, reduced * precision.grad_bytes, 0.0),
-        gathered_root_bytes=where(where(reshard_root, False, fsdp), root * at.fsdp * gather_bytes(precision), 0.0),
+        gathered_root_bytes=where(where(reshard_root, False, fsdp), kept * at.fsdp * gather_bytes(precision), 0.0),
         fsdp_transient_bytes=where(fsdp, transient, 0.0),
     )
