@@ -129,7 +129,11 @@ def _serving(r: dict[str, Any]) -> str:
     rows = [
         ("weights per GPU", gb(r["weights_bytes_per_gpu"])),
         ("prefill activations per GPU", gb(r["activations_bytes_per_gpu"])),
-        ("framework per GPU", gb(r["framework_bytes_per_gpu"])),
+        ("runtime reserve per GPU", gb(r["runtime_reserve_bytes_per_gpu"])),
+        (
+            f"headroom per GPU ({r['engine']} keeps {1 - r['memory_fraction']:.0%} of {r['memory_fraction_of']})",
+            gb(r["engine_headroom_bytes_per_gpu"]),
+        ),
         ("KV budget per GPU", gb(r["kv_budget_bytes_per_gpu"])),
         ("KV per token per GPU", gb(r["kv_bytes_per_token_per_gpu"])),
         (f"KV per {r['context']}-token sequence", gb(r["kv_bytes_per_sequence_per_gpu"])),

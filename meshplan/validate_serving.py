@@ -98,6 +98,7 @@ def _setup(row: dict[str, Any], *, context: int, ideal: bool = False) -> Setup:
         ep = tp  # the MoE recipes split experts over the TP group (expert parallel)
     quant = "weight-only" if "weight-only" in prec["weights"] else None
     group = re.search(r"group (\d+)", prec["weights"])
+    fraction = re.search(r"mem_fraction (0\.\d+)", row["engine"].get("notes", ""))
     setup = resolve(
         row["model"]["catalog"],
         gpu=row["hardware"]["catalog"],
@@ -112,6 +113,7 @@ def _setup(row: dict[str, Any], *, context: int, ideal: bool = False) -> Setup:
         quant_group=int(group.group(1)) if group else QUANT_GROUP,
         engine=_engine(row["source"]["id"]),
         context=context,
+        gpu_memory_utilization=float(fraction.group(1)) if fraction else None,  # the run's stated fraction
     )
     return _ideal(setup) if ideal else setup
 

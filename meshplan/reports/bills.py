@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -9,7 +10,13 @@ from typing import Any
 from meshplan import io
 from meshplan.core.memory import state_bytes_per_param
 from meshplan.core.params import count_params
-from meshplan.core.serving import kv_bytes_per_token_total, min_gpus, serving_bill, weights_bytes_total
+from meshplan.core.serving import (
+    EngineMemory,
+    kv_bytes_per_token_total,
+    min_gpus,
+    serving_bill,
+    weights_bytes_total,
+)
 from meshplan.core.terms import explain
 from meshplan.core.training import training_memory
 from meshplan.render import jsonable
@@ -253,7 +260,7 @@ def serving_report(
         weight_dtype=choice(DType, dtype, "dtype"),
         kv_dtype=choice(DType, kv_dtype, "kv dtype"),
         context=context,
-        gpu_memory_utilization=gpu_memory_utilization,
+        memory=_vllm_memory(gpu_spec.name, gpu_memory_utilization),
     )
     replicas = gpus // (tp * pp)
     warnings = _serving_warnings(spec, gpu_spec, tp=tp, pp=pp, context=bill.context)
@@ -268,12 +275,16 @@ def serving_report(
         "dtype": dtype,
         "kv_dtype": kv_dtype,
         "context": bill.context,
+        "engine": "vllm",
+        "memory_fraction": gpu_memory_utilization,
+        "memory_fraction_of": "hbm",
         "weights_bytes_per_gpu": bill.weights_bytes,
         "kv_bytes_per_token_per_gpu": bill.kv_bytes_per_token,
         "kv_bytes_per_token_total": kv_bytes_per_token_total(spec, kv_dtype=choice(DType, kv_dtype, "kv dtype")),
         "kv_bytes_per_sequence_per_gpu": bill.kv_bytes_per_sequence,
         "activations_bytes_per_gpu": bill.activations_bytes,
-        "framework_bytes_per_gpu": bill.framework_bytes,
+        "runtime_reserve_bytes_per_gpu": bill.runtime_reserve_bytes,
+        "engine_headroom_bytes_per_gpu": bill.headroom_bytes,
         "usable_bytes_per_gpu": bill.usable_bytes,
         "kv_budget_bytes_per_gpu": bill.kv_budget_bytes,
         "kv_capacity_tokens_per_replica": bill.kv_capacity_tokens,
@@ -282,6 +293,14 @@ def serving_report(
         "fits": bill.fits,
         "warnings": warnings,
     }
+
+
+def _vllm_memory(gpu: str, fraction: float) -> EngineMemory:
+    """``meshplan serving`` sizes the KV pool as vLLM does: ``fraction`` of HBM holds weights, activations, the
+    runtime reserve (engines.toml, vllm) and the KV cache."""
+    from meshplan.reports.serve import calibration
+
+    return dataclasses.replace(calibration("vllm", gpu).memory(), fraction=fraction)
 
 
 def _serving_warnings(spec: ModelSpec, gpu: GPU, *, tp: int, pp: int, context: int) -> list[str]:

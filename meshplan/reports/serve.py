@@ -24,7 +24,7 @@ from meshplan.core.serve_shape import (
     kv_dtype_bytes,
     replica_shape,
 )
-from meshplan.core.serving import QUANT_GROUP
+from meshplan.core.serving import QUANT_GROUP, MemoryFraction
 from meshplan.reports.inputs import choice
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
@@ -50,6 +50,7 @@ def calibration(engine: str, gpu: str) -> ServeCalibration:
     known = {f.name for f in fields(ServeCalibration)}
     unknown = set(data) - known
     assert not unknown, f"engines.toml [{engine}]: unknown keys {sorted(unknown)}"
+    data["memory_fraction_of"] = MemoryFraction(data["memory_fraction_of"])
     return ServeCalibration(engine=engine, **{k: v for k, v in data.items() if k != "engine"})
 
 
@@ -93,10 +94,10 @@ def resolve(
         tp=tp, pp=pp, ep=ep, dp_attention=dp_attention, weights_dtype=w, kv_dtype=kv, quant=q, quant_group=quant_group
     )
     cal = calibration(engine, gpu_spec.name)
-    if gpu_memory_utilization is not None:
+    if gpu_memory_utilization is not None:  # the engine's own knob, read as that engine reads it
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        cal = dataclasses.replace(cal, memory_fraction=gpu_memory_utilization, memory_fraction_of_free=False)
+        cal = dataclasses.replace(cal, memory_fraction=gpu_memory_utilization)
     hw = Hardware(
         gpu=gpu_spec,
         scale_up=io.load_link(gpu_spec.scale_up_link),
@@ -273,9 +274,22 @@ def _head(
         "output_len": output_len,
         "concurrency_total": concurrency,
         "rate_per_s_total": rate,
-        "weights_bytes_per_gpu": setup.shape.bill.weights_bytes,
+        **memory_dict(setup),
+    }
+
+
+def memory_dict(setup: Setup) -> dict[str, Any]:
+    """One GPU's serving bill as the engine sizes it: the terms sum to the device's HBM."""
+    bill, cal = setup.shape.bill, setup.hw.cal
+    return {
+        "weights_bytes_per_gpu": bill.weights_bytes,
         "kv_bytes_per_token_per_gpu": setup.shape.kv_bytes_per_token,
+        "activations_bytes_per_gpu": bill.activations_bytes,
+        "runtime_reserve_bytes_per_gpu": bill.runtime_reserve_bytes,
+        "engine_headroom_bytes_per_gpu": bill.headroom_bytes,
         "kv_budget_bytes_per_gpu": setup.shape.kv_budget_bytes,
+        "memory_fraction": cal.memory_fraction,
+        "memory_fraction_of": cal.memory_fraction_of.value,
     }
 
 
