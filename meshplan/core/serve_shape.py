@@ -59,6 +59,9 @@ class ServeCalibration:
     matmul_share: dict[str, float]
     """Share of the GPU kind's large-GEMM efficiency (its calibration's matmul_efficiency_max) this engine's
     serving GEMMs reach, by compute dtype (bf16, fp8, int8, fp4); s(M) scales it down for small M."""
+    moe_matmul_share: float
+    """Share of the dense GEMMs' efficiency the routed-expert (grouped) GEMMs reach."""
+    moe_source: str
     attention_efficiency: float
     """Share of 16-bit dense peak the prefill attention kernel reaches."""
     step_overhead_s: float
