@@ -232,23 +232,22 @@ def serve_report(
     )
     if (concurrency is None) == (rate is None):
         raise ValueError("give exactly one of --concurrency and --rate")
+    if disaggregate is not None and replicas is not None:
+        raise ValueError("--disaggregate P:D sets the replicas of both pools; drop --replicas")
+    head = _head(setup, engine, input_len, output_len, concurrency, rate)
+    # colocated: the load is split evenly over the replicas; disaggregated: the pools share the fleet's load
+    share = 1 if disaggregate is not None else setup.replicas
+    req = Requests(
+        input_len=input_len,
+        output_len=output_len,
+        max_batch=max_batch,
+        concurrency=None if concurrency is None else concurrency / share,
+        rate_per_s=None if rate is None else rate / share,
+    )
     if disaggregate is not None:
-        if replicas is not None:
-            raise ValueError("--disaggregate P:D sets the replicas of both pools; drop --replicas")
-        req = Requests(
-            input_len=input_len, output_len=output_len, max_batch=max_batch, concurrency=concurrency, rate_per_s=rate
-        )
-        return _head(setup, engine, input_len, output_len, concurrency, rate) | _disaggregated(setup, req, disaggregate)
-    per_replica = {
-        "concurrency": None if concurrency is None else concurrency / setup.replicas,
-        "rate_per_s": None if rate is None else rate / setup.replicas,
-    }
-    req = Requests(input_len=input_len, output_len=output_len, max_batch=max_batch, **per_replica)
+        return head | _disaggregated(setup, req, disaggregate)
     pt = load_point(setup.model, setup.shape, setup.hw, setup.layout, req)
-    return _head(setup, engine, input_len, output_len, concurrency, rate) | {
-        **point_dict(setup, req, pt),
-        "calibration_source": setup.hw.cal.source,
-    }
+    return head | point_dict(setup, req, pt) | {"calibration_source": setup.hw.cal.source}
 
 
 def _head(
