@@ -17,8 +17,8 @@ from meshplan.validate_serving import validate_serving
 # throughput-dense rose from (0.15, 0.47) to (0.18, 1.02) when HBM became the driver's total: Llama 3.1 70B
 # fp8 on one H100 (trt014_h100_l31-70b_fp8_tp1_1000_1000) now gets about 8 GB of KV cache instead of none and is
 # billed 2x the measured 410 tokens/s. The engines' runtime reserve and headroom are now named terms of the bill
-# (TensorRT-LLM: 0.9 of what weights, activations and a 1.5 GB runtime leave); they are 1-3 GB where that row
-# needs ~8 GB more to match, so it stays (0.185, max 1.01), with the v1.0 runs' stated 0.95 fraction read.
+# (TensorRT-LLM: 0.9 of what weights, activations and a 1.5 GB runtime leave: 2.4 GB on that GPU); the row needs
+# ~4 GB more held back to match, so it stays (0.185, max 1.01), with the v1.0 runs' stated 0.95 fraction read.
 # prefill fell from 0.087 to 0.079 when TensorRT-LLM's MoE GEMM share (0.75) was set on its Mixtral TTFT row.
 BOUNDS = {
     "decode": (0.10, 0.20),
