@@ -129,7 +129,11 @@ def _serving(r: dict[str, Any]) -> str:
     rows = [
         ("weights per GPU", gb(r["weights_bytes_per_gpu"])),
         ("prefill activations per GPU", gb(r["activations_bytes_per_gpu"])),
-        ("framework per GPU", gb(r["framework_bytes_per_gpu"])),
+        ("runtime reserve per GPU", gb(r["runtime_reserve_bytes_per_gpu"])),
+        (
+            f"headroom per GPU ({r['engine']} keeps {1 - r['memory_fraction']:.0%} of {r['memory_fraction_of']})",
+            gb(r["engine_headroom_bytes_per_gpu"]),
+        ),
         ("KV budget per GPU", gb(r["kv_budget_bytes_per_gpu"])),
         ("KV per token per GPU", gb(r["kv_bytes_per_token_per_gpu"])),
         (f"KV per {r['context']}-token sequence", gb(r["kv_bytes_per_sequence_per_gpu"])),
@@ -264,7 +268,20 @@ def _serve(r: dict[str, Any]) -> str:
              f"{d['decode_requests_per_s_max']:,.2f} (bottleneck: {d['bottleneck']})"),
         ]  # fmt: skip
     steps = [(k.removesuffix("_s").replace("_", " "), seconds(v)) for k, v in r["step_s"].items()]
-    return "\n".join([head, "", table(rows, ["", "value"]), "", "one step", table(steps, ["term", "time"])])
+    blocks = [head, "", table(rows, ["", "value"]), "", "one step", table(steps, ["term", "time"])]
+    return "\n".join([*blocks, "", "one GPU's memory", table(_serve_memory(r), ["term", "bytes"])])
+
+
+def _serve_memory(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """The serving bill as the engine sizes it: the terms sum to the device's HBM."""
+    keeps = f"{1 - r['memory_fraction']:.0%} of {r['memory_fraction_of']}"
+    return [
+        ("weights", gb(r["weights_bytes_per_gpu"])),
+        ("prefill activations", gb(r["activations_bytes_per_gpu"])),
+        (f"{r['engine']} runtime reserve", gb(r["runtime_reserve_bytes_per_gpu"])),
+        (f"{r['engine']} headroom (keeps {keeps})", gb(r["engine_headroom_bytes_per_gpu"])),
+        ("KV cache budget", gb(r["kv_budget_bytes_per_gpu"])),
+    ]
 
 
 def _serve_layout(lay: dict[str, Any]) -> str:

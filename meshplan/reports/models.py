@@ -238,12 +238,16 @@ class ServingReport(TypedDict):
     dtype: str
     kv_dtype: str
     context: int
+    engine: str
+    memory_fraction: float
+    memory_fraction_of: str
     weights_bytes_per_gpu: float
     kv_bytes_per_token_per_gpu: float
     kv_bytes_per_token_total: float
     kv_bytes_per_sequence_per_gpu: float
     activations_bytes_per_gpu: float
-    framework_bytes_per_gpu: float
+    runtime_reserve_bytes_per_gpu: float
+    engine_headroom_bytes_per_gpu: float
     usable_bytes_per_gpu: float
     kv_budget_bytes_per_gpu: float
     kv_capacity_tokens_per_replica: int
@@ -415,7 +419,12 @@ class ServeReport(TypedDict):
     rate_per_s_total: float | None
     weights_bytes_per_gpu: float
     kv_bytes_per_token_per_gpu: float
+    activations_bytes_per_gpu: float
+    runtime_reserve_bytes_per_gpu: float
+    engine_headroom_bytes_per_gpu: float
     kv_budget_bytes_per_gpu: float
+    memory_fraction: float
+    memory_fraction_of: str
     ttft_s_p50: float
     ttft_s_p99: float
     ttft_s_unloaded: float

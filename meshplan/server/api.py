@@ -361,7 +361,8 @@ def serving_bill(report: dict[str, Any], *, sequences: int) -> dict[str, Any]:
         "weights_bytes": report["weights_bytes_per_gpu"],
         "kv_cache_bytes": report["kv_bytes_per_sequence_per_gpu"] * sequences,
         "activations_bytes": report["activations_bytes_per_gpu"],
-        "framework_bytes": report["framework_bytes_per_gpu"],
+        "runtime_reserve_bytes": report["runtime_reserve_bytes_per_gpu"],
+        "engine_headroom_bytes": report["engine_headroom_bytes_per_gpu"],
     }
     terms = [dict(t, value_bytes=values[t["name"]]) for t in serving_terms()]
     return {"sequences": sequences, "terms": terms, "total_bytes": sum(values.values())}

@@ -640,11 +640,15 @@ SERVING_FIELDS: tuple[Field, ...] = (
         type=float,
         default=0.9,
         group=Group.SERVING,
-        unit="share of HBM",
+        unit="share",
         lo=0,
         hi=1,
         exclusive_lo=True,
-        help="share of HBM the engine may take (vLLM's --gpu-memory-utilization)",
+        help=(
+            "the engine's memory fraction, read as the engine reads it: vLLM --gpu-memory-utilization (of HBM), "
+            "TensorRT-LLM kv_cache_free_gpu_mem_fraction (of what is free after load), SGLang "
+            "--mem-fraction-static (of HBM, for weights and KV); serve's default: the engine's"
+        ),
     ),
 )
 _V = Group.SERVE

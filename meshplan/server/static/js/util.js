@@ -188,6 +188,8 @@ export const TERM_COLORS = {
   dequant_workspace_bytes: "#d37295",
   comm_buffers_bytes: "#ff9da7",
   framework_bytes: "#9c755f",
+  runtime_reserve_bytes: "#9c755f",
+  engine_headroom_bytes: "#bab0ac",
   fragmentation_bytes: "#bab0ac",
   kv_cache_bytes: "#17a2b8",
 };
