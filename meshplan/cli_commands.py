@@ -279,6 +279,7 @@ def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
             global_batch=args.global_batch,
             precision=args.precision,
             model_path=args.model_path,
+            conditions={k: getattr(args, k) for k in ("first_stage_layers", "last_stage_layers")},
         )
     if args.out:
         result["written"] = _write_export(result, args.out)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.core.num import Num
+from meshplan.spec.conditions import StageSplit
 from meshplan.spec.finetune import FinetuneMode
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
@@ -37,6 +38,29 @@ def _dp(lay: object) -> Num:
 
 def _mesh(lay: object) -> Num:
     return _dp(lay) * _g(lay, "cp") * _g(lay, "tp") * _g(lay, "pp")
+
+
+def _split_fits(model: ModelSpec, pp: Num, split: StageSplit) -> Num:
+    """A stated first/last stage needs pp > 1, and the other stages at least one layer each (none when pp = 2
+    and both ends are stated: then f + l = L)."""
+    if split.stated == 0:
+        return True
+    rest_layers, rest_stages = model.num_layers - split.stated_layers, pp - split.stated
+    return (pp > 1) & (rest_layers >= np.maximum(rest_stages, 0)) & ((rest_stages > 0) | (rest_layers == 0))
+
+
+def _split_message(model: ModelSpec, pp: Num, split: StageSplit) -> str:
+    stated = " and ".join(
+        f"{name}_stage_layers={value}"
+        for name, value in (("first", split.first), ("last", split.last))
+        if value is not None
+    )
+    rest = model.num_layers - split.stated_layers
+    return (
+        f"{stated} leave {rest} of num_layers={model.num_layers} for the other {pp - split.stated} of pp={pp} "
+        "stages: needs pp > 1 and at least one layer on every other stage (all of them used when pp = 2 and "
+        "both ends are stated)"
+    )
 
 
 RULES: tuple[Rule, ...] = (
@@ -66,6 +90,11 @@ RULES: tuple[Rule, ...] = (
         reason="more pipeline stages than layers",
         holds=lambda m, lay, w, n: _g(lay, "pp") <= m.num_layers,
         message=lambda m, lay, w, n: f"pp={_g(lay, 'pp')} exceeds num_layers={m.num_layers}",
+    ),
+    Rule(
+        reason="stated first/last stage layers do not fit the pipeline",
+        holds=lambda m, lay, w, n: _split_fits(m, _g(lay, "pp"), w.conditions.stage_split),
+        message=lambda m, lay, w, n: _split_message(m, _g(lay, "pp"), w.conditions.stage_split),
     ),
     Rule(
         reason="more virtual stages than layers per stage",

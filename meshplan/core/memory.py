@@ -24,7 +24,7 @@ from meshplan.core.params import LayerParams, ParamCount
 from meshplan.core.pytorch import shards
 from meshplan.core.stages import candidate_stages, stage_row, vocab_params_per_rank
 from meshplan.spec.cluster import GpuCalibration
-from meshplan.spec.conditions import FUSED_LOSS_CHUNKS, UPCAST_LOSS_BYTES, LossKind, Selective
+from meshplan.spec.conditions import EVEN_SPLIT, FUSED_LOSS_CHUNKS, UPCAST_LOSS_BYTES, LossKind, Selective, StageSplit
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.workload import Framework, Kernels, OptimizerKind, Workload
@@ -110,10 +110,18 @@ class StageParams:
 
 
 def stage_params(
-    params: ParamCount, model: ModelSpec, *, tp: Num, pp: Num, ep: Num, stage: Num, copies: Num = 1
+    params: ParamCount,
+    model: ModelSpec,
+    *,
+    tp: Num,
+    pp: Num,
+    ep: Num,
+    stage: Num,
+    copies: Num = 1,
+    split: StageSplit = EVEN_SPLIT,
 ) -> StageParams:
     """Parameters on one GPU of pipeline stage ``stage`` (``copies`` = 2 under DualPipe)."""
-    row = stage_row(model, pp=pp, stage=stage)
+    row = stage_row(model, pp=pp, stage=stage, split=split)
     dense_layers, moe_layers = row.dense_layers, row.moe_layers
     d_dense, _ = _layer_rank_params(params.dense_layer, model, tp=tp, ep=ep)
     m_dense, m_expert = _layer_rank_params(params.moe_layer, model, tp=tp, ep=ep)
@@ -226,7 +234,7 @@ def stage_training(
     if ft.freeze_embeddings:
         frozen_dense = where(stage == 0, vocab_params_per_rank(model, tp=lay.tp) + params.position_embedding, 0)
     if ft.freeze_layers:
-        first = stage_row(model, pp=lay.pp, stage=stage).first_layer
+        first = stage_row(model, pp=lay.pp, stage=stage, split=workload.conditions.stage_split).first_layer
         n = finetune.frozen_leading_layers(ft, first=first, layers=held.dense_layers + held.moe_layers)
         layer = params.dense_layer if params.num_dense_layers >= ft.freeze_layers else params.moe_layer
         d, e = _layer_rank_params(layer, model, tp=lay.tp, ep=lay.ep)
@@ -280,7 +288,14 @@ def state_bytes(model: ModelSpec, params: ParamCount, lay: LayoutLike, workload:
     """Model-state bytes of one GPU of ``stage`` (Megatron-style accounting): a lower bound of its whole bill,
     which the planner uses to drop hopeless layouts before it computes activations."""
     held = stage_params(
-        params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=stage, copies=pipeline.stage_copies(lay.schedule)
+        params,
+        model,
+        tp=lay.tp,
+        pp=lay.pp,
+        ep=lay.ep,
+        stage=stage,
+        copies=pipeline.stage_copies(lay.schedule),
+        split=workload.conditions.stage_split,
     )
     if workload.framework is Framework.TORCH:
         return 0.0 * held.dense  # PyTorch-native state is billed tensor by tensor: no shortcut
@@ -492,7 +507,8 @@ def stage_bill(
     tp, pp, ep, cp = lay.tp, lay.pp, lay.ep, lay.cp
     zero, schedule = lay.zero, lay.schedule
     copies = pipeline.stage_copies(schedule)
-    held = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage, copies=copies)
+    split = workload.conditions.stage_split
+    held = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage, copies=copies, split=split)
     shard, _ = shard_degrees(dp_shard=lay.dp_shard, cp=cp, ep=ep)
     tr = stage_training(model, params, lay, workload, stage=stage, held=held)
     weights, adapters, grads, master, moments = _model_state(model, lay, workload, tr)
@@ -519,7 +535,7 @@ def stage_bill(
         state = shards.torch_state(
             model,
             shards.RankCoords(tp=tp, ep=ep, fsdp=fsdp),
-            stage_row(model, pp=pp, stage=stage),
+            stage_row(model, pp=pp, stage=stage, split=split),
             zero=zero,
             ddp_ranks=lay.dp_replicate * lay.dp_shard * cp,
             precision=prec,
@@ -609,7 +625,7 @@ def _frozen_activation_layers(
     ft = workload.finetune
     if not (ft.freeze_embeddings and ft.freeze_layers):
         return 0.0
-    first = stage_row(model, pp=lay.pp, stage=stage).first_layer
+    first = stage_row(model, pp=lay.pp, stage=stage, split=workload.conditions.stage_split).first_layer
     return finetune.frozen_leading_layers(ft, first=first, layers=held.dense_layers + held.moe_layers)
 
 
@@ -716,4 +732,6 @@ def _on_rows(mask: Num, fn: Callable[..., Num], fill: Num, **args: Num) -> Num:
 def candidates(model: ModelSpec, lay: LayoutLike, workload: Workload) -> tuple[Num, ...]:
     """The stages of ``lay`` that hold the maximum of every term (``stages.candidate_stages``)."""
     frozen = workload.finetune.freeze_layers if not workload.finetune.adapted else 0
-    return candidate_stages(model, pp=lay.pp, boundaries=(frozen,) if frozen else ())
+    return candidate_stages(
+        model, pp=lay.pp, boundaries=(frozen,) if frozen else (), split=workload.conditions.stage_split
+    )

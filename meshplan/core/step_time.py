@@ -142,7 +142,7 @@ def stage_times(
     recompute = lay.recompute
     worst: dict[str, Num] = {}
     for stage in stages:
-        row = stage_row(model, pp=pp, stage=stage)
+        row = stage_row(model, pp=pp, stage=stage, split=work.conditions.stage_split)
         layers, first, n_dense, n_moe = row.layers, row.first_layer, row.dense_layers, row.moe_layers
         fwd = n_dense * dense.forward_s + n_moe * moe.forward_s
         attn_fwd = n_dense * dense.attention_core_fwd_s + n_moe * moe.attention_core_fwd_s
@@ -222,7 +222,11 @@ def _stage_step(
     copies = pipeline.stage_copies(lay.schedule)
     stages = candidates(model, lay, work)
     times = stage_times(model, lay, work, cluster, stages=stages)
-    held = [stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies) for s in stages]
+    split = work.conditions.stage_split
+    held = [
+        stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies, split=split)
+        for s in stages
+    ]
     training = [stage_training(model, params, lay, work, stage=s, held=h) for s, h in zip(stages, held, strict=True)]
 
     def most(name: str) -> Num:

@@ -12,7 +12,7 @@ from typing import Any
 
 from meshplan import io
 from meshplan.spec import requests
-from meshplan.spec.conditions import Conditions, LossKind, Selective
+from meshplan.spec.conditions import Conditions, LossKind, Selective, StageSplit
 from meshplan.spec.workload import PRECISIONS, Overlap, PrecisionPolicy
 from meshplan.units import DType
 
@@ -75,6 +75,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         recompute_modules=_modules(resolved.get("recompute_modules")),
         routing_imbalance=float(resolved.get("routing_imbalance") or 1.0),
         loss_parallel=None if loss_parallel is None else loss_parallel == "on",
+        stage_split=StageSplit(first=resolved.get("first_stage_layers"), last=resolved.get("last_stage_layers")),
     )
 
 

@@ -52,6 +52,29 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StageSplit:
+    """Layers stated for the first and the last pipeline stage (Megatron-LM --decoder-first-pipeline-num-layers
+    and --decoder-last-pipeline-num-layers); None: that stage takes its share of the even split. The stages
+    not stated split the remaining layers as evenly as they go (``pipeline.stage_span``)."""
+
+    first: int | None = None
+    last: int | None = None
+
+    @property
+    def stated(self) -> int:
+        """Stages whose layer count is stated (0, 1 or 2)."""
+        return (self.first is not None) + (self.last is not None)
+
+    @property
+    def stated_layers(self) -> int:
+        return (self.first or 0) + (self.last or 0)
+
+
+EVEN_SPLIT = StageSplit()
+"""Every stage takes its share of the even split."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Conditions:
     """The resolved conditions of one run (each from a flag, the stack, or meshplan's default)."""
 
@@ -78,6 +101,8 @@ class Conditions:
     (Megatron --recompute-method block --recompute-num-layers k); None: every layer."""
     loss_parallel: bool | None = None
     """The loss is computed on vocabulary shards over the TP group; None: the framework's own default."""
+    stage_split: StageSplit = EVEN_SPLIT
+    """Layers stated for the first and last pipeline stage (the rest split evenly)."""
 
     def __post_init__(self) -> None:
         if self.microbatch_group is not None and self.microbatch_group < 1:
@@ -89,6 +114,10 @@ class Conditions:
             raise ValueError(f"routing_imbalance must be >= 1, got {self.routing_imbalance}")
         if self.recompute_layers is not None and self.recompute_layers < 0:
             raise ValueError(f"recompute_layers must be >= 0, got {self.recompute_layers}")
+        for name in ("first", "last"):
+            value = getattr(self.stage_split, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name}_stage_layers must be >= 0, got {value}")
         if self.runtime_reserve_bytes < 0:
             raise ValueError(f"runtime_reserve_bytes must be >= 0, got {self.runtime_reserve_bytes}")
 

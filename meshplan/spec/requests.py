@@ -461,6 +461,27 @@ FIELDS: tuple[Field, ...] = (
         "default: pp)",
     ),
     Field(
+        name="first_stage_layers",
+        type=int,
+        default=None,
+        group=_C,
+        unit="layers",
+        lo=0,
+        hi=4096,
+        help="transformer layers on the first pipeline stage (Megatron --decoder-first-pipeline-num-layers); "
+        "the stages not stated split the rest evenly",
+    ),
+    Field(
+        name="last_stage_layers",
+        type=int,
+        default=None,
+        group=_C,
+        unit="layers",
+        lo=0,
+        hi=4096,
+        help="transformer layers on the last pipeline stage (Megatron --decoder-last-pipeline-num-layers)",
+    ),
+    Field(
         name="recompute_layers",
         type=int,
         default=None,
