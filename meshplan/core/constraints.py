@@ -79,11 +79,19 @@ RULES: tuple[Rule, ...] = (
     Rule(
         reason="tp does not divide ffn_hidden",
         holds=lambda m, lay, w, n: (
-            (m.ffn_hidden % _g(lay, "tp") == 0) & ((m.moe is None) or (m.moe.expert_ffn_hidden % _g(lay, "tp") == 0))
+            (m.ffn_hidden % _g(lay, "tp") == 0) & ((m.moe is None) or (m.moe.expert_ffn_hidden % _g(lay, "etp") == 0))
         ),
         message=lambda m, lay, w, n: (
             f"tp={_g(lay, 'tp')} must divide ffn_hidden={m.ffn_hidden}"
-            + ("" if m.moe is None else f" and expert_ffn_hidden={m.moe.expert_ffn_hidden}")
+            + ("" if m.moe is None else f", expert TP {_g(lay, 'etp')} expert_ffn_hidden={m.moe.expert_ffn_hidden}")
+        ),
+    ),
+    Rule(
+        reason="EP folded over TP without sequence parallelism",
+        holds=lambda m, lay, w, n: (_g(lay, "etp") == _g(lay, "tp")) | (_g(lay, "tp") == 1) | _g(lay, "sp"),
+        message=lambda m, lay, w, n: (
+            f"expert_tp={_g(lay, 'etp')} differs from tp={_g(lay, 'tp')}: MoE parallel folding dispatches each "
+            "rank's sequence-parallel tokens, so it needs sp"
         ),
     ),
     Rule(

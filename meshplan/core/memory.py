@@ -87,12 +87,13 @@ class MemoryBill:
 TERMS: tuple[str, ...] = tuple(f.name for f in fields(MemoryBill))
 
 
-def _layer_rank_params(lp: LayerParams, model: ModelSpec, *, tp: Num, ep: Num) -> tuple[Num, Num]:
-    """(dense, expert) parameters of one layer on one TP x EP rank."""
+def _layer_rank_params(lp: LayerParams, model: ModelSpec, *, tp: Num, ep: Num, etp: Num = None) -> tuple[Num, Num]:
+    """(dense, expert) parameters of one layer on one rank: dense ones split by TP, routed experts by EP x
+    expert TP (``etp``, None: tp)."""
     sharded = lp.attention - lp.kv - lp.attention_replicated + lp.mlp - lp.mlp_replicated + lp.shared_experts
     kv_split = minimum(tp, model.num_kv_heads)
     dense = sharded / tp + lp.kv / kv_split + lp.attention_replicated + lp.mlp_replicated + lp.router + lp.norms
-    return dense, lp.routed_experts / (ep * tp)
+    return dense, lp.routed_experts / (ep * (tp if etp is None else etp))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,12 +120,14 @@ def stage_params(
     stage: Num,
     copies: Num = 1,
     split: StageSplit = EVEN_SPLIT,
+    etp: Num = None,
 ) -> StageParams:
-    """Parameters on one GPU of pipeline stage ``stage`` (``copies`` = 2 under DualPipe)."""
+    """Parameters on one GPU of pipeline stage ``stage`` (``copies`` = 2 under DualPipe; ``etp``: expert TP,
+    None: tp)."""
     row = stage_row(model, pp=pp, stage=stage, split=split)
     dense_layers, moe_layers = row.dense_layers, row.moe_layers
-    d_dense, _ = _layer_rank_params(params.dense_layer, model, tp=tp, ep=ep)
-    m_dense, m_expert = _layer_rank_params(params.moe_layer, model, tp=tp, ep=ep)
+    d_dense, _ = _layer_rank_params(params.dense_layer, model, tp=tp, ep=ep, etp=etp)
+    m_dense, m_expert = _layer_rank_params(params.moe_layer, model, tp=tp, ep=ep, etp=etp)
     dense = dense_layers * d_dense + moe_layers * m_dense
     experts = moe_layers * m_expert
     is_first, is_last = row.embedding == 1, row.head == 1
@@ -157,15 +160,19 @@ def moment_bytes_per_param(model: ModelSpec, workload: Workload) -> float:
     return opt.num_moments * workload.precision.moment_bytes
 
 
-def shard_degrees(*, dp_shard: Num, cp: Num, ep: Num) -> tuple[Num, Num]:
+def shard_degrees(*, dp_shard: Num, cp: Num, ep: Num, tp: Num = 1, etp: Num = 1) -> tuple[Num, Num]:
     """(dense, expert) ZeRO shard-group sizes.
 
     Dense state is sharded over dp_shard * cp (FSDP's and the distributed
-    optimizer's group); expert state over the part of that group outside the
-    expert-parallel group, (dp_shard * cp) / gcd(dp_shard * cp, ep).
+    optimizer's group); expert state over the part of the experts' own data
+    group outside the expert-parallel group: with the TP ranks an expert does
+    not split (tp / etp) counted as data ranks of the experts (MoE parallel
+    folding, whose expert-data-parallel group is tp cp dp / (ep etp)),
+    g / gcd(g, ep) with g = dp_shard * cp * tp / etp.
     """
     group = dp_shard * cp
-    return group, group // gcd(group, ep)
+    expert_group = group * tp // etp  # whole: ep * etp divides tp * cp * dp
+    return group, expert_group // gcd(expert_group, ep)
 
 
 def state_bytes_per_param(model: ModelSpec, workload: Workload) -> float:
@@ -237,7 +244,7 @@ def stage_training(
         first = stage_row(model, pp=lay.pp, stage=stage, split=workload.conditions.stage_split).first_layer
         n = finetune.frozen_leading_layers(ft, first=first, layers=held.dense_layers + held.moe_layers)
         layer = params.dense_layer if params.num_dense_layers >= ft.freeze_layers else params.moe_layer
-        d, e = _layer_rank_params(layer, model, tp=lay.tp, ep=lay.ep)
+        d, e = _layer_rank_params(layer, model, tp=lay.tp, ep=lay.ep, etp=lay.etp)
         frozen_dense, frozen_experts = frozen_dense + n * d, n * e
     return StageTraining(
         base_dense=held.dense,
@@ -259,7 +266,7 @@ def _model_state(
     exist only for what trains. QLoRA's adapters are bf16 and updated in place by a 32-bit AdamW, with no fp32
     master copy (the QLoRA reference training script).
     """
-    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
+    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep, tp=lay.tp, etp=lay.etp)
 
     def sharded(dense: Num, experts: Num, from_stage: ZeroStage) -> Num:
         on = lay.zero >= from_stage
@@ -296,6 +303,7 @@ def state_bytes(model: ModelSpec, params: ParamCount, lay: LayoutLike, workload:
         stage=stage,
         copies=pipeline.stage_copies(lay.schedule),
         split=workload.conditions.stage_split,
+        etp=lay.etp,
     )
     if workload.framework is Framework.TORCH:
         return 0.0 * held.dense  # PyTorch-native state is billed tensor by tensor: no shortcut
@@ -396,13 +404,14 @@ def _module_savings_per_token(model: ModelSpec, lay: LayoutLike, workload: Workl
     if "mlp" in mods and moe is None:
         out = out + beta * h * split * ("layernorm" not in mods) + n * beta * model.ffn_hidden / tp
     if moe is not None:
-        routed = moe.experts_per_token * n * beta * moe.expert_ffn_hidden / tp
+        copies = moe.experts_per_token * where(lay.sp, lay.etp / tp, 1.0)  # as act.mlp_bytes_per_token
+        routed = copies * n * beta * moe.expert_ffn_hidden / lay.etp
         shared = moe.num_shared_experts * n * beta * moe.shared_hidden / tp
         if "moe" in mods:
             out = out + beta * h * split * ("layernorm" not in mods) + routed + shared
         else:
             if "moe_act" in mods:
-                out = out + moe.experts_per_token * beta * moe.expert_ffn_hidden / tp
+                out = out + copies * beta * moe.expert_ffn_hidden / lay.etp
             if "shared_experts" in mods:
                 out = out + shared
     if "mla_up_proj" in mods and model.mla is not None:
@@ -441,6 +450,7 @@ def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> 
         kernels=workload.kernels,
         framework=workload.framework,
         routing_imbalance=where(lay.ep > 1, workload.conditions.routing_imbalance, 1.0),
+        etp=lay.etp,
     )
 
     tokens = workload.seq_len / lay.cp * lay.micro_batch
@@ -508,7 +518,7 @@ def stage_bill(
     zero, schedule = lay.zero, lay.schedule
     copies = pipeline.stage_copies(schedule)
     split = workload.conditions.stage_split
-    held = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage, copies=copies, split=split)
+    held = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage, copies=copies, split=split, etp=lay.etp)
     shard, _ = shard_degrees(dp_shard=lay.dp_shard, cp=cp, ep=ep)
     tr = stage_training(model, params, lay, workload, stage=stage, held=held)
     weights, adapters, grads, master, moments = _model_state(model, lay, workload, tr)

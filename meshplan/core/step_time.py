@@ -224,7 +224,7 @@ def _stage_step(
     times = stage_times(model, lay, work, cluster, stages=stages)
     split = work.conditions.stage_split
     held = [
-        stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies, split=split)
+        stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies, split=split, etp=lay.etp)
         for s in stages
     ]
     training = [stage_training(model, params, lay, work, stage=s, held=h) for s, h in zip(stages, held, strict=True)]
@@ -272,8 +272,8 @@ def _stage_step(
     tp_b = exposed(("tp", "sp"), "backward", wgrad, tp_eff)
     cp_f = exposed(("cp",), "forward", times.attention_fwd_s * copies)
     cp_b = exposed(("cp",), "backward", times.attention_bwd_s * copies)
-    ep_f = exposed(("ep",), "forward", fwd_c)
-    ep_b = exposed(("ep",), "backward", bwd_c)
+    ep_f = exposed(("ep", "etp"), "forward", fwd_c)  # the experts' TP gathers sit on the dispatch path
+    ep_b = exposed(("ep", "etp"), "backward", bwd_c)
     chunk = where(lay.pp > 1, lay.vpp * cluster.gpu.calibration.pipeline_step_overhead_s, 0.0)
     fwd, bwd = fwd_c + tp_f + cp_f + ep_f + chunk, bwd_c + tp_b + cp_b + ep_b + chunk
     sharded = StageParams(dense=dense_params, experts=expert_params, largest_layer=0, dense_layers=0, moe_layers=0)
@@ -336,7 +336,7 @@ def _optimizer_time(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: 
     refresh the 16-bit weights, which are written; moments read and written.
     """
     prec = work.precision
-    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
+    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep, tp=lay.tp, etp=lay.etp)
     on = lay.zero >= ZeroStage.OPTIMIZER
     n = held.dense / where(on, shard, 1) + held.experts / where(on, expert_shard, 1)
     master = prec.master_bytes if prec.master is not None else prec.weight_bytes

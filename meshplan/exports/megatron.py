@@ -15,8 +15,8 @@ How the plan maps:
   evenly, embedding and loss count as one layer each (Llama 3's split), else an explicit
   --pipeline-model-parallel-layout is written. Stated first/last stage layers are
   --decoder-first/last-pipeline-num-layers where they divide into the chunks, else that layout.
-- Experts keep the plan's TP inside each expert (--expert-tensor-parallel-size = tp), so expert
-  groups come out of dp x cp, as meshplan models them.
+- --expert-tensor-parallel-size is the plan's expert TP: tp unless the plan folds EP over TP
+  (MoE parallel folding, expert TP below tp), and --expert-model-parallel-size its EP.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _parallel_args(model: ModelSpec, layout: Layout, split: StageSplit) -> Args:
         kind = "p2p" if layout.cp_kind is ContextParallel.RING else "allgather"
         args += _flag("--context-parallel-size", layout.cp) + _flag("--cp-comm-type", kind)
     if model.moe is not None:
-        args += _flag("--expert-model-parallel-size", layout.ep) + _flag("--expert-tensor-parallel-size", layout.tp)
+        args += _flag("--expert-model-parallel-size", layout.ep) + _flag("--expert-tensor-parallel-size", layout.etp)
     zero = effective_zero(layout)
     if zero is ZeroStage.OPTIMIZER:
         args += ["--use-distributed-optimizer"]

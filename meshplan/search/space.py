@@ -30,6 +30,8 @@ class LayoutBatch:
     vpp: IntArray
     cp: IntArray
     ep: IntArray
+    etp: IntArray
+    """Expert tensor-parallel degree (tp, or 1 where EP folds over TP)."""
     dp_shard: IntArray
     dp_replicate: IntArray
     sp: npt.NDArray[np.bool_]
@@ -63,6 +65,7 @@ class LayoutBatch:
             vpp=v["vpp"],
             cp=v["cp"],
             ep=v["ep"],
+            expert_tp=None if v["etp"] == v["tp"] else v["etp"],
             dp_shard=v["dp_shard"],
             dp_replicate=v["dp_replicate"],
             sp=bool(v["sp"]),
@@ -91,6 +94,7 @@ def _from_columns(cols: Mapping[str, npt.ArrayLike]) -> LayoutBatch:
         vpp=ints("vpp"),
         cp=ints("cp"),
         ep=ints("ep"),
+        etp=ints("etp"),
         dp_shard=ints("dp_shard"),
         dp_replicate=ints("dp_replicate"),
         sp=np.asarray(cols["sp"], dtype=np.bool_),
@@ -151,16 +155,30 @@ CHUNK_CANDIDATES = 1 << 18
 
 def _outer_rows(
     model: ModelSpec, *, num_gpus: int, space: SearchSpace, domain: int, allow_cross_node_tp: bool
-) -> tuple[int, Iterator[tuple[int, int, int, int, int, int]]]:
+) -> tuple[int, Iterator[tuple[int, int, int, int, int, int, int]]]:
     """(how many, the rows lazily): a fleet size with many divisors has tens of millions of rows."""
     max_tp = space.max_tp or (num_gpus if allow_cross_node_tp else domain)
     shapes = [
-        (tp, cp, pp, dp, divisors(dp * cp) if model.moe else [1], divisors(dp))  # the rules reject bad ep
+        (tp, cp, pp, dp, expert_degrees(model, tp=tp, data=dp * cp), divisors(dp))  # the rules reject bad ep
         for tp, cp, pp, dp in _mesh_shapes(num_gpus, model, max_tp, space.max_cp)
     ]
-    count = sum(len(eps) * len(shards) for *_, eps, shards in shapes)
-    rows = ((tp, cp, pp, dp, ep, shard) for tp, cp, pp, dp, eps, shards in shapes for ep in eps for shard in shards)
+    count = sum(len(experts) * len(shards) for *_, experts, shards in shapes)
+    rows = (
+        (tp, cp, pp, dp, ep, etp, shard)
+        for tp, cp, pp, dp, experts, shards in shapes
+        for ep, etp in experts
+        for shard in shards
+    )
     return count, rows
+
+
+def expert_degrees(model: ModelSpec, *, tp: int, data: int) -> list[tuple[int, int]]:
+    """(ep, expert TP) pairs: EP out of the data ranks with expert TP = tp, and, where tp > 1, EP folded over
+    tp x data with expert TP 1 (MoE parallel folding: experts without TP, EP inside the NVLink domain)."""
+    if model.moe is None:
+        return [(1, tp)]
+    plain = [(ep, tp) for ep in divisors(data)]
+    return plain + ([(ep, 1) for ep in divisors(tp * data)] if tp > 1 else [])
 
 
 MAX_CANDIDATES = 200_000_000
@@ -236,13 +254,15 @@ def enumerate_layouts(
     return _from_columns({f.name: np.concatenate([getattr(b, f.name) for b in batches]) for f in fields(LayoutBatch)})
 
 
-def _expand(rows: list[tuple[int, int, int, int, int, int]], *, global_batch: int, space: SearchSpace) -> LayoutBatch:
+def _expand(
+    rows: list[tuple[int, int, int, int, int, int, int]], *, global_batch: int, space: SearchSpace
+) -> LayoutBatch:
     """The outer rows crossed with the inner choices each accepts."""
     names = [f.name for f in fields(LayoutBatch)]
     if not rows:
         return _from_columns({k: np.zeros(0, dtype=np.bool_ if k == "sp" else np.int64) for k in names})
     outer = np.asarray(rows, dtype=np.int64)
-    tp, cp, pp, dp, ep, shard = outer.T
+    tp, cp, pp, dp, ep, etp, shard = outer.T
     inner_names = ("vpp", "micro_batch", "zero", "recompute", "sp")
     grids = np.meshgrid(
         *(
@@ -268,7 +288,7 @@ def _expand(rows: list[tuple[int, int, int, int, int, int]], *, global_batch: in
         take &= {0: inner["zero"] == 0, 1: np.ones_like(take), 2: inner["zero"] > 0}[mode]
         sel = np.flatnonzero(group == g)
         n_in, n_out = int(take.sum()), len(sel)
-        for name, values in (("tp", tp), ("cp", cp), ("pp", pp), ("ep", ep), ("dp_shard", shard)):
+        for name, values in (("tp", tp), ("cp", cp), ("pp", pp), ("ep", ep), ("etp", etp), ("dp_shard", shard)):
             cols[name].append(np.repeat(values[sel], n_in))
         cols["dp_replicate"].append(np.repeat(dp[sel] // shard[sel], n_in))
         for name in inner_names:

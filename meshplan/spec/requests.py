@@ -252,7 +252,19 @@ FIELDS: tuple[Field, ...] = (
         name="vpp", type=int, default=1, group=_L, help="virtual pipeline stages per rank (interleaved)", lo=1, hi=64
     ),
     _degree("cp", "context-parallel degree"),
-    _degree("ep", "expert-parallel degree, carved out of dp_shard x cp"),
+    _degree("ep", "expert-parallel degree, carved out of dp_shard x cp (and of tp when --expert-tp is below tp)"),
+    Field(
+        name="expert_tp",
+        type=int,
+        default=None,
+        group=_L,
+        unit="GPUs",
+        lo=1,
+        hi=MAX_DEGREE,
+        help="tensor-parallel degree inside each expert (Megatron --expert-tensor-parallel-size; default: tp); "
+        "below tp, EP folds over the TP ranks (MoE parallel folding), so ep x expert-tp <= node size keeps the "
+        "all-to-all inside the node",
+    ),
     Field(
         name="dp",
         type=int,

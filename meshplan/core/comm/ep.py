@@ -1,6 +1,9 @@
 """Expert parallelism: a dispatch and a combine all-to-all per MoE layer forward and again backward, k b s h
-bytes per rank each; under node-limited routing (at most M nodes per token, once per node) the share leaving
-the node is min(M, k) / k of the unlimited one."""
+bytes per rank each (k b s h / t with sequence parallelism: each rank dispatches its own s/t tokens); under
+node-limited routing (at most M nodes per token, once per node) the share leaving the node is min(M, k) / k of
+the unlimited one. With expert TP e_t > 1 the expert-TP group all-gathers the dispatched rows before the experts
+and reduce-scatters their outputs (forward; the reverse in backward), k b s h e_t / t bytes gathered per call
+(Megatron-Core's all-to-all token dispatcher; MoE parallel folding, arXiv:2504.14960, Sec. 3)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,9 @@ def ep_calls(
 ) -> list[CollectiveCall]:
     if model.moe is None:
         return []
-    size = st.tokens * model.moe.experts_per_token * model.hidden * work.precision.activation_bytes
+    tp, etp, sp = lay.tp, lay.etp, lay.sp  # type: ignore[attr-defined]
+    rows = st.tokens * where(sp, 1 / tp, 1.0) * model.moe.experts_per_token  # rows this rank dispatches
+    size = rows * model.hidden * work.precision.activation_bytes
     redo = where(lay.recompute == Recompute.FULL, 2, 0)  # type: ignore[attr-defined]
     per_step = st.moe_layers * st.micro_batches
     p = pl["ep"]
@@ -52,6 +57,21 @@ def ep_calls(
             leaving_share=leaving,
         ),
     ]
+    gathered = where(etp > 1, size * etp, 0.0)
+    for phase, count in (("forward", (1 + redo // 2) * per_step), ("backward", per_step)):
+        for op in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER):
+            calls.append(
+                _call(
+                    "etp",
+                    op,
+                    pl["etp"],
+                    cl,
+                    phase=phase,
+                    size=gathered,
+                    count=where(etp > 1, count, 0),
+                    overlappable=work.overlap.ep,
+                )
+            )
     if PATTERNS[work.framework].ep_count_exchange:
         counts = INDEX_BYTES * model.moe.num_experts
         exchanges = where(redo > 0, 2, 1) * per_step
