@@ -131,7 +131,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 PIN_FIELDS: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "dp_shard", "dp_replicate", "zero", "sp", "recompute")
-PIN_FIELDS += ("schedule", "cp_kind", "micro_batch")
+PIN_FIELDS += ("expert_tp", "schedule", "cp_kind", "micro_batch")
 
 
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:

@@ -39,7 +39,7 @@ def brute_force(n: int, *, layers: int, experts: int, batch: int, space: SearchS
                         continue
                     mbs = [b for b in space.micro_batch_choices if batch % (b * dp) == 0] or [1]
                     for mb, rc, sp in itertools.product(mbs, space.recompute_choices, (False, True)):
-                        if sp and tp == 1:
+                        if (sp and tp == 1) or (etp != tp and not sp):
                             continue
                         out.add((tp, cp, pp, ep, etp, shard, dp // shard, vpp, mb, zero, rc, sp))
     return out

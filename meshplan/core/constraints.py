@@ -87,14 +87,6 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        reason="EP folded over TP without sequence parallelism",
-        holds=lambda m, lay, w, n: (_g(lay, "etp") == _g(lay, "tp")) | (_g(lay, "tp") == 1) | _g(lay, "sp"),
-        message=lambda m, lay, w, n: (
-            f"expert_tp={_g(lay, 'etp')} differs from tp={_g(lay, 'tp')}: MoE parallel folding dispatches each "
-            "rank's sequence-parallel tokens, so it needs sp"
-        ),
-    ),
-    Rule(
         reason="more pipeline stages than layers",
         holds=lambda m, lay, w, n: _g(lay, "pp") <= m.num_layers,
         message=lambda m, lay, w, n: f"pp={_g(lay, 'pp')} exceeds num_layers={m.num_layers}",

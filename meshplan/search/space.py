@@ -238,7 +238,7 @@ def enumerate_layouts(
     row. Outer rows that accept the same inner rows are crossed with them in
     one step. Redundant spellings of one layout are not generated: ZeRO needs
     a shard group of more than one rank, sequence parallelism needs TP,
-    virtual stages need a pipeline.
+    virtual stages need a pipeline, EP folded over TP needs sequence parallelism.
     """
     _, chunks = layout_chunks(
         model,
@@ -276,14 +276,16 @@ def _expand(
     fits_batch = (global_batch % (mbs[None, :] * dp[:, None])) == 0  # which micro-batches divide B/dp
     fits_batch[~fits_batch.any(axis=1), 0] = True  # none does: keep the first, for the rules to reject
     zero_mode = np.where(shard > 1, 2, np.where(cp > 1, 1, 0))  # 0: zero 0 only, 1: any, 2: zero > 0 only
-    key = np.column_stack([pp > 1, tp > 1, zero_mode, fits_batch]).astype(np.int64)
+    folded = etp != tp  # MoE parallel folding dispatches sequence-parallel shards: SP only
+    key = np.column_stack([pp > 1, tp > 1, zero_mode, folded, fits_batch]).astype(np.int64)
     uniq, group = np.unique(key, axis=0, return_inverse=True)
     group = group.ravel()
     cols: dict[str, list[IntArray]] = {k: [] for k in names}
     for g, k in enumerate(uniq):
-        has_pp, has_tp, mode, allowed = bool(k[0]), bool(k[1]), int(k[2]), k[3:].astype(bool)
+        has_pp, has_tp, mode, is_folded, allowed = bool(k[0]), bool(k[1]), int(k[2]), bool(k[3]), k[4:].astype(bool)
         take = (inner["vpp"] == 1) | has_pp
         take &= (inner["sp"] == 0) | has_tp
+        take &= (inner["sp"] == 1) | (not is_folded)
         take &= np.isin(inner["micro_batch"], mbs[allowed])
         take &= {0: inner["zero"] == 0, 1: np.ones_like(take), 2: inner["zero"] > 0}[mode]
         sel = np.flatnonzero(group == g)
