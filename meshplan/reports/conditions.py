@@ -18,7 +18,15 @@ from meshplan.units import DType
 
 WORKLOAD_SET_BY_STACK = ("precision", "kernels", "attention")
 """Workload fields a stack fixes besides its conditions."""
-OVERLAP_AXES = {"dp": "dp", "param_gather": "param_gather", "tp": "tp", "ep": "ep", "pp": "pp", "cp": "cp"}
+OVERLAP_AXES = {
+    "dp": "dp",
+    "param_gather": "param_gather",
+    "tp": "tp",
+    "tp_backward": "tp_backward",
+    "ep": "ep",
+    "pp": "pp",
+    "cp": "cp",
+}
 
 
 def condition_names() -> tuple[str, ...]:

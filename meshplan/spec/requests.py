@@ -569,6 +569,11 @@ FIELDS: tuple[Field, ...] = (
     _switch("overlap_dp", "data-parallel gradient reduction overlaps backward"),
     _switch("overlap_param_gather", "ZeRO/FSDP parameter all-gather overlaps compute"),
     _switch("overlap_tp", "TP communication overlaps its matmuls (Megatron --tp-comm-overlap, async TP)"),
+    _switch(
+        "overlap_tp_backward",
+        "TP's backward input-gradient all-reduce overlaps the weight-gradient matmuls (Megatron's default; off in "
+        "the Megatron-LM of the 2021 papers)",
+    ),
     _switch("overlap_ep", "MoE dispatch/combine all-to-alls overlap compute"),
     _switch("overlap_pp", "pipeline sends and receives overlap compute"),
     _switch("overlap_cp", "context-parallel K/V exchange overlaps attention"),
