@@ -514,17 +514,13 @@ def stage_bill(
 ) -> MemoryBill:
     """The bill of one GPU on pipeline stage ``stage``; ``layout`` is a Layout or a batch of them."""
     lay = layout
-    tp, pp, ep, cp = lay.tp, lay.pp, lay.ep, lay.cp
-    zero, schedule = lay.zero, lay.schedule
-    copies = pipeline.stage_copies(schedule)
+    copies = pipeline.stage_copies(lay.schedule)
     split = workload.conditions.stage_split
-    held = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage, copies=copies, split=split, etp=lay.etp)
-    shard, _ = shard_degrees(dp_shard=lay.dp_shard, cp=cp, ep=ep)
-    tr = stage_training(model, params, lay, workload, stage=stage, held=held)
-    weights, adapters, grads, master, moments = _model_state(model, lay, workload, tr)
-    prec = workload.precision
-    dequant = where(finetune.quantized_base(workload.finetune), 2.0 * finetune.largest_matrix(model, tp=tp), 0.0)
-
+    held = stage_params(
+        params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=stage, copies=copies, split=split, etp=lay.etp
+    )
+    st = _stage_state(model, params, lay, workload, stage=stage, held=held)
+    dequant = where(finetune.quantized_base(workload.finetune), 2.0 * finetune.largest_matrix(model, tp=lay.tp), 0.0)
     layer_acts = layer_acts or layer_activations(model, lay, workload)
     acts, logits, workspace = _stage_activations(
         model,
@@ -535,48 +531,83 @@ def stage_bill(
         la=layer_acts,
         frozen=_frozen_activation_layers(model, lay, workload, stage=stage, held=held),
     )
-    gathered = where(
-        (zero >= ZeroStage.PARAMETERS) & (shard > 1),
-        held.largest_layer * (2 * shards.gather_bytes(prec) + prec.grad_bytes),
-        0,
-    )
-    if workload.framework is Framework.TORCH and not workload.finetune.adapted:
-        fsdp = where(zero >= ZeroStage.PARAMETERS, lay.dp_shard * cp, 1)
-        state = shards.torch_state(
-            model,
-            shards.RankCoords(tp=tp, ep=ep, fsdp=fsdp),
-            stage_row(model, pp=pp, stage=stage, split=split),
-            zero=zero,
-            ddp_ranks=lay.dp_replicate * lay.dp_shard * cp,
-            precision=prec,
-            optimizer=workload.optimizer.kind,
-            moment_bytes=moment_bytes_per_param(model, workload),
-        )
-        weights, grads = state.params_storage_bytes, state.grads_storage_bytes
-        master, moments = state.master_bytes, state.optimizer_bytes - state.master_bytes
-        gathered = state.ddp_bucket_bytes + state.gathered_root_bytes + state.fsdp_transient_bytes
-    elif workload.framework is Framework.TORCH:
-        # torch.optim's 0-dim fp32 step per trained tensor: thousands of small adapter tensors
-        ft, step = workload.finetune, shards.OPTIMIZER_STEP_BYTES.get(workload.optimizer.kind, 0.0)
-        per_layer = [finetune.adapter_tensors(model, ft, moe_layer=moe, ep=ep) for moe in (False, True)]
-        moments = moments + step * (held.dense_layers * per_layer[0] + held.moe_layers * per_layer[1])
-    grads, gathered = _accumulation_state(model, lay, workload, tr=tr, held=held, grads=grads, gathered=gathered)
-    dynamic = acts + logits + workspace + dequant + gathered
+    dynamic = acts + logits + workspace + dequant + st.gathered
     return MemoryBill(
-        weights_bytes=to_float(weights),
-        adapter_weights_bytes=to_float(adapters + 0 * dynamic),
-        gradients_bytes=to_float(grads),
-        master_weights_bytes=to_float(master),
-        optimizer_moments_bytes=to_float(moments),
+        weights_bytes=to_float(st.weights),
+        adapter_weights_bytes=to_float(st.adapters + 0 * dynamic),
+        gradients_bytes=to_float(st.grads),
+        master_weights_bytes=to_float(st.master),
+        optimizer_moments_bytes=to_float(st.moments),
         activations_bytes=to_float(acts),
         logits_bytes=to_float(logits),
         activation_workspace_bytes=to_float(workspace),
         dequant_workspace_bytes=to_float(dequant + 0 * dynamic),
-        comm_buffers_bytes=to_float(gathered),
+        comm_buffers_bytes=to_float(st.gathered),
         framework_bytes=to_float(calibration.framework_bytes + 0 * dynamic),
         fragmentation_bytes=to_float(calibration.fragmentation * dynamic),
         runtime_reserve_bytes=to_float(workload.conditions.runtime_reserve_bytes + 0 * dynamic),
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _StateBytes:
+    """One GPU's model state and gathered parameters (bytes)."""
+
+    weights: Num
+    adapters: Num
+    grads: Num
+    master: Num
+    moments: Num
+    gathered: Num
+
+
+def _stage_state(
+    model: ModelSpec, params: ParamCount, lay: LayoutLike, workload: Workload, *, stage: Num, held: StageParams
+) -> _StateBytes:
+    """Model state of one GPU on ``stage`` (Megatron-style, or PyTorch-native tensor by tensor) and the
+    parameters ZeRO-3 / FSDP holds gathered, after gradient accumulation and resharding."""
+    tr = stage_training(model, params, lay, workload, stage=stage, held=held)
+    weights, adapters, grads, master, moments = _model_state(model, lay, workload, tr)
+    prec = workload.precision
+    shard, _ = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
+    gathered = where(
+        (lay.zero >= ZeroStage.PARAMETERS) & (shard > 1),
+        held.largest_layer * (2 * shards.gather_bytes(prec) + prec.grad_bytes),
+        0,
+    )
+    if workload.framework is Framework.TORCH and not workload.finetune.adapted:
+        weights, grads, master, moments, gathered = _torch_native_state(model, lay, workload, stage=stage)
+    elif workload.framework is Framework.TORCH:
+        # torch.optim's 0-dim fp32 step per trained tensor: thousands of small adapter tensors
+        ft, step = workload.finetune, shards.OPTIMIZER_STEP_BYTES.get(workload.optimizer.kind, 0.0)
+        per_layer = [finetune.adapter_tensors(model, ft, moe_layer=moe, ep=lay.ep) for moe in (False, True)]
+        moments = moments + step * (held.dense_layers * per_layer[0] + held.moe_layers * per_layer[1])
+    grads, gathered = _accumulation_state(model, lay, workload, tr=tr, held=held, grads=grads, gathered=gathered)
+    return _StateBytes(
+        weights=weights, adapters=adapters, grads=grads, master=master, moments=moments, gathered=gathered
+    )
+
+
+def _torch_native_state(
+    model: ModelSpec, lay: LayoutLike, workload: Workload, *, stage: Num
+) -> tuple[Num, Num, Num, Num, Num]:
+    """(weights, gradients, master, moments, gathered) of PyTorch-native training, tensor by tensor
+    (``pytorch.shards``): FSDP2 over dp_shard x cp from ZeRO-3, DDP's buckets below it."""
+    zero, cp = lay.zero, lay.cp
+    fsdp = where(zero >= ZeroStage.PARAMETERS, lay.dp_shard * cp, 1)
+    state = shards.torch_state(
+        model,
+        shards.RankCoords(tp=lay.tp, ep=lay.ep, fsdp=fsdp),
+        stage_row(model, pp=lay.pp, stage=stage, split=workload.conditions.stage_split),
+        zero=zero,
+        ddp_ranks=lay.dp_replicate * lay.dp_shard * cp,
+        precision=workload.precision,
+        optimizer=workload.optimizer.kind,
+        moment_bytes=moment_bytes_per_param(model, workload),
+    )
+    gathered = state.ddp_bucket_bytes + state.gathered_root_bytes + state.fsdp_transient_bytes
+    moments = state.optimizer_bytes - state.master_bytes
+    return state.params_storage_bytes, state.grads_storage_bytes, state.master_bytes, moments, gathered
 
 
 def _accumulation_state(
@@ -650,50 +681,87 @@ def _stage_activations(
     frozen: Num = 0.0,
 ) -> tuple[Num, Num, Num]:
     """(saved activations, logits, recompute workspace) of one GPU on ``stage``."""
-    tp, pp, cp, sp = lay.tp, lay.pp, lay.cp, lay.sp
-    b, recompute = lay.micro_batch, lay.recompute
-    s, beta = workload.seq_len, workload.precision.activation_bytes
-    frozen_dense = minimum(frozen, held.dense_layers)  # a frozen prefix (dense layers first): nothing kept
-    per_layers = (held.dense_layers - frozen_dense) * la.dense + (held.moe_layers - (frozen - frozen_dense)) * la.moe
+    pp, recompute = lay.pp, lay.recompute
+    tokens = workload.seq_len / lay.cp * lay.micro_batch
+    per_layers = _saved_per_microbatch(held, la, frozen=frozen, recompute=recompute, workload=workload)
+    per_mb = _edge_bytes(model, lay, workload, stage=stage, held=held, tokens=tokens)
+    outputs = act.stage_output_bytes(
+        model,
+        tokens=tokens,
+        act_bytes=workload.precision.activation_bytes,
+        last=stage == pp - 1,
+        framework=workload.framework,
+    )
+    flight, layer_flight, head_flight = _flight(lay, workload, stage=stage, layers=held.dense_layers + held.moe_layers)
+    copies = pipeline.stage_copies(lay.schedule)
+    saved = (layer_flight * per_layers + flight * per_mb + head_flight * where(pp > 1, outputs, 0)) / copies
+
+    loss = loss_peak_bytes(model, tokens=tokens, tp=lay.tp, workload=workload) * (
+        head_flight if workload.framework is Framework.TORCH else 1
+    )
+    logits = where(stage == pp - 1, loss, 0)
+    has_dense, has_moe = held.dense_layers > 0, held.moe_layers > 0
+    rebuilt = maximum(where(has_dense, la.dense_none, 0), where(has_moe, la.moe_none, 0))
+    kept_selective = maximum(where(has_dense, la.dense_selective, 0), where(has_moe, la.moe_selective, 0))
+    workspace = where(
+        recompute == Recompute.FULL, rebuilt, where(recompute == Recompute.SELECTIVE, rebuilt - kept_selective, 0)
+    )
+    return saved, logits, workspace
+
+
+def _saved_per_microbatch(
+    held: StageParams, la: LayerActivations, *, frozen: Num, recompute: Num, workload: Workload
+) -> Num:
+    """What the stage's layers keep for one micro-batch: nothing for a frozen prefix (dense layers come first);
+    with --recompute-layers k under full recompute, the first k layers keep their input only and the rest
+    everything (Megatron's block method)."""
+    frozen_dense = minimum(frozen, held.dense_layers)
+    dense, moe = held.dense_layers - frozen_dense, held.moe_layers - (frozen - frozen_dense)
+    per_layers = dense * la.dense + moe * la.moe
     k = workload.conditions.recompute_layers
-    if k is not None:  # full recompute on the first k layers of the stage, none on the rest (Megatron block method)
-        held_layers = held.dense_layers + held.moe_layers - frozen
-        share = minimum(k, held_layers) / maximum(held_layers, 1)
-        full = (held.dense_layers - frozen_dense) * la.dense_full + (
-            held.moe_layers - (frozen - frozen_dense)
-        ) * la.moe_full
-        none = (held.dense_layers - frozen_dense) * la.dense_none + (
-            held.moe_layers - (frozen - frozen_dense)
-        ) * la.moe_none
-        per_layers = where(recompute == Recompute.FULL, share * full + (1 - share) * none, per_layers)
-    tokens = s / cp * b
-    rep = where(sp, 1.0 / tp, 1.0)
+    if k is None:
+        return per_layers
+    held_layers = held.dense_layers + held.moe_layers - frozen
+    share = minimum(k, held_layers) / maximum(held_layers, 1)
+    full, none = dense * la.dense_full + moe * la.moe_full, dense * la.dense_none + moe * la.moe_none
+    return where(recompute == Recompute.FULL, share * full + (1 - share) * none, per_layers)
+
+
+def _edge_bytes(
+    model: ModelSpec, lay: LayoutLike, workload: Workload, *, stage: Num, held: StageParams, tokens: Num
+) -> Num:
+    """Per micro-batch bytes outside the layers: the embedding's dropout mask on stage 0 (less what LoRA's first
+    layer keeps for nothing behind a frozen embedding), the final norm and head input on the last stage."""
+    tp, sp, beta = lay.tp, lay.sp, workload.precision.activation_bytes
     mask = 1.0 if model.dropout else 0.0
-    per_mb = where(stage == 0, tokens * mask * model.hidden * rep, 0)  # embedding dropout mask
-    fw, ft = workload.framework, workload.finetune
+    per_mb = where(stage == 0, tokens * mask * model.hidden * where(sp, 1.0 / tp, 1.0), 0)
+    ft = workload.finetune
     if ft.adapted and not ft.train_embeddings:  # behind a trained embedding every layer keeps all it saves
         dead = where(
             held.dense_layers > 0,  # dense layers come first
             _first_layer_dead_per_token(model, lay, workload, moe_layer=False),
             _first_layer_dead_per_token(model, lay, workload, moe_layer=True),
         )
-        per_mb = per_mb - where((stage == 0) & (recompute != Recompute.FULL), tokens * dead, 0)
+        per_mb = per_mb - where((stage == 0) & (lay.recompute != Recompute.FULL), tokens * dead, 0)
     head = act.head_bytes(
         model,
         tokens=tokens,
         tp=tp,
         sp=sp,
         act_bytes=beta,
-        framework=fw,
+        framework=workload.framework,
         frozen_head=(ft.adapted and not ft.train_embeddings) or ft.freeze_embeddings,
         frozen_norm=ft.adapted,
     )
-    per_mb = per_mb + where(stage == pp - 1, head, 0)  # final norm + head input
-    outputs = act.stage_output_bytes(model, tokens=tokens, act_bytes=beta, last=stage == pp - 1, framework=fw)
+    return per_mb + where(stage == lay.pp - 1, head, 0)
 
-    m = pipeline.micro_batches(workload.global_batch, micro_batch=b, dp=lay.dp_replicate * lay.dp_shard)
+
+def _flight(lay: LayoutLike, workload: Workload, *, stage: Num, layers: Num) -> tuple[Num, Num, Num]:
+    """Micro-batches in flight on ``stage`` at its peak: of its whole layer set, per layer (interleaved: counted
+    chunk by chunk), and of its last chunk (where the head, its logits and the loss live)."""
+    pp = lay.pp
+    m = pipeline.micro_batches(workload.global_batch, micro_batch=lay.micro_batch, dp=lay.dp_replicate * lay.dp_shard)
     flight = pipeline.in_flight(schedule=lay.schedule, pp=pp, vpp=lay.vpp, m=m, stage=stage)
-    layers = held.dense_layers + held.moe_layers
     group = minimum(workload.conditions.microbatch_group or pp, m)
     interleaved = lay.schedule == Schedule.INTERLEAVED
     chunk_args = dict(pp=pp, vpp=lay.vpp, m=m, stage=stage, group=group)
@@ -704,27 +772,13 @@ def _stage_activations(
         **chunk_args,
         layers=layers,
     )
-    # the head, its logits and the loss live in the last chunk of the last stage: count that chunk's forwards
     head_flight = _on_rows(
         interleaved & (stage == pp - 1),
         lambda **a: pipeline.interleaved_chunk_forwards(**a, chunk=a["vpp"] - 1),
         flight,
         **chunk_args,
     )
-    copies = pipeline.stage_copies(lay.schedule)
-    saved = (layer_flight * per_layers + flight * per_mb + head_flight * where(pp > 1, outputs, 0)) / copies
-
-    loss = loss_peak_bytes(model, tokens=tokens, tp=tp, workload=workload) * (
-        head_flight if fw is Framework.TORCH else 1
-    )
-    logits = where(stage == pp - 1, loss, 0)
-    has_dense, has_moe = held.dense_layers > 0, held.moe_layers > 0
-    rebuilt = maximum(where(has_dense, la.dense_none, 0), where(has_moe, la.moe_none, 0))
-    kept_selective = maximum(where(has_dense, la.dense_selective, 0), where(has_moe, la.moe_selective, 0))
-    workspace = where(
-        recompute == Recompute.FULL, rebuilt, where(recompute == Recompute.SELECTIVE, rebuilt - kept_selective, 0)
-    )
-    return saved, logits, workspace
+    return flight, layer_flight, head_flight
 
 
 def _on_rows(mask: Num, fn: Callable[..., Num], fill: Num, **args: Num) -> Num:

@@ -1,7 +1,7 @@
 """Expert parallelism: a dispatch and a combine all-to-all per MoE layer forward and again backward, k b s h
 bytes per rank each (k b s h / t with sequence parallelism: each rank dispatches its own s/t tokens); under
 node-limited routing (at most M nodes per token, once per node) the share leaving the node is min(M, k) / k of
-the unlimited one. With expert TP e_t > 1 the expert-TP group all-gathers the dispatched rows before the experts
+the unlimited one. With expert TP e_t > 1 and SP the expert-TP group all-gathers the dispatched rows before the experts
 and reduce-scatters their outputs (forward; the reverse in backward), k b s h e_t / t bytes gathered per call
 (Megatron-Core's all-to-all token dispatcher; MoE parallel folding, arXiv:2504.14960, Sec. 3)."""
 
@@ -57,7 +57,9 @@ def ep_calls(
             leaving_share=leaving,
         ),
     ]
-    gathered = where(etp > 1, size * etp, 0.0)
+    # without SP every TP rank already holds all its tokens, and TP's own all-reduce sums the experts' partials
+    gathering = (etp > 1) & sp
+    gathered = where(gathering, size * etp, 0.0)
     for phase, count in (("forward", (1 + redo // 2) * per_step), ("backward", per_step)):
         for op in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER):
             calls.append(
@@ -68,7 +70,7 @@ def ep_calls(
                     cl,
                     phase=phase,
                     size=gathered,
-                    count=where(etp > 1, count, 0),
+                    count=where(gathering, count, 0),
                     overlappable=work.overlap.ep,
                 )
             )
