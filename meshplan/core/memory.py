@@ -572,7 +572,7 @@ def _stage_state(
     shard, _ = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
     gathered = where(
         (lay.zero >= ZeroStage.PARAMETERS) & (shard > 1),
-        held.largest_layer * (2 * shards.gather_bytes(prec) + prec.grad_bytes),
+        held.largest_layer * (2 * shards.gather_bytes(prec, fp8=workload.conditions.fp8_all_gather) + prec.grad_bytes),
         0,
     )
     if workload.framework is Framework.TORCH and not workload.finetune.adapted:
@@ -604,6 +604,7 @@ def _torch_native_state(
         precision=workload.precision,
         optimizer=workload.optimizer.kind,
         moment_bytes=moment_bytes_per_param(model, workload),
+        fp8_all_gather=workload.conditions.fp8_all_gather,
     )
     gathered = state.ddp_bucket_bytes + state.gathered_root_bytes + state.fsdp_transient_bytes
     moments = state.optimizer_bytes - state.master_bytes
@@ -636,7 +637,7 @@ def _accumulation_state(
     unsharded_grads = (tr.train_dense + tr.train_experts) * prec.grad_bytes
     grads = where(no_sync, maximum(grads, unsharded_grads), grads)
     keep = ((not cond.reshard_after_forward) | torch_pp) & (lay.zero >= ZeroStage.PARAMETERS) & (shard > 1)
-    stage_gathered = (held.dense + held.experts) * shards.gather_bytes(prec)
+    stage_gathered = (held.dense + held.experts) * shards.gather_bytes(prec, fp8=cond.fp8_all_gather)
     gathered = where(keep, maximum(gathered, stage_gathered + held.largest_layer * prec.grad_bytes), gathered)
     return grads, gathered
 

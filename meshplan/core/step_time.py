@@ -38,7 +38,7 @@ from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
-from meshplan.units import DType
+from meshplan.units import DTYPE_BYTES, DType
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,7 +247,7 @@ def _stage_step(
         trained_expert_params=most("train_experts"),
         base_gather_bytes=finetune.nf4_bytes_per_param(double_quant=ft.double_quant)
         if finetune.quantized_base(ft)
-        else None,
+        else (DTYPE_BYTES[DType.FP8] if work.conditions.fp8_all_gather else None),
         embedding=True,  # the embedding's and the head's PyTorch-native collectives: an upper bound over stages
         head=True,
     )

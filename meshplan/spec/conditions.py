@@ -47,6 +47,19 @@ class Selective(StrEnum):
     """Megatron's --recompute-modules: the listed modules (``Conditions.recompute_modules``) are recomputed."""
 
 
+class Fp8Recipe(StrEnum):
+    """How FP8 matmuls scale their operands (with --precision fp8 or deepseek-fp8)."""
+
+    TENSORWISE = "tensorwise"
+    """One dynamic scale per tensor (torchao Float8 'tensorwise', TE current scaling): the one recipe whose
+    weights FSDP2 can all-gather in FP8 (torchao enable_fsdp_float8_all_gather)."""
+    ROWWISE = "rowwise"
+    """One scale per row (torchao Float8 'rowwise'): finer, no FP8 all-gather."""
+    DELAYED = "delayed"
+    """Scales from an amax history of past steps (Transformer Engine's DelayedScaling, Megatron's default
+    --fp8-recipe delayed)."""
+
+
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj")
 """Megatron-Core's --recompute-modules names."""
 
@@ -103,6 +116,11 @@ class Conditions:
     """The loss is computed on vocabulary shards over the TP group; None: the framework's own default."""
     stage_split: StageSplit = EVEN_SPLIT
     """Layers stated for the first and last pipeline stage (the rest split evenly)."""
+    fp8_recipe: Fp8Recipe | None = None
+    """The FP8 scaling recipe, when the precision computes in FP8; None: not stated."""
+    fp8_all_gather: bool = False
+    """FSDP / ZeRO-3 all-gathers the layers' matmul weights in FP8 (1 byte a parameter instead of 2): torchao's
+    enable_fsdp_float8_all_gather, tensorwise scaling only."""
 
     def __post_init__(self) -> None:
         if self.microbatch_group is not None and self.microbatch_group < 1:
@@ -118,6 +136,11 @@ class Conditions:
             value = getattr(self.stage_split, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name}_stage_layers must be >= 0, got {value}")
+        if self.fp8_all_gather and self.fp8_recipe is not Fp8Recipe.TENSORWISE:
+            raise ValueError(
+                f"fp8_all_gather needs fp8_recipe tensorwise (torchao gathers FP8 weights with one scale per "
+                f"tensor only), got {self.fp8_recipe}"
+            )
         if self.runtime_reserve_bytes < 0:
             raise ValueError(f"runtime_reserve_bytes must be >= 0, got {self.runtime_reserve_bytes}")
 

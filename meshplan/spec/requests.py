@@ -566,6 +566,20 @@ FIELDS: tuple[Field, ...] = (
         choices=("bf16", "fp32"),
         help="optimizer moments (overrides the precision policy)",
     ),
+    Field(
+        name="fp8_recipe",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("tensorwise", "rowwise", "delayed"),
+        help="FP8 scaling with --precision fp8: per tensor, per row, or delayed (amax history); tensorwise allows "
+        "--fp8-all-gather",
+    ),
+    _switch(
+        "fp8_all_gather",
+        "FSDP / ZeRO-3 all-gathers the layers' weights in FP8, half the bytes of bf16 (torchao "
+        "enable_fsdp_float8_all_gather; needs --fp8-recipe tensorwise)",
+    ),
     _switch("overlap_dp", "data-parallel gradient reduction overlaps backward"),
     _switch("overlap_param_gather", "ZeRO/FSDP parameter all-gather overlaps compute"),
     _switch("overlap_tp", "TP communication overlaps its matmuls (Megatron --tp-comm-overlap, async TP)"),

@@ -123,9 +123,11 @@ def fsdp_calls(
     """
     at = RankCoords(tp=lay.tp, tp_rank=st.tp_rank, ep=lay.ep, fsdp=group)  # type: ignore[attr-defined]
     on = where(lay.zero == ZeroStage.PARAMETERS, 1, 0) * st.micro_batches  # type: ignore[attr-defined]
-    param_bytes, reduce_bytes = gather_bytes(work.precision), work.precision.grad_bytes
+    reduce_bytes = work.precision.grad_bytes
     calls: list[CollectiveCall] = []
     for unit, padded, count in fsdp_units(model, at, _units(st)):
+        # FP8 all-gather converts the layers' Float8Linear weights; the root (embedding, head) stays bf16
+        param_bytes = gather_bytes(work.precision, fp8=work.conditions.fp8_all_gather and unit != "root")
         regather = where(reshard_root, 1, 0) if unit == "root" else 1
         gathers = [("forward", count), ("backward", count * regather)]
         calls += [
