@@ -61,3 +61,21 @@ def test_refused_combinations() -> None:
         Conditions(fp8_recipe=Fp8Recipe.ROWWISE, fp8_all_gather=True)
     with pytest.raises(ValueError, match="needs FP8 matmuls"):
         Workload(seq_len=4096, global_batch=8, conditions=TENSORWISE)
+
+
+def test_activation_offload() -> None:
+    """--offload-layers 16 on Llama 3.1 8B (32 layers, one stage): 16 layers' activations go to the host, one of
+    them on its way at any time, so the GPU keeps 32 - 16 + 1 = 17 layers' worth; the layer bytes themselves
+    come from the activation bill (layer_activations)."""
+    from meshplan.core.memory import layer_activations
+
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=8)
+    layout = Layout(zero=ZeroStage.OPTIMIZER, dp_shard=8)
+    base = Workload(seq_len=8192, global_batch=8)
+    off = Workload(seq_len=8192, global_batch=8, conditions=Conditions(offload_layers=16))
+    kept = evaluate(LLAMA_8B, cluster, layout, base).memory.per_gpu.activations_bytes
+    offloaded = evaluate(LLAMA_8B, cluster, layout, off).memory.per_gpu.activations_bytes
+    per_layer = layer_activations(LLAMA_8B, layout, base).dense
+    assert kept - offloaded == pytest.approx(15 * per_layer, rel=1e-12)
+    with pytest.raises(ValueError, match="offload_layers=16 with pp=2"):
+        evaluate(LLAMA_8B, cluster, Layout(pp=2, dp_replicate=4), off)

@@ -127,6 +127,8 @@ def test_every_rejection_reason_is_reachable() -> None:
     seen |= set(search(io.load_model("llama-3.1-8b"), resolve_cluster(gpu="h100-sxm", gpus=8), qlora).rejections)
     stated = Workload(seq_len=2048, global_batch=8, conditions=Conditions(stage_split=StageSplit(first=30)))
     seen |= set(search(io.load_model("llama-3.1-8b"), resolve_cluster(gpu="h100-sxm", gpus=8), stated).rejections)
+    offload = Workload(seq_len=2048, global_batch=8, conditions=Conditions(offload_layers=4))
+    seen |= set(search(io.load_model("llama-3.1-8b"), resolve_cluster(gpu="h100-sxm", gpus=8), offload).rejections)
     from meshplan.core.constraints import RULES
 
     expected = {rule.reason for rule in RULES if rule.reason != "mesh does not multiply to the GPU count"} | {

@@ -15,6 +15,7 @@ import numpy as np
 from meshplan.core.num import Num
 from meshplan.spec.conditions import StageSplit
 from meshplan.spec.finetune import FinetuneMode
+from meshplan.spec.layout import Recompute
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
@@ -63,6 +64,14 @@ def _split_message(model: ModelSpec, pp: Num, split: StageSplit) -> str:
     )
 
 
+def _offload_fits(model: ModelSpec, lay: object, layers: int) -> Num:
+    """Megatron-Core's TransformerConfig refuses CPU offloading with pipeline parallelism or recompute, and of
+    num_layers or more layers."""
+    if not layers:
+        return True
+    return (_g(lay, "pp") == 1) & (_g(lay, "recompute") == Recompute.NONE) & (layers < model.num_layers)
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         reason="mesh does not multiply to the GPU count",
@@ -95,6 +104,15 @@ RULES: tuple[Rule, ...] = (
         reason="stated first/last stage layers do not fit the pipeline",
         holds=lambda m, lay, w, n: _split_fits(m, _g(lay, "pp"), w.conditions.stage_split),
         message=lambda m, lay, w, n: _split_message(m, _g(lay, "pp"), w.conditions.stage_split),
+    ),
+    Rule(
+        reason="activation offload needs pp 1, no recompute and a layer left on the GPU",
+        holds=lambda m, lay, w, n: _offload_fits(m, lay, w.conditions.offload_layers or 0),
+        message=lambda m, lay, w, n: (
+            f"offload_layers={w.conditions.offload_layers} with pp={_g(lay, 'pp')}, recompute="
+            f"{Recompute(int(_g(lay, 'recompute'))).name.lower()}, num_layers={m.num_layers}: Megatron offloads "
+            "activations only without pipeline parallelism or recompute, and fewer layers than the model has"
+        ),
     ),
     Rule(
         reason="more virtual stages than layers per stage",

@@ -714,11 +714,16 @@ def _saved_per_microbatch(
     held: StageParams, la: LayerActivations, *, frozen: Num, recompute: Num, workload: Workload
 ) -> Num:
     """What the stage's layers keep for one micro-batch: nothing for a frozen prefix (dense layers come first);
-    with --recompute-layers k under full recompute, the first k layers keep their input only and the rest
-    everything (Megatron's block method)."""
+    with --offload-layers k, k layers' share on the host but for one in transit (layers of a stage taken as
+    alike); with --recompute-layers k under full recompute, the first k layers keep their input only and the
+    rest everything (Megatron's block method)."""
     frozen_dense = minimum(frozen, held.dense_layers)
     dense, moe = held.dense_layers - frozen_dense, held.moe_layers - (frozen - frozen_dense)
     per_layers = dense * la.dense + moe * la.moe
+    off = workload.conditions.offload_layers
+    if off:  # k layers' activations on the host, one of them on its way (the offload handler's double buffer)
+        held_layers = held.dense_layers + held.moe_layers - frozen
+        per_layers = per_layers * (1 - maximum(minimum(off, held_layers) - 1, 0) / maximum(held_layers, 1))
     k = workload.conditions.recompute_layers
     if k is None:
         return per_layers

@@ -116,6 +116,9 @@ class Conditions:
     """The loss is computed on vocabulary shards over the TP group; None: the framework's own default."""
     stage_split: StageSplit = EVEN_SPLIT
     """Layers stated for the first and last pipeline stage (the rest split evenly)."""
+    offload_layers: int | None = None
+    """Layers whose saved activations go to host memory during forward and come back for backward (Megatron's
+    --cpu-offloading-num-layers through Transformer Engine's offload handler); None or 0: none."""
     fp8_recipe: Fp8Recipe | None = None
     """The FP8 scaling recipe, when the precision computes in FP8; None: not stated."""
     fp8_all_gather: bool = False
@@ -130,6 +133,8 @@ class Conditions:
             raise ValueError(f"unknown recompute module {unknown[0]!r} (modules: {', '.join(RECOMPUTE_MODULES)})")
         if self.routing_imbalance < 1:
             raise ValueError(f"routing_imbalance must be >= 1, got {self.routing_imbalance}")
+        if self.offload_layers is not None and self.offload_layers < 0:
+            raise ValueError(f"offload_layers must be >= 0, got {self.offload_layers}")
         if self.recompute_layers is not None and self.recompute_layers < 0:
             raise ValueError(f"recompute_layers must be >= 0, got {self.recompute_layers}")
         for name in ("first", "last"):

@@ -505,6 +505,17 @@ FIELDS: tuple[Field, ...] = (
         "--recompute-num-layers with the block method); the rest keep everything",
     ),
     Field(
+        name="offload_layers",
+        type=int,
+        default=None,
+        group=_C,
+        unit="layers",
+        lo=0,
+        hi=4096,
+        help="activations of the first k layers offloaded to host memory (Megatron --cpu-offloading-num-layers "
+        "with activation offloading; pp 1 and no recompute, as Megatron requires)",
+    ),
+    Field(
         name="routing_imbalance",
         type=float,
         default=None,
