@@ -124,11 +124,15 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         reason="ep does not divide num_experts",
-        holds=lambda m, lay, w, n: (m.moe.num_experts if m.moe else 1) % _g(lay, "ep") == 0,
+        holds=lambda m, lay, w, n: (
+            ((m.moe.num_experts if m.moe else 1) % _g(lay, "ep") == 0)
+            & ((m.moe is not None) | (_g(lay, "etp") == _g(lay, "tp")))
+        ),
         message=lambda m, lay, w, n: (
             f"ep={_g(lay, 'ep')} must divide num_experts={m.moe.num_experts}"
             if m.moe
-            else f"ep={_g(lay, 'ep')} needs a mixture-of-experts model; {m.name} has no experts"
+            else f"ep={_g(lay, 'ep')}, expert_tp={_g(lay, 'etp')} need a mixture-of-experts model; {m.name} has no "
+            "experts"
         ),
     ),
     Rule(
