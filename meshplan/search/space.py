@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -106,8 +107,10 @@ def _from_columns(cols: Mapping[str, npt.ArrayLike]) -> LayoutBatch:
     )
 
 
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n`` in increasing order, found in O(sqrt n) steps."""
+@lru_cache(maxsize=4096)
+def divisors(n: int) -> tuple[int, ...]:
+    """The divisors of ``n`` in increasing order, found in O(sqrt n) steps (once per n: a fleet's mesh shapes
+    ask for the same few numbers many times)."""
     small, large = [], []
     d = 1
     while d * d <= n:
@@ -116,7 +119,7 @@ def divisors(n: int) -> list[int]:
             if d * d != n:
                 large.append(n // d)
         d += 1
-    return small + large[::-1]
+    return (*small, *large[::-1])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
