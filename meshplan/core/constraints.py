@@ -92,7 +92,7 @@ RULES: tuple[Rule, ...] = (
         ),
         message=lambda m, lay, w, n: (
             f"tp={_g(lay, 'tp')} must divide ffn_hidden={m.ffn_hidden}"
-            + ("" if m.moe is None else f", expert TP {_g(lay, 'etp')} expert_ffn_hidden={m.moe.expert_ffn_hidden}")
+            + ("" if m.moe is None else f", and expert_tp={_g(lay, 'etp')} expert_ffn_hidden={m.moe.expert_ffn_hidden}")
         ),
     ),
     Rule(
