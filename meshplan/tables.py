@@ -43,6 +43,8 @@ def _finetune_line(r: dict[str, Any]) -> list[str]:
 
 def _layout_line(lay: dict[str, Any]) -> str:
     parts = [f"{k}={lay[k]}" for k in ("tp", "pp", "vpp", "cp", "ep", "dp_shard", "dp_replicate") if lay[k] != 1]
+    if lay.get("expert_tp", lay["tp"]) != lay["tp"]:
+        parts.insert(parts.index(f"ep={lay['ep']}") + 1 if lay["ep"] != 1 else 0, f"expert_tp={lay['expert_tp']}")
     parts += [f"zero={lay['zero']}", f"recompute={lay['recompute']}", f"micro_batch={lay['micro_batch']}"]
     if lay["sp"]:
         parts.append("sp")
@@ -471,7 +473,8 @@ def _layout_short(lay: dict[str, Any]) -> str:
     if lay["pp"] > 1:
         parts.append(f"PP {lay['pp']}" + (f" ({lay['vpp']} virtual)" if lay["vpp"] > 1 else ""))
     if lay["ep"] > 1:
-        parts.append(f"EP {lay['ep']}")
+        etp = lay.get("expert_tp", lay["tp"])
+        parts.append(f"EP {lay['ep']}" + (f" (expert TP {etp})" if etp != lay["tp"] else ""))
     dp = lay["dp_shard"] * lay["dp_replicate"]
     zero = f", ZeRO-{lay['zero']} over {lay['dp_shard'] * lay['cp']}" if lay["zero"] else ""
     parts.append(f"DP {dp}{zero}")

@@ -38,7 +38,7 @@ from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
-from meshplan.units import DType
+from meshplan.units import DTYPE_BYTES, DType
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,7 +142,7 @@ def stage_times(
     recompute = lay.recompute
     worst: dict[str, Num] = {}
     for stage in stages:
-        row = stage_row(model, pp=pp, stage=stage)
+        row = stage_row(model, pp=pp, stage=stage, split=work.conditions.stage_split)
         layers, first, n_dense, n_moe = row.layers, row.first_layer, row.dense_layers, row.moe_layers
         fwd = n_dense * dense.forward_s + n_moe * moe.forward_s
         attn_fwd = n_dense * dense.attention_core_fwd_s + n_moe * moe.attention_core_fwd_s
@@ -222,7 +222,11 @@ def _stage_step(
     copies = pipeline.stage_copies(lay.schedule)
     stages = candidates(model, lay, work)
     times = stage_times(model, lay, work, cluster, stages=stages)
-    held = [stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies) for s in stages]
+    split = work.conditions.stage_split
+    held = [
+        stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies, split=split, etp=lay.etp)
+        for s in stages
+    ]
     training = [stage_training(model, params, lay, work, stage=s, held=h) for s, h in zip(stages, held, strict=True)]
 
     def most(name: str) -> Num:
@@ -243,7 +247,7 @@ def _stage_step(
         trained_expert_params=most("train_experts"),
         base_gather_bytes=finetune.nf4_bytes_per_param(double_quant=ft.double_quant)
         if finetune.quantized_base(ft)
-        else None,
+        else (DTYPE_BYTES[DType.FP8] if work.conditions.fp8_all_gather else None),
         embedding=True,  # the embedding's and the head's PyTorch-native collectives: an upper bound over stages
         head=True,
     )
@@ -268,8 +272,8 @@ def _stage_step(
     tp_b = exposed(("tp", "sp"), "backward", wgrad, tp_eff)
     cp_f = exposed(("cp",), "forward", times.attention_fwd_s * copies)
     cp_b = exposed(("cp",), "backward", times.attention_bwd_s * copies)
-    ep_f = exposed(("ep",), "forward", fwd_c)
-    ep_b = exposed(("ep",), "backward", bwd_c)
+    ep_f = exposed(("ep", "etp"), "forward", fwd_c)  # the experts' TP gathers sit on the dispatch path
+    ep_b = exposed(("ep", "etp"), "backward", bwd_c)
     chunk = where(lay.pp > 1, lay.vpp * cluster.gpu.calibration.pipeline_step_overhead_s, 0.0)
     fwd, bwd = fwd_c + tp_f + cp_f + ep_f + chunk, bwd_c + tp_b + cp_b + ep_b + chunk
     sharded = StageParams(dense=dense_params, experts=expert_params, largest_layer=0, dense_layers=0, moe_layers=0)
@@ -332,7 +336,7 @@ def _optimizer_time(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: 
     refresh the 16-bit weights, which are written; moments read and written.
     """
     prec = work.precision
-    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
+    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep, tp=lay.tp, etp=lay.etp)
     on = lay.zero >= ZeroStage.OPTIMIZER
     n = held.dense / where(on, shard, 1) + held.experts / where(on, expert_shard, 1)
     master = prec.master_bytes if prec.master is not None else prec.weight_bytes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from meshplan import io
@@ -16,6 +17,7 @@ from meshplan.exports import (
     ServingPlan,
 )
 from meshplan.reports.bills import serving_report
+from meshplan.reports.conditions import workload_kwargs
 from meshplan.reports.inputs import LayoutRequest, choice, resolve_cluster, resolve_layout, resolve_workload
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
@@ -89,8 +91,10 @@ def export_training(
     global_batch: int | None,
     precision: str = "bf16",
     model_path: str | None = None,
+    conditions: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A training plan as ``engine``'s configuration, with meshplan's predictions as comments."""
+    """A training plan as ``engine``'s configuration, with meshplan's predictions as comments; ``conditions``:
+    the run conditions the export carries (the stated first/last stage layers)."""
     eng = _engine(engine)
     if eng not in TRAINING_EXPORTERS:
         raise ValueError(
@@ -99,7 +103,8 @@ def export_training(
     spec = io.load_model(model) if isinstance(model, str) else model
     cluster = resolve_cluster(gpu=gpu, gpus=gpus)
     lay = resolve_layout(layout, gpus=gpus)
-    work = resolve_workload(layout=lay, seq=seq, global_batch=global_batch, precision=precision)
+    kwargs, _ = workload_kwargs(conditions, precision=precision, attention=None, kernels=None)
+    work = resolve_workload(layout=lay, seq=seq, global_batch=global_batch, **kwargs)
     plan = evaluate(spec, cluster, lay, work)
     predicted = {
         "step_time_s": float(plan.step.step_time_s),

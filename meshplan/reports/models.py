@@ -21,6 +21,7 @@ class LayoutJSON(TypedDict):
     vpp: int
     cp: int
     ep: int
+    expert_tp: int
     dp_shard: int
     dp_replicate: int
     zero: int

@@ -198,6 +198,8 @@ def pinned_space(pins: Mapping[str, Any] | None) -> tuple[SearchSpace | None, di
             columns["schedule"] = int(schedule)
         elif name == "dp":
             continue  # derived from the fleet: pinning tp, pp and cp pins it
+        elif name == "expert_tp":
+            columns["etp"] = int(value)  # the search's resolved column
         else:
             columns[name] = int(value)
     return space, columns

@@ -26,7 +26,8 @@ MEGATRON_FLAGS = _words(
     """
     --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split
     --accumulate-allreduce-grads-in-fp32 --add-qkv-bias --attention-backend --attention-dropout --bf16 --ckpt-format
-    --context-parallel-size --cp-comm-type --data-parallel-sharding-strategy --disable-bias-linear --exp-avg-dtype
+    --context-parallel-size --cp-comm-type --data-parallel-sharding-strategy --decoder-first-pipeline-num-layers
+    --decoder-last-pipeline-num-layers --disable-bias-linear --exp-avg-dtype
     --exp-avg-sq-dtype --expert-model-parallel-size --expert-tensor-parallel-size --ffn-hidden-size --fp16
     --fp8-format --global-batch-size --group-query-attention --hidden-dropout --hidden-size --kv-channels
     --kv-lora-rank --main-grads-dtype --max-position-embeddings --micro-batch-size --moe-ffn-hidden-size

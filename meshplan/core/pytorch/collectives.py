@@ -127,9 +127,11 @@ def fsdp_calls(
     on = where(lay.zero == ZeroStage.PARAMETERS, 1, 0)  # type: ignore[attr-defined]
     m, cond = st.micro_batches, work.conditions
     reductions = m if cond.grad_sync else 1
-    param_bytes, reduce_bytes = gather_bytes(work.precision), work.precision.grad_bytes
+    reduce_bytes = work.precision.grad_bytes
     calls: list[CollectiveCall] = []
     for unit, padded, count in fsdp_units(model, at, _units(st)):
+        # FP8 all-gather converts the layers' Float8Linear weights; the root (embedding, head) stays bf16
+        param_bytes = gather_bytes(work.precision, fp8=cond.fp8_all_gather and unit != "root")
         regather = where(reshard_root, 1, 0) if unit == "root" else int(cond.reshard_after_forward)
         gathers = [("forward", count), ("backward", count * regather)]
         calls += [

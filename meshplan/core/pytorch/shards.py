@@ -39,8 +39,12 @@ def chunk_rows(rows: Num, parts: Num, index: Num) -> Num:
     return minimum(maximum(rows - index * ceil_div(rows, parts), 0), ceil_div(rows, parts))
 
 
-def gather_bytes(precision: PrecisionPolicy) -> float:
-    """Bytes per element of parameters gathered for compute: the compute dtype (fp32 when computing in TF32)."""
+def gather_bytes(precision: PrecisionPolicy, *, fp8: bool = False) -> float:
+    """Bytes per element of parameters gathered for compute: the compute dtype (fp32 when computing in TF32);
+    ``fp8``: the weights are all-gathered in FP8 (torchao's enable_fsdp_float8_all_gather, tensorwise scaling:
+    the gathered Float8 tensor is what the matmul reads, no bf16 copy)."""
+    if fp8:
+        return DTYPE_BYTES[DType.FP8]
     return DTYPE_BYTES[DType.FP32] if precision.compute is DType.TF32 else DTYPE_BYTES[DType.BF16]
 
 
@@ -211,11 +215,13 @@ def torch_state(
     moment_bytes: float,
     reshard_root: Num = False,
     reshard_after_forward: Num = True,
+    fp8_all_gather: bool = False,
 ) -> TorchState:
     """The state bill of one GPU; ``ddp_ranks`` is the group DDP averages gradients over (dp x cp).
 
     ``reshard_after_forward`` False: every FSDP2 unit stays gathered between its forward and its backward
-    (``fully_shard(..., reshard_after_forward=False)``), the root as by default."""
+    (``fully_shard(..., reshard_after_forward=False)``), the root as by default. ``fp8_all_gather``: the layers'
+    units gather in FP8 (the root, with the embedding and the output head that stay in bf16, does not)."""
     p = rank_params(model, at, units)
     fsdp = (zero >= ZeroStage.PARAMETERS) & (at.fsdp > 1)
     grads_extra = where(fsdp | (at.tp == 1), 0.0, p.vocab_rows_elsewhere)
@@ -225,7 +231,7 @@ def torch_state(
     sizes = fsdp_units(model, at, units)
     kept = sizes[0][1] + where(reshard_after_forward, 0.0, sum((padded * n for _, padded, n in sizes[1:]), 0.0))
     largest = sizes[1][1] if len(sizes) == 2 else maximum(sizes[1][1], sizes[2][1])
-    transient = at.fsdp * largest * (2 * gather_bytes(precision) + precision.grad_bytes)
+    transient = at.fsdp * largest * (2 * gather_bytes(precision, fp8=fp8_all_gather) + precision.grad_bytes)
     return TorchState(
         params_bytes=p.numel * precision.weight_bytes,
         params_storage_bytes=p.padded_numel * precision.weight_bytes,
