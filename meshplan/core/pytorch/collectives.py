@@ -121,7 +121,7 @@ def fsdp_calls(
     ``reshard_root``: ``fully_shard(..., reshard_after_forward=True)`` given explicitly, which reshards the root
     too (the default leaves it gathered), so backward gathers it again.
     """
-    at = RankCoords(tp=lay.tp, tp_rank=st.tp_rank, ep=lay.ep, fsdp=group)  # type: ignore[attr-defined]
+    at = RankCoords(tp=lay.tp, tp_rank=st.tp_rank, ep=lay.ep, fsdp=group, etp=lay.etp)  # type: ignore[attr-defined]
     on = where(lay.zero == ZeroStage.PARAMETERS, 1, 0) * st.micro_batches  # type: ignore[attr-defined]
     reduce_bytes = work.precision.grad_bytes
     calls: list[CollectiveCall] = []
@@ -173,7 +173,7 @@ def ddp_calls(
 ) -> list[CollectiveCall]:
     """DDP over ``group``: the gradient buckets (experts left to their own group under EP) and the buffers."""
     ep = lay.ep  # type: ignore[attr-defined]
-    at = RankCoords(tp=lay.tp, tp_rank=st.tp_rank, ep=ep)  # type: ignore[attr-defined]
+    at = RankCoords(tp=lay.tp, tp_rank=st.tp_rank, ep=ep, etp=lay.etp)  # type: ignore[attr-defined]
     units = _units(st)
     grad = work.precision.grad_bytes
     p = rank_params(model, at, units)
