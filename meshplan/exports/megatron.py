@@ -15,6 +15,8 @@ How the plan maps:
   evenly, embedding and loss count as one layer each (Llama 3's split), else an explicit
   --pipeline-model-parallel-layout is written. Stated first/last stage layers are
   --decoder-first/last-pipeline-num-layers where they divide into the chunks, else that layout.
+- A stated FP8 recipe is --fp8-recipe (tensorwise or delayed; rowwise has no Megatron flag, nor has
+  FSDP's torchao-style FP8 all-gather).
 - --expert-tensor-parallel-size is the plan's expert TP: tp unless the plan folds EP over TP
   (MoE parallel folding, expert TP below tp), and --expert-model-parallel-size its EP.
 """
