@@ -130,6 +130,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
     return calibrate_report(args.runs, out=args.out)
 
 
+EXPORT_CONDITIONS = ("first_stage_layers", "last_stage_layers", "fp8_recipe", "fp8_all_gather")
+"""The run conditions a training export writes into the engine's configuration."""
 PIN_FIELDS: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "dp_shard", "dp_replicate", "zero", "sp", "recompute")
 PIN_FIELDS += ("expert_tp", "schedule", "cp_kind", "micro_batch")
 
@@ -279,7 +281,7 @@ def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
             global_batch=args.global_batch,
             precision=args.precision,
             model_path=args.model_path,
-            conditions={k: getattr(args, k) for k in ("first_stage_layers", "last_stage_layers")},
+            conditions={k: getattr(args, k) for k in EXPORT_CONDITIONS},
         )
     if args.out:
         result["written"] = _write_export(result, args.out)

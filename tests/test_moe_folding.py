@@ -104,3 +104,15 @@ def test_search_offers_folded_layouts() -> None:
     folded = (batch.etp == 1) & (batch.tp == 8) & (batch.ep == 16) & batch.sp
     assert folded.any()
     assert batch.layout(int(folded.nonzero()[0][0])).expert_tp == 1
+
+
+def test_pytorch_native_experts_split_by_expert_tp() -> None:
+    """PyTorch-native accounting splits a routed expert's matrices over expert TP: with TP 4 and EP 8 a rank
+    holds 1/32 of a layer's routed experts at expert TP 4, 1/8 folded (128 x 3 x 4096 x 1536 a layer)."""
+    from meshplan.core.pytorch import shards
+    from meshplan.core.stages import stage_row
+
+    row = stage_row(QWEN3, pp=94, stage=1)  # one MoE layer
+    for etp, divisor in ((None, 32), (4, 32), (1, 8)):
+        p = shards.rank_params(QWEN3, shards.RankCoords(tp=4, ep=8, etp=etp), row)
+        assert p.expert_numel == pytest.approx(EXPERTS_PER_LAYER / divisor, rel=1e-12)

@@ -597,7 +597,7 @@ def _torch_native_state(
     fsdp = where(zero >= ZeroStage.PARAMETERS, lay.dp_shard * cp, 1)
     state = shards.torch_state(
         model,
-        shards.RankCoords(tp=lay.tp, ep=lay.ep, fsdp=fsdp),
+        shards.RankCoords(tp=lay.tp, ep=lay.ep, fsdp=fsdp, etp=lay.etp),
         stage_row(model, pp=lay.pp, stage=stage, split=workload.conditions.stage_split),
         zero=zero,
         ddp_ranks=lay.dp_replicate * lay.dp_shard * cp,

@@ -15,6 +15,8 @@ How the plan maps:
   evenly, embedding and loss count as one layer each (Llama 3's split), else an explicit
   --pipeline-model-parallel-layout is written. Stated first/last stage layers are
   --decoder-first/last-pipeline-num-layers where they divide into the chunks, else that layout.
+- A stated FP8 recipe is --fp8-recipe (tensorwise or delayed; rowwise has no Megatron flag, nor has
+  FSDP's torchao-style FP8 all-gather).
 - --expert-tensor-parallel-size is the plan's expert TP: tp unless the plan folds EP over TP
   (MoE parallel folding, expert TP below tp), and --expert-model-parallel-size its EP.
 """
@@ -35,7 +37,7 @@ from meshplan.exports.common import (
     shell_join,
     shell_script,
 )
-from meshplan.spec.conditions import StageSplit
+from meshplan.spec.conditions import Fp8Recipe, StageSplit
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import MlpKind, ModelSpec, NormKind
 from meshplan.spec.workload import Attention, OptimizerKind, Workload
@@ -153,7 +155,7 @@ def _precision_args(workload: Workload) -> Args:
     compute = {DType.BF16: ["--bf16"], DType.FP16: ["--fp16"], DType.FP8: ["--bf16", "--fp8-format", "hybrid"]}
     if policy.compute not in (*compute, DType.FP32, DType.TF32):
         raise UnsupportedByEngine(ENGINE, f"train with {policy.compute} matmuls", "precision bf16 or fp8")
-    args = compute.get(policy.compute, [])
+    args = compute.get(policy.compute, []) + _fp8_recipe_args(workload)
     if policy.compute in (DType.BF16, DType.FP8):
         grads = policy.grads is DType.FP32
         args += ["--accumulate-allreduce-grads-in-fp32"] if grads else _flag("--main-grads-dtype", "bf16")
@@ -167,6 +169,23 @@ def _precision_args(workload: Workload) -> Args:
     args += _flag("--sgd-momentum", 0) if kind is OptimizerKind.SGD else []
     args += _flag("--attention-backend", "unfused") if workload.attention is Attention.EAGER else []
     return args
+
+
+def _fp8_recipe_args(workload: Workload) -> Args:
+    """--fp8-recipe for a stated recipe (Megatron's choices: tensorwise, delayed, mxfp8, blockwise)."""
+    cond = workload.conditions
+    if cond.fp8_all_gather:
+        raise UnsupportedByEngine(
+            ENGINE,
+            "all-gather FSDP's weights in FP8 as torchao does (its --fp8-param-gather also keeps the primary "
+            "weights in FP8, which meshplan does not bill)",
+            "fp8_all_gather off",
+        )
+    if cond.fp8_recipe is None:
+        return []
+    if cond.fp8_recipe is Fp8Recipe.ROWWISE:
+        raise UnsupportedByEngine(ENGINE, "scale FP8 row by row", "fp8_recipe tensorwise or delayed")
+    return _flag("--fp8-recipe", cond.fp8_recipe.value)
 
 
 def _attention_args(model: ModelSpec) -> Args:

@@ -134,6 +134,10 @@ def _check(model: ModelSpec, layout: Layout, workload: Workload) -> None:
         )
     if workload.precision.compute not in (DType.BF16, DType.FP8, DType.FP32, DType.TF32):
         raise UnsupportedByEngine(ENGINE, f"compute in {workload.precision.compute}", "precision bf16")
+    if workload.conditions.fp8_recipe is not None or workload.conditions.fp8_all_gather:
+        raise UnsupportedByEngine(
+            ENGINE, "take an FP8 recipe from this export (its float8 section is not pinned here)", "no --fp8-recipe"
+        )
     if workload.conditions.stage_split.stated:
         raise UnsupportedByEngine(
             ENGINE, "state the layers of the first and last stage (it cuts stages of near-equal size)", "an even split"

@@ -29,7 +29,7 @@ MEGATRON_FLAGS = _words(
     --context-parallel-size --cp-comm-type --data-parallel-sharding-strategy --decoder-first-pipeline-num-layers
     --decoder-last-pipeline-num-layers --disable-bias-linear --exp-avg-dtype
     --exp-avg-sq-dtype --expert-model-parallel-size --expert-tensor-parallel-size --ffn-hidden-size --fp16
-    --fp8-format --global-batch-size --group-query-attention --hidden-dropout --hidden-size --kv-channels
+    --fp8-format --fp8-recipe --global-batch-size --group-query-attention --hidden-dropout --hidden-size --kv-channels
     --kv-lora-rank --main-grads-dtype --max-position-embeddings --micro-batch-size --moe-ffn-hidden-size
     --moe-grouped-gemm --moe-layer-freq --moe-router-enable-expert-bias --moe-router-topk --moe-shared-expert-gate
     --moe-shared-expert-intermediate-size --moe-token-dispatcher-type --mtp-num-layers --multi-latent-attention
@@ -50,6 +50,7 @@ MEGATRON_CHOICES = {
     "--recompute-granularity": {"full", "selective"},
     "--recompute-method": {"uniform", "block"},
     "--fp8-format": {"e4m3", "hybrid"},
+    "--fp8-recipe": {"tensorwise", "delayed", "mxfp8", "blockwise"},
     "--main-grads-dtype": {"fp32", "bf16"},
     "--exp-avg-dtype": {"fp32", "fp16", "bf16", "fp8"},
     "--optimizer": {"adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon"},

@@ -29,7 +29,7 @@ from meshplan.exports import (
     export_vllm,
 )
 from meshplan.exports.common import effective_zero
-from meshplan.spec.conditions import Conditions, StageSplit
+from meshplan.spec.conditions import Conditions, Fp8Recipe, StageSplit
 from meshplan.spec.layout import Layout, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import PRECISIONS, Workload
@@ -113,6 +113,21 @@ def test_megatron_stated_stage_layers() -> None:
     assert "--decoder-first-pipeline-num-layers" not in args
     with pytest.raises(ValueError, match="first and last stage"):
         export_torchtitan(model, Layout(pp=4, dp_shard=2, zero=ZeroStage.GRADIENTS), workload)
+
+
+def test_megatron_fp8_recipe() -> None:
+    """A stated FP8 recipe becomes --fp8-recipe; rowwise and FSDP's FP8 all-gather have no Megatron flag."""
+    model = replace(LLAMA2_7B, num_layers=32)
+    layout = Layout(dp_shard=8, zero=ZeroStage.OPTIMIZER)
+    fp8 = PRECISIONS["fp8"]
+    work = Workload(seq_len=4096, global_batch=8, precision=fp8, conditions=Conditions(fp8_recipe=Fp8Recipe.DELAYED))
+    assert flags(shlex.split(export_megatron(model, layout, work).command))["--fp8-recipe"] == "delayed"
+    for conditions in (
+        Conditions(fp8_recipe=Fp8Recipe.ROWWISE),
+        Conditions(fp8_recipe=Fp8Recipe.TENSORWISE, fp8_all_gather=True),
+    ):
+        with pytest.raises(ValueError, match="megatron cannot"):
+            export_megatron(model, layout, replace(work, conditions=conditions))
 
 
 def test_predictions_become_comments() -> None:

@@ -123,7 +123,7 @@ def fsdp_calls(
     reshard-after-forward off no unit is gathered again in backward; without gradient sync every micro-batch
     gathers (FSDP2 still reshards after backward) but only the last one reduce-scatters.
     """
-    at = RankCoords(tp=lay.tp, tp_rank=st.tp_rank, ep=lay.ep, fsdp=group)  # type: ignore[attr-defined]
+    at = RankCoords(tp=lay.tp, tp_rank=st.tp_rank, ep=lay.ep, fsdp=group, etp=lay.etp)  # type: ignore[attr-defined]
     on = where(lay.zero == ZeroStage.PARAMETERS, 1, 0)  # type: ignore[attr-defined]
     m, cond = st.micro_batches, work.conditions
     reductions = m if cond.grad_sync else 1
@@ -177,7 +177,7 @@ def ddp_calls(
 ) -> list[CollectiveCall]:
     """DDP over ``group``: the gradient buckets (experts left to their own group under EP) and the buffers."""
     ep = lay.ep  # type: ignore[attr-defined]
-    at = RankCoords(tp=lay.tp, tp_rank=st.tp_rank, ep=ep)  # type: ignore[attr-defined]
+    at = RankCoords(tp=lay.tp, tp_rank=st.tp_rank, ep=ep, etp=lay.etp)  # type: ignore[attr-defined]
     units = _units(st)
     grad = work.precision.grad_bytes
     p = rank_params(model, at, units)

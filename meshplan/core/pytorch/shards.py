@@ -59,6 +59,8 @@ class RankCoords:
     fsdp: Num = 1
     """FSDP2's shard group (dp_shard x cp under ZeRO-3; 1 otherwise)."""
     fsdp_rank: Num = 0
+    etp: Num = None
+    """TP degree inside each routed expert (None: tp; 1 when EP folds over TP)."""
 
 
 def local_dims(tensor: ParamTensor, at: RankCoords, *, padded: bool = False) -> tuple[Num, Num]:
@@ -70,7 +72,9 @@ def local_dims(tensor: ParamTensor, at: RankCoords, *, padded: bool = False) -> 
     dims: list[Num] = list(tensor.shape)
     if tensor.tp_dim is not None:
         size = dims[tensor.tp_dim]
-        dims[tensor.tp_dim] = ceil_div(size, at.tp) if padded else chunk_rows(size, at.tp, at.tp_rank)
+        split = at.etp if tensor.expert and at.etp is not None else at.tp  # routed experts split by expert TP
+        rank = at.tp_rank % split
+        dims[tensor.tp_dim] = ceil_div(size, split) if padded else chunk_rows(size, split, rank)
     if tensor.expert:
         dims[0] = chunk_rows(dims[0], at.ep, at.ep_rank)
     numel: Num = 1
