@@ -422,19 +422,21 @@ def _module_savings_per_token(model: ModelSpec, lay: LayoutLike, workload: Workl
 def _op_checkpoint_per_token(model: ModelSpec, lay: LayoutLike, workload: Workload, *, moe_layer: bool) -> Num:
     """Bytes per token a layer keeps under torchtitan's per-op selective checkpointing.
 
-    Its policy saves the outputs of matmuls but recomputes every second one, saves the attention kernel's
-    output and log-sum-exp, and keeps the layer input to rebuild the rest: beta (h/t_sp + (attention out)/t
-    + (q + k + v + o + 3 f) / (2 t)) + 4 fp32 log-sum-exp per head, with f the MLP width of the layer (top-k
-    experts' under MoE).
+    Its policy (torchtitan ``_apply_op_sac``) counts a block's matmuls and recomputes every second one: of
+    wq, wk, wv, wo, w1, w3, w2 it saves the outputs of the 1st, 3rd, 5th and 7th, wq (q), wv (kv), w1 (f) and w2
+    (h); it also saves the attention kernel's output and log-sum-exp, and keeps the layer input to rebuild the
+    rest: beta (h/t_sp + (attention out)/t + (q + kv + f + h) / t) + 4 fp32 log-sum-exp per head, with f the
+    MLP width of the layer (top-k experts' under MoE, taken as one MLP of that width). Measured by
+    ``meshplan check`` (fsdp_sac_op) at f = 2h and f = 3h.
     """
     beta, tp = workload.precision.activation_bytes, lay.tp
     ffn = model.ffn_hidden
     if moe_layer and model.moe is not None:
         ffn = model.moe.expert_ffn_hidden * model.moe.experts_per_token
-    matmuls = model.q_width + 2 * model.kv_width + model.hidden + 3 * ffn
+    saved_matmuls = model.q_width + model.kv_width + ffn + model.hidden
     layer_input = model.hidden * where(lay.sp, 1.0 / tp, 1.0)
     lse = FP32_BYTES * model.num_heads / tp
-    return beta * (layer_input + model.attn_out_width / tp + matmuls / (2 * tp)) + lse
+    return beta * (layer_input + model.attn_out_width / tp + saved_matmuls / tp) + lse
 
 
 def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> LayerActivations:
