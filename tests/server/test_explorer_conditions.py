@@ -125,3 +125,24 @@ def test_the_planner_sends_the_stack_and_keeps_it_in_the_address_and_command(pag
     cli = cli_json(shlex.split(page.inner_text("#pl-command"))[1:])
     assert cli["plans"][0]["layout"] == shown["plans"][0]["layout"]
     assert cli["plans"][0]["free_bytes_per_gpu"] == shown["plans"][0]["free_bytes_per_gpu"]
+
+
+def test_expert_tp_folds_the_experts_as_the_cli_and_the_copied_command_says_so(page: Any) -> None:
+    open_view(page, "memory")
+    page.wait_for_selector("#mem-chart svg")
+    page.select_option("#mem-form select[name=model]", "mixtral-8x7b")
+    for name, value in {"gpus": "16", "tp": "4", "ep": "4"}.items():
+        page.fill(f"#mem-form input[name={name}]", value)
+    page.check("#mem-form input[name=sp]")
+    page.select_option("#mem-form select[name=zero]", "1")
+    page.click("#mem-form summary:has-text('expert TP')")
+    page.fill("#mem-form input[name=expert_tp]", "1")
+    args = "memory mixtral-8x7b --gpu h100-sxm --gpus 16 --tp 4 --sp --ep 4 --expert-tp 1 --zero 1 --json"
+    cli = cli_json(args.split())
+    folded = cli_json(args.replace(" --expert-tp 1", "").split())
+    assert cli["per_gpu"]["total_bytes"] != folded["per_gpu"]["total_bytes"]  # the field changes the bill
+    wait_number(page, "#mem-training-total", cli["per_gpu"]["total_bytes"])
+    page.wait_for_function("() => document.querySelector('#mem-command')?.textContent.includes('--expert-tp 1')")
+    page.wait_for_function("() => location.hash.includes('expert_tp=1')")
+    again = cli_json(shlex.split(page.inner_text("#mem-command"))[1:])
+    assert again["per_gpu"]["total_bytes"] == cli["per_gpu"]["total_bytes"]

@@ -62,7 +62,7 @@ export function memoryParams(v) {
     model: v.model, gpu: v.gpu, gpus: v.gpus, tp: v.tp, pp: v.pp, vpp: v.vpp, cp: v.cp, ep: v.ep, zero: v.zero,
     sp: v.sp ? "true" : null, micro_batch: v.micro_batch, seq: v.seq, precision: v.precision || null, optimizer: v.optimizer,
     recompute: v.recompute, finetune: v.finetune, schedule: v.schedule || null, cp_kind: v.cp_kind, dp_shard: v.dp_shard || null,
-    attention: v.attention || null, global_batch: v.global_batch || null, ...conditionParams(v),
+    expert_tp: v.expert_tp || null, attention: v.attention || null, global_batch: v.global_batch || null, ...conditionParams(v),
   };
 }
 
@@ -95,7 +95,7 @@ function takeAway(v, train) {
     ["gpu", v.gpu], ["gpus", v.gpus], ["tp", v.tp, 1], ["pp", v.pp, 1], ["vpp", v.vpp, 1], ["cp", v.cp, 1], ["ep", v.ep, 1],
     ["zero", v.zero, 0], ["sp", v.sp], ["recompute", v.recompute, "none"], ["micro_batch", v.micro_batch, 1], ["seq", v.seq, 4096],
     ["precision", v.precision], ["optimizer", v.optimizer, "adamw"], ["finetune", v.finetune, "full"],
-    ["schedule", v.schedule], ["cp_kind", v.cp_kind, "ring"], ["dp_shard", v.dp_shard], ["attention", v.attention],
+    ["schedule", v.schedule], ["cp_kind", v.cp_kind, "ring"], ["dp_shard", v.dp_shard], ["expert_tp", v.expert_tp], ["attention", v.attention],
     ["global_batch", v.global_batch], ...conditionFlags(v),
   ];
   const q = memoryParams(v);
@@ -106,7 +106,7 @@ function takeAway(v, train) {
       ? { ...servingParams(v), sequences: null }
       : { model: q.model, gpu: q.gpu, gpus: q.gpus, tp: q.tp, pp: q.pp, vpp: q.vpp, cp: q.cp, ep: q.ep, zero: q.zero, sp: q.sp,
           recompute: q.recompute, micro_batch: q.micro_batch, seq: q.seq, precision: q.precision, schedule: q.schedule,
-          cp_kind: q.cp_kind, dp_shard: q.dp_shard, global_batch: q.global_batch }),
+          cp_kind: q.cp_kind, dp_shard: q.dp_shard, expert_tp: q.expert_tp, global_batch: q.global_batch }),
   });
 }
 
