@@ -47,6 +47,16 @@ class Selective(StrEnum):
     """Megatron's --recompute-modules: the listed modules (``Conditions.recompute_modules``) are recomputed."""
 
 
+class Zero3Unit(StrEnum):
+    """What one ZeRO-3 / FSDP all-gather and reduce-scatter carries."""
+
+    LAYER = "layer"
+    """A transformer layer's parameters in one flat collective (FSDP / FSDP2 units, Megatron-FSDP buckets)."""
+    MODULE = "module"
+    """Each weight matrix on its own (DeepSpeed ZeRO-3: sub-module hooks fetch every partitioned parameter, and
+    the recomputed forward of full recompute fetches them again)."""
+
+
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj")
 """Megatron-Core's --recompute-modules names."""
 
@@ -78,6 +88,8 @@ class Conditions:
     (Megatron --recompute-method block --recompute-num-layers k); None: every layer."""
     loss_parallel: bool | None = None
     """The loss is computed on vocabulary shards over the TP group; None: the framework's own default."""
+    zero3_unit: Zero3Unit = Zero3Unit.LAYER
+    """What one ZeRO-3 collective carries: a layer (FSDP) or one weight matrix (DeepSpeed)."""
 
     def __post_init__(self) -> None:
         if self.microbatch_group is not None and self.microbatch_group < 1:

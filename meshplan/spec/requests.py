@@ -493,6 +493,15 @@ FIELDS: tuple[Field, ...] = (
     ),
     _switch("loss_parallel", "compute the loss on vocabulary shards over the TP group"),
     Field(
+        name="zero3_unit",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("layer", "module"),
+        help="what one ZeRO-3 all-gather / reduce-scatter carries: a layer (FSDP units; default) or one weight "
+        "matrix (DeepSpeed ZeRO-3, which also re-gathers in the recomputed forward)",
+    ),
+    Field(
         name="selective",
         type=str,
         default=None,

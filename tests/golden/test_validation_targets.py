@@ -74,7 +74,8 @@ HELD_OUT_BOUNDS = {
     "torchtitan_a100": 0.11,
     "megascale2024": 0.17,
     "nemo2407_h100": 0.18,
-    "megatron_h100_weak": 0.10,
+    "megatron_h100_weak": 0.12,  # 0.10 until its gradients were reduced in fp32, as Megatron does under --bf16
+    "narayanan2021_zero3": 0.50,
 }
 
 
