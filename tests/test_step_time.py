@@ -160,3 +160,21 @@ def test_zero3_without_overlap_pays_all_its_traffic() -> None:
     traffic = sum(float(c.time_s) for c in exposed.collectives if c.strategy == "dp")  # type: ignore[attr-defined]
     assert exposed.step.exposed_dp_s == pytest.approx(traffic, rel=1e-9)  # type: ignore[attr-defined]
     assert hidden.step.exposed_dp_s < exposed.step.exposed_dp_s  # type: ignore[attr-defined]
+
+
+def test_listed_zero3_collectives_pay_two_launches_per_rank() -> None:
+    """DeepSpeed 0.3's list collectives: a view and a copy per rank of the 64, each a launch gap, per call."""
+    flat, listed = _zero3_plan("module", Recompute.FULL), _zero3_plan("parameter", Recompute.FULL)
+    launch_s = resolve_cluster(gpu="a100-80gb", gpus=64).gpu.calibration.kernel_overhead_s
+
+    def by_kind(plan: object) -> dict[tuple[str, str], tuple[float, float]]:
+        return {
+            (c.op.value, c.phase): (float(c.call_s), float(c.count_per_step))
+            for c in plan.collectives  # type: ignore[attr-defined]
+            if c.strategy == "dp" and c.count_per_step and c.phase != "step"
+        }
+
+    a, b = by_kind(flat), by_kind(listed)
+    assert set(a) == set(b) == {("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward")}
+    for kind, (call_s, count) in a.items():
+        assert b[kind] == pytest.approx((call_s + 2 * 64 * launch_s, count), rel=1e-12)

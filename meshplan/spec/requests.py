@@ -497,9 +497,10 @@ FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_C,
-        choices=("layer", "module"),
+        choices=("layer", "module", "parameter"),
         help="what one ZeRO-3 all-gather / reduce-scatter carries: a layer (FSDP units; default) or one weight "
-        "matrix (DeepSpeed ZeRO-3, which also re-gathers in the recomputed forward)",
+        "matrix (DeepSpeed ZeRO-3, which also re-gathers in the recomputed forward; parameter: through the list "
+        "collectives of DeepSpeed 0.3, a copy per rank)",
     ),
     Field(
         name="selective",

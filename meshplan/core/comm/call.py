@@ -94,7 +94,9 @@ def make_call(
     per_micro_batch: Num = True,
     overlappable: Num = True,
     leaving_share: Num = 1.0,
+    host_s: Num = 0.0,
 ) -> CollectiveCall:
+    """One collective's record; ``host_s`` is time per call the host adds beside the wire (copies it launches)."""
     n = place.size if group is None else group
     inner_n = place.inner if inner is None else inner
     outer = n // inner_n
@@ -113,6 +115,7 @@ def make_call(
             outer_latency_s=cluster.scale_out.latency_s,
             leaving_share=leaving_share,
         )
+        + host_s
     )
     return CollectiveCall(
         strategy=strategy,

@@ -44,6 +44,9 @@ class DpPart:
     shard_inner: Num
     full_group: Num
     full_inner: Num
+    copies_s: Num
+    """Host time of each ZeRO-3 collective beside the wire: two operations launched per rank of the shard group
+    under list collectives (``Zero3Unit.PARAMETER``), else 0."""
 
 
 def zero3_units_per_layer(model: ModelSpec, work: Workload) -> int:
@@ -56,11 +59,13 @@ def zero3_units_per_layer(model: ModelSpec, work: Workload) -> int:
     are its column-parallel inputs plus the two row-parallel outputs (fused QKV and fused gate/up count once).
     """
     if work.conditions.zero3_unit is Zero3Unit.LAYER:
-        return 1
+        return 1  # PARAMETER: the same matrices, listed
     return column_parallel_inputs(model, work.framework) + 2
 
 
-def _parts(model: ModelSpec, lay: object, work: Workload, pl: dict[str, AxisPlacement], st: StageShape) -> list[DpPart]:
+def _parts(
+    model: ModelSpec, lay: object, work: Workload, cl: Cluster, pl: dict[str, AxisPlacement], st: StageShape
+) -> list[DpPart]:
     """The dense and the expert part, with their groups: expert gradients skip the EP ranks that own them."""
     zero, ep = lay.zero, lay.ep  # type: ignore[attr-defined]
     shard_p, rep_p, cp_p = pl["dp_shard"], pl["dp_replicate"], pl["cp"]
@@ -68,6 +73,8 @@ def _parts(model: ModelSpec, lay: object, work: Workload, pl: dict[str, AxisPlac
     full, full_inner = shard * rep_p.size, shard_inner * rep_p.inner
     base_gather = gather_bytes(work.precision) if st.base_gather_bytes is None else st.base_gather_bytes
     per_layer = where(zero == ZeroStage.PARAMETERS, zero3_units_per_layer(model, work), 0)
+    listed = work.conditions.zero3_unit is Zero3Unit.PARAMETER
+    launch_s = cl.gpu.calibration.kernel_overhead_s
     out = []
     for label, params, trained, ep_div, layers in (
         ("dp", st.dense_params, st.trained_dense_params, 1, st.dense_layers + st.moe_layers),
@@ -88,6 +95,11 @@ def _parts(model: ModelSpec, lay: object, work: Workload, pl: dict[str, AxisPlac
                 shard_inner=minimum(g_inner, g_shard),
                 full_group=g_full,
                 full_inner=minimum(f_inner, g_full),
+                # two host operations per rank of the group, each a launch gap: DeepSpeed 0.3 builds each
+                # rank's view (narrow, partition_parameters.py _allgather_param / _reduce_scatter_gradient),
+                # and PyTorch's ProcessGroupNCCL copies each listed output (all_gather) or input
+                # (reduce_scatter) apart; the fetch synchronizes the device around them, so nothing hides them
+                copies_s=2 * g_shard * launch_s if listed else 0.0,
             )
         )
     return out
@@ -130,6 +142,7 @@ def _gradient_calls(
             count=part.issued * rs_count,
             group=part.shard_group,
             inner=part.shard_inner,
+            host_s=where(zero == ZeroStage.PARAMETERS, part.copies_s, 0.0),
         ),
         _call(
             part.strategy,
@@ -151,7 +164,8 @@ def _parameter_calls(
     before its recomputed forward when each matrix is fetched on its own)."""
     zero = lay.zero  # type: ignore[attr-defined]
     zero3 = (zero == ZeroStage.PARAMETERS) & where(native, False, True)
-    regather = (lay.recompute == Recompute.FULL) & (work.conditions.zero3_unit is Zero3Unit.MODULE)  # type: ignore[attr-defined]
+    by_matrix = work.conditions.zero3_unit is not Zero3Unit.LAYER
+    regather = (lay.recompute == Recompute.FULL) & by_matrix  # type: ignore[attr-defined]
     sharded = dict(group=part.shard_group, inner=part.shard_inner)
     shard_p = pl["dp_shard"]
     return [
@@ -175,6 +189,7 @@ def _parameter_calls(
                 phase=phase,
                 size=part.params * part.gather_bytes / part.units,
                 count=part.issued * where(zero3, m * part.units * passes, 0),
+                host_s=part.copies_s,
                 **sharded,
             )
             for phase, passes in (("forward", 1), ("backward", where(regather, 2, 1)))
@@ -192,7 +207,7 @@ def dp_calls(
     """
     native = PATTERNS[work.framework].torch_native
     calls: list[CollectiveCall] = []
-    for part in _parts(model, lay, work, pl, st):
+    for part in _parts(model, lay, work, cl, pl, st):
         calls += _gradient_calls(part, lay, work, cl, pl, m=st.micro_batches, native=native)
         calls += _parameter_calls(part, lay, work, cl, pl, m=st.micro_batches, native=native)
     if native:
