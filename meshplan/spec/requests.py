@@ -224,12 +224,24 @@ FIELDS: tuple[Field, ...] = (
         type=float,
         default=None,
         group=Group.FLEET_SHAPE,
-        unit="bytes/s per GPU per direction",
+        unit="bytes/s per NIC per direction",
         lo=0,
         hi=1e13,
         exclusive_lo=True,
         suffixes=True,
-        help="scale-out bandwidth as a number, replacing the link's (e.g. 50G for one 400 Gb/s NIC per GPU)",
+        help="scale-out bandwidth as a number, replacing the link's (e.g. 50G for a 400 Gb/s NIC; one per GPU "
+        "unless --nics-per-node says otherwise)",
+    ),
+    Field(
+        name="nics_per_node",
+        type=int,
+        default=None,
+        group=Group.FLEET_SHAPE,
+        unit="NICs",
+        lo=1,
+        hi=64,
+        help="scale-out NICs per host, each of the scale-out link's bandwidth, shared by the host's GPUs (default: "
+        "one per GPU, rail-optimized; 4 for 8 GPUs halves each GPU's share)",
     ),
     Field(
         name="axis_order",

@@ -85,7 +85,7 @@ async function run() {
     model: v.model, gpu: v.gpu, gpus: v.gpus, seq: v.seq, global_batch_tokens: v.global_batch_tokens, top: v.top,
     objective: v.objective, headroom: v.headroom, allow_cross_node_tp: v.allow_cross_node_tp, compare: v.compare || null,
     precision: v.precision || null, finetune: v.finetune, scale_out: v.scale_out || null, node_size: v.node_size || null,
-    scale_out_bandwidth: v.scale_out_bandwidth || null, profile: v.profile || null, tokens: v.tokens || null, days: v.days || null,
+    scale_out_bandwidth: v.scale_out_bandwidth || null, nics_per_node: v.nics_per_node || null, profile: v.profile || null, tokens: v.tokens || null, days: v.days || null,
     attention: v.attention || null, kernels: v.kernels || null, axis_order: v.axis_order || null,
     // adapter inputs mean something only when adapters train; freezing only when every parameter does
     lora_rank: v.finetune !== "full" ? v.lora_rank || null : null, lora_targets: v.finetune !== "full" ? v.lora_targets || null : null,
@@ -198,7 +198,7 @@ function takeAway() {
     ["gpu", v.gpu], ["gpus", v.gpus], ["seq", v.seq], ["global_batch_tokens", v.global_batch_tokens], ["top", v.top, 5],
     ["headroom", v.headroom, "0.10"], ["allow_cross_node_tp", v.allow_cross_node_tp], ["objective", v.objective, "step-time"],
     ["precision", v.precision], ["finetune", v.finetune, "full"], ["scale_out", v.scale_out], ["node_size", v.node_size],
-    ["scale_out_bandwidth", v.scale_out_bandwidth], ["profile", v.profile],
+    ["scale_out_bandwidth", v.scale_out_bandwidth], ["nics_per_node", v.nics_per_node], ["profile", v.profile],
     ["tokens", v.tokens], ["days", v.days], ["attention", v.attention], ["kernels", v.kernels],
     ["axis_order", v.axis_order], ["lora_rank", v.params.lora_rank], ["lora_targets", v.params.lora_targets], ["freeze", v.params.freeze],
     ["engine", v.engine], ...Object.entries(pins(v)), ...conditionFlags(v), ["compare", v.compare], ["explain", true],
