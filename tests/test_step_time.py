@@ -178,3 +178,22 @@ def test_listed_zero3_collectives_pay_two_launches_per_rank() -> None:
     assert set(a) == set(b) == {("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward")}
     for kind, (call_s, count) in a.items():
         assert b[kind] == pytest.approx((call_s + 2 * 64 * launch_s, count), rel=1e-12)
+
+
+def test_torchtitan_selective_policies_repeat_what_they_drop() -> None:
+    """Per layer (every second layer in full): half of what full recompute adds; per op: more than Megatron's
+    attention core, less than full recompute."""
+    from meshplan.reports.conditions import conditions_of
+
+    model = io.load_model("llama-3.1-8b")
+    cluster = resolve_cluster(gpu="a100-80gb", gpus=8)
+
+    def compute_s(recompute: Recompute, selective: str = "core-attention") -> float:
+        work = Workload(seq_len=4096, global_batch=8, conditions=conditions_of({"selective": selective}))
+        layout = Layout(dp_shard=8, zero=ZeroStage.PARAMETERS, recompute=recompute)
+        return float(evaluate(model, cluster, layout, work).step.compute_s)
+
+    none, full = compute_s(Recompute.NONE), compute_s(Recompute.FULL)
+    assert compute_s(Recompute.SELECTIVE, "layer") - none == pytest.approx((full - none) / 2, rel=1e-9)
+    op, core = compute_s(Recompute.SELECTIVE, "op"), compute_s(Recompute.SELECTIVE)
+    assert none < core < op < full

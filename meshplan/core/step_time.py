@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from meshplan.core import finetune, pipeline
 from meshplan.core.comm import CollectiveCall, StageShape, inventory
-from meshplan.core.compute import head_time, layer_time
+from meshplan.core.compute import LayerTime, head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
 from meshplan.core.memory import (
     StageParams,
@@ -35,6 +35,7 @@ from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
 from meshplan.core.stages import stage_row
 from meshplan.spec.cluster import Cluster
+from meshplan.spec.conditions import Selective
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
@@ -94,6 +95,21 @@ class StageTimes:
     moe_layers: Num
 
 
+def selective_redo_s(layer: LayerTime, policy: Selective) -> Num:
+    """Forward time selective recompute repeats in one layer's backward, as each stack defines selective.
+
+    Megatron's (core attention, and its --recompute-modules taken as core attention here): the attention core.
+    torchtitan's per layer (ac_freq 2): every second layer in full, half a forward on average. torchtitan's per
+    op: the outputs of every second matmul and of attention are kept, so half the matmuls, the norms and the
+    activations run again (torchtitan/models/llama3/infra/parallelize.py, _save_list and the mm counter).
+    """
+    if policy is Selective.LAYER:
+        return layer.forward_s / 2
+    if policy is Selective.OP:
+        return layer.gemm_s / 2 + layer.memory_s
+    return layer.attention_core_fwd_s
+
+
 def stage_times(
     model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Cluster, *, stages: tuple[Num, ...]
 ) -> StageTimes:
@@ -146,7 +162,9 @@ def stage_times(
         layers, first, n_dense, n_moe = row.layers, row.first_layer, row.dense_layers, row.moe_layers
         fwd = n_dense * dense.forward_s + n_moe * moe.forward_s
         attn_fwd = n_dense * dense.attention_core_fwd_s + n_moe * moe.attention_core_fwd_s
-        redo = where(recompute == Recompute.FULL, fwd, where(recompute == Recompute.SELECTIVE, attn_fwd, 0.0))
+        policy = work.conditions.selective
+        sel = n_dense * selective_redo_s(dense, policy) + n_moe * selective_redo_s(moe, policy)
+        redo = where(recompute == Recompute.FULL, fwd, where(recompute == Recompute.SELECTIVE, sel, 0.0))
         last = row.head == 1
         bwd = n_dense * dense.backward_s + n_moe * moe.backward_s
         wgrad = n_dense * dense.weight_grad_s + n_moe * moe.weight_grad_s

@@ -71,7 +71,7 @@ HELD_OUT_BOUNDS = {
     "llama3": 0.035,
     "narayanan2021": 0.035,
     "narayanan2021_table2": 0.045,
-    "torchtitan_a100": 0.11,
+    "torchtitan_a100": 0.04,
     "megascale2024": 0.16,
     "nemo2407_h100": 0.18,
     "megatron_h100_weak": 0.06,
