@@ -111,3 +111,11 @@ def test_more_bandwidth_never_slows_a_collective(size: float, bw: float, n: int)
         slow = ring_time(op, size_bytes=size, n=n, bandwidth_bytes_per_s=bw, latency_s=5e-6)
         fast = ring_time(op, size_bytes=size, n=n, bandwidth_bytes_per_s=2 * bw, latency_s=5e-6)
         assert fast <= slow
+
+
+def test_a_small_all_reduce_over_many_nodes_takes_the_tree() -> None:
+    """1,024 nodes, one GPU each, 1 kB: LL's tree, 6.8 us + 2 log2(1024) hops of 5.0 us (tuning.cc)."""
+    kw = dict(inner_bytes_per_s=300e9, outer_bytes_per_s=25e9, inner_latency_s=3.4e-6, outer_latency_s=14e-6)
+    t = hierarchical_time(Collective.ALL_REDUCE, size_bytes=1e3, inner=1, outer=1024, **kw)
+    wire = 2 * 1023 / 1024 * 1e3 / 25e9
+    assert t == pytest.approx(6.8e-6 + 20 * 5.0e-6 + wire / 0.5, rel=1e-9)

@@ -113,8 +113,10 @@ PROTOCOL_BASE_S = {Protocol.LL: 6.6e-6, Protocol.LL128: 14e-6, Protocol.SIMPLE: 
 PROTOCOL_BANDWIDTH_SHARE = {Protocol.LL: 0.5, Protocol.LL128: 0.92, Protocol.SIMPLE: 1.0}
 PROTOCOL_HOP_SHARE_INNER = {Protocol.LL: 0.6 / 3.4, Protocol.LL128: 1.9 / 3.4, Protocol.SIMPLE: 1.0}
 PROTOCOL_HOP_SHARE_OUTER = {Protocol.LL: 2.7 / 14, Protocol.LL128: 4.0 / 14, Protocol.SIMPLE: 1.0}
-TREE_HOP_OVER_RING = (4.0 / 3.4, 1.0)
-"""Tree over ring hop latency under Simple, inside the domain (NVLink) and across it (NET): tuning.cc."""
+TREE_BASE_S = {Protocol.LL: 6.8e-6, Protocol.LL128: 14e-6, Protocol.SIMPLE: 8.4e-6}
+TREE_HOP_SHARE_INNER = {Protocol.LL: 0.6 / 3.4, Protocol.LL128: 1.25 / 3.4, Protocol.SIMPLE: 4.0 / 3.4}
+TREE_HOP_SHARE_OUTER = {Protocol.LL: 5.0 / 14, Protocol.LL128: 8.5 / 14, Protocol.SIMPLE: 1.0}
+"""The tree's hops, as shares of the link's Simple ring hop (tuning.cc, Tree columns)."""
 
 
 def ring_hops(op: Collective, *, inner: Num, outer: Num) -> tuple[Num, Num]:
@@ -172,12 +174,18 @@ def nccl_time(
     tree_in, tree_out = 2 * (inner - 1), 2 * np.log2(maximum(outer, 1))
     best: Num = np.inf
     for p in Protocol:
-        lat_in = inner_latency_s * PROTOCOL_HOP_SHARE_INNER[p]
-        lat_out = outer_latency_s * PROTOCOL_HOP_SHARE_OUTER[p]
-        hops = hops_in * lat_in + hops_out * lat_out
+        ring = (
+            hops_in * inner_latency_s * PROTOCOL_HOP_SHARE_INNER[p]
+            + hops_out * outer_latency_s * (PROTOCOL_HOP_SHARE_OUTER[p])
+        )
+        latency = PROTOCOL_BASE_S[p] + ring
         if op is Collective.ALL_REDUCE:
-            hops = minimum(hops, tree_in * lat_in * TREE_HOP_OVER_RING[0] + tree_out * lat_out * TREE_HOP_OVER_RING[1])
-        best = minimum(best, PROTOCOL_BASE_S[p] + hops + wire / PROTOCOL_BANDWIDTH_SHARE[p])
+            tree = (
+                tree_in * inner_latency_s * TREE_HOP_SHARE_INNER[p]
+                + tree_out * outer_latency_s * (TREE_HOP_SHARE_OUTER[p])
+            )
+            latency = minimum(latency, TREE_BASE_S[p] + tree)
+        best = minimum(best, latency + wire / PROTOCOL_BANDWIDTH_SHARE[p])
     return where(inner * outer > 1, best, 0.0)
 
 
