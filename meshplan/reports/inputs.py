@@ -243,12 +243,13 @@ def resolve_cluster(
     scale_out: str | None = None,
     scale_out_bandwidth: float | None = None,
     nics_per_node: int | None = None,
+    oversubscription: float | None = None,
     profile: str | None = None,
 ) -> Cluster:
     """The fleet: ``gpus`` of one catalog GPU, its scale-up link, and a scale-out link (default: the GPU's NIC),
     whose bandwidth per NIC ``scale_out_bandwidth`` replaces when given (bytes/s per direction), ``nics_per_node``
-    of them shared by a host's GPUs (default: one per GPU); its constants scaled by a cluster ``profile``
-    (``--profile``) when one is given."""
+    of them shared by a host's GPUs (default: one per GPU), behind leaf switches ``oversubscription`` to 1
+    (default non-blocking); its constants scaled by a cluster ``profile`` (``--profile``) when one is given."""
     spec = io.load_gpu(gpu)
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
@@ -265,6 +266,7 @@ def resolve_cluster(
             gpus_per_node=spec.gpus_per_node,
         ),
         domain_size=domain,
+        oversubscription=1.0 if oversubscription is None else oversubscription,
     )
     return apply_profile(cluster, parse_profile(profile))
 

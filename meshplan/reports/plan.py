@@ -269,6 +269,7 @@ def plan_report(
     conditions: Mapping[str, Any] | None = None,
     scale_out_bandwidth: float | None = None,
     nics_per_node: int | None = None,
+    oversubscription: float | None = None,
     profile: str | None = None,
 ) -> dict[str, Any]:
     """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for.
@@ -293,6 +294,7 @@ def plan_report(
         scale_out=scale_out,
         scale_out_bandwidth=scale_out_bandwidth,
         nics_per_node=nics_per_node,
+        oversubscription=oversubscription,
         profile=profile,
     )
     fewest: dict[str, Any] | None = None

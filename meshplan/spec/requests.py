@@ -244,6 +244,17 @@ FIELDS: tuple[Field, ...] = (
         "one per GPU, rail-optimized; 4 for 8 GPUs halves each GPU's share)",
     ),
     Field(
+        name="oversubscription",
+        type=float,
+        default=None,
+        group=Group.FLEET_SHAPE,
+        unit="downlink / uplink bandwidth",
+        lo=1,
+        hi=64,
+        help="the fabric's oversubscription at the leaf switches (default 1, non-blocking): all-to-all traffic "
+        "leaving a node shares the uplinks; rings and trees stay on their rail",
+    ),
+    Field(
         name="axis_order",
         type=str,
         default=None,

@@ -110,7 +110,8 @@ def make_call(
             inner=inner_n,
             outer=outer,
             inner_bytes_per_s=cluster.scale_up.effective_bytes_per_s,
-            outer_bytes_per_s=cluster.scale_out.effective_bytes_per_s,
+            outer_bytes_per_s=cluster.scale_out.effective_bytes_per_s
+            / (cluster.oversubscription if op is Collective.ALL_TO_ALL else 1.0),
             inner_latency_s=cluster.scale_up.latency_s,
             outer_latency_s=cluster.scale_out.latency_s,
             leaving_share=leaving_share,
