@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshplan.core.comm.cost import Collective, all_reduce_time, bus_factor, hierarchical_time, ring_time
+from meshplan.core.comm.cost import Collective, bus_factor, hierarchical_time, ring_time
 
 BW = 100e9
 
@@ -48,7 +48,8 @@ def test_one_rank_costs_nothing() -> None:
 
 def test_tree_wins_for_small_messages_on_many_ranks() -> None:
     ring = ring_time(Collective.ALL_REDUCE, size_bytes=1e3, n=1024, bandwidth_bytes_per_s=BW, latency_s=1e-5)
-    assert all_reduce_time(size_bytes=1e3, n=1024, bandwidth_bytes_per_s=BW, latency_s=1e-5) < ring
+    kw = dict(inner_bytes_per_s=BW, outer_bytes_per_s=BW, inner_latency_s=1e-5, outer_latency_s=1e-5)
+    assert hierarchical_time(Collective.ALL_REDUCE, size_bytes=1e3, inner=1, outer=1024, **kw) < ring / 10
 
 
 # NCCL src/graph/tuning.cc, re-typed here: base latency and ring hop latency per protocol (us), NVLink and NET

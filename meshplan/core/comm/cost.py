@@ -72,28 +72,6 @@ def ring_time(op: Collective, *, size_bytes: Num, n: Num, bandwidth_bytes_per_s:
     return where(n > 1, t, 0.0)
 
 
-def tree_all_reduce_time(*, size_bytes: Num, n: Num, bandwidth_bytes_per_s: Num, latency_s: Num) -> Num:
-    """NCCL double binary tree all-reduce: 2 log2(n) latency steps, about 2 S / bandwidth on the wire."""
-    t = 2 * np.log2(maximum(n, 2)) * latency_s + 2 * size_bytes / bandwidth_bytes_per_s
-    return where(n > 1, t, 0.0)
-
-
-def all_reduce_time(*, size_bytes: Num, n: Num, bandwidth_bytes_per_s: Num, latency_s: Num) -> Num:
-    """The faster of ring and tree, as NCCL's tuner picks per message size."""
-    ring = ring_time(
-        Collective.ALL_REDUCE,
-        size_bytes=size_bytes,
-        n=n,
-        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-        latency_s=latency_s,
-    )
-    tree = tree_all_reduce_time(
-        size_bytes=size_bytes, n=n, bandwidth_bytes_per_s=bandwidth_bytes_per_s, latency_s=latency_s
-    )
-    out = np.minimum(ring, tree)
-    return out.item() if np.ndim(out) == 0 else out
-
-
 class Protocol(StrEnum):
     """NCCL's wire protocols: the tuner prices each (latency + bytes / bandwidth) and runs the cheapest."""
 
