@@ -547,8 +547,8 @@ FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_C,
-        choices=("bf16", "fp32"),
-        help="gradient buffers (overrides the precision policy)",
+        choices=("bf16", "fp16", "fp32"),
+        help="gradient buffers, as they are reduced (overrides the precision policy)",
     ),
     Field(
         name="master_dtype",
