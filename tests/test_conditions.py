@@ -211,6 +211,40 @@ def test_scale_out_bandwidth_as_a_number() -> None:
     assert slow > fast  # a quarter of NDR's 50e9 bytes/s for the data-parallel reduce across nodes
 
 
+def test_fewer_nics_than_gpus_share_the_host_bandwidth() -> None:
+    """4 NICs for 8 GPUs (as AWS p4d's 4 x 100 Gb/s EFA): each GPU gets half a NIC; DP across nodes slows."""
+    from meshplan.reports.estimate import estimate_report
+    from meshplan.reports.inputs import resolve_cluster
+
+    one_each = resolve_cluster(gpu="a100-80gb", gpus=64, scale_out="eth-100g")
+    shared = resolve_cluster(gpu="a100-80gb", gpus=64, scale_out="eth-100g", nics_per_node=4)
+    assert shared.scale_out.bandwidth_bytes_per_s == pytest.approx(one_each.scale_out.bandwidth_bytes_per_s * 4 / 8)
+    run = dict(gpu="h100-sxm", gpus=64, layout=LayoutRequest(tp=8), seq=4096, global_batch=64)
+    fast = estimate_report("llama-3.1-70b", **run)["breakdown"]["exposed_dp_s"]  # type: ignore[arg-type]
+    slow = estimate_report("llama-3.1-70b", nics_per_node=2, **run)["breakdown"]["exposed_dp_s"]  # type: ignore[arg-type]
+    assert slow > fast
+    with pytest.raises(ValueError, match="nics_per_node"):
+        resolve_cluster(gpu="a100-80gb", gpus=64, nics_per_node=0)
+
+
+def test_oversubscription_slows_all_to_all_across_nodes_only() -> None:
+    """A 2:1 fabric halves the uplink share of the all-to-all bytes leaving a node; rings and trees are untouched."""
+    from meshplan.reports.estimate import estimate_report
+    from meshplan.reports.inputs import resolve_cluster
+
+    layout = LayoutRequest(tp=2, ep=8, dp_shard=32, zero=1)  # EP 8 over TP 2: each expert group spans two nodes
+    moe = dict(gpu="h100-sxm", gpus=64, layout=layout, seq=4096, global_batch=64)
+    calm = estimate_report("mixtral-8x7b", **moe)["breakdown"]  # type: ignore[arg-type]
+    busy = estimate_report("mixtral-8x7b", oversubscription=2.0, **moe)["breakdown"]  # type: ignore[arg-type]
+    assert busy["exposed_ep_s"] > calm["exposed_ep_s"]
+    assert busy["exposed_dp_s"] == calm["exposed_dp_s"]
+    dense = dict(gpu="h100-sxm", gpus=64, layout=LayoutRequest(tp=8), seq=4096, global_batch=64)
+    same = [estimate_report("llama-3.1-70b", oversubscription=x, **dense)["step_time_s"] for x in (1.0, 4.0)]  # type: ignore[arg-type]
+    assert same[0] == same[1]
+    with pytest.raises(ValueError, match="oversubscription"):
+        resolve_cluster(gpu="h100-sxm", gpus=64, oversubscription=0.5)
+
+
 def test_interleaved_layer_microbatches_in_closed_form_equal_the_chunk_walk() -> None:
     """The closed form against a walk chunk by chunk, written out here: every chunk's forwards times its layers."""
     import itertools

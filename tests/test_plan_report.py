@@ -141,9 +141,12 @@ def test_published_recipes_are_valid_and_ranked(name: str) -> None:
     if r["layout"]["schedule"] == "dualpipe":
         # the search does not enumerate DualPipe: with node-limited routing the published layout beats all it finds
         assert s["rank_of_published"] == 1
-    else:
+    elif s["published_fits_with_headroom"]:
         # the planner finds something at least as fast as the published layout
         assert s["best_step_time_s"] <= s["published_step_time_s"] * (1 + 1e-9)
+    else:
+        # the published layout is left out by the headroom it does not keep: the best that keeps it is near it
+        assert s["best_step_time_s"] <= s["published_step_time_s"] * 1.01
     if name.startswith("llama3"):
         # near the top: within 3% of the best the planner finds
         assert s["published_step_time_s"] <= 1.03 * s["best_step_time_s"]

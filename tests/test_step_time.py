@@ -118,3 +118,82 @@ def test_fp8_pays_casts_and_keeps_attention_in_bf16() -> None:
     long = tokens_per_s("fp8", 32768) / tokens_per_s("bf16", 32768)
     assert 1.05 < short < 1.6
     assert 1.0 < long < short
+
+
+def _zero3_plan(unit: str, recompute: Recompute, *, overlap: bool = True) -> object:
+    from meshplan.reports.conditions import conditions_of
+    from meshplan.spec.workload import Overlap
+
+    model = io.load_model("gpt3-175b")  # Megatron's fused QKV: 4 weight matrices per layer
+    layout = Layout(dp_shard=64, zero=ZeroStage.PARAMETERS, recompute=recompute)
+    work = Workload(
+        seq_len=2048,
+        global_batch=128,
+        conditions=conditions_of({"zero3_unit": unit}),
+        overlap=Overlap(dp=overlap, fsdp_prefetch=overlap),
+    )
+    return evaluate(model, resolve_cluster(gpu="a100-80gb", gpus=64), layout, work)
+
+
+def _zero3_gathers(plan: object) -> tuple[float, float]:
+    calls = [c for c in plan.collectives if c.strategy == "dp" and c.op.value == "all_gather" and c.phase != "step"]  # type: ignore[attr-defined]
+    return sum(float(c.count_per_step) for c in calls), sum(float(c.bytes_per_step) for c in calls)
+
+
+def test_deepspeed_zero3_gathers_each_matrix_and_again_when_recomputing() -> None:
+    """Per micro-batch: FSDP gathers each of 96 layers forward and backward; DeepSpeed each of their 4 matrices,
+    and a third time in the recomputed forward; the bytes are 2 (or 3) x the 16-bit parameters either way."""
+    m = 2  # 128 sequences over 64 ranks
+    layer_count, layer_bytes = _zero3_gathers(_zero3_plan("layer", Recompute.NONE))
+    module_count, module_bytes = _zero3_gathers(_zero3_plan("module", Recompute.NONE))
+    again_count, again_bytes = _zero3_gathers(_zero3_plan("module", Recompute.FULL))
+    assert layer_count == 2 * 96 * m
+    assert module_count == 4 * layer_count
+    assert module_bytes == pytest.approx(layer_bytes, rel=1e-12)
+    assert again_count == 3 * 96 * 4 * m
+    assert again_bytes == pytest.approx(1.5 * layer_bytes, rel=1e-12)
+
+
+def test_zero3_without_overlap_pays_all_its_traffic() -> None:
+    hidden = _zero3_plan("module", Recompute.FULL)
+    exposed = _zero3_plan("module", Recompute.FULL, overlap=False)
+    traffic = sum(float(c.time_s) for c in exposed.collectives if c.strategy == "dp")  # type: ignore[attr-defined]
+    assert exposed.step.exposed_dp_s == pytest.approx(traffic, rel=1e-9)  # type: ignore[attr-defined]
+    assert hidden.step.exposed_dp_s < exposed.step.exposed_dp_s  # type: ignore[attr-defined]
+
+
+def test_listed_zero3_collectives_pay_two_launches_per_rank() -> None:
+    """DeepSpeed 0.3's list collectives: a view and a copy per rank of the 64, each a launch gap, per call."""
+    flat, listed = _zero3_plan("module", Recompute.FULL), _zero3_plan("parameter", Recompute.FULL)
+    launch_s = resolve_cluster(gpu="a100-80gb", gpus=64).gpu.calibration.kernel_overhead_s
+
+    def by_kind(plan: object) -> dict[tuple[str, str], tuple[float, float]]:
+        return {
+            (c.op.value, c.phase): (float(c.call_s), float(c.count_per_step))
+            for c in plan.collectives  # type: ignore[attr-defined]
+            if c.strategy == "dp" and c.count_per_step and c.phase != "step"
+        }
+
+    a, b = by_kind(flat), by_kind(listed)
+    assert set(a) == set(b) == {("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward")}
+    for kind, (call_s, count) in a.items():
+        assert b[kind] == pytest.approx((call_s + 2 * 64 * launch_s, count), rel=1e-12)
+
+
+def test_torchtitan_selective_policies_repeat_what_they_drop() -> None:
+    """Per layer (every second layer in full): half of what full recompute adds; per op: more than Megatron's
+    attention core, less than full recompute."""
+    from meshplan.reports.conditions import conditions_of
+
+    model = io.load_model("llama-3.1-8b")
+    cluster = resolve_cluster(gpu="a100-80gb", gpus=8)
+
+    def compute_s(recompute: Recompute, selective: str = "core-attention") -> float:
+        work = Workload(seq_len=4096, global_batch=8, conditions=conditions_of({"selective": selective}))
+        layout = Layout(dp_shard=8, zero=ZeroStage.PARAMETERS, recompute=recompute)
+        return float(evaluate(model, cluster, layout, work).step.compute_s)
+
+    none, full = compute_s(Recompute.NONE), compute_s(Recompute.FULL)
+    assert compute_s(Recompute.SELECTIVE, "layer") - none == pytest.approx((full - none) / 2, rel=1e-9)
+    op, core = compute_s(Recompute.SELECTIVE, "op"), compute_s(Recompute.SELECTIVE)
+    assert none < core < op < full

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from meshplan.core import finetune, pipeline
 from meshplan.core.comm import CollectiveCall, StageShape, inventory
-from meshplan.core.compute import head_time, layer_time
+from meshplan.core.compute import LayerTime, head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
 from meshplan.core.memory import (
     StageParams,
@@ -33,8 +33,9 @@ from meshplan.core.memory import (
 from meshplan.core.num import Num, maximum, minimum, to_float, where
 from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
-from meshplan.core.stages import stage_row
+from meshplan.core.stages import StageRow, stage_row
 from meshplan.spec.cluster import Cluster
+from meshplan.spec.conditions import Selective
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
@@ -94,6 +95,60 @@ class StageTimes:
     moe_layers: Num
 
 
+def selective_redo_s(layer: LayerTime, policy: Selective) -> Num:
+    """Forward time selective recompute repeats in one layer's backward, as each stack defines selective.
+
+    Megatron's (core attention, and its --recompute-modules taken as core attention here): the attention core.
+    torchtitan's per layer (ac_freq 2): every second layer in full, half a forward on average. torchtitan's per
+    op: the outputs of every second matmul and of attention are kept, so half the matmuls, the norms and the
+    activations run again (torchtitan/models/llama3/infra/parallelize.py, _save_list and the mm counter).
+    """
+    if policy is Selective.LAYER:
+        return layer.forward_s / 2
+    if policy is Selective.OP:
+        return layer.gemm_s / 2 + layer.memory_s
+    return layer.attention_core_fwd_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerKinds:
+    """Per micro-batch times of each kind of layer a stage may hold, and of the output head."""
+
+    dense: LayerTime
+    moe: LayerTime
+    frozen_dense: LayerTime
+    """A dense layer of a frozen prefix (no weight gradients)."""
+    head_fwd_s: Num
+    head_bwd_s: Num
+
+
+def _stage_values(row: StageRow, kinds: LayerKinds, *, recompute: Num, work: Workload) -> dict[str, Num]:
+    """One stage's compute terms for one micro-batch (StageTimes' fields), from its layer counts."""
+    dense, moe, ft = kinds.dense, kinds.moe, work.finetune
+    n_dense, n_moe = row.dense_layers, row.moe_layers
+    fwd = n_dense * dense.forward_s + n_moe * moe.forward_s
+    policy = work.conditions.selective
+    sel = n_dense * selective_redo_s(dense, policy) + n_moe * selective_redo_s(moe, policy)
+    redo = where(recompute == Recompute.FULL, fwd, where(recompute == Recompute.SELECTIVE, sel, 0.0))
+    last = row.head == 1
+    bwd = n_dense * dense.backward_s + n_moe * moe.backward_s
+    wgrad = n_dense * dense.weight_grad_s + n_moe * moe.weight_grad_s
+    if ft.freeze_layers:
+        n_frozen = minimum(finetune.frozen_leading_layers(ft, first=row.first_layer, layers=row.layers), n_dense)
+        kept = 0.0 if ft.freeze_embeddings else kinds.frozen_dense.backward_s
+        bwd = bwd - n_frozen * (dense.backward_s - kept)
+        wgrad = wgrad - n_frozen * dense.weight_grad_s
+    return {
+        "fwd_compute_s": fwd + where(last, kinds.head_fwd_s, 0.0),
+        "bwd_compute_s": bwd + redo + where(last, kinds.head_bwd_s, 0.0),
+        "weight_grad_s": wgrad,
+        "attention_fwd_s": n_dense * dense.attention_core_fwd_s + n_moe * moe.attention_core_fwd_s,
+        "attention_bwd_s": n_dense * dense.attention_core_bwd_s + n_moe * moe.attention_core_bwd_s,
+        "dense_layers": n_dense,
+        "moe_layers": n_moe,
+    }
+
+
 def stage_times(
     model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Cluster, *, stages: tuple[Num, ...]
 ) -> StageTimes:
@@ -139,31 +194,15 @@ def stage_times(
         cal=gpu.calibration,
         act_bytes=work.precision.activation_bytes,
     )
-    recompute = lay.recompute
+    kinds = LayerKinds(dense=dense, moe=moe, frozen_dense=frozen_dense, head_fwd_s=head_f, head_bwd_s=head_b)
     worst: dict[str, Num] = {}
     for stage in stages:
-        row = stage_row(model, pp=pp, stage=stage, split=work.conditions.stage_split)
-        layers, first, n_dense, n_moe = row.layers, row.first_layer, row.dense_layers, row.moe_layers
-        fwd = n_dense * dense.forward_s + n_moe * moe.forward_s
-        attn_fwd = n_dense * dense.attention_core_fwd_s + n_moe * moe.attention_core_fwd_s
-        redo = where(recompute == Recompute.FULL, fwd, where(recompute == Recompute.SELECTIVE, attn_fwd, 0.0))
-        last = row.head == 1
-        bwd = n_dense * dense.backward_s + n_moe * moe.backward_s
-        wgrad = n_dense * dense.weight_grad_s + n_moe * moe.weight_grad_s
-        if ft.freeze_layers:
-            n_frozen = minimum(finetune.frozen_leading_layers(ft, first=first, layers=layers), n_dense)
-            kept = 0.0 if ft.freeze_embeddings else frozen_dense.backward_s
-            bwd = bwd - n_frozen * (dense.backward_s - kept)
-            wgrad = wgrad - n_frozen * dense.weight_grad_s
-        values = {
-            "fwd_compute_s": fwd + where(last, head_f, 0.0),
-            "bwd_compute_s": bwd + redo + where(last, head_b, 0.0),
-            "weight_grad_s": wgrad,
-            "attention_fwd_s": attn_fwd,
-            "attention_bwd_s": n_dense * dense.attention_core_bwd_s + n_moe * moe.attention_core_bwd_s,
-            "dense_layers": n_dense,
-            "moe_layers": n_moe,
-        }
+        values = _stage_values(
+            stage_row(model, pp=pp, stage=stage, split=work.conditions.stage_split),
+            kinds,
+            recompute=lay.recompute,
+            work=work,
+        )
         worst = {k: maximum(worst[k], v) for k, v in values.items()} if worst else values
     return StageTimes(**worst)
 

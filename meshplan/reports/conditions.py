@@ -12,21 +12,23 @@ from typing import Any
 
 from meshplan import io
 from meshplan.spec import requests
-from meshplan.spec.conditions import Conditions, Fp8Recipe, LossKind, Selective, StageSplit
+from meshplan.spec.conditions import Conditions, Fp8Recipe, LossKind, Selective, StageSplit, Zero3Unit
 from meshplan.spec.workload import PRECISIONS, Overlap, PrecisionPolicy
 from meshplan.units import DType
 
 WORKLOAD_SET_BY_STACK = ("precision", "kernels", "attention")
 """Workload fields a stack fixes besides its conditions."""
 OVERLAP_AXES = {
-    "dp": "dp",
-    "param_gather": "param_gather",
-    "tp": "tp",
-    "tp_backward": "tp_backward",
-    "ep": "ep",
-    "pp": "pp",
-    "cp": "cp",
+    "dp": ("dp",),
+    "param_gather": ("param_gather", "fsdp_prefetch"),
+    "tp": ("tp",),
+    "tp_backward": ("tp_backward",),
+    "ep": ("ep",),
+    "pp": ("pp",),
+    "cp": ("cp",),
 }
+"""Each overlap flag and the Overlap fields it sets (the parameter gather: ZeRO-1/2's after the step and
+ZeRO-3's prefetch of the next layer alike)."""
 
 
 def condition_names() -> tuple[str, ...]:
@@ -87,16 +89,17 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         offload_layers=resolved.get("offload_layers"),
         fp8_recipe=Fp8Recipe(resolved["fp8_recipe"]) if resolved.get("fp8_recipe") else None,
         fp8_all_gather=_on(resolved.get("fp8_all_gather"), False),
+        zero3_unit=Zero3Unit(resolved.get("zero3_unit") or "layer"),
     )
 
 
 def overlap_of(resolved: Mapping[str, Any]) -> dict[str, bool]:
     """Overlap settings given by a flag or the stack (the rest keep Overlap's defaults)."""
-    out = {}
-    for axis, attr in OVERLAP_AXES.items():
+    out: dict[str, bool] = {}
+    for axis, attrs in OVERLAP_AXES.items():
         value = resolved.get(f"overlap_{axis}")
         if value is not None:
-            out[attr] = value == "on"
+            out |= {attr: value == "on" for attr in attrs}
     known = {f.name for f in dataclasses.fields(Overlap)}
     assert set(out) <= known
     return out

@@ -158,6 +158,8 @@ def estimate_report(
     finetune: FinetuneRequest | None = None,
     conditions: Mapping[str, Any] | None = None,
     scale_out_bandwidth: float | None = None,
+    nics_per_node: int | None = None,
+    oversubscription: float | None = None,
     profile: str | None = None,
 ) -> dict[str, Any]:
     """``meshplan estimate``: memory, collectives, placement and step time of one layout (``conditions``: the
@@ -169,6 +171,8 @@ def estimate_report(
         node_size=node_size,
         scale_out=scale_out,
         scale_out_bandwidth=scale_out_bandwidth,
+        nics_per_node=nics_per_node,
+        oversubscription=oversubscription,
         profile=profile,
     )
     lay = resolve_layout(layout, gpus=gpus)

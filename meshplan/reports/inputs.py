@@ -245,11 +245,14 @@ def resolve_cluster(
     node_size: int | None = None,
     scale_out: str | None = None,
     scale_out_bandwidth: float | None = None,
+    nics_per_node: int | None = None,
+    oversubscription: float | None = None,
     profile: str | None = None,
 ) -> Cluster:
     """The fleet: ``gpus`` of one catalog GPU, its scale-up link, and a scale-out link (default: the GPU's NIC),
-    whose bandwidth per GPU ``scale_out_bandwidth`` replaces when given (bytes/s per direction); its constants
-    scaled by a cluster ``profile`` (``--profile``) when one is given."""
+    whose bandwidth per NIC ``scale_out_bandwidth`` replaces when given (bytes/s per direction), ``nics_per_node``
+    of them shared by a host's GPUs (default: one per GPU), behind leaf switches ``oversubscription`` to 1
+    (default non-blocking); its constants scaled by a cluster ``profile`` (``--profile``) when one is given."""
     spec = io.load_gpu(gpu)
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
@@ -260,8 +263,13 @@ def resolve_cluster(
         gpu=spec,
         num_gpus=gpus,
         scale_up=io.load_link(spec.scale_up_link),
-        scale_out=_with_bandwidth(io.load_link(scale_out or spec.scale_out_link), scale_out_bandwidth),
+        scale_out=_shared(
+            _with_bandwidth(io.load_link(scale_out or spec.scale_out_link), scale_out_bandwidth),
+            nics_per_node=nics_per_node,
+            gpus_per_node=spec.gpus_per_node,
+        ),
         domain_size=domain,
+        oversubscription=1.0 if oversubscription is None else oversubscription,
     )
     return apply_profile(cluster, parse_profile(profile))
 
@@ -272,6 +280,17 @@ def _with_bandwidth(link: Link, bandwidth_bytes_per_s: float | None) -> Link:
     if bandwidth_bytes_per_s <= 0:
         raise ValueError(f"scale-out bandwidth must be positive, got {bandwidth_bytes_per_s:g} bytes/s")
     return dataclasses.replace(link, bandwidth_bytes_per_s=bandwidth_bytes_per_s)
+
+
+def _shared(link: Link, *, nics_per_node: int | None, gpus_per_node: int) -> Link:
+    """The scale-out link as one GPU sees it when ``nics_per_node`` NICs serve a host's ``gpus_per_node`` GPUs:
+    each GPU's share of the host's NIC bandwidth (NCCL spreads its rings' channels over every NIC of the host)."""
+    if nics_per_node is None or nics_per_node == gpus_per_node:
+        return link
+    if nics_per_node < 1:
+        raise ValueError(f"nics_per_node must be >= 1, got {nics_per_node}")
+    share = nics_per_node / gpus_per_node
+    return dataclasses.replace(link, bandwidth_bytes_per_s=link.bandwidth_bytes_per_s * share)
 
 
 def resolve_order(text: str | None) -> tuple[str, ...]:

@@ -274,6 +274,8 @@ def plan_report(
     max_gpus: int = MAX_GPUS,
     conditions: Mapping[str, Any] | None = None,
     scale_out_bandwidth: float | None = None,
+    nics_per_node: int | None = None,
+    oversubscription: float | None = None,
     profile: str | None = None,
 ) -> dict[str, Any]:
     """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for.
@@ -296,6 +298,8 @@ def plan_report(
         node_size=node_size,
         scale_out=scale_out,
         scale_out_bandwidth=scale_out_bandwidth,
+        nics_per_node=nics_per_node,
+        oversubscription=oversubscription,
         profile=profile,
     )
     rules: dict[str, Any] = dict(headroom=headroom, allow_cross_node_tp=allow_cross_node_tp, order=order)

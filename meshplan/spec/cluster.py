@@ -186,8 +186,14 @@ class Cluster:
     scale_out: Link
     domain_size: int
     """GPUs that share the scale-up link (one NVLink domain)."""
+    oversubscription: float = 1.0
+    """Hosts' NIC bandwidth under a leaf switch over the leaf's uplinks (1: a non-blocking fat tree). Rings and
+    trees pass data between neighbouring nodes along one rail; an all-to-all spreads over every node, so its
+    bytes that leave the domain share the uplinks."""
 
     def __post_init__(self) -> None:
         check_gpus(self.num_gpus)
         if self.domain_size < 1:
             raise ValueError(f"domain_size must be >= 1, got {self.domain_size}")
+        if not self.oversubscription >= 1:
+            raise ValueError(f"oversubscription must be >= 1 (1: non-blocking), got {self.oversubscription}")

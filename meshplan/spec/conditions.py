@@ -60,6 +60,20 @@ class Fp8Recipe(StrEnum):
     --fp8-recipe delayed)."""
 
 
+class Zero3Unit(StrEnum):
+    """What one ZeRO-3 / FSDP all-gather and reduce-scatter carries."""
+
+    LAYER = "layer"
+    """A transformer layer's parameters in one flat collective (FSDP / FSDP2 units, Megatron-FSDP buckets)."""
+    MODULE = "module"
+    """Each weight matrix on its own, in one flat buffer (DeepSpeed ZeRO-3 since 0.5: sub-module hooks fetch
+    every partitioned parameter, and the recomputed forward of full recompute fetches them again)."""
+    PARAMETER = "parameter"
+    """As module, through torch.distributed's list all_gather and reduce_scatter (DeepSpeed 0.3): each collective
+    builds a view per rank of the group and copies every rank's slice to or from the flat buffer apart, two host
+    operations per rank, each a launch gap."""
+
+
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj")
 """Megatron-Core's --recompute-modules names."""
 
@@ -124,6 +138,8 @@ class Conditions:
     fp8_all_gather: bool = False
     """FSDP / ZeRO-3 all-gathers the layers' matmul weights in FP8 (1 byte a parameter instead of 2): torchao's
     enable_fsdp_float8_all_gather, tensorwise scaling only."""
+    zero3_unit: Zero3Unit = Zero3Unit.LAYER
+    """What one ZeRO-3 collective carries: a layer (FSDP) or one weight matrix (DeepSpeed, flat or listed)."""
 
     def __post_init__(self) -> None:
         if self.microbatch_group is not None and self.microbatch_group < 1:

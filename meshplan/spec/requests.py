@@ -228,12 +228,35 @@ FIELDS: tuple[Field, ...] = (
         type=float,
         default=None,
         group=Group.FLEET_SHAPE,
-        unit="bytes/s per GPU per direction",
+        unit="bytes/s per NIC per direction",
         lo=0,
         hi=1e13,
         exclusive_lo=True,
         suffixes=True,
-        help="scale-out bandwidth as a number, replacing the link's (e.g. 50G for one 400 Gb/s NIC per GPU)",
+        help="scale-out bandwidth as a number, replacing the link's (e.g. 50G for a 400 Gb/s NIC; one per GPU "
+        "unless --nics-per-node says otherwise)",
+    ),
+    Field(
+        name="nics_per_node",
+        type=int,
+        default=None,
+        group=Group.FLEET_SHAPE,
+        unit="NICs",
+        lo=1,
+        hi=64,
+        help="scale-out NICs per host, each of the scale-out link's bandwidth, shared by the host's GPUs (default: "
+        "one per GPU, rail-optimized; 4 for 8 GPUs halves each GPU's share)",
+    ),
+    Field(
+        name="oversubscription",
+        type=float,
+        default=None,
+        group=Group.FLEET_SHAPE,
+        unit="downlink / uplink bandwidth",
+        lo=1,
+        hi=64,
+        help="the fabric's oversubscription at the leaf switches (default 1, non-blocking): all-to-all traffic "
+        "leaving a node shares the uplinks; rings and trees stay on their rail",
     ),
     Field(
         name="axis_order",
@@ -541,6 +564,16 @@ FIELDS: tuple[Field, ...] = (
     ),
     _switch("loss_parallel", "compute the loss on vocabulary shards over the TP group"),
     Field(
+        name="zero3_unit",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("layer", "module", "parameter"),
+        help="what one ZeRO-3 all-gather / reduce-scatter carries: a layer (FSDP units; default) or one weight "
+        "matrix (DeepSpeed ZeRO-3, which also re-gathers in the recomputed forward; parameter: through the list "
+        "collectives of DeepSpeed 0.3, a copy per rank)",
+    ),
+    Field(
         name="selective",
         type=str,
         default=None,
@@ -562,8 +595,8 @@ FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_C,
-        choices=("bf16", "fp32"),
-        help="gradient buffers (overrides the precision policy)",
+        choices=("bf16", "fp16", "fp32"),
+        help="gradient buffers, as they are reduced (overrides the precision policy)",
     ),
     Field(
         name="master_dtype",

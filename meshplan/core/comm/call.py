@@ -94,7 +94,9 @@ def make_call(
     per_micro_batch: Num = True,
     overlappable: Num = True,
     leaving_share: Num = 1.0,
+    host_s: Num = 0.0,
 ) -> CollectiveCall:
+    """One collective's record; ``host_s`` is time per call the host adds beside the wire (copies it launches)."""
     n = place.size if group is None else group
     inner_n = place.inner if inner is None else inner
     outer = n // inner_n
@@ -108,11 +110,13 @@ def make_call(
             inner=inner_n,
             outer=outer,
             inner_bytes_per_s=cluster.scale_up.effective_bytes_per_s,
-            outer_bytes_per_s=cluster.scale_out.effective_bytes_per_s,
+            outer_bytes_per_s=cluster.scale_out.effective_bytes_per_s
+            / (cluster.oversubscription if op is Collective.ALL_TO_ALL else 1.0),
             inner_latency_s=cluster.scale_up.latency_s,
             outer_latency_s=cluster.scale_out.latency_s,
             leaving_share=leaving_share,
         )
+        + host_s
     )
     return CollectiveCall(
         strategy=strategy,

@@ -8,6 +8,11 @@ GPU per direction, already scaled by the link's efficiency.
 Bus bandwidth (nccl-tests doc/PERFORMANCE.md): busbw = algbw * factor, with
 factor 2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and
 all-to-all, and 1 for send/recv; a ring reaches busbw = link bandwidth.
+
+All-reduce, all-gather and reduce-scatter are priced as NCCL's tuner prices them (src/graph/tuning.cc): a base
+latency per protocol, a hop latency per ring step (a ring visits every rank, so its latency grows with the group,
+not with its number of domains), the tree for all-reduce, and the cheapest of the LL, LL128 and Simple protocols:
+small messages ride LL's short hops at half the bandwidth, large ones Simple's full bandwidth.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from meshplan.core.num import Num, maximum, where
+from meshplan.core.num import Num, maximum, minimum, where
 
 
 class Collective(StrEnum):
@@ -67,26 +72,99 @@ def ring_time(op: Collective, *, size_bytes: Num, n: Num, bandwidth_bytes_per_s:
     return where(n > 1, t, 0.0)
 
 
-def tree_all_reduce_time(*, size_bytes: Num, n: Num, bandwidth_bytes_per_s: Num, latency_s: Num) -> Num:
-    """NCCL double binary tree all-reduce: 2 log2(n) latency steps, about 2 S / bandwidth on the wire."""
-    t = 2 * np.log2(maximum(n, 2)) * latency_s + 2 * size_bytes / bandwidth_bytes_per_s
-    return where(n > 1, t, 0.0)
+class Protocol(StrEnum):
+    """NCCL's wire protocols: the tuner prices each (latency + bytes / bandwidth) and runs the cheapest."""
+
+    LL = "ll"
+    """Low-latency: 8-byte stores with a flag in each; half the bus bandwidth, the shortest hop."""
+    LL128 = "ll128"
+    """128-byte lines with a flag per line: 0.92 of the bus bandwidth, a middle hop latency."""
+    SIMPLE = "simple"
+    """Bulk copies with a fence per chunk: the whole bus bandwidth, the longest hop (the link's ``latency_s``)."""
 
 
-def all_reduce_time(*, size_bytes: Num, n: Num, bandwidth_bytes_per_s: Num, latency_s: Num) -> Num:
-    """The faster of ring and tree, as NCCL's tuner picks per message size."""
-    ring = ring_time(
-        Collective.ALL_REDUCE,
+# NVIDIA/nccl src/graph/tuning.cc (master, 2026): baseLatencies (Ring: LL 6.6, LL128 14, Simple 8.4 us; Tree:
+# 6.8, 14, 8.4 us); hwLatencies per hop, Ring NVLink 0.6 / 1.9 / 3.4 us and NET 2.7 / 4.0 / 14 us, Tree NVLink
+# 0.6 / 1.25 / 4.0 and NET 5.0 / 8.5 / 14; ring bus bandwidth x 0.5 under LL, x 0.92 under LL128. A link's
+# ``latency_s`` is its Simple ring hop; the other protocols' hops are the same shares of it as in those tables.
+PROTOCOL_BASE_S = {Protocol.LL: 6.6e-6, Protocol.LL128: 14e-6, Protocol.SIMPLE: 8.4e-6}
+PROTOCOL_BANDWIDTH_SHARE = {Protocol.LL: 0.5, Protocol.LL128: 0.92, Protocol.SIMPLE: 1.0}
+PROTOCOL_HOP_SHARE_INNER = {Protocol.LL: 0.6 / 3.4, Protocol.LL128: 1.9 / 3.4, Protocol.SIMPLE: 1.0}
+PROTOCOL_HOP_SHARE_OUTER = {Protocol.LL: 2.7 / 14, Protocol.LL128: 4.0 / 14, Protocol.SIMPLE: 1.0}
+TREE_BASE_S = {Protocol.LL: 6.8e-6, Protocol.LL128: 14e-6, Protocol.SIMPLE: 8.4e-6}
+TREE_HOP_SHARE_INNER = {Protocol.LL: 0.6 / 3.4, Protocol.LL128: 1.25 / 3.4, Protocol.SIMPLE: 4.0 / 3.4}
+TREE_HOP_SHARE_OUTER = {Protocol.LL: 5.0 / 14, Protocol.LL128: 8.5 / 14, Protocol.SIMPLE: 1.0}
+"""The tree's hops, as shares of the link's Simple ring hop (tuning.cc, Tree columns)."""
+
+
+def ring_hops(op: Collective, *, inner: Num, outer: Num) -> tuple[Num, Num]:
+    """Hops (inside the domain, across domains) of one NCCL ring collective over inner x outer ranks.
+
+    A ring visits every rank: n - 1 steps for all-gather and reduce-scatter, 2 (n - 1) for all-reduce, of
+    which outer - 1 (twice for all-reduce) cross a domain boundary (tuning.cc: nsteps, nInterSteps).
+    """
+    twice = 2 if op is Collective.ALL_REDUCE else 1
+    across = twice * (outer - 1)
+    return twice * (inner * outer - 1) - across, across
+
+
+def wire_time(
+    op: Collective, *, size_bytes: Num, inner: Num, outer: Num, inner_bytes_per_s: Num, outer_bytes_per_s: Num
+) -> Num:
+    """Seconds on the wire of an all-reduce, all-gather or reduce-scatter over inner x outer ranks.
+
+    The phase inside the domain moves the whole buffer; the phase across domains moves its 1/inner share, each
+    GPU on its own NIC (all-reduce: reduce-scatter inside, all-reduce across, all-gather inside).
+    """
+    inside = 2 if op is Collective.ALL_REDUCE else 1
+    across_op = Collective.ALL_REDUCE if op is Collective.ALL_REDUCE else op
+    intra = where(inner > 1, inside * bus_factor(Collective.ALL_GATHER, inner) * size_bytes / inner_bytes_per_s, 0.0)
+    inter = where(outer > 1, bus_factor(across_op, outer) * size_bytes / inner / outer_bytes_per_s, 0.0)
+    return intra + inter
+
+
+def nccl_time(
+    op: Collective,
+    *,
+    size_bytes: Num,
+    inner: Num,
+    outer: Num,
+    inner_bytes_per_s: Num,
+    outer_bytes_per_s: Num,
+    inner_latency_s: Num,
+    outer_latency_s: Num,
+) -> Num:
+    """An all-reduce, all-gather or reduce-scatter as NCCL's tuner prices it: the cheapest protocol (and, for an
+    all-reduce, the cheaper of ring and tree) of base latency + hops x hop latency + wire time / bandwidth share.
+
+    Small messages take LL's short hops, large ones Simple's full bandwidth. The ring's latency grows with every
+    rank it visits (``ring_hops``); the tree's with 2 (inner - 1) hops inside and 2 log2(outer) across.
+    """
+    wire = wire_time(
+        op,
         size_bytes=size_bytes,
-        n=n,
-        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-        latency_s=latency_s,
+        inner=inner,
+        outer=outer,
+        inner_bytes_per_s=inner_bytes_per_s,
+        outer_bytes_per_s=outer_bytes_per_s,
     )
-    tree = tree_all_reduce_time(
-        size_bytes=size_bytes, n=n, bandwidth_bytes_per_s=bandwidth_bytes_per_s, latency_s=latency_s
-    )
-    out = np.minimum(ring, tree)
-    return out.item() if np.ndim(out) == 0 else out
+    hops_in, hops_out = ring_hops(op, inner=inner, outer=outer)
+    tree_in, tree_out = 2 * (inner - 1), 2 * np.log2(maximum(outer, 1))
+    best: Num = np.inf
+    for p in Protocol:
+        ring = (
+            hops_in * inner_latency_s * PROTOCOL_HOP_SHARE_INNER[p]
+            + hops_out * outer_latency_s * (PROTOCOL_HOP_SHARE_OUTER[p])
+        )
+        latency = PROTOCOL_BASE_S[p] + ring
+        if op is Collective.ALL_REDUCE:
+            tree = (
+                tree_in * inner_latency_s * TREE_HOP_SHARE_INNER[p]
+                + tree_out * outer_latency_s * (TREE_HOP_SHARE_OUTER[p])
+            )
+            latency = minimum(latency, TREE_BASE_S[p] + tree)
+        best = minimum(best, latency + wire / PROTOCOL_BANDWIDTH_SHARE[p])
+    return where(inner * outer > 1, best, 0.0)
 
 
 def hierarchical_time(
@@ -103,26 +181,16 @@ def hierarchical_time(
 ) -> Num:
     """A collective over ``inner`` ranks per scale-up domain times ``outer`` domains.
 
-    All-reduce: reduce-scatter inside the domain, all-reduce of the 1/inner
-    shard across domains (each GPU on its own NIC), all-gather inside.
-    All-gather / reduce-scatter: the cross-domain phase moves the 1/inner
-    share; all-to-all: the (outer-1)/outer share of each buffer leaves the
-    domain over the NICs while the rest stays on the scale-up link.
-    With outer = 1 it is the flat ring on the scale-up link; with inner = 1
-    the flat ring on the scale-out link. ``leaving_share`` scales an all-to-all's bytes that leave the domain
-    (node-limited MoE routing sends fewer copies across nodes).
+    All-reduce, all-gather and reduce-scatter: ``nccl_time``. All-to-all: the (outer-1)/outer share of each
+    buffer leaves the domain over the NICs while the rest stays on the scale-up link; ``leaving_share`` scales
+    the bytes that leave (node-limited MoE routing sends fewer copies across nodes). Broadcast: across the
+    domains, then inside each. Send/recv: one message over the slower link it crosses.
     """
     n = inner * outer
 
     def ring(o: Collective, s: Num, k: Num, bw: Num, lat: Num) -> Num:
         return ring_time(o, size_bytes=s, n=k, bandwidth_bytes_per_s=bw, latency_s=lat)
 
-    if op is Collective.ALL_REDUCE:
-        intra = 2 * ring(Collective.REDUCE_SCATTER, size_bytes, inner, inner_bytes_per_s, inner_latency_s)
-        inter = all_reduce_time(
-            size_bytes=size_bytes / inner, n=outer, bandwidth_bytes_per_s=outer_bytes_per_s, latency_s=outer_latency_s
-        )
-        return intra + inter
     if op is Collective.ALL_TO_ALL:
         leaving = size_bytes * (n - inner) / n * leaving_share
         staying = size_bytes * (inner - 1) / n
@@ -139,6 +207,13 @@ def hierarchical_time(
             size_bytes / outer_bytes_per_s + outer_latency_s,
             size_bytes / inner_bytes_per_s + inner_latency_s,
         )
-    intra = ring(op, size_bytes, inner, inner_bytes_per_s, inner_latency_s)
-    inter = ring(op, size_bytes / inner, outer, outer_bytes_per_s, outer_latency_s)
-    return intra + inter
+    return nccl_time(
+        op,
+        size_bytes=size_bytes,
+        inner=inner,
+        outer=outer,
+        inner_bytes_per_s=inner_bytes_per_s,
+        outer_bytes_per_s=outer_bytes_per_s,
+        inner_latency_s=inner_latency_s,
+        outer_latency_s=outer_latency_s,
+    )

@@ -1,23 +1,200 @@
 """Data parallelism and ZeRO/FSDP. ZeRO-0: gradient all-reduce over dp x cp, once per step, bucketed. ZeRO-1:
 gradient reduce-scatter and parameter all-gather over the shard group once per step. ZeRO-2: the
 reduce-scatter every micro-batch. ZeRO-3: parameter all-gathers in forward and backward and a gradient
-reduce-scatter every micro-batch (3x the parameters, ZeRO Sec. 7.2), one per layer, each paying its latency.
+reduce-scatter every micro-batch (3x the parameters, ZeRO Sec. 7.2), one per unit, each paying its latency: a
+layer for FSDP, a weight matrix for DeepSpeed (``Zero3Unit``), whose recomputed forward gathers again.
 HSDP adds an all-reduce of the shard across replicas."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from meshplan.core.comm.call import CollectiveCall, StageShape
 from meshplan.core.comm.call import make_call as _call
 from meshplan.core.comm.cost import Collective
 from meshplan.core.comm.patterns import PATTERNS
-from meshplan.core.num import gcd, maximum, minimum, where
+from meshplan.core.comm.tp import column_parallel_inputs
+from meshplan.core.num import Num, gcd, maximum, minimum, where
 from meshplan.core.placement import AxisPlacement
 from meshplan.core.pytorch import collectives as torch_calls
 from meshplan.core.pytorch.shards import gather_bytes
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.layout import ZeroStage
+from meshplan.spec.conditions import Zero3Unit
+from meshplan.spec.layout import Recompute, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DpPart:
+    """One kind of parameters the data-parallel group reduces (dense, or routed experts) and how it does."""
+
+    strategy: str
+    params: Num
+    """Parameters of the stage on this GPU (before ZeRO)."""
+    trained: Num
+    """Those that get gradients."""
+    gather_bytes: Num
+    """Bytes per parameter ZeRO-3 gathers."""
+    units: Num
+    """ZeRO-3 collectives per gather or reduce-scatter of the whole part (1 without ZeRO-3)."""
+    issued: Num
+    """1 when the stage holds any of these parameters (a dense model issues no expert collectives), else 0."""
+    shard_group: Num
+    shard_inner: Num
+    full_group: Num
+    full_inner: Num
+    copies_s: Num
+    """Host time of each ZeRO-3 collective beside the wire: two operations launched per rank of the shard group
+    under list collectives (``Zero3Unit.PARAMETER``), else 0."""
+
+
+def zero3_units_per_layer(model: ModelSpec, work: Workload) -> int:
+    """ZeRO-3 collectives per layer and pass: 1 for FSDP's layer units; under DeepSpeed one per weight matrix.
+
+    DeepSpeed ZeRO-3 fetches each sub-module's partitioned parameters when its forward (or backward) starts
+    and reduce-scatters each parameter's gradient (DeepSpeed v0.3.14 stage3.py fetch_sub_module,
+    partition_parameters.py _allgather_param and _reduce_scatter_gradient, one collective per parameter);
+    biases and norms below stage3_param_persistence_threshold (1e5 elements) stay whole. The matrices of a layer
+    are its column-parallel inputs plus the two row-parallel outputs (fused QKV and fused gate/up count once).
+    """
+    if work.conditions.zero3_unit is Zero3Unit.LAYER:
+        return 1  # PARAMETER: the same matrices, listed
+    return column_parallel_inputs(model, work.framework) + 2
+
+
+def _parts(
+    model: ModelSpec, lay: object, work: Workload, cl: Cluster, pl: dict[str, AxisPlacement], st: StageShape
+) -> list[DpPart]:
+    """The dense and the expert part, with their groups: expert gradients skip the EP ranks that own them."""
+    zero, ep = lay.zero, lay.ep  # type: ignore[attr-defined]
+    shard_p, rep_p, cp_p = pl["dp_shard"], pl["dp_replicate"], pl["cp"]
+    shard, shard_inner = shard_p.size * cp_p.size, shard_p.inner * cp_p.inner
+    full, full_inner = shard * rep_p.size, shard_inner * rep_p.inner
+    base_gather = gather_bytes(work.precision) if st.base_gather_bytes is None else st.base_gather_bytes
+    per_layer = where(zero == ZeroStage.PARAMETERS, zero3_units_per_layer(model, work), 0)
+    listed = work.conditions.zero3_unit is Zero3Unit.PARAMETER
+    launch_s = cl.gpu.calibration.kernel_overhead_s
+    out = []
+    for label, params, trained, ep_div, layers in (
+        ("dp", st.dense_params, st.trained_dense_params, 1, st.dense_layers + st.moe_layers),
+        ("dp-experts", st.expert_params, st.trained_expert_params, ep, st.moe_layers),
+    ):
+        g_shard, g_full = shard // gcd(shard, ep_div), full // gcd(full, ep_div)
+        g_inner = where(g_shard > 1, maximum(shard_inner // gcd(shard_inner, ep_div), 1), 1)
+        f_inner = maximum(full_inner // gcd(full_inner, ep_div), 1)
+        out.append(
+            DpPart(
+                strategy=label,
+                params=params,
+                trained=params if trained is None else trained,  # the adapters only, under LoRA
+                gather_bytes=base_gather,
+                units=maximum(per_layer * layers, 1),
+                issued=where(params > 0, 1, 0),
+                shard_group=g_shard,
+                shard_inner=minimum(g_inner, g_shard),
+                full_group=g_full,
+                full_inner=minimum(f_inner, g_full),
+                # two host operations per rank of the group, each a launch gap: DeepSpeed 0.3 builds each
+                # rank's view (narrow, partition_parameters.py _allgather_param / _reduce_scatter_gradient),
+                # and PyTorch's ProcessGroupNCCL copies each listed output (all_gather) or input
+                # (reduce_scatter) apart; the fetch synchronizes the device around them, so nothing hides them
+                copies_s=2 * g_shard * launch_s if listed else 0.0,
+            )
+        )
+    return out
+
+
+def _gradient_calls(
+    part: DpPart, lay: object, work: Workload, cl: Cluster, pl: dict[str, AxisPlacement], *, m: Num, native: bool
+) -> list[CollectiveCall]:
+    """Gradient reduction: ZeRO-0's all-reduce, ZeRO-1/2/3's reduce-scatter, HSDP's all-reduce over replicas."""
+    zero, ep = lay.zero, lay.ep  # type: ignore[attr-defined]
+    shard_p, rep_p = pl["dp_shard"], pl["dp_replicate"]
+    grads = part.trained * work.precision.grad_bytes
+    every_mb = zero >= ZeroStage.GRADIENTS
+    # natively, DDP's buckets carry the dense gradients, and the experts' too unless EP owns them; FSDP2's units
+    # carry ZeRO-3's reduce-scatters (torch_calls.py)
+    bucketed = native & ((ep == 1) | (part.strategy == "dp"))
+    whole_model_zero3 = where(native, zero != ZeroStage.PARAMETERS, True)
+    rs_count = where(zero == ZeroStage.OPTIMIZER, 1, where(every_mb & whole_model_zero3, m * part.units, 0))
+    return [
+        _call(
+            part.strategy,
+            Collective.ALL_REDUCE,
+            shard_p,
+            cl,
+            phase="backward",
+            size=grads,
+            per_micro_batch=False,
+            count=part.issued * where(bucketed, 0, where(zero == ZeroStage.NONE, 1, 0)),
+            group=part.full_group,
+            inner=part.full_inner,
+        ),
+        _call(
+            part.strategy,
+            Collective.REDUCE_SCATTER,
+            shard_p,
+            cl,
+            phase="backward",
+            size=grads / part.units,
+            per_micro_batch=every_mb,
+            count=part.issued * rs_count,
+            group=part.shard_group,
+            inner=part.shard_inner,
+            host_s=where(zero == ZeroStage.PARAMETERS, part.copies_s, 0.0),
+        ),
+        _call(
+            part.strategy,
+            Collective.ALL_REDUCE,
+            rep_p,
+            cl,
+            phase="backward",
+            size=grads / part.shard_group,
+            per_micro_batch=False,
+            count=part.issued * where((zero > ZeroStage.NONE) & (rep_p.size > 1), 1, 0),
+        ),
+    ]
+
+
+def _parameter_calls(
+    part: DpPart, lay: object, work: Workload, cl: Cluster, pl: dict[str, AxisPlacement], *, m: Num, native: bool
+) -> list[CollectiveCall]:
+    """Parameter gathers: ZeRO-1/2's after the step; ZeRO-3's before each unit's forward and backward (and again
+    before its recomputed forward when each matrix is fetched on its own)."""
+    zero = lay.zero  # type: ignore[attr-defined]
+    zero3 = (zero == ZeroStage.PARAMETERS) & where(native, False, True)
+    by_matrix = work.conditions.zero3_unit is not Zero3Unit.LAYER
+    regather = (lay.recompute == Recompute.FULL) & by_matrix  # type: ignore[attr-defined]
+    sharded = dict(group=part.shard_group, inner=part.shard_inner)
+    shard_p = pl["dp_shard"]
+    return [
+        _call(
+            part.strategy,
+            Collective.ALL_GATHER,
+            shard_p,
+            cl,
+            phase="step",
+            size=part.trained * gather_bytes(work.precision),  # the updated parameters: only what trains
+            per_micro_batch=False,
+            count=part.issued * where((zero == ZeroStage.OPTIMIZER) | (zero == ZeroStage.GRADIENTS), 1, 0),
+            **sharded,
+        ),
+        *(
+            _call(
+                part.strategy,
+                Collective.ALL_GATHER,
+                shard_p,
+                cl,
+                phase=phase,
+                size=part.params * part.gather_bytes / part.units,
+                count=part.issued * where(zero3, m * part.units * passes, 0),
+                host_s=part.copies_s,
+                **sharded,
+            )
+            for phase, passes in (("forward", 1), ("backward", where(regather, 2, 1)))
+        ),
+    ]
 
 
 def dp_calls(
@@ -28,101 +205,15 @@ def dp_calls(
     PyTorch-native training replaces the whole-model volumes of ZeRO-0 (DDP's buckets) and ZeRO-3 (FSDP2's
     units) with torch_calls.py's exact ones.
     """
-    zero, ep = lay.zero, lay.ep  # type: ignore[attr-defined]
-    prec = work.precision
-    gathered = gather_bytes(prec)  # parameters are gathered in the compute dtype
     native = PATTERNS[work.framework].torch_native
-    whole_model_zero3 = where(native, zero != ZeroStage.PARAMETERS, True)
-    shard_p, rep_p, cp_p = pl["dp_shard"], pl["dp_replicate"], pl["cp"]
-    shard = shard_p.size * cp_p.size
-    shard_inner = shard_p.inner * cp_p.inner
-    full = shard * rep_p.size
-    full_inner = shard_inner * rep_p.inner
-    m = st.micro_batches
     calls: list[CollectiveCall] = []
-    trained = (
-        st.dense_params if st.trained_dense_params is None else st.trained_dense_params,
-        st.expert_params if st.trained_expert_params is None else st.trained_expert_params,
-    )
-    base_gather = gathered if st.base_gather_bytes is None else st.base_gather_bytes
-    zero3 = zero == ZeroStage.PARAMETERS
-    for label, params, train, ep_div, layers in (
-        ("dense", st.dense_params, trained[0], 1, st.dense_layers + st.moe_layers),
-        ("experts", st.expert_params, trained[1], ep, st.moe_layers),
-    ):
-        # ZeRO-3 gathers and reduce-scatters one layer at a time (FSDP's per-layer units, DeepSpeed's per-module
-        # fetches): the same bytes as one whole-stage collective, and one latency per layer
-        units = where(zero3, maximum(layers, 1), 1)
-        grads = train * prec.grad_bytes  # only what trains is reduced (the adapters under LoRA)
-        g_shard = shard // gcd(shard, ep_div)
-        g_full = full // gcd(full, ep_div)
-        g_inner = where(g_shard > 1, maximum(shard_inner // gcd(shard_inner, ep_div), 1), 1)
-        f_inner = maximum(full_inner // gcd(full_inner, ep_div), 1)
-        strat = "dp" if label == "dense" else "dp-experts"
-        every_mb = zero >= ZeroStage.GRADIENTS
-        sharded = dict(group=g_shard, inner=minimum(g_inner, g_shard))
-        # natively, DDP's buckets carry the dense gradients, and the experts' too unless EP owns them
-        bucketed = where(native, (ep == 1) | (label == "dense"), False)
-        calls += [
-            _call(
-                strat,
-                Collective.ALL_REDUCE,
-                shard_p,
-                cl,
-                phase="backward",
-                size=grads,
-                per_micro_batch=False,
-                count=where(bucketed, 0, where(zero == ZeroStage.NONE, 1, 0)),
-                group=g_full,
-                inner=minimum(f_inner, g_full),
-            ),
-            _call(
-                strat,
-                Collective.REDUCE_SCATTER,
-                shard_p,
-                cl,
-                phase="backward",
-                size=grads / units,
-                per_micro_batch=every_mb,
-                count=where(zero == ZeroStage.OPTIMIZER, 1, where(every_mb & whole_model_zero3, m * units, 0)),
-                **sharded,
-            ),
-            _call(
-                strat,
-                Collective.ALL_GATHER,
-                shard_p,
-                cl,
-                phase="step",
-                size=train * gathered,  # the updated parameters: only what trains
-                per_micro_batch=False,
-                count=where((zero == ZeroStage.OPTIMIZER) | (zero == ZeroStage.GRADIENTS), 1, 0),
-                **sharded,
-            ),
-            *(
-                _call(  # ZeRO-3 gathers every layer before its forward and again before its backward
-                    strat,
-                    Collective.ALL_GATHER,
-                    shard_p,
-                    cl,
-                    phase=phase,
-                    size=params * base_gather / units,
-                    count=where(zero3 & whole_model_zero3, m * units, 0),
-                    **sharded,
-                )
-                for phase in ("forward", "backward")
-            ),
-            _call(
-                strat,
-                Collective.ALL_REDUCE,
-                rep_p,
-                cl,
-                phase="backward",
-                size=grads / g_shard,
-                per_micro_batch=False,
-                count=where((zero > ZeroStage.NONE) & (rep_p.size > 1), 1, 0),
-            ),
-        ]
+    for part in _parts(model, lay, work, cl, pl, st):
+        calls += _gradient_calls(part, lay, work, cl, pl, m=st.micro_batches, native=native)
+        calls += _parameter_calls(part, lay, work, cl, pl, m=st.micro_batches, native=native)
     if native:
+        shard_p, rep_p, cp_p = pl["dp_shard"], pl["dp_replicate"], pl["cp"]
+        shard, shard_inner = shard_p.size * cp_p.size, shard_p.inner * cp_p.inner
+        full, full_inner = shard * rep_p.size, shard_inner * rep_p.inner
         inner = minimum(shard_inner, shard)
         calls += torch_calls.fsdp_calls(model, lay, work, cl, shard_p, st, group=shard, inner=inner)
         calls += torch_calls.ddp_calls(model, lay, work, cl, shard_p, st, group=full, inner=minimum(full_inner, full))

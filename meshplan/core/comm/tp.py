@@ -4,11 +4,13 @@ full recompute repeats the forward ones."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from meshplan.core.comm.call import CollectiveCall, StageShape
 from meshplan.core.comm.call import make_call as _call
 from meshplan.core.comm.cost import Collective
 from meshplan.core.comm.patterns import PATTERNS
-from meshplan.core.num import where
+from meshplan.core.num import Num, where
 from meshplan.core.placement import AxisPlacement
 from meshplan.core.pytorch import collectives as torch_calls
 from meshplan.spec.cluster import Cluster
@@ -23,6 +25,48 @@ def column_parallel_inputs(model: ModelSpec, framework: Framework) -> int:
         return 2
     attention = 2 if model.mla is not None else 3  # MLA: wq (or wq_b) and wkv_b
     return attention + (2 if model.mlp is MlpKind.GATED else 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TpCounts:
+    """What every TP collective of one step shares: its buffer and how many of each kind a GPU issues."""
+
+    size: Num
+    """b s h activations of one micro-batch, in the activation dtype (the SP-gathered buffer)."""
+    per_step: Num
+    """Layers x micro-batches."""
+    forward: Num
+    """Forward collectives of one kind: 2 per layer, 4 with full recompute, x micro-batches."""
+    inputs: int
+    """Column-parallel inputs per layer whose gradients backward reduces."""
+    regather: int
+    """Backward re-gathers of SP-sharded inputs per layer (for the weight gradients)."""
+
+
+def _no_sp_calls(k: TpCounts, p: AxisPlacement, cl: Cluster, work: Workload, off: Num) -> list[CollectiveCall]:
+    """Without SP: the row-parallel outputs' all-reduces forward, the column-parallel inputs' backward."""
+    return [
+        _call("tp", Collective.ALL_REDUCE, p, cl, phase="forward", size=k.size, count=off * k.forward,
+              overlappable=work.overlap.tp),
+        _call("tp", Collective.ALL_REDUCE, p, cl, phase="backward", size=k.size, count=off * k.inputs * k.per_step,
+              overlappable=work.overlap.tp_backward),
+    ]  # fmt: skip
+
+
+def _sp_calls(k: TpCounts, p: AxisPlacement, cl: Cluster, work: Workload, on: Num) -> list[CollectiveCall]:
+    """With SP: all-gathers before and reduce-scatters after each matmul pair, forward and backward."""
+    blocking, behind_wgrad = work.overlap.tp, work.overlap.tp_backward
+
+    def call(op: Collective, phase: str, count: Num, overlappable: bool) -> CollectiveCall:
+        return _call("sp", op, p, cl, phase=phase, size=k.size, count=on * count, overlappable=overlappable)
+
+    return [
+        call(Collective.ALL_GATHER, "forward", k.forward, blocking),
+        call(Collective.REDUCE_SCATTER, "forward", k.forward, blocking),
+        call(Collective.ALL_GATHER, "backward", 2 * k.per_step, False),  # the row-parallel output gradient
+        call(Collective.ALL_GATHER, "backward", k.regather * k.per_step, behind_wgrad),
+        call(Collective.REDUCE_SCATTER, "backward", 2 * k.per_step, behind_wgrad),
+    ]
 
 
 def tp_calls(
@@ -41,60 +85,16 @@ def tp_calls(
     """
     sp, recompute = lay.sp, lay.recompute  # type: ignore[attr-defined]
     pattern = PATTERNS[work.framework]
-    size = st.tokens * model.hidden * work.precision.activation_bytes
     per_step = (st.dense_layers + st.moe_layers) * st.micro_batches
-    fwd = (2 + where(recompute == Recompute.FULL, 2, 0)) * per_step
-    no_sp, with_sp = where(sp, 0, 1), where(sp, 1, 0)
-    inputs = column_parallel_inputs(model, work.framework)
-    regather = 2 if pattern.sp_regathers_inputs else 0
+    counts = TpCounts(
+        size=st.tokens * model.hidden * work.precision.activation_bytes,
+        per_step=per_step,
+        forward=(2 + where(recompute == Recompute.FULL, 2, 0)) * per_step,
+        inputs=column_parallel_inputs(model, work.framework),
+        regather=2 if pattern.sp_regathers_inputs else 0,
+    )
     p = pl["tp"]
-    blocking = dict(overlappable=work.overlap.tp)
-    behind_wgrad = dict(overlappable=work.overlap.tp_backward)
-    calls = [
-        _call("tp", Collective.ALL_REDUCE, p, cl, phase="forward", size=size, count=no_sp * fwd, **blocking),
-        _call(
-            "tp",
-            Collective.ALL_REDUCE,
-            p,
-            cl,
-            phase="backward",
-            size=size,
-            count=no_sp * inputs * per_step,
-            **behind_wgrad,
-        ),
-        _call("sp", Collective.ALL_GATHER, p, cl, phase="forward", size=size, count=with_sp * fwd, **blocking),
-        _call("sp", Collective.REDUCE_SCATTER, p, cl, phase="forward", size=size, count=with_sp * fwd, **blocking),
-        _call(
-            "sp",
-            Collective.ALL_GATHER,
-            p,
-            cl,
-            phase="backward",
-            size=size,
-            count=with_sp * 2 * per_step,
-            overlappable=False,
-        ),
-        _call(
-            "sp",
-            Collective.ALL_GATHER,
-            p,
-            cl,
-            phase="backward",
-            size=size,
-            count=with_sp * regather * per_step,
-            **behind_wgrad,
-        ),
-        _call(
-            "sp",
-            Collective.REDUCE_SCATTER,
-            p,
-            cl,
-            phase="backward",
-            size=size,
-            count=with_sp * 2 * per_step,
-            **behind_wgrad,
-        ),
-    ]
+    calls = _no_sp_calls(counts, p, cl, work, where(sp, 0, 1)) + _sp_calls(counts, p, cl, work, where(sp, 1, 0))
     if pattern.torch_native:
         calls += torch_calls.tp_edge_calls(model, lay, work, cl, pl, st)
         calls += torch_calls.partial_norm_calls(model, lay, work, cl, pl, st)
