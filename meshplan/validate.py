@@ -22,6 +22,7 @@ from meshplan import calibration, io
 from meshplan.core.flops import megatron_flops, narayanan_flops
 from meshplan.core.placement import DEFAULT_ORDER, parse_order
 from meshplan.core.plan import Plan, evaluate
+from meshplan.reports.conditions import conditions_of
 from meshplan.reports.inputs import LayoutRequest, resolve_cluster, resolve_layout, resolve_workload
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import MlpKind, ModelSpec
@@ -86,6 +87,7 @@ def _evaluate(case: dict[str, Any], layout: dict[str, Any], profile: Profile = I
         attention=case["attention"],
         kernels=case.get("kernels", "fused"),
         overlap=case.get("overlap", {}),
+        conditions=conditions_of(case.get("conditions", {})),
     )
     order = parse_order(case["order"]) if "order" in case else DEFAULT_ORDER
     return evaluate(model, cluster, lay, work, order=order)

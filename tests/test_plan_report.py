@@ -141,8 +141,9 @@ def test_published_recipes_are_valid_and_ranked(name: str) -> None:
     if r["layout"]["schedule"] == "dualpipe":
         # the search does not enumerate DualPipe: with node-limited routing the published layout beats all it finds
         assert s["rank_of_published"] == 1
-    else:
-        # the planner finds something at least as fast as the published layout
+    elif r["fits"]:
+        # the planner finds something at least as fast as a published layout it could have chosen (one the model
+        # says does not fit, as Llama 3's by 8 GB, or one with all-gathered CP, can beat every layout it searches)
         assert s["best_step_time_s"] <= s["published_step_time_s"] * (1 + 1e-9)
     if name.startswith("llama3"):
         # near the top: within 3% of the best the planner finds

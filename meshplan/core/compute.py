@@ -4,37 +4,41 @@ A matmul takes max(FLOPs / (peak * e), bytes / (HBM * e_hbm)) where
 e = e_max * prod over M, N, K of d / (d + d_half): large GEMMs reach the GPU
 kind's measured maximum achievable matmul throughput, thin ones (attention's
 per-head products, small experts) fall off, and skinny ones become memory
-bound. Norms, activations, residual adds, dropout, rotary, softmax and the
-MoE permutation move bytes at HBM speed. Every kernel also pays a launch gap.
+bound. Fused attention runs at the share of peak its kernel (FlashAttention-2,
+cuDNN, FlashAttention-3) was published to reach at that sequence length, head
+dim and mask on that GPU generation (core/attention_kernels.py). Norms,
+activations, residual adds, dropout, rotary, softmax, FP8 casts and the MoE
+permutation move bytes at HBM speed. Every kernel also pays a launch gap.
 The constants are per GPU kind (catalog calibration), never per run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from meshplan.core.attention_kernels import BACKWARD_FLOPS_RATIO, attention_shares
 from meshplan.core.finetune import adapted_matrices, nf4_bytes_per_param
 from meshplan.core.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms
-from meshplan.core.num import Num, maximum, where
-from meshplan.spec.cluster import GpuCalibration
+from meshplan.core.num import Num, maximum, minimum, where
+from meshplan.spec.cluster import AttentionKernel, GpuCalibration
 from meshplan.spec.finetune import Finetune, FinetuneMode
 from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.workload import Attention, Kernels
 
-BACKWARD_FLASH_RATIO = 2.5
-"""Backward FLOPs of fused attention over forward: 5 matmuls against 2 (Dao 2023, FlashAttention-2 Sec. 3)."""
-BACKWARD_FLASH_EFFICIENCY = 0.8
-"""Backward fused attention reaches this share of the forward kernel's efficiency (FlashAttention-2 Fig. 6-7)."""
 EAGER_SCORE_BYTES_FWD = 13.0
 """Bytes moved per attention-score element in an unfused forward: QK^T output, scale-mask-softmax read and
 write, dropout read, write and mask, AV input (2 + 4 + 5 + 2)."""
 EAGER_SCORE_BYTES_BWD = 17.0
 """Bytes per score element in the unfused backward: dropout backward (grad, mask, out: 5), softmax backward
 (probs, grad, out: 6), the score gradient written and read by the two products, probs read for dV (6)."""
-KERNELS_PER_LAYER = 20
-"""Kernels one layer's forward launches, counted item by item for a fused (Transformer Engine) layer, not
-measured: 2 norms, 4 GEMMs (QKV, output, gate/up, down), 2 rotary, 1 attention, 2 bias-dropout-add, 1 gated
-activation, 2-4 TP collectives, and the casts and amax updates around them; eager PyTorch launches more."""
+KERNELS_PER_LAYER = {Kernels.FUSED: 20, Kernels.EAGER: 38}
+"""Kernels one layer's forward launches, counted item by item, not measured. Fused (Transformer Engine,
+torch.compile): 2 norms, 4 GEMMs (QKV, output, gate/up, down), 2 rotary, 1 attention, 2 bias-dropout-add, 1
+gated activation, 2-4 TP collectives, and the casts and amax updates around them. Eager PyTorch (torchtitan's
+Llama without torch.compile): 2 RMSNorms of 8 ops each (upcast, pow, mean, add, rsqrt, mul, downcast, weight),
+7 GEMMs (q, k, v, output, w1, w3, w2), rotary on q and k (3 each: upcast to complex, multiply, downcast),
+3 layout copies around SDPA, SDPA and its output copy (2), 2 residual adds, SiLU and the gate product (2)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +111,86 @@ def _memory_bytes_per_token(
     return act_bytes * (hidden_passes * model.hidden * rep + act_passes * ffn / tp + rotary + permute)
 
 
+def attention_kernel(attention: Attention, kernels: Kernels, cal: GpuCalibration) -> AttentionKernel:
+    """The fused kernel a run uses: the one named, or the stack's: eager PyTorch's SDPA flash backend
+    (FlashAttention-2), or the GPU kind's fused kernel (Transformer Engine: cuDNN on Hopper, FA2 on Ampere)."""
+    if attention is not Attention.FLASH:
+        return AttentionKernel(attention.value)
+    return AttentionKernel.FA2 if kernels is Kernels.EAGER else AttentionKernel(cal.fused_attention_kernel)
+
+
+def _flash_time(
+    model: ModelSpec,
+    *,
+    tokens: Num,
+    seq_len: Num,
+    kernel_keys: Num,
+    tp: Num,
+    kernel: AttentionKernel,
+    peak: float,
+    cal: GpuCalibration,
+) -> tuple[Num, Num]:
+    """(forward, backward) of the fused attention core at the published share of peak of its kernel.
+
+    The tables' square blocks are looked up at ``kernel_keys``, the keys one kernel call walks per query tile
+    (its inner loop): the sequence, or under ring CP the local block of s / cp (one block per ring step).
+    """
+    flops = attention_core_flops(model, tokens=tokens, seq_len=seq_len, tp=tp, causal_skip=True)
+    fwd_share, bwd_share = attention_shares(
+        seq_len=kernel_keys,
+        head_dim=model.score_value_width / 2,
+        causal=True,
+        kernel=kernel,
+        generation=cal.attention_generation,
+    )
+    fwd = flops / (peak * minimum(fwd_share * cal.attention_scale, 1.0))
+    return fwd, BACKWARD_FLOPS_RATIO * flops / (peak * minimum(bwd_share * cal.attention_scale, 1.0))
+
+
+def _eager_attention_time(
+    model: ModelSpec, *, tokens: Num, seq_len: Num, tp: Num, hbm: Num, gemm_s: Callable[[Gemm], Num]
+) -> tuple[Num, Num]:
+    """(forward, backward) of unfused attention: two batched products per head and the score traffic."""
+    heads = model.num_heads / tp
+    d = model.mla.qk_head_dim if model.mla else model.head_dim
+    scores = Gemm(name="scores", m=tokens, n=seq_len, k=d, count=heads)
+    values = Gemm(name="values", m=tokens, n=d, k=seq_len, count=heads)
+    products = gemm_s(scores) + gemm_s(values)
+    traffic = EAGER_SCORE_BYTES_FWD * heads * tokens * seq_len / hbm
+    return products + traffic, 2 * products + traffic * EAGER_SCORE_BYTES_BWD / EAGER_SCORE_BYTES_FWD
+
+
+def _fp8_cast_time(gemms: list[Gemm], *, fused: bool, hbm: Num) -> tuple[Num, Num]:
+    """(forward, backward) HBM time of the casts and transposes around FP8 linear layers."""
+    inputs = sum(g.m * g.k * g.count for g in gemms)
+    outputs = sum(g.m * g.n * g.count for g in gemms)
+    fwd = inputs * FP8_CAST_BYTES_FWD[fused] / hbm
+    return fwd, (outputs * FP8_CAST_BYTES_BWD_GRAD[fused] + inputs * FP8_TRANSPOSE_BYTES_INPUT) / hbm
+
+
+def _adapter_time(
+    model: ModelSpec,
+    finetune: Finetune,
+    gemms: list[Gemm],
+    *,
+    tokens: Num,
+    tp: Num,
+    moe_layer: bool,
+    act_bytes: float,
+    hbm: Num,
+) -> tuple[Num, Num]:
+    """(adapter forward, QLoRA dequantization per use) of an adapted layer, both memory bound.
+
+    Per adapted matrix and token: read x, write and read A x, write B A x and add it to the output. QLoRA
+    dequantizes each NF4 matrix to bf16 before every use: 4.127 bits read, 16 written and read again.
+    """
+    adapter = tokens * act_bytes * _adapter_bytes_per_token(model, finetune, tp=tp, moe_layer=moe_layer) / hbm
+    if finetune.mode is not FinetuneMode.QLORA:
+        return adapter, 0.0
+    weights = sum(g.n * g.k * g.count for g in gemms)
+    return adapter, weights * (nf4_bytes_per_param(double_quant=finetune.double_quant) + 4.0) / hbm
+
+
 def layer_time(
     model: ModelSpec,
     *,
@@ -126,18 +210,17 @@ def layer_time(
     frozen: bool = False,
     fp8: bool = False,
     bf16_peak_flops: float | None = None,
+    kernel_keys: Num | None = None,
 ) -> LayerTime:
     """Forward and backward compute time of one layer for ``tokens`` local tokens on one GPU.
 
     A frozen base (LoRA, QLoRA, or a frozen layer) skips its weight-gradient matmuls: backward runs the
-    input-gradient ones only. Adapters add skinny matmuls, memory bound: per adapted matrix and token, read
-    x, write and read A x, write B A x and add it to the output. QLoRA dequantizes each NF4 matrix to bf16
-    before every use (forward and backward): 4.127 bits read, 16 written and read again per weight.
-    With ``fp8`` (Transformer Engine recipes), the linear layers run at the FP8 peak times the GPU kind's FP8
-    share and pay the casts and transposes around them; attention runs at the bf16 peak.
+    input-gradient ones only; adapters add skinny, memory-bound matmuls. ``kernel_keys``: the keys a fused
+    attention call walks (default ``seq_len``). With ``fp8`` (Transformer Engine
+    recipes), the linear layers run at the FP8 peak times the GPU kind's FP8 share and pay the casts and
+    transposes around them; attention runs at the bf16 peak.
     """
     hbm = hbm_bytes_per_s * cal.hbm_efficiency
-    # FP8 runs the linear layers' GEMMs at FP8 (``peak_flops``); attention and its score products stay bf16
     bf16_peak = bf16_peak_flops if fp8 and bf16_peak_flops is not None else peak_flops
 
     def gemm_s_of(g: Gemm, linear: bool = False) -> Num:
@@ -150,43 +233,27 @@ def layer_time(
         model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer
     )
     gemm_s = sum(gemm_s_of(g, linear=True) for g in gemms)
-    cast_fwd: Num = 0.0
-    cast_bwd: Num = 0.0
-    if fp8:
-        fused = kernels is Kernels.FUSED
-        inputs = sum(g.m * g.k * g.count for g in gemms)
-        outputs = sum(g.m * g.n * g.count for g in gemms)
-        cast_fwd = inputs * FP8_CAST_BYTES_FWD[fused] / hbm
-        cast_bwd = (outputs * FP8_CAST_BYTES_BWD_GRAD[fused] + inputs * FP8_TRANSPOSE_BYTES_INPUT) / hbm
-    memory_s = (
-        tokens
-        * _memory_bytes_per_token(model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=act_bytes, kernels=kernels)
-        / hbm
-    )
-    if attention is Attention.FLASH:
-        flops = attention_core_flops(model, tokens=tokens, seq_len=seq_len, tp=tp, causal_skip=True)
-        attn_fwd = flops / (bf16_peak * cal.attention_efficiency)
-        attn_bwd = BACKWARD_FLASH_RATIO * attn_fwd / BACKWARD_FLASH_EFFICIENCY
+    cast_fwd, cast_bwd = _fp8_cast_time(gemms, fused=kernels is Kernels.FUSED, hbm=hbm) if fp8 else (0.0, 0.0)
+    per_token = _memory_bytes_per_token(model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=act_bytes, kernels=kernels)
+    memory_s = tokens * per_token / hbm
+    if attention.fused:
+        kernel = attention_kernel(attention, kernels, cal)
+        common = dict(tokens=tokens, seq_len=seq_len, tp=tp)
+        keys = seq_len if kernel_keys is None else kernel_keys
+        attn_fwd, attn_bwd = _flash_time(model, kernel_keys=keys, kernel=kernel, peak=bf16_peak, cal=cal, **common)
     else:
-        heads = model.num_heads / tp
-        d = model.mla.qk_head_dim if model.mla else model.head_dim
-        scores = Gemm(name="scores", m=tokens, n=seq_len, k=d, count=heads)
-        values = Gemm(name="values", m=tokens, n=d, k=seq_len, count=heads)
-        products = gemm_s_of(scores) + gemm_s_of(values)
-        traffic = EAGER_SCORE_BYTES_FWD * heads * tokens * seq_len / hbm
-        attn_fwd = products + traffic
-        attn_bwd = 2 * products + traffic * EAGER_SCORE_BYTES_BWD / EAGER_SCORE_BYTES_FWD
-    launch = KERNELS_PER_LAYER * cal.kernel_overhead_s
+        attn_fwd, attn_bwd = _eager_attention_time(
+            model, tokens=tokens, seq_len=seq_len, tp=tp, hbm=hbm, gemm_s=gemm_s_of
+        )
+    launch = KERNELS_PER_LAYER[kernels] * cal.kernel_overhead_s
     adapted = finetune is not None and finetune.adapted
-    frozen_base = frozen or adapted
-    adapter_fwd = 0.0
+    adapter_fwd: Num = 0.0
     if adapted and finetune is not None:
-        adapter_fwd = tokens * act_bytes * _adapter_bytes_per_token(model, finetune, tp=tp, moe_layer=moe_layer) / hbm
-        if finetune.mode is FinetuneMode.QLORA:
-            weights = sum(g.n * g.k * g.count for g in gemms)
-            dequant = weights * (nf4_bytes_per_param(double_quant=finetune.double_quant) + 4.0) / hbm
-            gemm_s = gemm_s + dequant  # before the forward matmul; the backward matmul below pays it again
-    weight_grad = 2 * adapter_fwd if frozen_base else gemm_s
+        adapter_fwd, dequant = _adapter_time(
+            model, finetune, gemms, tokens=tokens, tp=tp, moe_layer=moe_layer, act_bytes=act_bytes, hbm=hbm
+        )
+        gemm_s = gemm_s + dequant  # before the forward matmul; the backward matmul below pays it again
+    weight_grad = 2 * adapter_fwd if (frozen or adapted) else gemm_s
     backward = gemm_s + weight_grad + 2 * adapter_fwd + attn_bwd + 2 * memory_s + 2 * launch + cast_bwd
     return LayerTime(
         gemm_s=gemm_s,
