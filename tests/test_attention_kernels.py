@@ -7,7 +7,7 @@ import pytest
 
 from meshplan import io
 from meshplan.core.attention_kernels import SEQ_POINTS, TABLES, attention_shares
-from meshplan.core.compute import layer_time
+from meshplan.core.compute import ComputeSetup, layer_time
 from meshplan.core.step_time import layer_kinds, selective_redo_s, stage_times
 from meshplan.spec.cluster import AttentionKernel
 from meshplan.spec.conditions import Conditions, Selective
@@ -86,21 +86,17 @@ def test_every_catalog_gpu_has_tables_for_its_kernels(gpu: str) -> None:
 
 def _layer(attention: Attention, kernels: Kernels, gpu: str = "h100-sxm", seq: int = 8192):  # type: ignore[no-untyped-def]
     g = io.load_gpu(gpu)
-    return layer_time(
-        io.load_model("llama-3.1-8b"),
-        tokens=seq,
-        seq_len=seq,
-        tp=1,
-        sp=False,
-        ep=1,
-        moe_layer=False,
-        attention=attention,
+    setup = ComputeSetup(
         peak_flops=g.peak(DType.BF16),
+        bf16_peak_flops=g.peak(DType.BF16),
         hbm_bytes_per_s=g.hbm_bandwidth_bytes_per_s,
         cal=g.calibration,
         act_bytes=2.0,
         kernels=kernels,
+        attention=attention,
     )
+    model = io.load_model("llama-3.1-8b")
+    return layer_time(model, setup=setup, tokens=seq, seq_len=seq, tp=1, sp=False, ep=1, moe_layer=False)
 
 
 def test_flash_is_the_stacks_kernel() -> None:

@@ -160,6 +160,25 @@ def _eager_attention_time(
     return products + traffic, 2 * products + traffic * EAGER_SCORE_BYTES_BWD / EAGER_SCORE_BYTES_FWD
 
 
+def _attention_time(
+    model: ModelSpec, setup: ComputeSetup, *, tokens: Num, seq_len: Num, kernel_keys: Num, tp: Num
+) -> tuple[Num, Num]:
+    """(forward, backward) of the attention core, fused or not."""
+    if not setup.attention.fused:
+        return _eager_attention_time(model, tokens=tokens, seq_len=seq_len, tp=tp, hbm=setup.hbm, gemm_s=setup.gemm_s)
+    kernel = attention_kernel(setup.attention, setup.kernels, setup.cal)
+    return _flash_time(
+        model,
+        tokens=tokens,
+        seq_len=seq_len,
+        kernel_keys=kernel_keys,
+        tp=tp,
+        kernel=kernel,
+        peak=setup.bf16_peak_flops if setup.fp8 else setup.peak_flops,
+        cal=setup.cal,
+    )
+
+
 def _fp8_cast_time(gemms: list[Gemm], *, fused: bool, hbm: Num) -> tuple[Num, Num]:
     """(forward, backward) HBM time of the casts and transposes around FP8 linear layers."""
     inputs = sum(g.m * g.k * g.count for g in gemms)
@@ -191,66 +210,75 @@ def _adapter_time(
     return adapter, weights * (nf4_bytes_per_param(double_quant=finetune.double_quant) + 4.0) / hbm
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeSetup:
+    """The GPU a layer runs on and how the stack runs it: what every layer of a layout shares."""
+
+    peak_flops: float
+    """Dense peak of the compute dtype (FP8's for FP8 recipes)."""
+    bf16_peak_flops: float
+    """Dense bf16 peak: under FP8, attention and its products run at it."""
+    hbm_bytes_per_s: float
+    cal: GpuCalibration
+    act_bytes: float
+    kernels: Kernels = Kernels.FUSED
+    attention: Attention = Attention.FLASH
+    fp8: bool = False
+
+    def gemm_s(self, g: Gemm, *, linear: bool = False) -> Num:
+        """A GEMM's time: the linear layers' at the compute dtype's peak, the others at bf16's."""
+        fp8 = self.fp8 and linear
+        peak = self.peak_flops if linear or not self.fp8 else self.bf16_peak_flops
+        return gemm_time(
+            g, peak_flops=peak, hbm_bytes_per_s=self.hbm_bytes_per_s, cal=self.cal, act_bytes=self.act_bytes, fp8=fp8
+        )
+
+    @property
+    def hbm(self) -> float:
+        """The bandwidth memory-bound kernels reach."""
+        return self.hbm_bytes_per_s * self.cal.hbm_efficiency
+
+
 def layer_time(
     model: ModelSpec,
     *,
+    setup: ComputeSetup,
     tokens: Num,
     seq_len: Num,
     tp: Num,
     sp: Num,
     ep: Num,
     moe_layer: bool,
-    attention: Attention,
-    peak_flops: float,
-    hbm_bytes_per_s: float,
-    cal: GpuCalibration,
-    act_bytes: float,
-    kernels: Kernels = Kernels.FUSED,
     finetune: Finetune | None = None,
     frozen: bool = False,
-    fp8: bool = False,
-    bf16_peak_flops: float | None = None,
     kernel_keys: Num | None = None,
 ) -> LayerTime:
     """Forward and backward compute time of one layer for ``tokens`` local tokens on one GPU.
 
-    A frozen base (LoRA, QLoRA, or a frozen layer) skips its weight-gradient matmuls: backward runs the
-    input-gradient ones only; adapters add skinny, memory-bound matmuls. ``kernel_keys``: the keys a fused
-    attention call walks (default ``seq_len``). With ``fp8`` (Transformer Engine
-    recipes), the linear layers run at the FP8 peak times the GPU kind's FP8 share and pay the casts and
-    transposes around them; attention runs at the bf16 peak.
+    A frozen base (LoRA, QLoRA, or a frozen layer) skips its weight-gradient matmuls; adapters add skinny,
+    memory-bound ones. With ``setup.fp8`` (Transformer Engine recipes) the linear layers run at the FP8 peak
+    times the kind's FP8 share and pay the casts around them. ``kernel_keys``: the keys a fused attention call
+    walks (default ``seq_len``).
     """
-    hbm = hbm_bytes_per_s * cal.hbm_efficiency
-    bf16_peak = bf16_peak_flops if fp8 and bf16_peak_flops is not None else peak_flops
-
-    def gemm_s_of(g: Gemm, linear: bool = False) -> Num:
-        peak = peak_flops if linear else bf16_peak
-        return gemm_time(
-            g, peak_flops=peak, hbm_bytes_per_s=hbm_bytes_per_s, cal=cal, act_bytes=act_bytes, fp8=fp8 and linear
-        )
-
+    cal, hbm, kernels = setup.cal, setup.hbm, setup.kernels
     gemms = attention_gemms(model, tokens=tokens, tp=tp) + mlp_gemms(
         model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer
     )
-    gemm_s = sum(gemm_s_of(g, linear=True) for g in gemms)
-    cast_fwd, cast_bwd = _fp8_cast_time(gemms, fused=kernels is Kernels.FUSED, hbm=hbm) if fp8 else (0.0, 0.0)
-    per_token = _memory_bytes_per_token(model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=act_bytes, kernels=kernels)
-    memory_s = tokens * per_token / hbm
-    if attention.fused:
-        kernel = attention_kernel(attention, kernels, cal)
-        common = dict(tokens=tokens, seq_len=seq_len, tp=tp)
-        keys = seq_len if kernel_keys is None else kernel_keys
-        attn_fwd, attn_bwd = _flash_time(model, kernel_keys=keys, kernel=kernel, peak=bf16_peak, cal=cal, **common)
-    else:
-        attn_fwd, attn_bwd = _eager_attention_time(
-            model, tokens=tokens, seq_len=seq_len, tp=tp, hbm=hbm, gemm_s=gemm_s_of
-        )
+    gemm_s = sum(setup.gemm_s(g, linear=True) for g in gemms)
+    fused = kernels is Kernels.FUSED
+    cast_fwd, cast_bwd = _fp8_cast_time(gemms, fused=fused, hbm=hbm) if setup.fp8 else (0.0, 0.0)
+    bytes_per_token = _memory_bytes_per_token(
+        model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=setup.act_bytes, kernels=kernels
+    )
+    memory_s = tokens * bytes_per_token / hbm
+    keys = seq_len if kernel_keys is None else kernel_keys
+    attn_fwd, attn_bwd = _attention_time(model, setup, tokens=tokens, seq_len=seq_len, kernel_keys=keys, tp=tp)
     launch = KERNELS_PER_LAYER[kernels] * cal.kernel_overhead_s
     adapted = finetune is not None and finetune.adapted
     adapter_fwd: Num = 0.0
     if adapted and finetune is not None:
         adapter_fwd, dequant = _adapter_time(
-            model, finetune, gemms, tokens=tokens, tp=tp, moe_layer=moe_layer, act_bytes=act_bytes, hbm=hbm
+            model, finetune, gemms, tokens=tokens, tp=tp, moe_layer=moe_layer, act_bytes=setup.act_bytes, hbm=hbm
         )
         gemm_s = gemm_s + dequant  # before the forward matmul; the backward matmul below pays it again
     weight_grad = 2 * adapter_fwd if (frozen or adapted) else gemm_s

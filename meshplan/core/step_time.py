@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from meshplan.core import finetune, pipeline
 from meshplan.core.comm import CollectiveCall, StageShape, inventory
-from meshplan.core.compute import LayerTime, head_time, layer_time
+from meshplan.core.compute import ComputeSetup, LayerTime, head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
 from meshplan.core.memory import (
     StageParams,
@@ -113,7 +113,18 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
     peak = gpu.peak(work.precision.compute)
     fp8 = work.precision.compute is DType.FP8
     tokens = work.seq_len / lay.cp * lay.micro_batch
+    setup = ComputeSetup(
+        peak_flops=peak,
+        bf16_peak_flops=gpu.peak(DType.BF16),
+        hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
+        cal=gpu.calibration,
+        act_bytes=work.precision.activation_bytes,
+        kernels=work.kernels,
+        attention=work.attention,
+        fp8=fp8,
+    )
     common = dict(
+        setup=setup,
         tokens=tokens,
         seq_len=work.seq_len,
         tp=lay.tp,
@@ -121,15 +132,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         ep=lay.ep,
         # ring CP: one s/cp block of keys per step; all-gathered K/V: the whole sequence (Llama 3 Sec. 3.3.2)
         kernel_keys=where(lay.cp_kind == ContextParallel.ALL_GATHER, work.seq_len, work.seq_len / lay.cp),
-        attention=work.attention,
-        peak_flops=peak,
-        hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
-        cal=gpu.calibration,
-        act_bytes=work.precision.activation_bytes,
-        kernels=work.kernels,
         finetune=work.finetune,
-        fp8=fp8,
-        bf16_peak_flops=gpu.peak(DType.BF16),
     )
     dense = layer_time(model, moe_layer=False, **common)
     head_f, head_b = head_time(
