@@ -146,3 +146,25 @@ def test_recompute_policies_order_and_block_method() -> None:
     assert ten.bwd_compute_s - none.bwd_compute_s == pytest.approx(10 * kinds.dense.forward_s)
     every, _ = _stage(Recompute.FULL, dataclasses.replace(Conditions(), recompute_layers=400))
     assert every.bwd_compute_s == pytest.approx(full.bwd_compute_s)
+
+
+# cuBLAS's m = n = k bf16 sweep on A100 (NVIDIA, "CUDA 11 Features Revealed", Fig. 6), read from the figure:
+# TFLOP/s at 512, 768, 1,024, 1,280 and 8,192 (the plateau the shares are taken against)
+A100_SQUARE_SWEEP = {512: 28, 768: 65, 1024: 88, 1280: 150, 8192: 290}
+
+
+def test_small_gemms_leave_sms_idle_as_cublas_measures() -> None:
+    """Under 2,048 a square GEMM has fewer 256 x 128 output tiles than A100's 108 SMs: its share of the plateau
+    falls as the tiles do (within 0.06 of the sweep); training-sized GEMMs fill the GPU."""
+    from meshplan.core.compute import fill_share
+    from meshplan.core.flops import Gemm
+
+    plateau = A100_SQUARE_SWEEP[8192]
+    for d, tflops in A100_SQUARE_SWEEP.items():
+        share = fill_share(Gemm(name="square", m=d, n=d, k=d), sm_count=108)
+        assert share == pytest.approx(tflops / plateau, abs=0.06), d
+    # Korthikanti's 175B at TP 8, one 2,048-token micro-batch: QKV and the MLP's first GEMM
+    assert fill_share(Gemm(name="qkv", m=2048, n=4608, k=12288), sm_count=108) == 1.0
+    assert fill_share(Gemm(name="fc1", m=2048, n=6144, k=12288), sm_count=108) == 1.0
+    # a thin GEMM with a deep K splits K to fill the SMs
+    assert fill_share(Gemm(name="thin", m=1024, n=768, k=8192), sm_count=132) > 3 * 24 / 132 - 1e-9

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from meshplan.core.attention_kernels import BACKWARD_FLOPS_RATIO, attention_shares
 from meshplan.core.finetune import adapted_matrices, nf4_bytes_per_param
 from meshplan.core.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms
@@ -74,12 +76,28 @@ FP8_TRANSPOSE_BYTES_INPUT = 2.0
 """Per saved-input element in backward: the FP8 transpose the weight-gradient GEMM reads (read and write 1 byte)."""
 
 
+MATMUL_TILE_M, MATMUL_TILE_N = 256, 128
+"""Output tile of cuBLAS's large bf16 kernels on Ampere and Hopper (CUTLASS's 256 x 128 x 64 threadblock): one
+tile per SM at a time. With it, cuBLAS's m = n = k sweep on A100 (NVIDIA, 'CUDA 11 Features Revealed' Fig. 6:
+88 of 290 TFLOP/s at 1,024, 150 at 1,536) is the 32 tiles of a 1,024 square on 108 SMs (0.30)."""
+SPLIT_K_DEPTH = 1024
+"""K depth per split when cuBLAS splits K to fill idle SMs (an assumption: 16 main-loop steps of 64)."""
+
+
+def fill_share(g: Gemm, *, sm_count: int) -> Num:
+    """Share of the GPU's SMs a GEMM's output tiles (times its K splits) keep busy: 1 for training GEMMs, below
+    it for small ones (short sequences at high TP, decode-sized batches)."""
+    tiles = np.maximum(np.ceil(g.m / MATMUL_TILE_M) * np.ceil(g.n / MATMUL_TILE_N) * g.count, 1.0)
+    splits = np.clip(np.floor(g.k / SPLIT_K_DEPTH), 1, np.ceil(sm_count / tiles))
+    return minimum(tiles * splits / sm_count, 1.0)
+
+
 def gemm_time(
     g: Gemm, *, peak_flops: float, hbm_bytes_per_s: float, cal: GpuCalibration, act_bytes: float, fp8: bool = False
 ) -> Num:
-    """Roofline time of ``g`` with the size-dependent efficiency of the GPU kind (FP8: its FP8 share)."""
+    """Roofline time of ``g`` with the shape-dependent efficiency of the GPU kind (FP8: its FP8 share)."""
     d = cal.matmul_half_dim
-    shape = (g.m / (g.m + d)) * (g.n / (g.n + d)) * (g.k / (g.k + d))
+    shape = (g.m / (g.m + d)) * (g.n / (g.n + d)) * (g.k / (g.k + d)) * fill_share(g, sm_count=cal.sm_count)
     e_max = cal.matmul_efficiency_max * (cal.fp8_matmul_ratio if fp8 else 1.0)
     compute = g.flops / (peak_flops * e_max * shape)
     traffic = act_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count / (hbm_bytes_per_s * cal.hbm_efficiency)

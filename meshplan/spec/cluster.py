@@ -100,6 +100,8 @@ class GpuCalibration:
     """Best fraction of dense peak a large GEMM reaches (maximum achievable matmul FLOPs)."""
     matmul_half_dim: float = 16.0
     """GEMM dimension at which that dimension alone halves efficiency: each of M, N, K scales it by d/(d + this)."""
+    sm_count: int = 132
+    """Streaming multiprocessors (compute units): a GEMM with fewer output tiles than this leaves some idle."""
     attention_efficiency: float = 0.35
     """Fraction of dense peak a fused (flash) attention kernel reaches in forward at long sequences (serving's
     prefill reads it; training reads the published kernel tables of ``attention_generation``)."""
@@ -152,6 +154,8 @@ class GpuCalibration:
             )
         if not 0 < self.attention_scale <= 2:
             raise ValueError(f"calibration attention_scale must be in (0, 2], got {self.attention_scale}")
+        if self.sm_count < 1:
+            raise ValueError(f"calibration sm_count must be >= 1, got {self.sm_count}")
         for name in ("matmul_half_dim", "kernel_overhead_s", "pipeline_step_overhead_s", "framework_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"calibration {name} must be >= 0, got {getattr(self, name)}")
