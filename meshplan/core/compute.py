@@ -26,7 +26,7 @@ from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.spec.cluster import AttentionKernel, GpuCalibration
 from meshplan.spec.finetune import Finetune, FinetuneMode
 from meshplan.spec.model import MlpKind, ModelSpec
-from meshplan.spec.workload import Attention, Kernels
+from meshplan.spec.workload import Attention, Kernels, Workload
 
 EAGER_SCORE_BYTES_FWD = 13.0
 """Bytes moved per attention-score element in an unfused forward: QK^T output, scale-mask-softmax read and
@@ -135,6 +135,13 @@ def attention_kernel(attention: Attention, kernels: Kernels, cal: GpuCalibration
     if attention is not Attention.FLASH:
         return AttentionKernel(attention.value)
     return AttentionKernel.FA2 if kernels is Kernels.EAGER else AttentionKernel(cal.fused_attention_kernel)
+
+
+def resolved_attention(work: Workload, cal: GpuCalibration) -> str:
+    """The attention kernel a run's step time assumes: fa2, fa3, cudnn, or eager (unfused)."""
+    if not work.attention.fused:
+        return Attention.EAGER.value
+    return attention_kernel(work.attention, work.kernels, cal).value
 
 
 def _flash_time(
