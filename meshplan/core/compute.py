@@ -48,6 +48,8 @@ class LayerTime:
     """Forward time of one layer for one micro-batch on one GPU, by kind of work."""
 
     gemm_s: Num
+    mlp_gemm_s: Num
+    """The MLP's (or the experts') share of ``gemm_s``."""
     attention_s: Num
     """The attention core: fused kernel, or unfused products plus softmax and dropout traffic."""
     memory_s: Num
@@ -286,9 +288,8 @@ def layer_time(
     walks (default ``seq_len``).
     """
     cal, hbm, kernels = setup.cal, setup.hbm, setup.kernels
-    gemms = attention_gemms(model, tokens=tokens, tp=tp) + mlp_gemms(
-        model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer
-    )
+    mlp = mlp_gemms(model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer)
+    gemms = attention_gemms(model, tokens=tokens, tp=tp) + mlp
     gemm_s = sum(setup.gemm_s(g, linear=True) for g in gemms)
     fused = kernels is Kernels.FUSED
     cast_fwd, cast_bwd = _fp8_cast_time(gemms, fused=fused, hbm=hbm) if setup.fp8 else (0.0, 0.0)
@@ -310,6 +311,7 @@ def layer_time(
     backward = gemm_s + weight_grad + 2 * adapter_fwd + attn_bwd + 2 * memory_s + 2 * launch + cast_bwd
     return LayerTime(
         gemm_s=gemm_s,
+        mlp_gemm_s=sum(setup.gemm_s(g, linear=True) for g in mlp),
         attention_s=attn_fwd,
         memory_s=memory_s + launch + adapter_fwd + cast_fwd,
         backward_s=backward,

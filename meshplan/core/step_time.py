@@ -159,8 +159,9 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
 def selective_redo_s(lt: LayerTime, policy: Selective, modules: tuple[str, ...]) -> Num:
     """Forward time one layer repeats in backward under ``--recompute selective``, as each stack defines it.
 
-    Megatron: the attention core (Korthikanti et al. 2022 Sec. 5), or its --recompute-modules (the core, the
-    norms' and activations' elementwise work; the MLP's matmuls for mlp). torchtitan's per-op policy
+    Megatron: the attention core (Korthikanti et al. 2022 Sec. 5), or its --recompute-modules (the core; the
+    elementwise work for layernorm or moe_act, all of it: an upper bound; the MLP's or experts' matmuls for mlp
+    or moe). torchtitan's per-op policy
     recomputes every second matmul and all the elementwise work but saves the attention output; its
     per-layer policy (ac_freq 2) recomputes every second layer whole.
     """
@@ -171,7 +172,7 @@ def selective_redo_s(lt: LayerTime, policy: Selective, modules: tuple[str, ...])
     if policy is Selective.MODULES:
         core = lt.attention_core_fwd_s if "core_attn" in modules else 0.0
         elementwise = lt.memory_s if {"layernorm", "moe_act"} & set(modules) else 0.0
-        return core + elementwise + (lt.gemm_s / 2 if {"mlp", "moe"} & set(modules) else 0.0)
+        return core + elementwise + (lt.mlp_gemm_s if {"mlp", "moe"} & set(modules) else 0.0)
     return lt.attention_core_fwd_s
 
 
