@@ -106,6 +106,14 @@ def gemm_time(
     return maximum(compute, traffic)
 
 
+EAGER_NORM_PASSES = 18
+"""An eager RMSNorm's traffic in 2-byte passes over its input (torchtitan's ``_norm(x.float()).type_as(x) * w``):
+upcast (read 2, write 4), square (4, 4), mean (4), scale (4, 4), downcast (4, 2), weight (2, 2): 36 bytes."""
+EAGER_ROTARY_PASSES = 10
+"""Eager rotary embedding per q and k element (torchtitan's complex multiply): upcast (read 2, write 4), complex
+product with the frequencies (4, 4), downcast (4, 2): 20 bytes, 10 passes of 2 (fused: one read, one write)."""
+
+
 def _memory_bytes_per_token(
     model: ModelSpec, *, tp: Num, sp: Num, moe_layer: bool, act_bytes: float, kernels: Kernels
 ) -> Num:
@@ -119,7 +127,7 @@ def _memory_bytes_per_token(
     """
     rep = where(sp, 1.0 / tp, 1.0)
     eager = kernels is Kernels.EAGER
-    hidden_passes = 2 * (6 if eager else 2) + 2 * 3 + (1 if model.dropout else 0)
+    hidden_passes = 2 * (EAGER_NORM_PASSES if eager else 2) + 2 * 3 + (1 if model.dropout else 0)
     act_passes = (5 if eager else 3) if model.mlp is MlpKind.GATED else 2
     if moe_layer and model.moe is not None:
         moe = model.moe
@@ -127,7 +135,8 @@ def _memory_bytes_per_token(
         permute = 4 * moe.experts_per_token * model.hidden  # dispatch and combine copies, read + write
     else:
         ffn, permute = model.ffn_hidden, 0
-    rotary = 0 if model.learned_positions else 2 * (model.q_width + model.kv_width) / tp
+    rotary_passes = EAGER_ROTARY_PASSES if eager else 2
+    rotary = 0 if model.learned_positions else rotary_passes * (model.q_width + model.kv_width) / tp
     return act_bytes * (hidden_passes * model.hidden * rep + act_passes * ffn / tp + rotary + permute)
 
 
