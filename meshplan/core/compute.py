@@ -25,7 +25,7 @@ from meshplan.core.flops import Gemm, attention_core_flops, attention_gemms, mlp
 from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.spec.cluster import AttentionKernel, GpuCalibration
 from meshplan.spec.finetune import Finetune, FinetuneMode
-from meshplan.spec.model import MlpKind, ModelSpec
+from meshplan.spec.model import MlpKind, ModelSpec, NormKind
 from meshplan.spec.workload import Attention, Kernels, Workload
 
 EAGER_SCORE_BYTES_FWD = 13.0
@@ -108,7 +108,8 @@ def gemm_time(
 
 EAGER_NORM_PASSES = 18
 """An eager RMSNorm's traffic in 2-byte passes over its input (torchtitan's ``_norm(x.float()).type_as(x) * w``):
-upcast (read 2, write 4), square (4, 4), mean (4), scale (4, 4), downcast (4, 2), weight (2, 2): 36 bytes."""
+upcast (read 2, write 4), square (4, 4), mean (4), scale (4, 4), downcast (4, 2), weight (2, 2): 36 bytes.
+LayerNorm is one PyTorch kernel even in eager mode: 2 passes."""
 EAGER_ROTARY_PASSES = 10
 """Eager rotary embedding per q and k element (torchtitan's complex multiply): upcast (read 2, write 4), complex
 product with the frequencies (4, 4), downcast (4, 2): 20 bytes, 10 passes of 2 (fused: one read, one write)."""
@@ -127,7 +128,9 @@ def _memory_bytes_per_token(
     """
     rep = where(sp, 1.0 / tp, 1.0)
     eager = kernels is Kernels.EAGER
-    hidden_passes = 2 * (EAGER_NORM_PASSES if eager else 2) + 2 * 3 + (1 if model.dropout else 0)
+    # eager LayerNorm is one PyTorch kernel (read, write); eager RMSNorm is a chain of them
+    norm_passes = EAGER_NORM_PASSES if eager and model.norm is NormKind.RMSNORM else 2
+    hidden_passes = 2 * norm_passes + 2 * 3 + (1 if model.dropout else 0)
     act_passes = (5 if eager else 3) if model.mlp is MlpKind.GATED else 2
     if moe_layer and model.moe is not None:
         moe = model.moe
