@@ -131,7 +131,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 PIN_FIELDS: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "dp_shard", "dp_replicate", "zero", "sp", "recompute")
-PIN_FIELDS += ("schedule", "cp_kind", "micro_batch")
+PIN_FIELDS += ("expert_tp", "schedule", "cp_kind", "micro_batch")
 
 
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
@@ -279,6 +279,7 @@ def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
             global_batch=args.global_batch,
             precision=args.precision,
             model_path=args.model_path,
+            conditions={k: getattr(args, k) for k in ("first_stage_layers", "last_stage_layers")},
         )
     if args.out:
         result["written"] = _write_export(result, args.out)

@@ -252,6 +252,7 @@ def _search_commands(command: Command) -> None:
     p.add_argument("--out", default=None, help="write the files and launch.sh into this folder")
     p.add_argument("--model-path", default=None, help="checkpoint or Hugging Face path to put in the config")
     _add_layout(p)
+    add_fields(p, "first_stage_layers", "last_stage_layers")
     p.set_defaults(tp=None)  # unset: 1 for a trainer, a server's TP fills one scale-up domain at most
     _add_group(p, "serving")
 

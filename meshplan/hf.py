@@ -244,6 +244,51 @@ def _gpt_neox(c: _HfConfig) -> dict[str, Any]:
     }
 
 
+def _mpt(c: _HfConfig) -> dict[str, Any]:
+    """MosaicML MPT (llm-foundry's MPTConfig): LayerNorm, a plain GELU MLP of expansion_ratio x d_model, tied
+    embeddings, and a learned position table of max_seq_len rows when learned_pos_emb (its default; the model
+    also takes ALiBi, a bias inside attention with no parameters). no_bias drops the linear layers' biases; it
+    drops the norms' too, which a LayerNorm here keeps (2h per layer: 266,240 of MPT-7B's 6.65 billion).
+    Grouped-query attention names its KV heads kv_n_heads in attn_config."""
+    h, a = c.integer("d_model"), c.count("n_heads")
+    attn = c.get("attn_config") or {}
+    if not isinstance(attn, Mapping):
+        raise ValueError(f"'attn_config' must be an object, got {_short(attn)}")
+    grouped = attn.get("attn_type") in ("grouped_query_attention", "multiquery_attention")
+    kv_heads = 1 if attn.get("attn_type") == "multiquery_attention" else _HfConfig(attn).integer("kv_n_heads", a)
+    bias = not c.flag("no_bias", False)
+    positions = c.integer("max_seq_len", 2048)
+    return {
+        "num_layers": c.count("n_layers", limit=MAX_LAYERS),
+        "hidden": h,
+        "num_heads": a,
+        "num_kv_heads": kv_heads if grouped else a,
+        "head_dim": h // a,
+        "ffn_hidden": _mpt_ffn_hidden(c, h),
+        "vocab_size": c.integer("vocab_size"),
+        "mlp": MlpKind.PLAIN,
+        "norm": NormKind.LAYERNORM,
+        "tied_embeddings": c.flag("tie_word_embeddings", True),
+        "learned_positions": positions if c.flag("learned_pos_emb", True) else 0,
+        "qkv_bias": bias,
+        "out_bias": bias,
+        "mlp_bias": bias,
+        "dropout": c.positive("resid_pdrop", "emb_pdrop"),
+        "max_seq_len": positions,
+    }
+
+
+def _mpt_ffn_hidden(c: _HfConfig, hidden: int) -> int:
+    """ffn_config's ffn_hidden_size when given, else expansion_ratio x d_model (a ratio may be fractional)."""
+    ffn = c.get("ffn_config") or {}
+    if isinstance(ffn, Mapping) and ffn.get("ffn_hidden_size") is not None:
+        return _HfConfig(ffn).count("ffn_hidden_size")
+    ratio = c.get("expansion_ratio", 4)
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio <= 64:
+        raise ValueError(f"'expansion_ratio' must be a number in (0, 64], got {_short(ratio)}")
+    return int(ratio * hidden)
+
+
 _HF_FAMILIES: dict[str, Callable[[_HfConfig], dict[str, Any]]] = {
     "deepseek_v2": lambda c: _deepseek(c, router_bias=c.get("topk_method") == "noaux_tc"),
     "deepseek_v3": lambda c: _deepseek(c, router_bias=True),
@@ -252,6 +297,7 @@ _HF_FAMILIES: dict[str, Callable[[_HfConfig], dict[str, Any]]] = {
     "llama": _llama,
     "mistral": _mistral,
     "mixtral": _mixtral,
+    "mpt": _mpt,
     "qwen2": _qwen2,
     "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3,

@@ -43,6 +43,8 @@ def _finetune_line(r: dict[str, Any]) -> list[str]:
 
 def _layout_line(lay: dict[str, Any]) -> str:
     parts = [f"{k}={lay[k]}" for k in ("tp", "pp", "vpp", "cp", "ep", "dp_shard", "dp_replicate") if lay[k] != 1]
+    if lay.get("expert_tp", lay["tp"]) != lay["tp"]:
+        parts.insert(parts.index(f"ep={lay['ep']}") + 1 if lay["ep"] != 1 else 0, f"expert_tp={lay['expert_tp']}")
     parts += [f"zero={lay['zero']}", f"recompute={lay['recompute']}", f"micro_batch={lay['micro_batch']}"]
     if lay["sp"]:
         parts.append("sp")
@@ -129,7 +131,11 @@ def _serving(r: dict[str, Any]) -> str:
     rows = [
         ("weights per GPU", gb(r["weights_bytes_per_gpu"])),
         ("prefill activations per GPU", gb(r["activations_bytes_per_gpu"])),
-        ("framework per GPU", gb(r["framework_bytes_per_gpu"])),
+        ("runtime reserve per GPU", gb(r["runtime_reserve_bytes_per_gpu"])),
+        (
+            f"headroom per GPU ({r['engine']} keeps {1 - r['memory_fraction']:.0%} of {r['memory_fraction_of']})",
+            gb(r["engine_headroom_bytes_per_gpu"]),
+        ),
         ("KV budget per GPU", gb(r["kv_budget_bytes_per_gpu"])),
         ("KV per token per GPU", gb(r["kv_bytes_per_token_per_gpu"])),
         (f"KV per {r['context']}-token sequence", gb(r["kv_bytes_per_sequence_per_gpu"])),
@@ -265,7 +271,20 @@ def _serve(r: dict[str, Any]) -> str:
              f"{d['decode_requests_per_s_max']:,.2f} (bottleneck: {d['bottleneck']})"),
         ]  # fmt: skip
     steps = [(k.removesuffix("_s").replace("_", " "), seconds(v)) for k, v in r["step_s"].items()]
-    return "\n".join([head, "", table(rows, ["", "value"]), "", "one step", table(steps, ["term", "time"])])
+    blocks = [head, "", table(rows, ["", "value"]), "", "one step", table(steps, ["term", "time"])]
+    return "\n".join([*blocks, "", "one GPU's memory", table(_serve_memory(r), ["term", "bytes"])])
+
+
+def _serve_memory(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """The serving bill as the engine sizes it: the terms sum to the device's HBM."""
+    keeps = f"{1 - r['memory_fraction']:.0%} of {r['memory_fraction_of']}"
+    return [
+        ("weights", gb(r["weights_bytes_per_gpu"])),
+        ("prefill activations", gb(r["activations_bytes_per_gpu"])),
+        (f"{r['engine']} runtime reserve", gb(r["runtime_reserve_bytes_per_gpu"])),
+        (f"{r['engine']} headroom (keeps {keeps})", gb(r["engine_headroom_bytes_per_gpu"])),
+        ("KV cache budget", gb(r["kv_budget_bytes_per_gpu"])),
+    ]
 
 
 def _serve_layout(lay: dict[str, Any]) -> str:
@@ -455,7 +474,8 @@ def _layout_short(lay: dict[str, Any]) -> str:
     if lay["pp"] > 1:
         parts.append(f"PP {lay['pp']}" + (f" ({lay['vpp']} virtual)" if lay["vpp"] > 1 else ""))
     if lay["ep"] > 1:
-        parts.append(f"EP {lay['ep']}")
+        etp = lay.get("expert_tp", lay["tp"])
+        parts.append(f"EP {lay['ep']}" + (f" (expert TP {etp})" if etp != lay["tp"] else ""))
     dp = lay["dp_shard"] * lay["dp_replicate"]
     zero = f", ZeRO-{lay['zero']} over {lay['dp_shard'] * lay['cp']}" if lay["zero"] else ""
     parts.append(f"DP {dp}{zero}")
@@ -484,6 +504,10 @@ def _nothing_fits(r: dict[str, Any]) -> list[str]:
     for v in n["variants"]:
         out.append(f"fits with {v['change']}: {_layout_short(v['layout'])}, {seconds(v['step_time_s'])} per step")
     return out
+
+
+def _band(p: dict[str, Any]) -> str:
+    return f"{seconds(p['step_time_s_p10'])} - {seconds(p['step_time_s_p90'])}"
 
 
 def _plan(r: dict[str, Any]) -> str:
@@ -525,6 +549,7 @@ def _plan(r: dict[str, Any]) -> str:
             if rows
             else []
         ),
+        *([f"step times: P10-P90 {_band(r['plans'][0])} for plan 1 ({r['uncertainty']})"] if rows else []),
         "",
         "rejected: " + ("; ".join(f"{k} {v:,}" for k, v in r["rejections"].items()) or "none"),
         *_nothing_fits(r),

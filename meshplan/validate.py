@@ -20,10 +20,10 @@ from typing import Any
 
 from meshplan import calibration, io
 from meshplan.core.flops import megatron_flops, narayanan_flops
-from meshplan.core.placement import DEFAULT_ORDER, parse_order
 from meshplan.core.plan import Plan, evaluate
-from meshplan.reports.conditions import conditions_of
-from meshplan.reports.inputs import LayoutRequest, resolve_cluster, resolve_layout, resolve_workload
+from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, workload_kwargs
+from meshplan.reports.inputs import LayoutRequest, resolve_cluster, resolve_layout, resolve_order, resolve_workload
+from meshplan.spec import requests
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.profile import IDENTITY, Profile, apply_profile, parse_profile
@@ -70,27 +70,36 @@ def _model(case: dict[str, Any]) -> ModelSpec:
     return model
 
 
-def _cluster(case: dict[str, Any], profile: Profile) -> Cluster:
-    cluster = resolve_cluster(gpu=case["gpu"], gpus=case["gpus"], scale_out=case.get("scale_out"))
+RUN_KEYS = ("id", "measured", "tune", "delta_from", "model", "model_overrides", "layout")
+"""Keys of a run that are not schema fields: what it is, what was measured, what the source tuned, the model as
+the paper states it, and the layout (a table of the schema's layout fields). Every other key is a schema field,
+given as a user would type it (``meshplan estimate --overlap-dp off ...``)."""
+
+
+def case_values(case: dict[str, Any]) -> dict[str, Any]:
+    """A run's schema values, parsed and checked by the schema (unknown keys are refused, never dropped)."""
+    raw = {k: v for k, v in case.items() if k not in RUN_KEYS}
+    return requests.parse_values(raw, allowed=requests.FIELDS, what="run")
+
+
+def _cluster(values: dict[str, Any], profile: Profile) -> Cluster:
+    cluster = resolve_cluster(gpu=values["gpu"], gpus=values["gpus"], scale_out=values.get("scale_out"))
     return apply_profile(cluster, profile)
 
 
 def _evaluate(case: dict[str, Any], layout: dict[str, Any], profile: Profile = IDENTITY) -> Plan:
-    model, cluster = _model(case), _cluster(case, profile)
-    req = LayoutRequest.parse(layout)
-    lay = resolve_layout(req, gpus=case["gpus"])
-    work = resolve_workload(
-        layout=lay,
-        seq=case["seq"],
-        global_batch=case["global_batch"],
-        precision=case["precision"],
-        attention=case["attention"],
-        kernels=case.get("kernels", "fused"),
-        overlap=case.get("overlap", {}),
-        conditions=conditions_of(case.get("conditions", {})),
+    values = case_values(case)
+    model, cluster = _model(case), _cluster(values, profile)
+    lay = resolve_layout(LayoutRequest.parse(layout), gpus=values["gpus"])
+    conditions = {name: values.get(name) for name in ("stack", *condition_names()) if name not in WORKLOAD_SET_BY_STACK}
+    kwargs, _ = workload_kwargs(
+        conditions,
+        precision=values.get("precision"),
+        attention=values.get("attention"),
+        kernels=values.get("kernels"),
     )
-    order = parse_order(case["order"]) if "order" in case else DEFAULT_ORDER
-    return evaluate(model, cluster, lay, work, order=order)
+    work = resolve_workload(layout=lay, seq=values["seq"], global_batch=values["global_batch"], **kwargs)
+    return evaluate(model, cluster, lay, work, order=resolve_order(values.get("axis_order")))
 
 
 def _metric(plan: Plan, metric: str) -> float:

@@ -23,7 +23,7 @@ from typing import Any
 from meshplan import io
 from meshplan.core.serve_load import Requests, load_point, static_batch_s
 from meshplan.core.serve_phases import decode_step, prefill
-from meshplan.core.serve_shape import Hardware, replica_shape
+from meshplan.core.serve_shape import Hardware, ServeCalibration, replica_shape
 from meshplan.core.serving import QUANT_GROUP
 from meshplan.reports.serve import Setup, resolve
 
@@ -41,11 +41,18 @@ TARGETS = {
 """Mean and max |error| targets per metric class (issue 14)."""
 
 
+MORE_ROWS = "runs_moe.json"
+"""Rows transcribed by meshplan from the same public tables, beyond the shared set: the MoE throughput of
+TensorRT-LLM 0.14 (Mixtral), held out from every constant."""
+
+
 @cache
 def reference_rows() -> list[dict[str, Any]]:
-    """catalog/serving/runs.json: a verbatim copy of the shared serving_runs.json."""
-    text = (resources.files("meshplan") / "catalog" / "serving" / "runs.json").read_text(encoding="utf-8")
-    rows: list[dict[str, Any]] = json.loads(text)
+    """catalog/serving/runs.json (a verbatim copy of the shared serving_runs.json), then runs_moe.json."""
+    folder = resources.files("meshplan") / "catalog" / "serving"
+    rows: list[dict[str, Any]] = []
+    for name in ("runs.json", MORE_ROWS):
+        rows += [r | {"shared": name == "runs.json"} for r in json.loads((folder / name).read_text(encoding="utf-8"))]
     return rows
 
 
@@ -65,6 +72,8 @@ class Row:
     status: str
     """ok, unclean (a setting the source does not state), physics (faster than physics allows), skipped."""
     reason: str
+    shared: bool
+    """From the shared serving_runs.json (else from catalog/serving/runs_moe.json)."""
 
     @property
     def error(self) -> float | None:
@@ -94,10 +103,11 @@ def _setup(row: dict[str, Any], *, context: int, ideal: bool = False) -> Setup:
     ep = par["ep"] if isinstance(par["ep"], int) else 1
     tp = max(par["tp"], ep) if dp_attention else par["tp"]
     moe = row["model"]["arch"].startswith("moe")
-    if moe and not dp_attention and ep == 1:
-        ep = tp  # the MoE recipes split experts over the TP group (expert parallel)
+    if moe and not dp_attention and ep == 1 and "--ep" in row["engine"].get("notes", ""):
+        ep = tp  # the recipe passes --ep: experts over the TP group; else TensorRT-LLM's default expert TP
     quant = "weight-only" if "weight-only" in prec["weights"] else None
     group = re.search(r"group (\d+)", prec["weights"])
+    fraction = re.search(r"mem_fraction (0\.\d+)", row["engine"].get("notes", ""))
     setup = resolve(
         row["model"]["catalog"],
         gpu=row["hardware"]["catalog"],
@@ -112,8 +122,15 @@ def _setup(row: dict[str, Any], *, context: int, ideal: bool = False) -> Setup:
         quant_group=int(group.group(1)) if group else QUANT_GROUP,
         engine=_engine(row["source"]["id"]),
         context=context,
+        gpu_memory_utilization=float(fraction.group(1)) if fraction else None,  # the run's stated fraction
     )
+    if "two-batch overlap disabled" in row["engine"].get("notes", ""):  # the run's stated engine setting
+        setup = dataclasses.replace(setup, hw=dataclasses.replace(setup.hw, cal=_no_overlap(setup.hw.cal)))
     return _ideal(setup) if ideal else setup
+
+
+def _no_overlap(cal: ServeCalibration) -> ServeCalibration:
+    return dataclasses.replace(cal, ep_overlap=0.0)
 
 
 def _ideal(setup: Setup) -> Setup:
@@ -197,6 +214,7 @@ def predict_row(row: dict[str, Any]) -> Row:
         "metric": metric,
         "metric_class": _metric_class(row),
         "measured": measured,
+        "shared": row["shared"],
     }
     try:
         io.load_gpu(row["hardware"]["catalog"] or "")

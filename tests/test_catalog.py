@@ -173,3 +173,26 @@ def test_catalog_file_names_match_their_name_key() -> None:
     root = Path(__file__).resolve().parent.parent / "meshplan" / "catalog"
     for kind, names in (("models", list_models()), ("gpus", list_gpus()), ("links", list_links())):
         assert sorted(p.stem for p in (root / kind).glob("*.toml")) == names
+
+
+def test_run_and_recipe_files_hold_only_schema_keys() -> None:
+    """Every published run (catalog/runs) and recipe is what a user could type: besides what identifies it and
+    what was measured, its keys are schema fields (the overlap of each axis as overlap_<axis> = "on"/"off",
+    never an ``overlap`` table), and its layout table holds the schema's layout fields."""
+    from meshplan.reports.inputs import LayoutRequest
+    from meshplan.reports.recipes import recipes
+    from meshplan.spec import requests
+    from meshplan.validate import RUN_KEYS, case_values, sources
+
+    schema = {f.name for f in requests.FIELDS}
+    cases = [{**data.get("defaults", {}), **case} for data in sources().values() for case in data["case"]]
+    assert len(cases) == 66
+    for case in cases:
+        assert set(case) - set(RUN_KEYS) <= schema, case["id"]
+        case_values(case)  # parsed and bounded by the schema
+        LayoutRequest.parse(case["layout"])
+    for name, recipe in recipes().items():
+        extra = set(recipe) - schema - {"title", "source", "why", "model", "model_overrides", "layout"}
+        assert not extra, name
+    with pytest.raises(ValueError, match="unknown run key 'overlap'"):
+        case_values({"id": "x", "overlap": {"dp": False}})

@@ -71,3 +71,30 @@ def test_bad_specs_are_refused_at_creation() -> None:
         Finetune(mode=FinetuneMode.LORA, lora_targets=("wq",))
     with pytest.raises(ValueError, match="already freezes the whole base"):
         Finetune(mode=FinetuneMode.LORA, freeze_layers=2)
+
+
+def test_one_adapter_count_for_the_whole_model_and_each_gpu() -> None:
+    """The count users see (trainable_params) and the one the memory bill holds per GPU come from one formula:
+    over the stages of a pp=4 layout at tp=1 they add up to the whole; at tp=4 each matrix keeps one side whole
+    and splits the other (column-parallel q, k, v, gate, up split B; row-parallel o, down split A)."""
+    from meshplan.core.memory import stage_bill
+    from meshplan.core.params import count_params
+    from meshplan.spec.cluster import GpuCalibration
+    from meshplan.spec.layout import Layout
+    from meshplan.spec.workload import Workload
+
+    m = io.load_model("llama-3.1-8b")
+    ft = Finetune(mode=FinetuneMode.LORA, lora_rank=16)
+    work = Workload(seq_len=1024, global_batch=8, finetune=ft)
+    calib = GpuCalibration(framework_bytes=0.0, fragmentation=0.0)
+    weight_bytes = work.precision.weight_bytes
+
+    def adapters(lay: Layout, stage: int) -> float:
+        bill = stage_bill(m, count_params(m), lay, work, calibration=calib, stage=stage)
+        return float(bill.adapter_weights_bytes) / weight_bytes
+
+    whole = trainable_params(m, ft).adapters
+    assert sum(adapters(Layout(pp=4), s) for s in range(4)) == pytest.approx(whole, rel=1e-12)
+    h, q, kv, f, r, t = 4096, 4096, 1024, 14336, 16, 4
+    by_hand = r * ((h + q / t) + 2 * (h + kv / t) + (q / t + h) + 2 * (h + f / t) + (f / t + h))
+    assert adapters(Layout(tp=t), 0) == pytest.approx(32 * by_hand, rel=1e-12)

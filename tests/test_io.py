@@ -361,3 +361,33 @@ def test_import_stays_light() -> None:
     code = "import sys, meshplan.io; sys.exit('numpy' in sys.modules)"
     root = Path(__file__).resolve().parent.parent
     assert subprocess.run([sys.executable, "-c", code], cwd=root, check=False).returncode == 0
+
+
+def test_mpt_counts_the_llm_foundry_benchmark_models() -> None:
+    """llm-foundry's benchmark table (scripts/train/benchmarking/README.md) lists NumParams per run: MPT-1B
+    (d_model 2048, 16 heads, 24 layers) at 2,048 tokens has 1,315,950,592 and at 1,024 tokens 1,313,853,440 (the
+    learned position table has max_seq_len rows); MPT-7B at 2,048 tokens 6,658,859,008. Those runs kept the biases;
+    by hand, per layer 12h^2 + 13h (QKV, out, up, down weights and biases, two LayerNorms), plus the tied vocabulary,
+    the position table and the final LayerNorm."""
+    for h, heads, layers, seq, published in (
+        (2048, 16, 24, 2048, 1_315_950_592),
+        (2048, 16, 24, 1024, 1_313_853_440),
+        (4096, 32, 32, 2048, 6_658_859_008),
+    ):
+        config = {"model_type": "mpt", "d_model": h, "n_heads": heads, "n_layers": layers, "expansion_ratio": 4}
+        config |= {"max_seq_len": seq, "vocab_size": 50368, "no_bias": False, "attn_config": {"alibi": False}}
+        by_hand = layers * (12 * h * h + 13 * h) + 50368 * h + seq * h + 2 * h
+        assert by_hand == published
+        model = model_from_hf_config(config, name="mpt")
+        assert count_params(model).total == published
+    # MPT-7B as published (mosaicml/mpt-7b config.json): no biases, ALiBi, a 50,432-token vocabulary
+    config = {"model_type": "mpt", "d_model": 4096, "n_heads": 32, "n_layers": 32, "expansion_ratio": 4}
+    config |= {"max_seq_len": 2048, "vocab_size": 50432, "no_bias": True, "learned_pos_emb": False}
+    model = model_from_hf_config(config, name="mpt-7b")
+    assert not (model.qkv_bias or model.out_bias or model.mlp_bias) and model.learned_positions == 0
+    assert model.mlp is MlpKind.PLAIN and model.tied_embeddings
+
+
+def test_mpt_refuses_a_bad_expansion_ratio() -> None:
+    config = {"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2, "vocab_size": 100}
+    assert "expansion_ratio" in one_line_error(model_from_hf_config, config | {"expansion_ratio": "x"}, name="m")

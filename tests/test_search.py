@@ -10,6 +10,7 @@ from meshplan.core.plan import evaluate
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.search.rank import OOM, TP_CROSSES, pareto_front, search
 from meshplan.search.space import LayoutBatch, SearchSpace, enumerate_layouts
+from meshplan.spec.conditions import Conditions, StageSplit
 from meshplan.spec.finetune import Finetune, FinetuneMode
 from meshplan.spec.workload import Workload
 
@@ -25,19 +26,22 @@ def brute_force(n: int, *, layers: int, experts: int, batch: int, space: SearchS
         if n % (tp * cp * pp) or tp > max_tp or cp > space.max_cp:
             continue
         dp = n // (tp * cp * pp)
-        for ep in divisors(dp * cp) if experts > 1 else [1]:
-            for shard in divisors(dp):
-                for zero in space.zero_choices:
-                    if (zero == 0 and shard != 1) or (zero > 0 and shard * cp == 1):
+        experts_mesh = [(1, tp)]
+        if experts > 1:  # EP out of dp x cp with expert TP = tp, or folded over tp x dp x cp with expert TP 1
+            experts_mesh = [(ep, tp) for ep in divisors(dp * cp)]
+            experts_mesh += [(ep, 1) for ep in divisors(tp * dp * cp)] if tp > 1 else []
+        for (ep, etp), shard in itertools.product(experts_mesh, divisors(dp)):
+            for zero in space.zero_choices:
+                if (zero == 0 and shard != 1) or (zero > 0 and shard * cp == 1):
+                    continue
+                for vpp in space.vpp_choices:
+                    if vpp > 1 and pp == 1:
                         continue
-                    for vpp in space.vpp_choices:
-                        if vpp > 1 and pp == 1:
+                    mbs = [b for b in space.micro_batch_choices if batch % (b * dp) == 0] or [1]
+                    for mb, rc, sp in itertools.product(mbs, space.recompute_choices, (False, True)):
+                        if (sp and tp == 1) or (etp != tp and not sp):
                             continue
-                        mbs = [b for b in space.micro_batch_choices if batch % (b * dp) == 0] or [1]
-                        for mb, rc, sp in itertools.product(mbs, space.recompute_choices, (False, True)):
-                            if sp and tp == 1:
-                                continue
-                            out.add((tp, cp, pp, ep, shard, dp // shard, vpp, mb, zero, rc, sp))
+                        out.add((tp, cp, pp, ep, etp, shard, dp // shard, vpp, mb, zero, rc, sp))
     return out
 
 
@@ -47,6 +51,7 @@ def as_set(batch: LayoutBatch) -> set[tuple]:
         batch.cp,
         batch.pp,
         batch.ep,
+        batch.etp,
         batch.dp_shard,
         batch.dp_replicate,
         batch.vpp,
@@ -120,6 +125,10 @@ def test_every_rejection_reason_is_reachable() -> None:
         seen |= set(result.rejections)
     qlora = Workload(seq_len=2048, global_batch=8, finetune=Finetune(mode=FinetuneMode.QLORA))
     seen |= set(search(io.load_model("llama-3.1-8b"), resolve_cluster(gpu="h100-sxm", gpus=8), qlora).rejections)
+    stated = Workload(seq_len=2048, global_batch=8, conditions=Conditions(stage_split=StageSplit(first=30)))
+    seen |= set(search(io.load_model("llama-3.1-8b"), resolve_cluster(gpu="h100-sxm", gpus=8), stated).rejections)
+    offload = Workload(seq_len=2048, global_batch=8, conditions=Conditions(offload_layers=4))
+    seen |= set(search(io.load_model("llama-3.1-8b"), resolve_cluster(gpu="h100-sxm", gpus=8), offload).rejections)
     from meshplan.core.constraints import RULES
 
     expected = {rule.reason for rule in RULES if rule.reason != "mesh does not multiply to the GPU count"} | {

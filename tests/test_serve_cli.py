@@ -68,8 +68,8 @@ def test_validate_serving_json(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["validate", "--serving", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == (0 if out["all_ok"] else 1)
-    assert len(out["runs"]) == 47
-    assert {c["metric_class"] for c in out["classes"]} >= {"decode", "prefill", "throughput-dense"}
+    assert sum(r["shared"] for r in out["runs"]) == 47 and len(out["runs"]) == 47 + 16
+    assert {c["metric_class"] for c in out["classes"]} >= {"decode", "prefill", "throughput-dense", "throughput-moe"}
 
 
 @pytest.mark.parametrize(

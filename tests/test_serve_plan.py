@@ -195,9 +195,50 @@ def test_disaggregated_splits_are_searched_and_kept_apart() -> None:
     assert split["points_evaluated"] > plain["points_evaluated"]
 
 
-def test_export_refuses_a_split_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+SPLIT_BEST = {
+    "layout": {"tp": 2, "pp": 1, "ep": 1, "dp_attention": False, "weights_dtype": "fp8", "kv_dtype": "fp8"},
+    "replicas": 4,
+    "prefill_replicas": 1,
+    "batch_cap_per_replica": 96,
+    **{k: 0.5 for k in ("ttft_s_p99", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user")},
+}
+
+
+def _split_plan(tmp_path: Path) -> Path:
     plan = tmp_path / "plan.json"
-    best = {"layout": {"tp": 2}, "prefill_replicas": 2, "replicas": 8}
-    plan.write_text(json.dumps({"best": best, "model": "llama-3.1-70b", "input_len": 1, "output_len": 1}))
-    assert main(["export", "vllm", "--from-plan", str(plan)]) == 2
-    assert "splits prefill and decode pools" in capsys.readouterr().err
+    plan.write_text(json.dumps({"best": SPLIT_BEST, "model": "llama-3.1-70b", "input_len": 8000, "output_len": 300}))
+    return plan
+
+
+def test_export_of_a_split_plan_launches_both_pools(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """1 prefill + 3 decode replicas of TP2: SGLang gets a prefill server, a decode server and its PD router;
+    vLLM two servers joined by the NixlConnector; each pool its own GPUs of the node."""
+    plan = _split_plan(tmp_path)
+    assert main(["export", "sglang", "--from-plan", str(plan), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    files = out["files"]
+    assert set(files) == {"serve_sglang_prefill.sh", "serve_sglang_decode.sh", "serve_sglang_router.sh"}
+    prefill, decode = files["serve_sglang_prefill.sh"], files["serve_sglang_decode.sh"]
+    assert "--disaggregation-mode prefill" in prefill and "--disaggregation-bootstrap-port 8998" in prefill
+    assert "--disaggregation-mode decode" in decode and "--dp-size 3" in decode and "--dp-size 1" in prefill
+    assert "CUDA_VISIBLE_DEVICES=0,1" in prefill and "CUDA_VISIBLE_DEVICES=2,3,4,5,6,7" in decode
+    assert "--pd-disaggregation" in files["serve_sglang_router.sh"] and "8998" in files["serve_sglang_router.sh"]
+    assert (
+        out["command"]
+        == "bash serve_sglang_prefill.sh & bash serve_sglang_decode.sh & bash serve_sglang_router.sh & wait"
+    )
+    assert main(["export", "vllm", "--from-plan", str(plan), "--json"]) == 0
+    files = json.loads(capsys.readouterr().out)["files"]
+    assert set(files) == {"serve_vllm_prefill.sh", "serve_vllm_decode.sh"}
+    for role, dp in (("prefill", "1"), ("decode", "3")):
+        text = files[f"serve_vllm_{role}.sh"]
+        assert '\'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\'' in text
+        assert f"--data-parallel-size {dp}" in text and "--tensor-parallel-size 2" in text
+
+
+def test_export_refuses_a_split_plan_where_the_engine_cannot_express_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["export", "trtllm", "--from-plan", str(_split_plan(tmp_path))]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "splits prefill and decode pools" in err and "export vllm or sglang" in err and len(err.splitlines()) == 1

@@ -15,10 +15,18 @@ from meshplan.validate_serving import validate_serving
 
 # metric class: (mean |error| at most, max |error| at most)
 # throughput-dense rose from (0.15, 0.47) to (0.18, 1.02) when HBM became the driver's total: Llama 3.1 70B
-# fp8 on one H100 (trt014_h100_l31-70b_fp8_tp1_1000_1000) now gets about 7 GB of KV cache instead of none and is
-# billed 2x the measured 410 tokens/s. The engines' own runtime reserve is not in the serving bill yet.
-# With the training matmul refit (H100 0.61 -> 0.64) on top, the mean is 0.186.
-BOUNDS = {"decode": (0.10, 0.22), "prefill": (0.11, 0.30), "throughput-dense": (0.19, 1.02)}
+# fp8 on one H100 (trt014_h100_l31-70b_fp8_tp1_1000_1000) now gets about 8 GB of KV cache instead of none and is
+# billed 2x the measured 410 tokens/s. The engines' runtime reserve and headroom are now named terms of the bill
+# (TensorRT-LLM: 0.9 of what weights, activations and a 1.5 GB runtime leave: 2.4 GB on that GPU); the row needs
+# ~4 GB more held back to match, so it stays (0.185, max 1.01), with the v1.0 runs' stated 0.95 fraction read.
+# prefill fell from 0.087 to 0.079 when TensorRT-LLM's MoE GEMM share (0.75) was set on its Mixtral TTFT row.
+BOUNDS = {
+    "decode": (0.10, 0.20),
+    "prefill": (0.085, 0.29),
+    "throughput-dense": (0.19, 1.02),
+    "throughput-moe": (0.19, 0.41),
+}
+"""The MoE rows (catalog/serving/runs_moe.json) are held out: 0.184 mean, 0.403 max, under the 25% target."""
 
 
 @cache
@@ -33,7 +41,7 @@ def test_error_bounds(cls: str) -> None:
     assert row["mean_abs_error"] <= mean and row["max_abs_error"] <= worst
 
 
-@pytest.mark.parametrize("cls", sorted(BOUNDS))
+@pytest.mark.parametrize("cls", sorted(set(BOUNDS) - {"throughput-moe"}))
 def test_beats_the_best_single_efficiency_constant(cls: str) -> None:
     (row,) = [c for c in result()["classes"] if c["metric_class"] == cls]
     assert row["mean_abs_error"] < row["best_constant_mean_abs_error"]
@@ -74,3 +82,33 @@ def test_int8_and_int4_speedups_follow_the_measurements() -> None:
         r = runs[f"gptfast_a100_l2-7b_{q}_tp1"]
         measured, predicted = r["measured"] / base["measured"], r["predicted"] / base["predicted"]
         assert predicted > 1 and abs(predicted - measured) <= 0.15, q
+
+
+def test_moe_throughput_is_its_own_metric_on_held_out_rows() -> None:
+    """The 16 Mixtral rows of TensorRT-LLM 0.14 are counted under throughput-moe, not dense, and meet the
+    issue's 25% target; the only MoE throughput row of the shared set is flagged (beyond its roofline)."""
+    moe = [r for r in result()["runs"] if r["metric_class"] == "throughput-moe" and r["status"] == "ok"]
+    assert len(moe) == 16 and not any(r["shared"] for r in moe)
+    assert all(r["case"].startswith("trt014_") and "mixtral" in r["case"] for r in moe)
+    (row,) = [c for c in result()["classes"] if c["metric_class"] == "throughput-moe"]
+    assert row["cases"] == 16 and row["mean_abs_error"] <= row["target_mean"] == 0.25
+    dense = [r for r in result()["runs"] if r["metric_class"] == "throughput-dense"]
+    assert not any("mixtral" in r["case"] or "qwen3" in r["case"] for r in dense)
+
+
+def test_the_moe_gemm_share_was_set_on_no_held_out_row() -> None:
+    from meshplan.reports.serve import calibration
+
+    source = calibration("trtllm", "h100-sxm").moe_source
+    assert "trt09_a100_mixtral_tp2_ttft_2048" in source and "trt014" not in source
+
+
+def test_stated_engine_settings_are_read_from_the_run() -> None:
+    """A run's stated kv_cache_free_gpu_mem_fraction and 'two-batch overlap disabled' reach the model."""
+    from meshplan.validate_serving import _setup, reference_rows
+
+    rows = {r["id"]: r for r in reference_rows()}
+    v10 = _setup(rows["trt10_h100_l31-8b_fp8_tp1_128_2048"], context=2176)
+    assert v10.hw.cal.memory_fraction == 0.95 and v10.hw.cal.memory_fraction_of.value == "free"
+    gb200 = _setup(rows["sglang_gb200_dsv3_decode_48gpu_isl2000"], context=2000)
+    assert gb200.hw.cal.ep_overlap == 0.0

@@ -4,7 +4,13 @@ import pytest
 
 from meshplan import io
 from meshplan.core.params import count_params
-from meshplan.core.serving import serving_bill, weight_bytes_per_param, weights_bytes_total
+from meshplan.core.serving import (
+    EngineMemory,
+    MemoryFraction,
+    serving_bill,
+    weight_bytes_per_param,
+    weights_bytes_total,
+)
 from meshplan.units import DType
 
 H200 = io.load_gpu("h200")
@@ -31,7 +37,7 @@ def test_tp8_holds_an_eighth_of_the_matmul_weights() -> None:
 
 def test_capacity_is_the_budget_over_the_cache_per_token() -> None:
     bill = serving_bill(L70, gpu=H200, tp=8, context=8192)
-    budget = H200.hbm_bytes * 0.9 - bill.weights_bytes - bill.activations_bytes - bill.framework_bytes
+    budget = H200.hbm_bytes * 0.9 - bill.weights_bytes - bill.activations_bytes - bill.runtime_reserve_bytes
     assert bill.kv_capacity_tokens == int(budget // bill.kv_bytes_per_token)
     assert bill.max_concurrent_sequences == int(budget // (8192 * bill.kv_bytes_per_token))
 
@@ -45,3 +51,31 @@ def test_a_model_too_big_for_one_gpu_does_not_fit() -> None:
 def test_unsupported_weight_dtype_is_refused(dtype: DType) -> None:
     with pytest.raises(ValueError, match="serving weights cannot be"):
         weight_bytes_per_param(dtype, hidden=4096)
+
+
+@pytest.mark.parametrize("of", list(MemoryFraction))
+def test_serving_terms_sum_to_the_device(of: MemoryFraction) -> None:
+    """Weights + activations + runtime reserve + engine headroom + KV budget = HBM, whatever the engine's rule."""
+    memory = EngineMemory(fraction=0.85, of=of, runtime_reserve_bytes=2e9)
+    bill = serving_bill(L70, gpu=H200, tp=2, context=8192, memory=memory)
+    held = bill.weights_bytes + bill.activations_bytes + bill.runtime_reserve_bytes + bill.headroom_bytes
+    assert held + bill.kv_budget_bytes == pytest.approx(H200.hbm_bytes)
+
+
+def test_each_engine_reads_its_fraction_as_its_docs_say() -> None:
+    """vLLM: f x HBM holds everything; TensorRT-LLM: KV = f x what is free after load; SGLang: f x HBM holds
+    weights and KV only (activations and the runtime live in the rest)."""
+    hbm, reserve = H200.hbm_bytes, 2e9
+
+    def budget(of: MemoryFraction) -> tuple[float, float, float]:
+        bill = serving_bill(
+            L70, gpu=H200, tp=2, context=8192, memory=EngineMemory(fraction=0.8, of=of, runtime_reserve_bytes=reserve)
+        )
+        return bill.kv_budget_bytes, bill.weights_bytes, bill.activations_bytes
+
+    kv, w, a = budget(MemoryFraction.HBM)
+    assert kv == pytest.approx(0.8 * hbm - w - a - reserve)
+    kv, w, a = budget(MemoryFraction.FREE)
+    assert kv == pytest.approx(0.8 * (hbm - w - a - reserve))
+    kv, w, a = budget(MemoryFraction.STATIC)
+    assert a + reserve < 0.2 * hbm and kv == pytest.approx(0.8 * hbm - w)

@@ -23,8 +23,9 @@ from meshplan.core.step_time import stage_times, step_time
 from meshplan.core.training import peak_bill
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.search.space import LayoutBatch, SearchSpace, enumerate_layouts
+from meshplan.spec.conditions import Conditions, StageSplit
 from meshplan.spec.finetune import Finetune, FinetuneMode
-from meshplan.spec.layout import Schedule
+from meshplan.spec.layout import Layout, Schedule
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
@@ -49,6 +50,71 @@ def test_layer_split_and_its_inverse(num_layers: int, data: st.DataObject) -> No
     for layer in range(num_layers):
         owner = next(i for i in range(pp) if sum(counts[:i]) <= layer < sum(counts[: i + 1]))
         assert layer_stage(num_layers, pp=pp, layer=layer) == owner
+
+
+def _stated_split(num_layers: int, pp: int, first: int | None, last: int | None) -> list[int]:
+    """Stated ends written out: the stated counts at the ends, the hand split of the rest between them."""
+    middle = pp - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    inner = _split(rest, middle) if middle else []
+    return ([first] if first is not None else []) + inner + ([last] if last is not None else [])
+
+
+@given(num_layers=st.integers(2, 96), data=st.data())
+def test_stated_first_and_last_stage_layers(num_layers: int, data: st.DataObject) -> None:
+    """--first-stage-layers / --last-stage-layers: the rows, their sum, and the inverse (layer -> stage)."""
+    pp = data.draw(st.integers(2, num_layers))
+    first = data.draw(st.none() | st.integers(0, num_layers - (pp - 1)))
+    room = num_layers - (first or 0) - (pp - 1 - (first is not None))
+    last = data.draw(st.none() | st.integers(0, max(room, 0))) if room >= 0 else None
+    split = StageSplit(first=first, last=last)
+    model = _model_with_layers(num_layers)
+    work = Workload(seq_len=128, global_batch=pp, conditions=Conditions(stage_split=split))
+    rule = next(r for r in RULES if r.reason.startswith("stated first/last"))
+    counts = _stated_split(num_layers, pp, first, last)
+    if not bool(rule.holds(model, Layout(pp=pp), work, pp)):
+        middle = counts[1 if first is not None else 0 : pp - (last is not None)]
+        assert min(middle or [1]) < 1 or sum(counts) != num_layers
+        return
+    rows = stage_table(model, pp=pp, split=split)
+    assert [int(r.layers) for r in rows] == counts
+    assert sum(counts) == num_layers
+    for layer in range(num_layers):
+        owner = next(i for i in range(pp) if sum(counts[:i]) <= layer < sum(counts[: i + 1]))
+        assert int(layer_stage(num_layers, pp=pp, layer=layer, split=split)) == owner
+        got = layer_stage(num_layers, pp=np.array([pp, pp]), layer=layer, split=split)
+        assert np.broadcast_to(got, (2,)).tolist() == [owner, owner]
+
+
+def test_stated_stage_layers_golden_bill_and_time() -> None:
+    """Llama 3.1 8B on pp 4 with 6 layers stated first and 10 last: 6, 8, 8, 10. Stage 3's bf16 weights by hand:
+    a layer is 4096 (4096 + 2 x 1024) + 4096^2 (attention) + 3 x 4096 x 14336 (SwiGLU) + 2 x 4096 (norms)
+    = 218,112,000 parameters; the head 128,256 x 4096 and the final norm 4096 join the last stage."""
+    model = io.load_model("llama-3.1-8b")
+    split = StageSplit(first=6, last=10)
+    work = Workload(seq_len=4096, global_batch=8, conditions=Conditions(stage_split=split))
+    layout = Layout(pp=4, dp_replicate=2)
+    assert [int(r.layers) for r in stage_table(model, pp=4, split=split)] == [6, 8, 8, 10]
+    layer = 4096 * (4096 + 2 * 1024) + 4096**2 + 3 * 4096 * 14336 + 2 * 4096
+    assert layer == 218_112_000
+    cal = resolve_cluster(gpu="h100-sxm", gpus=8).gpu.calibration
+    bill = stage_bill(model, count_params(model), layout, work, calibration=cal, stage=3)
+    assert float(bill.weights_bytes) == pytest.approx(2 * (10 * layer + 128_256 * 4096 + 4096), rel=1e-12)
+    plan = evaluate(model, resolve_cluster(gpu="h100-sxm", gpus=8), layout, work)
+    assert plan.memory.heaviest_stage == 3
+    even = evaluate(model, resolve_cluster(gpu="h100-sxm", gpus=8), layout, Workload(seq_len=4096, global_batch=8))
+    # the slowest stage runs 10 layers instead of 8 (the last stage's head comes on top in both)
+    assert stage_times(model, layout, work, resolve_cluster(gpu="h100-sxm", gpus=8), stages=(3,)).dense_layers == 10
+    assert float(plan.step.step_time_s) > float(even.step.step_time_s)
+
+
+def test_stated_stage_layers_refused_where_they_do_not_fit() -> None:
+    model = io.load_model("llama-3.1-8b")
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=8)
+    for pp, split in ((1, StageSplit(first=6)), (4, StageSplit(first=30)), (2, StageSplit(first=6, last=6))):
+        work = Workload(seq_len=4096, global_batch=8, conditions=Conditions(stage_split=split))
+        with pytest.raises(ValueError, match="at least one layer on every other stage"):
+            evaluate(model, cluster, Layout(pp=pp, dp_replicate=8 // pp), work)
 
 
 def test_layer_split_vectorized_matches_scalar() -> None:
@@ -123,7 +189,17 @@ def layouts(draw: Any) -> tuple[ModelSpec, Any, Workload, str]:
         finetune = Finetune(mode=FinetuneMode.LORA)
     else:
         finetune = Finetune()
-    return model, layout, Workload(seq_len=seq, global_batch=gpus * 2, finetune=finetune), name
+    split = StageSplit()
+    if layout.pp > 1 and draw(st.booleans()):  # stated first/last stage layers, leaving a layer a stage
+        free = model.num_layers - layout.pp
+        first = draw(st.none() | st.integers(0, free // 2 + 1))
+        last = draw(st.none() | st.integers(0, max(free - (first or 0), 0) // 2 + 1))
+        split = StageSplit(first=first, last=last)
+        rest, middle = model.num_layers - split.stated_layers, layout.pp - split.stated
+        if rest < middle or (middle == 0 and rest != 0):
+            split = StageSplit()
+    conditions = Conditions(stage_split=split)
+    return model, layout, Workload(seq_len=seq, global_batch=gpus * 2, finetune=finetune, conditions=conditions), name
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

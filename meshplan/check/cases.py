@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshplan.core.comm.call import CollectiveCall
-from meshplan.spec.layout import Layout, Schedule, ZeroStage
+from meshplan.spec.conditions import Conditions, Selective
+from meshplan.spec.layout import Layout, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import MlpKind, ModelSpec, MoESpec, NormKind
 from meshplan.spec.workload import PRECISIONS, Framework, Kernels, Workload
 
@@ -54,6 +55,9 @@ class Case:
     """DDP broadcasts the module buffers every forward (the harness turns it off for CP and EP)."""
     reshard_root: bool = False
     """FSDP2 with an explicit ``reshard_after_forward=True``, which reshards the root too."""
+    conditions: Conditions = dataclasses.field(default_factory=Conditions)
+    """The run conditions of the schema's conditions group (gradient sync, reshard-after-forward, the selective
+    recompute policy) as the harness sets them."""
 
     @property
     def world_size(self) -> int:
@@ -93,6 +97,10 @@ def _same_but(a: Mapping[str, int], b: Mapping[str, int], axis: str) -> bool:
     return all(a[k] == b[k] for k in a if k != axis)
 
 
+ACCUMULATED_MICRO_BATCHES = 2
+"""Micro-batches per step of the no-sync layout: one accumulated without sync, then the last one."""
+
+
 def _fsdp(n: int, **kw: Any) -> Case:
     return Case(layout=Layout(dp_shard=n, zero=ZeroStage.PARAMETERS), mesh=(("dp_shard", n),), **kw)
 
@@ -102,6 +110,13 @@ _CASES: dict[str, Callable[[int], Case]] = {
     "fsdp": lambda n: _fsdp(n),
     "fsdp_reshard_root": lambda n: _fsdp(n, reshard_root=True),
     "fsdp_bf16": lambda n: _fsdp(n, precision="fsdp2-bf16"),
+    "fsdp_no_reshard": lambda n: _fsdp(n, conditions=Conditions(reshard_after_forward=False)),
+    "fsdp_no_sync": lambda n: _fsdp(n, micro_batches=ACCUMULATED_MICRO_BATCHES, conditions=Conditions(grad_sync=False)),
+    "fsdp_sac_op": lambda n: Case(
+        layout=Layout(dp_shard=n, zero=ZeroStage.PARAMETERS, recompute=Recompute.SELECTIVE),
+        mesh=(("dp_shard", n),),
+        conditions=Conditions(selective=Selective.OP),
+    ),
     "tp": lambda n: Case(layout=Layout(tp=n), mesh=(("tp", n),)),
     "sp": lambda n: Case(layout=Layout(tp=n, sp=True), mesh=(("tp", n),)),
     "fsdp_tp": lambda n: Case(
@@ -152,13 +167,15 @@ def model_spec(shape: Shape, *, moe: bool) -> ModelSpec:
 
 
 def workload(case: Case, shape: Shape) -> Workload:
-    """The harness's step: one micro-batch per data-parallel rank (2 pp of them under pipelining), AdamW."""
+    """The harness's step: ``case.micro_batches`` micro-batches per data-parallel rank (2 pp of them under
+    pipelining, 2 when accumulating without sync, else 1), AdamW, under the case's conditions."""
     return Workload(
         seq_len=shape.seq_len,
         global_batch=case.layout.micro_batch * case.layout.dp * case.micro_batches,
         precision=PRECISIONS[case.precision],
         kernels=Kernels.EAGER,
         framework=Framework.TORCH,
+        conditions=case.conditions,
     )
 
 

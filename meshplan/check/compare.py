@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from meshplan.check.predict import (
     ACTIVATION_QUANTITIES,
+    BUFFER_QUANTITIES,
     COLLECTIVE_KINDS,
     ROUTING_DEPENDENT,
     STATE_QUANTITIES,
@@ -56,7 +57,12 @@ EXACT = Target(name="exact", relative=0.0)
 BYTES_1 = Target(name="1%", relative=0.01)
 ACTIVATIONS_5 = Target(name="5%", relative=0.05)
 COMPARED = frozenset(
-    (*STATE_QUANTITIES, *ACTIVATION_QUANTITIES, *(f"{k}_{u}" for k in COLLECTIVE_KINDS for u in ("count", "bytes")))
+    (
+        *STATE_QUANTITIES,
+        *ACTIVATION_QUANTITIES,
+        *BUFFER_QUANTITIES,
+        *(f"{k}_{u}" for k in COLLECTIVE_KINDS for u in ("count", "bytes")),
+    )
 )
 
 

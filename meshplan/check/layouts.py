@@ -41,6 +41,8 @@ class Probe(Protocol):
 
     def after_forward(self, model: nn.Module, loss: torch.Tensor) -> None: ...
 
+    def after_backward(self, model: nn.Module) -> None: ...
+
 
 @dataclass(slots=True, kw_only=True)
 class Trainer:
@@ -51,6 +53,8 @@ class Trainer:
     """The batch tensors (token ids, targets): saved views of them are inputs, not activations."""
     warmup_steps: int = 1
     """Unmeasured steps first: lazy init, optimizer state, DDP's bucket rebuild in its second iteration."""
+    held_outside_autograd: Callable[[], int] = lambda: 0
+    """Bytes kept for backward outside autograd's saved-tensor hooks (a selective checkpoint's cache)."""
 
 
 Builder = Callable[[TinyConfig, int], Trainer]
@@ -80,6 +84,7 @@ def standard_step(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor)
         probe.after_forward(model, loss)
         with probe.in_phase("backward"):
             loss.backward()  # type: ignore[no-untyped-call]
+        probe.after_backward(model)
 
     return forward_backward
 

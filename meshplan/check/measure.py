@@ -166,3 +166,38 @@ def ddp_bucket_bytes(model: nn.Module) -> int:
         return 0
     sizes = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or "")
     return sum(int(x) for x in sizes.replace(",", " ").split())
+
+
+def held_grads_bytes(model: nn.Module) -> int:
+    """Bytes of every gradient this rank holds now, each storage once: the parameters' own, and FSDP2's
+    unsharded gradients kept between micro-batches without gradient sync (in the parameter dtype, or the
+    reduce dtype once upcast to accumulate)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    for module in model.modules():
+        get_state = getattr(module, "_get_fsdp_state", None)
+        if get_state is None:
+            continue
+        for group in get_state()._fsdp_param_groups:
+            for fsdp_param in group.fsdp_params:
+                unsharded = getattr(fsdp_param, "_unsharded_param", None)
+                held = [fsdp_param.unsharded_accumulated_grad, None if unsharded is None else unsharded.grad]
+                grads += [g for g in held if g is not None]
+    return _local_bytes(grads)[1]
+
+
+def cached_bytes(caches: Sequence[Any]) -> int:
+    """Bytes of the tensors in selective-checkpoint caches (``{op: {index: outputs}}``), each storage once."""
+    storages: dict[int, int] = {}
+
+    def visit(value: Any) -> None:
+        if isinstance(value, dict | list | tuple):
+            for v in value.values() if isinstance(value, dict) else value:
+                visit(v)
+        elif isinstance(getattr(value, "val", None), torch.Tensor):  # checkpoint's _VersionWrapper
+            visit(value.val)
+        elif isinstance(value, torch.Tensor):
+            for inner in _inner_tensors(value):
+                storages[_storage_key(inner)] = inner.untyped_storage().nbytes()
+
+    visit(list(caches))
+    return sum(storages.values())

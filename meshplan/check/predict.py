@@ -1,9 +1,9 @@
 """What meshplan's core predicts for every quantity ``run_check`` measures, with Framework.TORCH.
 
-Each harness layout becomes a ModelSpec, a Layout and a Workload (cases.py); each rank then gets its training
-state (core.pytorch.shards), saved activations (core.activations, core.pipeline) and collectives (core.comm, with
-every send matched by a receive on the rank it reaches), named as the harness names its measurements. Nothing
-here imports torch.
+Each harness layout becomes a ModelSpec, a Layout and a Workload with the run's conditions (cases.py); each rank
+then gets the stage bill users get (core.memory.stage_bill, at the rank's pipeline stage) for its training state
+and saved activations, and its collectives (core.comm, with every send matched by a receive on the rank it
+reaches), named as the harness names its measurements. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from meshplan.core import pipeline
 from meshplan.core.comm import inventory
 from meshplan.core.comm.call import CollectiveCall, StageShape
 from meshplan.core.comm.cost import Collective
-from meshplan.core.memory import moment_bytes_per_param, stage_params
+from meshplan.core.memory import MemoryBill, moment_bytes_per_param, stage_bill, stage_params
 from meshplan.core.params import count_params
 from meshplan.core.placement import place
 from meshplan.core.plan import mesh_sizes
 from meshplan.core.pytorch import collectives as torch_calls
 from meshplan.core.pytorch import shards
 from meshplan.core.stages import StageRow, stage_row
-from meshplan.spec.cluster import Cluster
-from meshplan.spec.layout import Recompute, ZeroStage
+from meshplan.spec.cluster import Cluster, GpuCalibration
+from meshplan.spec.layout import ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
@@ -40,8 +40,11 @@ STATE_QUANTITIES = (
     "optimizer_bytes",
     "ddp_bucket_bytes",
     "gathered_params_after_forward_bytes",
+    "grads_peak_bytes",
 )
 ACTIVATION_QUANTITIES = ("activations_bytes", "activations_peak_bytes")
+BUFFER_QUANTITIES = ("comm_buffers_bytes",)
+"""Bill terms compared within 1% where a CPU sees all of them (FSDP2 with reshard-after-forward off)."""
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
 ROUTING_DEPENDENT = frozenset({"activations_bytes", "activations_peak_bytes", "all_to_all_bytes"})
 """Quantities of the MoE layouts that depend on where the router sends tokens: compared as the mean over ranks
@@ -73,7 +76,11 @@ class Prediction:
     values: list[Predicted]
     unmeasured: dict[str, float] = field(default_factory=dict)
     """Predicted for rank 0 but invisible on CPU: pipeline stage outputs held outside autograd, FSDP2's transient
-    all-gather and reduce-scatter buffers."""
+    all-gather and reduce-scatter buffers, the workspace a recomputing layer rebuilds in backward."""
+
+
+NO_OVERHEAD = GpuCalibration(framework_bytes=0.0, fragmentation=0.0)
+"""The check compares tensors, not a GPU's runtime: no framework bytes, no fragmentation."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +90,8 @@ class _Rank:
     units: StageRow
     at: shards.RankCoords
     stage: int
+    bill: MemoryBill
+    """The stage bill users get (``core.memory.stage_bill``) for this rank's pipeline stage."""
 
 
 def _rank(case: Case, shape: Shape, rank: int) -> _Rank:
@@ -97,16 +106,16 @@ def _rank(case: Case, shape: Shape, rank: int) -> _Rank:
         fsdp=fsdp,
         fsdp_rank=c.get("dp_shard", 0) if fsdp > 1 else 0,
     )
-    stage = c.get("pp", 0)
-    units = stage_row(model, pp=lay.pp, stage=stage)
-    return _Rank(model=model, work=workload(case, shape), units=units, at=at, stage=stage)
+    stage, work = c.get("pp", 0), workload(case, shape)
+    bill = stage_bill(model, count_params(model), lay, work, calibration=NO_OVERHEAD, stage=stage)
+    return _Rank(model=model, work=work, units=stage_row(model, pp=lay.pp, stage=stage), at=at, stage=stage, bill=bill)
 
 
-def _state(case: Case, r: _Rank) -> dict[str, float]:
+def _torch_state(case: Case, r: _Rank, at: shards.RankCoords) -> shards.TorchState:
     lay = case.layout
-    state = shards.torch_state(
+    return shards.torch_state(
         r.model,
-        r.at,
+        at,
         r.units,
         zero=lay.zero,
         ddp_ranks=lay.dp * lay.cp,
@@ -114,40 +123,60 @@ def _state(case: Case, r: _Rank) -> dict[str, float]:
         optimizer=r.work.optimizer.kind,
         moment_bytes=moment_bytes_per_param(r.model, r.work),
         reshard_root=case.reshard_root,
+        reshard_after_forward=case.conditions.reshard_after_forward,
     )
-    out = {q: getattr(state, q) for q in STATE_QUANTITIES if hasattr(state, q)}
-    out["gathered_params_after_forward_bytes"] = state.gathered_root_bytes
-    out["fsdp_transient_bytes"] = state.fsdp_transient_bytes
-    return out
+
+
+def _state(case: Case, r: _Rank) -> dict[str, float]:
+    """One rank's training state, named as the harness measures it.
+
+    What a term of the stage bill carries comes from the bill: it is the stage's heaviest GPU, rank 0 of every
+    TP, EP and FSDP split, so another rank of an uneven split adds what it holds less (the per-tensor inventory,
+    ``torch_state``, at its coordinates against the bill's). Logical bytes and the gradients left after the last
+    micro-batch are not terms of the bill and come from the inventory alone; so do the parts of the bill's
+    communication buffers (DDP's buckets, FSDP2's gathered units and its transient buffers) where FSDP2 adds
+    buffers a CPU cannot see.
+    """
+    bill, here = r.bill, _torch_state(case, r, r.at)
+    base = _torch_state(case, r, dataclasses.replace(r.at, tp_rank=0, ep_rank=0, fsdp_rank=0))
+
+    def less(quantity: str) -> float:
+        return float(getattr(here, quantity) - getattr(base, quantity))
+
+    out = {
+        "params_storage_bytes": bill.weights_bytes + less("params_storage_bytes"),
+        "grads_peak_bytes": bill.gradients_bytes + less("grads_storage_bytes"),
+        "optimizer_bytes": bill.optimizer_bytes + less("optimizer_bytes"),
+        "params_bytes": here.params_bytes,
+        "grads_bytes": here.grads_bytes,
+        "grads_storage_bytes": here.grads_storage_bytes,
+        "gathered_params_after_forward_bytes": here.gathered_root_bytes,
+        "fsdp_transient_bytes": here.fsdp_transient_bytes,
+    }
+    if case.layout.zero == ZeroStage.NONE:  # the bill's buffers are DDP's buckets alone
+        out["ddp_bucket_bytes"] = bill.comm_buffers_bytes + less("ddp_bucket_bytes")
+    if not case.conditions.reshard_after_forward:  # every unit gathered, and one reduce-scatter input: all visible
+        out["comm_buffers_bytes"] = bill.comm_buffers_bytes
+    return {q: float(v) for q, v in out.items()}
 
 
 def _activations(case: Case, shape: Shape, r: _Rank) -> tuple[float, float, float]:
-    """(saved over the step, saved at the peak, stage outputs at the peak) of one rank."""
-    lay, work, model = case.layout, r.work, r.model
-    tokens = shape.seq_len / lay.cp * lay.micro_batch
-    beta = work.precision.activation_bytes
-    common: dict[str, Any] = dict(
-        seq_len=shape.seq_len,
-        micro_batch=lay.micro_batch,
-        tp=lay.tp,
-        sp=lay.sp,
-        cp=lay.cp,
-        recompute=Recompute.NONE,
-        attention=work.attention,
-        act_bytes=beta,
-        kernels=work.kernels,
-        framework=work.framework,
-    )
-    per_mb = r.units.dense_layers * act.layer_bytes(model, moe_layer=False, **common)
-    if model.moe is not None:
-        per_mb += r.units.moe_layers * act.layer_bytes(model, moe_layer=True, **common)
-    head = act.head_bytes(model, tokens=tokens, tp=lay.tp, sp=lay.sp, act_bytes=beta, framework=work.framework)
-    per_mb += r.units.head * (head + act.loss_bytes(model, tokens=tokens, tp=lay.tp, framework=work.framework))
+    """(saved over the step, saved at the peak, stage outputs at the peak) of one rank, from the stage bill.
+
+    The bill's activations and loss hold ``in_flight`` micro-batches, the stage outputs a pipeline stage keeps
+    outside autograd among them (invisible on CPU): one micro-batch's share of the rest, times the step's
+    micro-batches, is what the step saves in all."""
+    lay, work = case.layout, r.work
     m = case.micro_batches
     flight = pipeline.in_flight(schedule=lay.schedule, pp=lay.pp, vpp=lay.vpp, m=m, stage=r.stage)
+    tokens = shape.seq_len / lay.cp * lay.micro_batch
     last = r.stage == lay.pp - 1
-    held = act.stage_output_bytes(model, tokens=tokens, act_bytes=beta, last=last, framework=work.framework)
-    return m * per_mb, flight * per_mb, (flight * held if lay.pp > 1 else 0.0)
+    outputs = act.stage_output_bytes(
+        r.model, tokens=tokens, act_bytes=work.precision.activation_bytes, last=last, framework=work.framework
+    )
+    held = flight * outputs if lay.pp > 1 else 0.0
+    per_mb = (r.bill.activations_bytes + r.bill.logits_bytes - held) / flight
+    return float(m * per_mb), float(flight * per_mb), float(held)
 
 
 def _cluster(world_size: int) -> Cluster:
@@ -176,7 +205,7 @@ def _calls(case: Case, shape: Shape, r: _Rank) -> list[CollectiveCall]:
     )
     placement, cluster = place(mesh_sizes(lay), domain=case.world_size), _cluster(case.world_size)
     calls = inventory(r.model, lay, r.work, cluster, placement, st)
-    if case.reshard_root:  # Layout has no reshard setting yet: FSDP2's calls again, with the root resharded
+    if case.reshard_root:  # an explicit True on the root is no condition of the schema: FSDP2's calls again
         fsdp = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
         calls = [c for c in calls if not (c.strategy == "dp" and c.op in fsdp)]
         group = lay.dp_shard * lay.cp
@@ -231,10 +260,12 @@ def predict(name: str, world_size: int, dense: object, moe: object | None = None
         state = _state(case, r)
         transient = state.pop("fsdp_transient_bytes")
         if transient and rank == 0:
-            unmeasured["fsdp_transient_bytes"] = float(transient)
+            unmeasured["fsdp_transient_bytes"] = transient
+        if r.bill.activation_workspace_bytes and rank == 0:
+            unmeasured["recompute_workspace_bytes"] = float(r.bill.activation_workspace_bytes)
         for q, v in state.items():
             phase = "forward" if q == "gathered_params_after_forward_bytes" else "state"
-            values.append(Predicted(layout=name, rank=rank, quantity=q, phase=phase, value=float(v)))
+            values.append(Predicted(layout=name, rank=rank, quantity=q, phase=phase, value=v))
         total, peak, held = _activations(case, shape, r)
         for q, v in (("activations_bytes", total), ("activations_peak_bytes", peak)):
             values.append(

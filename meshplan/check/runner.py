@@ -26,8 +26,10 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.multiprocessing.spawn import ProcessRaisedException, start_processes
 
 from meshplan.check.comms import CollectiveCall, CommCounter
+from meshplan.check.conditions import build_fsdp_no_sync, build_fsdp_op_sac
 from meshplan.check.layouts import (
     Builder,
+    Trainer,
     build_cp,
     build_ddp,
     build_ep,
@@ -39,6 +41,7 @@ from meshplan.check.measure import (
     SavedTensorTracker,
     ddp_bucket_bytes,
     fsdp_gathered_bytes,
+    held_grads_bytes,
     state_bytes,
 )
 from meshplan.check.model import TinyConfig
@@ -68,13 +71,18 @@ class LayoutRecipe:
     min_world_size: int = 2
     rules: Callable[[TinyConfig, int], list[str]] = lambda cfg, n: []
     """Broken shape rules for a world size (empty when the layout fits)."""
+    buffers_visible: bool = False
+    """Every communication buffer of the peak is a tensor the probe sees (FSDP2 with reshard-after-forward off:
+    the gathered units and one reduce-scatter input), so comm_buffers_bytes is measured."""
 
 
 LAYOUTS: dict[str, LayoutRecipe] = {
     "ddp": LayoutRecipe(build=build_ddp),
     "fsdp": LayoutRecipe(build=fsdp_builder()),
     "fsdp_reshard_root": LayoutRecipe(build=fsdp_builder(reshard_after_forward=True)),
-    "fsdp_no_reshard": LayoutRecipe(build=fsdp_builder(reshard_after_forward=False)),
+    "fsdp_no_reshard": LayoutRecipe(build=fsdp_builder(reshard_after_forward=False), buffers_visible=True),
+    "fsdp_no_sync": LayoutRecipe(build=build_fsdp_no_sync),
+    "fsdp_sac_op": LayoutRecipe(build=build_fsdp_op_sac),
     "fsdp_bf16": LayoutRecipe(
         build=fsdp_builder(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
     ),
@@ -104,8 +112,10 @@ class Measurement:
     """One measured number of one rank.
 
     Quantities. Phase ``state``: params_bytes, params_storage_bytes, grads_bytes, grads_storage_bytes (after
-    backward), optimizer_bytes, optimizer_step_bytes, buffers_bytes, param_tensors, ddp_bucket_bytes. Phase
-    ``forward``: activations_bytes (saved for backward, each storage once, whole step), activations_peak_bytes,
+    backward), grads_peak_bytes (the most gradient bytes held after any micro-batch's backward),
+    optimizer_bytes, optimizer_step_bytes, buffers_bytes, param_tensors, ddp_bucket_bytes. Phase
+    ``forward``: activations_bytes (saved for backward, each storage once, whole step; with what a selective
+    checkpoint caches outside autograd's hooks), activations_peak_bytes,
     saved_params_bytes, saved_buffers_bytes, saved_inputs_bytes, gathered_params_after_forward_bytes (FSDP2).
     Collectives, per phase (forward, backward, optimizer, and step = all three) and process group:
     ``<kind>_count`` and ``<kind>_bytes`` for kind in all_reduce, all_gather, reduce_scatter, all_to_all,
@@ -126,15 +136,22 @@ class Measurement:
 
 
 class _Probe:
-    def __init__(self, counter: CommCounter | None) -> None:
+    def __init__(self, counter: CommCounter | None, trainer: Trainer) -> None:
         self.counter = counter
+        self.trainer = trainer
         self.gathered_after_forward_bytes = 0
+        self.held_outside_autograd_bytes = 0
+        self.grads_peak_bytes = 0
 
     def in_phase(self, phase: str) -> contextlib.AbstractContextManager[None]:
         return self.counter.in_phase(phase) if self.counter is not None else contextlib.nullcontext()
 
     def after_forward(self, model: nn.Module, loss: torch.Tensor) -> None:
-        self.gathered_after_forward_bytes = fsdp_gathered_bytes(model)
+        self.gathered_after_forward_bytes = max(self.gathered_after_forward_bytes, fsdp_gathered_bytes(model))
+        self.held_outside_autograd_bytes = max(self.held_outside_autograd_bytes, self.trainer.held_outside_autograd())
+
+    def after_backward(self, model: nn.Module) -> None:
+        self.grads_peak_bytes = max(self.grads_peak_bytes, held_grads_bytes(model))
 
 
 def _collective_quantities(calls: list[CollectiveCall]) -> Iterator[tuple[str, str, str, int]]:
@@ -155,11 +172,11 @@ def measure_layout(name: str, recipe: LayoutRecipe, cfg: TinyConfig, world_size:
     torch.manual_seed(0)
     trainer = recipe.build(cfg, world_size)
     for _ in range(trainer.warmup_steps):
-        trainer.forward_backward(_Probe(None))
+        trainer.forward_backward(_Probe(None, trainer))
         trainer.optimizer.step()
         trainer.optimizer.zero_grad()
     counter, tracker = CommCounter(), SavedTensorTracker(trainer.model, trainer.inputs)
-    probe = _Probe(counter)
+    probe = _Probe(counter, trainer)
     with counter:
         with tracker.track():
             trainer.forward_backward(probe)
@@ -178,8 +195,9 @@ def measure_layout(name: str, recipe: LayoutRecipe, cfg: TinyConfig, world_size:
         ("grads_bytes", "state", "", after_backward["grads_bytes"]),
         ("grads_storage_bytes", "state", "", after_backward["grads_storage_bytes"]),
         *((q, "state", "", v) for q, v in after_step.items() if not q.startswith("grads")),
-        ("activations_bytes", "forward", "", tracker.saved_bytes["activation"]),
-        ("activations_peak_bytes", "forward", "", tracker.peak_activation_bytes),
+        ("grads_peak_bytes", "state", "", max(probe.grads_peak_bytes, after_backward["grads_storage_bytes"])),
+        ("activations_bytes", "forward", "", tracker.saved_bytes["activation"] + probe.held_outside_autograd_bytes),
+        ("activations_peak_bytes", "forward", "", tracker.peak_activation_bytes + probe.held_outside_autograd_bytes),
         ("saved_params_bytes", "forward", "", tracker.saved_bytes["param"]),
         ("saved_buffers_bytes", "forward", "", tracker.saved_bytes["buffer"]),
         ("saved_inputs_bytes", "forward", "", tracker.saved_bytes["input"]),
@@ -189,6 +207,9 @@ def measure_layout(name: str, recipe: LayoutRecipe, cfg: TinyConfig, world_size:
         ("python_calls_bypassing_dispatch", "step", "", counter.bypass_calls),
         *_collective_quantities(calls),
     ]
+    if recipe.buffers_visible:
+        largest_reduce = max((c.size_bytes for c in calls if c.kind == "reduce_scatter"), default=0)
+        values.append(("comm_buffers_bytes", "state", "", probe.gathered_after_forward_bytes + largest_reduce))
     return [
         Measurement(
             world_size=world_size,

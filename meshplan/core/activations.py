@@ -185,9 +185,16 @@ def mlp_bytes_per_token(
     kernels: Kernels = Kernels.FUSED,
     framework: Framework = Framework.MEGATRON,
     routing_imbalance: Num = 1.0,
+    etp: Num = None,
 ) -> Num:
     """Bytes one MLP (or MoE) block keeps per local token (norm included); the routed experts' share is scaled
-    by ``routing_imbalance``, the busiest expert-parallel rank's tokens over the mean."""
+    by ``routing_imbalance``, the busiest expert-parallel rank's tokens over the mean.
+
+    Routed copies per local token: k, each expert's internals split by the expert TP degree e_t (``etp``, None:
+    tp). With SP each rank dispatches its s/t tokens and the expert-TP group gathers e_t of them
+    (Megatron-Core's all-to-all dispatcher), so a rank keeps k e_t / t copies per local token: k when e_t = t,
+    k / t under MoE parallel folding with e_t = 1.
+    """
     rep = where(sp, 1.0 / tp, 1.0)
     beta, h, mask = act_bytes, model.hidden, 1.0 if model.dropout else 0.0
     norm = norm_bytes_per_token(model, act_bytes=beta, framework=framework)
@@ -199,7 +206,9 @@ def mlp_bytes_per_token(
     k = moe.experts_per_token
     router = saved.router_fp32_tensors * FP32_BYTES * moe.num_experts * rep
     per_pair = saved.routed_hidden_copies * beta * h + saved.routed_index_bytes + saved.routed_gate_values * beta
-    routed = routing_imbalance * k * (per_pair + n * beta * moe.expert_ffn_hidden / tp)
+    etp = tp if etp is None else etp
+    copies = k * where(sp, etp / tp, 1.0)
+    routed = routing_imbalance * copies * (per_pair + n * beta * moe.expert_ffn_hidden / etp)
     shared = moe.num_shared_experts * n * beta * moe.shared_hidden / tp
     return replicated + router + routed + shared
 
@@ -224,8 +233,9 @@ def layer_bytes(
     kernels: Kernels = Kernels.FUSED,
     framework: Framework = Framework.MEGATRON,
     routing_imbalance: Num = 1.0,
+    etp: Num = None,
 ) -> Num:
-    """Bytes one layer keeps for one micro-batch under the given recompute policy."""
+    """Bytes one layer keeps for one micro-batch under the given recompute policy (``etp``: expert TP)."""
     tokens = seq_len / cp * micro_batch
     keep_scores = where(recompute == Recompute.NONE, 1.0, 0.0)
     kept = attention_bytes_per_token(
@@ -246,6 +256,7 @@ def layer_bytes(
         kernels=kernels,
         framework=framework,
         routing_imbalance=routing_imbalance,
+        etp=etp,
     )
     full = layer_input_bytes_per_token(model, tp=tp, sp=sp, act_bytes=act_bytes)
     return tokens * where(recompute == Recompute.FULL, full, kept)

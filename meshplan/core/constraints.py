@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.core.num import Num
+from meshplan.spec.conditions import StageSplit
 from meshplan.spec.finetune import FinetuneMode
+from meshplan.spec.layout import Recompute
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
@@ -39,6 +41,37 @@ def _mesh(lay: object) -> Num:
     return _dp(lay) * _g(lay, "cp") * _g(lay, "tp") * _g(lay, "pp")
 
 
+def _split_fits(model: ModelSpec, pp: Num, split: StageSplit) -> Num:
+    """A stated first/last stage needs pp > 1, and the other stages at least one layer each (none when pp = 2
+    and both ends are stated: then f + l = L)."""
+    if split.stated == 0:
+        return True
+    rest_layers, rest_stages = model.num_layers - split.stated_layers, pp - split.stated
+    return (pp > 1) & (rest_layers >= np.maximum(rest_stages, 0)) & ((rest_stages > 0) | (rest_layers == 0))
+
+
+def _split_message(model: ModelSpec, pp: Num, split: StageSplit) -> str:
+    stated = " and ".join(
+        f"{name}_stage_layers={value}"
+        for name, value in (("first", split.first), ("last", split.last))
+        if value is not None
+    )
+    rest = model.num_layers - split.stated_layers
+    return (
+        f"{stated} leave {rest} of num_layers={model.num_layers} for the other {pp - split.stated} of pp={pp} "
+        "stages: needs pp > 1 and at least one layer on every other stage (all of them used when pp = 2 and "
+        "both ends are stated)"
+    )
+
+
+def _offload_fits(model: ModelSpec, lay: object, layers: int) -> Num:
+    """Megatron-Core's TransformerConfig refuses CPU offloading with pipeline parallelism or recompute, and of
+    num_layers or more layers."""
+    if not layers:
+        return True
+    return (_g(lay, "pp") == 1) & (_g(lay, "recompute") == Recompute.NONE) & (layers < model.num_layers)
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         reason="mesh does not multiply to the GPU count",
@@ -55,17 +88,31 @@ RULES: tuple[Rule, ...] = (
     Rule(
         reason="tp does not divide ffn_hidden",
         holds=lambda m, lay, w, n: (
-            (m.ffn_hidden % _g(lay, "tp") == 0) & ((m.moe is None) or (m.moe.expert_ffn_hidden % _g(lay, "tp") == 0))
+            (m.ffn_hidden % _g(lay, "tp") == 0) & ((m.moe is None) or (m.moe.expert_ffn_hidden % _g(lay, "etp") == 0))
         ),
         message=lambda m, lay, w, n: (
             f"tp={_g(lay, 'tp')} must divide ffn_hidden={m.ffn_hidden}"
-            + ("" if m.moe is None else f" and expert_ffn_hidden={m.moe.expert_ffn_hidden}")
+            + ("" if m.moe is None else f", and expert_tp={_g(lay, 'etp')} expert_ffn_hidden={m.moe.expert_ffn_hidden}")
         ),
     ),
     Rule(
         reason="more pipeline stages than layers",
         holds=lambda m, lay, w, n: _g(lay, "pp") <= m.num_layers,
         message=lambda m, lay, w, n: f"pp={_g(lay, 'pp')} exceeds num_layers={m.num_layers}",
+    ),
+    Rule(
+        reason="stated first/last stage layers do not fit the pipeline",
+        holds=lambda m, lay, w, n: _split_fits(m, _g(lay, "pp"), w.conditions.stage_split),
+        message=lambda m, lay, w, n: _split_message(m, _g(lay, "pp"), w.conditions.stage_split),
+    ),
+    Rule(
+        reason="activation offload needs pp 1, no recompute and a layer left on the GPU",
+        holds=lambda m, lay, w, n: _offload_fits(m, lay, w.conditions.offload_layers or 0),
+        message=lambda m, lay, w, n: (
+            f"offload_layers={w.conditions.offload_layers} with pp={_g(lay, 'pp')}, recompute="
+            f"{Recompute(int(_g(lay, 'recompute'))).name.lower()}, num_layers={m.num_layers}: Megatron offloads "
+            "activations only without pipeline parallelism or recompute, and fewer layers than the model has"
+        ),
     ),
     Rule(
         reason="more virtual stages than layers per stage",
@@ -77,11 +124,15 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         reason="ep does not divide num_experts",
-        holds=lambda m, lay, w, n: (m.moe.num_experts if m.moe else 1) % _g(lay, "ep") == 0,
+        holds=lambda m, lay, w, n: (
+            ((m.moe.num_experts if m.moe else 1) % _g(lay, "ep") == 0)
+            & ((m.moe is not None) | (_g(lay, "etp") == _g(lay, "tp")))
+        ),
         message=lambda m, lay, w, n: (
             f"ep={_g(lay, 'ep')} must divide num_experts={m.moe.num_experts}"
             if m.moe
-            else f"ep={_g(lay, 'ep')} needs a mixture-of-experts model; {m.name} has no experts"
+            else f"ep={_g(lay, 'ep')}, expert_tp={_g(lay, 'etp')} need a mixture-of-experts model; {m.name} has no "
+            "experts"
         ),
     ),
     Rule(

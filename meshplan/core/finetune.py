@@ -83,14 +83,12 @@ def adapted_matrices(model: ModelSpec, *, moe_layer: bool, targets: tuple[str, .
     return out
 
 
-def adapter_params(model: ModelSpec, finetune: Finetune, *, moe_layer: bool, tp: Num = 1) -> Num:
-    """Adapter parameters of one layer on one TP rank (the whole layer when tp = 1)."""
-    r = finetune.lora_rank
-    total: Num = 0
-    for m in adapted_matrices(model, moe_layer=moe_layer, targets=finetune.lora_targets):
-        whole, split = (m.d_in, m.d_out) if m.column_parallel else (m.d_out, m.d_in)
-        total = total + m.count * r * (whole + split / tp)
-    return total
+def matrix_adapter_params(m: Adapted, *, rank: int, tp: Num = 1) -> Num:
+    """Adapter parameters beside one adapted matrix on one TP rank: r (d_in + d_out) whole, the side its base
+    matrix splits over TP divided by tp (A of a row-parallel W, B of a column-parallel one); one copy of the
+    matrix (a layer holds ``m.count``, experts divide further over EP)."""
+    whole, split = (m.d_in, m.d_out) if m.column_parallel else (m.d_out, m.d_in)
+    return rank * (whole + split / tp)
 
 
 def validate_finetune(model: ModelSpec, finetune: Finetune) -> None:
@@ -121,10 +119,8 @@ def trainable_params(model: ModelSpec, finetune: Finetune) -> Trainable:
     """What trains in ``finetune`` mode, over the whole model."""
     p = count_params(model)
     if finetune.adapted:
-        adapters = int(
-            p.num_dense_layers * adapter_params(model, finetune, moe_layer=False)
-            + p.num_moe_layers * adapter_params(model, finetune, moe_layer=True)
-        )
+        dense, moe = (sum(adapter_split(model, finetune, moe_layer=m, tp=1, ep=1)) for m in (False, True))
+        adapters = int(p.num_dense_layers * dense + p.num_moe_layers * moe)
         edges = p.embedding if finetune.train_embeddings else 0
         return Trainable(trainable=adapters + edges, frozen=p.total - edges, adapters=adapters)
     frozen = p.embedding if finetune.freeze_embeddings else 0
@@ -141,13 +137,11 @@ def quantized_base(finetune: Finetune) -> bool:
 
 
 def adapter_split(model: ModelSpec, finetune: Finetune, *, moe_layer: bool, tp: Num, ep: Num) -> tuple[Num, Num]:
-    """(non-expert, expert) adapter parameters of one layer on one TP x EP rank."""
-    r = finetune.lora_rank
+    """(non-expert, expert) adapter parameters of one layer on one TP x EP rank (tp = ep = 1: the whole layer)."""
     dense: Num = 0
     experts: Num = 0
     for m in adapted_matrices(model, moe_layer=moe_layer, targets=finetune.lora_targets):
-        whole, split = (m.d_in, m.d_out) if m.column_parallel else (m.d_out, m.d_in)
-        per_matrix = r * (whole + split / tp)
+        per_matrix = matrix_adapter_params(m, rank=finetune.lora_rank, tp=tp)
         if m.routed:
             experts = experts + m.count * per_matrix / ep
         else:

@@ -24,7 +24,7 @@ from meshplan.core.params import LayerParams, ParamCount
 from meshplan.core.pytorch import shards
 from meshplan.core.stages import candidate_stages, stage_row, vocab_params_per_rank
 from meshplan.spec.cluster import GpuCalibration
-from meshplan.spec.conditions import FUSED_LOSS_CHUNKS, UPCAST_LOSS_BYTES, LossKind, Selective
+from meshplan.spec.conditions import EVEN_SPLIT, FUSED_LOSS_CHUNKS, UPCAST_LOSS_BYTES, LossKind, Selective, StageSplit
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.workload import Framework, Kernels, OptimizerKind, Workload
@@ -87,12 +87,13 @@ class MemoryBill:
 TERMS: tuple[str, ...] = tuple(f.name for f in fields(MemoryBill))
 
 
-def _layer_rank_params(lp: LayerParams, model: ModelSpec, *, tp: Num, ep: Num) -> tuple[Num, Num]:
-    """(dense, expert) parameters of one layer on one TP x EP rank."""
+def _layer_rank_params(lp: LayerParams, model: ModelSpec, *, tp: Num, ep: Num, etp: Num = None) -> tuple[Num, Num]:
+    """(dense, expert) parameters of one layer on one rank: dense ones split by TP, routed experts by EP x
+    expert TP (``etp``, None: tp)."""
     sharded = lp.attention - lp.kv - lp.attention_replicated + lp.mlp - lp.mlp_replicated + lp.shared_experts
     kv_split = minimum(tp, model.num_kv_heads)
     dense = sharded / tp + lp.kv / kv_split + lp.attention_replicated + lp.mlp_replicated + lp.router + lp.norms
-    return dense, lp.routed_experts / (ep * tp)
+    return dense, lp.routed_experts / (ep * (tp if etp is None else etp))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,13 +111,23 @@ class StageParams:
 
 
 def stage_params(
-    params: ParamCount, model: ModelSpec, *, tp: Num, pp: Num, ep: Num, stage: Num, copies: Num = 1
+    params: ParamCount,
+    model: ModelSpec,
+    *,
+    tp: Num,
+    pp: Num,
+    ep: Num,
+    stage: Num,
+    copies: Num = 1,
+    split: StageSplit = EVEN_SPLIT,
+    etp: Num = None,
 ) -> StageParams:
-    """Parameters on one GPU of pipeline stage ``stage`` (``copies`` = 2 under DualPipe)."""
-    row = stage_row(model, pp=pp, stage=stage)
+    """Parameters on one GPU of pipeline stage ``stage`` (``copies`` = 2 under DualPipe; ``etp``: expert TP,
+    None: tp)."""
+    row = stage_row(model, pp=pp, stage=stage, split=split)
     dense_layers, moe_layers = row.dense_layers, row.moe_layers
-    d_dense, _ = _layer_rank_params(params.dense_layer, model, tp=tp, ep=ep)
-    m_dense, m_expert = _layer_rank_params(params.moe_layer, model, tp=tp, ep=ep)
+    d_dense, _ = _layer_rank_params(params.dense_layer, model, tp=tp, ep=ep, etp=etp)
+    m_dense, m_expert = _layer_rank_params(params.moe_layer, model, tp=tp, ep=ep, etp=etp)
     dense = dense_layers * d_dense + moe_layers * m_dense
     experts = moe_layers * m_expert
     is_first, is_last = row.embedding == 1, row.head == 1
@@ -149,15 +160,19 @@ def moment_bytes_per_param(model: ModelSpec, workload: Workload) -> float:
     return opt.num_moments * workload.precision.moment_bytes
 
 
-def shard_degrees(*, dp_shard: Num, cp: Num, ep: Num) -> tuple[Num, Num]:
+def shard_degrees(*, dp_shard: Num, cp: Num, ep: Num, tp: Num = 1, etp: Num = 1) -> tuple[Num, Num]:
     """(dense, expert) ZeRO shard-group sizes.
 
     Dense state is sharded over dp_shard * cp (FSDP's and the distributed
-    optimizer's group); expert state over the part of that group outside the
-    expert-parallel group, (dp_shard * cp) / gcd(dp_shard * cp, ep).
+    optimizer's group); expert state over the part of the experts' own data
+    group outside the expert-parallel group: with the TP ranks an expert does
+    not split (tp / etp) counted as data ranks of the experts (MoE parallel
+    folding, whose expert-data-parallel group is tp cp dp / (ep etp)),
+    g / gcd(g, ep) with g = dp_shard * cp * tp / etp.
     """
     group = dp_shard * cp
-    return group, group // gcd(group, ep)
+    expert_group = group * tp // etp  # whole: ep * etp divides tp * cp * dp
+    return group, expert_group // gcd(expert_group, ep)
 
 
 def state_bytes_per_param(model: ModelSpec, workload: Workload) -> float:
@@ -226,10 +241,10 @@ def stage_training(
     if ft.freeze_embeddings:
         frozen_dense = where(stage == 0, vocab_params_per_rank(model, tp=lay.tp) + params.position_embedding, 0)
     if ft.freeze_layers:
-        first = stage_row(model, pp=lay.pp, stage=stage).first_layer
+        first = stage_row(model, pp=lay.pp, stage=stage, split=workload.conditions.stage_split).first_layer
         n = finetune.frozen_leading_layers(ft, first=first, layers=held.dense_layers + held.moe_layers)
         layer = params.dense_layer if params.num_dense_layers >= ft.freeze_layers else params.moe_layer
-        d, e = _layer_rank_params(layer, model, tp=lay.tp, ep=lay.ep)
+        d, e = _layer_rank_params(layer, model, tp=lay.tp, ep=lay.ep, etp=lay.etp)
         frozen_dense, frozen_experts = frozen_dense + n * d, n * e
     return StageTraining(
         base_dense=held.dense,
@@ -251,7 +266,7 @@ def _model_state(
     exist only for what trains. QLoRA's adapters are bf16 and updated in place by a 32-bit AdamW, with no fp32
     master copy (the QLoRA reference training script).
     """
-    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
+    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep, tp=lay.tp, etp=lay.etp)
 
     def sharded(dense: Num, experts: Num, from_stage: ZeroStage) -> Num:
         on = lay.zero >= from_stage
@@ -280,7 +295,15 @@ def state_bytes(model: ModelSpec, params: ParamCount, lay: LayoutLike, workload:
     """Model-state bytes of one GPU of ``stage`` (Megatron-style accounting): a lower bound of its whole bill,
     which the planner uses to drop hopeless layouts before it computes activations."""
     held = stage_params(
-        params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=stage, copies=pipeline.stage_copies(lay.schedule)
+        params,
+        model,
+        tp=lay.tp,
+        pp=lay.pp,
+        ep=lay.ep,
+        stage=stage,
+        copies=pipeline.stage_copies(lay.schedule),
+        split=workload.conditions.stage_split,
+        etp=lay.etp,
     )
     if workload.framework is Framework.TORCH:
         return 0.0 * held.dense  # PyTorch-native state is billed tensor by tensor: no shortcut
@@ -381,13 +404,14 @@ def _module_savings_per_token(model: ModelSpec, lay: LayoutLike, workload: Workl
     if "mlp" in mods and moe is None:
         out = out + beta * h * split * ("layernorm" not in mods) + n * beta * model.ffn_hidden / tp
     if moe is not None:
-        routed = moe.experts_per_token * n * beta * moe.expert_ffn_hidden / tp
+        copies = moe.experts_per_token * where(lay.sp, lay.etp / tp, 1.0)  # as act.mlp_bytes_per_token
+        routed = copies * n * beta * moe.expert_ffn_hidden / lay.etp
         shared = moe.num_shared_experts * n * beta * moe.shared_hidden / tp
         if "moe" in mods:
             out = out + beta * h * split * ("layernorm" not in mods) + routed + shared
         else:
             if "moe_act" in mods:
-                out = out + moe.experts_per_token * beta * moe.expert_ffn_hidden / tp
+                out = out + copies * beta * moe.expert_ffn_hidden / lay.etp
             if "shared_experts" in mods:
                 out = out + shared
     if "mla_up_proj" in mods and model.mla is not None:
@@ -426,6 +450,7 @@ def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> 
         kernels=workload.kernels,
         framework=workload.framework,
         routing_imbalance=where(lay.ep > 1, workload.conditions.routing_imbalance, 1.0),
+        etp=lay.etp,
     )
 
     tokens = workload.seq_len / lay.cp * lay.micro_batch
@@ -489,16 +514,13 @@ def stage_bill(
 ) -> MemoryBill:
     """The bill of one GPU on pipeline stage ``stage``; ``layout`` is a Layout or a batch of them."""
     lay = layout
-    tp, pp, ep, cp = lay.tp, lay.pp, lay.ep, lay.cp
-    zero, schedule = lay.zero, lay.schedule
-    copies = pipeline.stage_copies(schedule)
-    held = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage, copies=copies)
-    shard, _ = shard_degrees(dp_shard=lay.dp_shard, cp=cp, ep=ep)
-    tr = stage_training(model, params, lay, workload, stage=stage, held=held)
-    weights, adapters, grads, master, moments = _model_state(model, lay, workload, tr)
-    prec = workload.precision
-    dequant = where(finetune.quantized_base(workload.finetune), 2.0 * finetune.largest_matrix(model, tp=tp), 0.0)
-
+    copies = pipeline.stage_copies(lay.schedule)
+    split = workload.conditions.stage_split
+    held = stage_params(
+        params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=stage, copies=copies, split=split, etp=lay.etp
+    )
+    st = _stage_state(model, params, lay, workload, stage=stage, held=held)
+    dequant = where(finetune.quantized_base(workload.finetune), 2.0 * finetune.largest_matrix(model, tp=lay.tp), 0.0)
     layer_acts = layer_acts or layer_activations(model, lay, workload)
     acts, logits, workspace = _stage_activations(
         model,
@@ -509,48 +531,84 @@ def stage_bill(
         la=layer_acts,
         frozen=_frozen_activation_layers(model, lay, workload, stage=stage, held=held),
     )
-    gathered = where(
-        (zero >= ZeroStage.PARAMETERS) & (shard > 1),
-        held.largest_layer * (2 * shards.gather_bytes(prec) + prec.grad_bytes),
-        0,
-    )
-    if workload.framework is Framework.TORCH and not workload.finetune.adapted:
-        fsdp = where(zero >= ZeroStage.PARAMETERS, lay.dp_shard * cp, 1)
-        state = shards.torch_state(
-            model,
-            shards.RankCoords(tp=tp, ep=ep, fsdp=fsdp),
-            stage_row(model, pp=pp, stage=stage),
-            zero=zero,
-            ddp_ranks=lay.dp_replicate * lay.dp_shard * cp,
-            precision=prec,
-            optimizer=workload.optimizer.kind,
-            moment_bytes=moment_bytes_per_param(model, workload),
-        )
-        weights, grads = state.params_storage_bytes, state.grads_storage_bytes
-        master, moments = state.master_bytes, state.optimizer_bytes - state.master_bytes
-        gathered = state.ddp_bucket_bytes + state.gathered_root_bytes + state.fsdp_transient_bytes
-    elif workload.framework is Framework.TORCH:
-        # torch.optim's 0-dim fp32 step per trained tensor: thousands of small adapter tensors
-        ft, step = workload.finetune, shards.OPTIMIZER_STEP_BYTES.get(workload.optimizer.kind, 0.0)
-        per_layer = [finetune.adapter_tensors(model, ft, moe_layer=moe, ep=ep) for moe in (False, True)]
-        moments = moments + step * (held.dense_layers * per_layer[0] + held.moe_layers * per_layer[1])
-    grads, gathered = _accumulation_state(model, lay, workload, tr=tr, held=held, grads=grads, gathered=gathered)
-    dynamic = acts + logits + workspace + dequant + gathered
+    dynamic = acts + logits + workspace + dequant + st.gathered
     return MemoryBill(
-        weights_bytes=to_float(weights),
-        adapter_weights_bytes=to_float(adapters + 0 * dynamic),
-        gradients_bytes=to_float(grads),
-        master_weights_bytes=to_float(master),
-        optimizer_moments_bytes=to_float(moments),
+        weights_bytes=to_float(st.weights),
+        adapter_weights_bytes=to_float(st.adapters + 0 * dynamic),
+        gradients_bytes=to_float(st.grads),
+        master_weights_bytes=to_float(st.master),
+        optimizer_moments_bytes=to_float(st.moments),
         activations_bytes=to_float(acts),
         logits_bytes=to_float(logits),
         activation_workspace_bytes=to_float(workspace),
         dequant_workspace_bytes=to_float(dequant + 0 * dynamic),
-        comm_buffers_bytes=to_float(gathered),
+        comm_buffers_bytes=to_float(st.gathered),
         framework_bytes=to_float(calibration.framework_bytes + 0 * dynamic),
         fragmentation_bytes=to_float(calibration.fragmentation * dynamic),
         runtime_reserve_bytes=to_float(workload.conditions.runtime_reserve_bytes + 0 * dynamic),
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _StateBytes:
+    """One GPU's model state and gathered parameters (bytes)."""
+
+    weights: Num
+    adapters: Num
+    grads: Num
+    master: Num
+    moments: Num
+    gathered: Num
+
+
+def _stage_state(
+    model: ModelSpec, params: ParamCount, lay: LayoutLike, workload: Workload, *, stage: Num, held: StageParams
+) -> _StateBytes:
+    """Model state of one GPU on ``stage`` (Megatron-style, or PyTorch-native tensor by tensor) and the
+    parameters ZeRO-3 / FSDP holds gathered, after gradient accumulation and resharding."""
+    tr = stage_training(model, params, lay, workload, stage=stage, held=held)
+    weights, adapters, grads, master, moments = _model_state(model, lay, workload, tr)
+    prec = workload.precision
+    shard, _ = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
+    gathered = where(
+        (lay.zero >= ZeroStage.PARAMETERS) & (shard > 1),
+        held.largest_layer * (2 * shards.gather_bytes(prec, fp8=workload.conditions.fp8_all_gather) + prec.grad_bytes),
+        0,
+    )
+    if workload.framework is Framework.TORCH and not workload.finetune.adapted:
+        weights, grads, master, moments, gathered = _torch_native_state(model, lay, workload, stage=stage)
+    elif workload.framework is Framework.TORCH:
+        # torch.optim's 0-dim fp32 step per trained tensor: thousands of small adapter tensors
+        ft, step = workload.finetune, shards.OPTIMIZER_STEP_BYTES.get(workload.optimizer.kind, 0.0)
+        per_layer = [finetune.adapter_tensors(model, ft, moe_layer=moe, ep=lay.ep) for moe in (False, True)]
+        moments = moments + step * (held.dense_layers * per_layer[0] + held.moe_layers * per_layer[1])
+    grads, gathered = _accumulation_state(model, lay, workload, tr=tr, held=held, grads=grads, gathered=gathered)
+    return _StateBytes(
+        weights=weights, adapters=adapters, grads=grads, master=master, moments=moments, gathered=gathered
+    )
+
+
+def _torch_native_state(
+    model: ModelSpec, lay: LayoutLike, workload: Workload, *, stage: Num
+) -> tuple[Num, Num, Num, Num, Num]:
+    """(weights, gradients, master, moments, gathered) of PyTorch-native training, tensor by tensor
+    (``pytorch.shards``): FSDP2 over dp_shard x cp from ZeRO-3, DDP's buckets below it."""
+    zero, cp = lay.zero, lay.cp
+    fsdp = where(zero >= ZeroStage.PARAMETERS, lay.dp_shard * cp, 1)
+    state = shards.torch_state(
+        model,
+        shards.RankCoords(tp=lay.tp, ep=lay.ep, fsdp=fsdp),
+        stage_row(model, pp=lay.pp, stage=stage, split=workload.conditions.stage_split),
+        zero=zero,
+        ddp_ranks=lay.dp_replicate * lay.dp_shard * cp,
+        precision=workload.precision,
+        optimizer=workload.optimizer.kind,
+        moment_bytes=moment_bytes_per_param(model, workload),
+        fp8_all_gather=workload.conditions.fp8_all_gather,
+    )
+    gathered = state.ddp_bucket_bytes + state.gathered_root_bytes + state.fsdp_transient_bytes
+    moments = state.optimizer_bytes - state.master_bytes
+    return state.params_storage_bytes, state.grads_storage_bytes, state.master_bytes, moments, gathered
 
 
 def _accumulation_state(
@@ -579,7 +637,7 @@ def _accumulation_state(
     unsharded_grads = (tr.train_dense + tr.train_experts) * prec.grad_bytes
     grads = where(no_sync, maximum(grads, unsharded_grads), grads)
     keep = ((not cond.reshard_after_forward) | torch_pp) & (lay.zero >= ZeroStage.PARAMETERS) & (shard > 1)
-    stage_gathered = (held.dense + held.experts) * shards.gather_bytes(prec)
+    stage_gathered = (held.dense + held.experts) * shards.gather_bytes(prec, fp8=cond.fp8_all_gather)
     gathered = where(keep, maximum(gathered, stage_gathered + held.largest_layer * prec.grad_bytes), gathered)
     return grads, gathered
 
@@ -609,7 +667,7 @@ def _frozen_activation_layers(
     ft = workload.finetune
     if not (ft.freeze_embeddings and ft.freeze_layers):
         return 0.0
-    first = stage_row(model, pp=lay.pp, stage=stage).first_layer
+    first = stage_row(model, pp=lay.pp, stage=stage, split=workload.conditions.stage_split).first_layer
     return finetune.frozen_leading_layers(ft, first=first, layers=held.dense_layers + held.moe_layers)
 
 
@@ -624,50 +682,92 @@ def _stage_activations(
     frozen: Num = 0.0,
 ) -> tuple[Num, Num, Num]:
     """(saved activations, logits, recompute workspace) of one GPU on ``stage``."""
-    tp, pp, cp, sp = lay.tp, lay.pp, lay.cp, lay.sp
-    b, recompute = lay.micro_batch, lay.recompute
-    s, beta = workload.seq_len, workload.precision.activation_bytes
-    frozen_dense = minimum(frozen, held.dense_layers)  # a frozen prefix (dense layers first): nothing kept
-    per_layers = (held.dense_layers - frozen_dense) * la.dense + (held.moe_layers - (frozen - frozen_dense)) * la.moe
-    k = workload.conditions.recompute_layers
-    if k is not None:  # full recompute on the first k layers of the stage, none on the rest (Megatron block method)
+    pp, recompute = lay.pp, lay.recompute
+    tokens = workload.seq_len / lay.cp * lay.micro_batch
+    per_layers = _saved_per_microbatch(held, la, frozen=frozen, recompute=recompute, workload=workload)
+    per_mb = _edge_bytes(model, lay, workload, stage=stage, held=held, tokens=tokens)
+    outputs = act.stage_output_bytes(
+        model,
+        tokens=tokens,
+        act_bytes=workload.precision.activation_bytes,
+        last=stage == pp - 1,
+        framework=workload.framework,
+    )
+    flight, layer_flight, head_flight = _flight(lay, workload, stage=stage, layers=held.dense_layers + held.moe_layers)
+    copies = pipeline.stage_copies(lay.schedule)
+    saved = (layer_flight * per_layers + flight * per_mb + head_flight * where(pp > 1, outputs, 0)) / copies
+
+    loss = loss_peak_bytes(model, tokens=tokens, tp=lay.tp, workload=workload) * (
+        head_flight if workload.framework is Framework.TORCH else 1
+    )
+    logits = where(stage == pp - 1, loss, 0)
+    has_dense, has_moe = held.dense_layers > 0, held.moe_layers > 0
+    rebuilt = maximum(where(has_dense, la.dense_none, 0), where(has_moe, la.moe_none, 0))
+    kept_selective = maximum(where(has_dense, la.dense_selective, 0), where(has_moe, la.moe_selective, 0))
+    workspace = where(
+        recompute == Recompute.FULL, rebuilt, where(recompute == Recompute.SELECTIVE, rebuilt - kept_selective, 0)
+    )
+    return saved, logits, workspace
+
+
+def _saved_per_microbatch(
+    held: StageParams, la: LayerActivations, *, frozen: Num, recompute: Num, workload: Workload
+) -> Num:
+    """What the stage's layers keep for one micro-batch: nothing for a frozen prefix (dense layers come first);
+    with --offload-layers k, k layers' share on the host but for one in transit (layers of a stage taken as
+    alike); with --recompute-layers k under full recompute, the first k layers keep their input only and the
+    rest everything (Megatron's block method)."""
+    frozen_dense = minimum(frozen, held.dense_layers)
+    dense, moe = held.dense_layers - frozen_dense, held.moe_layers - (frozen - frozen_dense)
+    per_layers = dense * la.dense + moe * la.moe
+    off = workload.conditions.offload_layers
+    if off:  # k layers' activations on the host, one of them on its way (the offload handler's double buffer)
         held_layers = held.dense_layers + held.moe_layers - frozen
-        share = minimum(k, held_layers) / maximum(held_layers, 1)
-        full = (held.dense_layers - frozen_dense) * la.dense_full + (
-            held.moe_layers - (frozen - frozen_dense)
-        ) * la.moe_full
-        none = (held.dense_layers - frozen_dense) * la.dense_none + (
-            held.moe_layers - (frozen - frozen_dense)
-        ) * la.moe_none
-        per_layers = where(recompute == Recompute.FULL, share * full + (1 - share) * none, per_layers)
-    tokens = s / cp * b
-    rep = where(sp, 1.0 / tp, 1.0)
+        per_layers = per_layers * (1 - maximum(minimum(off, held_layers) - 1, 0) / maximum(held_layers, 1))
+    k = workload.conditions.recompute_layers
+    if k is None:
+        return per_layers
+    held_layers = held.dense_layers + held.moe_layers - frozen
+    share = minimum(k, held_layers) / maximum(held_layers, 1)
+    full, none = dense * la.dense_full + moe * la.moe_full, dense * la.dense_none + moe * la.moe_none
+    return where(recompute == Recompute.FULL, share * full + (1 - share) * none, per_layers)
+
+
+def _edge_bytes(
+    model: ModelSpec, lay: LayoutLike, workload: Workload, *, stage: Num, held: StageParams, tokens: Num
+) -> Num:
+    """Per micro-batch bytes outside the layers: the embedding's dropout mask on stage 0 (less what LoRA's first
+    layer keeps for nothing behind a frozen embedding), the final norm and head input on the last stage."""
+    tp, sp, beta = lay.tp, lay.sp, workload.precision.activation_bytes
     mask = 1.0 if model.dropout else 0.0
-    per_mb = where(stage == 0, tokens * mask * model.hidden * rep, 0)  # embedding dropout mask
-    fw, ft = workload.framework, workload.finetune
+    per_mb = where(stage == 0, tokens * mask * model.hidden * where(sp, 1.0 / tp, 1.0), 0)
+    ft = workload.finetune
     if ft.adapted and not ft.train_embeddings:  # behind a trained embedding every layer keeps all it saves
         dead = where(
             held.dense_layers > 0,  # dense layers come first
             _first_layer_dead_per_token(model, lay, workload, moe_layer=False),
             _first_layer_dead_per_token(model, lay, workload, moe_layer=True),
         )
-        per_mb = per_mb - where((stage == 0) & (recompute != Recompute.FULL), tokens * dead, 0)
+        per_mb = per_mb - where((stage == 0) & (lay.recompute != Recompute.FULL), tokens * dead, 0)
     head = act.head_bytes(
         model,
         tokens=tokens,
         tp=tp,
         sp=sp,
         act_bytes=beta,
-        framework=fw,
+        framework=workload.framework,
         frozen_head=(ft.adapted and not ft.train_embeddings) or ft.freeze_embeddings,
         frozen_norm=ft.adapted,
     )
-    per_mb = per_mb + where(stage == pp - 1, head, 0)  # final norm + head input
-    outputs = act.stage_output_bytes(model, tokens=tokens, act_bytes=beta, last=stage == pp - 1, framework=fw)
+    return per_mb + where(stage == lay.pp - 1, head, 0)
 
-    m = pipeline.micro_batches(workload.global_batch, micro_batch=b, dp=lay.dp_replicate * lay.dp_shard)
+
+def _flight(lay: LayoutLike, workload: Workload, *, stage: Num, layers: Num) -> tuple[Num, Num, Num]:
+    """Micro-batches in flight on ``stage`` at its peak: of its whole layer set, per layer (interleaved: counted
+    chunk by chunk), and of its last chunk (where the head, its logits and the loss live)."""
+    pp = lay.pp
+    m = pipeline.micro_batches(workload.global_batch, micro_batch=lay.micro_batch, dp=lay.dp_replicate * lay.dp_shard)
     flight = pipeline.in_flight(schedule=lay.schedule, pp=pp, vpp=lay.vpp, m=m, stage=stage)
-    layers = held.dense_layers + held.moe_layers
     group = minimum(workload.conditions.microbatch_group or pp, m)
     interleaved = lay.schedule == Schedule.INTERLEAVED
     chunk_args = dict(pp=pp, vpp=lay.vpp, m=m, stage=stage, group=group)
@@ -678,27 +778,13 @@ def _stage_activations(
         **chunk_args,
         layers=layers,
     )
-    # the head, its logits and the loss live in the last chunk of the last stage: count that chunk's forwards
     head_flight = _on_rows(
         interleaved & (stage == pp - 1),
         lambda **a: pipeline.interleaved_chunk_forwards(**a, chunk=a["vpp"] - 1),
         flight,
         **chunk_args,
     )
-    copies = pipeline.stage_copies(lay.schedule)
-    saved = (layer_flight * per_layers + flight * per_mb + head_flight * where(pp > 1, outputs, 0)) / copies
-
-    loss = loss_peak_bytes(model, tokens=tokens, tp=tp, workload=workload) * (
-        head_flight if fw is Framework.TORCH else 1
-    )
-    logits = where(stage == pp - 1, loss, 0)
-    has_dense, has_moe = held.dense_layers > 0, held.moe_layers > 0
-    rebuilt = maximum(where(has_dense, la.dense_none, 0), where(has_moe, la.moe_none, 0))
-    kept_selective = maximum(where(has_dense, la.dense_selective, 0), where(has_moe, la.moe_selective, 0))
-    workspace = where(
-        recompute == Recompute.FULL, rebuilt, where(recompute == Recompute.SELECTIVE, rebuilt - kept_selective, 0)
-    )
-    return saved, logits, workspace
+    return flight, layer_flight, head_flight
 
 
 def _on_rows(mask: Num, fn: Callable[..., Num], fill: Num, **args: Num) -> Num:
@@ -716,4 +802,6 @@ def _on_rows(mask: Num, fn: Callable[..., Num], fill: Num, **args: Num) -> Num:
 def candidates(model: ModelSpec, lay: LayoutLike, workload: Workload) -> tuple[Num, ...]:
     """The stages of ``lay`` that hold the maximum of every term (``stages.candidate_stages``)."""
     frozen = workload.finetune.freeze_layers if not workload.finetune.adapted else 0
-    return candidate_stages(model, pp=lay.pp, boundaries=(frozen,) if frozen else ())
+    return candidate_stages(
+        model, pp=lay.pp, boundaries=(frozen,) if frozen else (), split=workload.conditions.stage_split
+    )

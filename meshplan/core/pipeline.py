@@ -7,23 +7,45 @@ per pipeline, i = stage index (0 holds the embedding, p-1 the output head).
 from __future__ import annotations
 
 from meshplan.core.num import Num, ceil_div, maximum, minimum, where
+from meshplan.spec.conditions import EVEN_SPLIT, StageSplit
 from meshplan.spec.layout import Schedule
 
 
-def stage_layers(num_layers: int, *, pp: Num, stage: Num) -> Num:
+def stage_layers(num_layers: int, *, pp: Num, stage: Num, split: StageSplit = EVEN_SPLIT) -> Num:
     """Transformer layers on pipeline stage ``stage``.
 
     Layers are split as evenly as possible; when pp does not divide L, the
     stages short of a layer are the last, then the first, then inward, so the
     stages that also carry the embedding and the output head carry fewer
     layers (how Llama 3 405B put 126 layers on 16 stages: 7 on the first and
-    last, 8 elsewhere; Llama 3 paper Sec. 3.3.2).
+    last, 8 elsewhere; Llama 3 paper Sec. 3.3.2). A stated first or last
+    stage (``split``) holds its stated layers, and the other stages split the
+    rest by the same rule.
     """
-    return stage_span(num_layers, pp=pp, stage=stage)[1]
+    return stage_span(num_layers, pp=pp, stage=stage, split=split)[1]
 
 
-def stage_span(num_layers: int, *, pp: Num, stage: Num) -> tuple[Num, Num]:
-    """(index of the first layer, number of layers) of ``stage``: one split computed once."""
+def stage_span(num_layers: int, *, pp: Num, stage: Num, split: StageSplit = EVEN_SPLIT) -> tuple[Num, Num]:
+    """(index of the first layer, number of layers) of ``stage``: one split computed once.
+
+    With a stated split, stages 1 .. p-2 (or 1 .. p-1, 0 .. p-2 when one end is stated) split the
+    L - f - l layers left as an even pipeline of their own; Megatron-LM's get_num_layers_to_build does the
+    same where they divide evenly.
+    """
+    lead = 0 if split.first is None else 1
+    inner_pp = maximum(pp - split.stated, 1)
+    first, layers = _even_span(num_layers - split.stated_layers, pp=inner_pp, stage=stage - lead)
+    first = first + (split.first or 0)
+    if split.first is not None:
+        first, layers = where(stage == 0, 0, first), where(stage == 0, split.first, layers)
+    if split.last is not None:
+        last = stage == pp - 1
+        first, layers = where(last, num_layers - split.last, first), where(last, split.last, layers)
+    return first, layers
+
+
+def _even_span(num_layers: Num, *, pp: Num, stage: Num) -> tuple[Num, Num]:
+    """The even split: ceil(L/p) layers a stage, short stages at the end first, then at the start."""
     base = ceil_div(num_layers, pp)
     deficit = base * pp - num_layers
     short_first = deficit // 2
@@ -33,8 +55,13 @@ def stage_span(num_layers: int, *, pp: Num, stage: Num) -> tuple[Num, Num]:
     return first, layers
 
 
-def shortfall(num_layers: int, *, pp: Num) -> tuple[Num, Num]:
-    """How many leading and trailing stages hold one layer fewer than ceil(L/p)."""
+def shortfall(num_layers: int, *, pp: Num, split: StageSplit = EVEN_SPLIT) -> tuple[Num, Num]:
+    """How many leading and trailing stages of the evenly split part hold one layer fewer than the rest."""
+    return even_shortfall(num_layers - split.stated_layers, pp=maximum(pp - split.stated, 1))
+
+
+def even_shortfall(num_layers: Num, *, pp: Num) -> tuple[Num, Num]:
+    """Leading and trailing stages of an even split of ``num_layers`` over ``pp`` that hold ceil(L/p) - 1."""
     deficit = ceil_div(num_layers, pp) * pp - num_layers
     return deficit // 2, deficit - deficit // 2
 

@@ -7,8 +7,16 @@ min(n, max(1, domain / stride)) members inside each domain it touches and
 spans the rest across domains. The default order puts the chattiest axis
 innermost, on the fastest link: tp, cp, ep, dp_shard, dp_replicate, pp.
 
-EP is not a mesh factor: expert groups take the innermost ``ep`` ranks of
-the cp x dp_shard x dp_replicate extent, in the order those axes appear.
+EP is not a mesh factor. With expert TP equal to TP, expert groups take the
+innermost ``ep`` ranks of the cp x dp_shard x dp_replicate extent, in the
+order those axes appear, and the experts' TP group is the TP group. Under
+MoE parallel folding (expert TP below TP; Liu et al. 2025, arXiv:2504.14960)
+the experts' mesh etp x ep x edp fills the ranks of the tp x cp x dp block
+innermost first, as Megatron-Core's expert RankGenerator orders it
+(tp-ep-dp-pp with expert TP for tp): the expert-TP group is the innermost
+``etp`` ranks and EP's neighbours are ``etp`` ranks apart, so ep x etp <=
+domain keeps an expert group inside one scale-up domain while attention uses
+TP.
 """
 
 from __future__ import annotations
@@ -73,16 +81,28 @@ def _stride_of(axis: str, sizes: dict[str, Num], order: tuple[str, ...]) -> Num:
 
 
 def place_axis(axis: str, *, sizes: dict[str, Num], order: tuple[str, ...], domain: int) -> AxisPlacement:
-    """Placement of one axis for a layout given by ``sizes`` (ints or arrays)."""
+    """Placement of one axis for a layout given by ``sizes`` (ints or arrays); ``etp`` is the experts' TP."""
     size = sizes[axis]
-    if axis == "ep":  # expert groups start at the innermost data axis (exact while ep fits in that axis)
-        stride = _stride_of(next(n for n in order if n in DATA_AXES), sizes, order)
-    else:
-        stride = _stride_of(axis, sizes, order)
+    stride = _expert_stride(axis, sizes, order) if axis in ("ep", "etp") else _stride_of(axis, sizes, order)
     inner = where(stride >= domain, 1, minimum(size, maximum(1, domain // stride)))
     return AxisPlacement(axis=axis, size=size, stride=stride, inner=inner, outer=size // inner)
 
 
+def _expert_stride(axis: str, sizes: dict[str, Num], order: tuple[str, ...]) -> Num:
+    """Stride of the experts' EP or TP group: on the data axes and the TP axis when expert TP is TP; folded
+    (expert TP below TP), the expert mesh fills the non-pipeline ranks from the innermost, expert TP first."""
+    tp, etp = sizes["tp"], sizes.get("etp", sizes["tp"])
+    base = _stride_of(next(n for n in order if n in MESH_AXES and n != "pp"), sizes, order)
+    if axis == "etp":
+        return where(etp == tp, _stride_of("tp", sizes, order), base)
+    # expert groups start at the innermost data axis (exact while ep fits in that axis)
+    plain = _stride_of(next(n for n in order if n in DATA_AXES), sizes, order)
+    return where(etp == tp, plain, base * etp)
+
+
 def place(sizes: dict[str, Num], *, order: tuple[str, ...] = DEFAULT_ORDER, domain: int) -> dict[str, AxisPlacement]:
-    """Placement of every axis; ``sizes`` maps tp, cp, ep, dp_shard, dp_replicate, pp to degrees."""
-    return {axis: place_axis(axis, sizes=sizes, order=order, domain=domain) for axis in AXES}
+    """Placement of every axis and of the experts' TP group (``etp``); ``sizes`` maps tp, cp, ep, dp_shard,
+    dp_replicate, pp and (optionally) etp to degrees."""
+    out = {axis: place_axis(axis, sizes=sizes, order=order, domain=domain) for axis in AXES}
+    out["etp"] = place_axis("etp", sizes={**sizes, "etp": sizes.get("etp", sizes["tp"])}, order=order, domain=domain)
+    return out

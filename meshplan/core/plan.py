@@ -58,8 +58,8 @@ class Plan:
 
 
 def mesh_sizes(layout: object) -> dict[str, object]:
-    """Degrees of every placement axis, EP included (ints or arrays)."""
-    return {name: getattr(layout, name) for name in ("tp", "cp", "ep", "dp_shard", "dp_replicate", "pp")}
+    """Degrees of every placement axis, EP and the experts' TP included (ints or arrays)."""
+    return {name: getattr(layout, name) for name in ("tp", "cp", "ep", "etp", "dp_shard", "dp_replicate", "pp")}
 
 
 def evaluate(

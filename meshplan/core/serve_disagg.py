@@ -14,11 +14,12 @@ The pool that saturates first sets the request rate (the bottleneck).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.core.serve_load import P99_TAIL, BatchLimit, Requests, capacity, erlang_c
+from meshplan.core.serve_load import P99_TAIL, BatchLimit, Capacity, Requests, capacity, erlang_c
 from meshplan.core.serve_phases import Forward, decode_step, pipeline_factor, prefill
 from meshplan.core.serve_shape import Hardware, ReplicaShape, ServeLayout
 from meshplan.spec.model import ModelSpec
@@ -83,6 +84,17 @@ def _prefill_rate(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: S
     return sequences / t
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Settled:
+    """Where the decode pool settles under the load: its batch, what limits it, the rate, the prefill wait."""
+
+    batch: float
+    limit: BatchLimit
+    rate: float
+    wait_s_p50: float
+    wait_s_p99: float
+
+
 def disaggregated_point(
     model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests, pools: Pools
 ) -> DisaggPoint:
@@ -105,52 +117,67 @@ def disaggregated_point(
     prefill_max = pools.prefill_replicas * _prefill_rate(model, shape, hw, layout, req)
     decode_max = pools.decode_replicas * cap.sequences / (req.output_len * tpot(cap.sequences))
     in_system = alone + handover  # before the first decode step
-    limit = BatchLimit.LOAD
     if req.concurrency is not None:
-        batch = min(req.concurrency / pools.decode_replicas, float(cap.sequences))
-        if req.concurrency > pools.decode_replicas * cap.sequences:
-            limit = cap.limit
-        rate = pools.decode_replicas * batch / (in_system + req.output_len * tpot(batch))
-        if rate > prefill_max:  # the prefill pool holds the rest back: fewer sequences decode (Little's law)
-            rate, limit = prefill_max, BatchLimit.LOAD
-            for _ in range(3):
-                batch = rate * req.output_len * tpot(batch) / pools.decode_replicas
-        wait = max(req.concurrency / rate - (in_system + req.output_len * tpot(batch)), 0.0)
-        wait_p50 = wait_p99 = wait
+        settled = _closed_loop(req, pools, cap, tpot, in_system=in_system, prefill_max=prefill_max)
     else:
-        assert req.rate_per_s is not None
-        rate = req.rate_per_s
-        if rate >= min(prefill_max, decode_max):
-            batch, limit = float(cap.sequences), cap.limit
-            rate, wait_p50, wait_p99 = min(prefill_max, decode_max), math.inf, math.inf
-        else:
-            batch = 1.0
-            for _ in range(60):  # B = lambda per replica x O t(B), monotone: a fixed point from below
-                nxt = min(rate / pools.decode_replicas * req.output_len * tpot(batch), float(cap.sequences))
-                if abs(nxt - batch) < 1e-3:
-                    break
-                batch = nxt
-            wait_p50, wait_p99 = _prefill_queue(rate, prefill_max, pools.prefill_replicas)
-    t = tpot(batch)
-    saturated = math.isinf(wait_p50)
+        settled = _open_loop(req, pools, cap, tpot, prefill_max=prefill_max, decode_max=decode_max)
+    t = tpot(settled.batch)
+    saturated = math.isinf(settled.wait_s_p50)
     return DisaggPoint(
-        batch=batch,
-        limit=limit,
+        batch=settled.batch,
+        limit=settled.limit,
         cap=cap.sequences,
-        step=step(batch),
+        step=step(settled.batch),
         tpot_s=t,
         prefill_s=alone,
         kv_transfer_s=handover,
-        ttft_s_p50=None if saturated else in_system + t / 2 + wait_p50,
-        ttft_s_p99=None if saturated else in_system + t + wait_p99,
-        queue_s_p50=wait_p50,
-        queue_s_p99=wait_p99,
-        requests_per_s=rate,
+        ttft_s_p50=None if saturated else in_system + t / 2 + settled.wait_s_p50,
+        ttft_s_p99=None if saturated else in_system + t + settled.wait_s_p99,
+        queue_s_p50=settled.wait_s_p50,
+        queue_s_p99=settled.wait_s_p99,
+        requests_per_s=settled.rate,
         prefill_requests_per_s_max=prefill_max,
         decode_requests_per_s_max=decode_max,
-        output_tokens_per_s=pools.decode_replicas * batch / t,
+        output_tokens_per_s=pools.decode_replicas * settled.batch / t,
         saturated=saturated,
     )
+
+
+def _closed_loop(
+    req: Requests, pools: Pools, cap: Capacity, tpot: Callable[[float], float], *, in_system: float, prefill_max: float
+) -> _Settled:
+    """C users with no think time over the decode replicas; beyond the prefill pool's rate, fewer sequences
+    decode (Little's law) and the rest wait."""
+    assert req.concurrency is not None
+    batch = min(req.concurrency / pools.decode_replicas, float(cap.sequences))
+    limit = cap.limit if req.concurrency > pools.decode_replicas * cap.sequences else BatchLimit.LOAD
+    rate = pools.decode_replicas * batch / (in_system + req.output_len * tpot(batch))
+    if rate > prefill_max:  # the prefill pool holds the rest back
+        rate, limit = prefill_max, BatchLimit.LOAD
+        for _ in range(3):
+            batch = rate * req.output_len * tpot(batch) / pools.decode_replicas
+    wait = max(req.concurrency / rate - (in_system + req.output_len * tpot(batch)), 0.0)
+    return _Settled(batch=batch, limit=limit, rate=rate, wait_s_p50=wait, wait_s_p99=wait)
+
+
+def _open_loop(
+    req: Requests, pools: Pools, cap: Capacity, tpot: Callable[[float], float], *, prefill_max: float, decode_max: float
+) -> _Settled:
+    """Poisson arrivals at R: past the slower pool's maximum the queue grows without bound; below it the
+    batch is B = R per replica x O t(B) (monotone: a fixed point from below) and prefill waits M/D/c."""
+    assert req.rate_per_s is not None
+    rate = req.rate_per_s
+    if rate >= min(prefill_max, decode_max):
+        top = min(prefill_max, decode_max)
+        return _Settled(batch=float(cap.sequences), limit=cap.limit, rate=top, wait_s_p50=math.inf, wait_s_p99=math.inf)
+    batch = 1.0
+    for _ in range(60):
+        nxt = min(rate / pools.decode_replicas * req.output_len * tpot(batch), float(cap.sequences))
+        if abs(nxt - batch) < 1e-3:
+            break
+        batch = nxt
+    p50, p99 = _prefill_queue(rate, prefill_max, pools.prefill_replicas)
+    return _Settled(batch=batch, limit=BatchLimit.LOAD, rate=rate, wait_s_p50=p50, wait_s_p99=p99)
 
 
 def _prefill_queue(rate: float, rate_max: float, servers: int) -> tuple[float, float]:

@@ -136,7 +136,7 @@ def forward(
         expert_rows = maximum(group_tokens * shape.expert_fraction, 1.0)
         imbalance = cal.ep_imbalance if layout.ep > 1 else 1.0
         expert_flops = 2 * shape.expert_params_per_token * new_tokens * imbalance
-        gemm = gemm + expert_flops / (peak * shape_efficiency(expert_rows, half))
+        gemm = gemm + expert_flops / (peak * cal.moe_matmul_share * shape_efficiency(expert_rows, half))
     attn_flops = decode_pairs * shape.attn_flops_per_pair_decode + prefill_pairs * shape.attn_flops_per_pair_prefill
     attn = attn_flops / (gpu.peak(DType.BF16) * cal.attention_efficiency)
     tp_link = hw.link(layout.tp)

@@ -18,6 +18,8 @@ from meshplan.core.num import Num
 from meshplan.core.params import count_params
 from meshplan.core.serving import (
     QUANT_GROUP,
+    EngineMemory,
+    MemoryFraction,
     ServingBill,
     kv_bytes_per_token_per_layer,
     serving_bill,
@@ -57,6 +59,9 @@ class ServeCalibration:
     matmul_share: dict[str, float]
     """Share of the GPU kind's large-GEMM efficiency (its calibration's matmul_efficiency_max) this engine's
     serving GEMMs reach, by compute dtype (bf16, fp8, int8, fp4); s(M) scales it down for small M."""
+    moe_matmul_share: float
+    """Share of the dense GEMMs' efficiency the routed-expert (grouped) GEMMs reach."""
+    moe_source: str
     attention_efficiency: float
     """Share of 16-bit dense peak the prefill attention kernel reaches."""
     step_overhead_s: float
@@ -68,11 +73,11 @@ class ServeCalibration:
     allreduce_latency_s: float
     """Floor of one small TP all-reduce in this engine (custom one-shot kernels or NCCL)."""
     ep_overlap: float
+    """Share of EP dispatch/combine hidden behind compute (two-batch overlap)."""
     ep_imbalance: float
+    """Load of the busiest expert-parallel rank over the mean (after the engine's expert balancing)."""
     pp_efficiency: float
     """Share of the ideal pipelined throughput a PP > 1 replica keeps (micro-batches unequal in size)."""
-    """Load of the busiest expert-parallel rank over the mean (after the engine's expert balancing)."""
-    """Share of EP dispatch/combine hidden behind compute (two-batch overlap)."""
     max_batch: int
     """The engine's default cap on sequences per step."""
     max_num_tokens: int
@@ -80,10 +85,20 @@ class ServeCalibration:
     reserve_full_sequence: bool
     """Whether admission reserves KV for input + output (TensorRT-LLM guaranteed-no-evict) or input only."""
     memory_fraction: float
-    """Share of HBM the engine may fill (vLLM gpu_memory_utilization), or of what the weights, activations
-    and runtime leave free (TensorRT-LLM kv_cache_free_gpu_mem_fraction) when ``memory_fraction_of_free``."""
-    memory_fraction_of_free: bool
+    """The engine's memory knob: vLLM gpu_memory_utilization, TensorRT-LLM kv_cache_free_gpu_mem_fraction,
+    SGLang mem_fraction_static; ``memory_fraction_of`` says what it is a share of."""
+    memory_fraction_of: MemoryFraction
+    runtime_reserve_bytes: float
+    """What the engine's runtime holds beside weights, activations and KV cache (CUDA context and library
+    workspaces, CUDA-graph pool, sampler and decoder buffers)."""
+    memory_source: str
+    """Where the memory fraction, what it is a share of, and the runtime reserve come from."""
     source: str
+
+    def memory(self) -> EngineMemory:
+        return EngineMemory(
+            fraction=self.memory_fraction, of=self.memory_fraction_of, runtime_reserve_bytes=self.runtime_reserve_bytes
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,6 +201,12 @@ def replica_shape(model: ModelSpec, hw: Hardware, layout: ServeLayout, *, contex
     if model.num_heads % attn_tp:
         raise ValueError(f"tp={attn_tp} does not divide the {model.num_heads} attention heads of {model.name}")
     cal, gpu = hw.cal, hw.gpu
+    per_param = weight_bytes_per_param(layout.weights_dtype, hidden=model.hidden, group=layout.quant_group)
+    stage = stage_params(params, model, tp=tp, pp=pp, ep=1, stage=pp - 1)
+    layers = int(stage.dense_layers + stage.moe_layers)
+    d, m = params.dense_layer, params.moe_layer
+    replicated = (d.attention * stage.dense_layers + m.attention * stage.moe_layers) * (1 - 1 / tp)
+    replicated *= layout.dp_attention
     bill = serving_bill(
         model,
         gpu=gpu,
@@ -195,25 +216,20 @@ def replica_shape(model: ModelSpec, hw: Hardware, layout: ServeLayout, *, contex
         kv_dtype=layout.kv_dtype,
         context=context,
         quant_group=layout.quant_group,
-        gpu_memory_utilization=1.0 if cal.memory_fraction_of_free else cal.memory_fraction,
+        memory=cal.memory(),
+        prefill_chunk_tokens=cal.max_num_tokens,
+        replicated_weights_bytes=replicated * per_param,
     )
-    per_param = weight_bytes_per_param(layout.weights_dtype, hidden=model.hidden, group=layout.quant_group)
-    stage = stage_params(params, model, tp=tp, pp=pp, ep=1, stage=pp - 1)
-    layers = int(stage.dense_layers + stage.moe_layers)
-    d, m = params.dense_layer, params.moe_layer
-    replicated = (d.attention * stage.dense_layers + m.attention * stage.moe_layers) * (1 - 1 / tp)
-    replicated *= layout.dp_attention
     frac = model.moe.experts_per_token / model.moe.num_experts if model.moe else 0.0
     per_layer = stage.dense_layers * (d.attention + d.mlp + d.shared_experts)
     per_layer += stage.moe_layers * (m.attention + m.mlp + m.shared_experts)
-    free_share = cal.memory_fraction if cal.memory_fraction_of_free else 1.0
     per_layer_kv = kv_bytes_per_token_per_layer(model, tp=attn_tp, kv_dtype=layout.kv_dtype)
     return ReplicaShape(
         bill=bill,
         layers=layers,
-        dense_weight_bytes=bill.weights_bytes - float(stage.experts) * per_param + replicated * per_param,
+        dense_weight_bytes=bill.weights_bytes - float(stage.experts) * per_param,
         expert_weight_bytes=float(stage.experts) * per_param,
-        kv_budget_bytes=max(bill.kv_budget_bytes - replicated * per_param, 0.0) * free_share,
+        kv_budget_bytes=bill.kv_budget_bytes,
         gemm_params_per_token=float(per_layer) / attn_tp,
         expert_params_per_token=float(stage.moe_layers * m.routed_experts) * frac / attn_tp,
         lm_head_params=model.vocab_size * model.hidden / attn_tp,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
 from meshplan.core.finetune import nf4_bytes_per_param
 from meshplan.core.memory import StageParams, stage_params
@@ -69,9 +70,48 @@ def weights_bytes_total(model: ModelSpec, dtype: DType) -> float:
     return (params.total - plain) * per_param + plain * 2.0
 
 
+class MemoryFraction(StrEnum):
+    """What a serving engine's memory fraction is a share of (each engine's own knob)."""
+
+    HBM = "hbm"
+    """vLLM --gpu-memory-utilization: weights, activations, runtime reserve and KV cache within f x HBM."""
+    FREE = "free"
+    """TensorRT-LLM kv_cache_free_gpu_mem_fraction: the KV cache is f x what weights, activations and the runtime
+    leave free."""
+    STATIC = "static"
+    """SGLang --mem-fraction-static: weights and KV cache within f x HBM; activations, CUDA graphs and the
+    runtime live in the rest."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineMemory:
+    """How a serving engine sizes its KV pool: its memory fraction, what that is a share of, and the runtime
+    reserve it keeps beside weights and activations (CUDA context, CUDA-graph pool, sampler buffers)."""
+
+    fraction: float = 0.9
+    of: MemoryFraction = MemoryFraction.HBM
+    runtime_reserve_bytes: float = 1.5e9
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fraction <= 1:
+            raise ValueError(f"the engine's memory fraction must be in (0, 1], got {self.fraction}")
+        if self.runtime_reserve_bytes < 0:
+            raise ValueError(f"runtime_reserve_bytes must be >= 0, got {self.runtime_reserve_bytes}")
+
+    def headroom_bytes(self, *, hbm_bytes: float, weights_bytes: float, activations_bytes: float) -> float:
+        """HBM the engine's fraction leaves unused (what is not weights, activations, reserve or KV cache)."""
+        rest = 1.0 - self.fraction
+        if self.of is MemoryFraction.HBM:
+            return rest * hbm_bytes
+        if self.of is MemoryFraction.FREE:
+            return rest * max(hbm_bytes - weights_bytes - activations_bytes - self.runtime_reserve_bytes, 0.0)
+        return max(rest * hbm_bytes - activations_bytes - self.runtime_reserve_bytes, 0.0)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServingBill:
-    """One GPU of a serving replica (the heaviest pipeline stage)."""
+    """One GPU of a serving replica (the heaviest pipeline stage). The terms sum to the device's HBM:
+    weights + activations + runtime reserve + engine headroom + KV budget = hbm (while the weights fit)."""
 
     weights_bytes: float
     kv_bytes_per_token: float
@@ -79,14 +119,22 @@ class ServingBill:
     kv_bytes_per_sequence: float
     """KV-cache bytes of one sequence of ``context`` tokens on this GPU (sliding windows capped)."""
     activations_bytes: float
-    framework_bytes: float
-    usable_bytes: float
-    """HBM the engine may use (capacity x gpu_memory_utilization)."""
+    runtime_reserve_bytes: float
+    """The engine's runtime beside weights and activations: CUDA context, CUDA-graph pool, sampler buffers."""
+    headroom_bytes: float
+    """What the engine's memory fraction leaves unused."""
+    hbm_bytes: float
     context: int
 
     @property
+    def usable_bytes(self) -> float:
+        """HBM the engine takes: all but the headroom."""
+        return self.hbm_bytes - self.headroom_bytes
+
+    @property
     def kv_budget_bytes(self) -> float:
-        return max(self.usable_bytes - self.weights_bytes - self.activations_bytes - self.framework_bytes, 0.0)
+        held = self.weights_bytes + self.activations_bytes + self.runtime_reserve_bytes
+        return max(self.usable_bytes - held, 0.0)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -142,44 +190,59 @@ def serving_bill(
     weight_dtype: DType = DType.BF16,
     kv_dtype: DType = DType.BF16,
     context: int | None = None,
-    gpu_memory_utilization: float = 0.9,
+    memory: EngineMemory | None = None,
     prefill_chunk_tokens: int = 8192,
     quant_group: int = QUANT_GROUP,
+    replicated_weights_bytes: float = 0.0,
 ) -> ServingBill:
-    """What one GPU of a TP x PP (x EP) serving replica holds, and how much KV cache is left."""
+    """What one GPU of a TP x PP (x EP) serving replica holds, and how much KV cache is left.
+
+    ``memory`` is the engine's sizing rule (default: vLLM's, 0.9 of HBM, the GPU kind's framework bytes as the
+    runtime reserve); ``replicated_weights_bytes`` are weights held on top of the TP split (attention under
+    attention-DP)."""
     for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("prefill_chunk_tokens", prefill_chunk_tokens)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    if not 0 < gpu_memory_utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if pp > model.num_layers:
         raise ValueError(f"pp={pp} exceeds num_layers={model.num_layers}")
     if ep > 1 and (model.moe is None or model.moe.num_experts % ep):
         raise ValueError(f"ep={ep} must divide the number of experts ({model.moe.num_experts if model.moe else 0})")
+    memory = memory or EngineMemory(runtime_reserve_bytes=gpu.calibration.framework_bytes)
     context = context or model.max_seq_len or 8192
-    params = count_params(model)
     per_param = weight_bytes_per_param(weight_dtype, hidden=model.hidden, group=quant_group)
-    weights = 0.0
-    layers_max = 0.0
-    for stage in range(pp):  # every stage: uneven splits and dense-first MoE put the heaviest anywhere
+    weights, layers_max = _heaviest_stage(model, tp=tp, pp=pp, ep=ep, per_param=per_param)
+    weights += replicated_weights_bytes
+    per_layer = kv_bytes_per_token_per_layer(model, tp=tp, kv_dtype=kv_dtype)
+    sliding_share = model.num_sliding_layers / model.num_layers
+    window = min(context, model.sliding_window) if model.sliding_window else context
+    per_sequence = layers_max * per_layer * ((1 - sliding_share) * context + sliding_share * window)
+    activations = prefill_activation_bytes(model, tp=tp, chunk_tokens=prefill_chunk_tokens)
+    return ServingBill(
+        weights_bytes=weights,
+        kv_bytes_per_token=layers_max * per_layer,
+        kv_bytes_per_sequence=per_sequence,
+        activations_bytes=activations,
+        runtime_reserve_bytes=memory.runtime_reserve_bytes,
+        headroom_bytes=memory.headroom_bytes(
+            hbm_bytes=gpu.hbm_bytes, weights_bytes=weights, activations_bytes=activations
+        ),
+        hbm_bytes=gpu.hbm_bytes,
+        context=context,
+    )
+
+
+def _heaviest_stage(model: ModelSpec, *, tp: int, pp: int, ep: int, per_param: float) -> tuple[float, float]:
+    """(weight bytes, layers) of the heaviest pipeline stage on one GPU: every stage is looked at, since
+    uneven splits and dense-first MoE put the heaviest anywhere."""
+    params = count_params(model)
+    weights = layers_max = 0.0
+    for stage in range(pp):
         on_stage = stage_params(params, model, tp=tp, pp=pp, ep=ep, stage=stage)
         held = float(on_stage.dense + on_stage.experts)
         plain = _stage_unquantized(params, model, tp=tp, pp=pp, stage=stage, held=on_stage)
         weights = max(weights, (held - plain) * per_param + plain * 2.0)
         layers_max = max(layers_max, float(on_stage.dense_layers + on_stage.moe_layers))
-    per_layer = kv_bytes_per_token_per_layer(model, tp=tp, kv_dtype=kv_dtype)
-    sliding_share = model.num_sliding_layers / model.num_layers
-    window = min(context, model.sliding_window) if model.sliding_window else context
-    per_sequence = layers_max * per_layer * ((1 - sliding_share) * context + sliding_share * window)
-    return ServingBill(
-        weights_bytes=weights,
-        kv_bytes_per_token=layers_max * per_layer,
-        kv_bytes_per_sequence=per_sequence,
-        activations_bytes=prefill_activation_bytes(model, tp=tp, chunk_tokens=prefill_chunk_tokens),
-        framework_bytes=gpu.calibration.framework_bytes,
-        usable_bytes=gpu.hbm_bytes * gpu_memory_utilization,
-        context=context,
-    )
+    return weights, layers_max
 
 
 def min_gpus(total_bytes: float, hbm_bytes: float) -> int:

@@ -39,7 +39,7 @@ from meshplan.spec.conditions import Selective
 from meshplan.spec.layout import ContextParallel, LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
-from meshplan.units import DType
+from meshplan.units import DTYPE_BYTES, DType
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -217,7 +217,9 @@ def stage_times(
     kinds = layer_kinds(model, lay, work, cluster)
     worst: dict[str, Num] = {}
     for stage in stages:
-        values = _stage_values(kinds, lay, work, stage_row(model, pp=lay.pp, stage=stage))
+        values = _stage_values(
+            kinds, lay, work, stage_row(model, pp=lay.pp, stage=stage, split=work.conditions.stage_split)
+        )
         worst = {k: maximum(worst[k], v) for k, v in values.items()} if worst else values
     return StageTimes(**worst)
 
@@ -271,7 +273,11 @@ def _stage_shape(
 ) -> StageShape:
     """What the collectives of the slowest stage move: its layers and the largest parameter counts over
     ``stages`` (an upper bound of the slowest stage when different stages set different terms)."""
-    held = [stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies) for s in stages]
+    split = work.conditions.stage_split
+    held = [
+        stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies, split=split, etp=lay.etp)
+        for s in stages
+    ]
     training = [stage_training(model, params, lay, work, stage=s, held=h) for s, h in zip(stages, held, strict=True)]
 
     def most(name: str) -> Num:
@@ -292,7 +298,7 @@ def _stage_shape(
         trained_expert_params=most("train_experts"),
         base_gather_bytes=finetune.nf4_bytes_per_param(double_quant=ft.double_quant)
         if finetune.quantized_base(ft)
-        else None,
+        else (DTYPE_BYTES[DType.FP8] if work.conditions.fp8_all_gather else None),
         embedding=True,  # the embedding's and the head's PyTorch-native collectives: an upper bound over stages
         head=True,
     )
@@ -326,8 +332,9 @@ def _exposed_per_micro_batch(
         "tp_b": exposed(("tp", "sp"), "backward", wgrad, tp_eff),
         "cp_f": exposed(("cp",), "forward", times.attention_fwd_s * copies),
         "cp_b": exposed(("cp",), "backward", times.attention_bwd_s * copies),
-        "ep_f": exposed(("ep",), "forward", times.fwd_compute_s * copies),
-        "ep_b": exposed(("ep",), "backward", times.bwd_compute_s * copies),
+        # the experts' TP gathers sit on the dispatch path
+        "ep_f": exposed(("ep", "etp"), "forward", times.fwd_compute_s * copies),
+        "ep_b": exposed(("ep", "etp"), "backward", times.bwd_compute_s * copies),
     }
 
 
@@ -421,7 +428,7 @@ def _optimizer_time(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: 
     refresh the 16-bit weights, which are written; moments read and written.
     """
     prec = work.precision
-    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
+    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep, tp=lay.tp, etp=lay.etp)
     on = lay.zero >= ZeroStage.OPTIMIZER
     n = held.dense / where(on, shard, 1) + held.experts / where(on, expert_shard, 1)
     master = prec.master_bytes if prec.master is not None else prec.weight_bytes

@@ -97,8 +97,10 @@ TRAINING_TERMS: tuple[Term, ...] = (
         title="Gathered parameters",
         what="Under ZeRO-3 / FSDP: the current and the prefetched layer gathered whole, and one layer's "
         "unsharded gradients before their reduce-scatter.",
-        formula="largest layer's P * (2 * 2 bytes + bytes(grads)) under ZeRO-3, else 0",
-        source="PyTorch FSDP (Zhao et al. 2023) Sec. 3.3, forward prefetch of the next unit",
+        formula="largest layer's P * (2 * bytes(gathered) + bytes(grads)) under ZeRO-3, else 0; bytes(gathered) = 2 "
+        "(bf16), 1 with --fp8-all-gather",
+        source="PyTorch FSDP (Zhao et al. 2023) Sec. 3.3, forward prefetch of the next unit; torchao float8 "
+        "enable_fsdp_float8_all_gather (FP8 weights all-gathered and used as gathered)",
     ),
     Term(
         name="framework_bytes",

@@ -229,3 +229,53 @@ def launcher_export(
         command=shell_join(tokens),
         notes=tuple(notes),
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DisaggregatedPlan:
+    """Two pools of one model: prefill replicas hand each request's KV cache to decode replicas."""
+
+    prefill: ServingPlan
+    decode: ServingPlan
+
+    @property
+    def num_gpus(self) -> int:
+        return self.prefill.num_gpus + self.decode.num_gpus
+
+
+def pool_devices(plan: DisaggregatedPlan, *, gpus_per_node: int = 8) -> tuple[dict[str, str], dict[str, str]]:
+    """CUDA_VISIBLE_DEVICES of the prefill and decode launchers when both pools share one node (none else)."""
+    p, d = plan.prefill.num_gpus, plan.decode.num_gpus
+    if p + d > gpus_per_node:
+        return {}, {}
+    first = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(p)))}
+    return first, {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(p, p + d)))}
+
+
+def pools_export(
+    engine: Engine,
+    engine_version: str,
+    *,
+    plan: DisaggregatedPlan,
+    title: str,
+    pools: Mapping[str, list[str]],
+    predicted: Mapping[str, float] | None,
+    notes: Iterable[str],
+) -> Export:
+    """An export of one launcher per pool (``pools``: role -> command line; prefill and decode first, then
+    any router), started together by the command."""
+    envs = dict(zip(("prefill", "decode"), pool_devices(plan), strict=True))
+    files = {
+        f"serve_{engine.value}_{role}.sh": shell_script(
+            title=f"{title}: the {role}", predicted=predicted, env=envs.get(role, {}), tokens=tokens
+        )
+        for role, tokens in pools.items()
+    }
+    extra = [] if envs["prefill"] else ["the pools span more than one node: run each launcher on its own nodes"]
+    return Export(
+        engine=engine,
+        engine_version=engine_version,
+        files=files,
+        command=" & ".join(f"bash {name}" for name in files) + " & wait",
+        notes=(*notes, *extra),
+    )

@@ -13,15 +13,17 @@ How the plan maps:
   --num-distributed-optimizer-instances.
 - Virtual pipeline stages: --num-virtual-stages-per-pipeline-rank. When the layers do not split
   evenly, embedding and loss count as one layer each (Llama 3's split), else an explicit
-  --pipeline-model-parallel-layout is written.
-- Experts keep the plan's TP inside each expert (--expert-tensor-parallel-size = tp), so expert
-  groups come out of dp x cp, as meshplan models them.
+  --pipeline-model-parallel-layout is written. Stated first/last stage layers are
+  --decoder-first/last-pipeline-num-layers where they divide into the chunks, else that layout.
+- --expert-tensor-parallel-size is the plan's expert TP: tp unless the plan folds EP over TP
+  (MoE parallel folding, expert TP below tp), and --expert-model-parallel-size its EP.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from meshplan.core.pipeline import stage_layers
 from meshplan.exports.common import (
     Engine,
     Export,
@@ -33,6 +35,7 @@ from meshplan.exports.common import (
     shell_join,
     shell_script,
 )
+from meshplan.spec.conditions import StageSplit
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import MlpKind, ModelSpec, NormKind
 from meshplan.spec.workload import Attention, OptimizerKind, Workload
@@ -51,10 +54,12 @@ def _flag(name: str, value: object) -> Args:
     return [name, str(value)]
 
 
-def _pipeline_split(num_layers: int, layout: Layout) -> Args:
+def _pipeline_split(num_layers: int, layout: Layout, split: StageSplit) -> Args:
     """How the layers are cut into pp * vpp stages."""
     stages = layout.pp * layout.vpp
     vpp = _flag("--num-virtual-stages-per-pipeline-rank", layout.vpp) if layout.vpp > 1 else []
+    if split.stated:
+        return _stated_split(num_layers, layout, split)
     if num_layers % stages == 0:
         return vpp
     if (num_layers + 2) % stages == 0:
@@ -65,9 +70,35 @@ def _pipeline_split(num_layers: int, layout: Layout) -> Args:
     counts = [base] * stages
     for index in [*range(1, stages - 1), 0, stages - 1][:extra]:  # spare layers go to the middle stages first
         counts[index] += 1
-    parts = [f"t*{count}" for count in counts]
-    # Stages are listed in virtual order (chunk-major), embedding first and loss last.
+    return _layout_string(counts)
+
+
+def _layout_string(counts: list[int]) -> Args:
+    """--pipeline-model-parallel-layout from layers per virtual stage, listed chunk-major (embedding first, loss
+    last); a stage with no layer is written empty."""
+    parts = [f"t*{count}" if count else "" for count in counts]
     return _flag("--pipeline-model-parallel-layout", "|".join(["E" + parts[0], *parts[1:-1], parts[-1] + "L"]))
+
+
+def _stated_split(num_layers: int, layout: Layout, split: StageSplit) -> Args:
+    """Stated first/last stage layers: Megatron's --decoder-first/last-pipeline-num-layers where every count
+    divides into the vpp chunks (its get_num_layers_to_build requires it), else the explicit layout of the stage
+    table, each rank's layers spread over its chunks as meshplan bills them (short chunks first on the first
+    half of the ranks, last on the others)."""
+    rows = [int(stage_layers(num_layers, pp=layout.pp, stage=i, split=split)) for i in range(layout.pp)]
+    rest_stages = layout.pp - split.stated
+    stated = [v for v in (split.first, split.last) if v is not None]
+    rest = num_layers - split.stated_layers
+    if all(v % layout.vpp == 0 for v in stated) and rest_stages and rest % (rest_stages * layout.vpp) == 0:
+        args = _flag("--decoder-first-pipeline-num-layers", split.first) if split.first is not None else []
+        args += _flag("--decoder-last-pipeline-num-layers", split.last) if split.last is not None else []
+        return args + (_flag("--num-virtual-stages-per-pipeline-rank", layout.vpp) if layout.vpp > 1 else [])
+    chunks = []
+    for rank, layers in enumerate(rows):
+        base, short = -(-layers // layout.vpp), -(-layers // layout.vpp) * layout.vpp - layers
+        shorts = range(short) if rank < layout.pp / 2 else range(layout.vpp - short, layout.vpp)
+        chunks.append([base - (c in shorts) for c in range(layout.vpp)])
+    return _layout_string([chunks[rank][c] for c in range(layout.vpp) for rank in range(layout.pp)])
 
 
 def _schedule(layout: Layout) -> None:
@@ -79,16 +110,16 @@ def _schedule(layout: Layout) -> None:
         )
 
 
-def _parallel_args(model: ModelSpec, layout: Layout) -> Args:
+def _parallel_args(model: ModelSpec, layout: Layout, split: StageSplit) -> Args:
     _schedule(layout)
     args = _flag("--tensor-model-parallel-size", layout.tp) + _flag("--pipeline-model-parallel-size", layout.pp)
     args += ["--sequence-parallel"] if layout.sp else []
-    args += _pipeline_split(model.num_layers, layout) if layout.pp > 1 else []
+    args += _pipeline_split(model.num_layers, layout, split) if layout.pp > 1 else []
     if layout.cp > 1:
         kind = "p2p" if layout.cp_kind is ContextParallel.RING else "allgather"
         args += _flag("--context-parallel-size", layout.cp) + _flag("--cp-comm-type", kind)
     if model.moe is not None:
-        args += _flag("--expert-model-parallel-size", layout.ep) + _flag("--expert-tensor-parallel-size", layout.tp)
+        args += _flag("--expert-model-parallel-size", layout.ep) + _flag("--expert-tensor-parallel-size", layout.etp)
     zero = effective_zero(layout)
     if zero is ZeroStage.OPTIMIZER:
         args += ["--use-distributed-optimizer"]
@@ -197,7 +228,7 @@ def megatron_args(model: ModelSpec, layout: Layout, workload: Workload, *, model
     """The `pretrain_gpt.py` arguments of a plan (without the launcher)."""
     check_experts(ENGINE, model, layout)
     grad_accumulation_steps(layout, workload)
-    args = _parallel_args(model, layout)
+    args = _parallel_args(model, layout, workload.conditions.stage_split)
     args += _flag("--micro-batch-size", layout.micro_batch) + _flag("--global-batch-size", workload.global_batch)
     args += _flag("--seq-length", workload.seq_len)
     args += _recompute_args(layout) + _precision_args(workload) + _model_args(model, workload)

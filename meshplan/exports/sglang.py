@@ -14,7 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from meshplan.exports.common import Engine, Export, ServingPlan, UnsupportedByEngine, launcher_export, precision_flags
+from meshplan.exports.common import (
+    DisaggregatedPlan,
+    Engine,
+    Export,
+    ServingPlan,
+    UnsupportedByEngine,
+    launcher_export,
+    pools_export,
+    precision_flags,
+)
 from meshplan.units import DType
 
 ENGINE_VERSION = "0.5.23"
@@ -63,6 +72,12 @@ QUANTIZATION_METHODS: tuple[str, ...] = (
 )
 """--quantization choices of SGLang 0.5.23."""
 
+POOL_PORTS = {"prefill": 30000, "decode": 30001}
+BOOTSTRAP_PORT = 8998
+"""The prefill server's bootstrap port (--disaggregation-bootstrap-port, its default; the router names it)."""
+TRANSFER_BACKEND = "mooncake"
+"""--disaggregation-transfer-backend's default (sglang/srt/arg_groups/fields/disagg.py)."""
+
 KV_CACHE_CLOSEST = "kv_cache_dtype bf16 or fp8"
 """The plan named in place of a KV-cache dtype missing from KV_CACHE_DTYPES."""
 
@@ -100,3 +115,23 @@ def export_sglang(plan: ServingPlan, *, predicted: Mapping[str, float] | None = 
     if plan.num_gpus > 8:
         notes.append("more than one node: add --nnodes, --node-rank and --dist-init-addr on every node")
     return launcher_export(ENGINE, ENGINE_VERSION, SCRIPT, title=title, tokens=tokens, predicted=predicted, notes=notes)
+
+
+def export_sglang_disaggregated(plan: DisaggregatedPlan, *, predicted: Mapping[str, float] | None = None) -> Export:
+    """A prefill server, a decode server (--disaggregation-mode prefill | decode) and the router that joins
+    them (sglang_router --pd-disaggregation; SGLang docs, PD Disaggregation)."""
+    pd = ["--disaggregation-transfer-backend", TRANSFER_BACKEND]
+    prefill = [*sglang_args(plan.prefill), "--port", str(POOL_PORTS["prefill"]), "--disaggregation-mode", "prefill"]
+    prefill += [*pd, "--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
+    decode = [*sglang_args(plan.decode), "--port", str(POOL_PORTS["decode"]), "--disaggregation-mode", "decode", *pd]
+    router = ["python", "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+    router += ["--prefill", f"http://127.0.0.1:{POOL_PORTS['prefill']}", str(BOOTSTRAP_PORT)]
+    router += ["--decode", f"http://127.0.0.1:{POOL_PORTS['decode']}", "--host", "0.0.0.0", "--port", "8000"]
+    title = f"SGLang {ENGINE_VERSION} launcher from meshplan: {plan.prefill.model_path}, disaggregated"
+    notes = [
+        f"prefill pool on {plan.prefill.num_gpus} GPUs, decode pool on {plan.decode.num_gpus} GPUs; the router "
+        "(pip install sglang-router) serves on port 8000; replace 127.0.0.1 with each pool's host",
+        "--mem-fraction-static covers weights and KV cache; leave room for activations and CUDA graphs",
+    ]
+    pools = {"prefill": prefill, "decode": decode, "router": router}
+    return pools_export(ENGINE, ENGINE_VERSION, plan=plan, title=title, pools=pools, predicted=predicted, notes=notes)

@@ -134,6 +134,10 @@ def _check(model: ModelSpec, layout: Layout, workload: Workload) -> None:
         )
     if workload.precision.compute not in (DType.BF16, DType.FP8, DType.FP32, DType.TF32):
         raise UnsupportedByEngine(ENGINE, f"compute in {workload.precision.compute}", "precision bf16")
+    if workload.conditions.stage_split.stated:
+        raise UnsupportedByEngine(
+            ENGINE, "state the layers of the first and last stage (it cuts stages of near-equal size)", "an even split"
+        )
 
 
 def _parallelism_lines(model: ModelSpec, layout: Layout) -> list[str]:

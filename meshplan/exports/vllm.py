@@ -10,9 +10,19 @@ rank per GPU.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
-from meshplan.exports.common import Engine, Export, ServingPlan, UnsupportedByEngine, launcher_export, precision_flags
+from meshplan.exports.common import (
+    DisaggregatedPlan,
+    Engine,
+    Export,
+    ServingPlan,
+    UnsupportedByEngine,
+    launcher_export,
+    pools_export,
+    precision_flags,
+)
 from meshplan.units import DType
 
 ENGINE_VERSION = "0.33.0"
@@ -61,6 +71,10 @@ QUANTIZATION_METHODS: tuple[str, ...] = (
 )
 """QuantizationMethods of vLLM 0.33.0 (the same in 0.32.0)."""
 
+KV_CONNECTOR = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+"""--kv-transfer-config of both pools (vLLM docs, NixlConnector Usage Guide: prefiller and decoder alike)."""
+POOL_PORTS = {"prefill": 8100, "decode": 8200}
+
 KV_CACHE_CLOSEST = "kv_cache_dtype fp8 or bf16"
 """The plan named in place of a KV-cache dtype missing from KV_CACHE_DTYPES."""
 
@@ -97,3 +111,22 @@ def export_vllm(plan: ServingPlan, *, predicted: Mapping[str, float] | None = No
     if plan.num_gpus > 8:
         notes.append("more than one node: start a Ray cluster first, or use --data-parallel-size-local per node")
     return launcher_export(ENGINE, ENGINE_VERSION, SCRIPT, title=title, tokens=tokens, predicted=predicted, notes=notes)
+
+
+def export_vllm_disaggregated(plan: DisaggregatedPlan, *, predicted: Mapping[str, float] | None = None) -> Export:
+    """Two `vllm serve` pools joined by the NixlConnector: the prefill instances send each request's KV cache
+    to the decode instances (vLLM docs, Disaggregated Prefilling and the NixlConnector Usage Guide)."""
+    config = json.dumps(KV_CONNECTOR, separators=(",", ":"))
+    pools = {
+        role: [*vllm_args(pool), "--port", str(POOL_PORTS[role]), "--kv-transfer-config", config]
+        for role, pool in (("prefill", plan.prefill), ("decode", plan.decode))
+    }
+    title = f"vLLM {ENGINE_VERSION} launcher from meshplan: {plan.prefill.model_path}, disaggregated"
+    notes = [
+        f"prefill pool on {plan.prefill.num_gpus} GPUs (port {POOL_PORTS['prefill']}), decode pool on "
+        f"{plan.decode.num_gpus} GPUs (port {POOL_PORTS['decode']}); install nixl in both",
+        "vLLM ships no router: front the pools with a proxy that sends each request to a prefill instance "
+        "(max_tokens 1) and then to a decode instance, e.g. its toy_proxy_server.py "
+        "(tests/v1/kv_connector/nixl_integration) --prefiller-ports 8100 --decoder-ports 8200",
+    ]
+    return pools_export(ENGINE, ENGINE_VERSION, plan=plan, title=title, pools=pools, predicted=predicted, notes=notes)

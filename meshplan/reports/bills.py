@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -9,7 +10,14 @@ from typing import Any
 from meshplan import io
 from meshplan.core.memory import state_bytes_per_param
 from meshplan.core.params import count_params
-from meshplan.core.serving import kv_bytes_per_token_total, min_gpus, serving_bill, weights_bytes_total
+from meshplan.core.serving import (
+    EngineMemory,
+    ServingBill,
+    kv_bytes_per_token_total,
+    min_gpus,
+    serving_bill,
+    weights_bytes_total,
+)
 from meshplan.core.terms import explain
 from meshplan.core.training import training_memory
 from meshplan.render import jsonable
@@ -236,14 +244,7 @@ def serving_report(
     check_gpus(gpus)
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
-    if pp < 1 or gpus % pp:
-        raise ValueError(f"pp={pp} must divide gpus = {gpus}")
-    domain = gpu_spec.scale_up_domain
-    if tp is None:
-        tp = max(d for d in range(1, min(gpus // pp, domain) + 1) if (gpus // pp) % d == 0)
-    if tp < 1 or gpus % (tp * pp):
-        raise ValueError(f"tp*pp = {tp}*{pp} must divide gpus = {gpus}")
-    check_serving_tp(spec, tp)
+    tp = _serving_tp(spec, gpus=gpus, tp=tp, pp=pp, domain=gpu_spec.scale_up_domain)
     bill = serving_bill(
         spec,
         gpu=gpu_spec,
@@ -253,7 +254,7 @@ def serving_report(
         weight_dtype=choice(DType, dtype, "dtype"),
         kv_dtype=choice(DType, kv_dtype, "kv dtype"),
         context=context,
-        gpu_memory_utilization=gpu_memory_utilization,
+        memory=_vllm_memory(gpu_spec.name, gpu_memory_utilization),
     )
     replicas = gpus // (tp * pp)
     warnings = _serving_warnings(spec, gpu_spec, tp=tp, pp=pp, context=bill.context)
@@ -268,20 +269,51 @@ def serving_report(
         "dtype": dtype,
         "kv_dtype": kv_dtype,
         "context": bill.context,
+        "engine": "vllm",
+        "memory_fraction": gpu_memory_utilization,
+        "memory_fraction_of": "hbm",
+        "kv_bytes_per_token_total": kv_bytes_per_token_total(spec, kv_dtype=choice(DType, kv_dtype, "kv dtype")),
+        **_bill_dict(bill, replicas=replicas),
+        "warnings": warnings,
+    }
+
+
+def _bill_dict(bill: ServingBill, *, replicas: int) -> dict[str, Any]:
+    """One GPU's serving bill by term (they sum to its HBM), and what fits."""
+    return {
         "weights_bytes_per_gpu": bill.weights_bytes,
         "kv_bytes_per_token_per_gpu": bill.kv_bytes_per_token,
-        "kv_bytes_per_token_total": kv_bytes_per_token_total(spec, kv_dtype=choice(DType, kv_dtype, "kv dtype")),
         "kv_bytes_per_sequence_per_gpu": bill.kv_bytes_per_sequence,
         "activations_bytes_per_gpu": bill.activations_bytes,
-        "framework_bytes_per_gpu": bill.framework_bytes,
+        "runtime_reserve_bytes_per_gpu": bill.runtime_reserve_bytes,
+        "engine_headroom_bytes_per_gpu": bill.headroom_bytes,
         "usable_bytes_per_gpu": bill.usable_bytes,
         "kv_budget_bytes_per_gpu": bill.kv_budget_bytes,
         "kv_capacity_tokens_per_replica": bill.kv_capacity_tokens,
         "max_concurrent_sequences_total": bill.max_concurrent_sequences * replicas,
         "max_concurrent_sequences_per_replica": bill.max_concurrent_sequences,
         "fits": bill.fits,
-        "warnings": warnings,
     }
+
+
+def _serving_tp(spec: ModelSpec, *, gpus: int, tp: int | None, pp: int, domain: int) -> int:
+    """TP as given, or the largest divisor of gpus / pp within one scale-up domain; checked against the heads."""
+    if pp < 1 or gpus % pp:
+        raise ValueError(f"pp={pp} must divide gpus = {gpus}")
+    if tp is None:
+        tp = max(d for d in range(1, min(gpus // pp, domain) + 1) if (gpus // pp) % d == 0)
+    if tp < 1 or gpus % (tp * pp):
+        raise ValueError(f"tp*pp = {tp}*{pp} must divide gpus = {gpus}")
+    check_serving_tp(spec, tp)
+    return tp
+
+
+def _vllm_memory(gpu: str, fraction: float) -> EngineMemory:
+    """``meshplan serving`` sizes the KV pool as vLLM does: ``fraction`` of HBM holds weights, activations, the
+    runtime reserve (engines.toml, vllm) and the KV cache."""
+    from meshplan.reports.serve import calibration
+
+    return dataclasses.replace(calibration("vllm", gpu).memory(), fraction=fraction)
 
 
 def _serving_warnings(spec: ModelSpec, gpu: GPU, *, tp: int, pp: int, context: int) -> list[str]:

@@ -18,6 +18,8 @@ HARNESS_LAYOUTS = (
     "fsdp",
     "fsdp_reshard_root",
     "fsdp_no_reshard",
+    "fsdp_no_sync",
+    "fsdp_sac_op",
     "fsdp_bf16",
     "fsdp_bf16_reduce_bf16",
     "tp",

@@ -12,13 +12,21 @@ from typing import Any
 
 from meshplan import io
 from meshplan.spec import requests
-from meshplan.spec.conditions import Conditions, LossKind, Selective
+from meshplan.spec.conditions import Conditions, Fp8Recipe, LossKind, Selective, StageSplit
 from meshplan.spec.workload import PRECISIONS, Overlap, PrecisionPolicy
 from meshplan.units import DType
 
 WORKLOAD_SET_BY_STACK = ("precision", "kernels", "attention")
 """Workload fields a stack fixes besides its conditions."""
-OVERLAP_AXES = {"dp": "dp", "param_gather": "param_gather", "tp": "tp", "ep": "ep", "pp": "pp", "cp": "cp"}
+OVERLAP_AXES = {
+    "dp": "dp",
+    "param_gather": "param_gather",
+    "tp": "tp",
+    "tp_backward": "tp_backward",
+    "ep": "ep",
+    "pp": "pp",
+    "cp": "cp",
+}
 
 
 def condition_names() -> tuple[str, ...]:
@@ -75,6 +83,10 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         recompute_modules=_modules(resolved.get("recompute_modules")),
         routing_imbalance=float(resolved.get("routing_imbalance") or 1.0),
         loss_parallel=None if loss_parallel is None else loss_parallel == "on",
+        stage_split=StageSplit(first=resolved.get("first_stage_layers"), last=resolved.get("last_stage_layers")),
+        offload_layers=resolved.get("offload_layers"),
+        fp8_recipe=Fp8Recipe(resolved["fp8_recipe"]) if resolved.get("fp8_recipe") else None,
+        fp8_all_gather=_on(resolved.get("fp8_all_gather"), False),
     )
 
 

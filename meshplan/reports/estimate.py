@@ -33,6 +33,7 @@ STRATEGY_EXPOSED = {
     "sp": "exposed_tp_s",
     "cp": "exposed_cp_s",
     "ep": "exposed_ep_s",
+    "etp": "exposed_ep_s",
     "pp": "exposed_pp_s",
     "dp": "exposed_dp_s",
     "dp-experts": "exposed_dp_s",
@@ -69,10 +70,11 @@ def _collectives(plan: Plan) -> list[dict[str, Any]]:
 
 
 def placement_dict(placement: dict[str, AxisPlacement], cluster: Cluster) -> dict[str, Any]:
-    """Each parallel axis of a layout: its size, stride, how it sits in the scale-up domains, and its link."""
+    """Each parallel axis of a layout: its size, stride, how it sits in the scale-up domains, and its link; the
+    experts' TP group (``etp``) only where it is not the TP group itself."""
     out = {}
     for axis, p in placement.items():
-        if int(p.size) == 1:
+        if int(p.size) == 1 or (axis == "etp" and int(p.size) == int(placement["tp"].size)):
             continue
         crosses = bool(p.outer > 1)
         out[axis] = {

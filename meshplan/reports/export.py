@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from meshplan import io
 from meshplan.core.plan import evaluate
-from meshplan.exports import SERVING_EXPORTERS, TRAINING_EXPORTERS, Engine, Export, ServingPlan
+from meshplan.exports import (
+    DISAGGREGATED_EXPORTERS,
+    SERVING_EXPORTERS,
+    TRAINING_EXPORTERS,
+    DisaggregatedPlan,
+    Engine,
+    Export,
+    ServingPlan,
+)
 from meshplan.reports.bills import serving_report
+from meshplan.reports.conditions import workload_kwargs
 from meshplan.reports.inputs import LayoutRequest, choice, resolve_cluster, resolve_layout, resolve_workload
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
@@ -81,8 +91,10 @@ def export_training(
     global_batch: int | None,
     precision: str = "bf16",
     model_path: str | None = None,
+    conditions: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A training plan as ``engine``'s configuration, with meshplan's predictions as comments."""
+    """A training plan as ``engine``'s configuration, with meshplan's predictions as comments; ``conditions``:
+    the run conditions the export carries (the stated first/last stage layers)."""
     eng = _engine(engine)
     if eng not in TRAINING_EXPORTERS:
         raise ValueError(
@@ -91,7 +103,8 @@ def export_training(
     spec = io.load_model(model) if isinstance(model, str) else model
     cluster = resolve_cluster(gpu=gpu, gpus=gpus)
     lay = resolve_layout(layout, gpus=gpus)
-    work = resolve_workload(layout=lay, seq=seq, global_batch=global_batch, precision=precision)
+    kwargs, _ = workload_kwargs(conditions, precision=precision, attention=None, kernels=None)
+    work = resolve_workload(layout=lay, seq=seq, global_batch=global_batch, **kwargs)
     plan = evaluate(spec, cluster, lay, work)
     predicted = {
         "step_time_s": float(plan.step.step_time_s),
@@ -171,7 +184,8 @@ SERVE_PLAN_QUANTIZATION = {"fp8": "fp8", "int4": "awq", "int8": "compressed-tens
 
 
 def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) -> dict[str, Any]:
-    """The best plan of a ``meshplan serve-plan --save`` file as ``engine``'s server flags."""
+    """The best plan of a ``meshplan serve-plan --save`` file as ``engine``'s server flags; a plan with split
+    prefill and decode pools becomes one launcher per pool where the engine can express it."""
     eng = _engine(engine)
     if eng not in SERVING_EXPORTERS:
         raise ValueError(f"{eng.value} trains models; a serving plan exports to vllm, sglang or trtllm")
@@ -179,18 +193,34 @@ def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) 
     best = data.get("best") if isinstance(data, dict) else None
     if not best:
         raise ValueError(f"plan file {path} holds no serving plan (write one with meshplan serve-plan --save FILE)")
-    if best.get("prefill_replicas"):
+    predicted = {k: float(best[k]) for k in ("ttft_s_p99", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user")}
+    split = int(best.get("prefill_replicas") or 0)
+    if not split:
+        export = SERVING_EXPORTERS[eng](_pool_plan(data, best, best["replicas"], model_path), predicted=predicted)
+        return _export_dict(export) | {"predicted": predicted}
+    if eng not in DISAGGREGATED_EXPORTERS:
         raise ValueError(
-            f"plan file {path} splits prefill and decode pools; the exports launch colocated replicas only"
+            f"plan file {path} splits prefill and decode pools; the {eng.value} export launches colocated replicas "
+            f"only (its disaggregated server's context/generation YAML is not written): export vllm or sglang"
         )
+    pools = DisaggregatedPlan(
+        prefill=_pool_plan(data, best, split, model_path),
+        decode=_pool_plan(data, best, best["replicas"] - split, model_path),
+    )
+    export = DISAGGREGATED_EXPORTERS[eng](pools, predicted=predicted)
+    return _export_dict(export) | {"predicted": predicted}
+
+
+def _pool_plan(data: dict[str, Any], best: dict[str, Any], replicas: int, model_path: str | None) -> ServingPlan:
+    """``replicas`` replicas of the saved plan's layout, dtypes and batch cap (per attention-DP rank)."""
     lay = best["layout"]
     kv = choice(DType, lay["kv_dtype"], "kv dtype")
-    plan = ServingPlan(
+    return ServingPlan(
         model_path=model_path or data["model"],
         tp=lay["tp"],
         pp=lay["pp"],
         ep=lay["ep"],
-        dp=best["replicas"],
+        dp=replicas,
         dp_attention=lay["dp_attention"],
         max_model_len=data["input_len"] + data["output_len"],
         gpu_memory_utilization=0.9,
@@ -198,6 +228,3 @@ def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) 
         kv_cache_dtype=None if kv is DType.BF16 else kv,
         quantization=SERVE_PLAN_QUANTIZATION.get(lay["weights_dtype"]),
     )
-    predicted = {k: float(best[k]) for k in ("ttft_s_p99", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user")}
-    export = SERVING_EXPORTERS[eng](plan, predicted=predicted)
-    return _export_dict(export) | {"predicted": predicted}

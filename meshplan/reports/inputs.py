@@ -39,6 +39,7 @@ class LayoutRequest:
     vpp: int = 1
     cp: int = 1
     ep: int = 1
+    expert_tp: int | None = None
     dp_shard: int | None = None
     zero: int = 0
     sp: bool = False
@@ -100,6 +101,7 @@ def resolve_layout(req: LayoutRequest, *, gpus: int) -> Layout:
         vpp=req.vpp,
         cp=req.cp,
         ep=req.ep,
+        expert_tp=req.expert_tp,
         dp_shard=dp_shard,
         dp_replicate=data // dp_shard,
         sp=req.sp,
@@ -224,6 +226,7 @@ def layout_dict(layout: Layout) -> dict[str, Any]:
         "vpp": layout.vpp,
         "cp": layout.cp,
         "ep": layout.ep,
+        "expert_tp": layout.etp,
         "dp_shard": layout.dp_shard,
         "dp_replicate": layout.dp_replicate,
         "zero": int(layout.zero),

@@ -21,6 +21,7 @@ class LayoutJSON(TypedDict):
     vpp: int
     cp: int
     ep: int
+    expert_tp: int
     dp_shard: int
     dp_replicate: int
     zero: int
@@ -239,12 +240,16 @@ class ServingReport(TypedDict):
     dtype: str
     kv_dtype: str
     context: int
+    engine: str
+    memory_fraction: float
+    memory_fraction_of: str
     weights_bytes_per_gpu: float
     kv_bytes_per_token_per_gpu: float
     kv_bytes_per_token_total: float
     kv_bytes_per_sequence_per_gpu: float
     activations_bytes_per_gpu: float
-    framework_bytes_per_gpu: float
+    runtime_reserve_bytes_per_gpu: float
+    engine_headroom_bytes_per_gpu: float
     usable_bytes_per_gpu: float
     kv_budget_bytes_per_gpu: float
     kv_capacity_tokens_per_replica: int
@@ -257,6 +262,8 @@ class ServingReport(TypedDict):
 class PlanItemJSON(TypedDict):
     layout: LayoutJSON
     step_time_s: float
+    step_time_s_p10: float
+    step_time_s_p90: float
     mfu: float
     tokens_per_s_per_gpu: float
     per_gpu: BillJSON
@@ -325,6 +332,7 @@ class PlanReport(TrainsJSON):
     plans: list[PlanItemJSON]
     pareto: list[ParetoPointJSON]
     rejections: dict[str, int]
+    uncertainty: str
     fewest_gpus: NotRequired[FewestJSON]
     explain: NotRequired[list[ExplainJSON]]
     nothing_fits: NotRequired[NothingFitsJSON]
@@ -413,7 +421,12 @@ class ServeReport(TypedDict):
     rate_per_s_total: float | None
     weights_bytes_per_gpu: float
     kv_bytes_per_token_per_gpu: float
+    activations_bytes_per_gpu: float
+    runtime_reserve_bytes_per_gpu: float
+    engine_headroom_bytes_per_gpu: float
     kv_budget_bytes_per_gpu: float
+    memory_fraction: float
+    memory_fraction_of: str
     ttft_s_p50: float
     ttft_s_p99: float
     ttft_s_unloaded: float

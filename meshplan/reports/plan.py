@@ -16,7 +16,7 @@ from meshplan.core.placement import place
 from meshplan.core.plan import Plan, evaluate, mesh_sizes
 from meshplan.render import jsonable
 from meshplan.reports.conditions import workload_kwargs
-from meshplan.reports.estimate import evaluated_plan_dict, placement_dict
+from meshplan.reports.estimate import evaluated_plan_dict, placement_dict, uncertainty
 from meshplan.reports.inputs import (
     FinetuneRequest,
     LayoutRequest,
@@ -72,9 +72,13 @@ def _candidate(result: SearchResult, i: int, cluster: Cluster, order: tuple[str,
     per_gpu["optimizer_bytes"] = per_gpu["master_weights_bytes"] + per_gpu["optimizer_moments_bytes"]
     per_gpu["total_bytes"] = sum(per_gpu[name] for name in TERMS)
     breakdown = {name: float(np.asarray(getattr(step, name))[i]) for name in STEP_TERMS}
+    step_time_s = float(np.asarray(step.step_time_s)[i])
+    band = uncertainty(step_time_s, profile=None)
     return {
         "layout": layout_dict(lay),
-        "step_time_s": float(np.asarray(step.step_time_s)[i]),
+        "step_time_s": step_time_s,
+        "step_time_s_p10": band["step_time_s_p10"],
+        "step_time_s_p90": band["step_time_s_p90"],
         "mfu": float(np.asarray(step.mfu)[i]),
         "tokens_per_s_per_gpu": float(np.asarray(step.tokens_per_s_per_gpu)[i]),
         "per_gpu": per_gpu,
@@ -194,6 +198,8 @@ def pinned_space(pins: Mapping[str, Any] | None) -> tuple[SearchSpace | None, di
             columns["schedule"] = int(schedule)
         elif name == "dp":
             continue  # derived from the fleet: pinning tp, pp and cp pins it
+        elif name == "expert_tp":
+            columns["etp"] = int(value)  # the search's resolved column
         else:
             columns[name] = int(value)
     return space, columns
@@ -282,7 +288,6 @@ def plan_report(
         seq=seq, global_batch_tokens=global_batch_tokens, headroom=headroom, tokens=tokens, days=days, top=top
     )
     order = resolve_order(axis_order)
-    obj = _objective(objective, tokens=tokens, days=days)
     set_by, shown = workload_kwargs(conditions, precision=precision, attention=attention, kernels=kernels)
     work = _workload(seq, global_batch_tokens // seq, set_by, ft)
     fleet = functools.partial(
@@ -293,34 +298,10 @@ def plan_report(
         scale_out_bandwidth=scale_out_bandwidth,
         profile=profile,
     )
-    fewest: dict[str, Any] | None = None
-    if not isinstance(obj, Objective):  # "fewest-gpus"
-        assert tokens is not None and days is not None
-        deadline = Deadline(tokens=tokens, days=days)
-        found = _fewest_gpus(
-            spec,
-            fleet,
-            start=gpus,
-            work=work,
-            deadline=deadline,
-            search_kw=dict(headroom=headroom, allow_cross_node_tp=allow_cross_node_tp, order=order),
-            max_gpus=max_gpus,
-        )
-        fewest = {"gpus": found, "searched_from": gpus, "tokens": tokens, "days": days}
-        gpus, obj = found, Objective.STEP_TIME
+    rules: dict[str, Any] = dict(headroom=headroom, allow_cross_node_tp=allow_cross_node_tp, order=order)
+    obj, fewest, gpus = _fleet_size(spec, fleet, work, gpus, objective, tokens, days, rules, max_gpus)
     cluster = fleet(gpus=gpus)
-    result, plans = run_search(
-        spec,
-        cluster,
-        work,
-        top=top,
-        headroom=headroom,
-        allow_cross_node_tp=allow_cross_node_tp,
-        order=order,
-        objective=obj,
-        pins=pins,
-        engine=training_engine,
-    )
+    result, plans = run_search(spec, cluster, work, top=top, objective=obj, pins=pins, engine=training_engine, **rules)
     out: dict[str, Any] = {
         "model": spec.name,
         "gpu": cluster.gpu.name,
@@ -333,12 +314,8 @@ def plan_report(
         "headroom_fraction": headroom,
         **finetune_fields(spec, work.finetune),
         **shown,
-        "evaluated": result.evaluated,
-        "feasible": result.feasible,
-        "elapsed_s": result.elapsed_s,
-        "plans": plans,
-        "pareto": _pareto(result),
-        "rejections": dict(sorted(result.rejections.items(), key=lambda kv: -kv[1])),
+        **_search_fields(result, plans),
+        "uncertainty": uncertainty(1.0, profile)["uncertainty"],
     }
     if fewest:
         out["fewest_gpus"] = fewest
@@ -346,13 +323,59 @@ def plan_report(
         out["nothing_fits"] = _what_would_fit(
             spec, cluster, work, result, headroom=headroom, allow=allow_cross_node_tp, order=order, tuning=ft
         )
-    if tokens:
-        for p in out["plans"]:
-            p["time_to_train_days"] = tokens / (p["tokens_per_s_per_gpu"] * cluster.num_gpus) / 86400
+    _time_to_train(plans, tokens, cluster.num_gpus)
     if explain or compare:
         out["explain"] = _explanations(spec, cluster, work, plans, order, compare)
     data: dict[str, Any] = jsonable(out)
     return data
+
+
+def _time_to_train(plans: list[dict[str, Any]], tokens: float | None, gpus: int) -> None:
+    """Days each plan takes to train ``tokens`` on the fleet."""
+    for p in plans if tokens else ():
+        p["time_to_train_days"] = tokens / (p["tokens_per_s_per_gpu"] * gpus) / 86400
+
+
+def _fleet_size(
+    spec: ModelSpec,
+    fleet: Callable[..., Cluster],
+    work: Workload,
+    gpus: int,
+    objective: str,
+    tokens: float | None,
+    days: float | None,
+    rules: dict[str, Any],
+    max_gpus: int,
+) -> tuple[Objective, dict[str, Any] | None, int]:
+    """The objective to rank by and the fleet to search: ``fewest-gpus`` first finds the smallest fleet that
+    trains ``tokens`` within ``days`` and then ranks its layouts by step time."""
+    obj = _objective(objective, tokens=tokens, days=days)
+    if isinstance(obj, Objective):
+        return obj, None, gpus
+    assert tokens is not None and days is not None
+    found = _fewest_gpus(
+        spec,
+        fleet,
+        start=gpus,
+        work=work,
+        deadline=Deadline(tokens=tokens, days=days),
+        search_kw=rules,
+        max_gpus=max_gpus,
+    )
+    fewest = {"gpus": found, "searched_from": gpus, "tokens": tokens, "days": days}
+    return Objective.STEP_TIME, fewest, found
+
+
+def _search_fields(result: SearchResult, plans: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the search did: how many layouts it evaluated, how many fit, the plans, the front, the rejections."""
+    return {
+        "evaluated": result.evaluated,
+        "feasible": result.feasible,
+        "elapsed_s": result.elapsed_s,
+        "plans": plans,
+        "pareto": _pareto(result),
+        "rejections": dict(sorted(result.rejections.items(), key=lambda kv: -kv[1])),
+    }
 
 
 def _check_numbers(

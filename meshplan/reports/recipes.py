@@ -12,6 +12,7 @@ import numpy as np
 
 from meshplan import io
 from meshplan.core.plan import Plan, evaluate
+from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, workload_kwargs
 from meshplan.reports.estimate import evaluated_plan_dict
 from meshplan.reports.inputs import (
     LayoutRequest,
@@ -22,6 +23,7 @@ from meshplan.reports.inputs import (
     resolve_workload,
 )
 from meshplan.search.rank import search
+from meshplan.spec import requests
 
 FIELDS = {
     "title",
@@ -36,10 +38,11 @@ FIELDS = {
     "global_batch",
     "precision",
     "attention",
-    "order",
-    "overlap",
+    "axis_order",
     "layout",
-}
+} | {f.name for f in requests.group(requests.Group.CONDITIONS)}
+"""A recipe's keys: what it is, the model and fleet, and schema fields as a user types them (the overlap of each
+axis and the other conditions among them)."""
 
 
 @cache
@@ -71,15 +74,11 @@ def evaluate_recipe(name: str) -> Plan:
         model = dataclasses.replace(model, **r["model_overrides"])
     cluster = resolve_cluster(gpu=r["gpu"], gpus=r["gpus"], scale_out=r.get("scale_out"))
     layout = resolve_layout(LayoutRequest.parse(r["layout"]), gpus=r["gpus"])
-    work = resolve_workload(
-        layout=layout,
-        seq=r["seq"],
-        global_batch=r["global_batch"],
-        precision=r.get("precision", "bf16"),
-        attention=r.get("attention", "flash"),
-        overlap=r.get("overlap"),
-    )
-    return evaluate(model, cluster, layout, work, order=resolve_order(r.get("order")))
+    named = [name for name in ("stack", *condition_names()) if name not in WORKLOAD_SET_BY_STACK]
+    conditions = requests.parse_values({k: r[k] for k in named if k in r}, allowed=requests.FIELDS, what="recipe")
+    kwargs, _ = workload_kwargs(conditions, precision=r.get("precision"), attention=r.get("attention"), kernels=None)
+    work = resolve_workload(layout=layout, seq=r["seq"], global_batch=r["global_batch"], **kwargs)
+    return evaluate(model, cluster, layout, work, order=resolve_order(r.get("axis_order")))
 
 
 def factors(name: str) -> dict[str, int]:

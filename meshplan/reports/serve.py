@@ -24,7 +24,7 @@ from meshplan.core.serve_shape import (
     kv_dtype_bytes,
     replica_shape,
 )
-from meshplan.core.serving import QUANT_GROUP
+from meshplan.core.serving import QUANT_GROUP, MemoryFraction
 from meshplan.reports.inputs import choice
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
@@ -50,6 +50,7 @@ def calibration(engine: str, gpu: str) -> ServeCalibration:
     known = {f.name for f in fields(ServeCalibration)}
     unknown = set(data) - known
     assert not unknown, f"engines.toml [{engine}]: unknown keys {sorted(unknown)}"
+    data["memory_fraction_of"] = MemoryFraction(data["memory_fraction_of"])
     return ServeCalibration(engine=engine, **{k: v for k, v in data.items() if k != "engine"})
 
 
@@ -93,10 +94,10 @@ def resolve(
         tp=tp, pp=pp, ep=ep, dp_attention=dp_attention, weights_dtype=w, kv_dtype=kv, quant=q, quant_group=quant_group
     )
     cal = calibration(engine, gpu_spec.name)
-    if gpu_memory_utilization is not None:
+    if gpu_memory_utilization is not None:  # the engine's own knob, read as that engine reads it
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        cal = dataclasses.replace(cal, memory_fraction=gpu_memory_utilization, memory_fraction_of_free=False)
+        cal = dataclasses.replace(cal, memory_fraction=gpu_memory_utilization)
     hw = Hardware(
         gpu=gpu_spec,
         scale_up=io.load_link(gpu_spec.scale_up_link),
@@ -231,23 +232,22 @@ def serve_report(
     )
     if (concurrency is None) == (rate is None):
         raise ValueError("give exactly one of --concurrency and --rate")
+    if disaggregate is not None and replicas is not None:
+        raise ValueError("--disaggregate P:D sets the replicas of both pools; drop --replicas")
+    head = _head(setup, engine, input_len, output_len, concurrency, rate)
+    # colocated: the load is split evenly over the replicas; disaggregated: the pools share the fleet's load
+    share = 1 if disaggregate is not None else setup.replicas
+    req = Requests(
+        input_len=input_len,
+        output_len=output_len,
+        max_batch=max_batch,
+        concurrency=None if concurrency is None else concurrency / share,
+        rate_per_s=None if rate is None else rate / share,
+    )
     if disaggregate is not None:
-        if replicas is not None:
-            raise ValueError("--disaggregate P:D sets the replicas of both pools; drop --replicas")
-        req = Requests(
-            input_len=input_len, output_len=output_len, max_batch=max_batch, concurrency=concurrency, rate_per_s=rate
-        )
-        return _head(setup, engine, input_len, output_len, concurrency, rate) | _disaggregated(setup, req, disaggregate)
-    per_replica = {
-        "concurrency": None if concurrency is None else concurrency / setup.replicas,
-        "rate_per_s": None if rate is None else rate / setup.replicas,
-    }
-    req = Requests(input_len=input_len, output_len=output_len, max_batch=max_batch, **per_replica)
+        return head | _disaggregated(setup, req, disaggregate)
     pt = load_point(setup.model, setup.shape, setup.hw, setup.layout, req)
-    return _head(setup, engine, input_len, output_len, concurrency, rate) | {
-        **point_dict(setup, req, pt),
-        "calibration_source": setup.hw.cal.source,
-    }
+    return head | point_dict(setup, req, pt) | {"calibration_source": setup.hw.cal.source}
 
 
 def _head(
@@ -273,9 +273,22 @@ def _head(
         "output_len": output_len,
         "concurrency_total": concurrency,
         "rate_per_s_total": rate,
-        "weights_bytes_per_gpu": setup.shape.bill.weights_bytes,
+        **memory_dict(setup),
+    }
+
+
+def memory_dict(setup: Setup) -> dict[str, Any]:
+    """One GPU's serving bill as the engine sizes it: the terms sum to the device's HBM."""
+    bill, cal = setup.shape.bill, setup.hw.cal
+    return {
+        "weights_bytes_per_gpu": bill.weights_bytes,
         "kv_bytes_per_token_per_gpu": setup.shape.kv_bytes_per_token,
+        "activations_bytes_per_gpu": bill.activations_bytes,
+        "runtime_reserve_bytes_per_gpu": bill.runtime_reserve_bytes,
+        "engine_headroom_bytes_per_gpu": bill.headroom_bytes,
         "kv_budget_bytes_per_gpu": setup.shape.kv_budget_bytes,
+        "memory_fraction": cal.memory_fraction,
+        "memory_fraction_of": cal.memory_fraction_of.value,
     }
 
 

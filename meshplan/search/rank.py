@@ -192,25 +192,24 @@ def search(
             report(evaluated, done / num_chunks, time.perf_counter() - start)
     feasible, step, bill = _concatenate(kept)
     kept.clear()  # the chunks' copies: only the joined arrays are needed from here
-    times = np.asarray(step.step_time_s, dtype=np.float64) * np.ones(len(feasible))
-    total = np.asarray(bill.total_bytes, dtype=np.float64) * np.ones(len(feasible))
-    ranking = _rank(times, total, objective)
-    result_batch = feasible.take(ranking)
-    del feasible
-    step = _take(step, ranking)
-    bill = _take(bill, ranking)
-    front = pareto_front(np.asarray(step.step_time_s) * np.ones(len(ranking)), np.asarray(bill.total_bytes))
     return SearchResult(
-        candidates=result_batch,
-        step=step,
-        memory=bill,
+        **_ranked(feasible, step, bill, objective),
         evaluated=evaluated,
         rejections=counts,
         elapsed_s=time.perf_counter() - start,
-        pareto=front,
         lightest=lightest.layout(model, params, workload, cluster),
         lightest_bytes=lightest.bytes_per_gpu,
     )
+
+
+def _ranked(feasible: LayoutBatch, step: StepTime, bill: MemoryBill, objective: Objective) -> dict[str, Any]:
+    """The feasible layouts, their step times and bills in the objective's order, and their Pareto front."""
+    times = np.asarray(step.step_time_s, dtype=np.float64) * np.ones(len(feasible))
+    total = np.asarray(bill.total_bytes, dtype=np.float64) * np.ones(len(feasible))
+    ranking = _rank(times, total, objective)
+    step, bill = _take(step, ranking), _take(bill, ranking)
+    front = pareto_front(np.asarray(step.step_time_s) * np.ones(len(ranking)), np.asarray(bill.total_bytes))
+    return {"candidates": feasible.take(ranking), "step": step, "memory": bill, "pareto": front}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +31,8 @@ class LayoutBatch:
     vpp: IntArray
     cp: IntArray
     ep: IntArray
+    etp: IntArray
+    """Expert tensor-parallel degree (tp, or 1 where EP folds over TP)."""
     dp_shard: IntArray
     dp_replicate: IntArray
     sp: npt.NDArray[np.bool_]
@@ -63,6 +66,7 @@ class LayoutBatch:
             vpp=v["vpp"],
             cp=v["cp"],
             ep=v["ep"],
+            expert_tp=None if v["etp"] == v["tp"] else v["etp"],
             dp_shard=v["dp_shard"],
             dp_replicate=v["dp_replicate"],
             sp=bool(v["sp"]),
@@ -91,6 +95,7 @@ def _from_columns(cols: Mapping[str, npt.ArrayLike]) -> LayoutBatch:
         vpp=ints("vpp"),
         cp=ints("cp"),
         ep=ints("ep"),
+        etp=ints("etp"),
         dp_shard=ints("dp_shard"),
         dp_replicate=ints("dp_replicate"),
         sp=np.asarray(cols["sp"], dtype=np.bool_),
@@ -102,8 +107,10 @@ def _from_columns(cols: Mapping[str, npt.ArrayLike]) -> LayoutBatch:
     )
 
 
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n`` in increasing order, found in O(sqrt n) steps."""
+@lru_cache(maxsize=4096)
+def divisors(n: int) -> tuple[int, ...]:
+    """The divisors of ``n`` in increasing order, found in O(sqrt n) steps (once per n: a fleet's mesh shapes
+    ask for the same few numbers many times)."""
     small, large = [], []
     d = 1
     while d * d <= n:
@@ -112,7 +119,7 @@ def divisors(n: int) -> list[int]:
             if d * d != n:
                 large.append(n // d)
         d += 1
-    return small + large[::-1]
+    return (*small, *large[::-1])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,16 +158,30 @@ CHUNK_CANDIDATES = 1 << 18
 
 def _outer_rows(
     model: ModelSpec, *, num_gpus: int, space: SearchSpace, domain: int, allow_cross_node_tp: bool
-) -> tuple[int, Iterator[tuple[int, int, int, int, int, int]]]:
+) -> tuple[int, Iterator[tuple[int, int, int, int, int, int, int]]]:
     """(how many, the rows lazily): a fleet size with many divisors has tens of millions of rows."""
     max_tp = space.max_tp or (num_gpus if allow_cross_node_tp else domain)
     shapes = [
-        (tp, cp, pp, dp, divisors(dp * cp) if model.moe else [1], divisors(dp))  # the rules reject bad ep
+        (tp, cp, pp, dp, expert_degrees(model, tp=tp, data=dp * cp), divisors(dp))  # the rules reject bad ep
         for tp, cp, pp, dp in _mesh_shapes(num_gpus, model, max_tp, space.max_cp)
     ]
-    count = sum(len(eps) * len(shards) for *_, eps, shards in shapes)
-    rows = ((tp, cp, pp, dp, ep, shard) for tp, cp, pp, dp, eps, shards in shapes for ep in eps for shard in shards)
+    count = sum(len(experts) * len(shards) for *_, experts, shards in shapes)
+    rows = (
+        (tp, cp, pp, dp, ep, etp, shard)
+        for tp, cp, pp, dp, experts, shards in shapes
+        for ep, etp in experts
+        for shard in shards
+    )
     return count, rows
+
+
+def expert_degrees(model: ModelSpec, *, tp: int, data: int) -> list[tuple[int, int]]:
+    """(ep, expert TP) pairs: EP out of the data ranks with expert TP = tp, and, where tp > 1, EP folded over
+    tp x data with expert TP 1 (MoE parallel folding: experts without TP, EP inside the NVLink domain)."""
+    if model.moe is None:
+        return [(1, tp)]
+    plain = [(ep, tp) for ep in divisors(data)]
+    return plain + ([(ep, 1) for ep in divisors(tp * data)] if tp > 1 else [])
 
 
 MAX_CANDIDATES = 200_000_000
@@ -220,7 +241,7 @@ def enumerate_layouts(
     row. Outer rows that accept the same inner rows are crossed with them in
     one step. Redundant spellings of one layout are not generated: ZeRO needs
     a shard group of more than one rank, sequence parallelism needs TP,
-    virtual stages need a pipeline.
+    virtual stages need a pipeline, EP folded over TP needs sequence parallelism.
     """
     _, chunks = layout_chunks(
         model,
@@ -236,13 +257,15 @@ def enumerate_layouts(
     return _from_columns({f.name: np.concatenate([getattr(b, f.name) for b in batches]) for f in fields(LayoutBatch)})
 
 
-def _expand(rows: list[tuple[int, int, int, int, int, int]], *, global_batch: int, space: SearchSpace) -> LayoutBatch:
+def _expand(
+    rows: list[tuple[int, int, int, int, int, int, int]], *, global_batch: int, space: SearchSpace
+) -> LayoutBatch:
     """The outer rows crossed with the inner choices each accepts."""
     names = [f.name for f in fields(LayoutBatch)]
     if not rows:
         return _from_columns({k: np.zeros(0, dtype=np.bool_ if k == "sp" else np.int64) for k in names})
     outer = np.asarray(rows, dtype=np.int64)
-    tp, cp, pp, dp, ep, shard = outer.T
+    tp, cp, pp, dp, ep, etp, shard = outer.T
     inner_names = ("vpp", "micro_batch", "zero", "recompute", "sp")
     grids = np.meshgrid(
         *(
@@ -256,19 +279,21 @@ def _expand(rows: list[tuple[int, int, int, int, int, int]], *, global_batch: in
     fits_batch = (global_batch % (mbs[None, :] * dp[:, None])) == 0  # which micro-batches divide B/dp
     fits_batch[~fits_batch.any(axis=1), 0] = True  # none does: keep the first, for the rules to reject
     zero_mode = np.where(shard > 1, 2, np.where(cp > 1, 1, 0))  # 0: zero 0 only, 1: any, 2: zero > 0 only
-    key = np.column_stack([pp > 1, tp > 1, zero_mode, fits_batch]).astype(np.int64)
+    folded = etp != tp  # MoE parallel folding dispatches sequence-parallel shards: SP only
+    key = np.column_stack([pp > 1, tp > 1, zero_mode, folded, fits_batch]).astype(np.int64)
     uniq, group = np.unique(key, axis=0, return_inverse=True)
     group = group.ravel()
     cols: dict[str, list[IntArray]] = {k: [] for k in names}
     for g, k in enumerate(uniq):
-        has_pp, has_tp, mode, allowed = bool(k[0]), bool(k[1]), int(k[2]), k[3:].astype(bool)
+        has_pp, has_tp, mode, is_folded, allowed = bool(k[0]), bool(k[1]), int(k[2]), bool(k[3]), k[4:].astype(bool)
         take = (inner["vpp"] == 1) | has_pp
         take &= (inner["sp"] == 0) | has_tp
+        take &= (inner["sp"] == 1) | (not is_folded)
         take &= np.isin(inner["micro_batch"], mbs[allowed])
         take &= {0: inner["zero"] == 0, 1: np.ones_like(take), 2: inner["zero"] > 0}[mode]
         sel = np.flatnonzero(group == g)
         n_in, n_out = int(take.sum()), len(sel)
-        for name, values in (("tp", tp), ("cp", cp), ("pp", pp), ("ep", ep), ("dp_shard", shard)):
+        for name, values in (("tp", tp), ("cp", cp), ("pp", pp), ("ep", ep), ("etp", etp), ("dp_shard", shard)):
             cols[name].append(np.repeat(values[sel], n_in))
         cols["dp_replicate"].append(np.repeat(dp[sel] // shard[sel], n_in))
         for name in inner_names:

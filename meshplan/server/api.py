@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Iterable
 from functools import cache
 from typing import Annotated, Any, Literal
 
+import annotated_types as at
 from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BeforeValidator
 
 from meshplan import io
 from meshplan.render import jsonable
@@ -89,19 +92,39 @@ GpuArg = Annotated[str, Depends(gpu_arg)]
 
 
 def _annotation(f: Field, default: Any) -> Any:
+    """The parameter's type: an enum, or a number with its bounds (on the number a size suffix stands for)."""
     annotation: Any = Literal[f.choices] if f.choices else f.type  # an enum in the OpenAPI
+    if f.type in (int, float) and not f.choices:
+        annotation = Annotated[annotation, at.Interval(**_bounds(f))]
+    if f.suffixes:  # "8k", "15T" as on the command line
+        annotation = Annotated[annotation, sized(f.name)]
     return annotation | None if default is None else annotation
 
 
-def _query(f: Field, **default: Any) -> Any:
-    """FastAPI's Query for a field: its bounds, its help; ``default`` only outside ``Annotated``."""
+def _suffixed(f: Field, value: Any) -> Any:
+    """A size with a k/M/G/T suffix as the number it stands for; anything else is left to the type's check."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return f.parse_number(value)
+    except ValueError:
+        kind = "an integer" if f.type is int else "a number"
+        raise ValueError(f"expected {kind}, with an optional k, M, G or T suffix") from None
+
+
+def _bounds(f: Field) -> dict[str, Any]:
+    """A number's bounds as FastAPI and annotated-types name them; a name's length."""
     if f.type is str:
-        bounds: dict[str, Any] = {"max_length": parse.MAX_NAME_CHARS}
-    elif f.type is bool:
-        bounds = {}
-    else:
-        bounds = {"le": f.hi, ("gt" if f.exclusive_lo else "ge"): f.lo}
-    return Query(description=f.describe(), **bounds, **default)
+        return {"max_length": parse.MAX_NAME_CHARS}
+    if f.type is bool:
+        return {}
+    return {"le": f.hi, ("gt" if f.exclusive_lo else "ge"): f.lo}
+
+
+def _query(f: Field, *, bounded: bool = True) -> Any:
+    """FastAPI's Query for a field, inside ``Annotated``: its help, and its bounds unless the type has them."""
+    bounds = _bounds(f) if bounded or f.type is str else {}
+    return Query(description=f.describe(), **bounds)
 
 
 def query_params(
@@ -112,10 +135,9 @@ def query_params(
     out = []
     for f in fields:
         default = None if unset else f.default
-        query = _query(f) if f.name in required else _query(f, default=default)
-        out.append(
-            inspect.Parameter(f.key, inspect.Parameter.KEYWORD_ONLY, default=query, annotation=_annotation(f, default))
-        )
+        annotation: Any = Annotated[_annotation(f, default), _query(f, bounded=False)]  # inside: validators run
+        given = inspect.Parameter.empty if f.name in required else default
+        out.append(inspect.Parameter(f.key, inspect.Parameter.KEYWORD_ONLY, default=given, annotation=annotation))
     return out
 
 
@@ -124,10 +146,19 @@ def one(name: str) -> Any:
     return _query(field(name))
 
 
+def sized(name: str) -> Any:
+    """A validator reading one schema field's size suffixes ("8k", "15T") as the CLI does (after it, the
+    field's bounds apply to the number)."""
+    f = field(name)
+    assert f.suffixes, name
+    return BeforeValidator(functools.partial(_suffixed, f))
+
+
 Gpus = Annotated[int, one("gpus")]
 Degree = Annotated[int, one("tp")]
-Seq = Annotated[int, one("seq")]
+Seq = Annotated[int, at.Interval(**_bounds(field("seq"))), sized("seq"), _query(field("seq"), bounded=False)]
 MicroBatch = Annotated[int, one("micro_batch")]
+Tokens = Annotated[float, at.Interval(**_bounds(field("tokens"))), sized("tokens")]
 
 
 def dependency(
@@ -191,39 +222,59 @@ FleetShapeArg = Annotated[dict[str, Any], Depends(fleet_shape_arg)]
 ServingArg = Annotated[dict[str, Any], Depends(dependency(fields_of(Group.SERVING), dict, "serving_arg"))]
 
 
+def _gpu_entries() -> list[dict[str, Any]]:
+    """Each catalog GPU with its memory and links."""
+    return [
+        {
+            "name": name,
+            "hbm_bytes_per_gpu": g.hbm_bytes,
+            "scale_up_link": g.scale_up_link,
+            "scale_up_domain": g.scale_up_domain,
+            "scale_out_link": g.scale_out_link,
+            "description": g.description,
+        }
+        for name, g in ((name, io.load_gpu(name)) for name in parse.gpu_names())
+    ]
+
+
+def _link_entries() -> list[dict[str, Any]]:
+    """Each catalog link with its tier, bandwidth per direction and latency."""
+    return [
+        {
+            "name": name,
+            "kind": lk.kind.value,
+            "tier": lk.tier.value,
+            "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s,
+            "latency_s": lk.latency_s,
+            "description": lk.description,
+        }
+        for name, lk in ((name, io.load_link(name)) for name in parse.link_names())
+    ]
+
+
+def _condition_entries() -> list[dict[str, Any]]:
+    """The run conditions as the CLI flags and the query parameters take them (choices, bounds, unit, help)."""
+    return [
+        {
+            "name": f.key,
+            "type": f.type.__name__,
+            "choices": list(f.choices),
+            "lo": f.lo,
+            "hi": f.hi,
+            "unit": f.unit,
+            "help": f.help,
+        }
+        for f in fields_of(Group.CONDITIONS)
+    ]
+
+
 @cache
 def _catalog() -> dict[str, Any]:
-    gpus = []
-    for name in parse.gpu_names():
-        g = io.load_gpu(name)
-        gpus.append(
-            {
-                "name": name,
-                "hbm_bytes_per_gpu": g.hbm_bytes,
-                "scale_up_link": g.scale_up_link,
-                "scale_up_domain": g.scale_up_domain,
-                "scale_out_link": g.scale_out_link,
-                "description": g.description,
-            }
-        )
-    links = []
-    for name in parse.link_names():
-        lk = io.load_link(name)
-        links.append(
-            {
-                "name": name,
-                "kind": lk.kind.value,
-                "tier": lk.tier.value,
-                "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s,
-                "latency_s": lk.latency_s,
-                "description": lk.description,
-            }
-        )
     return json_dict(
         {
             "models": list(parse.model_names()),
-            "gpus": gpus,
-            "links": links,
+            "gpus": _gpu_entries(),
+            "links": _link_entries(),
             "recipes": list_report()["recipes"],
             "precisions": [{"name": p.name, "description": p.description} for p in PRECISIONS.values()],
             "optimizers": [o.value for o in OptimizerKind],
@@ -235,19 +286,7 @@ def _catalog() -> dict[str, Any]:
                 {"name": s.name, "description": s.description, "reports": s.reports, "defaults": dict(s.defaults)}
                 for s in map(io.load_stack, io.list_stacks())
             ],
-            # the run conditions as the CLI flags and the query parameters take them (choices, bounds, unit, help)
-            "conditions": [
-                {
-                    "name": f.key,
-                    "type": f.type.__name__,
-                    "choices": list(f.choices),
-                    "lo": f.lo,
-                    "hi": f.hi,
-                    "unit": f.unit,
-                    "help": f.help,
-                }
-                for f in fields_of(Group.CONDITIONS)
-            ],
+            "conditions": _condition_entries(),
             "limits": {
                 "gpus": parse.MAX_GPUS,
                 "seq": parse.MAX_SEQ,
@@ -322,7 +361,8 @@ def serving_bill(report: dict[str, Any], *, sequences: int) -> dict[str, Any]:
         "weights_bytes": report["weights_bytes_per_gpu"],
         "kv_cache_bytes": report["kv_bytes_per_sequence_per_gpu"] * sequences,
         "activations_bytes": report["activations_bytes_per_gpu"],
-        "framework_bytes": report["framework_bytes_per_gpu"],
+        "runtime_reserve_bytes": report["runtime_reserve_bytes_per_gpu"],
+        "engine_headroom_bytes": report["engine_headroom_bytes_per_gpu"],
     }
     terms = [dict(t, value_bytes=values[t["name"]]) for t in serving_terms()]
     return {"sequences": sequences, "terms": terms, "total_bytes": sum(values.values())}
@@ -363,7 +403,7 @@ def estimate(
     finetune: FinetuneArg,
     shape: FleetShapeArg,
     conditions: ConditionsArg,
-    tokens: Annotated[float | None, one("tokens")] = None,
+    tokens: Annotated[Tokens | None, _query(field("tokens"), bounded=False)] = None,
 ) -> dict[str, Any]:
     report = estimate_report(
         model,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
 from meshplan.reports.export import export_serving, export_training
 from meshplan.server import parse
@@ -20,6 +20,7 @@ Engine = Literal["torchtitan", "megatron", "deepspeed", "vllm", "sglang"]
     "/export", summary="A plan as a torchtitan / Megatron-LM / DeepSpeed / vLLM / SGLang config (meshplan export)"
 )
 def export(
+    request: Request,
     to: Annotated[Engine, Query(description="the engine: meshplan export ENGINE")],
     model: ModelArg,
     gpu: GpuArg,
@@ -38,7 +39,7 @@ def export(
             model,
             gpu=gpu,
             gpus=gpus,
-            tp=None if layout.tp == 1 and layout.pp == 1 else layout.tp,
+            tp=layout.tp if {"tp", "pp"} & set(request.query_params) else None,  # absent: the whole domain
             pp=layout.pp,
             ep=layout.ep,
             model_path=model_path,

@@ -135,6 +135,7 @@ def validation_message(errors: Iterable[dict[str, Any]]) -> str:
         loc = [str(x) for x in err.get("loc", ()) if x not in ("query", "path", "body")]
         name = ".".join(loc) or "input"
         msg = str(err.get("msg", "invalid value"))
+        msg = msg.removeprefix("Value error, ")  # a validator's own ValueError already says what was wrong
         msg = msg[0].lower() + msg[1:] if msg else msg
         given = err.get("input")
         got = f" (got {str(given)[:80]!r})" if isinstance(given, str | int | float) else ""

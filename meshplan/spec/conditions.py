@@ -47,8 +47,44 @@ class Selective(StrEnum):
     """Megatron's --recompute-modules: the listed modules (``Conditions.recompute_modules``) are recomputed."""
 
 
+class Fp8Recipe(StrEnum):
+    """How FP8 matmuls scale their operands (with --precision fp8 or deepseek-fp8)."""
+
+    TENSORWISE = "tensorwise"
+    """One dynamic scale per tensor (torchao Float8 'tensorwise', TE current scaling): the one recipe whose
+    weights FSDP2 can all-gather in FP8 (torchao enable_fsdp_float8_all_gather)."""
+    ROWWISE = "rowwise"
+    """One scale per row (torchao Float8 'rowwise'): finer, no FP8 all-gather."""
+    DELAYED = "delayed"
+    """Scales from an amax history of past steps (Transformer Engine's DelayedScaling, Megatron's default
+    --fp8-recipe delayed)."""
+
+
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj")
 """Megatron-Core's --recompute-modules names."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageSplit:
+    """Layers stated for the first and the last pipeline stage (Megatron-LM --decoder-first-pipeline-num-layers
+    and --decoder-last-pipeline-num-layers); None: that stage takes its share of the even split. The stages
+    not stated split the remaining layers as evenly as they go (``pipeline.stage_span``)."""
+
+    first: int | None = None
+    last: int | None = None
+
+    @property
+    def stated(self) -> int:
+        """Stages whose layer count is stated (0, 1 or 2)."""
+        return (self.first is not None) + (self.last is not None)
+
+    @property
+    def stated_layers(self) -> int:
+        return (self.first or 0) + (self.last or 0)
+
+
+EVEN_SPLIT = StageSplit()
+"""Every stage takes its share of the even split."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,6 +114,16 @@ class Conditions:
     (Megatron --recompute-method block --recompute-num-layers k); None: every layer."""
     loss_parallel: bool | None = None
     """The loss is computed on vocabulary shards over the TP group; None: the framework's own default."""
+    stage_split: StageSplit = EVEN_SPLIT
+    """Layers stated for the first and last pipeline stage (the rest split evenly)."""
+    offload_layers: int | None = None
+    """Layers whose saved activations go to host memory during forward and come back for backward (Megatron's
+    --cpu-offloading-num-layers through Transformer Engine's offload handler); None or 0: none."""
+    fp8_recipe: Fp8Recipe | None = None
+    """The FP8 scaling recipe, when the precision computes in FP8; None: not stated."""
+    fp8_all_gather: bool = False
+    """FSDP / ZeRO-3 all-gathers the layers' matmul weights in FP8 (1 byte a parameter instead of 2): torchao's
+    enable_fsdp_float8_all_gather, tensorwise scaling only."""
 
     def __post_init__(self) -> None:
         if self.microbatch_group is not None and self.microbatch_group < 1:
@@ -87,8 +133,19 @@ class Conditions:
             raise ValueError(f"unknown recompute module {unknown[0]!r} (modules: {', '.join(RECOMPUTE_MODULES)})")
         if self.routing_imbalance < 1:
             raise ValueError(f"routing_imbalance must be >= 1, got {self.routing_imbalance}")
+        if self.offload_layers is not None and self.offload_layers < 0:
+            raise ValueError(f"offload_layers must be >= 0, got {self.offload_layers}")
         if self.recompute_layers is not None and self.recompute_layers < 0:
             raise ValueError(f"recompute_layers must be >= 0, got {self.recompute_layers}")
+        for name in ("first", "last"):
+            value = getattr(self.stage_split, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name}_stage_layers must be >= 0, got {value}")
+        if self.fp8_all_gather and self.fp8_recipe is not Fp8Recipe.TENSORWISE:
+            raise ValueError(
+                f"fp8_all_gather needs fp8_recipe tensorwise (torchao gathers FP8 weights with one scale per "
+                f"tensor only), got {self.fp8_recipe}"
+            )
         if self.runtime_reserve_bytes < 0:
             raise ValueError(f"runtime_reserve_bytes must be >= 0, got {self.runtime_reserve_bytes}")
 

@@ -1,8 +1,13 @@
 """Layout: how one training job is cut across the fleet.
 
 The mesh is ``gpus = dp_replicate * dp_shard * cp * tp * pp``. Expert
-parallelism adds no factor: expert groups are carved out of the data-parallel
-and context ranks (dp_replicate * dp_shard * cp), as Megatron-Core does.
+parallelism adds no factor: the experts have a mesh of their own over the same
+ranks, etp x ep x edp = tp x cp x dp (Megatron-Core's MoE parallel folding,
+Liu et al. 2025, arXiv:2504.14960). With expert TP equal to TP (the default),
+expert groups are carved out of the data-parallel and context ranks
+(dp_replicate * dp_shard * cp); with a smaller expert TP, EP folds over the
+TP ranks too, so an expert group can stay inside one NVLink domain while
+attention uses TP.
 """
 
 from __future__ import annotations
@@ -73,6 +78,8 @@ class Layout:
     """Virtual pipeline stages (model chunks) per pipeline rank."""
     cp: int = 1
     ep: int = 1
+    expert_tp: int | None = None
+    """Tensor-parallel degree inside each expert (Megatron --expert-tensor-parallel-size); None: tp."""
     dp_shard: int = 1
     """Data-parallel ranks that shard the training state (the ZeRO / FSDP group)."""
     dp_replicate: int = 1
@@ -91,11 +98,26 @@ class Layout:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.expert_tp is not None and (
+            not isinstance(self.expert_tp, int) or isinstance(self.expert_tp, bool) or self.expert_tp < 1
+        ):
+            raise ValueError(f"expert_tp must be a positive integer, got {self.expert_tp!r}")
         data_ranks = self.dp_replicate * self.dp_shard * self.cp
-        if data_ranks % self.ep:
+        if self.expert_tp is None and data_ranks % self.ep:
             raise ValueError(
                 f"ep={self.ep} must divide dp_replicate*dp_shard*cp = "
                 f"{self.dp_replicate}*{self.dp_shard}*{self.cp} = {data_ranks}"
+            )
+        if (self.tp * data_ranks) % (self.ep * self.etp):
+            raise ValueError(
+                f"ep*expert_tp = {self.ep}*{self.etp} must divide tp*cp*dp = {self.tp}*{self.cp}*"
+                f"{self.dp_replicate * self.dp_shard} = {self.tp * data_ranks} (the experts' mesh folds over "
+                "the same ranks)"
+            )
+        if self.etp != self.tp and self.tp > 1 and not self.sp:
+            raise ValueError(
+                f"expert_tp={self.etp} differs from tp={self.tp}: MoE parallel folding dispatches each rank's "
+                "sequence-parallel tokens, so it needs sp (Megatron requires --sequence-parallel with TP and experts)"
             )
         if self.zero == ZeroStage.NONE and self.dp_shard > 1:
             raise ValueError(f"dp_shard={self.dp_shard} shards nothing with zero=0; use dp_replicate or zero 1-3")
@@ -107,6 +129,11 @@ class Layout:
             raise ValueError(f"vpp={self.vpp} needs the interleaved schedule, got {self.schedule.name.lower()}")
         if self.sp and self.tp == 1:
             raise ValueError("sequence parallelism (sp) needs tp > 1")
+
+    @property
+    def etp(self) -> int:
+        """Expert tensor-parallel degree as resolved: ``expert_tp``, or tp when unset."""
+        return self.tp if self.expert_tp is None else self.expert_tp
 
     @property
     def num_gpus(self) -> int:
@@ -135,6 +162,8 @@ class LayoutLike(Protocol):
     def cp(self) -> Any: ...
     @property
     def ep(self) -> Any: ...
+    @property
+    def etp(self) -> Any: ...
     @property
     def dp_shard(self) -> Any: ...
     @property

@@ -108,6 +108,10 @@ class Field:
         self.check(number)
         return number
 
+    def parse_number(self, text: str) -> int | float:
+        """A number from text, size suffixes included, before its bounds are checked."""
+        return _number(self, text)
+
     def check(self, value: Any) -> None:
         """Raise ValueError naming the field when ``value`` is outside its bounds or choices."""
         if value is None:
@@ -252,7 +256,19 @@ FIELDS: tuple[Field, ...] = (
         name="vpp", type=int, default=1, group=_L, help="virtual pipeline stages per rank (interleaved)", lo=1, hi=64
     ),
     _degree("cp", "context-parallel degree"),
-    _degree("ep", "expert-parallel degree, carved out of dp_shard x cp"),
+    _degree("ep", "expert-parallel degree, carved out of dp_shard x cp (and of tp when --expert-tp is below tp)"),
+    Field(
+        name="expert_tp",
+        type=int,
+        default=None,
+        group=_L,
+        unit="GPUs",
+        lo=1,
+        hi=MAX_DEGREE,
+        help="tensor-parallel degree inside each expert (Megatron --expert-tensor-parallel-size; default: tp); "
+        "below tp, EP folds over the TP ranks (MoE parallel folding), so ep x expert-tp <= node size keeps the "
+        "all-to-all inside the node",
+    ),
     Field(
         name="dp",
         type=int,
@@ -469,6 +485,27 @@ FIELDS: tuple[Field, ...] = (
         "default: pp)",
     ),
     Field(
+        name="first_stage_layers",
+        type=int,
+        default=None,
+        group=_C,
+        unit="layers",
+        lo=0,
+        hi=4096,
+        help="transformer layers on the first pipeline stage (Megatron --decoder-first-pipeline-num-layers); "
+        "the stages not stated split the rest evenly",
+    ),
+    Field(
+        name="last_stage_layers",
+        type=int,
+        default=None,
+        group=_C,
+        unit="layers",
+        lo=0,
+        hi=4096,
+        help="transformer layers on the last pipeline stage (Megatron --decoder-last-pipeline-num-layers)",
+    ),
+    Field(
         name="recompute_layers",
         type=int,
         default=None,
@@ -478,6 +515,17 @@ FIELDS: tuple[Field, ...] = (
         hi=4096,
         help="with --recompute full, recompute only the first k layers of each stage (Megatron "
         "--recompute-num-layers with the block method); the rest keep everything",
+    ),
+    Field(
+        name="offload_layers",
+        type=int,
+        default=None,
+        group=_C,
+        unit="layers",
+        lo=0,
+        hi=4096,
+        help="activations of the first k layers offloaded to host memory (Megatron --cpu-offloading-num-layers "
+        "with activation offloading; pp 1 and no recompute, as Megatron requires)",
     ),
     Field(
         name="routing_imbalance",
@@ -541,9 +589,28 @@ FIELDS: tuple[Field, ...] = (
         choices=("bf16", "fp32"),
         help="optimizer moments (overrides the precision policy)",
     ),
+    Field(
+        name="fp8_recipe",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("tensorwise", "rowwise", "delayed"),
+        help="FP8 scaling with --precision fp8: per tensor, per row, or delayed (amax history); tensorwise allows "
+        "--fp8-all-gather",
+    ),
+    _switch(
+        "fp8_all_gather",
+        "FSDP / ZeRO-3 all-gathers the layers' weights in FP8, half the bytes of bf16 (torchao "
+        "enable_fsdp_float8_all_gather; needs --fp8-recipe tensorwise)",
+    ),
     _switch("overlap_dp", "data-parallel gradient reduction overlaps backward"),
     _switch("overlap_param_gather", "ZeRO/FSDP parameter all-gather overlaps compute"),
     _switch("overlap_tp", "TP communication overlaps its matmuls (Megatron --tp-comm-overlap, async TP)"),
+    _switch(
+        "overlap_tp_backward",
+        "TP's backward input-gradient all-reduce overlaps the weight-gradient matmuls (Megatron's default; off in "
+        "the Megatron-LM of the 2021 papers)",
+    ),
     _switch("overlap_ep", "MoE dispatch/combine all-to-alls overlap compute"),
     _switch("overlap_pp", "pipeline sends and receives overlap compute"),
     _switch("overlap_cp", "context-parallel K/V exchange overlaps attention"),
@@ -644,11 +711,15 @@ SERVING_FIELDS: tuple[Field, ...] = (
         type=float,
         default=0.9,
         group=Group.SERVING,
-        unit="share of HBM",
+        unit="share",
         lo=0,
         hi=1,
         exclusive_lo=True,
-        help="share of HBM the engine may take (vLLM's --gpu-memory-utilization)",
+        help=(
+            "the engine's memory fraction, read as the engine reads it: vLLM --gpu-memory-utilization (of HBM), "
+            "TensorRT-LLM kv_cache_free_gpu_mem_fraction (of what is free after load), SGLang "
+            "--mem-fraction-static (of HBM, for weights and KV); serve's default: the engine's"
+        ),
     ),
 )
 _V = Group.SERVE

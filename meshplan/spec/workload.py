@@ -227,6 +227,11 @@ class Workload:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.conditions.fp8_recipe is not None and self.precision.compute is not DType.FP8:
+            raise ValueError(
+                f"fp8_recipe {self.conditions.fp8_recipe} needs FP8 matmuls (precision fp8 or deepseek-fp8), "
+                f"got precision {self.precision.name}"
+            )
 
     @property
     def tokens_per_step(self) -> int:

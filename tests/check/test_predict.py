@@ -14,7 +14,7 @@ from meshplan.reports.check import check_report
 
 pytestmark = pytest.mark.slow  # torch.distributed processes start in the fixtures
 
-EXTRAS = ("fsdp_bf16", "fsdp_reshard_root")
+EXTRAS = ("fsdp_bf16", "fsdp_reshard_root", "fsdp_no_reshard", "fsdp_no_sync", "fsdp_sac_op")
 LAYOUTS = {
     2: ("ddp", "fsdp", "tp", "sp", "pp", "ep", "cp", *EXTRAS),
     4: ("ddp", "fsdp", "tp", "sp", "fsdp_tp", "pp", "ep", "cp", *EXTRAS),

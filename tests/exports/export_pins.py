@@ -7,8 +7,12 @@
   models/*/config_registry.py (recipe functions), torch.distributed.pipelining schedule names.
 - DeepSpeed 0.19.8 wheel: runtime/config.py, runtime/constants.py, runtime/zero/config.py,
   runtime/tensor_parallel/config.py, module_inject/auto_ep_config.py.
-- vLLM 0.33.0 wheel: vllm/engine/arg_utils.py, vllm/config/{parallel,cache,scheduler,model}.py.
-- SGLang 0.5.23 wheel: sglang/srt/arg_groups/fields/{parallel,model,schedule}.py.
+- vLLM 0.33.0 wheel: vllm/engine/arg_utils.py, vllm/config/{parallel,cache,scheduler,model}.py; for the
+  disaggregated pools, --kv-transfer-config (vllm/config/kv_transfer.py, the NixlConnector Usage Guide) and
+  the OpenAI server's --port.
+- SGLang 0.5.23 wheel: sglang/srt/arg_groups/fields/{parallel,model,schedule}.py; for the disaggregated pools,
+  fields/disagg.py (--disaggregation-mode, --disaggregation-transfer-backend, --disaggregation-bootstrap-port)
+  and fields/serving.py (--port).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ MEGATRON_FLAGS = _words(
     """
     --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split
     --accumulate-allreduce-grads-in-fp32 --add-qkv-bias --attention-backend --attention-dropout --bf16 --ckpt-format
-    --context-parallel-size --cp-comm-type --data-parallel-sharding-strategy --disable-bias-linear --exp-avg-dtype
+    --context-parallel-size --cp-comm-type --data-parallel-sharding-strategy --decoder-first-pipeline-num-layers
+    --decoder-last-pipeline-num-layers --disable-bias-linear --exp-avg-dtype
     --exp-avg-sq-dtype --expert-model-parallel-size --expert-tensor-parallel-size --ffn-hidden-size --fp16
     --fp8-format --global-batch-size --group-query-attention --hidden-dropout --hidden-size --kv-channels
     --kv-lora-rank --main-grads-dtype --max-position-embeddings --micro-batch-size --moe-ffn-hidden-size
@@ -114,7 +119,7 @@ DEEPSPEED_CHECKPOINTING_KEYS = _words(
 VLLM_FLAGS = _words(
     """
     --data-parallel-size --enable-expert-parallel --gpu-memory-utilization --kv-cache-dtype --max-model-len
-    --max-num-seqs --pipeline-parallel-size --quantization --tensor-parallel-size
+    --max-num-seqs --pipeline-parallel-size --quantization --tensor-parallel-size --kv-transfer-config --port
     """
 )
 VLLM_KV_CACHE_DTYPES = _words(
@@ -126,7 +131,8 @@ VLLM_KV_CACHE_DTYPES = _words(
 SGLANG_FLAGS = _words(
     """
     --context-length --dp-size --enable-dp-attention --ep-size --kv-cache-dtype --max-running-requests
-    --mem-fraction-static --model-path --moe-dp-size --pp-size --quantization --tp-size
+    --mem-fraction-static --model-path --moe-dp-size --pp-size --quantization --tp-size --port
+    --disaggregation-mode --disaggregation-transfer-backend --disaggregation-bootstrap-port
     """
 )
 SGLANG_KV_CACHE_DTYPES = _words(

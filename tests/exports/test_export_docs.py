@@ -10,11 +10,13 @@ from pathlib import Path
 from export_cases import LLAMA2_7B, LLAMA_405B, RECIPE_405B
 
 from meshplan.exports import (
+    DisaggregatedPlan,
     Export,
     ServingPlan,
     export_deepspeed,
     export_megatron,
     export_sglang,
+    export_sglang_disaggregated,
     export_torchtitan,
     export_trtllm,
     export_vllm,
@@ -35,6 +37,11 @@ SERVE_70B = ServingPlan(
     max_num_seqs=64,
 )
 
+SPLIT_70B = DisaggregatedPlan(
+    prefill=replace(SERVE_70B, tp=2, max_model_len=8300, max_num_seqs=96, kv_cache_dtype=DType.FP8),
+    decode=replace(SERVE_70B, tp=2, dp=3, max_model_len=8300, max_num_seqs=96, kv_cache_dtype=DType.FP8),
+)
+
 EXAMPLES: dict[str, Callable[[], Export]] = {
     "torchtitan-405b": lambda: export_torchtitan(
         LLAMA_405B, RECIPE_405B, RECIPE_405B_WORKLOAD, model_path="/models/Llama-3.1-405B"
@@ -48,6 +55,7 @@ EXAMPLES: dict[str, Callable[[], Export]] = {
     "vllm-70b": lambda: export_vllm(SERVE_70B),
     "sglang-70b": lambda: export_sglang(replace(SERVE_70B, gpu_memory_utilization=0.85)),
     "trtllm-70b": lambda: export_trtllm(replace(SERVE_70B, kv_cache_dtype=DType.FP8)),
+    "sglang-70b-pd": lambda: export_sglang_disaggregated(SPLIT_70B),
 }
 
 _BLOCK = re.compile(r"<!-- export: (\S+) (\S+) -->\n```\w*\n(.*?)```", re.DOTALL)

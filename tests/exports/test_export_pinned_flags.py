@@ -29,12 +29,15 @@ from export_pins import (
 from export_readers import torchtitan_assignments
 
 from meshplan.exports import (
+    DisaggregatedPlan,
     deepspeed,
     export_deepspeed,
     export_megatron,
     export_sglang,
+    export_sglang_disaggregated,
     export_torchtitan,
     export_vllm,
+    export_vllm_disaggregated,
     sglang,
     torchtitan,
     vllm,
@@ -94,3 +97,15 @@ def test_serving_flags_are_pinned() -> None:
     assert set(sglang.KV_CACHE_DTYPES.values()) <= SGLANG_KV_CACHE_DTYPES
     assert {"fp8", "awq", "gptq", "compressed-tensors"} <= set(vllm.QUANTIZATION_METHODS)
     assert {"fp8", "awq", "gptq", "compressed-tensors", "w8a8_fp8"} <= set(sglang.QUANTIZATION_METHODS)
+
+
+def test_disaggregated_pool_flags_are_pinned() -> None:
+    pools = DisaggregatedPlan(prefill=replace(SERVING, dp=1), decode=replace(SERVING, dp=3))
+    for exporter, pinned in ((export_vllm_disaggregated, VLLM_FLAGS), (export_sglang_disaggregated, SGLANG_FLAGS)):
+        export = exporter(pools)
+        for name, text in export.files.items():
+            if "router" not in name:
+                command = text.split("set -euo pipefail\n", 1)[1].replace("\\\n", " ")
+                command = "\n".join(line for line in command.splitlines() if not line.startswith("export "))
+                options = set(_options(shlex.split(command)))
+                assert "--port" in options and options <= pinned, name

@@ -29,7 +29,8 @@ from meshplan.exports import (
     export_vllm,
 )
 from meshplan.exports.common import effective_zero
-from meshplan.spec.layout import Layout
+from meshplan.spec.conditions import Conditions, StageSplit
+from meshplan.spec.layout import Layout, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import PRECISIONS, Workload
 
@@ -92,6 +93,26 @@ def test_megatron_uneven_layout_string_covers_every_layer() -> None:
     assert len(stages) == layout.pp * layout.vpp
     assert stages[0].startswith("E") and stages[-1].endswith("L")
     assert sum(int(stage.strip("EL").removeprefix("t*")) for stage in stages) == model.num_layers
+
+
+def test_megatron_stated_stage_layers() -> None:
+    """Stated first/last stage layers: Megatron's own flags where every count divides into the chunks, else the
+    explicit layout, written by hand here: pp 4 x vpp 2, 5 + 9 + 9 + 9 layers, rank 0's 5 as 2 + 3 (short chunk
+    first on the first half of the ranks), rank 1's 9 as 4 + 5, ranks 2 and 3 as 5 + 4, listed chunk-major."""
+    model = replace(LLAMA2_7B, num_layers=32)
+    split = StageSplit(first=6, last=10)
+    layout = Layout(pp=4, dp_replicate=2)
+    workload = Workload(seq_len=4096, global_batch=8, conditions=Conditions(stage_split=split))
+    args = flags(shlex.split(export_megatron(model, layout, workload).command))
+    assert (args["--decoder-first-pipeline-num-layers"], args["--decoder-last-pipeline-num-layers"]) == ("6", "10")
+    assert "--pipeline-model-parallel-layout" not in args
+    layout = Layout(pp=4, vpp=2, dp_replicate=2, schedule=Schedule.INTERLEAVED)
+    workload = replace(workload, conditions=Conditions(stage_split=StageSplit(first=5, last=9)))
+    args = flags(shlex.split(export_megatron(model, layout, workload).command))
+    assert args["--pipeline-model-parallel-layout"] == "Et*2|t*4|t*5|t*5|t*3|t*5|t*4|t*4L"
+    assert "--decoder-first-pipeline-num-layers" not in args
+    with pytest.raises(ValueError, match="first and last stage"):
+        export_torchtitan(model, Layout(pp=4, dp_shard=2, zero=ZeroStage.GRADIENTS), workload)
 
 
 def test_predictions_become_comments() -> None:

@@ -319,3 +319,28 @@ def test_export_serving_equals_the_cli_export(client: Any, engine: str) -> None:
 def test_export_refuses_an_unknown_engine(client: Any) -> None:
     message = refused(client, "/api/export", status=422, to="jax", model="llama-3.1-8b", gpu="h100-sxm", gpus=8)
     assert message.startswith("to: ") and "torchtitan" in message
+
+
+def test_sizes_take_the_suffixes_the_cli_takes(client: Any) -> None:
+    """Every field that takes k/M/G/T on the command line takes them as a query parameter, with the same value."""
+    base = dict(model="llama-3.1-8b", gpu="h100-sxm", gpus=8)
+    assert ok(client, "/api/memory", **base, seq="8k") == ok(client, "/api/memory", **base, seq=8192)
+    assert ok(client, "/api/memory", **base, seq="1.5k")["seq"] == 1536
+    serving = ok(client, "/api/serving", **base, context="128k", runtime_reserve="2G")
+    assert serving == ok(client, "/api/serving", **base, context=131072, runtime_reserve=2e9)
+    est = ok(client, "/api/estimate", **base, seq="8k", global_batch="1k", tokens="15T")
+    assert est == ok(client, "/api/estimate", **base, seq=8192, global_batch=1024, tokens=15e12)
+    assert est["time_to_train"]["tokens_total"] == 15e12 and est["global_batch"] == 1024
+    assert "optional k, M, G or T suffix" in refused(client, "/api/memory", **base, seq="8q")
+    assert "less than or equal" in refused(client, "/api/memory", **base, seq="1G")  # the bound applies after
+
+
+@pytest.mark.parametrize("query", [{"tp": 1}, {}])
+def test_export_serving_reads_tp_1_as_given_and_no_tp_as_unset(client: Any, query: dict[str, int]) -> None:
+    """tp=1 asks for one-GPU replicas (as ``meshplan export vllm --tp 1``); no tp lets the bill pick one domain."""
+    got = ok(client, "/api/export", to="vllm", model="llama-3.1-8b", gpu="h100-sxm", gpus=8, **query)
+    kw: dict[str, Any] = dict(gpu="h100-sxm", gpus=8, pp=1, ep=1, dtype="bf16", kv_dtype="bf16", context=None)
+    want = export_serving("vllm", "llama-3.1-8b", tp=query.get("tp"), gpu_memory_utilization=0.9, **kw)
+    assert got == json.loads(json.dumps({"engine": "vllm"} | want))
+    other = export_serving("vllm", "llama-3.1-8b", tp=None if query else 1, gpu_memory_utilization=0.9, **kw)
+    assert got != json.loads(json.dumps({"engine": "vllm"} | other))  # the two requests do differ

@@ -62,7 +62,7 @@ def cp_calls(
                 cl,
                 phase="backward",
                 size=grads,
-                count=where(ring, cp * layers, 0),
+                count=where(ring, where(cp > 1, cp, 0) * layers, 0),  # no ring, no round: cp = 1 sends nothing
                 overlappable=hides,
             )
         )

@@ -119,14 +119,20 @@ def fsdp_calls(
     """FSDP2's all-gathers and reduce-scatters, unit by unit, over the shard group ``group``.
 
     ``reshard_root``: ``fully_shard(..., reshard_after_forward=True)`` given explicitly, which reshards the root
-    too (the default leaves it gathered), so backward gathers it again.
+    too (the default leaves it gathered), so backward gathers it again. Under ``work.conditions``: with
+    reshard-after-forward off no unit is gathered again in backward; without gradient sync every micro-batch
+    gathers (FSDP2 still reshards after backward) but only the last one reduce-scatters.
     """
     at = RankCoords(tp=lay.tp, tp_rank=st.tp_rank, ep=lay.ep, fsdp=group)  # type: ignore[attr-defined]
-    on = where(lay.zero == ZeroStage.PARAMETERS, 1, 0) * st.micro_batches  # type: ignore[attr-defined]
-    param_bytes, reduce_bytes = gather_bytes(work.precision), work.precision.grad_bytes
+    on = where(lay.zero == ZeroStage.PARAMETERS, 1, 0)  # type: ignore[attr-defined]
+    m, cond = st.micro_batches, work.conditions
+    reductions = m if cond.grad_sync else 1
+    reduce_bytes = work.precision.grad_bytes
     calls: list[CollectiveCall] = []
     for unit, padded, count in fsdp_units(model, at, _units(st)):
-        regather = where(reshard_root, 1, 0) if unit == "root" else 1
+        # FP8 all-gather converts the layers' Float8Linear weights; the root (embedding, head) stays bf16
+        param_bytes = gather_bytes(work.precision, fp8=cond.fp8_all_gather and unit != "root")
+        regather = where(reshard_root, 1, 0) if unit == "root" else int(cond.reshard_after_forward)
         gathers = [("forward", count), ("backward", count * regather)]
         calls += [
             make_call(
@@ -136,7 +142,7 @@ def fsdp_calls(
                 cl,
                 phase=phase,
                 size=group * padded * param_bytes,
-                count=on * n,
+                count=on * m * n,
                 group=group,
                 inner=inner,
             )
@@ -150,7 +156,7 @@ def fsdp_calls(
                 cl,
                 phase="backward",
                 size=group * padded * reduce_bytes,
-                count=on * count,
+                count=on * reductions * count,
                 group=group,
                 inner=inner,
             )

@@ -39,8 +39,12 @@ def chunk_rows(rows: Num, parts: Num, index: Num) -> Num:
     return minimum(maximum(rows - index * ceil_div(rows, parts), 0), ceil_div(rows, parts))
 
 
-def gather_bytes(precision: PrecisionPolicy) -> float:
-    """Bytes per element of parameters gathered for compute: the compute dtype (fp32 when computing in TF32)."""
+def gather_bytes(precision: PrecisionPolicy, *, fp8: bool = False) -> float:
+    """Bytes per element of parameters gathered for compute: the compute dtype (fp32 when computing in TF32);
+    ``fp8``: the weights are all-gathered in FP8 (torchao's enable_fsdp_float8_all_gather, tensorwise scaling:
+    the gathered Float8 tensor is what the matmul reads, no bf16 copy)."""
+    if fp8:
+        return DTYPE_BYTES[DType.FP8]
     return DTYPE_BYTES[DType.FP32] if precision.compute is DType.TF32 else DTYPE_BYTES[DType.BF16]
 
 
@@ -192,7 +196,8 @@ class TorchState:
     ddp_bucket_bytes: Num
     """DDP's bucket buffers, a second copy of the gradients it reduces (gradient_as_bucket_view=False)."""
     gathered_root_bytes: Num
-    """FSDP2's root unit, left gathered from forward to backward (its default for the root; 0 when resharded)."""
+    """FSDP2's units left gathered from forward to backward: the root by default (0 when resharded), every unit
+    with reshard-after-forward off."""
     fsdp_transient_bytes: Num
     """FSDP2's buffers around the largest layer: its all-gather output and the next layer's prefetched one, and
     one reduce-scatter input (from the source; CPU runs cannot see them)."""
@@ -209,8 +214,14 @@ def torch_state(
     optimizer: OptimizerKind,
     moment_bytes: float,
     reshard_root: Num = False,
+    reshard_after_forward: Num = True,
+    fp8_all_gather: bool = False,
 ) -> TorchState:
-    """The state bill of one GPU; ``ddp_ranks`` is the group DDP averages gradients over (dp x cp)."""
+    """The state bill of one GPU; ``ddp_ranks`` is the group DDP averages gradients over (dp x cp).
+
+    ``reshard_after_forward`` False: every FSDP2 unit stays gathered between its forward and its backward
+    (``fully_shard(..., reshard_after_forward=False)``), the root as by default. ``fp8_all_gather``: the layers'
+    units gather in FP8 (the root, with the embedding and the output head that stay in bf16, does not)."""
     p = rank_params(model, at, units)
     fsdp = (zero >= ZeroStage.PARAMETERS) & (at.fsdp > 1)
     grads_extra = where(fsdp | (at.tp == 1), 0.0, p.vocab_rows_elsewhere)
@@ -218,9 +229,9 @@ def torch_state(
     ddp = (zero == ZeroStage.NONE) & (ddp_ranks > 1)
     reduced = p.numel - where(at.ep > 1, p.expert_numel, 0.0)
     sizes = fsdp_units(model, at, units)
-    root = sizes[0][1]
+    kept = sizes[0][1] + where(reshard_after_forward, 0.0, sum((padded * n for _, padded, n in sizes[1:]), 0.0))
     largest = sizes[1][1] if len(sizes) == 2 else maximum(sizes[1][1], sizes[2][1])
-    transient = at.fsdp * largest * (2 * gather_bytes(precision) + precision.grad_bytes)
+    transient = at.fsdp * largest * (2 * gather_bytes(precision, fp8=fp8_all_gather) + precision.grad_bytes)
     return TorchState(
         params_bytes=p.numel * precision.weight_bytes,
         params_storage_bytes=p.padded_numel * precision.weight_bytes,
@@ -229,6 +240,6 @@ def torch_state(
         optimizer_bytes=p.numel * (moment_bytes + precision.master_bytes) + p.tensors * step,
         master_bytes=p.numel * precision.master_bytes,
         ddp_bucket_bytes=where(ddp, reduced * precision.grad_bytes, 0.0),
-        gathered_root_bytes=where(where(reshard_root, False, fsdp), root * at.fsdp * gather_bytes(precision), 0.0),
+        gathered_root_bytes=where(where(reshard_root, False, fsdp), kept * at.fsdp * gather_bytes(precision), 0.0),
         fsdp_transient_bytes=where(fsdp, transient, 0.0),
     )

@@ -7,17 +7,22 @@ import { el } from "./util.js";
 // The conditions offered, in this order (the overlaps change only the step time: the memory view sends them too,
 // and the bill is the same).
 export const SHOWN = [
-  "framework", "grad_sync", "reshard_after_forward", "microbatch_group", "selective", "recompute_modules",
+  "framework", "grad_sync", "reshard_after_forward", "microbatch_group", "first_stage_layers", "last_stage_layers",
+  "selective", "recompute_modules",
   "recompute_layers", "loss", "loss_parallel", "grad_dtype", "master_dtype", "moment_dtype", "runtime_reserve",
-  "routing_imbalance", "overlap_dp", "overlap_param_gather", "overlap_tp", "overlap_ep", "overlap_pp", "overlap_cp",
+  "offload_layers", "routing_imbalance", "fp8_recipe", "fp8_all_gather", "overlap_dp", "overlap_param_gather", "overlap_tp", "overlap_tp_backward", "overlap_ep",
+  "overlap_pp", "overlap_cp",
 ];
 export const CONDITION_LABELS = {
   framework: "Activation tensors of", grad_sync: "Gradient sync every micro-batch", reshard_after_forward: "Reshard after forward",
-  microbatch_group: "Micro-batch group (interleaved)", selective: "Selective recompute of", recompute_modules: "Recompute modules",
+  microbatch_group: "Micro-batch group (interleaved)", first_stage_layers: "Layers on the first stage",
+  last_stage_layers: "Layers on the last stage", selective: "Selective recompute of", recompute_modules: "Recompute modules",
   loss: "Loss", loss_parallel: "Loss parallel over TP", grad_dtype: "Gradients", master_dtype: "Master weights",
   moment_dtype: "Optimizer moments", runtime_reserve: "Runtime reserve (bytes)", stack: "Stack",
   recompute_layers: "Full recompute on the first layers of each stage", routing_imbalance: "MoE routing imbalance",
+  offload_layers: "Layers offloaded to host",
   overlap_dp: "Overlap gradient reduce", overlap_param_gather: "Overlap parameter gather", overlap_tp: "Overlap TP",
+  overlap_tp_backward: "Overlap TP backward", fp8_recipe: "FP8 scaling", fp8_all_gather: "FP8 all-gather of weights",
   overlap_ep: "Overlap EP dispatch", overlap_pp: "Overlap PP sends", overlap_cp: "Overlap CP exchange",
 };
 const NAMES = ["stack", ...SHOWN];

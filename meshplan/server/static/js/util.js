@@ -106,9 +106,12 @@ export async function api(path, params = {}, options = {}) {
   let body = null;
   try {
     body = await response.json();
-  } catch {
+  } catch (err) {
+    if (isAbort(err)) throw err; // superseded while the body was read: not an empty answer
     body = null;
   }
+  // A request aborted after its body arrived is superseded too: its caller must not draw a stale (or null) answer.
+  if (options.signal && options.signal.aborted) throw new DOMException("superseded", "AbortError");
   if (!response.ok) {
     const message = body && body.error ? body.error : `the server answered ${response.status}`;
     throw new ApiError(message, response.status);
@@ -188,6 +191,8 @@ export const TERM_COLORS = {
   dequant_workspace_bytes: "#d37295",
   comm_buffers_bytes: "#ff9da7",
   framework_bytes: "#9c755f",
+  runtime_reserve_bytes: "#9c755f",
+  engine_headroom_bytes: "#bab0ac",
   fragmentation_bytes: "#bab0ac",
   kv_cache_bytes: "#17a2b8",
 };
