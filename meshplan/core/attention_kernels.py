@@ -62,6 +62,48 @@ TABLES = (
         "flash2_a100_fwd_bwd_benchmark.png (head dim 128, 512, non-causal: label hidden, read from the bar)",
     ),
     KernelTable(
+        generation="ampere",
+        kernel=AttentionKernel.FA1,
+        forward_only=False,
+        peak_flops=A100_BF16_PEAK,
+        tflops={
+            (64, False): (91, 92, 104, 108, 110, 110),
+            (128, False): (76, 72, 76, 80, 82, 83),
+            (64, True): (58, 70, 77, 87, 92, 97),
+            (128, True): (55, 62, 69, 76, 80, 83),
+        },
+        source=f"FlashAttention-2 paper (Dao 2023) Fig. 4, 'FlashAttention' bars, A100 80GB SXM4 forward + backward; "
+        f"{_FA2_REPO} flash2_a100_fwd_bwd_benchmark.png",
+    ),
+    KernelTable(
+        generation="ampere",
+        kernel=AttentionKernel.FA_TRITON,
+        forward_only=False,
+        peak_flops=A100_BF16_PEAK,
+        tflops={
+            (64, False): (90, 102, 98, 98, 100, 100),
+            (128, False): (78, 85, 90, 93, 95, 95),
+            (64, True): (59, 75, 79, 76, 79, 80),
+            (128, True): (50, 61, 68, 74, 78, 80),
+        },
+        source=f"FlashAttention-2 paper (Dao 2023) Fig. 4, 'FlashAttention Triton' bars, A100 80GB SXM4 forward + "
+        f"backward (no H100 figure has it); {_FA2_REPO} flash2_a100_fwd_bwd_benchmark.png",
+    ),
+    KernelTable(
+        generation="hopper",
+        kernel=AttentionKernel.FA1,
+        forward_only=False,
+        peak_flops=H100_BF16_PEAK,
+        tflops={
+            (64, False): (157, 159, 161, 161, 166, 168),
+            (128, False): (127, 127, 128, 131, 137, 139),
+            (64, True): (104, 123, 136, 138, 149, 156),
+            (128, True): (98, 109, 108, 126, 135, 137),
+        },
+        source=f"FlashAttention-2 paper (Dao 2023) Fig. 7, 'FlashAttention' bars, H100 80GB SXM5 forward + backward; "
+        f"{_FA2_REPO} flash2_h100_fwd_bwd_benchmark.png",
+    ),
+    KernelTable(
         generation="hopper",
         kernel=AttentionKernel.FA2,
         forward_only=False,

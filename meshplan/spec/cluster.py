@@ -72,6 +72,10 @@ class Link:
 class AttentionKernel(StrEnum):
     """A fused attention kernel generation (published tables in core/attention_kernels.py)."""
 
+    FA1 = "fa1"
+    """FlashAttention (Dao et al. 2022), the first version (flash-attn 1.x)."""
+    FA_TRITON = "fa-triton"
+    """flash-attn's Triton FlashAttention kernel (llm-foundry's attn_impl: triton)."""
     FA2 = "fa2"
     """FlashAttention-2 (Dao 2023); PyTorch's SDPA flash backend."""
     FA3 = "fa3"

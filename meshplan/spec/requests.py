@@ -396,9 +396,9 @@ FIELDS: tuple[Field, ...] = (
         type=str,
         default="flash",
         group=_W,
-        choices=("flash", "fa2", "fa3", "cudnn", "eager"),
-        help="attention kernel: flash (the stack's fused kernel on this GPU), a named fused kernel (FlashAttention-2 "
-        "or -3, cuDNN), or eager (unfused, the score matrix stored)",
+        choices=("flash", "fa1", "fa-triton", "fa2", "fa3", "cudnn", "eager"),
+        help="attention kernel: flash (the stack's fused kernel on this GPU), a named fused kernel (FlashAttention "
+        "1, its Triton kernel, 2 or 3, cuDNN), or eager (unfused, the score matrix stored)",
     ),
     Field(
         name="kernels",

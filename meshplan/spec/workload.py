@@ -16,6 +16,10 @@ class Attention(StrEnum):
     FLASH = "flash"
     """Fused attention, no score matrix, only a log-sum-exp per row: the stack's kernel on the GPU kind (eager
     PyTorch: SDPA's FlashAttention-2; Transformer Engine: the kind's fused kernel, cuDNN's on Hopper)."""
+    FA1 = "fa1"
+    """Fused, FlashAttention (Dao et al. 2022), flash-attn 1.x."""
+    FA_TRITON = "fa-triton"
+    """Fused, flash-attn's Triton kernel (llm-foundry's attn_impl: triton, 2023)."""
     FA2 = "fa2"
     """Fused, FlashAttention-2 (Dao 2023)."""
     FA3 = "fa3"
