@@ -13,10 +13,13 @@ used are recorded in docs/validation.md.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import itertools
 import sys
 
-from meshplan import io, validate
+from meshplan import io
+
+validate = importlib.import_module("meshplan.validate")  # the package exports a function of that name
 
 
 def run(gpu: str, overrides: dict[str, float], sources: list[str]) -> list[dict]:

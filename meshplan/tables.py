@@ -165,7 +165,8 @@ def _estimate(r: dict[str, Any]) -> str:
     ]
     head = [
         f"{r['model']} on {r['gpus']} x {r['gpu']}: {_layout_line(r['layout'])}",
-        f"seq {r['seq']}, global batch {r['global_batch']} sequences, precision {r['precision']}",
+        f"seq {r['seq']}, global batch {r['global_batch']} sequences, precision {r['precision']}"
+        + (f", attention kernel {r['attention_kernel']}" if "attention_kernel" in r else ""),
         "",
         table(rows, ["step time", ""]),
         "",

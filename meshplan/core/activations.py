@@ -169,11 +169,9 @@ def attention_bytes_per_token(
         qkv = beta * (model.q_width / tp + 2 * kv_per_rank)
     out = beta * model.attn_out_width / tp
     heads = model.num_heads / tp
-    if attention is Attention.FLASH:
-        core = FP32_BYTES * heads
-    else:
-        # softmax output (beta), and with dropout its 1-byte mask and beta-wide output; one row of s keys per query
-        core = keep_scores * heads * seq_len * (beta + (1.0 + beta) * mask)
+    # fused: a log-sum-exp per row; unfused: the softmax output (beta), and with dropout its 1-byte mask and
+    # beta-wide output, one row of s keys per query
+    core = FP32_BYTES * heads if attention.fused else keep_scores * heads * seq_len * (beta + (1.0 + beta) * mask)
     return replicated + qkv + out + core
 
 

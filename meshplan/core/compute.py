@@ -4,37 +4,43 @@ A matmul takes max(FLOPs / (peak * e), bytes / (HBM * e_hbm)) where
 e = e_max * prod over M, N, K of d / (d + d_half): large GEMMs reach the GPU
 kind's measured maximum achievable matmul throughput, thin ones (attention's
 per-head products, small experts) fall off, and skinny ones become memory
-bound. Norms, activations, residual adds, dropout, rotary, softmax and the
-MoE permutation move bytes at HBM speed. Every kernel also pays a launch gap.
+bound. Fused attention runs at the share of peak its kernel (FlashAttention-2,
+cuDNN, FlashAttention-3) was published to reach at that sequence length, head
+dim and mask on that GPU generation (core/attention_kernels.py). Norms,
+activations, residual adds, dropout, rotary, softmax, FP8 casts and the MoE
+permutation move bytes at HBM speed. Every kernel also pays a launch gap.
 The constants are per GPU kind (catalog calibration), never per run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
+from meshplan.core.attention_kernels import BACKWARD_FLOPS_RATIO, attention_shares
 from meshplan.core.finetune import adapted_matrices, nf4_bytes_per_param
 from meshplan.core.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms
-from meshplan.core.num import Num, maximum, where
-from meshplan.spec.cluster import GpuCalibration
+from meshplan.core.num import Num, maximum, minimum, where
+from meshplan.spec.cluster import AttentionKernel, GpuCalibration
 from meshplan.spec.finetune import Finetune, FinetuneMode
-from meshplan.spec.model import MlpKind, ModelSpec
-from meshplan.spec.workload import Attention, Kernels
+from meshplan.spec.model import MlpKind, ModelSpec, NormKind
+from meshplan.spec.workload import Attention, Kernels, Workload
 
-BACKWARD_FLASH_RATIO = 2.5
-"""Backward FLOPs of fused attention over forward: 5 matmuls against 2 (Dao 2023, FlashAttention-2 Sec. 3)."""
-BACKWARD_FLASH_EFFICIENCY = 0.8
-"""Backward fused attention reaches this share of the forward kernel's efficiency (FlashAttention-2 Fig. 6-7)."""
 EAGER_SCORE_BYTES_FWD = 13.0
 """Bytes moved per attention-score element in an unfused forward: QK^T output, scale-mask-softmax read and
 write, dropout read, write and mask, AV input (2 + 4 + 5 + 2)."""
 EAGER_SCORE_BYTES_BWD = 17.0
 """Bytes per score element in the unfused backward: dropout backward (grad, mask, out: 5), softmax backward
 (probs, grad, out: 6), the score gradient written and read by the two products, probs read for dV (6)."""
-KERNELS_PER_LAYER = 20
-"""Kernels one layer's forward launches, counted item by item for a fused (Transformer Engine) layer, not
-measured: 2 norms, 4 GEMMs (QKV, output, gate/up, down), 2 rotary, 1 attention, 2 bias-dropout-add, 1 gated
-activation, 2-4 TP collectives, and the casts and amax updates around them; eager PyTorch launches more."""
+KERNELS_PER_LAYER = {Kernels.FUSED: 20, Kernels.EAGER: 38}
+"""Kernels one layer's forward launches, counted item by item, not measured. Fused (Transformer Engine,
+torch.compile): 2 norms, 4 GEMMs (QKV, output, gate/up, down), 2 rotary, 1 attention, 2 bias-dropout-add, 1
+gated activation, 2-4 TP collectives, and the casts and amax updates around them. Eager PyTorch (torchtitan's
+Llama without torch.compile): 2 RMSNorms of 8 ops each (upcast, pow, mean, add, rsqrt, mul, downcast, weight),
+7 GEMMs (q, k, v, output, w1, w3, w2), rotary on q and k (3 each: upcast to complex, multiply, downcast),
+3 layout copies around SDPA, SDPA and its output copy (2), 2 residual adds, SiLU and the gate product (2)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +48,8 @@ class LayerTime:
     """Forward time of one layer for one micro-batch on one GPU, by kind of work."""
 
     gemm_s: Num
+    mlp_gemm_s: Num
+    """The MLP's (or the experts') share of ``gemm_s``."""
     attention_s: Num
     """The attention core: fused kernel, or unfused products plus softmax and dropout traffic."""
     memory_s: Num
@@ -70,16 +78,41 @@ FP8_TRANSPOSE_BYTES_INPUT = 2.0
 """Per saved-input element in backward: the FP8 transpose the weight-gradient GEMM reads (read and write 1 byte)."""
 
 
+MATMUL_TILE_M, MATMUL_TILE_N = 256, 128
+"""Output tile of cuBLAS's large bf16 kernels on Ampere and Hopper (CUTLASS's 256 x 128 x 64 threadblock): one
+tile per SM at a time. With it, cuBLAS's m = n = k sweep on A100 (NVIDIA, 'CUDA 11 Features Revealed' Fig. 6:
+88 of 290 TFLOP/s at 1,024, 150 at 1,536) is the 32 tiles of a 1,024 square on 108 SMs (0.30)."""
+SPLIT_K_DEPTH = 1024
+"""K depth per split when cuBLAS splits K to fill idle SMs (an assumption: 16 main-loop steps of 64)."""
+
+
+def fill_share(g: Gemm, *, sm_count: int) -> Num:
+    """Share of the GPU's SMs a GEMM's output tiles (times its K splits) keep busy: 1 for training GEMMs, below
+    it for small ones (short sequences at high TP, decode-sized batches)."""
+    tiles = np.maximum(np.ceil(g.m / MATMUL_TILE_M) * np.ceil(g.n / MATMUL_TILE_N) * g.count, 1.0)
+    splits = np.clip(np.floor(g.k / SPLIT_K_DEPTH), 1, np.ceil(sm_count / tiles))
+    return minimum(tiles * splits / sm_count, 1.0)
+
+
 def gemm_time(
     g: Gemm, *, peak_flops: float, hbm_bytes_per_s: float, cal: GpuCalibration, act_bytes: float, fp8: bool = False
 ) -> Num:
-    """Roofline time of ``g`` with the size-dependent efficiency of the GPU kind (FP8: its FP8 share)."""
+    """Roofline time of ``g`` with the shape-dependent efficiency of the GPU kind (FP8: its FP8 share)."""
     d = cal.matmul_half_dim
-    shape = (g.m / (g.m + d)) * (g.n / (g.n + d)) * (g.k / (g.k + d))
+    shape = (g.m / (g.m + d)) * (g.n / (g.n + d)) * (g.k / (g.k + d)) * fill_share(g, sm_count=cal.sm_count)
     e_max = cal.matmul_efficiency_max * (cal.fp8_matmul_ratio if fp8 else 1.0)
     compute = g.flops / (peak_flops * e_max * shape)
     traffic = act_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count / (hbm_bytes_per_s * cal.hbm_efficiency)
     return maximum(compute, traffic)
+
+
+EAGER_NORM_PASSES = 18
+"""An eager RMSNorm's traffic in 2-byte passes over its input (torchtitan's ``_norm(x.float()).type_as(x) * w``):
+upcast (read 2, write 4), square (4, 4), mean (4), scale (4, 4), downcast (4, 2), weight (2, 2): 36 bytes.
+LayerNorm is one PyTorch kernel even in eager mode: 2 passes."""
+EAGER_ROTARY_PASSES = 10
+"""Eager rotary embedding per q and k element (torchtitan's complex multiply): upcast (read 2, write 4), complex
+product with the frequencies (4, 4), downcast (4, 2): 20 bytes, 10 passes of 2 (fused: one read, one write)."""
 
 
 def _memory_bytes_per_token(
@@ -95,7 +128,9 @@ def _memory_bytes_per_token(
     """
     rep = where(sp, 1.0 / tp, 1.0)
     eager = kernels is Kernels.EAGER
-    hidden_passes = 2 * (6 if eager else 2) + 2 * 3 + (1 if model.dropout else 0)
+    # eager LayerNorm is one PyTorch kernel (read, write); eager RMSNorm is a chain of them
+    norm_passes = EAGER_NORM_PASSES if eager and model.norm is NormKind.RMSNORM else 2
+    hidden_passes = 2 * norm_passes + 2 * 3 + (1 if model.dropout else 0)
     act_passes = (5 if eager else 3) if model.mlp is MlpKind.GATED else 2
     if moe_layer and model.moe is not None:
         moe = model.moe
@@ -103,93 +138,192 @@ def _memory_bytes_per_token(
         permute = 4 * moe.experts_per_token * model.hidden  # dispatch and combine copies, read + write
     else:
         ffn, permute = model.ffn_hidden, 0
-    rotary = 0 if model.learned_positions else 2 * (model.q_width + model.kv_width) / tp
+    rotary_passes = EAGER_ROTARY_PASSES if eager else 2
+    rotary = 0 if model.learned_positions else rotary_passes * (model.q_width + model.kv_width) / tp
     return act_bytes * (hidden_passes * model.hidden * rep + act_passes * ffn / tp + rotary + permute)
+
+
+def attention_kernel(attention: Attention, kernels: Kernels, cal: GpuCalibration) -> AttentionKernel:
+    """The fused kernel a run uses: the one named, or the stack's: eager PyTorch's SDPA flash backend
+    (FlashAttention-2), or the GPU kind's fused kernel (Transformer Engine: cuDNN on Hopper, FA2 on Ampere)."""
+    if attention is not Attention.FLASH:
+        return AttentionKernel(attention.value)
+    return AttentionKernel.FA2 if kernels is Kernels.EAGER else AttentionKernel(cal.fused_attention_kernel)
+
+
+def resolved_attention(work: Workload, cal: GpuCalibration) -> str:
+    """The attention kernel a run's step time assumes: fa2, fa3, cudnn, or eager (unfused)."""
+    if not work.attention.fused:
+        return Attention.EAGER.value
+    return attention_kernel(work.attention, work.kernels, cal).value
+
+
+def _flash_time(
+    model: ModelSpec,
+    *,
+    tokens: Num,
+    seq_len: Num,
+    kernel_keys: Num,
+    tp: Num,
+    kernel: AttentionKernel,
+    peak: float,
+    cal: GpuCalibration,
+) -> tuple[Num, Num]:
+    """(forward, backward) of the fused attention core at the published share of peak of its kernel.
+
+    The tables' square blocks are looked up at ``kernel_keys``, the keys one kernel call walks per query tile
+    (its inner loop): the sequence, or under ring CP the local block of s / cp (one block per ring step).
+    """
+    flops = attention_core_flops(model, tokens=tokens, seq_len=seq_len, tp=tp, causal_skip=True)
+    fwd_share, bwd_share = attention_shares(
+        seq_len=kernel_keys,
+        head_dim=model.score_value_width / 2,
+        causal=True,
+        kernel=kernel,
+        generation=cal.attention_generation,
+    )
+    fwd = flops / (peak * minimum(fwd_share * cal.attention_scale, 1.0))
+    return fwd, BACKWARD_FLOPS_RATIO * flops / (peak * minimum(bwd_share * cal.attention_scale, 1.0))
+
+
+def _eager_attention_time(
+    model: ModelSpec, *, tokens: Num, seq_len: Num, tp: Num, hbm: Num, gemm_s: Callable[[Gemm], Num]
+) -> tuple[Num, Num]:
+    """(forward, backward) of unfused attention: two batched products per head and the score traffic."""
+    heads = model.num_heads / tp
+    d = model.mla.qk_head_dim if model.mla else model.head_dim
+    scores = Gemm(name="scores", m=tokens, n=seq_len, k=d, count=heads)
+    values = Gemm(name="values", m=tokens, n=d, k=seq_len, count=heads)
+    products = gemm_s(scores) + gemm_s(values)
+    traffic = EAGER_SCORE_BYTES_FWD * heads * tokens * seq_len / hbm
+    return products + traffic, 2 * products + traffic * EAGER_SCORE_BYTES_BWD / EAGER_SCORE_BYTES_FWD
+
+
+def _attention_time(
+    model: ModelSpec, setup: ComputeSetup, *, tokens: Num, seq_len: Num, kernel_keys: Num, tp: Num
+) -> tuple[Num, Num]:
+    """(forward, backward) of the attention core, fused or not."""
+    if not setup.attention.fused:
+        return _eager_attention_time(model, tokens=tokens, seq_len=seq_len, tp=tp, hbm=setup.hbm, gemm_s=setup.gemm_s)
+    kernel = attention_kernel(setup.attention, setup.kernels, setup.cal)
+    return _flash_time(
+        model,
+        tokens=tokens,
+        seq_len=seq_len,
+        kernel_keys=kernel_keys,
+        tp=tp,
+        kernel=kernel,
+        peak=setup.bf16_peak_flops if setup.fp8 else setup.peak_flops,
+        cal=setup.cal,
+    )
+
+
+def _fp8_cast_time(gemms: list[Gemm], *, fused: bool, hbm: Num) -> tuple[Num, Num]:
+    """(forward, backward) HBM time of the casts and transposes around FP8 linear layers."""
+    inputs = sum(g.m * g.k * g.count for g in gemms)
+    outputs = sum(g.m * g.n * g.count for g in gemms)
+    fwd = inputs * FP8_CAST_BYTES_FWD[fused] / hbm
+    return fwd, (outputs * FP8_CAST_BYTES_BWD_GRAD[fused] + inputs * FP8_TRANSPOSE_BYTES_INPUT) / hbm
+
+
+def _adapter_time(
+    model: ModelSpec,
+    finetune: Finetune,
+    gemms: list[Gemm],
+    *,
+    tokens: Num,
+    tp: Num,
+    moe_layer: bool,
+    act_bytes: float,
+    hbm: Num,
+) -> tuple[Num, Num]:
+    """(adapter forward, QLoRA dequantization per use) of an adapted layer, both memory bound.
+
+    Per adapted matrix and token: read x, write and read A x, write B A x and add it to the output. QLoRA
+    dequantizes each NF4 matrix to bf16 before every use: 4.127 bits read, 16 written and read again.
+    """
+    adapter = tokens * act_bytes * _adapter_bytes_per_token(model, finetune, tp=tp, moe_layer=moe_layer) / hbm
+    if finetune.mode is not FinetuneMode.QLORA:
+        return adapter, 0.0
+    weights = sum(g.n * g.k * g.count for g in gemms)
+    return adapter, weights * (nf4_bytes_per_param(double_quant=finetune.double_quant) + 4.0) / hbm
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeSetup:
+    """The GPU a layer runs on and how the stack runs it: what every layer of a layout shares."""
+
+    peak_flops: float
+    """Dense peak of the compute dtype (FP8's for FP8 recipes)."""
+    bf16_peak_flops: float
+    """Dense bf16 peak: under FP8, attention and its products run at it."""
+    hbm_bytes_per_s: float
+    cal: GpuCalibration
+    act_bytes: float
+    kernels: Kernels = Kernels.FUSED
+    attention: Attention = Attention.FLASH
+    fp8: bool = False
+
+    def gemm_s(self, g: Gemm, *, linear: bool = False) -> Num:
+        """A GEMM's time: the linear layers' at the compute dtype's peak, the others at bf16's."""
+        fp8 = self.fp8 and linear
+        peak = self.peak_flops if linear or not self.fp8 else self.bf16_peak_flops
+        return gemm_time(
+            g, peak_flops=peak, hbm_bytes_per_s=self.hbm_bytes_per_s, cal=self.cal, act_bytes=self.act_bytes, fp8=fp8
+        )
+
+    @property
+    def hbm(self) -> float:
+        """The bandwidth memory-bound kernels reach."""
+        return self.hbm_bytes_per_s * self.cal.hbm_efficiency
 
 
 def layer_time(
     model: ModelSpec,
     *,
+    setup: ComputeSetup,
     tokens: Num,
     seq_len: Num,
     tp: Num,
     sp: Num,
     ep: Num,
     moe_layer: bool,
-    attention: Attention,
-    peak_flops: float,
-    hbm_bytes_per_s: float,
-    cal: GpuCalibration,
-    act_bytes: float,
-    kernels: Kernels = Kernels.FUSED,
     finetune: Finetune | None = None,
     frozen: bool = False,
-    fp8: bool = False,
-    bf16_peak_flops: float | None = None,
+    kernel_keys: Num | None = None,
 ) -> LayerTime:
     """Forward and backward compute time of one layer for ``tokens`` local tokens on one GPU.
 
-    A frozen base (LoRA, QLoRA, or a frozen layer) skips its weight-gradient matmuls: backward runs the
-    input-gradient ones only. Adapters add skinny matmuls, memory bound: per adapted matrix and token, read
-    x, write and read A x, write B A x and add it to the output. QLoRA dequantizes each NF4 matrix to bf16
-    before every use (forward and backward): 4.127 bits read, 16 written and read again per weight.
-    With ``fp8`` (Transformer Engine recipes), the linear layers run at the FP8 peak times the GPU kind's FP8
-    share and pay the casts and transposes around them; attention runs at the bf16 peak.
+    A frozen base (LoRA, QLoRA, or a frozen layer) skips its weight-gradient matmuls; adapters add skinny,
+    memory-bound ones. With ``setup.fp8`` (Transformer Engine recipes) the linear layers run at the FP8 peak
+    times the kind's FP8 share and pay the casts around them. ``kernel_keys``: the keys a fused attention call
+    walks (default ``seq_len``).
     """
-    hbm = hbm_bytes_per_s * cal.hbm_efficiency
-    # FP8 runs the linear layers' GEMMs at FP8 (``peak_flops``); attention and its score products stay bf16
-    bf16_peak = bf16_peak_flops if fp8 and bf16_peak_flops is not None else peak_flops
-
-    def gemm_s_of(g: Gemm, linear: bool = False) -> Num:
-        peak = peak_flops if linear else bf16_peak
-        return gemm_time(
-            g, peak_flops=peak, hbm_bytes_per_s=hbm_bytes_per_s, cal=cal, act_bytes=act_bytes, fp8=fp8 and linear
-        )
-
-    gemms = attention_gemms(model, tokens=tokens, tp=tp) + mlp_gemms(
-        model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer
+    cal, hbm, kernels = setup.cal, setup.hbm, setup.kernels
+    mlp = mlp_gemms(model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer)
+    gemms = attention_gemms(model, tokens=tokens, tp=tp) + mlp
+    gemm_s = sum(setup.gemm_s(g, linear=True) for g in gemms)
+    fused = kernels is Kernels.FUSED
+    cast_fwd, cast_bwd = _fp8_cast_time(gemms, fused=fused, hbm=hbm) if setup.fp8 else (0.0, 0.0)
+    bytes_per_token = _memory_bytes_per_token(
+        model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=setup.act_bytes, kernels=kernels
     )
-    gemm_s = sum(gemm_s_of(g, linear=True) for g in gemms)
-    cast_fwd: Num = 0.0
-    cast_bwd: Num = 0.0
-    if fp8:
-        fused = kernels is Kernels.FUSED
-        inputs = sum(g.m * g.k * g.count for g in gemms)
-        outputs = sum(g.m * g.n * g.count for g in gemms)
-        cast_fwd = inputs * FP8_CAST_BYTES_FWD[fused] / hbm
-        cast_bwd = (outputs * FP8_CAST_BYTES_BWD_GRAD[fused] + inputs * FP8_TRANSPOSE_BYTES_INPUT) / hbm
-    memory_s = (
-        tokens
-        * _memory_bytes_per_token(model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=act_bytes, kernels=kernels)
-        / hbm
-    )
-    if attention is Attention.FLASH:
-        flops = attention_core_flops(model, tokens=tokens, seq_len=seq_len, tp=tp, causal_skip=True)
-        attn_fwd = flops / (bf16_peak * cal.attention_efficiency)
-        attn_bwd = BACKWARD_FLASH_RATIO * attn_fwd / BACKWARD_FLASH_EFFICIENCY
-    else:
-        heads = model.num_heads / tp
-        d = model.mla.qk_head_dim if model.mla else model.head_dim
-        scores = Gemm(name="scores", m=tokens, n=seq_len, k=d, count=heads)
-        values = Gemm(name="values", m=tokens, n=d, k=seq_len, count=heads)
-        products = gemm_s_of(scores) + gemm_s_of(values)
-        traffic = EAGER_SCORE_BYTES_FWD * heads * tokens * seq_len / hbm
-        attn_fwd = products + traffic
-        attn_bwd = 2 * products + traffic * EAGER_SCORE_BYTES_BWD / EAGER_SCORE_BYTES_FWD
-    launch = KERNELS_PER_LAYER * cal.kernel_overhead_s
+    memory_s = tokens * bytes_per_token / hbm
+    keys = seq_len if kernel_keys is None else kernel_keys
+    attn_fwd, attn_bwd = _attention_time(model, setup, tokens=tokens, seq_len=seq_len, kernel_keys=keys, tp=tp)
+    launch = KERNELS_PER_LAYER[kernels] * cal.kernel_overhead_s
     adapted = finetune is not None and finetune.adapted
-    frozen_base = frozen or adapted
-    adapter_fwd = 0.0
+    adapter_fwd: Num = 0.0
     if adapted and finetune is not None:
-        adapter_fwd = tokens * act_bytes * _adapter_bytes_per_token(model, finetune, tp=tp, moe_layer=moe_layer) / hbm
-        if finetune.mode is FinetuneMode.QLORA:
-            weights = sum(g.n * g.k * g.count for g in gemms)
-            dequant = weights * (nf4_bytes_per_param(double_quant=finetune.double_quant) + 4.0) / hbm
-            gemm_s = gemm_s + dequant  # before the forward matmul; the backward matmul below pays it again
-    weight_grad = 2 * adapter_fwd if frozen_base else gemm_s
+        adapter_fwd, dequant = _adapter_time(
+            model, finetune, gemms, tokens=tokens, tp=tp, moe_layer=moe_layer, act_bytes=setup.act_bytes, hbm=hbm
+        )
+        gemm_s = gemm_s + dequant  # before the forward matmul; the backward matmul below pays it again
+    weight_grad = 2 * adapter_fwd if (frozen or adapted) else gemm_s
     backward = gemm_s + weight_grad + 2 * adapter_fwd + attn_bwd + 2 * memory_s + 2 * launch + cast_bwd
     return LayerTime(
         gemm_s=gemm_s,
+        mlp_gemm_s=sum(setup.gemm_s(g, linear=True) for g in mlp),
         attention_s=attn_fwd,
         memory_s=memory_s + launch + adapter_fwd + cast_fwd,
         backward_s=backward,

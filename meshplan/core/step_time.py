@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from meshplan.core import finetune, pipeline
 from meshplan.core.comm import CollectiveCall, StageShape, inventory
-from meshplan.core.compute import LayerTime, head_time, layer_time
+from meshplan.core.compute import ComputeSetup, LayerTime, head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
 from meshplan.core.memory import (
     StageParams,
@@ -36,7 +36,7 @@ from meshplan.core.placement import AxisPlacement
 from meshplan.core.stages import StageRow, stage_row
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.conditions import Selective
-from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
+from meshplan.spec.layout import ContextParallel, LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 from meshplan.units import DTYPE_BYTES, DType
@@ -95,24 +95,9 @@ class StageTimes:
     moe_layers: Num
 
 
-def selective_redo_s(layer: LayerTime, policy: Selective) -> Num:
-    """Forward time selective recompute repeats in one layer's backward, as each stack defines selective.
-
-    Megatron's (core attention, and its --recompute-modules taken as core attention here): the attention core.
-    torchtitan's per layer (ac_freq 2): every second layer in full, half a forward on average. torchtitan's per
-    op: the outputs of every second matmul and of attention are kept, so half the matmuls, the norms and the
-    activations run again (torchtitan/models/llama3/infra/parallelize.py, _save_list and the mm counter).
-    """
-    if policy is Selective.LAYER:
-        return layer.forward_s / 2
-    if policy is Selective.OP:
-        return layer.gemm_s / 2 + layer.memory_s
-    return layer.attention_core_fwd_s
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayerKinds:
-    """Per micro-batch times of each kind of layer a stage may hold, and of the output head."""
+    """The times of the kinds of layer a stage holds, and of the output head on the last stage."""
 
     dense: LayerTime
     moe: LayerTime
@@ -122,18 +107,94 @@ class LayerKinds:
     head_bwd_s: Num
 
 
-def _stage_values(row: StageRow, kinds: LayerKinds, *, recompute: Num, work: Workload) -> dict[str, Num]:
-    """One stage's compute terms for one micro-batch (StageTimes' fields), from its layer counts."""
-    dense, moe, ft = kinds.dense, kinds.moe, work.finetune
+def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Cluster) -> LayerKinds:
+    """Every layer of a kind takes the same time: each kind is computed once per layout."""
+    gpu = cluster.gpu
+    peak = gpu.peak(work.precision.compute)
+    fp8 = work.precision.compute is DType.FP8
+    tokens = work.seq_len / lay.cp * lay.micro_batch
+    setup = ComputeSetup(
+        peak_flops=peak,
+        bf16_peak_flops=gpu.peak(DType.BF16),
+        hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
+        cal=gpu.calibration,
+        act_bytes=work.precision.activation_bytes,
+        kernels=work.kernels,
+        attention=work.attention,
+        fp8=fp8,
+    )
+    common = dict(
+        setup=setup,
+        tokens=tokens,
+        seq_len=work.seq_len,
+        tp=lay.tp,
+        sp=lay.sp,
+        ep=lay.ep,
+        # ring CP: one s/cp block of keys per step; all-gathered K/V: the whole sequence (Llama 3 Sec. 3.3.2)
+        kernel_keys=where(lay.cp_kind == ContextParallel.ALL_GATHER, work.seq_len, work.seq_len / lay.cp),
+        finetune=work.finetune,
+    )
+    dense = layer_time(model, moe_layer=False, **common)
+    head_f, head_b = head_time(
+        model,
+        tokens=tokens,
+        tp=lay.tp,
+        peak_flops=gpu.peak(DType.BF16) if fp8 else peak,
+        hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
+        cal=gpu.calibration,
+        act_bytes=work.precision.activation_bytes,
+    )
+    return LayerKinds(
+        dense=dense,
+        moe=layer_time(model, moe_layer=True, **common),
+        # full fine-tuning with a frozen prefix: those layers skip their weight gradients
+        frozen_dense=layer_time(model, moe_layer=False, frozen=True, **common)
+        if work.finetune.freeze_layers
+        else dense,
+        head_fwd_s=head_f,
+        head_bwd_s=head_b,
+    )
+
+
+def selective_redo_s(lt: LayerTime, policy: Selective, modules: tuple[str, ...]) -> Num:
+    """Forward time one layer repeats in backward under ``--recompute selective``, as each stack defines it.
+
+    Megatron: the attention core (Korthikanti et al. 2022 Sec. 5), or its --recompute-modules (the core; the
+    elementwise work for layernorm or moe_act, all of it: an upper bound; the MLP's or experts' matmuls for mlp
+    or moe). torchtitan's per-op policy
+    recomputes every second matmul and all the elementwise work but saves the attention output; its
+    per-layer policy (ac_freq 2) recomputes every second layer whole.
+    """
+    if policy is Selective.OP:
+        return lt.gemm_s / 2 + lt.memory_s
+    if policy is Selective.LAYER:
+        return lt.forward_s / 2
+    if policy is Selective.MODULES:
+        core = lt.attention_core_fwd_s if "core_attn" in modules else 0.0
+        elementwise = lt.memory_s if {"layernorm", "moe_act"} & set(modules) else 0.0
+        return core + elementwise + (lt.mlp_gemm_s if {"mlp", "moe"} & set(modules) else 0.0)
+    return lt.attention_core_fwd_s
+
+
+def _stage_values(kinds: LayerKinds, lay: LayoutLike, work: Workload, row: StageRow) -> dict[str, Num]:
+    """One stage's terms: its layers' times scaled by its layer counts, recompute and the head added."""
+    dense, moe, ft, cond = kinds.dense, kinds.moe, work.finetune, work.conditions
     n_dense, n_moe = row.dense_layers, row.moe_layers
     fwd = n_dense * dense.forward_s + n_moe * moe.forward_s
-    policy = work.conditions.selective
-    sel = n_dense * selective_redo_s(dense, policy) + n_moe * selective_redo_s(moe, policy)
-    redo = where(recompute == Recompute.FULL, fwd, where(recompute == Recompute.SELECTIVE, sel, 0.0))
+    attn_fwd = n_dense * dense.attention_core_fwd_s + n_moe * moe.attention_core_fwd_s
+    # Megatron's block method: full recompute of the first k layers of the stage only
+    full_share = (
+        1.0 if cond.recompute_layers is None else minimum(cond.recompute_layers, row.layers) / maximum(row.layers, 1)
+    )
+    selective = n_dense * selective_redo_s(dense, cond.selective, cond.recompute_modules) + n_moe * selective_redo_s(
+        moe, cond.selective, cond.recompute_modules
+    )
+    recompute = lay.recompute
+    redo = where(recompute == Recompute.FULL, full_share * fwd, where(recompute == Recompute.SELECTIVE, selective, 0.0))
     last = row.head == 1
     bwd = n_dense * dense.backward_s + n_moe * moe.backward_s
     wgrad = n_dense * dense.weight_grad_s + n_moe * moe.weight_grad_s
-    if ft.freeze_layers:
+    if ft.freeze_layers:  # behind a frozen embedding a frozen prefix needs no backward at all
         n_frozen = minimum(finetune.frozen_leading_layers(ft, first=row.first_layer, layers=row.layers), n_dense)
         kept = 0.0 if ft.freeze_embeddings else kinds.frozen_dense.backward_s
         bwd = bwd - n_frozen * (dense.backward_s - kept)
@@ -142,7 +203,7 @@ def _stage_values(row: StageRow, kinds: LayerKinds, *, recompute: Num, work: Wor
         "fwd_compute_s": fwd + where(last, kinds.head_fwd_s, 0.0),
         "bwd_compute_s": bwd + redo + where(last, kinds.head_bwd_s, 0.0),
         "weight_grad_s": wgrad,
-        "attention_fwd_s": n_dense * dense.attention_core_fwd_s + n_moe * moe.attention_core_fwd_s,
+        "attention_fwd_s": attn_fwd,
         "attention_bwd_s": n_dense * dense.attention_core_bwd_s + n_moe * moe.attention_core_bwd_s,
         "dense_layers": n_dense,
         "moe_layers": n_moe,
@@ -152,56 +213,12 @@ def _stage_values(row: StageRow, kinds: LayerKinds, *, recompute: Num, work: Wor
 def stage_times(
     model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Cluster, *, stages: tuple[Num, ...]
 ) -> StageTimes:
-    """Compute time of one micro-batch on the slowest of ``stages``.
-
-    Every layer of a kind takes the same time, so the layer times are
-    computed once and scaled by each stage's layer counts; the last stage
-    adds the output head and the loss.
-    """
-    tp, pp, cp, b = lay.tp, lay.pp, lay.cp, lay.micro_batch
-    gpu = cluster.gpu
-    peak = gpu.peak(work.precision.compute)
-    fp8 = work.precision.compute is DType.FP8
-    tokens = work.seq_len / cp * b
-    common = dict(
-        tokens=tokens,
-        seq_len=work.seq_len,
-        tp=tp,
-        sp=lay.sp,
-        ep=lay.ep,
-        attention=work.attention,
-        peak_flops=peak,
-        hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
-        cal=gpu.calibration,
-        act_bytes=work.precision.activation_bytes,
-        kernels=work.kernels,
-        finetune=work.finetune,
-        fp8=fp8,
-        bf16_peak_flops=gpu.peak(DType.BF16),
-    )
-    dense = layer_time(model, moe_layer=False, **common)
-    moe = layer_time(model, moe_layer=True, **common)
-    ft = work.finetune
-    # full fine-tuning with a frozen prefix: those layers skip their weight gradients, and behind a frozen
-    # embedding they need no backward at all
-    frozen_dense = layer_time(model, moe_layer=False, frozen=True, **common) if ft.freeze_layers else dense
-    head_f, head_b = head_time(
-        model,
-        tokens=tokens,
-        tp=tp,
-        peak_flops=gpu.peak(DType.BF16) if fp8 else peak,
-        hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
-        cal=gpu.calibration,
-        act_bytes=work.precision.activation_bytes,
-    )
-    kinds = LayerKinds(dense=dense, moe=moe, frozen_dense=frozen_dense, head_fwd_s=head_f, head_bwd_s=head_b)
+    """Compute time of one micro-batch on the slowest of ``stages`` (per-term maxima over them)."""
+    kinds = layer_kinds(model, lay, work, cluster)
     worst: dict[str, Num] = {}
     for stage in stages:
         values = _stage_values(
-            stage_row(model, pp=pp, stage=stage, split=work.conditions.stage_split),
-            kinds,
-            recompute=lay.recompute,
-            work=work,
+            kinds, lay, work, stage_row(model, pp=lay.pp, stage=stage, split=work.conditions.stage_split)
         )
         worst = {k: maximum(worst[k], v) for k, v in values.items()} if worst else values
     return StageTimes(**worst)
@@ -243,24 +260,19 @@ class StageStep:
     calls: list[CollectiveCall]
 
 
-def _stage_step(
+def _stage_shape(
     model: ModelSpec,
     params: ParamCount,
     lay: LayoutLike,
     work: Workload,
-    cluster: Cluster,
-    placement: dict[str, AxisPlacement],
     *,
+    stages: tuple[Num, ...],
+    times: StageTimes,
+    copies: int,
     m: Num,
-) -> StageStep:
-    """Per micro-batch compute and exposed traffic of the slowest stage, and its per-step traffic.
-
-    Each term takes its maximum over the stages, found on the stage table's candidates (``memory.candidates``):
-    an upper bound of the slowest stage when different stages set different terms.
-    """
-    copies = pipeline.stage_copies(lay.schedule)
-    stages = candidates(model, lay, work)
-    times = stage_times(model, lay, work, cluster, stages=stages)
+) -> StageShape:
+    """What the collectives of the slowest stage move: its layers and the largest parameter counts over
+    ``stages`` (an upper bound of the slowest stage when different stages set different terms)."""
     split = work.conditions.stage_split
     held = [
         stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies, split=split, etp=lay.etp)
@@ -275,7 +287,7 @@ def _stage_step(
         return out
 
     ft = work.finetune
-    shape = StageShape(
+    return StageShape(
         tokens=work.seq_len / lay.cp * lay.micro_batch,
         dense_layers=times.dense_layers * copies,
         moe_layers=times.moe_layers * copies,
@@ -290,9 +302,18 @@ def _stage_step(
         embedding=True,  # the embedding's and the head's PyTorch-native collectives: an upper bound over stages
         head=True,
     )
-    dense_params, expert_params = most("train_dense"), most("train_experts")
-    calls = inventory(model, lay, work, cluster, placement, shape)
-    eff = cluster.gpu.calibration.overlap_efficiency
+
+
+def _exposed_per_micro_batch(
+    calls: list[CollectiveCall], times: StageTimes, *, copies: int, m: Num, cluster: Cluster, work: Workload
+) -> dict[str, Num]:
+    """Per micro-batch TP, CP and EP traffic left exposed by the compute each hides behind, by phase.
+
+    Forward TP traffic hides behind half the weight-gradient time, backward behind all of it; CP behind the
+    attention core; EP behind the whole forward or backward.
+    """
+    cal = cluster.gpu.calibration
+    eff = cal.overlap_efficiency
 
     def per_mb(strategies: tuple[str, ...], phase: str, overlappable: bool) -> Num:
         total: Num = 0.0
@@ -304,25 +325,57 @@ def _stage_step(
     def exposed(strategies: tuple[str, ...], phase: str, behind: Num, efficiency: float = eff) -> Num:
         return per_mb(strategies, phase, False) + _hidden(per_mb(strategies, phase, True), behind, True, efficiency)
 
-    fwd_c, bwd_c = times.fwd_compute_s * copies, times.bwd_compute_s * copies
     wgrad = times.weight_grad_s * copies
-    tp_eff = cluster.gpu.calibration.tp_overlap_efficiency if work.overlap.tp else eff
-    tp_f = exposed(("tp", "sp"), "forward", wgrad / 2, tp_eff)
-    tp_b = exposed(("tp", "sp"), "backward", wgrad, tp_eff)
-    cp_f = exposed(("cp",), "forward", times.attention_fwd_s * copies)
-    cp_b = exposed(("cp",), "backward", times.attention_bwd_s * copies)
-    ep_f = exposed(("ep", "etp"), "forward", fwd_c)  # the experts' TP gathers sit on the dispatch path
-    ep_b = exposed(("ep", "etp"), "backward", bwd_c)
+    tp_eff = cal.tp_overlap_efficiency if work.overlap.tp else eff
+    return {
+        "tp_f": exposed(("tp", "sp"), "forward", wgrad / 2, tp_eff),
+        "tp_b": exposed(("tp", "sp"), "backward", wgrad, tp_eff),
+        "cp_f": exposed(("cp",), "forward", times.attention_fwd_s * copies),
+        "cp_b": exposed(("cp",), "backward", times.attention_bwd_s * copies),
+        # the experts' TP gathers sit on the dispatch path
+        "ep_f": exposed(("ep", "etp"), "forward", times.fwd_compute_s * copies),
+        "ep_b": exposed(("ep", "etp"), "backward", times.bwd_compute_s * copies),
+    }
+
+
+def _stage_step(
+    model: ModelSpec,
+    params: ParamCount,
+    lay: LayoutLike,
+    work: Workload,
+    cluster: Cluster,
+    placement: dict[str, AxisPlacement],
+    *,
+    m: Num,
+) -> StageStep:
+    """Per micro-batch compute and exposed traffic of the slowest stage, and its per-step traffic.
+
+    Each term takes its maximum over the stages, found on the stage table's candidates (``memory.candidates``).
+    """
+    copies = pipeline.stage_copies(lay.schedule)
+    stages = candidates(model, lay, work)
+    times = stage_times(model, lay, work, cluster, stages=stages)
+    shape = _stage_shape(model, params, lay, work, stages=stages, times=times, copies=copies, m=m)
+    calls = inventory(model, lay, work, cluster, placement, shape)
+    x = _exposed_per_micro_batch(calls, times, copies=copies, m=m, cluster=cluster, work=work)
+    fwd_c, bwd_c = times.fwd_compute_s * copies, times.bwd_compute_s * copies
     chunk = where(lay.pp > 1, lay.vpp * cluster.gpu.calibration.pipeline_step_overhead_s, 0.0)
-    fwd, bwd = fwd_c + tp_f + cp_f + ep_f + chunk, bwd_c + tp_b + cp_b + ep_b + chunk
-    sharded = StageParams(dense=dense_params, experts=expert_params, largest_layer=0, dense_layers=0, moe_layers=0)
+    fwd, bwd = fwd_c + x["tp_f"] + x["cp_f"] + x["ep_f"] + chunk, bwd_c + x["tp_b"] + x["cp_b"] + x["ep_b"] + chunk
+    sharded = StageParams(
+        dense=shape.trained_dense_params,
+        experts=shape.trained_expert_params,
+        largest_layer=0,
+        dense_layers=0,
+        moe_layers=0,
+    )
+    eff = cluster.gpu.calibration.overlap_efficiency
     return StageStep(
         fwd_s=fwd,
         bwd_s=bwd,
         compute_s=fwd_c + bwd_c,
-        tp_s=tp_f + tp_b,
-        cp_s=cp_f + cp_b,
-        ep_s=ep_f + ep_b,
+        tp_s=x["tp_f"] + x["tp_b"],
+        cp_s=x["cp_f"] + x["cp_b"],
+        ep_s=x["ep_f"] + x["ep_b"],
         pp_s=_pp_exposed(calls, lay=lay, m=m, ov_pp=work.overlap.pp) + 2 * m * chunk,
         dp_s=_dp_exposed(calls, fwd_s=fwd, bwd_s=bwd, m=m, work=work, efficiency=eff),
         optimizer_s=_optimizer_time(model, lay, work, cluster, sharded),

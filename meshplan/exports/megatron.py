@@ -167,7 +167,17 @@ def _precision_args(workload: Workload) -> Args:
         raise UnsupportedByEngine(ENGINE, "run Adafactor", "optimizer=adamw (--optimizer adam)")
     args += _flag("--optimizer", "adam" if kind is OptimizerKind.ADAMW else "sgd")
     args += _flag("--sgd-momentum", 0) if kind is OptimizerKind.SGD else []
-    args += _flag("--attention-backend", "unfused") if workload.attention is Attention.EAGER else []
+    # Megatron-Core's AttnBackend: flash (FlashAttention), fused (cuDNN), unfused; FA3 is TE's flash on Hopper
+    backends = {
+        Attention.EAGER: "unfused",
+        Attention.FA1: "flash",
+        Attention.FA_TRITON: "flash",
+        Attention.FA2: "flash",
+        Attention.FA3: "flash",
+        Attention.CUDNN: "fused",
+    }
+    backend = backends.get(workload.attention)
+    args += _flag("--attention-backend", backend) if backend is not None else []
     return args
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from meshplan import io
 from meshplan.core.comm.cost import BUS_FACTOR_DOC, Collective, bus_factor, ring_time
+from meshplan.core.compute import resolved_attention
 from meshplan.core.placement import AxisPlacement
 from meshplan.core.plan import Plan, evaluate
 from meshplan.core.terms import explain
@@ -110,6 +111,7 @@ def evaluated_plan_dict(plan: Plan, *, tokens: float | None = None) -> dict[str,
         "mfu": float(step.mfu),
         "hfu": float(step.hfu),
         "tokens_per_s_per_gpu": float(step.tokens_per_s_per_gpu),
+        "attention_kernel": resolved_attention(plan.workload, plan.cluster.gpu.calibration),
         "breakdown": {
             "compute_s": float(step.compute_s),
             "exposed_comm_s": float(step.exposed_comm_s),

@@ -149,6 +149,7 @@ class EstimateReport(MemoryReport):
     mfu: float
     hfu: float
     tokens_per_s_per_gpu: float
+    attention_kernel: str
     breakdown: BreakdownJSON
     collectives: list[CollectiveJSON]
     placement: dict[str, AxisPlacementJSON]

@@ -69,6 +69,25 @@ class Link:
         return self.bandwidth_bytes_per_s * self.efficiency
 
 
+class AttentionKernel(StrEnum):
+    """A fused attention kernel generation (published tables in core/attention_kernels.py)."""
+
+    FA1 = "fa1"
+    """FlashAttention (Dao et al. 2022), the first version (flash-attn 1.x)."""
+    FA_TRITON = "fa-triton"
+    """flash-attn's Triton FlashAttention kernel (llm-foundry's attn_impl: triton)."""
+    FA2 = "fa2"
+    """FlashAttention-2 (Dao 2023); PyTorch's SDPA flash backend."""
+    FA3 = "fa3"
+    """FlashAttention-3 (Shah et al. 2024): Hopper's asynchronous warp-specialized kernel."""
+    CUDNN = "cudnn"
+    """cuDNN's fused flash attention (Transformer Engine's FusedAttention on Hopper)."""
+
+
+ATTENTION_GENERATIONS = ("ampere", "hopper")
+"""GPU generations with published fused-attention tables."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuCalibration:
     """Per-GPU-kind constants of the step-time and memory models, each with its source.
@@ -85,8 +104,19 @@ class GpuCalibration:
     """Best fraction of dense peak a large GEMM reaches (maximum achievable matmul FLOPs)."""
     matmul_half_dim: float = 16.0
     """GEMM dimension at which that dimension alone halves efficiency: each of M, N, K scales it by d/(d + this)."""
+    sm_count: int = 132
+    """Streaming multiprocessors (compute units): a GEMM with fewer output tiles than this leaves some idle."""
     attention_efficiency: float = 0.35
-    """Fraction of dense peak a fused (flash) attention kernel reaches in forward; backward reaches 0.8 of it."""
+    """Fraction of dense peak a fused (flash) attention kernel reaches in forward at long sequences (serving's
+    prefill reads it; training reads the published kernel tables of ``attention_generation``)."""
+    attention_generation: str = "hopper"
+    """Whose published fused-attention tables (core/attention_kernels.py) describe this kind: ampere (A100)
+    or hopper (H100); a kind without tables of its own takes the nearest generation's shares of peak."""
+    fused_attention_kernel: str = "cudnn"
+    """The fused attention kernel of stacks with fused kernels (Transformer Engine picks cuDNN's on Hopper and
+    FlashAttention-2 on Ampere); eager PyTorch stacks run SDPA's flash backend, FlashAttention-2."""
+    attention_scale: float = 1.0
+    """Multiplies the tables' shares of peak: 1 on the kinds the tables were measured on."""
     fp8_matmul_ratio: float = 0.883
     """A large FP8 GEMM's share of FP8 peak over a large bf16 GEMM's share of bf16 peak: the measured maximum
     achievable matmul FLOPs (MAMF) in each. H100 SXM: FP8 1,402.6 of 1,978.8 (0.709) over bf16 794.5 of 989.4
@@ -116,6 +146,20 @@ class GpuCalibration:
         for name in shares:
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"calibration {name} must be in (0, 1], got {getattr(self, name)}")
+        kernels = [k.value for k in AttentionKernel]
+        if self.fused_attention_kernel not in kernels:
+            raise ValueError(
+                f"calibration fused_attention_kernel must be one of {kernels}, got {self.fused_attention_kernel!r}"
+            )
+        if self.attention_generation not in ATTENTION_GENERATIONS:
+            raise ValueError(
+                f"calibration attention_generation must be one of {list(ATTENTION_GENERATIONS)}, "
+                f"got {self.attention_generation!r}"
+            )
+        if not 0 < self.attention_scale <= 2:
+            raise ValueError(f"calibration attention_scale must be in (0, 2], got {self.attention_scale}")
+        if self.sm_count < 1:
+            raise ValueError(f"calibration sm_count must be >= 1, got {self.sm_count}")
         for name in ("matmul_half_dim", "kernel_overhead_s", "pipeline_step_overhead_s", "framework_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"calibration {name} must be >= 0, got {getattr(self, name)}")

@@ -58,6 +58,7 @@ def apply_profile(cluster: Cluster, profile: Profile) -> Cluster:
         cal,
         matmul_efficiency_max=min(cal.matmul_efficiency_max * k, MAX_EFFICIENCY),
         attention_efficiency=min(cal.attention_efficiency * k, MAX_EFFICIENCY),
+        attention_scale=min(cal.attention_scale * k, 2.0),
     )
     return dataclasses.replace(
         cluster,

@@ -414,7 +414,15 @@ FIELDS: tuple[Field, ...] = (
         hi=64,
         help="explicit optimizer-state bytes per parameter, master copy excluded",
     ),
-    Field(name="attention", type=str, default="flash", group=_W, choices=("flash", "eager"), help="attention kernel"),
+    Field(
+        name="attention",
+        type=str,
+        default="flash",
+        group=_W,
+        choices=("flash", "fa1", "fa-triton", "fa2", "fa3", "cudnn", "eager"),
+        help="attention kernel: flash (the stack's fused kernel on this GPU), a named fused kernel (FlashAttention "
+        "1, its Triton kernel, 2 or 3, cuDNN), or eager (unfused, the score matrix stored)",
+    ),
     Field(
         name="kernels",
         type=str,

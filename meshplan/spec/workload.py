@@ -14,9 +14,25 @@ class Attention(StrEnum):
     """Attention kernel, which decides whether the s x s score matrix is stored."""
 
     FLASH = "flash"
-    """Fused attention (FlashAttention / cuDNN SDPA): no score matrix, only a log-sum-exp per row."""
+    """Fused attention, no score matrix, only a log-sum-exp per row: the stack's kernel on the GPU kind (eager
+    PyTorch: SDPA's FlashAttention-2; Transformer Engine: the kind's fused kernel, cuDNN's on Hopper)."""
+    FA1 = "fa1"
+    """Fused, FlashAttention (Dao et al. 2022), flash-attn 1.x."""
+    FA_TRITON = "fa-triton"
+    """Fused, flash-attn's Triton kernel (llm-foundry's attn_impl: triton, 2023)."""
+    FA2 = "fa2"
+    """Fused, FlashAttention-2 (Dao 2023)."""
+    FA3 = "fa3"
+    """Fused, FlashAttention-3 (Shah et al. 2024; Hopper)."""
+    CUDNN = "cudnn"
+    """Fused, cuDNN's flash attention (Transformer Engine's FusedAttention; Hopper)."""
     EAGER = "eager"
     """Unfused attention: scores, softmax and its dropout are kept (the 2022 Megatron runs)."""
+
+    @property
+    def fused(self) -> bool:
+        """No s x s score matrix is stored (every kernel but the eager one)."""
+        return self is not Attention.EAGER
 
 
 class Framework(StrEnum):

@@ -71,11 +71,10 @@ HELD_OUT_BOUNDS = {
     "llama3": 0.035,
     "narayanan2021": 0.035,
     "narayanan2021_table2": 0.045,
-    "torchtitan_a100": 0.04,
-    "megascale2024": 0.14,
-    "nemo2407_h100": 0.18,
-    "megatron_h100_weak": 0.06,
-    "narayanan2021_zero3": 0.30,
+    "torchtitan_a100": 0.05,
+    "megascale2024": 0.16,
+    "nemo2407_h100": 0.15,
+    "megatron_h100_weak": 0.10,
 }
 
 
