@@ -93,7 +93,7 @@ def test_memory_bill_segments_inputs_and_upload(page: Any, shot: Any) -> None:
 
     page.fill("#mem-form input[name=seq]", "abc")
     page.wait_for_selector("#mem-error:not([hidden])")
-    assert "Sequence length: input should be a valid integer" in page.inner_text("#mem-error")
+    assert "Sequence length: expected an integer, with an optional k, M, G or T suffix" in page.inner_text("#mem-error")
     page.fill("#mem-form input[name=seq]", "4096")
     page.wait_for_selector("#mem-error", state="hidden")
 
