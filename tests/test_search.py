@@ -145,3 +145,37 @@ def test_pareto_front_is_minimal() -> None:
     assert front.tolist() == [1, 2, 0, 4]
     for i in front:
         assert not np.any((times < times[i]) & (memory < memory[i]))
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "seq", "batch"),
+    [("llama-3.1-70b", 64, 8192, 64), ("deepseek-v3", 256, 4096, 512), ("megatron-22b", 64, 2048, 256)],
+)
+def test_dropping_a_layout_at_its_first_stage_over_budget_keeps_every_verdict_and_bill(
+    name: str, gpus: int, seq: int, batch: int
+) -> None:
+    """The search bills stage by stage and drops a layout at its first stage over budget (fitting_bill): the
+    layouts that fit, and their heaviest-stage bills, are those of billing every candidate stage (peak_bill)."""
+    from meshplan.core.params import count_params
+    from meshplan.core.training import peak_bill
+    from meshplan.search.rank import fitting_bill
+
+    model, cluster = io.load_model(name), resolve_cluster(gpu="h100-sxm", gpus=gpus)
+    work = Workload(seq_len=seq, global_batch=batch)
+    from meshplan.core.constraints import RULES
+
+    every = enumerate_layouts(
+        model, num_gpus=gpus, global_batch=batch, space=SearchSpace(), domain=8, allow_cross_node_tp=False
+    )
+    valid = np.ones(len(every), dtype=np.bool_)
+    for rule in RULES:
+        valid &= np.asarray(rule.holds(model, every, work, gpus), dtype=np.bool_)
+    layouts = every.take(valid)
+    params, cal = count_params(model), cluster.gpu.calibration
+    full = peak_bill(model, params, layouts, work, calibration=cal)
+    totals = np.asarray(full.total_bytes) * np.ones(len(layouts))
+    budget = float(np.median(totals))  # about half fit: both verdicts are exercised
+    fits, bill = fitting_bill(model, params, layouts, work, calibration=cal, budget=budget)
+    assert 0 < fits.sum() < len(layouts)
+    assert np.array_equal(fits, totals <= budget)
+    assert np.allclose(np.asarray(bill.total_bytes) * np.ones(int(fits.sum())), totals[fits], rtol=1e-12)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -22,14 +23,22 @@ import numpy as np
 import numpy.typing as npt
 
 from meshplan.core.constraints import RULES
-from meshplan.core.memory import MemoryBill, state_bytes
+from meshplan.core.memory import (
+    TERMS,
+    LayerActivations,
+    MemoryBill,
+    candidates,
+    layer_activations,
+    stage_bill,
+    state_bytes,
+)
 from meshplan.core.params import ParamCount, count_params
 from meshplan.core.placement import DEFAULT_ORDER, place
 from meshplan.core.plan import mesh_sizes
 from meshplan.core.step_time import StepTime, step_time
-from meshplan.core.training import peak_bill
+from meshplan.core.training import heavier, peak_bill
 from meshplan.search.space import LayoutBatch, SearchSpace, layout_chunks
-from meshplan.spec.cluster import Cluster
+from meshplan.spec.cluster import Cluster, GpuCalibration
 from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
@@ -167,11 +176,40 @@ def search(
     wide = max(MAX_TP_DOMAINS * cluster.domain_size, 8)
     space = space or SearchSpace(max_tp=wide if not allow_cross_node_tp else None)
     rules = Rules(allow_cross_node_tp=allow_cross_node_tp, pins=dict(pins or {}))
-    lightest = Lightest()
     params = count_params(model)
     budget = cluster.gpu.hbm_bytes * (1 - headroom)
+    walk = functools.partial(_walk, model, params, workload, cluster, space, rules, order, budget, start)
+    evaluated, kept, counts, lightest = walk(exact_lightest=False)
+    if not kept:  # nothing fits: walk again billing every stage of every layout, for the lightest one's bill
+        evaluated, kept, counts, lightest = walk(exact_lightest=True)
+    feasible, step, bill = _concatenate(kept)
+    kept.clear()  # the chunks' copies: only the joined arrays are needed from here
+    return SearchResult(
+        **_ranked(feasible, step, bill, objective),
+        evaluated=evaluated,
+        rejections=counts,
+        elapsed_s=time.perf_counter() - start,
+        lightest=lightest.layout(model, params, workload, cluster),
+        lightest_bytes=lightest.bytes_per_gpu,
+    )
+
+
+def _walk(
+    model: ModelSpec,
+    params: ParamCount,
+    workload: Workload,
+    cluster: Cluster,
+    space: SearchSpace,
+    rules: Rules,
+    order: tuple[str, ...],
+    budget: float,
+    start: float,
+    *,
+    exact_lightest: bool,
+) -> tuple[int, list[tuple[LayoutBatch, StepTime, MemoryBill]], dict[str, int], Lightest]:
+    """Every layout of the space, a chunk at a time: how many, those that fit, the rejections, the lightest."""
     counts: dict[str, int] = {}
-    evaluated = 0
+    lightest, evaluated = Lightest(), 0
     kept: list[tuple[LayoutBatch, StepTime, MemoryBill]] = []
     num_chunks, chunks = layout_chunks(
         model,
@@ -184,22 +222,15 @@ def search(
     for done, batch in enumerate(chunks, start=1):
         check_deadline()
         evaluated += len(batch)
-        part = _evaluate_chunk(model, params, batch, workload, cluster, budget, rules, order, counts, lightest)
+        part = _evaluate_chunk(
+            model, params, batch, workload, cluster, budget, rules, order, counts, lightest, exact_lightest
+        )
         if part is not None:
             kept.append(part)
         report = _PROGRESS.get()
         if report is not None:
             report(evaluated, done / num_chunks, time.perf_counter() - start)
-    feasible, step, bill = _concatenate(kept)
-    kept.clear()  # the chunks' copies: only the joined arrays are needed from here
-    return SearchResult(
-        **_ranked(feasible, step, bill, objective),
-        evaluated=evaluated,
-        rejections=counts,
-        elapsed_s=time.perf_counter() - start,
-        lightest=lightest.layout(model, params, workload, cluster),
-        lightest_bytes=lightest.bytes_per_gpu,
-    )
+    return evaluated, kept, counts, lightest
 
 
 def _ranked(feasible: LayoutBatch, step: StepTime, bill: MemoryBill, objective: Objective) -> dict[str, Any]:
@@ -258,8 +289,13 @@ def _evaluate_chunk(
     order: tuple[str, ...],
     counts: dict[str, int],
     lightest: Lightest,
+    exact_lightest: bool = False,
 ) -> tuple[LayoutBatch, StepTime, MemoryBill] | None:
-    """The layouts of one chunk that pass every rule and fit, with their step time and bill (None: none do)."""
+    """The layouts of one chunk that pass every rule and fit, with their step time and bill (None: none do).
+
+    ``exact_lightest``: bill every candidate stage of every layout (``peak_bill``), so that the lightest layout
+    is known by its whole bill; otherwise a layout is dropped at its first stage over budget (``fitting_bill``).
+    """
     alive = np.ones(len(batch), dtype=np.bool_)
     for rule in RULES:
         _reject(
@@ -278,20 +314,71 @@ def _evaluate_chunk(
     batch_ok = valid.take(light)
     if not len(batch_ok):
         return None
-    bill = peak_bill(model, params, batch_ok, workload, calibration=cluster.gpu.calibration)
-    lightest.offer(batch_ok, np.asarray(bill.total_bytes, dtype=np.float64) * np.ones(len(batch_ok)), billed=True)
-    fits = np.asarray(bill.total_bytes <= budget, dtype=np.bool_)
+    if exact_lightest:  # every stage of every layout billed: the lightest bill is known when nothing fits
+        bill = peak_bill(model, params, batch_ok, workload, calibration=cluster.gpu.calibration)
+        lightest.offer(batch_ok, np.asarray(bill.total_bytes, dtype=np.float64) * np.ones(len(batch_ok)), billed=True)
+        fits = np.asarray(bill.total_bytes <= budget, dtype=np.bool_)
+        bill = _bill_rows(bill, np.flatnonzero(fits))
+    else:
+        fits, bill = fitting_bill(model, params, batch_ok, workload, calibration=cluster.gpu.calibration, budget=budget)
     still = np.ones(len(batch_ok), dtype=np.bool_)
     _reject(fits, still, OOM, counts)
     if not still.any():
         return None
     feasible = batch_ok.take(still)
-    bill = MemoryBill(
-        **{k: np.asarray(v)[still] for k, v in bill.as_dict().items() if k in MemoryBill.__dataclass_fields__}
-    )
     placement = place(mesh_sizes(feasible), order=order, domain=cluster.domain_size)
     step, _ = step_time(model, params, feasible, workload, cluster, placement)
     return feasible, step, bill
+
+
+def fitting_bill(
+    model: ModelSpec,
+    params: ParamCount,
+    layouts: LayoutBatch,
+    workload: Workload,
+    *,
+    calibration: GpuCalibration,
+    budget: float,
+) -> tuple[npt.NDArray[np.bool_], MemoryBill]:
+    """Which layouts of a batch fit in ``budget`` bytes per GPU, and the heaviest-stage bill of those that do.
+
+    The bills of ``peak_bill``, stage by stage over the candidate stages, but a layout whose running maximum is
+    over budget is dropped at once and its later stages are not billed: one stage over budget is the verdict.
+    """
+    acts = layer_activations(model, layouts, workload)
+    alive = np.arange(len(layouts))
+    best: MemoryBill | None = None
+    for stage in candidates(model, layouts, workload):
+        bill = stage_bill(
+            model,
+            params,
+            layouts.take(alive),
+            workload,
+            calibration=calibration,
+            stage=_rows(stage, alive),
+            layer_acts=_rows_of(acts, alive),
+        )
+        best = bill if best is None else heavier(best, bill)
+        keep = np.flatnonzero(np.asarray(best.total_bytes) * np.ones(len(alive)) <= budget)
+        alive, best = alive[keep], _bill_rows(best, keep)
+        if not len(alive):
+            break
+    fits = np.zeros(len(layouts), dtype=np.bool_)
+    fits[alive] = True
+    assert best is not None
+    return fits, best
+
+
+def _rows(value: Any, index: npt.NDArray[np.int64]) -> Any:
+    return value[index] if np.ndim(value) else value
+
+
+def _rows_of(acts: LayerActivations, index: npt.NDArray[np.int64]) -> LayerActivations:
+    return dataclasses.replace(acts, **{f.name: _rows(getattr(acts, f.name), index) for f in dataclasses.fields(acts)})
+
+
+def _bill_rows(bill: MemoryBill, index: npt.NDArray[np.int64]) -> MemoryBill:
+    return MemoryBill(**{name: _rows(np.asarray(getattr(bill, name)), index) for name in TERMS})
 
 
 def _concatenate(parts: list[tuple[LayoutBatch, StepTime, MemoryBill]]) -> tuple[LayoutBatch, StepTime, MemoryBill]:
