@@ -349,14 +349,15 @@ def fitting_bill(
     alive = np.arange(len(layouts))
     best: MemoryBill | None = None
     for stage in candidates(model, layouts, workload):
+        every = len(alive) == len(layouts)  # nothing dropped yet: no copies
         bill = stage_bill(
             model,
             params,
-            layouts.take(alive),
+            layouts if every else layouts.take(alive),
             workload,
             calibration=calibration,
-            stage=_rows(stage, alive),
-            layer_acts=_rows_of(acts, alive),
+            stage=stage if every else _rows(stage, alive),
+            layer_acts=acts if every else _rows_of(acts, alive),
         )
         best = bill if best is None else heavier(best, bill)
         keep = np.flatnonzero(np.asarray(best.total_bytes) * np.ones(len(alive)) <= budget)
