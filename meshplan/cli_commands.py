@@ -353,6 +353,7 @@ def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
         seq=args.seq,
         precision=args.precision,
         headroom=args.headroom,
+        kernels=args.kernels,
     )
 
 

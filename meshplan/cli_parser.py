@@ -265,7 +265,7 @@ def _search_commands(command: Command) -> None:
     )
     p.add_argument("model")
     _add_fleet(p)
-    add_fields(p, "dtype", "seq", "precision", "headroom")
+    add_fields(p, "dtype", "seq", "precision", "headroom", "kernels")
     _add_finetune(p)
 
 

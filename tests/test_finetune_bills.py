@@ -249,3 +249,28 @@ def test_fit_verdict_follows_the_mode_and_says_what_would_fit() -> None:
     again = fit_report("llama-3.1-70b", gpu="h100-sxm", gpus=fewest, finetune=FinetuneRequest(mode="full"), seq=8192)
     assert again["max_micro_batch_with_recompute"] >= 1
     assert "--finetune qlora" in full["nothing_fits"]["variants"]
+
+
+def test_fit_bills_the_kernels_it_is_told(capsys: pytest.CaptureFixture[str]) -> None:
+    """`fit --kernels eager` bills eager PyTorch's unfused activations: the longest LoRA sequence that fits on one
+    H100 is shorter than under fused kernels, and equals the memory bill's own verdict at that length."""
+    args = "fit llama-3.1-8b --gpu h100-sxm --gpus 1 --finetune lora --seq 8192 --json".split()
+    got = {}
+    for kernels in ("fused", "eager"):
+        assert main([*args, "--kernels", kernels]) in (0, None)
+        got[kernels] = json.loads(capsys.readouterr().out)
+    assert got["eager"]["max_seq_len"] < got["fused"]["max_seq_len"]
+    longest = got["eager"]["max_seq_len"]
+    ft = FinetuneRequest(mode="lora")
+    for seq, fits in ((longest, True), (longest + 1, False)):
+        bill = memory_report(
+            "llama-3.1-8b",
+            gpu="h100-sxm",
+            gpus=1,
+            layout=LayoutRequest(),
+            seq=seq,
+            global_batch=1,
+            kernels="eager",
+            finetune=ft,
+        )
+        assert (bill["per_gpu"]["total_bytes"] <= 0.9 * bill["hbm_bytes_per_gpu"]) is fits

@@ -104,6 +104,7 @@ def fit_report(
     seq: int = 4096,
     precision: str = "bf16",
     headroom: float = 0.10,
+    kernels: str = "fused",
 ) -> dict[str, Any]:
     """``meshplan fit``: the weights-split playground, weights spread evenly over ``gpus``.
 
@@ -143,7 +144,9 @@ def fit_report(
         "min_gpus_for_training": min_gpus(state, budget),
     }
     if finetune is not None:
-        out |= _fit_finetune(spec, gpu_spec, gpus=gpus, req=finetune, seq=seq, precision=precision, budget=budget)
+        out |= _fit_finetune(
+            spec, gpu_spec, gpus=gpus, req=finetune, seq=seq, precision=precision, budget=budget, kernels=kernels
+        )
     return out
 
 
@@ -166,7 +169,15 @@ def _largest(fits: Callable[[int], bool], limit: int) -> int:
 
 
 def _fit_finetune(
-    spec: ModelSpec, gpu: GPU, *, gpus: int, req: FinetuneRequest, seq: int, precision: str, budget: float
+    spec: ModelSpec,
+    gpu: GPU,
+    *,
+    gpus: int,
+    req: FinetuneRequest,
+    seq: int,
+    precision: str,
+    budget: float,
+    kernels: str = "fused",
 ) -> dict[str, Any]:
     ft = resolve_finetune(req, spec)
     zero = 3 if gpus > 1 else 0
@@ -174,7 +185,9 @@ def _fit_finetune(
 
     def fits(mb: int, s: int, recompute: str) -> bool:
         lay = resolve_layout(LayoutRequest(zero=zero, recompute=recompute, micro_batch=mb), gpus=gpus)
-        work = resolve_workload(layout=lay, seq=s, global_batch=mb * lay.dp, precision=precision, finetune=ft)
+        work = resolve_workload(
+            layout=lay, seq=s, global_batch=mb * lay.dp, precision=precision, finetune=ft, kernels=kernels
+        )
         return bool(training_memory(spec, lay, work, gpu=gpu).per_gpu.total_bytes <= budget)
 
     for recompute, suffix in (("none", ""), ("full", "_with_recompute")):
@@ -183,19 +196,31 @@ def _fit_finetune(
         )
         out[f"max_seq_len{suffix}"] = _largest(functools.partial(fits, 1, recompute=recompute), LIMIT_SEQ)
     if out["max_micro_batch_with_recompute"] == 0:
-        out["nothing_fits"] = _fit_what_would(spec, gpu, gpus=gpus, ft=ft, seq=seq, precision=precision, budget=budget)
+        out["nothing_fits"] = _fit_what_would(
+            spec, gpu, gpus=gpus, ft=ft, seq=seq, precision=precision, budget=budget, kernels=kernels
+        )
     return out
 
 
 def _fit_what_would(
-    spec: ModelSpec, gpu: GPU, *, gpus: int, ft: Finetune, seq: int, precision: str, budget: float
+    spec: ModelSpec,
+    gpu: GPU,
+    *,
+    gpus: int,
+    ft: Finetune,
+    seq: int,
+    precision: str,
+    budget: float,
+    kernels: str = "fused",
 ) -> dict[str, Any]:
     """When not even one sequence fits with full recompute: the fewest GPUs (FSDP, doubling) for one, and the
     LoRA / QLoRA variants that fit on these GPUs."""
 
     def one_fits(n: int, tuning: Finetune) -> bool:
         lay = resolve_layout(LayoutRequest(zero=3 if n > 1 else 0, recompute="full"), gpus=n)
-        work = resolve_workload(layout=lay, seq=seq, global_batch=lay.dp, precision=precision, finetune=tuning)
+        work = resolve_workload(
+            layout=lay, seq=seq, global_batch=lay.dp, precision=precision, finetune=tuning, kernels=kernels
+        )
         return bool(training_memory(spec, lay, work, gpu=gpu).per_gpu.total_bytes <= budget)
 
     fewest = next((n for n in (gpus * 2**k for k in range(1, 7)) if one_fits(n, ft)), None)

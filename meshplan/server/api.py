@@ -348,9 +348,18 @@ def fit(
     seq: Seq = 4096,
     precision: Annotated[Literal[field("precision").choices], one("precision")] = "bf16",  # type: ignore[valid-type]
     headroom: Annotated[float, one("headroom")] = 0.10,
+    kernels: Annotated[Literal[field("kernels").choices], one("kernels")] = "fused",  # type: ignore[valid-type]
 ) -> dict[str, Any]:
     report = fit_report(
-        model, gpu=gpu, gpus=gpus, dtype=dtype, finetune=finetune, seq=seq, precision=precision, headroom=headroom
+        model,
+        gpu=gpu,
+        gpus=gpus,
+        dtype=dtype,
+        finetune=finetune,
+        seq=seq,
+        precision=precision,
+        headroom=headroom,
+        kernels=kernels,
     )
     return json_dict(report)
 
