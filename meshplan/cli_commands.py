@@ -229,9 +229,62 @@ def _ignored_flags(args: argparse.Namespace) -> list[str]:
     return ["MODEL" if k == "model" else "--" + k.replace("_", "-") for k in ignored]
 
 
-def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
-    from meshplan.reports.export import export_serving, export_training, load_saved_plan
+def _export_serving(args: argparse.Namespace) -> dict[str, Any]:
+    """A server's flags from MODEL --gpu --gpus and the serving flags."""
+    from meshplan.reports.export import export_serving
 
+    if not (args.model and args.gpu and args.gpus):
+        raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and serving flags")
+    return export_serving(
+        args.engine,
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        tp=args.tp,
+        pp=args.pp,
+        ep=args.ep,
+        dtype=args.dtype,
+        kv_dtype=args.kv_dtype,
+        context=args.context,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        model_path=args.model_path,
+    )
+
+
+def _export_training(args: argparse.Namespace) -> dict[str, Any]:
+    """A training engine's configuration from a saved plan (--from-plan) or from MODEL and the layout flags."""
+    from meshplan.reports.export import export_training, load_saved_plan
+
+    if args.from_plan:
+        saved = load_saved_plan(args.from_plan)
+        return export_training(
+            args.engine,
+            saved["model"],
+            gpu=saved["gpu"],
+            gpus=saved["gpus"],
+            layout=saved["layout"],
+            seq=saved["seq"],
+            global_batch=saved["global_batch"],
+            precision=args.precision,
+            model_path=args.model_path,
+        )
+    if not (args.model and args.gpu and args.gpus):
+        raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and layout flags, or --from-plan")
+    return export_training(
+        args.engine,
+        args.model,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        layout=_layout_request(args),
+        seq=args.seq,
+        global_batch=args.global_batch,
+        precision=args.precision,
+        model_path=args.model_path,
+        conditions={k: getattr(args, k) for k in EXPORT_CONDITIONS},
+    )
+
+
+def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     ignored = _ignored_flags(args)
     if ignored and args.from_plan and args.engine not in SERVING_ENGINES:
         raise UsageError(f"meshplan export {args.engine}: --from-plan sets what {', '.join(ignored)} would; drop them")
@@ -243,50 +296,9 @@ def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
 
         result = export_serve_plan(args.engine, args.from_plan, model_path=args.model_path)
     elif args.engine in SERVING_ENGINES:
-        if not (args.model and args.gpu and args.gpus):
-            raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and serving flags")
-        result = export_serving(
-            args.engine,
-            args.model,
-            gpu=args.gpu,
-            gpus=args.gpus,
-            tp=args.tp,
-            pp=args.pp,
-            ep=args.ep,
-            dtype=args.dtype,
-            kv_dtype=args.kv_dtype,
-            context=args.context,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            model_path=args.model_path,
-        )
-    elif args.from_plan:
-        saved = load_saved_plan(args.from_plan)
-        result = export_training(
-            args.engine,
-            saved["model"],
-            gpu=saved["gpu"],
-            gpus=saved["gpus"],
-            layout=saved["layout"],
-            seq=saved["seq"],
-            global_batch=saved["global_batch"],
-            precision=args.precision,
-            model_path=args.model_path,
-        )
+        result = _export_serving(args)
     else:
-        if not (args.model and args.gpu and args.gpus):
-            raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and layout flags, or --from-plan")
-        result = export_training(
-            args.engine,
-            args.model,
-            gpu=args.gpu,
-            gpus=args.gpus,
-            layout=_layout_request(args),
-            seq=args.seq,
-            global_batch=args.global_batch,
-            precision=args.precision,
-            model_path=args.model_path,
-            conditions={k: getattr(args, k) for k in EXPORT_CONDITIONS},
-        )
+        result = _export_training(args)
     if args.out:
         result["written"] = _write_export(result, args.out)
     return result

@@ -439,6 +439,35 @@ def _op_checkpoint_per_token(model: ModelSpec, lay: LayoutLike, workload: Worklo
     return beta * (layer_input + model.attn_out_width / tp + saved_matmuls / tp) + lse
 
 
+def _selective_keeps(
+    model: ModelSpec,
+    lay: LayoutLike,
+    workload: Workload,
+    both: Callable[[Num], tuple[Num, Num]],
+    *,
+    none: tuple[Num, Num],
+    full: tuple[Num, Num],
+    deltas: tuple[Num, Num],
+) -> tuple[Num, Num]:
+    """(dense, MoE) bytes a layer keeps under ``--recompute selective``, as the stack's selective policy means it;
+    ``both(recompute)`` bills a policy of the core's, ``none`` and ``full`` are its two ends."""
+    tokens = workload.seq_len / lay.cp * lay.micro_batch
+    policy = workload.conditions.selective
+    if policy is Selective.LAYER:  # every second layer fully recomputed
+        return (none[0] + full[0]) / 2, (none[1] + full[1]) / 2
+    if policy is Selective.MODULES:
+        core_dense, core_moe = both(Recompute.SELECTIVE)  # what recomputing core attention alone keeps
+        dense_sel = none[0] - tokens * _module_savings_per_token(model, lay, workload, moe_layer=False)
+        moe_sel = none[1] - tokens * _module_savings_per_token(model, lay, workload, moe_layer=True)
+        if "core_attn" in workload.conditions.recompute_modules:
+            dense_sel, moe_sel = dense_sel - (none[0] - core_dense), moe_sel - (none[1] - core_moe)
+        return dense_sel, moe_sel
+    if policy is Selective.OP:
+        dense_op = tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=False) + deltas[0]
+        return dense_op, tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=True) + deltas[1]
+    return both(Recompute.SELECTIVE)
+
+
 def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> LayerActivations:
     """Per-layer activation bytes of a layout (or batch), computed once and shared by every stage."""
     common = dict(
@@ -467,20 +496,15 @@ def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> 
 
     dense_none, moe_none = both(Recompute.NONE)
     dense_full, moe_full = both(Recompute.FULL)
-    policy = workload.conditions.selective
-    if policy is Selective.LAYER:  # every second layer fully recomputed
-        dense_sel, moe_sel = (dense_none + dense_full) / 2, (moe_none + moe_full) / 2
-    elif policy is Selective.MODULES:
-        core_dense, core_moe = both(Recompute.SELECTIVE)  # what recomputing core attention alone keeps
-        dense_sel = dense_none - tokens * _module_savings_per_token(model, lay, workload, moe_layer=False)
-        moe_sel = moe_none - tokens * _module_savings_per_token(model, lay, workload, moe_layer=True)
-        if "core_attn" in workload.conditions.recompute_modules:
-            dense_sel, moe_sel = dense_sel - (dense_none - core_dense), moe_sel - (moe_none - core_moe)
-    elif policy is Selective.OP:
-        dense_sel = tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=False) + delta_dense
-        moe_sel = tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=True) + delta_moe
-    else:
-        dense_sel, moe_sel = both(Recompute.SELECTIVE)
+    dense_sel, moe_sel = _selective_keeps(
+        model,
+        lay,
+        workload,
+        both,
+        none=(dense_none, moe_none),
+        full=(dense_full, moe_full),
+        deltas=(delta_dense, delta_moe),
+    )
     pick = {Recompute.NONE: (dense_none, moe_none), Recompute.FULL: (dense_full, moe_full)}
     dense = where(
         lay.recompute == Recompute.NONE,
