@@ -116,3 +116,19 @@ def test_pytorch_native_experts_split_by_expert_tp() -> None:
     for etp, divisor in ((None, 32), (4, 32), (1, 8)):
         p = shards.rank_params(QWEN3, shards.RankCoords(tp=4, ep=8, etp=etp), row)
         assert p.expert_numel == pytest.approx(EXPERTS_PER_LAYER / divisor, rel=1e-12)
+
+
+def test_folded_experts_reduce_their_gradients_over_the_group_that_shards_their_state() -> None:
+    """Qwen3-235B on 256 GPUs, TP 4 x PP 8 x EP 8 with ZeRO-1: unfolded, each expert lives on one data rank (8 data
+    ranks / EP 8) and its gradients go nowhere; with --expert-tp 1 the 4 TP ranks are data ranks of the experts
+    too, tp cp dp / (ep etp) = 4 x 8 / 8 = 4, the group memory shards their optimizer state over."""
+    from meshplan.core.memory import shard_degrees
+    from meshplan.reports import LayoutRequest
+    from meshplan.reports.estimate import estimate_report
+
+    for etp, want in ((None, 1), (1, 4)):
+        lay = LayoutRequest(tp=4, sp=True, pp=8, ep=8, zero=1, expert_tp=etp)
+        r = estimate_report("qwen3-235b-a22b", gpu="h100-sxm", gpus=256, layout=lay, seq=4096, global_batch=512)
+        groups = {c["group_size"] for c in r["collectives"] if c["strategy"] == "dp-experts"}
+        assert groups == {want}
+        assert shard_degrees(dp_shard=8, cp=1, ep=8, tp=4, etp=4 if etp is None else etp)[1] == want

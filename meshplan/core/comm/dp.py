@@ -76,11 +76,14 @@ def _parts(
     listed = work.conditions.zero3_unit is Zero3Unit.PARAMETER
     launch_s = cl.gpu.calibration.kernel_overhead_s
     out = []
-    for label, params, trained, ep_div, layers in (
-        ("dp", st.dense_params, st.trained_dense_params, 1, st.dense_layers + st.moe_layers),
-        ("dp-experts", st.expert_params, st.trained_expert_params, ep, st.moe_layers),
+    # folded (expert TP below TP), the TP ranks an expert does not split are data ranks of the experts too: the
+    # experts' data group is tp cp dp / (ep etp) (Megatron's MoE parallel folding; memory's shard_degrees)
+    fold = lay.tp // lay.etp  # type: ignore[attr-defined]
+    for label, params, trained, ep_div, widen, layers in (
+        ("dp", st.dense_params, st.trained_dense_params, 1, 1, st.dense_layers + st.moe_layers),
+        ("dp-experts", st.expert_params, st.trained_expert_params, ep, fold, st.moe_layers),
     ):
-        g_shard, g_full = shard // gcd(shard, ep_div), full // gcd(full, ep_div)
+        g_shard, g_full = shard * widen // gcd(shard * widen, ep_div), full * widen // gcd(full * widen, ep_div)
         g_inner = where(g_shard > 1, maximum(shard_inner // gcd(shard_inner, ep_div), 1), 1)
         f_inner = maximum(full_inner // gcd(full_inner, ep_div), 1)
         out.append(
