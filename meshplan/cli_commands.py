@@ -383,6 +383,7 @@ def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
         kv_dtype=args.kv_dtype,
         context=args.context,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        node_size=args.node_size,
     )
 
 

@@ -274,6 +274,7 @@ def _serving_commands(command: Command) -> None:
     p = command("serving", _cmd_serving, "serving memory: weights, KV cache per token, tokens and sequences that fit")
     p.add_argument("model")
     _add_fleet(p)
+    add_fields(p, "node_size")
     add_fields(p, "tp", default=None)
     add_fields(p, "pp", "ep")
     _add_group(p, "serving")

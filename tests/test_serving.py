@@ -79,3 +79,15 @@ def test_each_engine_reads_its_fraction_as_its_docs_say() -> None:
     assert kv == pytest.approx(0.8 * (hbm - w - a - reserve))
     kv, w, a = budget(MemoryFraction.STATIC)
     assert a + reserve < 0.2 * hbm and kv == pytest.approx(0.8 * hbm - w)
+
+
+def test_node_size_bounds_the_tp_serving_picks_and_warns_past_it() -> None:
+    """--node-size replaces the GPU kind's scale-up domain: 8 PCIe H100s in pairs (an NVLink bridge per two cards)
+    serve with TP 2 x 4 replicas, and an asked TP 4 spans two domains and says so."""
+    from meshplan.reports import serving_report
+
+    paired = serving_report("llama-3.1-8b", gpu="h100-pcie", gpus=8, node_size=2)
+    assert (paired["tp"], paired["replicas"]) == (2, 4)
+    assert (serving_report("llama-3.1-8b", gpu="h100-pcie", gpus=8)["tp"]) == 8
+    wide = serving_report("llama-3.1-8b", gpu="h100-pcie", gpus=8, tp=4, node_size=2)
+    assert any("spans 2 NVLink domains of 2 GPUs" in w for w in wide["warnings"])

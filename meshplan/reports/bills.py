@@ -260,15 +260,19 @@ def serving_report(
     kv_dtype: str = "bf16",
     context: int | None = None,
     gpu_memory_utilization: float = 0.9,
+    node_size: int | None = None,
 ) -> dict[str, Any]:
     """``meshplan serving``: weights, KV cache per token, and how many tokens and sequences fit.
 
     Without ``tp``, each replica's TP group fills one scale-up domain at most (replicas take the rest of the
-    GPUs): TP across the fabric pays its per-layer all-reduces on the slow link.
+    GPUs): TP across the fabric pays its per-layer all-reduces on the slow link. ``node_size`` replaces the GPU
+    kind's scale-up domain (a PCIe box, an NVL72 rack).
     """
     check_gpus(gpus)
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
+    if node_size is not None:
+        gpu_spec = dataclasses.replace(gpu_spec, scale_up_domain=node_size)
     tp = _serving_tp(spec, gpus=gpus, tp=tp, pp=pp, domain=gpu_spec.scale_up_domain)
     bill = serving_bill(
         spec,

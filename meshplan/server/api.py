@@ -392,8 +392,9 @@ def serving(
     pp: Degree = 1,
     ep: Degree = 1,
     sequences: Annotated[int, Query(ge=1, le=parse.MAX_BATCH, description="sequences in the bill")] = 1,
+    node_size: Annotated[int | None, one("node_size")] = None,
 ) -> dict[str, Any]:
-    report = serving_report(model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, ep=ep, **serving)
+    report = serving_report(model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, ep=ep, node_size=node_size, **serving)
     return json_dict(report | {"bill": serving_bill(report, sequences=sequences)})
 
 
