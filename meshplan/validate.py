@@ -82,6 +82,21 @@ def case_values(case: dict[str, Any]) -> dict[str, Any]:
     return requests.parse_values(raw, allowed=requests.FIELDS, what="run")
 
 
+def estimate_args(case: dict[str, Any], layout: dict[str, Any], *, model: str | None = None) -> list[str]:
+    """The ``meshplan estimate`` arguments a user types for a run: its schema values and layout as flags.
+    ``model``: the argument naming the model (a model file where the run changes the catalog's model)."""
+    if case.get("model_overrides") and model is None:
+        raise ValueError(f"run {case['id']!r} changes its model ({case['model_overrides']}): give a model file")
+    args = ["estimate", model or str(case["model"])]
+    for key, value in (case_values(case) | dict(layout)).items():
+        flag = requests.field(key).flag
+        if isinstance(value, bool):
+            args += [flag] if value else []
+        elif value is not None:
+            args += [flag, repr(value) if isinstance(value, float) else str(value)]
+    return args
+
+
 def _cluster(values: dict[str, Any], profile: Profile) -> Cluster:
     cluster = resolve_cluster(gpu=values["gpu"], gpus=values["gpus"], scale_out=values.get("scale_out"))
     return apply_profile(cluster, profile)

@@ -254,7 +254,7 @@ def test_fit_verdict_follows_the_mode_and_says_what_would_fit() -> None:
 def test_fit_bills_the_kernels_it_is_told(capsys: pytest.CaptureFixture[str]) -> None:
     """`fit --kernels eager` bills eager PyTorch's unfused activations: the longest LoRA sequence that fits on one
     H100 is shorter than under fused kernels, and equals the memory bill's own verdict at that length."""
-    args = "fit llama-3.1-8b --gpu h100-sxm --gpus 1 --finetune lora --seq 8192 --json".split()
+    args = ["fit", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "1", "--finetune", "lora", "--seq", "8192", "--json"]
     got = {}
     for kernels in ("fused", "eager"):
         assert main([*args, "--kernels", kernels]) in (0, None)

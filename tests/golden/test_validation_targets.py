@@ -7,6 +7,8 @@ Targets (from the step-time issue, measured by `meshplan validate`):
 - Llama 3 Table 4, 3 MFUs: each within 3 points; both published drops with the right sign, within 2 points.
 """
 
+from pathlib import Path
+
 import pytest
 
 from meshplan.validate import best_constant_error, validate
@@ -104,3 +106,27 @@ def test_the_stored_band_is_the_current_one(report: dict) -> None:
     assert stored["time_ratio_p10"] == pytest.approx(now["time_ratio_p10"], abs=0.01)
     assert stored["time_ratio_p90"] == pytest.approx(now["time_ratio_p90"], abs=0.01)
     assert stored["time_ratio_p10"] < 1 < stored["time_ratio_p90"]
+
+
+@pytest.mark.parametrize("index", range(10))
+def test_narayanan_table_1_typed_as_a_user_would_gives_what_validate_gives(
+    index: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each Narayanan et al. Table 1 row, as the `meshplan estimate` command its run file states (the 2021 stack's
+    conditions as flags, the layout validate chose, the paper's model as a model file), has validate's step time."""
+    import json
+
+    from meshplan import io
+    from meshplan import validate as v
+    from meshplan.cli import main
+
+    data = v.sources()["narayanan2021"]
+    case = {**data.get("defaults", {}), **data["case"][index]}
+    result = v.run_case("narayanan2021", case, data["source"]["metric"])
+    path = tmp_path / "model.toml"
+    path.write_text(io.model_to_toml(v._model(case)), encoding="utf-8")
+    assert main([*v.estimate_args(case, result.layout, model=str(path)), "--json"]) in (0, None)
+    typed = json.loads(capsys.readouterr().out)
+    want = v._evaluate(case, result.layout)
+    assert typed["step_time_s"] == pytest.approx(float(want.step.step_time_s), rel=1e-9)
+    assert typed["per_gpu"]["total_bytes"] == pytest.approx(float(want.memory.per_gpu.total_bytes), rel=1e-9)
