@@ -55,12 +55,11 @@ def peak_bill(
     acts = layer_activations(model, layouts, workload)
     for stage in candidates(model, layouts, workload):
         bill = stage_bill(model, params, layouts, workload, calibration=calibration, stage=stage, layer_acts=acts)
-        best = bill if best is None else heavier(best, bill)
+        best = bill if best is None else _heavier(best, bill)
     assert best is not None
     return best
 
 
-def heavier(a: MemoryBill, b: MemoryBill) -> MemoryBill:
-    """Per layout, the heavier of two bills (by total)."""
+def _heavier(a: MemoryBill, b: MemoryBill) -> MemoryBill:
     take_b: Num = b.total_bytes > a.total_bytes
     return MemoryBill(**{name: where(take_b, getattr(b, name), getattr(a, name)) for name in TERMS})

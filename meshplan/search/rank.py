@@ -36,7 +36,7 @@ from meshplan.core.params import ParamCount, count_params
 from meshplan.core.placement import DEFAULT_ORDER, place
 from meshplan.core.plan import mesh_sizes
 from meshplan.core.step_time import StepTime, step_time
-from meshplan.core.training import heavier, peak_bill
+from meshplan.core.training import peak_bill
 from meshplan.search.space import LayoutBatch, SearchSpace, layout_chunks
 from meshplan.spec.cluster import Cluster, GpuCalibration
 from meshplan.spec.layout import Layout
@@ -346,28 +346,55 @@ def fitting_bill(
     over budget is dropped at once and its later stages are not billed: one stage over budget is the verdict.
     """
     acts = layer_activations(model, layouts, workload)
-    alive = np.arange(len(layouts))
+    n = len(layouts)
+    alive = np.arange(n)
     best: MemoryBill | None = None
-    for stage in candidates(model, layouts, workload):
-        every = len(alive) == len(layouts)  # nothing dropped yet: no copies
+    billed: list[npt.NDArray[np.int64]] = []  # the stages each layout has been billed on, one array per round
+    for candidate in candidates(model, layouts, workload):
+        stage = np.broadcast_to(np.asarray(candidate, dtype=np.int64), (n,))
+        # a run of equal stages names the same stage twice for most layouts: bill each layout's stage once
+        fresh = np.arange(len(alive))
+        for earlier in billed:
+            fresh = fresh[stage[alive[fresh]] != earlier[alive[fresh]]]
+        billed.append(stage)
+        if not len(fresh):
+            continue
+        rows = alive[fresh]
+        whole = len(rows) == n  # nothing dropped nor skipped yet: no copies
         bill = stage_bill(
             model,
             params,
-            layouts if every else layouts.take(alive),
+            layouts if whole else layouts.take(rows),
             workload,
             calibration=calibration,
-            stage=stage if every else _rows(stage, alive),
-            layer_acts=acts if every else _rows_of(acts, alive),
+            stage=candidate if whole else stage[rows],
+            layer_acts=acts if whole else _rows_of(acts, rows),
         )
-        best = bill if best is None else heavier(best, bill)
+        best = bill if best is None else _merge(best, bill, fresh, len(alive))
         keep = np.flatnonzero(np.asarray(best.total_bytes) * np.ones(len(alive)) <= budget)
         alive, best = alive[keep], _bill_rows(best, keep)
         if not len(alive):
             break
-    fits = np.zeros(len(layouts), dtype=np.bool_)
+    fits = np.zeros(n, dtype=np.bool_)
     fits[alive] = True
     assert best is not None
     return fits, best
+
+
+def _merge(best: MemoryBill, bill: MemoryBill, at: npt.NDArray[np.int64], size: int) -> MemoryBill:
+    """``best`` (one row per live layout) with its rows ``at`` taken from ``bill`` where ``bill`` is heavier."""
+    win = _column(bill.total_bytes, len(at)) > _column(best.total_bytes, size)[at]
+    rows = at[win]
+    out = {}
+    for name in TERMS:
+        column = _column(getattr(best, name), size).copy()
+        column[rows] = _column(getattr(bill, name), len(at))[win]
+        out[name] = column
+    return MemoryBill(**out)
+
+
+def _column(value: Any, size: int) -> npt.NDArray[np.float64]:
+    return np.broadcast_to(np.asarray(value, dtype=np.float64), (size,))
 
 
 def _rows(value: Any, index: npt.NDArray[np.int64]) -> Any:
