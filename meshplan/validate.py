@@ -87,14 +87,7 @@ def estimate_args(case: dict[str, Any], layout: dict[str, Any], *, model: str | 
     ``model``: the argument naming the model (a model file where the run changes the catalog's model)."""
     if case.get("model_overrides") and model is None:
         raise ValueError(f"run {case['id']!r} changes its model ({case['model_overrides']}): give a model file")
-    args = ["estimate", model or str(case["model"])]
-    for key, value in (case_values(case) | dict(layout)).items():
-        flag = requests.field(key).flag
-        if isinstance(value, bool):
-            args += [flag] if value else []
-        elif value is not None:
-            args += [flag, repr(value) if isinstance(value, float) else str(value)]
-    return args
+    return ["estimate", model or str(case["model"]), *requests.flag_args(case_values(case) | dict(layout))]
 
 
 def _cluster(values: dict[str, Any], profile: Profile) -> Cluster:

@@ -144,16 +144,8 @@ def validate_memory() -> dict[str, Any]:
 
 def command_line(values: Mapping[str, Any]) -> str:
     """The ``meshplan memory`` command that reproduces a case."""
-    parts = ["meshplan memory", str(values["model"])]
-    for key, value in values.items():
-        if key == "model":
-            continue
-        flag = requests.field(key).flag
-        if isinstance(value, bool):
-            parts += [flag] if value else []
-        else:
-            parts += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
-    return " ".join(parts)
+    rest = {k: v for k, v in values.items() if k != "model"}
+    return " ".join(["meshplan memory", str(values["model"]), *requests.flag_args(rest)])
 
 
 # --- published layouts that trained: does the bill fit, and if not, what unstated saving would ------------------

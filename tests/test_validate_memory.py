@@ -78,3 +78,20 @@ def test_cases_use_schema_names_only() -> None:
 def test_best_constant_by_hand() -> None:
     # guessing 2 for (1, 2, 4): errors 1, 0, 0.5 -> 0.5; guessing 1: 0, 0.5, 0.75 -> 0.4167; 4: 3, 1, 0 -> 1.33
     assert best_constant_error([1.0, 2.0, 4.0]) == pytest.approx(1.25 / 3)
+
+
+@pytest.mark.parametrize("index", [12, 18, 29])
+def test_a_case_command_typed_into_the_cli_bills_what_validate_billed(
+    index: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command each case prints (schema values as flags, spec.requests.flag_args) is the case: run through
+    `meshplan memory`, it bills the heaviest stage validate billed (FSDP, TP x FSDP x PP, CP x TP x PP cases)."""
+    import json
+    import shlex
+
+    from meshplan.cli import main
+
+    row = result()["runs"][index]
+    assert main([*shlex.split(row["command"])[1:], "--json"]) in (0, None)
+    typed = json.loads(capsys.readouterr().out)
+    assert typed["per_gpu"]["total_bytes"] == pytest.approx(row["memory_bytes_per_gpu"], rel=1e-12)

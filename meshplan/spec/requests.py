@@ -917,6 +917,19 @@ def field(name: str) -> Field:
     return BY_NAME[name]
 
 
+def flag_args(values: Mapping[str, Any]) -> list[str]:
+    """Schema values (by field name) as the command-line arguments that set them: a true switch as its flag, a
+    false one and an unset value left out, a float written so that it parses back to itself."""
+    args: list[str] = []
+    for key, value in values.items():
+        flag = field(key).flag
+        if isinstance(value, bool):
+            args += [flag] if value else []
+        elif value is not None:
+            args += [flag, repr(value) if isinstance(value, float) else str(value)]
+    return args
+
+
 def parse_values(values: Mapping[str, Any], *, allowed: Iterable[Field], what: str) -> dict[str, Any]:
     """Parse a mapping of field names to raw values (a run file's table, a compare string's items).
 
