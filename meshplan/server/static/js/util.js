@@ -222,8 +222,11 @@ export function markResults(node, state) {
 // An aborted request leaves the marks to the request that replaced it.
 export async function tracked(node, request) {
   markResults(node, "busy");
+  const mine = (node.dataset.generation = String(Number(node.dataset.generation || 0) + 1));
   try {
     const out = await request();
+    // a later request for the same results is on its way: this answer is superseded, never drawn over that one
+    if (node.dataset.generation !== mine) throw new DOMException("superseded", "AbortError");
     markResults(node, null);
     return out;
   } catch (err) {
