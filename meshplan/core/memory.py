@@ -528,6 +528,51 @@ def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> 
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageActivations:
+    """What one GPU of a stage holds for its micro-batches (bytes): none of it reads the ZeRO stage or the split of
+    the data-parallel ranks, so a batch of layouts may bill it once per group of layouts alike in the rest."""
+
+    saved: Num
+    logits: Num
+    workspace: Num
+
+
+def stage_activations(
+    model: ModelSpec,
+    params: ParamCount,
+    lay: LayoutLike,
+    workload: Workload,
+    *,
+    stage: Num,
+    layer_acts: LayerActivations | None = None,
+    held: StageParams | None = None,
+) -> StageActivations:
+    """Saved activations, logits and recompute workspace of one GPU on pipeline stage ``stage`` (``held``: its
+    parameters when known)."""
+    held = held or stage_params(
+        params,
+        model,
+        tp=lay.tp,
+        pp=lay.pp,
+        ep=lay.ep,
+        stage=stage,
+        copies=pipeline.stage_copies(lay.schedule),
+        split=workload.conditions.stage_split,
+        etp=lay.etp,
+    )
+    saved, logits, workspace = _stage_activations(
+        model,
+        lay,
+        workload,
+        stage=stage,
+        held=held,
+        la=layer_acts or layer_activations(model, lay, workload),
+        frozen=_frozen_activation_layers(model, lay, workload, stage=stage, held=held),
+    )
+    return StageActivations(saved=saved, logits=logits, workspace=workspace)
+
+
 def stage_bill(
     model: ModelSpec,
     params: ParamCount,
@@ -537,8 +582,12 @@ def stage_bill(
     calibration: GpuCalibration,
     stage: Num,
     layer_acts: LayerActivations | None = None,
+    activations: StageActivations | None = None,
 ) -> MemoryBill:
-    """The bill of one GPU on pipeline stage ``stage``; ``layout`` is a Layout or a batch of them."""
+    """The bill of one GPU on pipeline stage ``stage``; ``layout`` is a Layout or a batch of them.
+
+    ``activations``: the stage's activations when already billed (``stage_activations``), else billed here.
+    """
     lay = layout
     copies = pipeline.stage_copies(lay.schedule)
     split = workload.conditions.stage_split
@@ -547,16 +596,8 @@ def stage_bill(
     )
     st = _stage_state(model, params, lay, workload, stage=stage, held=held)
     dequant = where(finetune.quantized_base(workload.finetune), 2.0 * finetune.largest_matrix(model, tp=lay.tp), 0.0)
-    layer_acts = layer_acts or layer_activations(model, lay, workload)
-    acts, logits, workspace = _stage_activations(
-        model,
-        lay,
-        workload,
-        stage=stage,
-        held=held,
-        la=layer_acts,
-        frozen=_frozen_activation_layers(model, lay, workload, stage=stage, held=held),
-    )
+    a = activations or stage_activations(model, params, lay, workload, stage=stage, layer_acts=layer_acts, held=held)
+    acts, logits, workspace = a.saved, a.logits, a.workspace
     dynamic = acts + logits + workspace + dequant + st.gathered
     return MemoryBill(
         weights_bytes=to_float(st.weights),

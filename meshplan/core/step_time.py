@@ -16,12 +16,16 @@ compute it overlaps. The optimizer step streams the sharded state at HBM speed.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
+
 from meshplan.core import finetune, pipeline
-from meshplan.core.comm import CollectiveCall, StageShape, inventory
+from meshplan.core.comm import CollectiveCall, StageShape, dp_calls, model_parallel_calls
 from meshplan.core.compute import ComputeSetup, LayerTime, head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
+from meshplan.core.groups import DATA_PARALLEL_SPLIT, model_parallel_groups, spread, take_rows
 from meshplan.core.memory import (
     StageParams,
     candidates,
@@ -38,7 +42,7 @@ from meshplan.spec.cluster import Cluster
 from meshplan.spec.conditions import Selective
 from meshplan.spec.layout import ContextParallel, LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
-from meshplan.spec.workload import Workload
+from meshplan.spec.workload import Framework, Workload
 from meshplan.units import DTYPE_BYTES, DType
 
 
@@ -338,6 +342,79 @@ def _exposed_per_micro_batch(
     }
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _ModelParallelStep:
+    """The slowest stage's micro-batch with its TP, CP, EP and PP traffic: all a step needs but the data-parallel
+    part (which alone reads the ZeRO stage and the split of the data-parallel ranks)."""
+
+    times: StageTimes
+    shape: StageShape
+    calls: list[CollectiveCall]
+    exposed: dict[str, Num]
+    fwd_s: Num
+    bwd_s: Num
+    pp_s: Num
+
+
+def _model_parallel_step(
+    model: ModelSpec,
+    params: ParamCount,
+    lay: LayoutLike,
+    work: Workload,
+    cluster: Cluster,
+    placement: dict[str, AxisPlacement],
+) -> _ModelParallelStep:
+    """Per micro-batch compute of the slowest stage, its exposed TP, CP and EP traffic, and its pipeline sends.
+
+    Each term takes its maximum over the stages, found on the stage table's candidates (``memory.candidates``).
+    """
+    m = pipeline.micro_batches(work.global_batch, micro_batch=lay.micro_batch, dp=lay.dp_replicate * lay.dp_shard)
+    copies = pipeline.stage_copies(lay.schedule)
+    stages = candidates(model, lay, work)
+    times = stage_times(model, lay, work, cluster, stages=stages)
+    shape = _stage_shape(model, params, lay, work, stages=stages, times=times, copies=copies, m=m)
+    calls = model_parallel_calls(model, lay, work, cluster, placement, shape)
+    x = _exposed_per_micro_batch(calls, times, copies=copies, m=m, cluster=cluster, work=work)
+    fwd_c, bwd_c = times.fwd_compute_s * copies, times.bwd_compute_s * copies
+    chunk = where(lay.pp > 1, lay.vpp * cluster.gpu.calibration.pipeline_step_overhead_s, 0.0)
+    return _ModelParallelStep(
+        times=times,
+        shape=shape,
+        calls=calls,
+        exposed=x,
+        fwd_s=fwd_c + x["tp_f"] + x["cp_f"] + x["ep_f"] + chunk,
+        bwd_s=bwd_c + x["tp_b"] + x["cp_b"] + x["ep_b"] + chunk,
+        pp_s=_pp_exposed(calls, lay=lay, m=m, ov_pp=work.overlap.pp) + 2 * m * chunk,
+    )
+
+
+def _grouped_model_parallel_step(
+    model: ModelSpec,
+    params: ParamCount,
+    lay: LayoutLike,
+    work: Workload,
+    cluster: Cluster,
+    placement: dict[str, AxisPlacement],
+    *,
+    calls: bool,
+) -> _ModelParallelStep:
+    """``_model_parallel_step``, on a large batch once per group of layouts equal in every field it reads (all
+    but the ZeRO stage and the split of the data-parallel ranks, with the placement of every other axis)."""
+    read = [p for axis, p in placement.items() if axis not in DATA_PARALLEL_SPLIT]
+    extra = [getattr(p, k) for p in read for k in ("size", "stride", "inner", "outer")]
+    if work.framework is Framework.TORCH:  # the Partial norm gradients' TP all-reduces ask whether FSDP shards
+        extra.append((lay.zero >= ZeroStage.PARAMETERS) & (lay.dp_shard * lay.cp > 1))
+    groups = model_parallel_groups(lay, extra)
+    if groups is None:
+        return _model_parallel_step(model, params, lay, work, cluster, placement)
+    n = int(np.size(lay.tp))
+    one = take_rows(lay, groups.first, n)
+    step = _model_parallel_step(model, params, one, work, cluster, take_rows(placement, groups.first, n))
+    if not calls:  # their times are in the step's terms already: copying them back is for reports only
+        step = dataclasses.replace(step, calls=[])
+    return spread(step, groups)  # type: ignore[no-any-return]
+
+
 def _stage_step(
     model: ModelSpec,
     params: ParamCount,
@@ -347,20 +424,13 @@ def _stage_step(
     placement: dict[str, AxisPlacement],
     *,
     m: Num,
+    calls: bool,
 ) -> StageStep:
-    """Per micro-batch compute and exposed traffic of the slowest stage, and its per-step traffic.
-
-    Each term takes its maximum over the stages, found on the stage table's candidates (``memory.candidates``).
-    """
-    copies = pipeline.stage_copies(lay.schedule)
-    stages = candidates(model, lay, work)
-    times = stage_times(model, lay, work, cluster, stages=stages)
-    shape = _stage_shape(model, params, lay, work, stages=stages, times=times, copies=copies, m=m)
-    calls = inventory(model, lay, work, cluster, placement, shape)
-    x = _exposed_per_micro_batch(calls, times, copies=copies, m=m, cluster=cluster, work=work)
-    fwd_c, bwd_c = times.fwd_compute_s * copies, times.bwd_compute_s * copies
-    chunk = where(lay.pp > 1, lay.vpp * cluster.gpu.calibration.pipeline_step_overhead_s, 0.0)
-    fwd, bwd = fwd_c + x["tp_f"] + x["cp_f"] + x["ep_f"] + chunk, bwd_c + x["tp_b"] + x["cp_b"] + x["ep_b"] + chunk
+    """Per micro-batch compute and exposed traffic of the slowest stage, and its per-step traffic (``calls``:
+    with the collectives; without, ``StageStep.calls`` is empty)."""
+    mp = _grouped_model_parallel_step(model, params, lay, work, cluster, placement, calls=calls)
+    shape, x = mp.shape, mp.exposed
+    data = dp_calls(model, lay, work, cluster, placement, shape)
     sharded = StageParams(
         dense=shape.trained_dense_params,
         experts=shape.trained_expert_params,
@@ -369,17 +439,18 @@ def _stage_step(
         moe_layers=0,
     )
     eff = cluster.gpu.calibration.overlap_efficiency
+    copies = pipeline.stage_copies(lay.schedule)
     return StageStep(
-        fwd_s=fwd,
-        bwd_s=bwd,
-        compute_s=fwd_c + bwd_c,
+        fwd_s=mp.fwd_s,
+        bwd_s=mp.bwd_s,
+        compute_s=mp.times.fwd_compute_s * copies + mp.times.bwd_compute_s * copies,
         tp_s=x["tp_f"] + x["tp_b"],
         cp_s=x["cp_f"] + x["cp_b"],
         ep_s=x["ep_f"] + x["ep_b"],
-        pp_s=_pp_exposed(calls, lay=lay, m=m, ov_pp=work.overlap.pp) + 2 * m * chunk,
-        dp_s=_dp_exposed(calls, fwd_s=fwd, bwd_s=bwd, m=m, work=work, efficiency=eff),
+        pp_s=mp.pp_s,
+        dp_s=_dp_exposed(data, fwd_s=mp.fwd_s, bwd_s=mp.bwd_s, m=m, work=work, efficiency=eff),
         optimizer_s=_optimizer_time(model, lay, work, cluster, sharded),
-        calls=calls,
+        calls=mp.calls + data if calls else [],
     )
 
 
@@ -457,12 +528,15 @@ def step_time(
     work: Workload,
     cluster: Cluster,
     placement: dict[str, AxisPlacement],
+    *,
+    calls: bool = True,
 ) -> tuple[StepTime, list[CollectiveCall]]:
-    """Step time of a layout (or a batch of layouts) and the collectives of its slowest stage's GPU."""
+    """Step time of a layout (or a batch of layouts) and the collectives of its slowest stage's GPU (``calls``
+    False: no collectives listed, for a search that needs only the times)."""
     pp = lay.pp
     dp = lay.dp_replicate * lay.dp_shard
     m = pipeline.micro_batches(work.global_batch, micro_batch=lay.micro_batch, dp=dp)
-    st = _stage_step(model, params, lay, work, cluster, placement, m=m)
+    st = _stage_step(model, params, lay, work, cluster, placement, m=m, calls=calls)
     copies = pipeline.stage_copies(lay.schedule)
     bubble = _bubble(lay.schedule, pp=pp, vpp=lay.vpp, t_f=st.fwd_s / copies, t_b=st.bwd_s / copies)
     exposed = m * (st.tp_s + st.cp_s + st.ep_s) / copies + st.pp_s + st.dp_s

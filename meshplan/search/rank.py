@@ -23,12 +23,14 @@ import numpy as np
 import numpy.typing as npt
 
 from meshplan.core.constraints import RULES
+from meshplan.core.groups import model_parallel_groups, take_rows
 from meshplan.core.memory import (
     TERMS,
     LayerActivations,
     MemoryBill,
     candidates,
     layer_activations,
+    stage_activations,
     stage_bill,
     state_bytes,
 )
@@ -327,7 +329,7 @@ def _evaluate_chunk(
         return None
     feasible = batch_ok.take(still)
     placement = place(mesh_sizes(feasible), order=order, domain=cluster.domain_size)
-    step, _ = step_time(model, params, feasible, workload, cluster, placement)
+    step, _ = step_time(model, params, feasible, workload, cluster, placement, calls=False)
     return feasible, step, bill
 
 
@@ -345,8 +347,10 @@ def fitting_bill(
     The bills of ``peak_bill``, stage by stage over the candidate stages, but a layout whose running maximum is
     over budget is dropped at once and its later stages are not billed: one stage over budget is the verdict.
     """
-    acts = layer_activations(model, layouts, workload)
     n = len(layouts)
+    groups = model_parallel_groups(layouts)  # activations read neither the ZeRO stage nor the data-parallel split
+    alike = layouts if groups is None else layouts.take(groups.first)
+    acts = layer_activations(model, alike, workload)
     alive = np.arange(n)
     best: MemoryBill | None = None
     billed: list[npt.NDArray[np.int64]] = []  # the stages each layout has been billed on, one array per round
@@ -361,6 +365,18 @@ def fitting_bill(
             continue
         rows = alive[fresh]
         whole = len(rows) == n  # nothing dropped nor skipped yet: no copies
+        if groups is None:
+            activations = stage_activations(
+                model,
+                params,
+                layouts if whole else layouts.take(rows),
+                workload,
+                stage=candidate if whole else stage[rows],
+                layer_acts=acts if whole else _rows_of(acts, rows),
+            )
+        else:  # billed once per group, then copied to the group's live layouts
+            per_group = stage_activations(model, params, alike, workload, stage=stage[groups.first], layer_acts=acts)
+            activations = take_rows(per_group, groups.inverse[rows], len(groups))
         bill = stage_bill(
             model,
             params,
@@ -368,7 +384,7 @@ def fitting_bill(
             workload,
             calibration=calibration,
             stage=candidate if whole else stage[rows],
-            layer_acts=acts if whole else _rows_of(acts, rows),
+            activations=activations,
         )
         best = bill if best is None else _merge(best, bill, fresh, len(alive))
         keep = np.flatnonzero(np.asarray(best.total_bytes) * np.ones(len(alive)) <= budget)

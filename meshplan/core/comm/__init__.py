@@ -41,14 +41,22 @@ from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
-__all__ = ["CollectiveCall", "StageShape", "inventory"]
+__all__ = ["CollectiveCall", "StageShape", "dp_calls", "inventory", "model_parallel_calls"]
 
 
 def inventory(
     model: ModelSpec, lay: object, work: Workload, cl: Cluster, pl: dict[str, AxisPlacement], st: StageShape
 ) -> list[CollectiveCall]:
     """All collectives of one step on a GPU of the stage described by ``st``."""
+    return model_parallel_calls(model, lay, work, cl, pl, st) + dp_calls(model, lay, work, cl, pl, st)
+
+
+def model_parallel_calls(
+    model: ModelSpec, lay: object, work: Workload, cl: Cluster, pl: dict[str, AxisPlacement], st: StageShape
+) -> list[CollectiveCall]:
+    """The TP, CP, EP and pipeline collectives: those that read neither the ZeRO stage nor the placement of
+    the data-parallel axes (the data-parallel ones are ``dp_calls``)."""
     calls: list[CollectiveCall] = []
-    for build in (tp_calls, cp_calls, ep_calls, pp_calls, dp_calls):
+    for build in (tp_calls, cp_calls, ep_calls, pp_calls):
         calls += build(model, lay, work, cl, pl, st)
     return calls
