@@ -4,11 +4,13 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from meshplan import io
 from meshplan.core.plan import evaluate
 from meshplan.reports.inputs import resolve_cluster
-from meshplan.search.rank import OOM, TP_CROSSES, pareto_front, search
+from meshplan.search.rank import OOM, TP_CROSSES, lex_order, pareto_front, search
 from meshplan.search.space import LayoutBatch, SearchSpace, enumerate_layouts
 from meshplan.spec.conditions import Conditions, StageSplit
 from meshplan.spec.finetune import Finetune, FinetuneMode
@@ -179,3 +181,11 @@ def test_dropping_a_layout_at_its_first_stage_over_budget_keeps_every_verdict_an
     assert 0 < fits.sum() < len(layouts)
     assert np.array_equal(fits, totals <= budget)
     assert np.allclose(np.asarray(bill.total_bytes) * np.ones(int(fits.sum())), totals[fits], rtol=1e-12)
+
+
+@given(st.lists(st.tuples(st.sampled_from([0.5, 1.0, 2.0, 7.25]), st.floats(0, 1e12, allow_nan=False)), max_size=300))
+def test_lex_order_is_lexsort(rows: list[tuple[float, float]]) -> None:
+    """The ranking's sort equals numpy's lexsort on the same keys, ties (frequent: equal step times) included."""
+    times = np.array([r[0] for r in rows], dtype=np.float64)
+    memory = np.array([r[1] for r in rows], dtype=np.float64)
+    assert np.array_equal(lex_order(times, memory), np.lexsort((memory, times)))

@@ -583,16 +583,24 @@ def stage_bill(
     stage: Num,
     layer_acts: LayerActivations | None = None,
     activations: StageActivations | None = None,
+    held: StageParams | None = None,
 ) -> MemoryBill:
     """The bill of one GPU on pipeline stage ``stage``; ``layout`` is a Layout or a batch of them.
 
-    ``activations``: the stage's activations when already billed (``stage_activations``), else billed here.
+    ``activations`` and ``held``: the stage's activations (``stage_activations``) and parameters
+    (``stage_params``) when already known, else found here.
     """
     lay = layout
-    copies = pipeline.stage_copies(lay.schedule)
-    split = workload.conditions.stage_split
-    held = stage_params(
-        params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=stage, copies=copies, split=split, etp=lay.etp
+    held = held or stage_params(
+        params,
+        model,
+        tp=lay.tp,
+        pp=lay.pp,
+        ep=lay.ep,
+        stage=stage,
+        copies=pipeline.stage_copies(lay.schedule),
+        split=workload.conditions.stage_split,
+        etp=lay.etp,
     )
     st = _stage_state(model, params, lay, workload, stage=stage, held=held)
     dequant = where(finetune.quantized_base(workload.finetune), 2.0 * finetune.largest_matrix(model, tp=lay.tp), 0.0)
