@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from meshplan import io
 from meshplan.core.finetune import trainable_params, validate_finetune
@@ -236,6 +236,17 @@ def layout_dict(layout: Layout) -> dict[str, Any]:
         "cp_kind": layout.cp_kind.name.lower().replace("_", "-"),
         "micro_batch": layout.micro_batch,
     }
+
+
+class FleetArgs(TypedDict, total=False):
+    """The fleet's keyword arguments beyond the GPU kind and count (``resolve_cluster``'s)."""
+
+    node_size: int | None
+    scale_out: str | None
+    scale_out_bandwidth: float | None
+    nics_per_node: int | None
+    oversubscription: float | None
+    profile: str | None
 
 
 def resolve_cluster(

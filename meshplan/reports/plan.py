@@ -6,7 +6,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from meshplan.reports.conditions import workload_kwargs
 from meshplan.reports.estimate import evaluated_plan_dict, placement_dict, uncertainty
 from meshplan.reports.inputs import (
     FinetuneRequest,
+    FleetArgs,
     LayoutRequest,
     choice,
     finetune_fields,
@@ -261,8 +262,6 @@ def plan_report(
     precision: str | None = None,
     attention: str | None = None,
     kernels: str | None = None,
-    node_size: int | None = None,
-    scale_out: str | None = None,
     axis_order: str | None = None,
     explain: bool = False,
     compare: str | None = None,
@@ -273,17 +272,13 @@ def plan_report(
     training_engine: str | None = None,
     max_gpus: int = MAX_GPUS,
     conditions: Mapping[str, Any] | None = None,
-    scale_out_bandwidth: float | None = None,
-    nics_per_node: int | None = None,
-    oversubscription: float | None = None,
-    profile: str | None = None,
+    **fleet_args: Unpack[FleetArgs],
 ) -> dict[str, Any]:
     """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for.
 
-    ``pins`` keeps only layouts with the layout fields it sets; ``training_engine`` only those that engine's
-    export accepts, so that ``meshplan export ENGINE --from-plan`` runs what the plan picked. ``max_gpus``
-    bounds the fleets the fewest-gpus objective tries (the API passes its own cap).
-    """
+    ``pins`` keeps layouts with the fields it sets; ``training_engine`` those its export accepts (``export
+    --from-plan`` runs what was picked); ``max_gpus`` bounds the fewest-gpus objective's fleets; ``fleet_args``:
+    ``resolve_cluster``'s."""
     spec = io.load_model(model) if isinstance(model, str) else model
     ft = resolve_finetune(finetune, spec) if finetune else None
     _check_numbers(
@@ -292,37 +287,22 @@ def plan_report(
     order = resolve_order(axis_order)
     set_by, shown = workload_kwargs(conditions, precision=precision, attention=attention, kernels=kernels)
     work = _workload(seq, global_batch_tokens // seq, set_by, ft)
-    fleet = functools.partial(
-        resolve_cluster,
-        gpu=gpu,
-        node_size=node_size,
-        scale_out=scale_out,
-        scale_out_bandwidth=scale_out_bandwidth,
-        nics_per_node=nics_per_node,
-        oversubscription=oversubscription,
-        profile=profile,
-    )
+    fleet = functools.partial(resolve_cluster, gpu=gpu, **fleet_args)
     rules: dict[str, Any] = dict(headroom=headroom, allow_cross_node_tp=allow_cross_node_tp, order=order)
     obj, fewest, gpus = _fleet_size(spec, fleet, work, gpus, objective, tokens, days, rules, max_gpus)
     cluster = fleet(gpus=gpus)
     result, plans = run_search(spec, cluster, work, top=top, objective=obj, pins=pins, engine=training_engine, **rules)
     out: dict[str, Any] = {
-        "model": spec.name,
-        "gpu": cluster.gpu.name,
-        "gpus": cluster.num_gpus,
-        "seq": seq,
-        "global_batch": work.global_batch,
-        "global_batch_tokens": global_batch_tokens,
+        **_run_fields(spec, cluster, work, global_batch_tokens),
         "objective": "fewest-gpus" if fewest else str(obj),
         "engine": training_engine,
         "headroom_fraction": headroom,
         **finetune_fields(spec, work.finetune),
         **shown,
         **_search_fields(result, plans),
-        "uncertainty": uncertainty(1.0, profile)["uncertainty"],
+        "uncertainty": uncertainty(1.0, fleet_args.get("profile"))["uncertainty"],
+        **({"fewest_gpus": fewest} if fewest else {}),
     }
-    if fewest:
-        out["fewest_gpus"] = fewest
     if not plans:
         out["nothing_fits"] = _what_would_fit(
             spec, cluster, work, result, headroom=headroom, allow=allow_cross_node_tp, order=order, tuning=ft
@@ -332,6 +312,18 @@ def plan_report(
         out["explain"] = _explanations(spec, cluster, work, plans, order, compare)
     data: dict[str, Any] = jsonable(out)
     return data
+
+
+def _run_fields(spec: ModelSpec, cluster: Cluster, work: Workload, global_batch_tokens: int) -> dict[str, Any]:
+    """What was planned for: the model, the fleet, the sequence and the batch."""
+    return {
+        "model": spec.name,
+        "gpu": cluster.gpu.name,
+        "gpus": cluster.num_gpus,
+        "seq": work.seq_len,
+        "global_batch": work.global_batch,
+        "global_batch_tokens": global_batch_tokens,
+    }
 
 
 def _time_to_train(plans: list[dict[str, Any]], tokens: float | None, gpus: int) -> None:
