@@ -57,7 +57,7 @@ _WHERE = {
     "search": "meshplan.search.rank",
     "SearchResult": "meshplan.search.rank",
     "SearchSpace": "meshplan.search.space",
-    "Objective": "meshplan.search.rank",
+    "Objective": "meshplan.search.order",
     # reports: the JSON answers of the CLI and the HTTP API
     "params_report": "meshplan.reports.params",
     "memory_report": "meshplan.reports.bills",

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from meshplan import io
 from meshplan.core.plan import evaluate
 from meshplan.reports.inputs import resolve_cluster
-from meshplan.search.rank import OOM, TP_CROSSES, lex_order, pareto_front, search
+from meshplan.search.order import lex_order, pareto_front
+from meshplan.search.rank import OOM, TP_CROSSES, search
 from meshplan.search.space import LayoutBatch, SearchSpace, enumerate_layouts
 from meshplan.spec.conditions import Conditions, StageSplit
 from meshplan.spec.finetune import Finetune, FinetuneMode

@@ -30,7 +30,8 @@ from meshplan.reports.inputs import (
     resolve_order,
     resolve_workload,
 )
-from meshplan.search.rank import Objective, SearchResult, search
+from meshplan.search.order import Objective
+from meshplan.search.rank import SearchResult, search
 from meshplan.search.space import SearchSpace
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.finetune import Finetune, FinetuneMode

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -43,6 +42,7 @@ from meshplan.core.placement import DEFAULT_ORDER, place
 from meshplan.core.plan import mesh_sizes
 from meshplan.core.step_time import StepTime, step_time
 from meshplan.core.training import peak_bill
+from meshplan.search.order import Objective, pareto_front, rank
 from meshplan.search.space import LayoutBatch, SearchSpace, layout_chunks
 from meshplan.spec.cluster import Cluster, GpuCalibration
 from meshplan.spec.layout import Layout
@@ -101,17 +101,6 @@ OOM = "OOM"
 TP_CROSSES = "TP crosses node"
 
 
-class Objective(StrEnum):
-    """What the planner ranks by."""
-
-    STEP_TIME = "step-time"
-    """Fastest optimizer step on the given fleet (highest throughput), memory headroom breaking ties."""
-    TOKENS_PER_GPU = "tokens-per-gpu"
-    """Most tokens per second per GPU (equal to step time on a fixed fleet)."""
-    HEADROOM = "headroom"
-    """Most free memory per GPU among layouts within 5% of the fastest."""
-
-
 MAX_TP_DOMAINS = 4
 """TP groups spanning more scale-up domains than this are not enumerated: every one of their per-layer
 collectives crosses the fabric, and tensor parallelism pays off up to the size of one server's NVLink domain
@@ -149,33 +138,6 @@ def _reject(mask: npt.NDArray[np.bool_], alive: npt.NDArray[np.bool_], reason: s
     if n:
         counts[reason] = counts.get(reason, 0) + n
         alive &= mask
-
-
-def _dense_rank(x: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
-    """0 for the smallest value of ``x``, 1 for the next distinct one, and so on (equal values, equal ranks)."""
-    order = np.argsort(x)
-    ordered = x[order]
-    rank = np.empty(len(x), dtype=np.int64)
-    rank[order] = np.concatenate(([0], np.cumsum(ordered[1:] != ordered[:-1])))
-    return rank
-
-
-def lex_order(primary: npt.NDArray[Any], secondary: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
-    """``np.lexsort((secondary, primary))``: by ``primary``, ties by ``secondary``, then by index; as one sort of
-    an integer key of the two ranks and the index (lexsort's two float passes are 2-3x slower)."""
-    n = len(primary)
-    if n**3 >= 2**63:  # the key would overflow
-        return np.lexsort((secondary, primary)).astype(np.int64)
-    key = (_dense_rank(primary) * n + _dense_rank(secondary)) * n + np.arange(n, dtype=np.int64)
-    return np.argsort(key).astype(np.int64)
-
-
-def pareto_front(times: npt.NDArray[np.float64], memory: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
-    """Indices of the points no other point beats on both step time and memory, fastest first."""
-    order = lex_order(times, memory)
-    mem = memory[order]
-    best_before = np.concatenate(([np.inf], np.minimum.accumulate(mem)[:-1]))
-    return order[mem < best_before].astype(np.int64)
 
 
 def search(
@@ -262,7 +224,7 @@ def _ranked(feasible: LayoutBatch, step: StepTime, bill: MemoryBill, objective: 
     """The feasible layouts, their step times and bills in the objective's order, and their Pareto front."""
     times = np.asarray(step.step_time_s, dtype=np.float64) * np.ones(len(feasible))
     total = np.asarray(bill.total_bytes, dtype=np.float64) * np.ones(len(feasible))
-    ranking = _rank(times, total, objective)
+    ranking = rank(times, total, objective)
     step, bill = _take(step, ranking), _take(bill, ranking)
     front = pareto_front(np.asarray(step.step_time_s) * np.ones(len(ranking)), np.asarray(bill.total_bytes))
     return {"candidates": feasible.take(ranking), "step": step, "memory": bill, "pareto": front}
@@ -501,16 +463,6 @@ def _join(objs: list[Any], sizes: list[int]) -> Any:
 
 def _empty(cls: type[Any]) -> Any:
     return cls(**{f.name: np.zeros(0) for f in dataclasses.fields(cls)})
-
-
-def _rank(
-    times: npt.NDArray[np.float64], memory: npt.NDArray[np.float64], objective: Objective
-) -> npt.NDArray[np.int64]:
-    """Candidate order: fastest first with less memory breaking ties, or most headroom near the fastest."""
-    if objective is Objective.HEADROOM and len(times):
-        near = times <= times.min() * 1.05
-        return np.lexsort((times, memory, ~near))
-    return lex_order(np.round(times, 9), memory)
 
 
 def _take(obj: Any, index: npt.NDArray[np.int64]) -> Any:
