@@ -105,17 +105,20 @@ def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
         )
     sens = calibration.sensitivities(lambda p: _rows(runs, p))
     which = calibration.identified(sens)
-    free = [name for name, ok in which.items() if ok]
-    if not free:
+    identified = [name for name, ok in which.items() if ok]
+    if not identified:
         raise ValueError("these runs cannot identify any constant: no run's time moves with compute or bandwidth")
-    if len(runs) < len(free) + 1:
-        raise ValueError(f"{len(runs)} runs cannot fit {len(free)} scales and say how far off the fit is")
+    # each identified scale alone, and both together where both are: the choice whose leave-one-run-out error is
+    # least (a handful of runs of one source rarely separates compute from network: fitting both then overfits)
+    choices = [[name] for name in identified] + ([identified] if len(identified) > 1 else [])
+    choices = [c for c in choices if len(runs) >= len(c) + 1]
+    if not choices:
+        raise ValueError(f"{len(runs)} runs cannot fit a scale and say how far off the fit is")
+    held_by_choice: dict[tuple[str, ...], list[float]] = {tuple(c): _held_out(sens, c) for c in choices}
+    best: tuple[str, ...] = min(held_by_choice, key=lambda c: (statistics.mean(held_by_choice[c]), len(c)))
+    free = list(best)
+    held = held_by_choice[tuple(free)]
     fitted = calibration.fit(sens, free=free)
-    held = []
-    for i, r in enumerate(sens):
-        others = [s for j, s in enumerate(sens) if j != i]
-        profile = calibration.fit(others, free=free).profile
-        held.append(abs(r.error(calibration.predict(r, profile))))
     before = [abs(_error(run, p)) for run, p in zip(runs, predict(runs, IDENTITY), strict=True)]
     after = [abs(_error(run, p)) for run, p in zip(runs, predict(runs, fitted.profile), strict=True)]
     profile = Profile(
@@ -127,11 +130,21 @@ def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
     )
     numbers = {
         "runs": len(runs),
+        "held_out_by_choice": {"+".join(c): statistics.mean(h) for c, h in held_by_choice.items()},
         "mean_abs_error_before": statistics.mean(before),
         "mean_abs_error_fitted": statistics.mean(after),
         "mean_abs_error_held_out": statistics.mean(held),
     }
     return profile, {"identified": which, "fitted": free, **numbers}
+
+
+def _held_out(sens: list[calibration.Sensitivity], free: list[str]) -> list[float]:
+    """Each run's |error| predicted with ``free`` fitted on all the other runs (first order in the scales)."""
+    held = []
+    for i, r in enumerate(sens):
+        profile = calibration.fit([s for j, s in enumerate(sens) if j != i], free=free).profile
+        held.append(abs(r.error(calibration.predict(r, profile))))
+    return held
 
 
 def calibrate_report(path: str, *, out: str | None = None) -> dict[str, Any]:

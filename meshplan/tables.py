@@ -703,6 +703,8 @@ def _calibrate(r: dict[str, Any]) -> str:
         f"profile: compute_scale {p['compute_scale']:.3f}, comm_scale {p['comm_scale']:.3f} "
         f"(fitted: {', '.join(r['fitted'])}; not identified by these runs: "
         f"{', '.join(k for k, ok in r['identified'].items() if not ok) or 'none'})",
+        "chosen by the least error held out: "
+        + ", ".join(f"{k.replace('+', ' and ')} {percent(v)}" for k, v in r["held_out_by_choice"].items()),
         f"mean |error| over {r['runs']} runs: {percent(r['mean_abs_error_before'])} with the catalog, "
         f"{percent(r['mean_abs_error_fitted'])} fitted, {percent(r['mean_abs_error_held_out'])} held out "
         "(each run predicted from the others)",

@@ -1,0 +1,89 @@
+"""`meshplan calibrate` on published sources, each taken as one user's cluster.
+
+    python benchmarks/calibrate_sources.py [--draws 10] [--fit 10]
+
+For each source whose runs are one cluster and whose metric calibrate takes (tokens per second per GPU or
+iteration time), every run is typed as a user would (``validate.estimate_args``: its flags, the layout validate
+picks, the paper's model as a model file), ``--fit`` of them chosen at random are the user's measured runs, and
+the others are predicted before and after the fit. Sources with fewer than 2 x ``--fit`` runs fit on half. Each
+source is drawn ``--draws`` times; the medians of the held-out runs' mean |error| are printed, with the scales
+calibrate chose. The issue's target: from 10 runs, the error on the cluster's other runs at least halves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from meshplan import io
+from meshplan.calibrate import MeasuredRun, fit_runs, predict
+from meshplan.spec.profile import IDENTITY
+from meshplan.validate import _model, estimate_args, run_case, sources
+
+METRICS = {"tokens_per_s_per_gpu": "tokens_per_s_per_gpu", "iteration_time_s": "step_time_s"}
+CLUSTERS = (
+    "llm_foundry_a100",
+    "llm_foundry_h100",
+    "torchtitan_h100",
+    "torchtitan_a100",
+    "megascale2024",
+    "korthikanti2022",
+)
+"""Sources that are one cluster each (one GPU kind and fabric) with a metric calibrate takes."""
+
+
+def typed_runs(source: str, folder: Path) -> list[MeasuredRun]:
+    """Every run of ``source`` as the estimate arguments a user types, with its published value."""
+    data = sources()[source]
+    metric = data["source"]["metric"]
+    runs = []
+    for i, raw in enumerate(data["case"]):
+        case = {**data.get("defaults", {}), **raw}
+        layout = run_case(source, case, metric).layout
+        model = None
+        if case.get("model_overrides"):
+            path = folder / f"{source}-{i}.toml"
+            path.write_text(io.model_to_toml(_model(case)), encoding="utf-8")
+            model = str(path)
+        args = estimate_args(case, layout, model=model)[1:]  # without the command name
+        runs.append(MeasuredRun(args=tuple(args), metric=METRICS[metric], measured=float(case["measured"])))
+    return runs
+
+
+def _mean_error(runs: list[MeasuredRun], predicted: list[float]) -> float:
+    return statistics.mean(abs(p / r.measured - 1) for r, p in zip(runs, predicted, strict=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--draws", type=int, default=10)
+    parser.add_argument("--fit", type=int, default=10)
+    args = parser.parse_args()
+    print(f"{'source':<18} {'runs':>4} {'fit':>3} {'held out: catalog':>18} {'fitted':>7}  scales chosen (draws)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for source in CLUSTERS:
+            runs = typed_runs(source, Path(tmp))
+            k = args.fit if len(runs) >= 2 * args.fit else len(runs) // 2
+            rng = random.Random(source)
+            before, after, chosen = [], [], []
+            for _ in range(args.draws):
+                picked = set(rng.sample(range(len(runs)), k))
+                train = [r for i, r in enumerate(runs) if i in picked]
+                test = [r for i, r in enumerate(runs) if i not in picked]
+                profile, numbers = fit_runs(train)
+                before.append(_mean_error(test, predict(test, IDENTITY)))
+                after.append(_mean_error(test, predict(test, profile)))
+                chosen.append("+".join(numbers["fitted"]).replace("_scale", ""))
+            picks = ", ".join(f"{c} {chosen.count(c)}" for c in sorted(set(chosen)))
+            b, a = statistics.median(before), statistics.median(after)
+            print(f"{source:<18} {len(runs):>4} {k:>3} {100 * b:>17.1f}% {100 * a:>6.1f}%  {picks}")
+
+
+if __name__ == "__main__":
+    main()
