@@ -55,6 +55,8 @@ class LayoutBatch:
 
     def take(self, index: npt.NDArray[np.int64] | npt.NDArray[np.bool_]) -> LayoutBatch:
         """The candidates at ``index`` (an index array or a mask)."""
+        if index.dtype == np.bool_:  # a mask is counted again for every field it indexes: once is enough
+            index = np.flatnonzero(index)
         return LayoutBatch(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
     def layout(self, i: int) -> Layout:
