@@ -267,10 +267,14 @@ def _model_state(
     master copy (the QLoRA reference training script).
     """
     shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep, tp=lay.tp, etp=lay.etp)
+    divisors: dict[ZeroStage, tuple[Num, Num]] = {}
 
     def sharded(dense: Num, experts: Num, from_stage: ZeroStage) -> Num:
-        on = lay.zero >= from_stage
-        return dense / where(on, shard, 1) + experts / where(on, expert_shard, 1)
+        if from_stage not in divisors:  # each stage's divisors once (a search's arrays are long)
+            on = lay.zero >= from_stage
+            divisors[from_stage] = where(on, shard, 1), where(on, expert_shard, 1)
+        d, e = divisors[from_stage]
+        return dense / d + experts / e
 
     prec = workload.precision
     ft = workload.finetune
@@ -281,13 +285,13 @@ def _model_state(
         weights = base * (share * nf4 + (1 - share) * DTYPE_BYTES[DType.BF16])
     else:
         weights = base * prec.weight_bytes
+    optimizer_held = sharded(tr.train_dense, tr.train_experts, ZeroStage.OPTIMIZER)
     return (
         weights,
         sharded(tr.adapter_dense, tr.adapter_experts, ZeroStage.PARAMETERS) * prec.weight_bytes,
         sharded(tr.train_dense, tr.train_experts, ZeroStage.GRADIENTS) * prec.grad_bytes,
-        sharded(tr.train_dense, tr.train_experts, ZeroStage.OPTIMIZER)
-        * (0.0 if finetune.quantized_base(ft) else prec.master_bytes),
-        sharded(tr.train_dense, tr.train_experts, ZeroStage.OPTIMIZER) * moment_bytes_per_param(model, workload),
+        optimizer_held * (0.0 if finetune.quantized_base(ft) else prec.master_bytes),
+        optimizer_held * moment_bytes_per_param(model, workload),
     )
 
 
