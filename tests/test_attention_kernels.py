@@ -72,6 +72,21 @@ def test_kernel_generations_rank_as_published() -> None:
     assert fa3 > cudnn > fa2 > fa1
 
 
+@pytest.mark.parametrize("generation", ["ampere", "hopper"])
+def test_the_triton_kernel_runs_flashattention_2s_forward_and_flashattention_1s_backward(generation: str) -> None:
+    """llm-foundry's attn_impl triton (flash-attn's flash_attn_triton.py): no table of its own; its forward is
+    FlashAttention-2's loop order, its backward FlashAttention 1's algorithm; fwd + bwd lies between the two."""
+    kw = dict(seq_len=np.array([512.0, 4096, 65536]), head_dim=128, causal=True, generation=generation)
+    triton = attention_shares(kernel=AttentionKernel.FA_TRITON, **kw)
+    fa1, fa2 = (attention_shares(kernel=k, **kw) for k in (AttentionKernel.FA1, AttentionKernel.FA2))
+    assert np.array_equal(triton[0], fa2[0]) and np.array_equal(triton[1], fa1[1])
+
+    def both(shares):  # type: ignore[no-untyped-def]
+        return 3.5 / (1 / shares[0] + 2.5 / shares[1])
+
+    assert np.all(both(fa1) < both(triton)) and np.all(both(triton) < both(fa2))
+
+
 def test_a_kernel_without_tables_is_refused() -> None:
     with pytest.raises(ValueError, match="ampere/cudnn"):
         attention_shares(seq_len=4096, head_dim=128, causal=True, kernel=AttentionKernel.CUDNN, generation="ampere")

@@ -8,7 +8,9 @@ are shares of peak; a GPU kind's calibration names the generation whose tables d
 points the share is linear in log2(sequence) and in log2(head dim); outside them it is held at the end
 point (at 16K every kernel has reached its plateau). Forward-only tables get their backward share from the
 same GPU's FlashAttention-2 pair (forward and forward + backward at the same point): backward / forward rate
-0.70-0.97 there, rising with the sequence. Every function runs on scalars and on numpy arrays of layouts.
+0.70-0.97 there, rising with the sequence. A kernel no table measures is priced as the forward of one published
+kernel and the backward of another where its code says so (``COMPOSED``). Every function runs on scalars and on
+numpy arrays of layouts.
 """
 
 from __future__ import annotations
@@ -74,20 +76,6 @@ TABLES = (
         },
         source=f"FlashAttention-2 paper (Dao 2023) Fig. 4, 'FlashAttention' bars, A100 80GB SXM4 forward + backward; "
         f"{_FA2_REPO} flash2_a100_fwd_bwd_benchmark.png",
-    ),
-    KernelTable(
-        generation="ampere",
-        kernel=AttentionKernel.FA_TRITON,
-        forward_only=False,
-        peak_flops=A100_BF16_PEAK,
-        tflops={
-            (64, False): (90, 102, 98, 98, 100, 100),
-            (128, False): (78, 85, 90, 93, 95, 95),
-            (64, True): (59, 75, 79, 76, 79, 80),
-            (128, True): (50, 61, 68, 74, 78, 80),
-        },
-        source=f"FlashAttention-2 paper (Dao 2023) Fig. 4, 'FlashAttention Triton' bars, A100 80GB SXM4 forward + "
-        f"backward (no H100 figure has it); {_FA2_REPO} flash2_a100_fwd_bwd_benchmark.png",
     ),
     KernelTable(
         generation="hopper",
@@ -175,8 +163,24 @@ def _table(generation: str, kernel: AttentionKernel, *, forward_only: bool) -> K
     return None
 
 
+COMPOSED = {AttentionKernel.FA_TRITON: (AttentionKernel.FA2, AttentionKernel.FA1)}
+"""Kernels with no published table of their own, priced as (forward of one kernel, backward of another) on the
+same GPU generation. flash-attn's Triton kernel (flash_attn/flash_attn_triton.py at eff9fe6b, which llm-foundry
+copied and ran on triton-pre-mlir as attn_impl: triton in 2023): its forward runs one program per query block
+looping over the key blocks and writes the output once, FlashAttention-2's loop order (FlashAttention 1's CUDA
+forward loops over queries inside each key block and rewrites the output every step: Dao et al. 2022, Alg. 1);
+its docstring: 'Triton forward is generally faster than CUDA forward, while Triton backward is generally slower
+than CUDA backward' (CUDA: FlashAttention 1). So FlashAttention-2's forward and FlashAttention 1's backward (for
+the backward an upper bound): at 16K, head dim 128, causal, 98 TFLOP/s forward + backward on A100 against
+FlashAttention 1's 83, as llm-foundry's TUTORIAL.md (Aug. 2023) has it: 'triton is slightly faster than flash'
+(flash-attn 1.0.3). FlashAttention-2 Fig. 4's 'FlashAttention Triton' bars measure OpenAI's
+triton.ops kernel (benchmarks/benchmark_flash_attention.py), a different implementation."""
+
+
 def has_table(generation: str, kernel: AttentionKernel) -> bool:
-    """Whether some published table describes ``kernel`` on ``generation``."""
+    """Whether published tables describe ``kernel`` on ``generation`` (both parts of a composed one)."""
+    if kernel in COMPOSED:
+        return all(has_table(generation, k) for k in COMPOSED[kernel])
     return any(t.generation == generation and t.kernel is kernel for t in TABLES)
 
 
@@ -210,6 +214,10 @@ def _curve(generation: str, kernel: AttentionKernel, head_dim: float, causal: bo
     if not has_table(generation, kernel):
         known = sorted({f"{t.generation}/{t.kernel.value}" for t in TABLES})
         raise ValueError(f"no published attention table for {generation}/{kernel.value} (known: {', '.join(known)})")
+    if kernel in COMPOSED:
+        forward_kernel, backward_kernel = COMPOSED[kernel]
+        fwd_of = _curve(generation, forward_kernel, head_dim, causal)[0]
+        return fwd_of, _curve(generation, backward_kernel, head_dim, causal)[1]
     ratio = _backward_over_forward(log_seq=_LOG_SEQ, head_dim=head_dim, causal=causal)
     fwd_table = _table(generation, kernel, forward_only=True)
     if fwd_table is not None:
