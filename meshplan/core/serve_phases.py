@@ -81,6 +81,30 @@ class Forward:
         }
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MixedStep:
+    """The steady state's average step: a share of the steps carry a prefill chunk, the others only decode.
+
+    A prompt reaches the GPU as whole chunks (a prompt, or the engine's tokens-per-step budget of it), not as
+    a trickle of b I / O tokens in every step: the steps that carry one are compute bound while the others
+    stream the weights, so the chunk's math does not hide under the decode steps' weight read."""
+
+    plain: Forward
+    """A step with only the batch's decode tokens."""
+    carrying: Forward
+    """A step with a prefill chunk beside them."""
+    share: Num
+    """Share of the steps that carry a chunk."""
+
+    @property
+    def total_s(self) -> Num:
+        return (1 - self.share) * self.plain.total_s + self.share * self.carrying.total_s
+
+    def breakdown(self) -> dict[str, Num]:
+        plain, carrying = self.plain.breakdown(), self.carrying.breakdown()
+        return {k: (1 - self.share) * plain[k] + self.share * carrying[k] for k in plain}
+
+
 def pipeline_factor(hw: Hardware, layout: ServeLayout) -> float:
     """Seconds of a token's round through all stages per second of one stage's forward: pp, over the
     engine's pipeline efficiency when pp > 1."""
