@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.core.comm.cost import Collective, nccl_time
 from meshplan.core.num import Num, maximum, where
 from meshplan.core.serve_shape import (
     ACT_BYTES,
@@ -122,11 +123,25 @@ def _hbm_bytes_per_s(hw: Hardware, layout: ServeLayout) -> float:
     return hw.gpu.hbm_bandwidth_bytes_per_s * hw.cal.hbm_efficiency * share
 
 
-def allreduce_s(size_bytes: Num, *, n: int, link: Link, floor_s: float) -> Num:
-    """One all-reduce of ``size_bytes`` over ``n`` ranks: a latency floor plus the ring's 2(n-1)/n bytes."""
+def allreduce_s(size_bytes: Num, *, n: int, link: Link, floor_s: float, custom_max_bytes: float) -> Num:
+    """One all-reduce of ``size_bytes`` over ``n`` ranks. Up to ``custom_max_bytes`` the engine's own kernel:
+    a latency floor plus the ring's 2(n-1)/n bytes; beyond it NCCL, whose ring pays a hop latency at each of
+    its 2(n-1) steps (the cheapest protocol, as NCCL's tuner picks it)."""
     if n == 1:
         return 0.0 * size_bytes
-    return floor_s + 2 * (n - 1) / n * size_bytes / link.effective_bytes_per_s
+    bw = link.effective_bytes_per_s
+    custom = floor_s + 2 * (n - 1) / n * size_bytes / bw
+    nccl = nccl_time(
+        Collective.ALL_REDUCE,
+        size_bytes=size_bytes,
+        inner=n,
+        outer=1,
+        inner_bytes_per_s=bw,
+        outer_bytes_per_s=bw,
+        inner_latency_s=link.latency_s,
+        outer_latency_s=link.latency_s,
+    )
+    return where(size_bytes <= custom_max_bytes, custom, nccl)
 
 
 def forward(
@@ -166,7 +181,9 @@ def forward(
     tp_link = hw.link(layout.tp)
     ar_bytes = new_tokens * model.hidden * ACT_BYTES * (layout.tp if layout.dp_attention else 1)
     n_ar = 0 if layout.dp_attention and model.moe else 2
-    tp_comm = n_ar * shape.layers * allreduce_s(ar_bytes, n=layout.tp, link=tp_link, floor_s=cal.allreduce_latency_s)
+    custom_max = cal.custom_allreduce_max_bytes.get(str(layout.tp), cal.custom_allreduce_max_bytes["default"])
+    ar = allreduce_s(ar_bytes, n=layout.tp, link=tp_link, floor_s=cal.allreduce_latency_s, custom_max_bytes=custom_max)
+    tp_comm = n_ar * shape.layers * ar
     return Forward(
         weights_read_s=weights / hbm,
         kv_read_s=kv_tokens_read * shape.kv_bytes_per_token / hbm,

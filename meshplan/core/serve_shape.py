@@ -71,7 +71,10 @@ class ServeCalibration:
     prefill_layer_overhead_s: float
     """Launch gaps per layer of a prefill forward (not graph-captured)."""
     allreduce_latency_s: float
-    """Floor of one small TP all-reduce in this engine (custom one-shot kernels or NCCL)."""
+    """Floor of one TP all-reduce the engine runs with its own kernels (custom one-/two-shot all-reduce)."""
+    custom_allreduce_max_bytes: dict[str, float]
+    """Largest message the engine's own all-reduce takes, by TP degree ("2": two ranks, "default": more);
+    larger messages go to NCCL, priced as NCCL's tuner prices a ring (core/comm/cost.py, nccl_time)."""
     ep_overlap: float
     """Share of EP dispatch/combine hidden behind compute (two-batch overlap)."""
     ep_imbalance: float
