@@ -138,6 +138,7 @@ def _ideal(setup: Setup) -> Setup:
     cal = dataclasses.replace(
         setup.hw.cal,
         hbm_efficiency=1.0,
+        kv_read_share=1.0,
         weight_only_bandwidth_share={},
         matmul_share={},
         attention_efficiency=1.0,

@@ -164,6 +164,7 @@ def forward(
     experts of the TP group; ``logits`` tokens go through the LM head."""
     cal, gpu = hw.cal, hw.gpu
     hbm = _hbm_bytes_per_s(hw, layout)
+    kv_efficiency = cal.hbm_efficiency * cal.kv_read_share
     dtype = compute_dtype(layout)
     peak = gpu.peak(dtype) * gpu.calibration.matmul_efficiency_max * cal.matmul_share.get(dtype.value, 1.0)
     touched = 1.0 - (1.0 - shape.expert_fraction) ** group_tokens if model.moe else 0.0
@@ -186,7 +187,7 @@ def forward(
     tp_comm = n_ar * shape.layers * ar
     return Forward(
         weights_read_s=weights / hbm,
-        kv_read_s=kv_tokens_read * shape.kv_bytes_per_token / hbm,
+        kv_read_s=kv_tokens_read * shape.kv_bytes_per_token / (gpu.hbm_bandwidth_bytes_per_s * kv_efficiency),
         gemm_compute_s=gemm,
         attention_compute_s=attn,
         memory_ops_s=new_tokens * shape.memory_bytes_per_token / (gpu.hbm_bandwidth_bytes_per_s * cal.hbm_efficiency),

@@ -54,6 +54,9 @@ class ServeCalibration:
     engine: str
     hbm_efficiency: float
     """Share of HBM bandwidth a decode step's weight and KV streaming reaches."""
+    kv_read_share: float
+    """Share of that bandwidth the decode-attention kernel keeps while reading the KV cache (below 1 for paged
+    caches: block-table lookups and scattered pages)."""
     weight_only_bandwidth_share: dict[str, float]
     """Share of that bandwidth a weight-only dequantizing kernel keeps, by weight dtype (int8, int4)."""
     matmul_share: dict[str, float]
