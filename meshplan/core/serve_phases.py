@@ -20,6 +20,7 @@ from meshplan.core.comm.cost import Collective, nccl_time
 from meshplan.core.num import Num, maximum, where
 from meshplan.core.serve_shape import (
     ACT_BYTES,
+    AllReduceKernel,
     Hardware,
     Quant,
     ReplicaShape,
@@ -123,15 +124,15 @@ def _hbm_bytes_per_s(hw: Hardware, layout: ServeLayout) -> float:
     return hw.gpu.hbm_bandwidth_bytes_per_s * hw.cal.hbm_efficiency * share
 
 
-def allreduce_s(size_bytes: Num, *, n: int, link: Link, floor_s: float, custom_max_bytes: float) -> Num:
-    """One all-reduce of ``size_bytes`` over ``n`` ranks. Up to ``custom_max_bytes`` the engine's own kernel:
-    a latency floor plus the ring's 2(n-1)/n bytes; beyond it NCCL, whose ring pays a hop latency at each of
-    its 2(n-1) steps (the cheapest protocol, as NCCL's tuner picks it)."""
+def allreduce_s(size_bytes: Num, *, n: int, link: Link, kernel: AllReduceKernel, floor_s: float) -> Num:
+    """One all-reduce of ``size_bytes`` over ``n`` ranks: the engine's own kernel (a latency floor plus the ring's
+    2(n-1)/n bytes) or NCCL, whose ring or tree pays a hop latency per step (its tuner's cheapest protocol)."""
     if n == 1:
         return 0.0 * size_bytes
     bw = link.effective_bytes_per_s
-    custom = floor_s + 2 * (n - 1) / n * size_bytes / bw
-    nccl = nccl_time(
+    if kernel is AllReduceKernel.CUSTOM:
+        return floor_s + 2 * (n - 1) / n * size_bytes / bw
+    return nccl_time(
         Collective.ALL_REDUCE,
         size_bytes=size_bytes,
         inner=n,
@@ -141,7 +142,6 @@ def allreduce_s(size_bytes: Num, *, n: int, link: Link, floor_s: float, custom_m
         inner_latency_s=link.latency_s,
         outer_latency_s=link.latency_s,
     )
-    return where(size_bytes <= custom_max_bytes, custom, nccl)
 
 
 def forward(
@@ -168,7 +168,7 @@ def forward(
     dtype = compute_dtype(layout)
     peak = gpu.peak(dtype) * gpu.calibration.matmul_efficiency_max * cal.matmul_share.get(dtype.value, 1.0)
     touched = 1.0 - (1.0 - shape.expert_fraction) ** group_tokens if model.moe else 0.0
-    weights = shape.dense_weight_bytes + shape.expert_weight_bytes * touched
+    weights = shape.dense_weight_bytes + shape.expert_weight_bytes * touched / cal.moe_matmul_share
     half = gpu.calibration.matmul_half_dim
     dense_flops = 2 * (shape.gemm_params_per_token * new_tokens + shape.lm_head_params * logits)
     gemm = dense_flops / (peak * shape_efficiency(maximum(new_tokens, 1.0), half))
@@ -182,8 +182,7 @@ def forward(
     tp_link = hw.link(layout.tp)
     ar_bytes = new_tokens * model.hidden * ACT_BYTES * (layout.tp if layout.dp_attention else 1)
     n_ar = 0 if layout.dp_attention and model.moe else 2
-    custom_max = cal.custom_allreduce_max_bytes.get(str(layout.tp), cal.custom_allreduce_max_bytes["default"])
-    ar = allreduce_s(ar_bytes, n=layout.tp, link=tp_link, floor_s=cal.allreduce_latency_s, custom_max_bytes=custom_max)
+    ar = allreduce_s(ar_bytes, n=layout.tp, link=tp_link, kernel=cal.allreduce, floor_s=cal.allreduce_latency_s)
     tp_comm = n_ar * shape.layers * ar
     return Forward(
         weights_read_s=weights / hbm,
