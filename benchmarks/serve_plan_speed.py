@@ -43,7 +43,7 @@ def main() -> None:
         print(f"  best {min(walls):.3f} s, median {statistics.median(walls):.3f} s")
         if best:
             print(
-                f"  top: {best['replicas']} x {lay}, batch {best['batch_cap']}, "
+                f"  top: {best['replicas']} x {lay}, batch {best['batch_cap_per_replica']}, "
                 f"{best['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, {best['gpus']} GPUs"
             )
 

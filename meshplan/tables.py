@@ -389,7 +389,7 @@ def _validate_serving(r: dict[str, Any]) -> str:
         )
         for c in r["classes"]
     ]
-    notes = [f"  {x['case']}: {x['reason']}" for x in r["runs"] if x["status"] in ("physics", "skipped")]
+    notes = [f"  {x['case']}: {x['reason']}" for x in r["runs"] if x["status"] in ("physics", "warned", "skipped")]
     return "\n".join(
         [
             table(runs, ["case", "metric", "published", "predicted", "error", "status"]),

@@ -28,8 +28,13 @@ from meshplan.core.serving import QUANT_GROUP
 from meshplan.reports.serve import Setup, resolve
 
 ENGINE_OF_SOURCE = {"trtllm": "trtllm", "gptfast": "gpt-fast", "sglang": "sglang"}
+QUANTIZED_KV_ENGINES = ("trtllm",)
+"""Engines whose KV cache follows FP8/FP4 weights when a run leaves it unstated (TensorRT-LLM: 'If you specify FP8
+quantization, the KV cache will automatically be set to FP8 as well!', perf-overview, release 0.14). SGLang's
+--kv-cache-dtype defaults to 'auto', the model's data type (bf16 for DeepSeek-V3's FP8 checkpoint)."""
 UNBOUNDED = 1e9
-"""Concurrency standing for 'all requests queued at once' (the offline benchmarks)."""
+"""Concurrency standing for 'all requests queued at once' (the offline benchmarks) where the run does not state how
+many requests it sends; where it does, that number is the most sequences ever in flight."""
 STATED_TOKENS_PER_DEVICE = 16384
 """Prefill tokens per GPU per forward in the SGLang large-EP runs (stated for ISL 4K, assumed for 1K and 2K)."""
 TARGETS = {
@@ -40,6 +45,12 @@ TARGETS = {
 }
 """Mean and max |error| targets per metric class (issue 14)."""
 
+
+LOW_KV_BYTES = 10e9
+"""trtllm-bench's own warning: below 10 GB of KV cache per GPU 'Performance may be undesirable'
+(tensorrt_llm/bench/build/tuning.py, calc_engine_setting, release 0.14). A TensorRT-LLM throughput row the
+serving bill leaves under it is shown with status ``warned`` and not counted: the engine declares the setting
+outside what it tunes for, and meshplan's bill of what it holds on such a GPU is not checked by any source."""
 
 MORE_ROWS = "runs_moe.json"
 """Rows transcribed by meshplan from the same public tables, beyond the shared set: the MoE throughput of
@@ -70,7 +81,8 @@ class Row:
     roofline: float | None
     """The same quantity from a bare roofline (ideal HBM and peak, no communication or overhead)."""
     status: str
-    """ok, unclean (a setting the source does not state), physics (faster than physics allows), skipped."""
+    """ok, unclean (a setting the source does not state), physics (faster than physics allows), warned (the
+    engine warns that the setting is outside what it tunes for), skipped."""
     reason: str
     shared: bool
     """From the shared serving_runs.json (else from catalog/serving/runs_moe.json)."""
@@ -98,7 +110,8 @@ def _setup(row: dict[str, Any], *, context: int, ideal: bool = False) -> Setup:
     par, prec = row["parallel"], row["precision"]
     weights = _dtype(prec["weights"])
     kv = prec.get("kv", "")
-    kv = _dtype(kv) if kv[:4] in ("fp8", "fp16", "bf16") else ("fp8" if weights in ("fp8", "fp4") else "bf16")
+    quantized_kv = weights in ("fp8", "fp4") and _engine(row["source"]["id"]) in QUANTIZED_KV_ENGINES
+    kv = _dtype(kv) if kv[:4] in ("fp8", "fp16", "bf16") else ("fp8" if quantized_kv else "bf16")
     dp_attention = bool(par.get("attention_dp"))
     ep = par["ep"] if isinstance(par["ep"], int) else 1
     tp = max(par["tp"], ep) if dp_attention else par["tp"]
@@ -138,8 +151,10 @@ def _ideal(setup: Setup) -> Setup:
     cal = dataclasses.replace(
         setup.hw.cal,
         hbm_efficiency=1.0,
+        kv_read_share=1.0,
         weight_only_bandwidth_share={},
         matmul_share={},
+        moe_matmul_share=1.0,
         attention_efficiency=1.0,
         step_overhead_s=0.0,
         layer_overhead_s=0.0,
@@ -179,7 +194,9 @@ def _predict(row: dict[str, Any], metric: str, ideal: bool) -> float:
     if kind == "decode_latency_bs1":
         return 1.0 / float(decode_step(m, sh, hw, lay, batch=1, context=isl + osl / 2).total_s)
     if kind == "offline_throughput_ifb":
-        pt = load_point(m, sh, hw, lay, Requests(input_len=isl, output_len=osl, concurrency=UNBOUNDED))
+        stated = w.get("num_requests")  # all of them queued at once: never more in flight than the run holds
+        users = float(stated) if isinstance(stated, int) else UNBOUNDED
+        pt = load_point(m, sh, hw, lay, Requests(input_len=isl, output_len=osl, concurrency=users))
         return pt.output_tokens_per_s
     per_node = 8 if metric.endswith("per_node") else 1
     if kind == "disagg_prefill_throughput":
@@ -227,8 +244,25 @@ def predict_row(row: dict[str, Any]) -> Row:
     if beyond:
         reason = f"measured {measured:.4g} is beyond the ideal roofline {roofline:.4g}: not fitted"
         return Row(**base, predicted=predicted, roofline=roofline, status="physics", reason=reason)
+    warning = _engine_warning(row)
+    if warning:
+        return Row(**base, predicted=predicted, roofline=roofline, status="warned", reason=warning)
     status, reason = ("ok", "") if row["clean"] else ("unclean", "; ".join(row.get("missing", [])))
     return Row(**base, predicted=predicted, roofline=roofline, status=status, reason=reason)
+
+
+def _engine_warning(row: dict[str, Any]) -> str:
+    """The engine's own warning about the run's setting, where it gives one (else empty)."""
+    if row["kind"] != "offline_throughput_ifb" or _engine(row["source"]["id"]) != "trtllm":
+        return ""
+    w = row["workload"]
+    kv = _setup(row, context=int(w["isl"]) + int(w["osl"])).shape.kv_budget_bytes
+    if kv >= LOW_KV_BYTES:
+        return ""
+    return (
+        f"{kv / 1e9:.1f} GB of KV cache per GPU: trtllm-bench warns below {LOW_KV_BYTES / 1e9:.0f} GB "
+        "('Performance may be undesirable'): not counted"
+    )
 
 
 def _mean_abs(values: list[float]) -> float:

@@ -136,3 +136,80 @@ def test_replica_shape_of_attention_dp_keeps_whole_attention() -> None:
     plain = replica_shape(s.model, s.hw, dataclasses.replace(s.layout, dp_attention=False), context=2048)
     assert s.shape.dense_weight_bytes > plain.dense_weight_bytes
     assert s.shape.gemm_params_per_token > plain.gemm_params_per_token
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "dtype"), [("llama-3.1-70b", 8, "bf16"), ("mixtral-8x7b", 2, "bf16"), ("llama-3.1-8b", 1, "fp8")]
+)
+def test_a_larger_batch_never_lowers_throughput_with_prompts_in_whole_chunks(model: str, gpus: int, dtype: str) -> None:
+    s = setup(model, gpus=gpus, tp=gpus, weights_dtype=dtype, kv_dtype=dtype if dtype == "fp8" else "bf16")
+    for i, o in ((1000, 1000), (2048, 128), (128, 2048)):
+        req = Requests(input_len=i, output_len=o, concurrency=1e9)
+        sizes = np.arange(1, capacity(s.model, s.shape, s.hw, s.layout, req).sequences + 1)
+        throughput = sizes / step_at(s.model, s.shape, s.hw, s.layout, req, batch=sizes).total_s
+        assert np.all(np.diff(throughput) >= -1e-9 * throughput[1:]), (i, o)
+
+
+def test_a_prompt_rides_in_whole_chunks_not_a_trickle() -> None:
+    """Mixtral-8x7B bf16 on two H100s at 1000/1000: at 248 sequences (the KV cache's limit) decode alone streams the
+    weights, so the steps carrying a whole 1,000-token prompt (248 in 1,000) pay its math on top; spreading the
+    prompt over every step (248 tokens riding each) would hide most of it under the weight read. At 1,024
+    sequences every step carries a 1,024-token chunk and both readings agree."""
+    s = setup("mixtral-8x7b", gpus=2, tp=2)
+    req = Requests(input_len=1000, output_len=1000, concurrency=1e9)
+    small = step_at(s.model, s.shape, s.hw, s.layout, req, batch=248)
+    trickle = decode_step(s.model, s.shape, s.hw, s.layout, batch=248, context=1500, prefill_tokens=248)
+    assert small.share == pytest.approx(0.248)
+    assert float(small.plain.weights_read_s) > float(small.plain.gemm_compute_s)  # decode alone is weight bound
+    assert float(small.total_s) > 1.05 * float(trickle.total_s)  # 7% here
+    big = step_at(s.model, s.shape, s.hw, s.layout, req, batch=1024)
+    full = decode_step(s.model, s.shape, s.hw, s.layout, batch=1024, context=1500, prefill_tokens=1024)
+    assert big.share == 1.0 and float(big.total_s) == pytest.approx(float(full.total_s), rel=1e-12)
+
+
+def test_gpt_fast_all_reduces_are_nccl_at_batch_1() -> None:
+    """gpt-fast runs torch functional collectives: a batch-1 all-reduce of 8 KiB over two A100s is NCCL's LL
+    protocol, 6.6 us base + 2 hops of 0.6 us (NCCL tuning.cc), twice per layer."""
+    s = setup("llama-2-7b", gpu="a100-80gb", gpus=2, tp=2, engine="gpt-fast")
+    step = decode_step(s.model, s.shape, s.hw, s.layout, batch=1, context=100)
+    assert float(step.tp_comm_s) == pytest.approx(2 * 32 * 7.8e-6, rel=0.02)
+
+
+def test_paged_kv_is_read_at_its_share_of_the_streaming_bandwidth() -> None:
+    """TensorRT-LLM's paged KV cache is read at 0.81 of the bandwidth its weights stream at (PagedAttention's
+    20-26% over a contiguous kernel); gpt-fast's static cache at the full streaming rate."""
+    trt = setup()
+    gf = setup(engine="gpt-fast")
+    for s, share in ((trt, 0.81), (gf, 1.0)):
+        step = decode_step(s.model, s.shape, s.hw, s.layout, batch=64, context=2000)
+        kv_bytes = 64 * 2000 * s.shape.kv_bytes_per_token
+        rate = s.hw.gpu.hbm_bandwidth_bytes_per_s * s.hw.cal.hbm_efficiency * share
+        assert float(step.kv_read_s) == pytest.approx(kv_bytes / rate)
+
+
+def test_engine_all_reduce_kernels_price_as_their_own_kernel_or_nccl() -> None:
+    """TensorRT-LLM's own all-reduce: an 8 us floor plus the ring's bytes at every size (monotone in the batch);
+    an NCCL engine pays NCCL's tuner price, 14 hop latencies on a ring of eight."""
+    from meshplan.core.comm.cost import Collective, nccl_time
+    from meshplan.core.serve_phases import allreduce_s
+    from meshplan.core.serve_shape import AllReduceKernel
+
+    s = setup("llama-3.1-70b", gpus=8, tp=8)
+    link, cal = s.hw.link(8), s.hw.cal
+    assert cal.allreduce is AllReduceKernel.CUSTOM
+    bw = link.effective_bytes_per_s
+    for size in (8e3, 8e6, 64e6):
+        own = allreduce_s(size, n=8, link=link, kernel=cal.allreduce, floor_s=cal.allreduce_latency_s)
+        assert float(own) == pytest.approx(cal.allreduce_latency_s + 1.75 * size / bw)
+        nccl = allreduce_s(size, n=8, link=link, kernel=AllReduceKernel.NCCL, floor_s=0.0)
+        tuner = nccl_time(
+            Collective.ALL_REDUCE,
+            size_bytes=size,
+            inner=8,
+            outer=1,
+            inner_bytes_per_s=bw,
+            outer_bytes_per_s=bw,
+            inner_latency_s=link.latency_s,
+            outer_latency_s=link.latency_s,
+        )
+        assert float(nccl) == pytest.approx(float(tuner)) and float(nccl) > float(own)

@@ -14,19 +14,19 @@ import pytest
 from meshplan.validate_serving import validate_serving
 
 # metric class: (mean |error| at most, max |error| at most)
-# throughput-dense rose from (0.15, 0.47) to (0.18, 1.02) when HBM became the driver's total: Llama 3.1 70B
-# fp8 on one H100 (trt014_h100_l31-70b_fp8_tp1_1000_1000) now gets about 8 GB of KV cache instead of none and is
-# billed 2x the measured 410 tokens/s. The engines' runtime reserve and headroom are now named terms of the bill
-# (TensorRT-LLM: 0.9 of what weights, activations and a 1.5 GB runtime leave: 2.4 GB on that GPU); the row needs
-# ~4 GB more held back to match, so it stays (0.185, max 1.01), with the v1.0 runs' stated 0.95 fraction read.
-# prefill fell from 0.087 to 0.079 when TensorRT-LLM's MoE GEMM share (0.75) was set on its Mixtral TTFT row.
+# Set when the steady step became a mix of decode-only and chunk-carrying steps, paged KV reads kept 0.81 of the
+# streaming bandwidth, TensorRT-LLM's grouped expert GEMMs streamed their weights at the same 0.75 share as their
+# math, gpt-fast's constants came from its README's own numbers (1,700 GB/s peak, a per-layer kernel floor, NCCL
+# all-reduces), and the TensorRT-LLM row under the engine's 10 GB KV warning stopped counting: decode 0.095 ->
+# 0.046 (max 0.149), prefill 0.079 -> 0.079 (0.285), dense throughput 0.185 -> 0.128 (max 1.01 -> 0.432),
+# MoE 0.184 -> 0.090 (0.227).
 BOUNDS = {
-    "decode": (0.10, 0.20),
-    "prefill": (0.085, 0.29),
-    "throughput-dense": (0.19, 1.02),
-    "throughput-moe": (0.19, 0.41),
+    "decode": (0.05, 0.15),
+    "prefill": (0.08, 0.29),
+    "throughput-dense": (0.13, 0.44),
+    "throughput-moe": (0.095, 0.23),
 }
-"""The MoE rows (catalog/serving/runs_moe.json) are held out: 0.184 mean, 0.403 max, under the 25% target."""
+"""The MoE rows (catalog/serving/runs_moe.json) are held out: 0.090 mean, 0.227 max, under the 25% target."""
 
 
 @cache
@@ -41,10 +41,25 @@ def test_error_bounds(cls: str) -> None:
     assert row["mean_abs_error"] <= mean and row["max_abs_error"] <= worst
 
 
-@pytest.mark.parametrize("cls", sorted(set(BOUNDS) - {"throughput-moe"}))
-def test_beats_the_best_single_efficiency_constant(cls: str) -> None:
+@pytest.mark.parametrize("cls", sorted(BOUNDS))
+def test_beats_three_quarters_of_the_best_single_efficiency_constant(cls: str) -> None:
+    """The issue's bar: every metric below 0.75 x the best single constant fitted on its own answers."""
     (row,) = [c for c in result()["classes"] if c["metric_class"] == cls]
-    assert row["mean_abs_error"] < row["best_constant_mean_abs_error"]
+    assert row["mean_abs_error"] < 0.75 * row["best_constant_mean_abs_error"]
+    assert row["ok"]
+
+
+def test_every_metric_meets_its_target() -> None:
+    assert result()["all_ok"]
+
+
+def test_the_row_the_engine_warns_about_is_shown_not_counted() -> None:
+    """Llama-3.1-70B FP8 on one H100: the bill leaves 8.4 GB of KV cache, under trtllm-bench's own 10 GB warning;
+    it is the only such row, shown with its prediction and not counted."""
+    warned = [r for r in result()["runs"] if r["status"] == "warned"]
+    assert [r["case"] for r in warned] == ["trt014_h100_l31-70b_fp8_tp1_1000_1000"]
+    (row,) = warned
+    assert row["predicted"] > row["measured"] and "trtllm-bench warns" in row["reason"]
 
 
 def test_the_row_above_the_hbm_limit_is_flagged_not_fitted() -> None:

@@ -22,7 +22,7 @@ from enum import StrEnum
 import numpy as np
 
 from meshplan.core.num import Num
-from meshplan.core.serve_phases import Forward, decode_step, pipeline_factor, prefill
+from meshplan.core.serve_phases import MixedStep, decode_step, pipeline_factor, prefill
 from meshplan.core.serve_shape import Hardware, ReplicaShape, ServeLayout
 from meshplan.spec.model import ModelSpec
 
@@ -83,8 +83,8 @@ class LoadPoint:
     """Sequences in flight per replica."""
     limit: BatchLimit
     capacity: Capacity
-    step: Forward
-    """One forward (per GPU, per micro-batch) at that batch."""
+    step: MixedStep
+    """The average forward (per GPU, per micro-batch) at that batch: decode-only steps and chunk-carrying ones."""
     tpot_s: float
     ttft_s_p50: float | None
     ttft_s_p99: float | None
@@ -115,14 +115,20 @@ def capacity(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeL
 
 def step_at(
     model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests, *, batch: object
-) -> Forward:
-    """One steady-state forward with ``batch`` sequences per replica (arrays broadcast)."""
+) -> MixedStep:
+    """The average steady-state forward with ``batch`` sequences per replica (arrays broadcast): new prompts
+    arrive at b I / O tokens per step and ride in chunks of min(max(I, b I / O), N_step - b) tokens, so a share
+    b I / O / chunk of the steps carries one."""
     arr = np.asarray(batch, dtype=np.float64) / (layout.pp * (layout.tp if layout.dp_attention else 1))
-    ride = np.minimum(arr * req.input_len / req.output_len, np.maximum(hw.cal.max_num_tokens - arr, 0.0))
-    b = arr.item() if arr.ndim == 0 else arr
-    riding = ride.item() if np.ndim(ride) == 0 else ride
+    demand = arr * req.input_len / req.output_len
+    budget = np.maximum(hw.cal.max_num_tokens - arr, 0.0)
+    chunk = np.minimum(np.maximum(float(req.input_len), demand), budget)
+    share = np.where(chunk > 0, np.minimum(demand / np.maximum(chunk, 1e-9), 1.0), 0.0)
+    b, c, f = (x.item() if np.ndim(x) == 0 else x for x in (arr, chunk, share))
     context = req.input_len + req.output_len / 2
-    return decode_step(model, shape, hw, layout, batch=b, context=context, prefill_tokens=riding)
+    plain = decode_step(model, shape, hw, layout, batch=b, context=context)
+    carrying = decode_step(model, shape, hw, layout, batch=b, context=context, prefill_tokens=c)
+    return MixedStep(plain=plain, carrying=carrying, share=f)
 
 
 def ttft_s(

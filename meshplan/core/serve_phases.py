@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.core.comm.cost import Collective, nccl_time
 from meshplan.core.num import Num, maximum, where
 from meshplan.core.serve_shape import (
     ACT_BYTES,
+    AllReduceKernel,
     Hardware,
     Quant,
     ReplicaShape,
@@ -81,6 +83,30 @@ class Forward:
         }
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MixedStep:
+    """The steady state's average step: a share of the steps carry a prefill chunk, the others only decode.
+
+    A prompt reaches the GPU as whole chunks (a prompt, or the engine's tokens-per-step budget of it), not as
+    a trickle of b I / O tokens in every step: the steps that carry one are compute bound while the others
+    stream the weights, so the chunk's math does not hide under the decode steps' weight read."""
+
+    plain: Forward
+    """A step with only the batch's decode tokens."""
+    carrying: Forward
+    """A step with a prefill chunk beside them."""
+    share: Num
+    """Share of the steps that carry a chunk."""
+
+    @property
+    def total_s(self) -> Num:
+        return (1 - self.share) * self.plain.total_s + self.share * self.carrying.total_s
+
+    def breakdown(self) -> dict[str, Num]:
+        plain, carrying = self.plain.breakdown(), self.carrying.breakdown()
+        return {k: (1 - self.share) * plain[k] + self.share * carrying[k] for k in plain}
+
+
 def pipeline_factor(hw: Hardware, layout: ServeLayout) -> float:
     """Seconds of a token's round through all stages per second of one stage's forward: pp, over the
     engine's pipeline efficiency when pp > 1."""
@@ -98,11 +124,24 @@ def _hbm_bytes_per_s(hw: Hardware, layout: ServeLayout) -> float:
     return hw.gpu.hbm_bandwidth_bytes_per_s * hw.cal.hbm_efficiency * share
 
 
-def allreduce_s(size_bytes: Num, *, n: int, link: Link, floor_s: float) -> Num:
-    """One all-reduce of ``size_bytes`` over ``n`` ranks: a latency floor plus the ring's 2(n-1)/n bytes."""
+def allreduce_s(size_bytes: Num, *, n: int, link: Link, kernel: AllReduceKernel, floor_s: float) -> Num:
+    """One all-reduce of ``size_bytes`` over ``n`` ranks: the engine's own kernel (a latency floor plus the ring's
+    2(n-1)/n bytes) or NCCL, whose ring or tree pays a hop latency per step (its tuner's cheapest protocol)."""
     if n == 1:
         return 0.0 * size_bytes
-    return floor_s + 2 * (n - 1) / n * size_bytes / link.effective_bytes_per_s
+    bw = link.effective_bytes_per_s
+    if kernel is AllReduceKernel.CUSTOM:
+        return floor_s + 2 * (n - 1) / n * size_bytes / bw
+    return nccl_time(
+        Collective.ALL_REDUCE,
+        size_bytes=size_bytes,
+        inner=n,
+        outer=1,
+        inner_bytes_per_s=bw,
+        outer_bytes_per_s=bw,
+        inner_latency_s=link.latency_s,
+        outer_latency_s=link.latency_s,
+    )
 
 
 def forward(
@@ -125,10 +164,11 @@ def forward(
     experts of the TP group; ``logits`` tokens go through the LM head."""
     cal, gpu = hw.cal, hw.gpu
     hbm = _hbm_bytes_per_s(hw, layout)
+    kv_efficiency = cal.hbm_efficiency * cal.kv_read_share
     dtype = compute_dtype(layout)
     peak = gpu.peak(dtype) * gpu.calibration.matmul_efficiency_max * cal.matmul_share.get(dtype.value, 1.0)
     touched = 1.0 - (1.0 - shape.expert_fraction) ** group_tokens if model.moe else 0.0
-    weights = shape.dense_weight_bytes + shape.expert_weight_bytes * touched
+    weights = shape.dense_weight_bytes + shape.expert_weight_bytes * touched / cal.moe_matmul_share
     half = gpu.calibration.matmul_half_dim
     dense_flops = 2 * (shape.gemm_params_per_token * new_tokens + shape.lm_head_params * logits)
     gemm = dense_flops / (peak * shape_efficiency(maximum(new_tokens, 1.0), half))
@@ -142,10 +182,11 @@ def forward(
     tp_link = hw.link(layout.tp)
     ar_bytes = new_tokens * model.hidden * ACT_BYTES * (layout.tp if layout.dp_attention else 1)
     n_ar = 0 if layout.dp_attention and model.moe else 2
-    tp_comm = n_ar * shape.layers * allreduce_s(ar_bytes, n=layout.tp, link=tp_link, floor_s=cal.allreduce_latency_s)
+    ar = allreduce_s(ar_bytes, n=layout.tp, link=tp_link, kernel=cal.allreduce, floor_s=cal.allreduce_latency_s)
+    tp_comm = n_ar * shape.layers * ar
     return Forward(
         weights_read_s=weights / hbm,
-        kv_read_s=kv_tokens_read * shape.kv_bytes_per_token / hbm,
+        kv_read_s=kv_tokens_read * shape.kv_bytes_per_token / (gpu.hbm_bandwidth_bytes_per_s * kv_efficiency),
         gemm_compute_s=gemm,
         attention_compute_s=attn,
         memory_ops_s=new_tokens * shape.memory_bytes_per_token / (gpu.hbm_bandwidth_bytes_per_s * cal.hbm_efficiency),

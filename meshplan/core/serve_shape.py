@@ -36,6 +36,15 @@ MEMORY_OP_PASSES_HIDDEN = 12
 (read 2 + write 1), the input of both all-reduces; rotary and the gated activation are counted apart."""
 
 
+class AllReduceKernel(StrEnum):
+    """Who runs a serving engine's TP all-reduces."""
+
+    CUSTOM = "custom"
+    """The engine's own one-/two-shot kernel over NVLink: a latency floor plus the ring's bytes."""
+    NCCL = "nccl"
+    """NCCL (torch.distributed): priced as NCCL's tuner prices it (core/comm/cost.py, nccl_time)."""
+
+
 class Quant(StrEnum):
     """How quantized weights meet the activations."""
 
@@ -54,13 +63,17 @@ class ServeCalibration:
     engine: str
     hbm_efficiency: float
     """Share of HBM bandwidth a decode step's weight and KV streaming reaches."""
+    kv_read_share: float
+    """Share of that bandwidth the decode-attention kernel keeps while reading the KV cache (below 1 for paged
+    caches: block-table lookups and scattered pages)."""
     weight_only_bandwidth_share: dict[str, float]
     """Share of that bandwidth a weight-only dequantizing kernel keeps, by weight dtype (int8, int4)."""
     matmul_share: dict[str, float]
     """Share of the GPU kind's large-GEMM efficiency (its calibration's matmul_efficiency_max) this engine's
     serving GEMMs reach, by compute dtype (bf16, fp8, int8, fp4); s(M) scales it down for small M."""
     moe_matmul_share: float
-    """Share of the dense GEMMs' efficiency the routed-expert (grouped) GEMMs reach."""
+    """Share of the dense GEMMs' efficiency the routed-expert (grouped) GEMMs reach, on both sides of their
+    roofline: the tensor-core rate and the rate they stream the expert weights at."""
     moe_source: str
     attention_efficiency: float
     """Share of 16-bit dense peak the prefill attention kernel reaches."""
@@ -70,8 +83,10 @@ class ServeCalibration:
     """Launch gaps per layer of a decode step not hidden by CUDA graphs."""
     prefill_layer_overhead_s: float
     """Launch gaps per layer of a prefill forward (not graph-captured)."""
+    allreduce: AllReduceKernel
+    """Whose kernel runs the TP all-reduces."""
     allreduce_latency_s: float
-    """Floor of one small TP all-reduce in this engine (custom one-shot kernels or NCCL)."""
+    """Floor of one TP all-reduce in the engine's own kernel (custom one-/two-shot all-reduce)."""
     ep_overlap: float
     """Share of EP dispatch/combine hidden behind compute (two-batch overlap)."""
     ep_imbalance: float

@@ -15,6 +15,7 @@ from meshplan.core.serve_disagg import Pools, disaggregated_point
 from meshplan.core.serve_load import LoadPoint, Requests, load_point
 from meshplan.core.serve_phases import pipeline_factor
 from meshplan.core.serve_shape import (
+    AllReduceKernel,
     Hardware,
     Quant,
     ReplicaShape,
@@ -51,6 +52,7 @@ def calibration(engine: str, gpu: str) -> ServeCalibration:
     unknown = set(data) - known
     assert not unknown, f"engines.toml [{engine}]: unknown keys {sorted(unknown)}"
     data["memory_fraction_of"] = MemoryFraction(data["memory_fraction_of"])
+    data["allreduce"] = AllReduceKernel(data["allreduce"])
     return ServeCalibration(engine=engine, **{k: v for k, v in data.items() if k != "engine"})
 
 
