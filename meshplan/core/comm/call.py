@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from meshplan.core.comm.cost import Collective, hierarchical_time
 from meshplan.core.num import Num
@@ -80,6 +81,10 @@ class StageShape:
     """Module buffers DDP broadcasts before every forward (0: none, or buffer sync off)."""
 
 
+UNISSUED_SHARE_TO_SKIP = 0.6
+"""A batch prices a call on the layouts that issue it alone when they are at most this share of the batch."""
+
+
 def make_call(
     strategy: str,
     op: Collective,
@@ -100,24 +105,37 @@ def make_call(
     n = place.size if group is None else group
     inner_n = place.inner if inner is None else inner
     outer = n // inner_n
-    issued = bool(np.any(count))  # a call no candidate issues costs nothing to time
-    t = (
-        0.0
-        if not issued
-        else hierarchical_time(
-            op,
-            size_bytes=size,
-            inner=inner_n,
-            outer=outer,
-            inner_bytes_per_s=cluster.scale_up.effective_bytes_per_s,
-            outer_bytes_per_s=cluster.scale_out.effective_bytes_per_s
-            / (cluster.oversubscription if op is Collective.ALL_TO_ALL else 1.0),
-            inner_latency_s=cluster.scale_up.latency_s,
-            outer_latency_s=cluster.scale_out.latency_s,
-            leaving_share=leaving_share,
+
+    def price(rows: npt.NDArray[np.int64] | None) -> Num:
+        def on(x: Num) -> Num:
+            return x if rows is None or np.ndim(x) == 0 else x[rows]
+
+        return (
+            hierarchical_time(
+                op,
+                size_bytes=on(size),
+                inner=on(inner_n),
+                outer=on(outer),
+                inner_bytes_per_s=cluster.scale_up.effective_bytes_per_s,
+                outer_bytes_per_s=cluster.scale_out.effective_bytes_per_s
+                / (cluster.oversubscription if op is Collective.ALL_TO_ALL else 1.0),
+                inner_latency_s=cluster.scale_up.latency_s,
+                outer_latency_s=cluster.scale_out.latency_s,
+                leaving_share=on(leaving_share),
+            )
+            + on(host_s)
         )
-        + host_s
-    )
+
+    t: Num = 0.0
+    if np.ndim(count) == 0:
+        t = price(None) if count else 0.0
+    else:  # a batch: priced where some layout issues the call (an unissued call's time counts nowhere)
+        rows = np.flatnonzero(count)
+        if len(rows) > UNISSUED_SHARE_TO_SKIP * np.size(count):
+            t = price(None)
+        elif len(rows):
+            t = np.zeros(np.shape(count))
+            t[rows] = price(rows)
     return CollectiveCall(
         strategy=strategy,
         op=op,
