@@ -6,6 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from meshplan.render import count, gb, percent, seconds, table
+from meshplan.tables_serving import serve_plan_table, serve_table, serving_table
+from meshplan.tables_validation import calibrate_table, validate_table
 
 
 def _params(r: dict[str, Any]) -> str:
@@ -127,28 +129,6 @@ def _fit(r: dict[str, Any]) -> str:
     )
 
 
-def _serving(r: dict[str, Any]) -> str:
-    rows = [
-        ("weights per GPU", gb(r["weights_bytes_per_gpu"])),
-        ("prefill activations per GPU", gb(r["activations_bytes_per_gpu"])),
-        ("runtime reserve per GPU", gb(r["runtime_reserve_bytes_per_gpu"])),
-        (
-            f"headroom per GPU ({r['engine']} keeps {1 - r['memory_fraction']:.0%} of {r['memory_fraction_of']})",
-            gb(r["engine_headroom_bytes_per_gpu"]),
-        ),
-        ("KV budget per GPU", gb(r["kv_budget_bytes_per_gpu"])),
-        ("KV per token per GPU", gb(r["kv_bytes_per_token_per_gpu"])),
-        (f"KV per {r['context']}-token sequence", gb(r["kv_bytes_per_sequence_per_gpu"])),
-        ("KV tokens that fit per replica", f"{r['kv_capacity_tokens_per_replica']:,}"),
-        ("concurrent sequences, all replicas", f"{r['max_concurrent_sequences_total']:,}"),
-    ]
-    head = f"{r['model']} serving on {r['gpus']} x {r['gpu']}: tp={r['tp']} pp={r['pp']} x {r['replicas']} replicas"
-    warnings = [f"WARNING: {w}" for w in r.get("warnings", [])]
-    return "\n".join(
-        [head, f"weights {r['dtype']}, KV cache {r['kv_dtype']}", "", table(rows, ["", "value"]), *warnings]
-    )
-
-
 def _estimate(r: dict[str, Any]) -> str:
     b = r["breakdown"]
     rows = [
@@ -234,234 +214,6 @@ def _collectives(r: dict[str, Any]) -> str:
             f"(2 per layer), {r['tp_collectives_per_step_per_micro_batch']} per forward and backward.",
         ]
     )
-
-
-def _opt_s(x: float | None) -> str:
-    return "saturated" if x is None else seconds(x)
-
-
-def _max_per_gpu(r: dict[str, Any]) -> str:
-    return f" (max {r['max_tokens_per_s_per_gpu']:,.0f})" if "max_tokens_per_s_per_gpu" in r else ""
-
-
-def _serve(r: dict[str, Any]) -> str:
-    lay = r["layout"]
-    head = (
-        f"{r['model']} on {r['gpus']} x {r['gpu']} ({r['engine']}): tp={lay['tp']} pp={lay['pp']} ep={lay['ep']}"
-        f"{' dp-attention' if lay['dp_attention'] else ''} x {lay['replicas']} replicas; weights {r['weights_dtype']}"
-        f" ({r['quant']}), KV {r['kv_dtype']}; {r['input_len']} in / {r['output_len']} out"
-    )
-    rows = [
-        ("TTFT p50 / p99", f"{_opt_s(r['ttft_s_p50'])} / {_opt_s(r['ttft_s_p99'])}"),
-        ("TTFT unloaded", seconds(r["ttft_s_unloaded"])),
-        ("TPOT = ITL", seconds(r["tpot_s"])),
-        ("tokens/s per GPU", f"{r['tokens_per_s_per_gpu']:,.0f}" + _max_per_gpu(r)),
-        ("tokens/s per user", f"{r['tokens_per_s_per_user']:,.1f}"),
-        ("requests/s (all replicas)", f"{r['requests_per_s_total']:,.2f}"),
-        ("batch per replica", f"{r['batch_per_replica']:,.1f} of {r['batch_cap_per_replica']:,} ({r['batch_limit']})"),
-        ("knee (90% of max)", f"{r.get('knee_batch_per_replica', 0):,} sequences"),
-    ]
-    if "disaggregated" in r:
-        d = r["disaggregated"]
-        rows.pop()  # no knee: the decode pool's batch is set by the prefill pool's output
-        rows += [
-            ("pools: prefill / decode GPUs", f"{d['prefill_gpus']} / {d['decode_gpus']}"),
-            ("prefill alone / KV hand-over", f"{seconds(d['prefill_s'])} / {seconds(d['kv_transfer_s'])}"),
-            ("max requests/s: prefill / decode", f"{d['prefill_requests_per_s_max']:,.2f} / "
-             f"{d['decode_requests_per_s_max']:,.2f} (bottleneck: {d['bottleneck']})"),
-        ]  # fmt: skip
-    steps = [(k.removesuffix("_s").replace("_", " "), seconds(v)) for k, v in r["step_s"].items()]
-    blocks = [head, "", table(rows, ["", "value"]), "", "one step", table(steps, ["term", "time"])]
-    return "\n".join([*blocks, "", "one GPU's memory", table(_serve_memory(r), ["term", "bytes"])])
-
-
-def _serve_memory(r: dict[str, Any]) -> list[tuple[str, str]]:
-    """The serving bill as the engine sizes it: the terms sum to the device's HBM."""
-    keeps = f"{1 - r['memory_fraction']:.0%} of {r['memory_fraction_of']}"
-    return [
-        ("weights", gb(r["weights_bytes_per_gpu"])),
-        ("prefill activations", gb(r["activations_bytes_per_gpu"])),
-        (f"{r['engine']} runtime reserve", gb(r["runtime_reserve_bytes_per_gpu"])),
-        (f"{r['engine']} headroom (keeps {keeps})", gb(r["engine_headroom_bytes_per_gpu"])),
-        ("KV cache budget", gb(r["kv_budget_bytes_per_gpu"])),
-    ]
-
-
-def _serve_layout(lay: dict[str, Any]) -> str:
-    parts = [f"tp{lay['tp']}"] + [f"pp{lay['pp']}"] * (lay["pp"] > 1) + [f"ep{lay['ep']}"] * (lay["ep"] > 1)
-    parts += ["dp-attn"] * lay["dp_attention"]
-    return " ".join(parts) + f" {lay['weights_dtype']}/{lay['kv_dtype']}"
-
-
-def _replicas(plan: dict[str, Any]) -> str:
-    p = plan.get("prefill_replicas", 0)
-    return f"{p} prefill + {plan['replicas'] - p} decode" if p else str(plan["replicas"])
-
-
-def _serve_plan(r: dict[str, Any]) -> str:
-    t = r["targets"]
-    head = (
-        f"{r['model']} on {r['gpus']} x {r['gpu']} ({r['engine']}), {r['input_len']} in / {r['output_len']} out;"
-        f" TTFT p99 <= {t['ttft_s_p99'] or '-'} s, TPOT <= {t['tpot_s_p99'] or '-'} s; objective {r['objective']}"
-    )
-    rows = [
-        (
-            i + 1,
-            _serve_layout(c["layout"]),
-            _replicas(c),
-            c["gpus"],
-            c["batch_cap_per_replica"],
-            seconds(c["ttft_s_p99"]),
-            seconds(c["tpot_s"]),
-            f"{c['tokens_per_s_per_gpu']:,.0f}",
-            f"{c['tokens_per_s_per_user']:,.1f}",
-        )
-        for i, c in enumerate(r["top"])
-    ]
-    front = [
-        (
-            _serve_layout(p["layout"]),
-            p["batch_cap_per_replica"],
-            f"{p['tokens_per_s_per_gpu']:,.0f}",
-            f"{p['tokens_per_s_per_user']:,.1f}",
-        )
-        for p in r["pareto"]
-    ]
-    reasons: dict[str, int] = {}
-    for x in r["rejected"]:
-        key = x["reason"].split(" at batch")[0].split(" >")[0]
-        reasons[key] = reasons.get(key, 0) + 1
-    return "\n".join(
-        [
-            head,
-            f"{r['layouts_evaluated']} layouts, {r['points_evaluated']:,} batch caps in {seconds(r['elapsed_s'])};"
-            f" {r['layouts_meeting_targets']} meet the targets",
-            "",
-            table(rows, ["#", "layout", "replicas", "GPUs", "batch", "TTFT p99", "TPOT", "tok/s/GPU", "tok/s/user"])
-            if rows
-            else "no layout meets the targets",
-            "",
-            f"Pareto front ({r['pareto_points_total']:,} points, {len(front)} shown)",
-            table(front, ["layout", "batch", "tok/s/GPU", "tok/s/user"]),
-            "",
-            "rejected: " + ", ".join(f"{n} x {k}" for k, n in reasons.items()),
-        ]
-    )
-
-
-def _validate_serving(r: dict[str, Any]) -> str:
-    def err(x: float | None) -> str:
-        return "" if x is None else f"{100 * x:+.1f}%"
-
-    runs = [
-        (
-            x["case"],
-            x["metric_class"],
-            f"{x['measured']:.4g}",
-            "" if x["predicted"] is None else f"{x['predicted']:.4g}",
-            err(x["error"]),
-            x["status"],
-        )
-        for x in r["runs"]
-    ]
-    sources = [
-        (
-            s["source"],
-            s["metric_class"],
-            s["cases"],
-            percent(s["mean_abs_error"]),
-            percent(s["max_abs_error"]),
-            percent(s["loso_mean_abs_error"]),
-            percent(s["best_constant_mean_abs_error"]),
-        )
-        for s in r["sources"]
-    ]
-    classes = [
-        (
-            c["metric_class"],
-            c["cases"],
-            percent(c["mean_abs_error"]),
-            percent(c["max_abs_error"]),
-            percent(c["loso_mean_abs_error"]),
-            percent(c["target_mean"]),
-            percent(c["best_constant_mean_abs_error"]),
-            "ok" if c["ok"] else "FAIL",
-        )
-        for c in r["classes"]
-    ]
-    notes = [f"  {x['case']}: {x['reason']}" for x in r["runs"] if x["status"] in ("physics", "warned", "skipped")]
-    return "\n".join(
-        [
-            table(runs, ["case", "metric", "published", "predicted", "error", "status"]),
-            "",
-            table(sources, ["source", "metric", "cases", "mean |err|", "max", "LOSO mean", "best constant"]),
-            "",
-            table(classes, ["metric", "cases", "mean |err|", "max", "LOSO mean", "target", "best constant", ""]),
-            "",
-            "not fitted:",
-            *notes,
-        ]
-    )
-
-
-def _validate(r: dict[str, Any]) -> str:
-    if "classes" in r:
-        return _validate_serving(r)
-    out = []
-    for src in r["sources"]:
-        runs = [x for x in r["runs"] if x["source"] == src["source"]]
-        unit = {
-            "iteration_time_s": "s",
-            "mfu": "",
-            "tflops_per_gpu_eq3": "TFLOP/s",
-            "tflops_per_gpu_megatron": "TFLOP/s",
-            "tokens_per_s_per_gpu": "tok/s",
-        }[src["metric"]]
-        rows = [
-            (x["case"], f"{x['measured']:.3g} {unit}", f"{x['predicted']:.3g} {unit}", f"{100 * x['error']:+.1f}%")
-            for x in runs
-        ]
-        out += [
-            f"{src['title']}",
-            table(rows, ["run", "published", "predicted", "error"]),
-            f"mean |error| {percent(src['mean_abs_error'])}, max {percent(src['max_abs_error'])}",
-        ]
-        out += [
-            f"  [{'ok' if c['ok'] else 'FAIL'}] {c['check']}: {c['value']:.4g} (bound {c['bound']:.4g})"
-            for c in src["checks"]
-        ]
-        out.append("")
-    if "held_out" in r:
-        out += _held_out(r)
-    out.append("all targets hold" if r["all_ok"] else "some targets do NOT hold")
-    return "\n".join(out)
-
-
-def _held_out(r: dict[str, Any]) -> list[str]:
-    """Leave-one-source-out: each source against the scales fitted on all the others."""
-    rows = [
-        (
-            s["source"],
-            s["cases"],
-            percent(s["mean_abs_error"]),
-            percent(s["loso_mean_abs_error"]),
-            percent(s["best_constant_error"]) if s["cases"] >= 3 else "-",
-            f"{s['loso_compute_scale']:.2f} / {s['loso_comm_scale']:.2f}",
-        )
-        for s in r["held_out"]["sources"]
-    ]
-    fit = r["held_out"]["fit_all"]
-    lines = [
-        "Held out: each source predicted with the shared scales fitted on all the other sources",
-        table(rows, ["source", "runs", "model", "held out", "best constant", "compute / comm scale"]),
-        f"fit on all sources: compute scale {fit['compute_scale']:.3f}, comm scale {fit['comm_scale']:.3f}",
-        "goals (reported, not yet part of the checks):",
-    ]
-    lines += [
-        f"  [{'ok' if g['ok'] else 'not met'}] {g['check']}: {g['value']:.4g} (goal {g['bound']:.4g})"
-        for g in r["goals"]
-    ]
-    return [*lines, ""]
 
 
 def _layout_short(lay: dict[str, Any]) -> str:
@@ -636,87 +388,8 @@ def _list(r: dict[str, Any]) -> str:
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, width, strict=True)).rstrip() for row in rows)
 
 
-def _validate_memory(r: dict[str, Any]) -> str:
-    from meshplan.render import gb, percent
-
-    rows = [
-        [
-            x["source"],
-            x["case"],
-            x["metric"],
-            f"{x['measured_gib']:.1f}",
-            f"{x['predicted_gib']:.1f}",
-            f"{x['error']:+.1%}",
-        ]
-        for x in r["runs"]
-    ]
-    out = [table(rows, ["source", "case", "figure", "measured GiB", "billed GiB", "error"], align="lllrrr"), ""]
-    srcs = [
-        [
-            s["source"],
-            s["reports"],
-            str(s["cases"]),
-            percent(s["mean_abs_error"]),
-            percent(s["max_abs_error"]),
-            percent(s["best_constant_error"]),
-            "ok" if s["ok"] else "MISSED",
-        ]
-        for s in r["sources"]
-    ]
-    head = ["source", "reports", "cases", "mean |error|", "max |error|", "best constant", "targets"]
-    out += [table(srcs, head, align="llrrrrl"), ""]
-    summary = r["summary"]
-    out.append(
-        f"all cases: mean |error| {percent(summary['mean_abs_error'])} (target {percent(summary['target_mean'])}), "
-        f"max {percent(summary['max_abs_error'])} (target {percent(summary['target_max'])})"
-    )
-    for v in r["verdicts"]:
-        verdict = "fits" if v["fits"] else f"billed {gb(v['over_bytes_per_gpu'])} over HBM"
-        out += ["", f"{v['case']}: {gb(v['memory_bytes_per_gpu'])} of {gb(v['hbm_bytes_per_gpu'])}, {verdict}"]
-        for s in v.get("savings", []):
-            closes = "closes the gap" if s["closes_gap"] else "not enough alone"
-            out.append(f"  unstated saving: {s['saving']}: {gb(s['bytes'])} ({closes})")
-    return "\n".join(out)
-
-
-def _validate_any(r: dict[str, Any]) -> str:
-    return _validate_memory(r) if "verdicts" in r else _validate(r)
-
-
-def _calibrate(r: dict[str, Any]) -> str:
-    rows = [
-        (
-            " ".join(x["args"])[:60],
-            x["metric"],
-            f"{x['measured']:.4g}",
-            f"{x['predicted_before']:.4g}",
-            f"{100 * x['error_before']:+.1f}%",
-            f"{x['predicted_fitted']:.4g}",
-            f"{100 * x['error_fitted']:+.1f}%",
-        )
-        for x in r["runs_detail"]
-    ]
-    p = r["profile"]
-    out = [
-        table(rows, ["run", "metric", "measured", "catalog", "error", "fitted", "error"]),
-        "",
-        f"profile: compute_scale {p['compute_scale']:.3f}, comm_scale {p['comm_scale']:.3f} "
-        f"(fitted: {', '.join(r['fitted'])}; not identified by these runs: "
-        f"{', '.join(k for k, ok in r['identified'].items() if not ok) or 'none'})",
-        "chosen by the least error held out: "
-        + ", ".join(f"{k.replace('+', ' and ')} {percent(v)}" for k, v in r["held_out_by_choice"].items()),
-        f"mean |error| over {r['runs']} runs: {percent(r['mean_abs_error_before'])} with the catalog, "
-        f"{percent(r['mean_abs_error_fitted'])} fitted, {percent(r['mean_abs_error_held_out'])} held out "
-        "(each run predicted from the others)",
-    ]
-    out.append(f"written to {r['profile_file']}" if r["profile_file"] else "profile (write it with --out FILE):")
-    if not r["profile_file"]:
-        out.append(r["profile_toml"].rstrip())
-    return "\n".join(out)
-
-
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "calibrate": _calibrate,
+    "calibrate": calibrate_table,
     "list": _list,
     "stacks": _stacks,
     "check": _check,
@@ -725,13 +398,13 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "export": _export,
     "estimate": _estimate,
     "collectives": _collectives,
-    "validate": _validate_any,
+    "validate": validate_table,
     "params": _params,
     "memory": _memory,
     "fit": _fit,
-    "serving": _serving,
-    "serve": _serve,
-    "serve-plan": _serve_plan,
+    "serving": serving_table,
+    "serve": serve_table,
+    "serve-plan": serve_plan_table,
 }
 
 

@@ -110,21 +110,18 @@ def make_call(
         def on(x: Num) -> Num:
             return x if rows is None or np.ndim(x) == 0 else x[rows]
 
-        return (
-            hierarchical_time(
-                op,
-                size_bytes=on(size),
-                inner=on(inner_n),
-                outer=on(outer),
-                inner_bytes_per_s=cluster.scale_up.effective_bytes_per_s,
-                outer_bytes_per_s=cluster.scale_out.effective_bytes_per_s
-                / (cluster.oversubscription if op is Collective.ALL_TO_ALL else 1.0),
-                inner_latency_s=cluster.scale_up.latency_s,
-                outer_latency_s=cluster.scale_out.latency_s,
-                leaving_share=on(leaving_share),
-            )
-            + on(host_s)
-        )
+        return hierarchical_time(
+            op,
+            size_bytes=on(size),
+            inner=on(inner_n),
+            outer=on(outer),
+            inner_bytes_per_s=cluster.scale_up.effective_bytes_per_s,
+            outer_bytes_per_s=cluster.scale_out.effective_bytes_per_s
+            / (cluster.oversubscription if op is Collective.ALL_TO_ALL else 1.0),
+            inner_latency_s=cluster.scale_up.latency_s,
+            outer_latency_s=cluster.scale_out.latency_s,
+            leaving_share=on(leaving_share),
+        ) + on(host_s)
 
     t: Num = 0.0
     if np.ndim(count) == 0:

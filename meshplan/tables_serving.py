@@ -1,0 +1,142 @@
+"""Tables of the serving reports: the serving bill, one serving layout under load, and the serving planner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.render import gb, seconds, table
+
+
+def serving_table(r: dict[str, Any]) -> str:
+    rows = [
+        ("weights per GPU", gb(r["weights_bytes_per_gpu"])),
+        ("prefill activations per GPU", gb(r["activations_bytes_per_gpu"])),
+        ("runtime reserve per GPU", gb(r["runtime_reserve_bytes_per_gpu"])),
+        (
+            f"headroom per GPU ({r['engine']} keeps {1 - r['memory_fraction']:.0%} of {r['memory_fraction_of']})",
+            gb(r["engine_headroom_bytes_per_gpu"]),
+        ),
+        ("KV budget per GPU", gb(r["kv_budget_bytes_per_gpu"])),
+        ("KV per token per GPU", gb(r["kv_bytes_per_token_per_gpu"])),
+        (f"KV per {r['context']}-token sequence", gb(r["kv_bytes_per_sequence_per_gpu"])),
+        ("KV tokens that fit per replica", f"{r['kv_capacity_tokens_per_replica']:,}"),
+        ("concurrent sequences, all replicas", f"{r['max_concurrent_sequences_total']:,}"),
+    ]
+    head = f"{r['model']} serving on {r['gpus']} x {r['gpu']}: tp={r['tp']} pp={r['pp']} x {r['replicas']} replicas"
+    warnings = [f"WARNING: {w}" for w in r.get("warnings", [])]
+    return "\n".join(
+        [head, f"weights {r['dtype']}, KV cache {r['kv_dtype']}", "", table(rows, ["", "value"]), *warnings]
+    )
+
+
+def _opt_s(x: float | None) -> str:
+    return "saturated" if x is None else seconds(x)
+
+
+def _max_per_gpu(r: dict[str, Any]) -> str:
+    return f" (max {r['max_tokens_per_s_per_gpu']:,.0f})" if "max_tokens_per_s_per_gpu" in r else ""
+
+
+def serve_table(r: dict[str, Any]) -> str:
+    lay = r["layout"]
+    head = (
+        f"{r['model']} on {r['gpus']} x {r['gpu']} ({r['engine']}): tp={lay['tp']} pp={lay['pp']} ep={lay['ep']}"
+        f"{' dp-attention' if lay['dp_attention'] else ''} x {lay['replicas']} replicas; weights {r['weights_dtype']}"
+        f" ({r['quant']}), KV {r['kv_dtype']}; {r['input_len']} in / {r['output_len']} out"
+    )
+    rows = [
+        ("TTFT p50 / p99", f"{_opt_s(r['ttft_s_p50'])} / {_opt_s(r['ttft_s_p99'])}"),
+        ("TTFT unloaded", seconds(r["ttft_s_unloaded"])),
+        ("TPOT = ITL", seconds(r["tpot_s"])),
+        ("tokens/s per GPU", f"{r['tokens_per_s_per_gpu']:,.0f}" + _max_per_gpu(r)),
+        ("tokens/s per user", f"{r['tokens_per_s_per_user']:,.1f}"),
+        ("requests/s (all replicas)", f"{r['requests_per_s_total']:,.2f}"),
+        ("batch per replica", f"{r['batch_per_replica']:,.1f} of {r['batch_cap_per_replica']:,} ({r['batch_limit']})"),
+        ("knee (90% of max)", f"{r.get('knee_batch_per_replica', 0):,} sequences"),
+    ]
+    if "disaggregated" in r:
+        d = r["disaggregated"]
+        rows.pop()  # no knee: the decode pool's batch is set by the prefill pool's output
+        rows += [
+            ("pools: prefill / decode GPUs", f"{d['prefill_gpus']} / {d['decode_gpus']}"),
+            ("prefill alone / KV hand-over", f"{seconds(d['prefill_s'])} / {seconds(d['kv_transfer_s'])}"),
+            ("max requests/s: prefill / decode", f"{d['prefill_requests_per_s_max']:,.2f} / "
+             f"{d['decode_requests_per_s_max']:,.2f} (bottleneck: {d['bottleneck']})"),
+        ]  # fmt: skip
+    steps = [(k.removesuffix("_s").replace("_", " "), seconds(v)) for k, v in r["step_s"].items()]
+    blocks = [head, "", table(rows, ["", "value"]), "", "one step", table(steps, ["term", "time"])]
+    return "\n".join([*blocks, "", "one GPU's memory", table(_serve_memory(r), ["term", "bytes"])])
+
+
+def _serve_memory(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """The serving bill as the engine sizes it: the terms sum to the device's HBM."""
+    keeps = f"{1 - r['memory_fraction']:.0%} of {r['memory_fraction_of']}"
+    return [
+        ("weights", gb(r["weights_bytes_per_gpu"])),
+        ("prefill activations", gb(r["activations_bytes_per_gpu"])),
+        (f"{r['engine']} runtime reserve", gb(r["runtime_reserve_bytes_per_gpu"])),
+        (f"{r['engine']} headroom (keeps {keeps})", gb(r["engine_headroom_bytes_per_gpu"])),
+        ("KV cache budget", gb(r["kv_budget_bytes_per_gpu"])),
+    ]
+
+
+def _serve_layout(lay: dict[str, Any]) -> str:
+    parts = [f"tp{lay['tp']}"] + [f"pp{lay['pp']}"] * (lay["pp"] > 1) + [f"ep{lay['ep']}"] * (lay["ep"] > 1)
+    parts += ["dp-attn"] * lay["dp_attention"]
+    return " ".join(parts) + f" {lay['weights_dtype']}/{lay['kv_dtype']}"
+
+
+def _replicas(plan: dict[str, Any]) -> str:
+    p = plan.get("prefill_replicas", 0)
+    return f"{p} prefill + {plan['replicas'] - p} decode" if p else str(plan["replicas"])
+
+
+def serve_plan_table(r: dict[str, Any]) -> str:
+    t = r["targets"]
+    head = (
+        f"{r['model']} on {r['gpus']} x {r['gpu']} ({r['engine']}), {r['input_len']} in / {r['output_len']} out;"
+        f" TTFT p99 <= {t['ttft_s_p99'] or '-'} s, TPOT <= {t['tpot_s_p99'] or '-'} s; objective {r['objective']}"
+    )
+    rows = [
+        (
+            i + 1,
+            _serve_layout(c["layout"]),
+            _replicas(c),
+            c["gpus"],
+            c["batch_cap_per_replica"],
+            seconds(c["ttft_s_p99"]),
+            seconds(c["tpot_s"]),
+            f"{c['tokens_per_s_per_gpu']:,.0f}",
+            f"{c['tokens_per_s_per_user']:,.1f}",
+        )
+        for i, c in enumerate(r["top"])
+    ]
+    front = [
+        (
+            _serve_layout(p["layout"]),
+            p["batch_cap_per_replica"],
+            f"{p['tokens_per_s_per_gpu']:,.0f}",
+            f"{p['tokens_per_s_per_user']:,.1f}",
+        )
+        for p in r["pareto"]
+    ]
+    reasons: dict[str, int] = {}
+    for x in r["rejected"]:
+        key = x["reason"].split(" at batch")[0].split(" >")[0]
+        reasons[key] = reasons.get(key, 0) + 1
+    return "\n".join(
+        [
+            head,
+            f"{r['layouts_evaluated']} layouts, {r['points_evaluated']:,} batch caps in {seconds(r['elapsed_s'])};"
+            f" {r['layouts_meeting_targets']} meet the targets",
+            "",
+            table(rows, ["#", "layout", "replicas", "GPUs", "batch", "TTFT p99", "TPOT", "tok/s/GPU", "tok/s/user"])
+            if rows
+            else "no layout meets the targets",
+            "",
+            f"Pareto front ({r['pareto_points_total']:,} points, {len(front)} shown)",
+            table(front, ["layout", "batch", "tok/s/GPU", "tok/s/user"]),
+            "",
+            "rejected: " + ", ".join(f"{n} x {k}" for k, n in reasons.items()),
+        ]
+    )

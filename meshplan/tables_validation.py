@@ -1,0 +1,201 @@
+"""Tables of the checks against published measurements: validate (training, serving, memory) and calibrate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.render import gb, percent, table
+
+
+def _validate_serving(r: dict[str, Any]) -> str:
+    def err(x: float | None) -> str:
+        return "" if x is None else f"{100 * x:+.1f}%"
+
+    runs = [
+        (
+            x["case"],
+            x["metric_class"],
+            f"{x['measured']:.4g}",
+            "" if x["predicted"] is None else f"{x['predicted']:.4g}",
+            err(x["error"]),
+            x["status"],
+        )
+        for x in r["runs"]
+    ]
+    sources = [
+        (
+            s["source"],
+            s["metric_class"],
+            s["cases"],
+            percent(s["mean_abs_error"]),
+            percent(s["max_abs_error"]),
+            percent(s["loso_mean_abs_error"]),
+            percent(s["best_constant_mean_abs_error"]),
+        )
+        for s in r["sources"]
+    ]
+    classes = [
+        (
+            c["metric_class"],
+            c["cases"],
+            percent(c["mean_abs_error"]),
+            percent(c["max_abs_error"]),
+            percent(c["loso_mean_abs_error"]),
+            percent(c["target_mean"]),
+            percent(c["best_constant_mean_abs_error"]),
+            "ok" if c["ok"] else "FAIL",
+        )
+        for c in r["classes"]
+    ]
+    notes = [f"  {x['case']}: {x['reason']}" for x in r["runs"] if x["status"] in ("physics", "warned", "skipped")]
+    return "\n".join(
+        [
+            table(runs, ["case", "metric", "published", "predicted", "error", "status"]),
+            "",
+            table(sources, ["source", "metric", "cases", "mean |err|", "max", "LOSO mean", "best constant"]),
+            "",
+            table(classes, ["metric", "cases", "mean |err|", "max", "LOSO mean", "target", "best constant", ""]),
+            "",
+            "not fitted:",
+            *notes,
+        ]
+    )
+
+
+def _validate(r: dict[str, Any]) -> str:
+    if "classes" in r:
+        return _validate_serving(r)
+    out = []
+    for src in r["sources"]:
+        runs = [x for x in r["runs"] if x["source"] == src["source"]]
+        unit = {
+            "iteration_time_s": "s",
+            "mfu": "",
+            "tflops_per_gpu_eq3": "TFLOP/s",
+            "tflops_per_gpu_megatron": "TFLOP/s",
+            "tokens_per_s_per_gpu": "tok/s",
+        }[src["metric"]]
+        rows = [
+            (x["case"], f"{x['measured']:.3g} {unit}", f"{x['predicted']:.3g} {unit}", f"{100 * x['error']:+.1f}%")
+            for x in runs
+        ]
+        out += [
+            f"{src['title']}",
+            table(rows, ["run", "published", "predicted", "error"]),
+            f"mean |error| {percent(src['mean_abs_error'])}, max {percent(src['max_abs_error'])}",
+        ]
+        out += [
+            f"  [{'ok' if c['ok'] else 'FAIL'}] {c['check']}: {c['value']:.4g} (bound {c['bound']:.4g})"
+            for c in src["checks"]
+        ]
+        out.append("")
+    if "held_out" in r:
+        out += _held_out(r)
+    out.append("all targets hold" if r["all_ok"] else "some targets do NOT hold")
+    return "\n".join(out)
+
+
+def _held_out(r: dict[str, Any]) -> list[str]:
+    """Leave-one-source-out: each source against the scales fitted on all the others."""
+    rows = [
+        (
+            s["source"],
+            s["cases"],
+            percent(s["mean_abs_error"]),
+            percent(s["loso_mean_abs_error"]),
+            percent(s["best_constant_error"]) if s["cases"] >= 3 else "-",
+            f"{s['loso_compute_scale']:.2f} / {s['loso_comm_scale']:.2f}",
+        )
+        for s in r["held_out"]["sources"]
+    ]
+    fit = r["held_out"]["fit_all"]
+    lines = [
+        "Held out: each source predicted with the shared scales fitted on all the other sources",
+        table(rows, ["source", "runs", "model", "held out", "best constant", "compute / comm scale"]),
+        f"fit on all sources: compute scale {fit['compute_scale']:.3f}, comm scale {fit['comm_scale']:.3f}",
+        "goals (reported, not yet part of the checks):",
+    ]
+    lines += [
+        f"  [{'ok' if g['ok'] else 'not met'}] {g['check']}: {g['value']:.4g} (goal {g['bound']:.4g})"
+        for g in r["goals"]
+    ]
+    return [*lines, ""]
+
+
+def _validate_memory(r: dict[str, Any]) -> str:
+    from meshplan.render import percent
+
+    rows = [
+        [
+            x["source"],
+            x["case"],
+            x["metric"],
+            f"{x['measured_gib']:.1f}",
+            f"{x['predicted_gib']:.1f}",
+            f"{x['error']:+.1%}",
+        ]
+        for x in r["runs"]
+    ]
+    out = [table(rows, ["source", "case", "figure", "measured GiB", "billed GiB", "error"], align="lllrrr"), ""]
+    srcs = [
+        [
+            s["source"],
+            s["reports"],
+            str(s["cases"]),
+            percent(s["mean_abs_error"]),
+            percent(s["max_abs_error"]),
+            percent(s["best_constant_error"]),
+            "ok" if s["ok"] else "MISSED",
+        ]
+        for s in r["sources"]
+    ]
+    head = ["source", "reports", "cases", "mean |error|", "max |error|", "best constant", "targets"]
+    out += [table(srcs, head, align="llrrrrl"), ""]
+    summary = r["summary"]
+    out.append(
+        f"all cases: mean |error| {percent(summary['mean_abs_error'])} (target {percent(summary['target_mean'])}), "
+        f"max {percent(summary['max_abs_error'])} (target {percent(summary['target_max'])})"
+    )
+    for v in r["verdicts"]:
+        verdict = "fits" if v["fits"] else f"billed {gb(v['over_bytes_per_gpu'])} over HBM"
+        out += ["", f"{v['case']}: {gb(v['memory_bytes_per_gpu'])} of {gb(v['hbm_bytes_per_gpu'])}, {verdict}"]
+        for s in v.get("savings", []):
+            closes = "closes the gap" if s["closes_gap"] else "not enough alone"
+            out.append(f"  unstated saving: {s['saving']}: {gb(s['bytes'])} ({closes})")
+    return "\n".join(out)
+
+
+def validate_table(r: dict[str, Any]) -> str:
+    return _validate_memory(r) if "verdicts" in r else _validate(r)
+
+
+def calibrate_table(r: dict[str, Any]) -> str:
+    rows = [
+        (
+            " ".join(x["args"])[:60],
+            x["metric"],
+            f"{x['measured']:.4g}",
+            f"{x['predicted_before']:.4g}",
+            f"{100 * x['error_before']:+.1f}%",
+            f"{x['predicted_fitted']:.4g}",
+            f"{100 * x['error_fitted']:+.1f}%",
+        )
+        for x in r["runs_detail"]
+    ]
+    p = r["profile"]
+    out = [
+        table(rows, ["run", "metric", "measured", "catalog", "error", "fitted", "error"]),
+        "",
+        f"profile: compute_scale {p['compute_scale']:.3f}, comm_scale {p['comm_scale']:.3f} "
+        f"(fitted: {', '.join(r['fitted'])}; not identified by these runs: "
+        f"{', '.join(k for k, ok in r['identified'].items() if not ok) or 'none'})",
+        "chosen by the least error held out: "
+        + ", ".join(f"{k.replace('+', ' and ')} {percent(v)}" for k, v in r["held_out_by_choice"].items()),
+        f"mean |error| over {r['runs']} runs: {percent(r['mean_abs_error_before'])} with the catalog, "
+        f"{percent(r['mean_abs_error_fitted'])} fitted, {percent(r['mean_abs_error_held_out'])} held out "
+        "(each run predicted from the others)",
+    ]
+    out.append(f"written to {r['profile_file']}" if r["profile_file"] else "profile (write it with --out FILE):")
+    if not r["profile_file"]:
+        out.append(r["profile_toml"].rstrip())
+    return "\n".join(out)
