@@ -130,7 +130,9 @@ def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
     )
     numbers = {
         "runs": len(runs),
-        "held_out_by_choice": {"+".join(c): statistics.mean(h) for c, h in held_by_choice.items()},
+        "held_out_by_choice": [
+            {"scales": list(c), "mean_abs_error_held_out": statistics.mean(h)} for c, h in held_by_choice.items()
+        ],
         "mean_abs_error_before": statistics.mean(before),
         "mean_abs_error_fitted": statistics.mean(after),
         "mean_abs_error_held_out": statistics.mean(held),

@@ -190,7 +190,9 @@ def calibrate_table(r: dict[str, Any]) -> str:
         f"(fitted: {', '.join(r['fitted'])}; not identified by these runs: "
         f"{', '.join(k for k, ok in r['identified'].items() if not ok) or 'none'})",
         "chosen by the least error held out: "
-        + ", ".join(f"{k.replace('+', ' and ')} {percent(v)}" for k, v in r["held_out_by_choice"].items()),
+        + ", ".join(
+            f"{' and '.join(c['scales'])} {percent(c['mean_abs_error_held_out'])}" for c in r["held_out_by_choice"]
+        ),
         f"mean |error| over {r['runs']} runs: {percent(r['mean_abs_error_before'])} with the catalog, "
         f"{percent(r['mean_abs_error_fitted'])} fitted, {percent(r['mean_abs_error_held_out'])} held out "
         "(each run predicted from the others)",

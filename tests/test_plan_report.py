@@ -7,7 +7,8 @@ import pytest
 
 from meshplan.cli import main
 from meshplan.reports.inputs import FinetuneRequest, LayoutRequest
-from meshplan.reports.plan import parse_compare, plan_report
+from meshplan.reports.plan import plan_report
+from meshplan.reports.plan_explain import parse_compare
 from meshplan.reports.recipes import factors, list_report, recipe_report, recipes
 
 

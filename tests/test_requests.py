@@ -13,7 +13,7 @@ import pytest
 
 from meshplan.cli import build_parser, main
 from meshplan.reports.inputs import FinetuneRequest, LayoutRequest
-from meshplan.reports.plan import parse_compare
+from meshplan.reports.plan_explain import parse_compare
 from meshplan.spec.requests import FIELDS, Field, Group, field, group
 
 FREE_TEXT = {

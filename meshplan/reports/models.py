@@ -14,6 +14,8 @@ from typing import (
 
 from typing_extensions import TypedDict
 
+from meshplan.reports.serve_models import ServePlanReport, ServeReport, ServingReport
+
 
 class LayoutJSON(TypedDict):
     tp: int
@@ -229,36 +231,6 @@ class FitReport(TypedDict):
     nothing_fits: NotRequired[FitNothingJSON]
 
 
-class ServingReport(TypedDict):
-    model: str
-    gpu: str
-    gpus: int
-    tp: int
-    pp: int
-    ep: int
-    replicas: int
-    dtype: str
-    kv_dtype: str
-    context: int
-    engine: str
-    memory_fraction: float
-    memory_fraction_of: str
-    weights_bytes_per_gpu: float
-    kv_bytes_per_token_per_gpu: float
-    kv_bytes_per_token_total: float
-    kv_bytes_per_sequence_per_gpu: float
-    activations_bytes_per_gpu: float
-    runtime_reserve_bytes_per_gpu: float
-    engine_headroom_bytes_per_gpu: float
-    usable_bytes_per_gpu: float
-    kv_budget_bytes_per_gpu: float
-    kv_capacity_tokens_per_replica: int
-    max_concurrent_sequences_total: int
-    max_concurrent_sequences_per_replica: int
-    fits: bool
-    warnings: list[str]
-
-
 class PlanItemJSON(TypedDict):
     layout: LayoutJSON
     step_time_s: float
@@ -373,134 +345,6 @@ class ListItemJSON(TypedDict):
 class ListReport(TypedDict):
     kind: str
     items: list[ListItemJSON]
-
-
-class ServingBarJSON(TypedDict):
-    sequences: int
-    terms: list[dict[str, Any]]
-    total_bytes: float
-
-
-class ServingBarReport(ServingReport):
-    """``GET /api/serving``: the serving report and the explorer's bar for ``sequences`` sequences."""
-
-    bill: ServingBarJSON
-
-
-class ServeLayoutJSON(TypedDict):
-    tp: int
-    pp: int
-    ep: int
-    dp_attention: bool
-    replicas: NotRequired[int]
-    weights_dtype: NotRequired[str]
-    kv_dtype: NotRequired[str]
-    quant: NotRequired[str]
-
-
-class StepPartsJSON(TypedDict):
-    weights_read_s: float
-    kv_read_s: float
-    compute_s: float
-    communication_s: float
-    overhead_s: float
-
-
-class ServeReport(TypedDict):
-    model: str
-    gpu: str
-    gpus: int
-    engine: str
-    layout: ServeLayoutJSON
-    weights_dtype: str
-    kv_dtype: str
-    quant: str
-    input_len: int
-    output_len: int
-    concurrency_total: float | None
-    rate_per_s_total: float | None
-    weights_bytes_per_gpu: float
-    kv_bytes_per_token_per_gpu: float
-    activations_bytes_per_gpu: float
-    runtime_reserve_bytes_per_gpu: float
-    engine_headroom_bytes_per_gpu: float
-    kv_budget_bytes_per_gpu: float
-    memory_fraction: float
-    memory_fraction_of: str
-    ttft_s_p50: float
-    ttft_s_p99: float
-    ttft_s_unloaded: float
-    queue_s_p50: float
-    queue_s_p99: float
-    tpot_s: float
-    itl_s: float
-    tokens_per_s_per_gpu: float
-    tokens_per_s_per_user: float
-    tokens_per_s_total: float
-    requests_per_s_total: float
-    batch_per_replica: float
-    batch_limit: str
-    batch_cap_per_replica: int
-    kv_sequences_per_replica: int
-    saturated: bool
-    knee_batch_per_replica: int
-    max_tokens_per_s_per_gpu: float
-    step_s: StepPartsJSON
-    calibration_source: str
-    disaggregated: NotRequired[dict[str, Any]]
-
-
-class ServePlanItemJSON(TypedDict):
-    layout: ServeLayoutJSON
-    batch_cap_per_replica: int
-    kv_sequences_per_replica: int
-    ttft_s_p99: float
-    tpot_s: float
-    tokens_per_s_per_gpu: float
-    tokens_per_s_per_user: float
-    gpus: int
-    replicas: int
-    prefill_replicas: int
-
-
-class ServeParetoJSON(TypedDict):
-    layout: ServeLayoutJSON
-    batch_cap_per_replica: int
-    tokens_per_s_per_gpu: float
-    tokens_per_s_per_user: float
-
-
-class RejectedJSON(TypedDict):
-    layout: ServeLayoutJSON
-    reason: str
-
-
-class TargetsJSON(TypedDict):
-    ttft_s_p99: float | None
-    tpot_s_p99: float | None
-
-
-class ServePlanReport(TypedDict):
-    model: str
-    gpu: str
-    gpus: int
-    engine: str
-    objective: str
-    best: ServePlanItemJSON | None
-    top: list[ServePlanItemJSON]
-    pareto: list[ServeParetoJSON]
-    pareto_points_total: int
-    rejected: list[RejectedJSON]
-    layouts_evaluated: int
-    points_evaluated: int
-    layouts_meeting_targets: int
-    elapsed_s: float
-    input_len: int
-    output_len: int
-    targets: TargetsJSON
-    disaggregate_searched: bool
-    concurrency_total: float | None
-    fewest_gpus: NotRequired[dict[str, Any]]
 
 
 REPORTS: dict[str, type] = {

@@ -13,21 +13,19 @@ import annotated_types as at
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BeforeValidator
 
-from meshplan import io
 from meshplan.render import jsonable
 from meshplan.reports import LayoutRequest, fit_report, memory_report, params_report, serving_report
 from meshplan.reports import models as m
+from meshplan.reports import serve_models as sm
 from meshplan.reports.estimate import collectives_report, estimate_report
 from meshplan.reports.inputs import FinetuneRequest
-from meshplan.reports.recipes import list_report
 from meshplan.server import parse
+from meshplan.server.catalog import catalog_dict
 from meshplan.server.content import serving_terms
-from meshplan.spec.layout import Recompute
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.profile import parse_profile
 from meshplan.spec.requests import Field, Group, field
 from meshplan.spec.requests import group as fields_of
-from meshplan.spec.workload import PRECISIONS, OptimizerKind
 
 router = APIRouter(prefix="/api")
 
@@ -222,81 +220,9 @@ FleetShapeArg = Annotated[dict[str, Any], Depends(fleet_shape_arg)]
 ServingArg = Annotated[dict[str, Any], Depends(dependency(fields_of(Group.SERVING), dict, "serving_arg"))]
 
 
-def _gpu_entries() -> list[dict[str, Any]]:
-    """Each catalog GPU with its memory and links."""
-    return [
-        {
-            "name": name,
-            "hbm_bytes_per_gpu": g.hbm_bytes,
-            "scale_up_link": g.scale_up_link,
-            "scale_up_domain": g.scale_up_domain,
-            "scale_out_link": g.scale_out_link,
-            "description": g.description,
-        }
-        for name, g in ((name, io.load_gpu(name)) for name in parse.gpu_names())
-    ]
-
-
-def _link_entries() -> list[dict[str, Any]]:
-    """Each catalog link with its tier, bandwidth per direction and latency."""
-    return [
-        {
-            "name": name,
-            "kind": lk.kind.value,
-            "tier": lk.tier.value,
-            "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s,
-            "latency_s": lk.latency_s,
-            "description": lk.description,
-        }
-        for name, lk in ((name, io.load_link(name)) for name in parse.link_names())
-    ]
-
-
-def _condition_entries() -> list[dict[str, Any]]:
-    """The run conditions as the CLI flags and the query parameters take them (choices, bounds, unit, help)."""
-    return [
-        {
-            "name": f.key,
-            "type": f.type.__name__,
-            "choices": list(f.choices),
-            "lo": f.lo,
-            "hi": f.hi,
-            "unit": f.unit,
-            "help": f.help,
-        }
-        for f in fields_of(Group.CONDITIONS)
-    ]
-
-
 @cache
 def _catalog() -> dict[str, Any]:
-    return json_dict(
-        {
-            "models": list(parse.model_names()),
-            "gpus": _gpu_entries(),
-            "links": _link_entries(),
-            "recipes": list_report()["recipes"],
-            "precisions": [{"name": p.name, "description": p.description} for p in PRECISIONS.values()],
-            "optimizers": [o.value for o in OptimizerKind],
-            "recompute": [r.name.lower() for r in Recompute],
-            "serving_dtypes": list(SERVING_DTYPES),
-            "kv_dtypes": list(KV_DTYPES),
-            "objectives": list(field("objective").choices),
-            "stacks": [
-                {"name": s.name, "description": s.description, "reports": s.reports, "defaults": dict(s.defaults)}
-                for s in map(io.load_stack, io.list_stacks())
-            ],
-            "conditions": _condition_entries(),
-            "limits": {
-                "gpus": parse.MAX_GPUS,
-                "seq": parse.MAX_SEQ,
-                "global_batch": parse.MAX_BATCH,
-                "micro_batch": parse.MAX_MICRO_BATCH,
-                "top": parse.MAX_TOP,
-                "body_bytes": parse.MAX_BODY_BYTES,
-            },
-        }
-    )
+    return json_dict(catalog_dict())
 
 
 @router.get("/catalog", summary="Models, GPUs, links, recipes and the choices every form offers")
@@ -380,7 +306,7 @@ def serving_bill(report: dict[str, Any], *, sequences: int) -> dict[str, Any]:
 @router.get(
     "/serving",
     summary="Serving memory: weights, KV cache, what fits (meshplan serving)",
-    responses=ok(m.ServingBarReport),
+    responses=ok(sm.ServingBarReport),
     response_model=None,
 )
 def serving(
@@ -468,7 +394,7 @@ ServePlanArg = Annotated[
 @router.get(
     "/serve",
     summary="Serving speed under load: TTFT, TPOT, tokens/s per GPU and per user (meshplan serve)",
-    responses=ok(m.ServeReport),
+    responses=ok(sm.ServeReport),
     response_model=None,
 )
 def serve(
@@ -492,7 +418,7 @@ def serve(
 @router.get(
     "/serve-plan",
     summary="Serving layouts ranked under TTFT/TPOT targets (meshplan serve-plan)",
-    responses=ok(m.ServePlanReport),
+    responses=ok(sm.ServePlanReport),
     response_model=None,
 )
 def serve_plan(
