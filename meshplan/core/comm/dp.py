@@ -69,6 +69,8 @@ def listed_host_s(part: DpPart, *, size: Num, passes: int) -> Num:
     out of (all_gather) or into (reduce_scatter) a flat buffer of its own, a copy per rank: launch-bound, or bound
     by the read and write of the whole buffer in HBM; then ``passes`` whole-buffer kernels. The fetch synchronizes
     the device around them, so nothing hides them."""
+    if not (part.rank_op_s or part.copy_s_per_byte):  # plain floats: 0.0 unless listed
+        return 0.0
     launches = part.shard_group * part.rank_op_s
     return launches + maximum(launches, 2 * size * part.copy_s_per_byte) + passes * size * part.copy_s_per_byte
 
@@ -145,9 +147,8 @@ def _gradient_calls(
     rs_count = where(zero == ZeroStage.OPTIMIZER, 1, where(every_mb & whole_model_zero3, m * part.units, 0))
     # DeepSpeed 0.3 without contiguous gradients all-reduces each bucket of ZeRO-3's gradients instead
     bucket_ar = work.conditions.zero3_grad_reduce is Zero3GradReduce.ALL_REDUCE
-    zero3_ar = (zero == ZeroStage.PARAMETERS) & whole_model_zero3 & bucket_ar
-    hbm_bytes_per_s = cl.gpu.hbm_bandwidth_bytes_per_s * cl.gpu.calibration.hbm_efficiency
-    return [
+    zero3_ar = (zero == ZeroStage.PARAMETERS) & whole_model_zero3
+    calls = [
         _call(
             part.strategy,
             Collective.ALL_REDUCE,
@@ -168,7 +169,7 @@ def _gradient_calls(
             phase="backward",
             size=grads / part.units,
             per_micro_batch=every_mb,
-            count=part.issued * where(zero3_ar, 0, rs_count),
+            count=part.issued * (where(zero3_ar, 0, rs_count) if bucket_ar else rs_count),
             group=part.shard_group,
             inner=part.shard_inner,
             host_s=where(
@@ -176,18 +177,6 @@ def _gradient_calls(
                 listed_host_s(part, size=grads / part.units, passes=REDUCE_SCATTER_PASSES),
                 0.0,
             ),
-        ),
-        _call(
-            part.strategy,
-            Collective.ALL_REDUCE,
-            shard_p,
-            cl,
-            phase="backward",
-            size=grads / part.units,
-            count=part.issued * where(zero3_ar, m * part.units, 0),
-            group=part.shard_group,
-            inner=part.shard_inner,
-            host_s=BUCKET_PASSES * grads / part.units / hbm_bytes_per_s,
         ),
         _call(
             part.strategy,
@@ -200,6 +189,23 @@ def _gradient_calls(
             count=part.issued * where((zero > ZeroStage.NONE) & (rep_p.size > 1), 1, 0),
         ),
     ]
+    if bucket_ar:
+        hbm_bytes_per_s = cl.gpu.hbm_bandwidth_bytes_per_s * cl.gpu.calibration.hbm_efficiency
+        calls.append(
+            _call(
+                part.strategy,
+                Collective.ALL_REDUCE,
+                shard_p,
+                cl,
+                phase="backward",
+                size=grads / part.units,
+                count=part.issued * where(zero3_ar, m * part.units, 0),
+                group=part.shard_group,
+                inner=part.shard_inner,
+                host_s=BUCKET_PASSES * grads / part.units / hbm_bytes_per_s,
+            )
+        )
+    return calls
 
 
 def _parameter_calls(
