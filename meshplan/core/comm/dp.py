@@ -2,7 +2,8 @@
 gradient reduce-scatter and parameter all-gather over the shard group once per step. ZeRO-2: the
 reduce-scatter every micro-batch. ZeRO-3: parameter all-gathers in forward and backward and a gradient
 reduce-scatter every micro-batch (3x the parameters, ZeRO Sec. 7.2), one per unit, each paying its latency: a
-layer for FSDP, a weight matrix for DeepSpeed (``Zero3Unit``), whose recomputed forward gathers again.
+layer for FSDP, a weight matrix for DeepSpeed (``Zero3Unit``), whose recomputed forward gathers again; DeepSpeed
+0.3 by default all-reduces each matrix's gradient instead (``Zero3GradReduce``).
 HSDP adds an all-reduce of the shard across replicas."""
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def _gradient_calls(
     rs_count = where(zero == ZeroStage.OPTIMIZER, 1, where(every_mb & whole_model_zero3, m * part.units, 0))
     # DeepSpeed 0.3 without contiguous gradients all-reduces each bucket of ZeRO-3's gradients instead
     bucket_ar = work.conditions.zero3_grad_reduce is Zero3GradReduce.ALL_REDUCE
-    zero3_ar = (zero == ZeroStage.PARAMETERS) & whole_model_zero3
+    zero3_ar = (zero == ZeroStage.PARAMETERS) & whole_model_zero3 if bucket_ar else False
     calls = [
         _call(
             part.strategy,
