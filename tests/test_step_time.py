@@ -162,22 +162,52 @@ def test_zero3_without_overlap_pays_all_its_traffic() -> None:
     assert hidden.step.exposed_dp_s < exposed.step.exposed_dp_s  # type: ignore[attr-defined]
 
 
-def test_listed_zero3_collectives_pay_two_launches_per_rank() -> None:
-    """DeepSpeed 0.3's list collectives: a view and a copy per rank of the 64, each a launch gap, per call."""
+def _dp_calls_by_kind(plan: object) -> dict[tuple[str, str], tuple[float, float, float]]:
+    return {
+        (c.op.value, c.phase): (float(c.call_s), float(c.count_per_step), float(c.size_bytes))
+        for c in plan.collectives  # type: ignore[attr-defined]
+        if c.strategy == "dp" and c.count_per_step and c.phase != "step"
+    }
+
+
+def test_listed_zero3_collectives_pay_a_view_and_a_copy_per_rank() -> None:
+    """DeepSpeed 0.3's list collectives, per call: a view per rank of the 64 (a launch gap each), a copy per rank
+    (launch-bound or bound by a read and a write of the buffer in HBM), and the zero-fill of the gathered buffer
+    (one pass) or the gradient's pre-division (two passes)."""
     flat, listed = _zero3_plan("module", Recompute.FULL), _zero3_plan("parameter", Recompute.FULL)
-    launch_s = resolve_cluster(gpu="a100-80gb", gpus=64).gpu.calibration.kernel_overhead_s
-
-    def by_kind(plan: object) -> dict[tuple[str, str], tuple[float, float]]:
-        return {
-            (c.op.value, c.phase): (float(c.call_s), float(c.count_per_step))
-            for c in plan.collectives  # type: ignore[attr-defined]
-            if c.strategy == "dp" and c.count_per_step and c.phase != "step"
-        }
-
-    a, b = by_kind(flat), by_kind(listed)
+    gpu = resolve_cluster(gpu="a100-80gb", gpus=64).gpu
+    launches = 64 * gpu.calibration.kernel_overhead_s
+    per_byte = 1 / (gpu.hbm_bandwidth_bytes_per_s * gpu.calibration.hbm_efficiency)
+    a, b = _dp_calls_by_kind(flat), _dp_calls_by_kind(listed)
     assert set(a) == set(b) == {("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward")}
-    for kind, (call_s, count) in a.items():
-        assert b[kind] == pytest.approx((call_s + 2 * 64 * launch_s, count), rel=1e-12)
+    for (op, phase), (call_s, count, size) in a.items():
+        passes = 1 if op == "all_gather" else 2
+        host = launches + max(launches, 2 * size * per_byte) + passes * size * per_byte
+        assert b[op, phase] == pytest.approx((call_s + host, count, size), rel=1e-12)
+
+
+def test_zero3_gradients_all_reduced_in_buckets_move_twice_the_bytes() -> None:
+    """DeepSpeed 0.3 without contiguous gradients: each unit's gradient all-reduced whole instead of
+    reduce-scattered, as many calls of the same size, each slower than the reduce-scatter beside its six HBM
+    passes (flatten, divide, copy back)."""
+    from meshplan.reports.conditions import conditions_of
+
+    model = io.load_model("gpt3-175b")
+    cluster = resolve_cluster(gpu="a100-80gb", gpus=64)
+    layout = Layout(dp_shard=64, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL)
+
+    def plan(reduce: str) -> object:
+        conditions = conditions_of({"zero3_unit": "module", "zero3_grad_reduce": reduce})
+        return evaluate(model, cluster, layout, Workload(seq_len=2048, global_batch=128, conditions=conditions))
+
+    rs, ar = _dp_calls_by_kind(plan("reduce-scatter")), _dp_calls_by_kind(plan("all-reduce"))
+    assert ("reduce_scatter", "backward") not in ar
+    rs_s, rs_count, rs_size = rs["reduce_scatter", "backward"]
+    ar_s, ar_count, ar_size = ar["all_reduce", "backward"]
+    assert (ar_count, ar_size) == (rs_count, rs_size) == (2 * 96 * 4, rs_size)
+    hbm = 6 * ar_size / (cluster.gpu.hbm_bandwidth_bytes_per_s * cluster.gpu.calibration.hbm_efficiency)
+    assert 1.5 * rs_s < ar_s - hbm < 2.5 * rs_s  # twice the bus bytes, the tree's latency instead of the ring's
+    assert ar["all_gather", "forward"] == rs["all_gather", "forward"]
 
 
 def test_torchtitan_selective_policies_repeat_what_they_drop() -> None:

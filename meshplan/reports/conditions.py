@@ -12,7 +12,15 @@ from typing import Any
 
 from meshplan import io
 from meshplan.spec import requests
-from meshplan.spec.conditions import Conditions, Fp8Recipe, LossKind, Selective, StageSplit, Zero3Unit
+from meshplan.spec.conditions import (
+    Conditions,
+    Fp8Recipe,
+    LossKind,
+    Selective,
+    StageSplit,
+    Zero3GradReduce,
+    Zero3Unit,
+)
 from meshplan.spec.workload import PRECISIONS, Overlap, PrecisionPolicy
 from meshplan.units import DType
 
@@ -90,6 +98,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         fp8_recipe=Fp8Recipe(resolved["fp8_recipe"]) if resolved.get("fp8_recipe") else None,
         fp8_all_gather=_on(resolved.get("fp8_all_gather"), False),
         zero3_unit=Zero3Unit(resolved.get("zero3_unit") or "layer"),
+        zero3_grad_reduce=Zero3GradReduce(resolved.get("zero3_grad_reduce") or "reduce-scatter"),
     )
 
 

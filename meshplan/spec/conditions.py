@@ -74,6 +74,17 @@ class Zero3Unit(StrEnum):
     operations per rank, each a launch gap."""
 
 
+class Zero3GradReduce(StrEnum):
+    """How ZeRO-3 reduces a unit's gradients over the shard group."""
+
+    REDUCE_SCATTER = "reduce-scatter"
+    """Each rank receives its shard of the sum (ZeRO Sec. 7.2; FSDP, DeepSpeed with contiguous_gradients)."""
+    ALL_REDUCE = "all-reduce"
+    """Every rank receives the whole sum, twice the bus bytes, and keeps its shard: DeepSpeed 0.3's stage 3 with
+    contiguous_gradients off, its default (stage3.py reduce_ipg_grads -> buffered_reduce_fallback -> allreduce_bucket:
+    flatten the bucket, divide by the group size, all_reduce, copy back)."""
+
+
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj")
 """Megatron-Core's --recompute-modules names."""
 
@@ -140,6 +151,8 @@ class Conditions:
     enable_fsdp_float8_all_gather, tensorwise scaling only."""
     zero3_unit: Zero3Unit = Zero3Unit.LAYER
     """What one ZeRO-3 collective carries: a layer (FSDP) or one weight matrix (DeepSpeed, flat or listed)."""
+    zero3_grad_reduce: Zero3GradReduce = Zero3GradReduce.REDUCE_SCATTER
+    """How ZeRO-3 reduces each unit's gradients: a reduce-scatter, or an all-reduce of flat buckets."""
 
     def __post_init__(self) -> None:
         if self.microbatch_group is not None and self.microbatch_group < 1:

@@ -582,6 +582,15 @@ FIELDS: tuple[Field, ...] = (
         "collectives of DeepSpeed 0.3, a copy per rank)",
     ),
     Field(
+        name="zero3_grad_reduce",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("reduce-scatter", "all-reduce"),
+        help="how ZeRO-3 reduces each unit's gradients: a reduce-scatter (default) or an all-reduce of flat "
+        "buckets (DeepSpeed 0.3 with contiguous_gradients off, its stage-3 default)",
+    ),
+    Field(
         name="selective",
         type=str,
         default=None,

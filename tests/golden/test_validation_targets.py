@@ -69,19 +69,19 @@ def test_every_source_is_held_out_once(report: dict, held_out: dict) -> None:
 # `meshplan validate` under "goals" and are not all met yet.
 HELD_OUT_BOUNDS = {  # each a little above today's held-out error (meshplan validate): a regression fails
     "deepseek_v3": 0.05,
-    "korthikanti2022": 0.045,
+    "korthikanti2022": 0.035,
     "llama3": 0.025,
     "narayanan2021": 0.04,
     "narayanan2021_table2": 0.045,
-    "narayanan2021_zero3": 0.30,
-    "torchtitan_a100": 0.045,
-    "torchtitan_h100": 0.13,
-    "megascale2024": 0.14,
-    "megatron_bridge": 0.13,
+    "narayanan2021_zero3": 0.25,
+    "torchtitan_a100": 0.035,
+    "torchtitan_h100": 0.125,
+    "megascale2024": 0.04,
+    "megatron_bridge": 0.12,
     "nemo2407_h100": 0.13,
     "megatron_h100_weak": 0.065,
     "llm_foundry_a100": 0.075,
-    "llm_foundry_h100": 0.10,
+    "llm_foundry_h100": 0.09,
 }
 
 

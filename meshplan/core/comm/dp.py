@@ -2,7 +2,8 @@
 gradient reduce-scatter and parameter all-gather over the shard group once per step. ZeRO-2: the
 reduce-scatter every micro-batch. ZeRO-3: parameter all-gathers in forward and backward and a gradient
 reduce-scatter every micro-batch (3x the parameters, ZeRO Sec. 7.2), one per unit, each paying its latency: a
-layer for FSDP, a weight matrix for DeepSpeed (``Zero3Unit``), whose recomputed forward gathers again.
+layer for FSDP, a weight matrix for DeepSpeed (``Zero3Unit``), whose recomputed forward gathers again; DeepSpeed
+0.3 by default all-reduces each matrix's gradient instead (``Zero3GradReduce``).
 HSDP adds an all-reduce of the shard across replicas."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from meshplan.core.placement import AxisPlacement
 from meshplan.core.pytorch import collectives as torch_calls
 from meshplan.core.pytorch.shards import gather_bytes
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.conditions import Zero3Unit
+from meshplan.spec.conditions import Zero3GradReduce, Zero3Unit
 from meshplan.spec.layout import Recompute, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
@@ -44,9 +45,35 @@ class DpPart:
     shard_inner: Num
     full_group: Num
     full_inner: Num
-    copies_s: Num
-    """Host time of each ZeRO-3 collective beside the wire: two operations launched per rank of the shard group
-    under list collectives (``Zero3Unit.PARAMETER``), else 0."""
+    rank_op_s: Num
+    """Host time of one operation per rank of the shard group under list collectives (``Zero3Unit.PARAMETER``),
+    else 0: a launch gap."""
+    copy_s_per_byte: Num
+    """Seconds one pass over a byte of buffer takes in HBM under list collectives, else 0."""
+
+
+GATHER_PASSES = 1
+"""HBM passes over the gathered buffer beside the wire and the per-rank copies under list collectives: torch.zeros
+fills the flat buffer before the gather (DeepSpeed 0.3.14 partition_parameters.py _allgather_param)."""
+REDUCE_SCATTER_PASSES = 2
+"""The same for the gradient: its pre-division by the group size, read and written (stage3.py average_tensor,
+tensor.div_)."""
+BUCKET_PASSES = 6
+"""HBM passes over a gradient bucket all-reduced whole (``Zero3GradReduce.ALL_REDUCE``): flattened into one buffer,
+divided by the group size and copied back, each a read and a write (DeepSpeed 0.3.14 stage3.py allreduce_bucket,
+allreduce_and_copy)."""
+
+
+def listed_host_s(part: DpPart, *, size: Num, passes: int) -> Num:
+    """Time a list collective adds beside the wire (0 unless ``Zero3Unit.PARAMETER``): DeepSpeed 0.3 builds a view
+    per rank (_allgather_param, _reduce_scatter_gradient), and PyTorch's ProcessGroupNCCL copies every rank's slice
+    out of (all_gather) or into (reduce_scatter) a flat buffer of its own, a copy per rank: launch-bound, or bound
+    by the read and write of the whole buffer in HBM; then ``passes`` whole-buffer kernels. The fetch synchronizes
+    the device around them, so nothing hides them."""
+    if not (part.rank_op_s or part.copy_s_per_byte):  # plain floats: 0.0 unless listed
+        return 0.0
+    launches = part.shard_group * part.rank_op_s
+    return launches + maximum(launches, 2 * size * part.copy_s_per_byte) + passes * size * part.copy_s_per_byte
 
 
 def zero3_units_per_layer(model: ModelSpec, work: Workload) -> int:
@@ -75,6 +102,7 @@ def _parts(
     per_layer = where(zero == ZeroStage.PARAMETERS, zero3_units_per_layer(model, work), 0)
     listed = work.conditions.zero3_unit is Zero3Unit.PARAMETER
     launch_s = cl.gpu.calibration.kernel_overhead_s
+    hbm_bytes_per_s = cl.gpu.hbm_bandwidth_bytes_per_s * cl.gpu.calibration.hbm_efficiency
     out = []
     # folded (expert TP below TP), the TP ranks an expert does not split are data ranks of the experts too: the
     # experts' data group is tp cp dp / (ep etp) (Megatron's MoE parallel folding; memory's shard_degrees)
@@ -98,11 +126,8 @@ def _parts(
                 shard_inner=minimum(g_inner, g_shard),
                 full_group=g_full,
                 full_inner=minimum(f_inner, g_full),
-                # two host operations per rank of the group, each a launch gap: DeepSpeed 0.3 builds each
-                # rank's view (narrow, partition_parameters.py _allgather_param / _reduce_scatter_gradient),
-                # and PyTorch's ProcessGroupNCCL copies each listed output (all_gather) or input
-                # (reduce_scatter) apart; the fetch synchronizes the device around them, so nothing hides them
-                copies_s=2 * g_shard * launch_s if listed else 0.0,
+                rank_op_s=launch_s if listed else 0.0,
+                copy_s_per_byte=1 / hbm_bytes_per_s if listed else 0.0,
             )
         )
     return out
@@ -121,7 +146,10 @@ def _gradient_calls(
     bucketed = native & ((ep == 1) | (part.strategy == "dp"))
     whole_model_zero3 = where(native, zero != ZeroStage.PARAMETERS, True)
     rs_count = where(zero == ZeroStage.OPTIMIZER, 1, where(every_mb & whole_model_zero3, m * part.units, 0))
-    return [
+    # DeepSpeed 0.3 without contiguous gradients all-reduces each bucket of ZeRO-3's gradients instead
+    bucket_ar = work.conditions.zero3_grad_reduce is Zero3GradReduce.ALL_REDUCE
+    zero3_ar = (zero == ZeroStage.PARAMETERS) & whole_model_zero3 if bucket_ar else False
+    calls = [
         _call(
             part.strategy,
             Collective.ALL_REDUCE,
@@ -142,10 +170,14 @@ def _gradient_calls(
             phase="backward",
             size=grads / part.units,
             per_micro_batch=every_mb,
-            count=part.issued * rs_count,
+            count=part.issued * (where(zero3_ar, 0, rs_count) if bucket_ar else rs_count),
             group=part.shard_group,
             inner=part.shard_inner,
-            host_s=where(zero == ZeroStage.PARAMETERS, part.copies_s, 0.0),
+            host_s=where(
+                zero == ZeroStage.PARAMETERS,
+                listed_host_s(part, size=grads / part.units, passes=REDUCE_SCATTER_PASSES),
+                0.0,
+            ),
         ),
         _call(
             part.strategy,
@@ -158,6 +190,23 @@ def _gradient_calls(
             count=part.issued * where((zero > ZeroStage.NONE) & (rep_p.size > 1), 1, 0),
         ),
     ]
+    if bucket_ar:
+        hbm_bytes_per_s = cl.gpu.hbm_bandwidth_bytes_per_s * cl.gpu.calibration.hbm_efficiency
+        calls.append(
+            _call(
+                part.strategy,
+                Collective.ALL_REDUCE,
+                shard_p,
+                cl,
+                phase="backward",
+                size=grads / part.units,
+                count=part.issued * where(zero3_ar, m * part.units, 0),
+                group=part.shard_group,
+                inner=part.shard_inner,
+                host_s=BUCKET_PASSES * grads / part.units / hbm_bytes_per_s,
+            )
+        )
+    return calls
 
 
 def _parameter_calls(
@@ -192,7 +241,7 @@ def _parameter_calls(
                 phase=phase,
                 size=part.params * part.gather_bytes / part.units,
                 count=part.issued * where(zero3, m * part.units * passes, 0),
-                host_s=part.copies_s,
+                host_s=listed_host_s(part, size=part.params * part.gather_bytes / part.units, passes=GATHER_PASSES),
                 **sharded,
             )
             for phase, passes in (("forward", 1), ("backward", where(regather, 2, 1)))
