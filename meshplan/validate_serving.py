@@ -143,7 +143,7 @@ def _setup(row: dict[str, Any], *, context: int, ideal: bool = False) -> Setup:
 
 
 def _no_overlap(cal: ServeCalibration) -> ServeCalibration:
-    return dataclasses.replace(cal, ep_overlap=0.0)
+    return dataclasses.replace(cal, two_batch_overlap=False, ep_overlap=0.0, ep_overlap_decode=0.0)
 
 
 def _ideal(setup: Setup) -> Setup:
@@ -160,7 +160,9 @@ def _ideal(setup: Setup) -> Setup:
         layer_overhead_s=0.0,
         prefill_layer_overhead_s=0.0,
         allreduce_latency_s=0.0,
+        two_batch_overlap=False,
         ep_overlap=1.0,
+        ep_overlap_decode=1.0,
         ep_imbalance=1.0,
         pp_efficiency=1.0,
     )

@@ -19,9 +19,11 @@ from meshplan.validate_serving import validate_serving
 # math, gpt-fast's constants came from its README's own numbers (1,700 GB/s peak, a per-layer kernel floor, NCCL
 # all-reduces), and the TensorRT-LLM row under the engine's 10 GB KV warning stopped counting: decode 0.095 ->
 # 0.046 (max 0.149), prefill 0.079 -> 0.079 (0.285), dense throughput 0.185 -> 0.128 (max 1.01 -> 0.432),
-# MoE 0.184 -> 0.090 (0.227).
+# MoE 0.184 -> 0.090 (0.227). Then SGLang's decode got two-batch overlap as two micro-batches (each reads the weights,
+# half the GEMM rows), DeepEP's low-latency kernels at their published RDMA rate and the overlap share of the blog's
+# own TBO ablation: decode 0.046 -> 0.039 (max 0.149 -> 0.138).
 BOUNDS = {
-    "decode": (0.05, 0.15),
+    "decode": (0.04, 0.14),
     "prefill": (0.08, 0.29),
     "throughput-dense": (0.13, 0.44),
     "throughput-moe": (0.095, 0.23),
@@ -48,8 +50,8 @@ def test_beats_three_quarters_of_the_best_single_efficiency_constant(cls: str) -
     assert row["mean_abs_error"] < 0.75 * row["best_constant_mean_abs_error"]
 
 
-LOSO_BOUNDS = {"decode": 0.135, "prefill": 0.10, "throughput-dense": 0.15, "throughput-moe": 0.095}
-"""Leave-one-source-out means when set (decode 0.132: over the 10% target, set by the one SGLang decode row)."""
+LOSO_BOUNDS = {"decode": 0.095, "prefill": 0.10, "throughput-dense": 0.15, "throughput-moe": 0.095}
+"""Leave-one-source-out means when set (decode 0.132 -> 0.091 with SGLang's two-batch overlap modelled)."""
 
 
 @pytest.mark.parametrize("cls", sorted(LOSO_BOUNDS))
@@ -58,12 +60,12 @@ def test_held_out_errors_do_not_regress(cls: str) -> None:
     assert row["loso_mean_abs_error"] <= LOSO_BOUNDS[cls]
 
 
-def test_targets_met_are_reported_as_met_and_decode_held_out_is_not() -> None:
-    """A class is ok when its mean and its leave-one-source-out mean are both within the target: decode's held-out
-    13.2% is not, and says so."""
+def test_targets_met_are_reported_as_met() -> None:
+    """A class is ok when its mean and its leave-one-source-out mean are both within the target (decode's held-out
+    mean was 13.2%, reported as FAIL, until SGLang's two-batch overlap was modelled)."""
     ok = {c["metric_class"]: c["ok"] for c in result()["classes"]}
-    assert ok == {"decode": False, "prefill": True, "throughput-dense": True, "throughput-moe": True}
-    assert not result()["all_ok"]
+    assert ok == {"decode": True, "prefill": True, "throughput-dense": True, "throughput-moe": True}
+    assert result()["all_ok"]
 
 
 def test_the_row_the_engine_warns_about_is_shown_not_counted() -> None:
@@ -140,3 +142,49 @@ def test_stated_engine_settings_are_read_from_the_run() -> None:
     assert v10.hw.cal.memory_fraction == 0.95 and v10.hw.cal.memory_fraction_of.value == "free"
     gb200 = _setup(rows["sglang_gb200_dsv3_decode_48gpu_isl2000"], context=2000)
     assert gb200.hw.cal.ep_overlap == 0.0
+
+
+def _sglang_decode(batch: int, *, tbo: bool) -> float:
+    """Seconds of one decode step of the SGLang EP72 H100 row's setup at ``batch`` sequences per GPU."""
+    import dataclasses
+
+    from meshplan.core.serve_phases import decode_step
+    from meshplan.validate_serving import _no_overlap, _setup, reference_rows
+
+    (row,) = [r for r in reference_rows() if r["id"] == "sglang_h100_dsv3_decode_ep72_isl2000"]
+    s = _setup(row, context=2000)
+    hw = s.hw if tbo else dataclasses.replace(s.hw, cal=_no_overlap(s.hw.cal))
+    return float(decode_step(s.model, s.shape, hw, s.layout, batch=batch, context=2000).total_s)
+
+
+def test_two_batch_overlap_follows_the_blogs_ablation() -> None:
+    """SGLang's large-EP blog (May 2025, 'Ablation Study: Two-batch Overlap'): TBO speeds decode up 25.5% at 256
+    sequences per GPU, loses below a threshold between 64 and 128 (-27% at 32). The overlap share was set on the
+    256 point; the loss at small batches comes from the two micro-batches each reading the weights and running
+    their GEMMs at half the rows, not from a constant."""
+    speedup = {b: _sglang_decode(b, tbo=False) / _sglang_decode(b, tbo=True) for b in (32, 64, 128, 256)}
+    assert abs(speedup[256] - 1.255) <= 0.02
+    assert speedup[32] < 0.9 and speedup[64] < 1.0 < speedup[128]
+
+
+def test_the_no_overlap_step_is_predicted_from_deepeps_published_rates() -> None:
+    """Without TBO the same blog's 256-sequence step runs at 22,310 / 1.255 = 17,777 tokens/s per node (115 ms): the
+    model's compute plus DeepEP's low-latency dispatch/combine at its published ~40 GB/s lands within 10%."""
+    measured_s = 256 / (22310 / 1.255 / 8)
+    assert abs(_sglang_decode(256, tbo=False) / measured_s - 1) <= 0.10
+
+
+def test_prefill_two_batch_overlap_share_follows_the_blogs_ablation() -> None:
+    """The prefill share (normal kernels, 0.5): the blog reports TBO 27-35% faster at the same tokens per GPU."""
+    import dataclasses
+
+    from meshplan.core.serve_phases import prefill
+    from meshplan.validate_serving import _no_overlap, _setup, reference_rows
+
+    (row,) = [r for r in reference_rows() if r["id"] == "sglang_h100_dsv3_prefill_ep32_isl4096"]
+    s = _setup(row, context=4096)
+    off = dataclasses.replace(s.hw, cal=_no_overlap(s.hw.cal))
+    for tokens in (8192, 16384):
+        t_on = float(prefill(s.model, s.shape, s.hw, s.layout, tokens=tokens, sequences=tokens / 4096).total_s)
+        t_off = float(prefill(s.model, s.shape, off, s.layout, tokens=tokens, sequences=tokens / 4096).total_s)
+        assert 1.25 <= t_off / t_on <= 1.37

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from meshplan.core.comm.cost import Collective, nccl_time
 from meshplan.core.num import Num, maximum, where
 from meshplan.core.serve_shape import (
@@ -32,10 +30,16 @@ from meshplan.spec.cluster import Link
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
 
-EP_DISPATCH_BYTES = 1.0
-"""Bytes per value a token's hidden state takes to its experts (fp8 dispatch, DeepEP) ..."""
+EP_DISPATCH_BYTES = 1.0 + 4 / 128
+"""Bytes per value a token's hidden state takes to its experts: fp8 values and an fp32 scale per 128 of them
+(DeepEP's fp8 dispatch message, hidden + hidden / 128 x 4 bytes, tests/test_low_latency.py) ..."""
 EP_COMBINE_BYTES = 2.0
 """... and back from them (bf16 combine)."""
+EP_LOW_LATENCY_RDMA_SHARE = 0.80
+"""Share of the NIC's line rate DeepEP's low-latency kernels move, every copy of a token counted: 39-41 GB/s per
+H800 on a ~50 GB/s ConnectX-7 at EP32-256 for both dispatch and combine (DeepEP README, 'Low-latency kernels with
+pure RDMA', 128 tokens per batch, fp8 dispatch / bf16 combine; the 2025 table the May 2025 runs used, before its
+NVLink path of 2025-06-05, #173). A share of line rate, not of the link's large-collective efficiency."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,13 +171,14 @@ def forward(
     kv_efficiency = cal.hbm_efficiency * cal.kv_read_share
     dtype = compute_dtype(layout)
     peak = gpu.peak(dtype) * gpu.calibration.matmul_efficiency_max * cal.matmul_share.get(dtype.value, 1.0)
-    touched = 1.0 - (1.0 - shape.expert_fraction) ** group_tokens if model.moe else 0.0
-    weights = shape.dense_weight_bytes + shape.expert_weight_bytes * touched / cal.moe_matmul_share
+    n_micro = micro_batches(model, hw, layout)  # each reads the weights once and runs its GEMMs on its own rows
+    touched = 1.0 - (1.0 - shape.expert_fraction) ** (group_tokens / n_micro) if model.moe else 0.0
+    weights = n_micro * (shape.dense_weight_bytes + shape.expert_weight_bytes * touched / cal.moe_matmul_share)
     half = gpu.calibration.matmul_half_dim
     dense_flops = 2 * (shape.gemm_params_per_token * new_tokens + shape.lm_head_params * logits)
-    gemm = dense_flops / (peak * shape_efficiency(maximum(new_tokens, 1.0), half))
+    gemm = dense_flops / (peak * shape_efficiency(maximum(new_tokens / n_micro, 1.0), half))
     if model.moe is not None:  # the busiest expert rank sets the pace: imbalance x the mean load
-        expert_rows = maximum(group_tokens * shape.expert_fraction, 1.0)
+        expert_rows = maximum(group_tokens / n_micro * shape.expert_fraction, 1.0)
         imbalance = cal.ep_imbalance if layout.ep > 1 else 1.0
         expert_flops = 2 * shape.expert_params_per_token * new_tokens * imbalance
         gemm = gemm + expert_flops / (peak * cal.moe_matmul_share * shape_efficiency(expert_rows, half))
@@ -191,36 +196,58 @@ def forward(
         attention_compute_s=attn,
         memory_ops_s=new_tokens * shape.memory_bytes_per_token / (gpu.hbm_bandwidth_bytes_per_s * cal.hbm_efficiency),
         tp_comm_s=tp_comm,
-        ep_comm_s=_ep_comm_s(model, shape, hw, layout, new_tokens=new_tokens, per_node=ep_per_node),
+        ep_comm_s=_ep_comm_s(model, shape, hw, layout, new_tokens=new_tokens, per_node=ep_per_node, n_micro=n_micro),
         pp_comm_s=_pp_send_s(model, hw, layout, new_tokens=new_tokens),
         overhead_s=cal.step_overhead_s + layer_overhead_s * shape.layers + 0.0 * new_tokens,
     )
 
 
+def micro_batches(model: ModelSpec, hw: Hardware, layout: ServeLayout) -> int:
+    """2 where the engine runs two-batch overlap on this layout (an EP layout under attention-DP), else 1."""
+    ep_layout = model.moe is not None and layout.dp_attention and layout.ep > 1
+    return 2 if hw.cal.two_batch_overlap and ep_layout else 1
+
+
 def _ep_comm_s(
-    model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, *, new_tokens: Num, per_node: bool
+    model: ModelSpec,
+    shape: ReplicaShape,
+    hw: Hardware,
+    layout: ServeLayout,
+    *,
+    new_tokens: Num,
+    per_node: bool,
+    n_micro: int = 1,
 ) -> Num:
     """Dispatch (fp8) and combine (bf16) all-to-all of each MoE layer under attention-DP, the part not hidden.
 
     Of a token's k copies, k (D - 1) / ep go to other GPUs of its scale-up domain (D GPUs) and k (ep - D) / ep
     to other domains over the NICs. DeepEP's normal kernels (prefill, ``per_node``) send a token once to
     each other domain it needs and forward it over NVLink there: (n - 1)(1 - (1 - 1/n)^k) NIC copies for n
-    domains; its low-latency kernels (decode) send every copy over RDMA. The slower of the two paths sets
-    the pace; each collective adds log2(ep) link latencies."""
+    domains, the slower of the two paths setting the pace; its low-latency kernels (decode) send all k copies
+    over RDMA when the group spans domains (pure RDMA), at EP_LOW_LATENCY_RDMA_SHARE of line rate, and over
+    the scale-up links inside one domain. DeepEP writes straight into each destination's buffer (no tree, no
+    ring): dispatch and combine add one link latency each, once per micro-batch. The engine's overlap share
+    of the phase's kernels (``ep_overlap`` for the normal ones, ``ep_overlap_decode`` for the low-latency
+    ones) is hidden."""
     if model.moe is None or not layout.dp_attention or layout.ep == 1:
         return 0.0 * new_tokens
     k, ep = model.moe.experts_per_token, layout.ep
     domain = min(hw.gpu.scale_up_domain, ep)
     nodes = -(-ep // domain)
-    on_copies = k * (domain - 1) / ep
-    off_copies = (nodes - 1) * (1 - (1 - 1 / nodes) ** k) if per_node else k * (ep - domain) / ep
     per_copy = new_tokens * model.hidden * (EP_DISPATCH_BYTES + EP_COMBINE_BYTES)
-    per_layer = maximum(
-        per_copy * on_copies / hw.scale_up.effective_bytes_per_s,
-        per_copy * off_copies / hw.scale_out.effective_bytes_per_s,
-    ) + 2 * hw.link(ep).latency_s * np.log2(ep)
+    if per_node or nodes == 1:
+        on_copies = k * (domain - 1) / ep
+        off_copies = (nodes - 1) * (1 - (1 - 1 / nodes) ** k) if per_node else 0.0
+        moved = maximum(
+            per_copy * on_copies / hw.scale_up.effective_bytes_per_s,
+            per_copy * off_copies / hw.scale_out.effective_bytes_per_s,
+        )
+    else:
+        moved = per_copy * k / (hw.scale_out.bandwidth_bytes_per_s * EP_LOW_LATENCY_RDMA_SHARE)
+    per_layer = moved + n_micro * 2 * hw.link(ep).latency_s
     moe_layers = min(model.num_moe_layers, shape.layers)
-    return moe_layers * per_layer * hw.cal.ep_imbalance * (1 - hw.cal.ep_overlap)
+    overlap = hw.cal.ep_overlap if per_node else hw.cal.ep_overlap_decode
+    return moe_layers * per_layer * hw.cal.ep_imbalance * (1 - overlap)
 
 
 def _pp_send_s(model: ModelSpec, hw: Hardware, layout: ServeLayout, *, new_tokens: Num) -> Num:

@@ -87,8 +87,14 @@ class ServeCalibration:
     """Whose kernel runs the TP all-reduces."""
     allreduce_latency_s: float
     """Floor of one TP all-reduce in the engine's own kernel (custom one-/two-shot all-reduce)."""
+    two_batch_overlap: bool
+    """Whether the engine splits a step of an EP layout (attention-DP, experts over the group) into two
+    micro-batches whose compute and dispatch/combine overlap: each micro-batch reads the weights and runs its
+    GEMMs at half the rows."""
     ep_overlap: float
-    """Share of EP dispatch/combine hidden behind compute (two-batch overlap)."""
+    """Share of the EP dispatch/combine of a prefill forward (normal, SM-driven kernels) hidden behind compute."""
+    ep_overlap_decode: float
+    """The same share in a decode step (low-latency kernels, RDMA in flight without SMs)."""
     ep_imbalance: float
     """Load of the busiest expert-parallel rank over the mean (after the engine's expert balancing)."""
     pp_efficiency: float
