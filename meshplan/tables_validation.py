@@ -119,6 +119,23 @@ def _held_out(r: dict[str, Any]) -> list[str]:
         f"  [{'ok' if g['ok'] else 'not met'}] {g['check']}: {g['value']:.4g} (goal {g['bound']:.4g})"
         for g in r["goals"]
     ]
+    steps = [
+        (
+            p["source"],
+            f"{p['gpus_from']:,} -> {p['gpus_to']:,}",
+            p["from_case"][:48],
+            f"{100 * p['measured_change']:+.1f}%",
+            f"{100 * p['predicted_change']:+.1f}%",
+            f"{100 * (p['predicted_change'] - p['measured_change']):+.1f}",
+        )
+        for p in r.get("scaling", [])
+    ]
+    if steps:
+        lines += [
+            "",
+            "Per-GPU throughput as the fleet grows (runs alike but for the fleet, the batch and data parallelism)",
+            table(steps, ["source", "GPUs", "from", "published", "predicted", "points"]),
+        ]
     return [*lines, ""]
 
 

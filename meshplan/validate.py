@@ -322,6 +322,62 @@ GOAL_MEAN_THROUGHPUT = 0.06
 """Mean |error| over every published run."""
 
 
+GOAL_SCALING_POINTS = 0.05
+"""The step-time issue's bound on the fall of per-GPU throughput with fleet size: within 5 points of published."""
+FLEET_KEYS = ("gpus", "global_batch")
+"""What changes along a published series of fleet sizes (with the data-parallel degrees of the layout)."""
+DATA_AXES = ("dp_shard", "dp_replicate", "micro_batch")
+"""Layout fields that follow the fleet and the batch (a fixed batch on more GPUs takes smaller micro-batches)."""
+
+
+def _per_gpu_throughput(metric: str, value: float, case: dict[str, Any]) -> float:
+    """Tokens per second per GPU (or a quantity proportional to it within one series) from a run's metric."""
+    if metric.endswith("_s"):  # a step time: the tokens of a step over it and the GPUs
+        return float(case["global_batch"]) * float(case["seq"]) / (value * float(case["gpus"]))
+    return value  # tokens/s per GPU, TFLOP/s per GPU and MFU of one model are each proportional to it
+
+
+def scaling_series(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Published runs that differ only in fleet size (and the batch and data-parallel degrees that follow it),
+    taken pairwise from one size to the next: the change of per-GPU throughput, published and predicted."""
+    by_case = {(r["source"], r["case"]): r for r in runs}
+    series: dict[tuple[str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for name, data in sources().items():
+        for raw in data["case"]:
+            case = {**data.get("defaults", {}), **raw}
+            run = by_case.get((name, case["id"]))
+            if run is None or "gpus" not in case:
+                continue
+            same = {k: v for k, v in case.items() if k not in (*FLEET_KEYS, "id", "measured", "layout")}
+            layout = {k: v for k, v in case.get("layout", {}).items() if k not in DATA_AXES}  # as stated
+            key = (name, repr(sorted({**same, **{f"layout.{k}": v for k, v in layout.items()}}.items())))
+            series.setdefault(key, []).append((case, run))
+    out = []
+    for (name, _), members in sorted(series.items()):
+        members.sort(key=lambda m: int(m[0]["gpus"]))
+        for (c1, r1), (c2, r2) in itertools.pairwise(members):
+            if int(c1["gpus"]) == int(c2["gpus"]):
+                continue
+            out.append(
+                {
+                    "source": name,
+                    "from_case": r1["case"],
+                    "to_case": r2["case"],
+                    "gpus_from": int(c1["gpus"]),
+                    "gpus_to": int(c2["gpus"]),
+                    "measured_change": _change(r1, c1, r2, c2, "measured"),
+                    "predicted_change": _change(r1, c1, r2, c2, "predicted"),
+                }
+            )
+    return out
+
+
+def _change(r1: dict[str, Any], c1: dict[str, Any], r2: dict[str, Any], c2: dict[str, Any], key: str) -> float:
+    """Relative change of per-GPU throughput from run 1 to run 2, of the published (or predicted) values."""
+    before = _per_gpu_throughput(r1["metric"], r1[key], c1)
+    return _per_gpu_throughput(r2["metric"], r2[key], c2) / before - 1
+
+
 def goals(runs: list[dict[str, Any]], loso: dict[str, Any]) -> list[dict[str, Any]]:
     """The step-time issue's generalization goals, measured; reported beside the regression checks."""
     out = [_check("mean |error| over all runs", statistics.mean(abs(r["error"]) for r in runs), GOAL_MEAN_THROUGHPUT)]
@@ -333,6 +389,11 @@ def goals(runs: list[dict[str, Any]], loso: dict[str, Any]) -> list[dict[str, An
         if s["cases"] >= 3 and s["best_constant_error"] > 0:
             bound = GOAL_LOSO_VS_CONSTANT * s["best_constant_error"]
             out.append(_check(f"{s['source']}: held-out error vs 0.8 x best constant", s["loso_mean_abs_error"], bound))
+    pairs = scaling_series(runs)
+    if pairs:
+        worst = max(abs(p["predicted_change"] - p["measured_change"]) for p in pairs)
+        label = f"per-GPU throughput change with fleet size, worst of {len(pairs)} published steps (points / 100)"
+        out.append(_check(label, worst, GOAL_SCALING_POINTS))
     return out
 
 
@@ -359,4 +420,5 @@ def validate(only: str | None = None, *, held_out: bool = True, profile: str | N
         loso = leave_one_source_out(names)
         out["held_out"] = loso
         out["goals"] = goals(runs, loso)
+        out["scaling"] = scaling_series(runs)
     return out

@@ -141,3 +141,20 @@ def test_every_published_run_billed_over_hbm_has_its_verdict(report: dict) -> No
     covered = set(RUNS_OVER_HBM) | {("llama3", "8K, 8,192 GPUs"), ("llama3", "8K, 16,384 GPUs")}
     covered |= {("deepseek_v3", "2,048 H800, 4K context")}  # validate_memory.PUBLISHED_LAYOUTS
     assert over <= covered, over - covered
+
+
+def test_the_fall_of_per_gpu_throughput_with_fleet_size(report: dict) -> None:
+    """Runs alike but for the fleet size (and the batch, micro-batch and data parallelism that follow it), step by
+    step: torchtitan's 8B FSDP from 8 to 128 H100s published 5,762 and 5,605 tokens/s per GPU (-2.7%, re-derived
+    here). Today 26 of the 32 steps are within the issue's 5 points, 2.8 points off on average; the worst are the
+    DeepSpeed ZeRO-3 rows (published falls of 29-51%, predicted 26-46%), MPT-760M and MPT-30B from 8 to 16 H100s,
+    and MegaScale from 6,144 to 8,192 GPUs."""
+    steps = report["scaling"]
+    assert len(steps) == 32
+    (titan,) = [s for s in steps if s["from_case"] == "T1 8B, 8 GPUs, FSDP"]
+    assert (titan["gpus_from"], titan["gpus_to"]) == (8, 128)
+    assert titan["measured_change"] == pytest.approx(5605 / 5762 - 1, rel=1e-12)
+    gaps = [abs(s["predicted_change"] - s["measured_change"]) for s in steps]
+    assert sum(g <= 0.05 for g in gaps) >= 26
+    assert max(gaps) <= 0.11
+    assert sum(gaps) / len(gaps) <= 0.03
