@@ -110,9 +110,13 @@ def test_phone_shows_the_first_result_after_a_change(browser: Any, live_server: 
         open_ready(pg, view)
         field, value = {"memory": ("seq", "8192"), "weights": ("gpus", "4"), "planner": ("gpus", "32")}[view]
         form = {"memory": "#mem-form", "weights": "#w-form", "planner": "#pl-form"}[view]
+        results = f"document.querySelector('#view-{view} .results')"
+        asked = pg.evaluate(f"() => {results}.dataset.generation || '0'")
         pg.fill(f"{form} input[name={field}]", value)
         if view == "planner":
             pg.click("#pl-run")
+        else:  # the change's own request: the form waits 30 ms for typing to pause before it asks
+            pg.wait_for_function(f"g => ({results}.dataset.generation || '0') !== g", arg=asked)
         pg.wait_for_function(
             f"() => document.querySelector('#view-{view} .results').getAttribute('aria-busy') === 'false'"
         )
