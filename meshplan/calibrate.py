@@ -108,12 +108,11 @@ def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
     identified = [name for name, ok in which.items() if ok]
     if not identified:
         raise ValueError("these runs cannot identify any constant: no run's time moves with compute or bandwidth")
-    # each identified scale alone, and both together where both are: the choice whose leave-one-run-out error is
-    # least (a handful of runs of one source rarely separates compute from network: fitting both then overfits)
-    choices = [[name] for name in identified] + ([identified] if len(identified) > 1 else [])
+    # nothing, each identified scale alone, and both together where both are: the choice whose leave-one-run-out
+    # error is least (a handful of runs of one source rarely separates compute from network: fitting both then
+    # overfits; and where the catalog's constants already predict the runs, a fitted scale only adds noise)
+    choices = [[], *([name] for name in identified), *([identified] if len(identified) > 1 else [])]
     choices = [c for c in choices if len(runs) >= len(c) + 1]
-    if not choices:
-        raise ValueError(f"{len(runs)} runs cannot fit a scale and say how far off the fit is")
     held_by_choice: dict[tuple[str, ...], list[float]] = {tuple(c): _held_out(sens, c) for c in choices}
     best: tuple[str, ...] = min(held_by_choice, key=lambda c: (statistics.mean(held_by_choice[c]), len(c)))
     free = list(best)
@@ -124,7 +123,7 @@ def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
     profile = Profile(
         compute_scale=fitted.profile.compute_scale,
         comm_scale=fitted.profile.comm_scale,
-        source=f"meshplan calibrate: {len(runs)} runs; fitted {', '.join(free)}; "
+        source=f"meshplan calibrate: {len(runs)} runs; fitted {', '.join(free) or 'nothing (catalog best held out)'}; "
         f"mean |error| {100 * statistics.mean(before):.1f}% before, {100 * statistics.mean(after):.1f}% fitted, "
         f"{100 * statistics.mean(held):.1f}% held out (leave one run out)",
     )
@@ -141,7 +140,10 @@ def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
 
 
 def _held_out(sens: list[calibration.Sensitivity], free: list[str]) -> list[float]:
-    """Each run's |error| predicted with ``free`` fitted on all the other runs (first order in the scales)."""
+    """Each run's |error| predicted with ``free`` fitted on all the other runs (first order in the scales; with
+    nothing free, the catalog's own error)."""
+    if not free:
+        return [abs(r.error(r.base)) for r in sens]
     held = []
     for i, r in enumerate(sens):
         profile = calibration.fit([s for j, s in enumerate(sens) if j != i], free=free).profile

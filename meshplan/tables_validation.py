@@ -204,11 +204,12 @@ def calibrate_table(r: dict[str, Any]) -> str:
         table(rows, ["run", "metric", "measured", "catalog", "error", "fitted", "error"]),
         "",
         f"profile: compute_scale {p['compute_scale']:.3f}, comm_scale {p['comm_scale']:.3f} "
-        f"(fitted: {', '.join(r['fitted'])}; not identified by these runs: "
+        f"(fitted: {', '.join(r['fitted']) or 'nothing: the catalog predicts the runs best'}; not identified: "
         f"{', '.join(k for k, ok in r['identified'].items() if not ok) or 'none'})",
         "chosen by the least error held out: "
         + ", ".join(
-            f"{' and '.join(c['scales'])} {percent(c['mean_abs_error_held_out'])}" for c in r["held_out_by_choice"]
+            f"{' and '.join(c['scales']) or 'none'} {percent(c['mean_abs_error_held_out'])}"
+            for c in r["held_out_by_choice"]
         ),
         f"mean |error| over {r['runs']} runs: {percent(r['mean_abs_error_before'])} with the catalog, "
         f"{percent(r['mean_abs_error_fitted'])} fitted, {percent(r['mean_abs_error_held_out'])} held out "

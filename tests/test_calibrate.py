@@ -96,3 +96,16 @@ def test_bad_runs_files_are_one_line_errors(tmp_path: Path, runs: object, needle
     path.write_text(json.dumps(runs))
     with pytest.raises(ValueError, match=needle):
         load_runs(path)
+
+
+def test_runs_the_catalog_already_predicts_fit_nothing(measured: list[MeasuredRun]) -> None:
+    """Measured exactly as the catalog predicts: no scale predicts them better held out, so none is fitted (a scale
+    fitted anyway would only carry the other runs' noise)."""
+    runs = [
+        MeasuredRun(args=r.args, metric=r.metric, measured=v)
+        for r, v in zip(measured[:6], predict(measured[:6], IDENTITY), strict=True)
+    ]
+    profile, numbers = fit_runs(runs)
+    assert numbers["fitted"] == [] and profile.is_identity
+    none = [c for c in numbers["held_out_by_choice"] if c["scales"] == []]
+    assert none and none[0]["mean_abs_error_held_out"] == pytest.approx(0.0, abs=1e-12)
