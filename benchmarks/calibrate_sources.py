@@ -79,7 +79,7 @@ def main() -> None:
                 profile, numbers = fit_runs(train)
                 before.append(_mean_error(test, predict(test, IDENTITY)))
                 after.append(_mean_error(test, predict(test, profile)))
-                chosen.append("+".join(numbers["fitted"]).replace("_scale", ""))
+                chosen.append("+".join(numbers["fitted"]).replace("_scale", "") or "none")
             picks = ", ".join(f"{c} {chosen.count(c)}" for c in sorted(set(chosen)))
             b, a = statistics.median(before), statistics.median(after)
             print(f"{source:<18} {len(runs):>4} {k:>3} {100 * b:>17.1f}% {100 * a:>6.1f}%  {picks}")
