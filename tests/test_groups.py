@@ -10,6 +10,7 @@ import pytest
 from meshplan import io
 from meshplan.core import groups
 from meshplan.core.groups import group_rows, spread
+from meshplan.core.placement import DEFAULT_ORDER, parse_order
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.search.rank import search
 from meshplan.spec.conditions import Conditions
@@ -76,16 +77,21 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+ORDERS = {"MoE, data axes between TP and PP": "tp,dp_shard,pp,cp,ep,dp_replicate"}
+"""An axis order under which the pipeline's and the experts' placement depend on how the data ranks split."""
+
+
+@pytest.mark.parametrize("case", sorted(CASES) + sorted(ORDERS))
 def test_a_grouped_search_gives_every_layout_what_an_ungrouped_one_gives(
     case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Same layouts, same bills, same step times to the last bit: grouping only skips repeated work."""
-    name, gpu, gpus, work = CASES[case]
+    name, gpu, gpus, work = CASES["MoE, folded experts" if case in ORDERS else case]
+    order = parse_order(ORDERS[case]) if case in ORDERS else DEFAULT_ORDER
     model, cluster = io.load_model(name), resolve_cluster(gpu=gpu, gpus=gpus)
-    grouped = search(model, cluster, work)
+    grouped = search(model, cluster, work, order=order)
     monkeypatch.setattr(groups, "GROUP_MIN_LAYOUTS", 10**12)
-    plain = search(model, cluster, work)
+    plain = search(model, cluster, work, order=order)
     assert len(grouped.candidates) > 100
     assert grouped.rejections == plain.rejections
     for a, b in ((grouped.candidates, plain.candidates), (grouped.step, plain.step), (grouped.memory, plain.memory)):
