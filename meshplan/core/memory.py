@@ -149,6 +149,24 @@ def stage_params(
     )
 
 
+def layout_stage_params(
+    params: ParamCount, model: ModelSpec, lay: LayoutLike, workload: Workload, *, stage: Num
+) -> StageParams:
+    """``stage_params`` of pipeline stage ``stage`` of a layout (or a batch of them), its stages split as the
+    workload's conditions say and its model chunks as its schedule holds them."""
+    return stage_params(
+        params,
+        model,
+        tp=lay.tp,
+        pp=lay.pp,
+        ep=lay.ep,
+        stage=stage,
+        copies=pipeline.stage_copies(lay.schedule),
+        split=workload.conditions.stage_split,
+        etp=lay.etp,
+    )
+
+
 def moment_bytes_per_param(model: ModelSpec, workload: Workload) -> float:
     """Optimizer-moment bytes per parameter (master weights excluded)."""
     opt = workload.optimizer
@@ -298,17 +316,7 @@ def _model_state(
 def state_bytes(model: ModelSpec, params: ParamCount, lay: LayoutLike, workload: Workload, *, stage: Num) -> Num:
     """Model-state bytes of one GPU of ``stage`` (Megatron-style accounting): a lower bound of its whole bill,
     which the planner uses to drop hopeless layouts before it computes activations."""
-    held = stage_params(
-        params,
-        model,
-        tp=lay.tp,
-        pp=lay.pp,
-        ep=lay.ep,
-        stage=stage,
-        copies=pipeline.stage_copies(lay.schedule),
-        split=workload.conditions.stage_split,
-        etp=lay.etp,
-    )
+    held = layout_stage_params(params, model, lay, workload, stage=stage)
     if workload.framework is Framework.TORCH:
         return 0.0 * held.dense  # PyTorch-native state is billed tensor by tensor: no shortcut
     tr = stage_training(model, params, lay, workload, stage=stage, held=held)
@@ -554,17 +562,7 @@ def stage_activations(
 ) -> StageActivations:
     """Saved activations, logits and recompute workspace of one GPU on pipeline stage ``stage`` (``held``: its
     parameters when known)."""
-    held = held or stage_params(
-        params,
-        model,
-        tp=lay.tp,
-        pp=lay.pp,
-        ep=lay.ep,
-        stage=stage,
-        copies=pipeline.stage_copies(lay.schedule),
-        split=workload.conditions.stage_split,
-        etp=lay.etp,
-    )
+    held = held or layout_stage_params(params, model, lay, workload, stage=stage)
     saved, logits, workspace = _stage_activations(
         model,
         lay,
@@ -595,17 +593,7 @@ def stage_bill(
     (``stage_params``) when already known, else found here.
     """
     lay = layout
-    held = held or stage_params(
-        params,
-        model,
-        tp=lay.tp,
-        pp=lay.pp,
-        ep=lay.ep,
-        stage=stage,
-        copies=pipeline.stage_copies(lay.schedule),
-        split=workload.conditions.stage_split,
-        etp=lay.etp,
-    )
+    held = held or layout_stage_params(params, model, lay, workload, stage=stage)
     st = _stage_state(model, params, lay, workload, stage=stage, held=held)
     dequant = where(finetune.quantized_base(workload.finetune), 2.0 * finetune.largest_matrix(model, tp=lay.tp), 0.0)
     a = activations or stage_activations(model, params, lay, workload, stage=stage, layer_acts=layer_acts, held=held)

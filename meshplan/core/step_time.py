@@ -29,9 +29,9 @@ from meshplan.core.groups import DATA_PARALLEL_SPLIT, model_parallel_groups, spr
 from meshplan.core.memory import (
     StageParams,
     candidates,
+    layout_stage_params,
     moment_bytes_per_param,
     shard_degrees,
-    stage_params,
     stage_training,
 )
 from meshplan.core.num import Num, maximum, minimum, to_float, where
@@ -277,11 +277,7 @@ def _stage_shape(
 ) -> StageShape:
     """What the collectives of the slowest stage move: its layers and the largest parameter counts over
     ``stages`` (an upper bound of the slowest stage when different stages set different terms)."""
-    split = work.conditions.stage_split
-    held = [
-        stage_params(params, model, tp=lay.tp, pp=lay.pp, ep=lay.ep, stage=s, copies=copies, split=split, etp=lay.etp)
-        for s in stages
-    ]
+    held = [layout_stage_params(params, model, lay, work, stage=s) for s in stages]
     training = [stage_training(model, params, lay, work, stage=s, held=h) for s, h in zip(stages, held, strict=True)]
 
     def most(name: str) -> Num:

@@ -31,13 +31,12 @@ from meshplan.core.memory import (
     StageParams,
     candidates,
     layer_activations,
+    layout_stage_params,
     stage_activations,
     stage_bill,
-    stage_params,
     state_bytes,
 )
 from meshplan.core.params import ParamCount, count_params
-from meshplan.core.pipeline import stage_copies
 from meshplan.core.placement import DEFAULT_ORDER, place
 from meshplan.core.plan import mesh_sizes
 from meshplan.core.step_time import StepTime, step_time
@@ -391,17 +390,7 @@ def _per_group_stage(
 ) -> tuple[StageParams, StageActivations]:
     """The parameters and activations of one stage of each group's representative (neither reads the ZeRO stage
     or the data-parallel split)."""
-    held = stage_params(
-        params,
-        model,
-        tp=alike.tp,
-        pp=alike.pp,
-        ep=alike.ep,
-        stage=stage,
-        copies=stage_copies(alike.schedule),
-        split=workload.conditions.stage_split,
-        etp=alike.etp,
-    )
+    held = layout_stage_params(params, model, alike, workload, stage=stage)
     return held, stage_activations(model, params, alike, workload, stage=stage, layer_acts=acts, held=held)
 
 
