@@ -76,6 +76,15 @@ FP8_CAST_BYTES_BWD_GRAD = {False: 5.0, True: 4.0}
 transpose: 4 bytes fused in TE's cast_transpose, 3 + 2 as two kernels)."""
 FP8_TRANSPOSE_BYTES_INPUT = 2.0
 """Per saved-input element in backward: the FP8 transpose the weight-gradient GEMM reads (read and write 1 byte)."""
+DYNAMIC_CAST_BYTES = 4.0
+"""torchao's Float8Linear (dynamic scaling: the scale is the tensor's amax of this very use), per element of each
+tensor it casts (input, weight, output gradient): once the amax is known, one kernel reads the bf16 tensor and
+writes it in FP8 twice, row- and column-major, for the forward and the backward GEMMs (2 + 1 + 1 bytes; torchao
+torchao/float8/roofline_utils.py get_tensor_memory_traffic_bytes)."""
+DYNAMIC_AMAX_BYTES = 2.0
+"""The amax pass before that cast, reading the bf16 tensor: torch.compile fuses it into the kernel that produced
+an input or an output gradient (roofline_utils: fuse_with_prev), never into a weight's, which FSDP gathers
+(eager PyTorch fuses nothing)."""
 
 
 MATMUL_TILE_M, MATMUL_TILE_N = 256, 128
@@ -218,10 +227,24 @@ def _attention_time(
     )
 
 
-def _fp8_cast_time(gemms: list[Gemm], *, fused: bool, hbm: Num) -> tuple[Num, Num]:
-    """(forward, backward) HBM time of the casts and transposes around FP8 linear layers."""
+def _fp8_cast_time(
+    gemms: list[Gemm], *, fused: bool, hbm: Num, dynamic: bool = False, weights_cast: bool = True
+) -> tuple[Num, Num]:
+    """(forward, backward) HBM time of the casts and transposes around FP8 linear layers.
+
+    Transformer Engine (``dynamic`` False) fuses the casts of the inputs into the kernels that write them and
+    casts the weights once per step. torchao (``dynamic``) casts every input, every output gradient and, unless
+    FSDP gathered them in FP8 already (``weights_cast`` False: cast on the shard, not counted), every weight on
+    each forward, after an amax pass of its own; one cast per distinct input (Inductor merges the identical
+    casts of wq, wk and wv).
+    """
     inputs = sum(g.m * g.k * g.count for g in gemms)
     outputs = sum(g.m * g.n * g.count for g in gemms)
+    if dynamic:
+        per_element = DYNAMIC_CAST_BYTES + (0.0 if fused else DYNAMIC_AMAX_BYTES)
+        weights = sum(g.n * g.k * g.count for g in gemms) if weights_cast else 0.0
+        fwd = (inputs * per_element + weights * (DYNAMIC_CAST_BYTES + DYNAMIC_AMAX_BYTES)) / hbm
+        return fwd, outputs * per_element / hbm
     fwd = inputs * FP8_CAST_BYTES_FWD[fused] / hbm
     return fwd, (outputs * FP8_CAST_BYTES_BWD_GRAD[fused] + inputs * FP8_TRANSPOSE_BYTES_INPUT) / hbm
 
@@ -263,6 +286,10 @@ class ComputeSetup:
     kernels: Kernels = Kernels.FUSED
     attention: Attention = Attention.FLASH
     fp8: bool = False
+    fp8_dynamic: bool = False
+    """FP8 linear layers are torchao's Float8Linear with dynamic scales (``_fp8_cast_time``)."""
+    fp8_weights_gathered: bool = False
+    """FSDP all-gathers the weights already in FP8 (torchao's enable_fsdp_float8_all_gather)."""
 
     def gemm_s(self, g: Gemm, *, linear: bool = False) -> Num:
         """A GEMM's time: the linear layers' at the compute dtype's peak, the others at bf16's."""
@@ -304,7 +331,17 @@ def layer_time(
     gemms = attention_gemms(model, tokens=tokens, tp=tp) + mlp
     gemm_s = sum(setup.gemm_s(g, linear=True) for g in gemms)
     fused = kernels is Kernels.FUSED
-    cast_fwd, cast_bwd = _fp8_cast_time(gemms, fused=fused, hbm=hbm) if setup.fp8 else (0.0, 0.0)
+    cast_fwd, cast_bwd = (
+        _fp8_cast_time(
+            gemms,
+            fused=fused,
+            hbm=hbm,
+            dynamic=setup.fp8_dynamic,
+            weights_cast=not setup.fp8_weights_gathered,
+        )
+        if setup.fp8
+        else (0.0, 0.0)
+    )
     bytes_per_token = _memory_bytes_per_token(
         model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=setup.act_bytes, kernels=kernels
     )

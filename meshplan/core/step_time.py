@@ -39,7 +39,7 @@ from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
 from meshplan.core.stages import StageRow, stage_row
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.conditions import Selective
+from meshplan.spec.conditions import Fp8Recipe, Selective
 from meshplan.spec.layout import ContextParallel, LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Framework, Workload
@@ -126,6 +126,9 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         kernels=work.kernels,
         attention=work.attention,
         fp8=fp8,
+        # PyTorch-native stacks run FP8 through torchao's Float8Linear, whose scales are dynamic (not delayed)
+        fp8_dynamic=fp8 and work.framework is Framework.TORCH and work.conditions.fp8_recipe is not Fp8Recipe.DELAYED,
+        fp8_weights_gathered=work.conditions.fp8_all_gather,
     )
     common = dict(
         setup=setup,
