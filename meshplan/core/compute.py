@@ -125,7 +125,7 @@ product with the frequencies (4, 4), downcast (4, 2): 20 bytes, 10 passes of 2 (
 
 
 def _memory_bytes_per_token(
-    model: ModelSpec, *, tp: Num, sp: Num, moe_layer: bool, act_bytes: float, kernels: Kernels
+    model: ModelSpec, *, tp: Num, sp: Num, moe_layer: bool, act_bytes: float, kernels: Kernels, repeat_kv: bool = False
 ) -> Num:
     """Bytes memory-bound ops of one layer's forward move per local token.
 
@@ -133,7 +133,9 @@ def _memory_bytes_per_token(
     write 1; with dropout, fused into the add, one more 1-byte mask each) is
     split over tp only with SP; the MLP activation (gated:
     act and product, 5 f-wide passes; GELU: 2) and rotary (read+write of Q
-    and K) are split over tp.
+    and K) are split over tp. ``repeat_kv``: K and V are copied to one head
+    per query head before the attention (read the grouped, write the
+    repeated; backward sums the repeated gradients back).
     """
     rep = where(sp, 1.0 / tp, 1.0)
     eager = kernels is Kernels.EAGER
@@ -149,7 +151,9 @@ def _memory_bytes_per_token(
         ffn, permute = model.ffn_hidden, 0
     rotary_passes = EAGER_ROTARY_PASSES if eager else 2
     rotary = 0 if model.learned_positions else rotary_passes * (model.q_width + model.kv_width) / tp
-    return act_bytes * (hidden_passes * model.hidden * rep + act_passes * ffn / tp + rotary + permute)
+    groups = model.num_heads / model.num_kv_heads
+    repeat = 2 * model.kv_width * (1 + groups) / tp if repeat_kv and model.mla is None and groups > 1 else 0.0
+    return act_bytes * (hidden_passes * model.hidden * rep + act_passes * ffn / tp + rotary + permute + repeat)
 
 
 def attention_kernel(attention: Attention, kernels: Kernels, cal: GpuCalibration) -> AttentionKernel:
@@ -290,6 +294,8 @@ class ComputeSetup:
     """FP8 linear layers are torchao's Float8Linear with dynamic scales (``_fp8_cast_time``)."""
     fp8_weights_gathered: bool = False
     """FSDP all-gathers the weights already in FP8 (torchao's enable_fsdp_float8_all_gather)."""
+    repeat_kv: bool = False
+    """K and V are repeated to the query heads before the attention (``Conditions.repeat_kv``)."""
 
     def gemm_s(self, g: Gemm, *, linear: bool = False) -> Num:
         """A GEMM's time: the linear layers' at the compute dtype's peak, the others at bf16's."""
@@ -343,7 +349,7 @@ def layer_time(
         else (0.0, 0.0)
     )
     bytes_per_token = _memory_bytes_per_token(
-        model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=setup.act_bytes, kernels=kernels
+        model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=setup.act_bytes, kernels=kernels, repeat_kv=setup.repeat_kv
     )
     memory_s = tokens * bytes_per_token / hbm
     keys = seq_len if kernel_keys is None else kernel_keys

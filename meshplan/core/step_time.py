@@ -129,6 +129,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         # PyTorch-native stacks run FP8 through torchao's Float8Linear, whose scales are dynamic (not delayed)
         fp8_dynamic=fp8 and work.framework is Framework.TORCH and work.conditions.fp8_recipe is not Fp8Recipe.DELAYED,
         fp8_weights_gathered=work.conditions.fp8_all_gather,
+        repeat_kv=work.conditions.repeat_kv,
     )
     common = dict(
         setup=setup,

@@ -90,6 +90,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         fp8_recipe=Fp8Recipe(resolved["fp8_recipe"]) if resolved.get("fp8_recipe") else None,
         fp8_all_gather=_on(resolved.get("fp8_all_gather"), False),
         zero3_unit=Zero3Unit(resolved.get("zero3_unit") or "layer"),
+        repeat_kv=_on(resolved.get("repeat_kv"), False),
     )
 
 

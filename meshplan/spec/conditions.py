@@ -140,6 +140,9 @@ class Conditions:
     enable_fsdp_float8_all_gather, tensorwise scaling only."""
     zero3_unit: Zero3Unit = Zero3Unit.LAYER
     """What one ZeRO-3 collective carries: a layer (FSDP) or one weight matrix (DeepSpeed, flat or listed)."""
+    repeat_kv: bool = False
+    """The attention receives K and V repeated to one head per query head (torchtitan's Llama calls repeat_kv
+    before SDPA): context parallelism then passes them, and their gradients, at the query heads' width."""
 
     def __post_init__(self) -> None:
         if self.microbatch_group is not None and self.microbatch_group < 1:

@@ -1,0 +1,59 @@
+"""--repeat-kv (torchtitan's Llama repeats K and V to the query heads before SDPA): what context parallelism
+passes and what the copies move, derived by hand for Llama 3.1 8B (32 query heads, 8 K/V heads of 128)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan import io
+from meshplan.core.compute import ComputeSetup, layer_time
+from meshplan.core.plan import evaluate
+from meshplan.reports.inputs import resolve_cluster
+from meshplan.spec.conditions import Conditions
+from meshplan.spec.layout import Layout, Recompute, ZeroStage
+from meshplan.spec.workload import Framework, Kernels, Workload
+from meshplan.units import DType
+
+LLAMA_8B = io.load_model("llama-3.1-8b")
+SEQ, CP = 65536, 2
+
+
+def _cp_bytes(repeat_kv: bool) -> dict[str, float]:
+    work = Workload(seq_len=SEQ, global_batch=4, framework=Framework.TORCH, conditions=Conditions(repeat_kv=repeat_kv))
+    layout = Layout(cp=CP, dp_shard=4, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL)
+    plan = evaluate(LLAMA_8B, resolve_cluster(gpu="h100-sxm", gpus=8), layout, work)
+    out: dict[str, float] = {}
+    for c in plan.collectives:
+        if c.strategy == "cp":
+            out[c.phase] = out.get(c.phase, 0.0) + float(c.size_bytes * c.count_per_step)
+    return out
+
+
+def test_ring_passes_the_repeated_heads() -> None:
+    """The K/V block of one rank is s/cp tokens x 2 x 1,024 wide in bf16, 4x that (32 heads, not 8) repeated."""
+    grouped, repeated = _cp_bytes(False), _cp_bytes(True)
+    block = SEQ // CP * 2 * 1024 * 2
+    assert grouped["forward"] == pytest.approx(32 * (CP - 1) * block, rel=1e-12)  # 32 layers, one micro-batch
+    assert repeated == pytest.approx({phase: 4 * b for phase, b in grouped.items()}, rel=1e-12)
+
+
+def test_the_repeat_copies_move_their_bytes() -> None:
+    """Per token forward: read K and V (2 x 1,024) and write them repeated (2 x 4,096), 2 bytes each."""
+    g = io.load_gpu("h100-sxm")
+
+    def layer(repeat_kv: bool):  # type: ignore[no-untyped-def]
+        setup = ComputeSetup(
+            peak_flops=g.peak(DType.BF16),
+            bf16_peak_flops=g.peak(DType.BF16),
+            hbm_bytes_per_s=g.hbm_bandwidth_bytes_per_s,
+            cal=g.calibration,
+            act_bytes=2.0,
+            kernels=Kernels.FUSED,
+            repeat_kv=repeat_kv,
+        )
+        return layer_time(LLAMA_8B, setup=setup, tokens=8192, seq_len=8192, tp=1, sp=False, ep=1, moe_layer=False)
+
+    extra = layer(True).memory_s - layer(False).memory_s
+    assert extra == pytest.approx(
+        8192 * 2 * (2 * 1024 + 2 * 4096) / (g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency)
+    )
