@@ -57,3 +57,42 @@ def test_the_repeat_copies_move_their_bytes() -> None:
     assert extra == pytest.approx(
         8192 * 2 * (2 * 1024 + 2 * 4096) / (g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency)
     )
+
+
+def test_ring_merging_at_hbm_speed() -> None:
+    """PyTorch's ring over 8 ranks, 32K local tokens of Llama 3.1 8B with K and V repeated (E = 32,768 x 4,096
+    elements each of Q and of K or V): forward 7 merges of 32.5 bytes, 12 + 16 once, 255.5 E; backward 7 x (11.5 +
+    2 x 19.5) + 20 + 72 = 445.5 E. One rank (cp 1) merges nothing."""
+    g = io.load_gpu("h100-sxm")
+    hbm = g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency
+    tokens = 32768
+
+    def layer(ring_merge: bool, cp: int):  # type: ignore[no-untyped-def]
+        setup = ComputeSetup(
+            peak_flops=g.peak(DType.BF16),
+            bf16_peak_flops=g.peak(DType.BF16),
+            hbm_bytes_per_s=g.hbm_bandwidth_bytes_per_s,
+            cal=g.calibration,
+            act_bytes=2.0,
+            kernels=Kernels.FUSED,
+            repeat_kv=True,
+            ring_merge=ring_merge,
+        )
+        return layer_time(
+            LLAMA_8B,
+            setup=setup,
+            tokens=tokens,
+            seq_len=tokens * cp,
+            tp=1,
+            sp=False,
+            ep=1,
+            moe_layer=False,
+            kernel_keys=tokens,
+            cp=cp,
+        )
+
+    e = tokens * 4096
+    merged, plain = layer(True, 8), layer(False, 8)
+    assert merged.attention_s - plain.attention_s == pytest.approx(255.5 * e / hbm, rel=1e-9)
+    assert merged.backward_s - plain.backward_s == pytest.approx(445.5 * e / hbm, rel=1e-9)
+    assert layer(True, 1).forward_s == layer(False, 1).forward_s

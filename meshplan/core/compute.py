@@ -23,6 +23,7 @@ from meshplan.core.attention_kernels import BACKWARD_FLOPS_RATIO, attention_shar
 from meshplan.core.finetune import adapted_matrices, nf4_bytes_per_param
 from meshplan.core.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms
 from meshplan.core.num import Num, maximum, minimum, where
+from meshplan.core.ring_merge import ring_merge_time
 from meshplan.spec.cluster import AttentionKernel, GpuCalibration
 from meshplan.spec.finetune import Finetune, FinetuneMode
 from meshplan.spec.model import MlpKind, ModelSpec, NormKind
@@ -296,6 +297,8 @@ class ComputeSetup:
     """FSDP all-gathers the weights already in FP8 (torchao's enable_fsdp_float8_all_gather)."""
     repeat_kv: bool = False
     """K and V are repeated to the query heads before the attention (``Conditions.repeat_kv``)."""
+    ring_merge: bool = False
+    """Context parallelism is PyTorch's ring attention, merging every block in eager fp32 (core/ring_merge.py)."""
 
     def gemm_s(self, g: Gemm, *, linear: bool = False) -> Num:
         """A GEMM's time: the linear layers' at the compute dtype's peak, the others at bf16's."""
@@ -324,6 +327,7 @@ def layer_time(
     finetune: Finetune | None = None,
     frozen: bool = False,
     kernel_keys: Num | None = None,
+    cp: Num = 1,
 ) -> LayerTime:
     """Forward and backward compute time of one layer for ``tokens`` local tokens on one GPU.
 
@@ -354,6 +358,12 @@ def layer_time(
     memory_s = tokens * bytes_per_token / hbm
     keys = seq_len if kernel_keys is None else kernel_keys
     attn_fwd, attn_bwd = _attention_time(model, setup, tokens=tokens, seq_len=seq_len, kernel_keys=keys, tp=tp)
+    if setup.ring_merge and model.mla is None:
+        groups = model.num_heads / model.num_kv_heads if setup.repeat_kv else 1.0
+        merge_fwd, merge_bwd = ring_merge_time(
+            q_elements=tokens * model.q_width / tp, kv_elements=tokens * model.kv_width * groups / tp, cp=cp, hbm=hbm
+        )
+        attn_fwd, attn_bwd = attn_fwd + merge_fwd, attn_bwd + merge_bwd
     launch = KERNELS_PER_LAYER[kernels] * cal.kernel_overhead_s
     adapted = finetune is not None and finetune.adapted
     adapter_fwd: Num = 0.0

@@ -130,6 +130,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         fp8_dynamic=fp8 and work.framework is Framework.TORCH and work.conditions.fp8_recipe is not Fp8Recipe.DELAYED,
         fp8_weights_gathered=work.conditions.fp8_all_gather,
         repeat_kv=work.conditions.repeat_kv,
+        ring_merge=work.framework is Framework.TORCH,
     )
     common = dict(
         setup=setup,
@@ -140,6 +141,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         ep=lay.ep,
         # ring CP: one s/cp block of keys per step; all-gathered K/V: the whole sequence (Llama 3 Sec. 3.3.2)
         kernel_keys=where(lay.cp_kind == ContextParallel.ALL_GATHER, work.seq_len, work.seq_len / lay.cp),
+        cp=lay.cp,
         finetune=work.finetune,
     )
     dense = layer_time(model, moe_layer=False, **common)
