@@ -25,6 +25,7 @@ from meshplan.core.flops import Gemm, attention_core_flops, attention_gemms, mlp
 from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.ring_merge import ring_merge_time
 from meshplan.spec.cluster import AttentionKernel, GpuCalibration
+from meshplan.spec.conditions import LossKind
 from meshplan.spec.finetune import Finetune, FinetuneMode
 from meshplan.spec.model import MlpKind, ModelSpec, NormKind
 from meshplan.spec.workload import Attention, Kernels, Workload
@@ -396,6 +397,15 @@ def _adapter_bytes_per_token(model: ModelSpec, finetune: Finetune, *, tp: Num, m
     return total
 
 
+LOSS_BYTES = {LossKind.FRAMEWORK: (8.0, 8.0), LossKind.FUSED: (8.0, 8.0), LossKind.UPCAST: (22.0, 26.0)}
+"""(forward, backward) bytes per logit of the loss. A fused cross-entropy: about four fp32 passes over the logits,
+half each way. ``cross_entropy(logits.float())`` in eager PyTorch, kernel by kernel: forward the upcast (read 2,
+write 4) and log_softmax, whose rows of a 128K vocabulary fit no SM's shared memory, so it reads the row for the
+maximum, again for the sum of exponentials and again to write the output (4 + 4 + 4 + 4): 22; backward
+nll_loss's fp32 gradient written (4), log_softmax's backward reading it for the row sum (4), then it and the
+saved output to write the input gradient (4 + 4 + 4), and the downcast to bf16 (4 + 2): 26."""
+
+
 def head_time(
     model: ModelSpec,
     *,
@@ -405,10 +415,11 @@ def head_time(
     hbm_bytes_per_s: float,
     cal: GpuCalibration,
     act_bytes: float,
+    loss: LossKind = LossKind.FRAMEWORK,
 ) -> tuple[Num, Num]:
     """(forward, backward) time of the output head and the loss on the last stage."""
     g = Gemm(name="lm_head", m=tokens, n=model.vocab_size / tp, k=model.hidden)
     gemm = gemm_time(g, peak_flops=peak_flops, hbm_bytes_per_s=hbm_bytes_per_s, cal=cal, act_bytes=act_bytes)
-    # fp32 upcast, log-softmax and its gradient: about four fp32 passes over the logits
-    loss = 4 * 4.0 * tokens * model.vocab_size / tp / (hbm_bytes_per_s * cal.hbm_efficiency)
-    return gemm + loss / 2, 2 * gemm + loss / 2
+    logits_s = tokens * model.vocab_size / tp / (hbm_bytes_per_s * cal.hbm_efficiency)
+    fwd_bytes, bwd_bytes = LOSS_BYTES[loss]
+    return gemm + fwd_bytes * logits_s, 2 * gemm + bwd_bytes * logits_s

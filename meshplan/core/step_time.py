@@ -153,6 +153,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
         cal=gpu.calibration,
         act_bytes=work.precision.activation_bytes,
+        loss=work.conditions.loss,
     )
     return LayerKinds(
         dense=dense,

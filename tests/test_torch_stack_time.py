@@ -1,5 +1,6 @@
-"""--repeat-kv (torchtitan's Llama repeats K and V to the query heads before SDPA): what context parallelism
-passes and what the copies move, derived by hand for Llama 3.1 8B (32 query heads, 8 K/V heads of 128)."""
+"""What PyTorch-native stacks pay beyond the kernels, derived by hand for Llama 3.1 8B (32 query heads, 8 K/V
+heads of 128): --repeat-kv (torchtitan's Llama repeats K and V to the query heads before SDPA), PyTorch's ring
+merging, and the eager fp32-upcast cross-entropy."""
 
 from __future__ import annotations
 
@@ -96,3 +97,25 @@ def test_ring_merging_at_hbm_speed() -> None:
     assert merged.attention_s - plain.attention_s == pytest.approx(255.5 * e / hbm, rel=1e-9)
     assert merged.backward_s - plain.backward_s == pytest.approx(445.5 * e / hbm, rel=1e-9)
     assert layer(True, 1).forward_s == layer(False, 1).forward_s
+
+
+def test_the_upcast_loss_moves_its_bytes() -> None:
+    """cross_entropy(logits.float()) in eager PyTorch: 22 bytes per logit forward and 26 backward, against the
+    fused loss's 8 and 8; 8,192 tokens of a 128,256-entry vocabulary."""
+    from meshplan.core.compute import head_time
+    from meshplan.spec.conditions import LossKind
+
+    g = io.load_gpu("h100-sxm")
+    common = dict(
+        tokens=8192,
+        tp=1,
+        peak_flops=g.peak(DType.BF16),
+        hbm_bytes_per_s=g.hbm_bandwidth_bytes_per_s,
+        cal=g.calibration,
+        act_bytes=2.0,
+    )
+    fused_f, fused_b = head_time(LLAMA_8B, loss=LossKind.FRAMEWORK, **common)  # type: ignore[arg-type]
+    eager_f, eager_b = head_time(LLAMA_8B, loss=LossKind.UPCAST, **common)  # type: ignore[arg-type]
+    logits_s = 8192 * 128256 / (g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency)
+    assert eager_f - fused_f == pytest.approx(14 * logits_s, rel=1e-9)
+    assert eager_b - fused_b == pytest.approx(18 * logits_s, rel=1e-9)
