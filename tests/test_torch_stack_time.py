@@ -119,3 +119,28 @@ def test_the_upcast_loss_moves_its_bytes() -> None:
     logits_s = 8192 * 128256 / (g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency)
     assert eager_f - fused_f == pytest.approx(14 * logits_s, rel=1e-9)
     assert eager_b - fused_b == pytest.approx(18 * logits_s, rel=1e-9)
+
+
+def test_fsdp2_copies_on_the_compute_stream() -> None:
+    """FSDP2 over 8 ranks (bf16 gathered, fp32 gradients reduced): per layer and micro-batch 4 bytes per weight
+    copied out after the forward all-gather, 4 after the backward one, 2 + 4 into the reduce-scatter input;
+    32 layers of 218,103,808 weights, one micro-batch (global batch 8 over 8 ranks)."""
+    from meshplan.spec.workload import PRECISIONS
+
+    def compute_s(fsdp_copies: bool, zero: ZeroStage = ZeroStage.PARAMETERS) -> float:
+        work = Workload(
+            seq_len=4096,
+            global_batch=8,
+            precision=PRECISIONS["fsdp2-bf16"],
+            framework=Framework.TORCH,
+            conditions=Conditions(fsdp_copies=fsdp_copies),
+        )
+        layout = Layout(dp_shard=8, zero=zero)
+        return float(evaluate(LLAMA_8B, resolve_cluster(gpu="h100-sxm", gpus=8), layout, work).step.compute_s)
+
+    g = io.load_gpu("h100-sxm")
+    hbm = g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency
+    expected = 32 * 218103808 * (4 + 4 + 2 + 4) / hbm
+    assert compute_s(True) - compute_s(False) == pytest.approx(expected, rel=1e-9)
+    # without ZeRO-3 nothing is gathered: no copies
+    assert compute_s(True, ZeroStage.OPTIMIZER) == compute_s(False, ZeroStage.OPTIMIZER)

@@ -63,6 +63,9 @@ class LayerTime:
     attention_core_bwd_s: Num
     weight_grad_s: Num
     """The weight-gradient matmuls of backward (the adapters' alone when the base is frozen)."""
+    shard_copy_fwd_s: Num = 0.0
+    """FSDP2's copies on the compute stream around the layer's forward (``shard_copy_bytes``), not recomputed."""
+    shard_copy_bwd_s: Num = 0.0
 
     @property
     def forward_s(self) -> Num:
@@ -329,18 +332,21 @@ def layer_time(
     frozen: bool = False,
     kernel_keys: Num | None = None,
     cp: Num = 1,
+    shard_copy_bytes: tuple[Num, Num] = (0.0, 0.0),
 ) -> LayerTime:
     """Forward and backward compute time of one layer for ``tokens`` local tokens on one GPU.
 
     A frozen base (LoRA, QLoRA, or a frozen layer) skips its weight-gradient matmuls; adapters add skinny,
     memory-bound ones. With ``setup.fp8`` (Transformer Engine recipes) the linear layers run at the FP8 peak
     times the kind's FP8 share and pay the casts around them. ``kernel_keys``: the keys a fused attention call
-    walks (default ``seq_len``).
+    walks (default ``seq_len``). ``shard_copy_bytes``: (forward, backward) bytes per weight element FSDP2 copies
+    on the compute stream (``fsdp2_copy_bytes``).
     """
     cal, hbm, kernels = setup.cal, setup.hbm, setup.kernels
     mlp = mlp_gemms(model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer)
     gemms = attention_gemms(model, tokens=tokens, tp=tp) + mlp
     gemm_s = sum(setup.gemm_s(g, linear=True) for g in gemms)
+    weights = sum(g.n * g.k * g.count for g in gemms)
     fused = kernels is Kernels.FUSED
     cast_fwd, cast_bwd = (
         _fp8_cast_time(
@@ -384,7 +390,20 @@ def layer_time(
         weight_grad_s=weight_grad,
         attention_core_fwd_s=attn_fwd,
         attention_core_bwd_s=attn_bwd,
+        shard_copy_fwd_s=weights * shard_copy_bytes[0] / hbm,
+        shard_copy_bwd_s=weights * shard_copy_bytes[1] / hbm,
     )
+
+
+def fsdp2_copy_bytes(*, gathered: float, act_bytes: float, grad_bytes: float) -> tuple[float, float]:
+    """(forward, backward) bytes per weight element FSDP2 copies on the compute stream for one layer and
+    micro-batch: after each all-gather (forward, and again in backward when it resharded) the gathered buffer split
+    into the parameters (``foreach_all_gather_copy_out``: read and write ``gathered`` bytes), and before the
+    reduce-scatter the unsharded gradients copied into its input in the reduce dtype (``foreach_reduce``'s
+    ``_chunk_cat``: read ``act_bytes``, write ``grad_bytes``). torch/distributed/fsdp/_fully_shard/
+    _fsdp_collectives.py; the all-gather's own copy-in moves the 1/n shard only, not counted."""
+    copy_out = 2 * gathered
+    return copy_out, copy_out + act_bytes + grad_bytes
 
 
 def _adapter_bytes_per_token(model: ModelSpec, finetune: Finetune, *, tp: Num, moe_layer: bool) -> Num:

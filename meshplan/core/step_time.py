@@ -23,7 +23,7 @@ import numpy as np
 
 from meshplan.core import finetune, pipeline
 from meshplan.core.comm import CollectiveCall, StageShape, dp_calls, model_parallel_calls
-from meshplan.core.compute import ComputeSetup, LayerTime, head_time, layer_time
+from meshplan.core.compute import ComputeSetup, LayerTime, fsdp2_copy_bytes, head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
 from meshplan.core.groups import DATA_PARALLEL_SPLIT, model_parallel_groups, spread, take_rows
 from meshplan.core.memory import (
@@ -37,6 +37,7 @@ from meshplan.core.memory import (
 from meshplan.core.num import Num, maximum, minimum, to_float, where
 from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
+from meshplan.core.pytorch.shards import gather_bytes
 from meshplan.core.stages import StageRow, stage_row
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.conditions import Fp8Recipe, Selective
@@ -143,6 +144,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         kernel_keys=where(lay.cp_kind == ContextParallel.ALL_GATHER, work.seq_len, work.seq_len / lay.cp),
         cp=lay.cp,
         finetune=work.finetune,
+        shard_copy_bytes=_shard_copy_bytes(lay, work),
     )
     dense = layer_time(model, moe_layer=False, **common)
     head_f, head_b = head_time(
@@ -165,6 +167,20 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         head_fwd_s=head_f,
         head_bwd_s=head_b,
     )
+
+
+def _shard_copy_bytes(lay: LayoutLike, work: Workload) -> tuple[Num, Num]:
+    """FSDP2's per-layer copies (``--fsdp-copies`` with ZeRO-3 over more than one rank), or none."""
+    if not work.conditions.fsdp_copies:
+        return 0.0, 0.0
+    prec = work.precision
+    fwd, bwd = fsdp2_copy_bytes(
+        gathered=gather_bytes(prec, fp8=work.conditions.fp8_all_gather),
+        act_bytes=prec.activation_bytes,
+        grad_bytes=prec.grad_bytes,
+    )
+    on = (lay.zero >= ZeroStage.PARAMETERS) & (lay.dp_shard * lay.cp > 1)
+    return where(on, fwd, 0.0), where(on, bwd, 0.0)
 
 
 def selective_redo_s(lt: LayerTime, policy: Selective, modules: tuple[str, ...]) -> Num:
@@ -192,6 +208,7 @@ def _stage_values(kinds: LayerKinds, lay: LayoutLike, work: Workload, row: Stage
     dense, moe, ft, cond = kinds.dense, kinds.moe, work.finetune, work.conditions
     n_dense, n_moe = row.dense_layers, row.moe_layers
     fwd = n_dense * dense.forward_s + n_moe * moe.forward_s
+    copies = n_dense * dense.shard_copy_fwd_s + n_moe * moe.shard_copy_fwd_s  # before each forward, not recomputed
     attn_fwd = n_dense * dense.attention_core_fwd_s + n_moe * moe.attention_core_fwd_s
     # Megatron's block method: full recompute of the first k layers of the stage only
     full_share = (
@@ -211,8 +228,12 @@ def _stage_values(kinds: LayerKinds, lay: LayoutLike, work: Workload, row: Stage
         bwd = bwd - n_frozen * (dense.backward_s - kept)
         wgrad = wgrad - n_frozen * dense.weight_grad_s
     return {
-        "fwd_compute_s": fwd + where(last, kinds.head_fwd_s, 0.0),
-        "bwd_compute_s": bwd + redo + where(last, kinds.head_bwd_s, 0.0),
+        "fwd_compute_s": fwd + copies + where(last, kinds.head_fwd_s, 0.0),
+        "bwd_compute_s": bwd
+        + n_dense * dense.shard_copy_bwd_s
+        + n_moe * moe.shard_copy_bwd_s
+        + redo
+        + where(last, kinds.head_bwd_s, 0.0),
         "weight_grad_s": wgrad,
         "attention_fwd_s": attn_fwd,
         "attention_bwd_s": n_dense * dense.attention_core_bwd_s + n_moe * moe.attention_core_bwd_s,

@@ -91,6 +91,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         fp8_all_gather=_on(resolved.get("fp8_all_gather"), False),
         zero3_unit=Zero3Unit(resolved.get("zero3_unit") or "layer"),
         repeat_kv=_on(resolved.get("repeat_kv"), False),
+        fsdp_copies=_on(resolved.get("fsdp_copies"), False),
     )
 
 

@@ -140,6 +140,10 @@ class Conditions:
     enable_fsdp_float8_all_gather, tensorwise scaling only."""
     zero3_unit: Zero3Unit = Zero3Unit.LAYER
     """What one ZeRO-3 collective carries: a layer (FSDP) or one weight matrix (DeepSpeed, flat or listed)."""
+    fsdp_copies: bool = False
+    """ZeRO-3 is FSDP2 (per-parameter shards): each all-gather's output is copied into the parameters and the
+    gradients into the reduce-scatter's input, on the compute stream; False: flat parameters (FSDP1, ZeRO-3
+    buckets) gather into and reduce from the buffers the layer uses in place."""
     repeat_kv: bool = False
     """The attention receives K and V repeated to one head per query head (torchtitan's Llama calls repeat_kv
     before SDPA): context parallelism then passes them, and their gradients, at the query heads' width."""

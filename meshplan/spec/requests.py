@@ -637,6 +637,11 @@ FIELDS: tuple[Field, ...] = (
         "enable_fsdp_float8_all_gather; needs --fp8-recipe tensorwise)",
     ),
     _switch(
+        "fsdp_copies",
+        "ZeRO-3 is FSDP2: each all-gather copied out into the parameters and the gradients into the "
+        "reduce-scatter buffer, on the compute stream (off: FSDP1's flat parameters, used in place)",
+    ),
+    _switch(
         "repeat_kv",
         "the attention gets K/V repeated to one head per query head (torchtitan's Llama: repeat_kv before SDPA); "
         "context parallelism passes them at that width",
