@@ -63,6 +63,8 @@ class LayerTime:
     attention_core_bwd_s: Num
     weight_grad_s: Num
     """The weight-gradient matmuls of backward (the adapters' alone when the base is frozen)."""
+    op_sac_gemm_s: Num
+    """The matmuls torchtitan's per-op selective checkpointing recomputes (``_op_sac_share``)."""
     shard_copy_fwd_s: Num = 0.0
     """FSDP2's copies on the compute stream around the layer's forward (``shard_copy_bytes``), not recomputed."""
     shard_copy_bwd_s: Num = 0.0
@@ -345,7 +347,9 @@ def layer_time(
     cal, hbm, kernels = setup.cal, setup.hbm, setup.kernels
     mlp = mlp_gemms(model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer)
     gemms = attention_gemms(model, tokens=tokens, tp=tp) + mlp
-    gemm_s = sum(setup.gemm_s(g, linear=True) for g in gemms)
+    times = [setup.gemm_s(g, linear=True) for g in gemms]
+    gemm_s = sum(times)
+    op_sac = sum(t * _op_sac_share(model, g, moe_layer=moe_layer) for g, t in zip(gemms, times, strict=True))
     weights = sum(g.n * g.k * g.count for g in gemms)
     fused = kernels is Kernels.FUSED
     cast_fwd, cast_bwd = (
@@ -388,6 +392,7 @@ def layer_time(
         memory_s=memory_s + launch + adapter_fwd + cast_fwd,
         backward_s=backward,
         weight_grad_s=weight_grad,
+        op_sac_gemm_s=op_sac,
         attention_core_fwd_s=attn_fwd,
         attention_core_bwd_s=attn_bwd,
         shard_copy_fwd_s=weights * shard_copy_bytes[0] / hbm,
@@ -404,6 +409,24 @@ def fsdp2_copy_bytes(*, gathered: float, act_bytes: float, grad_bytes: float) ->
     _fsdp_collectives.py; the all-gather's own copy-in moves the 1/n shard only, not counted."""
     copy_out = 2 * gathered
     return copy_out, copy_out + act_bytes + grad_bytes
+
+
+def _op_sac_share(model: ModelSpec, g: Gemm, *, moe_layer: bool) -> float:
+    """Share of ``g`` torchtitan's per-op selective checkpointing recomputes: every second aten.mm of a block in
+    call order, of wq, wk, wv, wo, w1, w3, w2 the 2nd, 4th and 6th (wk, wo, w3; without a gate, of wq, wk, wv, wo,
+    w1, w2: wk, wo, w2), the fused Q/K/V and gate/up GEMMs split by their FLOPs; the others' outputs are saved
+    (torchtitan ``_apply_op_sac``, as core/memory.py ``_op_checkpoint_per_token`` bills them). MLA and MoE
+    layers, whose matmuls are other ops: half of every GEMM."""
+    if model.mla is not None or moe_layer:
+        return 0.5
+    gated = model.mlp is MlpKind.GATED
+    shares = {
+        "qkv": model.kv_width / (model.q_width + 2 * model.kv_width),
+        "attn_out": 1.0,
+        "mlp_up": 0.5 if gated else 0.0,
+        "mlp_down": 0.0 if gated else 1.0,
+    }
+    return shares.get(g.name, 0.5)
 
 
 def _adapter_bytes_per_token(model: ModelSpec, finetune: Finetune, *, tp: Num, moe_layer: bool) -> Num:

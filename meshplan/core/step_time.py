@@ -189,11 +189,11 @@ def selective_redo_s(lt: LayerTime, policy: Selective, modules: tuple[str, ...])
     Megatron: the attention core (Korthikanti et al. 2022 Sec. 5), or its --recompute-modules (the core; the
     elementwise work for layernorm or moe_act, all of it: an upper bound; the MLP's or experts' matmuls for mlp
     or moe). torchtitan's per-op policy
-    recomputes every second matmul and all the elementwise work but saves the attention output; its
+    recomputes every second matmul (wk, wo, w3) and all the elementwise work but saves the attention output; its
     per-layer policy (ac_freq 2) recomputes every second layer whole.
     """
     if policy is Selective.OP:
-        return lt.gemm_s / 2 + lt.memory_s
+        return lt.op_sac_gemm_s + lt.memory_s
     if policy is Selective.LAYER:
         return lt.forward_s / 2
     if policy is Selective.MODULES:
