@@ -23,7 +23,8 @@ from meshplan.core.attention_kernels import BACKWARD_FLOPS_RATIO, attention_shar
 from meshplan.core.finetune import adapted_matrices, nf4_bytes_per_param
 from meshplan.core.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms
 from meshplan.core.num import Num, maximum, minimum, where
-from meshplan.core.ring_merge import ring_merge_time
+from meshplan.core.pytorch.overheads import DYNAMIC_AMAX_BYTES, DYNAMIC_CAST_BYTES, op_sac_share
+from meshplan.core.pytorch.ring_merge import ring_merge_time
 from meshplan.spec.cluster import AttentionKernel, GpuCalibration
 from meshplan.spec.conditions import LossKind
 from meshplan.spec.finetune import Finetune, FinetuneMode
@@ -64,7 +65,7 @@ class LayerTime:
     weight_grad_s: Num
     """The weight-gradient matmuls of backward (the adapters' alone when the base is frozen)."""
     op_sac_gemm_s: Num
-    """The matmuls torchtitan's per-op selective checkpointing recomputes (``_op_sac_share``)."""
+    """The matmuls torchtitan's per-op selective checkpointing recomputes (``pytorch.overheads.op_sac_share``)."""
     shard_copy_fwd_s: Num = 0.0
     """FSDP2's copies on the compute stream around the layer's forward (``shard_copy_bytes``), not recomputed."""
     shard_copy_bwd_s: Num = 0.0
@@ -83,15 +84,6 @@ FP8_CAST_BYTES_BWD_GRAD = {False: 5.0, True: 4.0}
 transpose: 4 bytes fused in TE's cast_transpose, 3 + 2 as two kernels)."""
 FP8_TRANSPOSE_BYTES_INPUT = 2.0
 """Per saved-input element in backward: the FP8 transpose the weight-gradient GEMM reads (read and write 1 byte)."""
-DYNAMIC_CAST_BYTES = 4.0
-"""torchao's Float8Linear (dynamic scaling: the scale is the tensor's amax of this very use), per element of each
-tensor it casts (input, weight, output gradient): once the amax is known, one kernel reads the bf16 tensor and
-writes it in FP8 twice, row- and column-major, for the forward and the backward GEMMs (2 + 1 + 1 bytes; torchao
-torchao/float8/roofline_utils.py get_tensor_memory_traffic_bytes)."""
-DYNAMIC_AMAX_BYTES = 2.0
-"""The amax pass before that cast, reading the bf16 tensor: torch.compile fuses it into the kernel that produced
-an input or an output gradient (roofline_utils: fuse_with_prev), never into a weight's, which FSDP gathers
-(eager PyTorch fuses nothing)."""
 
 
 MATMUL_TILE_M, MATMUL_TILE_N = 256, 128
@@ -304,7 +296,7 @@ class ComputeSetup:
     repeat_kv: bool = False
     """K and V are repeated to the query heads before the attention (``Conditions.repeat_kv``)."""
     ring_merge: bool = False
-    """Context parallelism is PyTorch's ring attention, merging every block in eager fp32 (core/ring_merge.py)."""
+    """Context parallelism is PyTorch's ring attention, merging every block in eager fp32 (pytorch/ring_merge.py)."""
 
     def gemm_s(self, g: Gemm, *, linear: bool = False) -> Num:
         """A GEMM's time: the linear layers' at the compute dtype's peak, the others at bf16's."""
@@ -342,14 +334,14 @@ def layer_time(
     memory-bound ones. With ``setup.fp8`` (Transformer Engine recipes) the linear layers run at the FP8 peak
     times the kind's FP8 share and pay the casts around them. ``kernel_keys``: the keys a fused attention call
     walks (default ``seq_len``). ``shard_copy_bytes``: (forward, backward) bytes per weight element FSDP2 copies
-    on the compute stream (``fsdp2_copy_bytes``).
+    on the compute stream (``pytorch.overheads.fsdp2_copy_bytes``).
     """
     cal, hbm, kernels = setup.cal, setup.hbm, setup.kernels
     mlp = mlp_gemms(model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer)
     gemms = attention_gemms(model, tokens=tokens, tp=tp) + mlp
     times = [setup.gemm_s(g, linear=True) for g in gemms]
     gemm_s = sum(times)
-    op_sac = sum(t * _op_sac_share(model, g, moe_layer=moe_layer) for g, t in zip(gemms, times, strict=True))
+    op_sac = sum(t * op_sac_share(model, g, moe_layer=moe_layer) for g, t in zip(gemms, times, strict=True))
     weights = sum(g.n * g.k * g.count for g in gemms)
     fused = kernels is Kernels.FUSED
     cast_fwd, cast_bwd = (
@@ -398,35 +390,6 @@ def layer_time(
         shard_copy_fwd_s=weights * shard_copy_bytes[0] / hbm,
         shard_copy_bwd_s=weights * shard_copy_bytes[1] / hbm,
     )
-
-
-def fsdp2_copy_bytes(*, gathered: float, act_bytes: float, grad_bytes: float) -> tuple[float, float]:
-    """(forward, backward) bytes per weight element FSDP2 copies on the compute stream for one layer and
-    micro-batch: after each all-gather (forward, and again in backward when it resharded) the gathered buffer split
-    into the parameters (``foreach_all_gather_copy_out``: read and write ``gathered`` bytes), and before the
-    reduce-scatter the unsharded gradients copied into its input in the reduce dtype (``foreach_reduce``'s
-    ``_chunk_cat``: read ``act_bytes``, write ``grad_bytes``). torch/distributed/fsdp/_fully_shard/
-    _fsdp_collectives.py; the all-gather's own copy-in moves the 1/n shard only, not counted."""
-    copy_out = 2 * gathered
-    return copy_out, copy_out + act_bytes + grad_bytes
-
-
-def _op_sac_share(model: ModelSpec, g: Gemm, *, moe_layer: bool) -> float:
-    """Share of ``g`` torchtitan's per-op selective checkpointing recomputes: every second aten.mm of a block in
-    call order, of wq, wk, wv, wo, w1, w3, w2 the 2nd, 4th and 6th (wk, wo, w3; without a gate, of wq, wk, wv, wo,
-    w1, w2: wk, wo, w2), the fused Q/K/V and gate/up GEMMs split by their FLOPs; the others' outputs are saved
-    (torchtitan ``_apply_op_sac``, as core/memory.py ``_op_checkpoint_per_token`` bills them). MLA and MoE
-    layers, whose matmuls are other ops: half of every GEMM."""
-    if model.mla is not None or moe_layer:
-        return 0.5
-    gated = model.mlp is MlpKind.GATED
-    shares = {
-        "qkv": model.kv_width / (model.q_width + 2 * model.kv_width),
-        "attn_out": 1.0,
-        "mlp_up": 0.5 if gated else 0.0,
-        "mlp_down": 0.0 if gated else 1.0,
-    }
-    return shares.get(g.name, 0.5)
 
 
 def _adapter_bytes_per_token(model: ModelSpec, finetune: Finetune, *, tp: Num, moe_layer: bool) -> Num:

@@ -23,7 +23,7 @@ import numpy as np
 
 from meshplan.core import finetune, pipeline
 from meshplan.core.comm import CollectiveCall, StageShape, dp_calls, model_parallel_calls
-from meshplan.core.compute import ComputeSetup, LayerTime, fsdp2_copy_bytes, head_time, layer_time
+from meshplan.core.compute import ComputeSetup, LayerTime, head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
 from meshplan.core.groups import DATA_PARALLEL_SPLIT, model_parallel_groups, spread, take_rows
 from meshplan.core.memory import (
@@ -37,6 +37,7 @@ from meshplan.core.memory import (
 from meshplan.core.num import Num, maximum, minimum, to_float, where
 from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
+from meshplan.core.pytorch.overheads import fsdp2_copy_bytes
 from meshplan.core.pytorch.shards import gather_bytes
 from meshplan.core.stages import StageRow, stage_row
 from meshplan.spec.cluster import Cluster
