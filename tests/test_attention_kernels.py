@@ -137,7 +137,10 @@ def test_attention_time_follows_the_table_with_sequence() -> None:
 def test_each_selective_policy_repeats_what_it_recomputes() -> None:
     lt = _layer(Attention.FA2, Kernels.EAGER)
     assert selective_redo_s(lt, Selective.CORE_ATTENTION, ("core_attn",)) == lt.attention_core_fwd_s
-    assert selective_redo_s(lt, Selective.OP, ()) == pytest.approx(lt.gemm_s / 2 + lt.memory_s)
+    assert selective_redo_s(lt, Selective.OP, ()) == pytest.approx(lt.op_sac_gemm_s + lt.memory_s)
+    # per-op: wk, wo and w3 of Llama 3 8B, 1,024 + 4,096 + 14,336 of the 2 x 4,096 + 2 x 1,024 + 3 x 14,336 columns
+    recomputed = (1024 + 4096 + 14336) / (2 * 4096 + 2 * 1024 + 3 * 14336)
+    assert lt.op_sac_gemm_s / lt.gemm_s == pytest.approx(recomputed, rel=0.02)
     assert selective_redo_s(lt, Selective.LAYER, ()) == pytest.approx(lt.forward_s / 2)
     core = selective_redo_s(lt, Selective.MODULES, ("core_attn",))
     assert core == lt.attention_core_fwd_s

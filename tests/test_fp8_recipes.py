@@ -11,6 +11,7 @@ from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.conditions import Conditions, Fp8Recipe
 from meshplan.spec.layout import Layout, ZeroStage
 from meshplan.spec.workload import PRECISIONS, Framework, Workload
+from meshplan.units import DType
 
 LLAMA_8B = io.load_model("llama-3.1-8b")
 LAYER = 4096 * (4096 + 2 * 1024) + 4096**2 + 3 * 4096 * 14336 + 2 * 4096  # 218,112,000 parameters
@@ -79,3 +80,47 @@ def test_activation_offload() -> None:
     assert kept - offloaded == pytest.approx(15 * per_layer, rel=1e-12)
     with pytest.raises(ValueError, match="offload_layers=16 with pp=2"):
         evaluate(LLAMA_8B, cluster, Layout(pp=2, dp_replicate=4), off)
+
+
+def _fp8_layer(*, dynamic: bool, gathered: bool = False, tokens: int = 16384):  # type: ignore[no-untyped-def]
+    from meshplan.core.compute import ComputeSetup, layer_time
+    from meshplan.spec.workload import Kernels
+
+    g = io.load_gpu("h100-sxm")
+    setup = ComputeSetup(
+        peak_flops=g.peak(DType.FP8),
+        bf16_peak_flops=g.peak(DType.BF16),
+        hbm_bytes_per_s=g.hbm_bandwidth_bytes_per_s,
+        cal=g.calibration,
+        act_bytes=2.0,
+        kernels=Kernels.FUSED,
+        fp8=True,
+        fp8_dynamic=dynamic,
+        fp8_weights_gathered=gathered,
+    )
+    lt = layer_time(LLAMA_8B, setup=setup, tokens=tokens, seq_len=8192, tp=1, sp=False, ep=1, moe_layer=False)
+    return lt, setup.hbm
+
+
+def test_torchao_dynamic_casts() -> None:
+    """torchao's Float8Linear under torch.compile (roofline_utils): each input, output gradient and weight is cast
+    after its amax, 4 bytes an element (read bf16, write FP8 row- and column-major), weights 2 more for their own
+    amax pass; Transformer Engine's fused casts: no forward input cast, 4 bytes per output-gradient element and
+    2 per saved input's transpose in backward (the output gradients' 4 bytes are common to both). Llama 3.1 8B
+    per token: inputs 3 x 4,096 + 14,336; weights 218,103,808 (the layer less its norms)."""
+    tokens = 16384
+    inputs, weights = tokens * (3 * 4096 + 14336), LAYER - 2 * 4096
+    te, hbm = _fp8_layer(dynamic=False)
+    torchao, _ = _fp8_layer(dynamic=True)
+    gathered, _ = _fp8_layer(dynamic=True, gathered=True)
+    assert torchao.memory_s - te.memory_s == pytest.approx((4 * inputs + 6 * weights) / hbm, rel=1e-9)
+    assert torchao.backward_s - te.backward_s == pytest.approx(-2 * inputs / hbm, rel=1e-9)
+    # weights gathered in FP8 arrive cast (on the shard, before the all-gather)
+    assert torchao.memory_s - gathered.memory_s == pytest.approx(6 * weights / hbm, rel=1e-9)
+
+
+def test_torch_stacks_cast_dynamically() -> None:
+    """A PyTorch-native stack's FP8 step is slower than the same run with Transformer Engine's fused casts."""
+    torch_plan = _plan(TENSORWISE, Framework.TORCH)
+    te_plan = _plan(TENSORWISE, Framework.MEGATRON)
+    assert torch_plan.step.compute_s > te_plan.step.compute_s

@@ -23,7 +23,10 @@ from meshplan.core.attention_kernels import BACKWARD_FLOPS_RATIO, attention_shar
 from meshplan.core.finetune import adapted_matrices, nf4_bytes_per_param
 from meshplan.core.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms
 from meshplan.core.num import Num, maximum, minimum, where
+from meshplan.core.pytorch.overheads import DYNAMIC_AMAX_BYTES, DYNAMIC_CAST_BYTES, op_sac_share
+from meshplan.core.pytorch.ring_merge import ring_merge_time
 from meshplan.spec.cluster import AttentionKernel, GpuCalibration
+from meshplan.spec.conditions import LossKind
 from meshplan.spec.finetune import Finetune, FinetuneMode
 from meshplan.spec.model import MlpKind, ModelSpec, NormKind
 from meshplan.spec.workload import Attention, Kernels, Workload
@@ -61,6 +64,11 @@ class LayerTime:
     attention_core_bwd_s: Num
     weight_grad_s: Num
     """The weight-gradient matmuls of backward (the adapters' alone when the base is frozen)."""
+    op_sac_gemm_s: Num
+    """The matmuls torchtitan's per-op selective checkpointing recomputes (``pytorch.overheads.op_sac_share``)."""
+    shard_copy_fwd_s: Num = 0.0
+    """FSDP2's copies on the compute stream around the layer's forward (``shard_copy_bytes``), not recomputed."""
+    shard_copy_bwd_s: Num = 0.0
 
     @property
     def forward_s(self) -> Num:
@@ -116,7 +124,7 @@ product with the frequencies (4, 4), downcast (4, 2): 20 bytes, 10 passes of 2 (
 
 
 def _memory_bytes_per_token(
-    model: ModelSpec, *, tp: Num, sp: Num, moe_layer: bool, act_bytes: float, kernels: Kernels
+    model: ModelSpec, *, tp: Num, sp: Num, moe_layer: bool, act_bytes: float, kernels: Kernels, repeat_kv: bool = False
 ) -> Num:
     """Bytes memory-bound ops of one layer's forward move per local token.
 
@@ -124,7 +132,9 @@ def _memory_bytes_per_token(
     write 1; with dropout, fused into the add, one more 1-byte mask each) is
     split over tp only with SP; the MLP activation (gated:
     act and product, 5 f-wide passes; GELU: 2) and rotary (read+write of Q
-    and K) are split over tp.
+    and K) are split over tp. ``repeat_kv``: K and V are copied to one head
+    per query head before the attention (read the grouped, write the
+    repeated; backward sums the repeated gradients back).
     """
     rep = where(sp, 1.0 / tp, 1.0)
     eager = kernels is Kernels.EAGER
@@ -140,7 +150,9 @@ def _memory_bytes_per_token(
         ffn, permute = model.ffn_hidden, 0
     rotary_passes = EAGER_ROTARY_PASSES if eager else 2
     rotary = 0 if model.learned_positions else rotary_passes * (model.q_width + model.kv_width) / tp
-    return act_bytes * (hidden_passes * model.hidden * rep + act_passes * ffn / tp + rotary + permute)
+    groups = model.num_heads / model.num_kv_heads
+    repeat = 2 * model.kv_width * (1 + groups) / tp if repeat_kv and model.mla is None and groups > 1 else 0.0
+    return act_bytes * (hidden_passes * model.hidden * rep + act_passes * ffn / tp + rotary + permute + repeat)
 
 
 def attention_kernel(attention: Attention, kernels: Kernels, cal: GpuCalibration) -> AttentionKernel:
@@ -218,10 +230,24 @@ def _attention_time(
     )
 
 
-def _fp8_cast_time(gemms: list[Gemm], *, fused: bool, hbm: Num) -> tuple[Num, Num]:
-    """(forward, backward) HBM time of the casts and transposes around FP8 linear layers."""
+def _fp8_cast_time(
+    gemms: list[Gemm], *, fused: bool, hbm: Num, dynamic: bool = False, weights_cast: bool = True
+) -> tuple[Num, Num]:
+    """(forward, backward) HBM time of the casts and transposes around FP8 linear layers.
+
+    Transformer Engine (``dynamic`` False) fuses the casts of the inputs into the kernels that write them and
+    casts the weights once per step. torchao (``dynamic``) casts every input, every output gradient and, unless
+    FSDP gathered them in FP8 already (``weights_cast`` False: cast on the shard, not counted), every weight on
+    each forward, after an amax pass of its own; one cast per distinct input (Inductor merges the identical
+    casts of wq, wk and wv).
+    """
     inputs = sum(g.m * g.k * g.count for g in gemms)
     outputs = sum(g.m * g.n * g.count for g in gemms)
+    if dynamic:
+        per_element = DYNAMIC_CAST_BYTES + (0.0 if fused else DYNAMIC_AMAX_BYTES)
+        weights = sum(g.n * g.k * g.count for g in gemms) if weights_cast else 0.0
+        fwd = (inputs * per_element + weights * (DYNAMIC_CAST_BYTES + DYNAMIC_AMAX_BYTES)) / hbm
+        return fwd, outputs * per_element / hbm
     fwd = inputs * FP8_CAST_BYTES_FWD[fused] / hbm
     return fwd, (outputs * FP8_CAST_BYTES_BWD_GRAD[fused] + inputs * FP8_TRANSPOSE_BYTES_INPUT) / hbm
 
@@ -263,6 +289,14 @@ class ComputeSetup:
     kernels: Kernels = Kernels.FUSED
     attention: Attention = Attention.FLASH
     fp8: bool = False
+    fp8_dynamic: bool = False
+    """FP8 linear layers are torchao's Float8Linear with dynamic scales (``_fp8_cast_time``)."""
+    fp8_weights_gathered: bool = False
+    """FSDP all-gathers the weights already in FP8 (torchao's enable_fsdp_float8_all_gather)."""
+    repeat_kv: bool = False
+    """K and V are repeated to the query heads before the attention (``Conditions.repeat_kv``)."""
+    ring_merge: bool = False
+    """Context parallelism is PyTorch's ring attention, merging every block in eager fp32 (pytorch/ring_merge.py)."""
 
     def gemm_s(self, g: Gemm, *, linear: bool = False) -> Num:
         """A GEMM's time: the linear layers' at the compute dtype's peak, the others at bf16's."""
@@ -291,26 +325,48 @@ def layer_time(
     finetune: Finetune | None = None,
     frozen: bool = False,
     kernel_keys: Num | None = None,
+    cp: Num = 1,
+    shard_copy_bytes: tuple[Num, Num] = (0.0, 0.0),
 ) -> LayerTime:
     """Forward and backward compute time of one layer for ``tokens`` local tokens on one GPU.
 
     A frozen base (LoRA, QLoRA, or a frozen layer) skips its weight-gradient matmuls; adapters add skinny,
     memory-bound ones. With ``setup.fp8`` (Transformer Engine recipes) the linear layers run at the FP8 peak
     times the kind's FP8 share and pay the casts around them. ``kernel_keys``: the keys a fused attention call
-    walks (default ``seq_len``).
+    walks (default ``seq_len``). ``shard_copy_bytes``: (forward, backward) bytes per weight element FSDP2 copies
+    on the compute stream (``pytorch.overheads.fsdp2_copy_bytes``).
     """
     cal, hbm, kernels = setup.cal, setup.hbm, setup.kernels
     mlp = mlp_gemms(model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer)
     gemms = attention_gemms(model, tokens=tokens, tp=tp) + mlp
-    gemm_s = sum(setup.gemm_s(g, linear=True) for g in gemms)
+    times = [setup.gemm_s(g, linear=True) for g in gemms]
+    gemm_s = sum(times)
+    op_sac = sum(t * op_sac_share(model, g, moe_layer=moe_layer) for g, t in zip(gemms, times, strict=True))
+    weights = sum(g.n * g.k * g.count for g in gemms)
     fused = kernels is Kernels.FUSED
-    cast_fwd, cast_bwd = _fp8_cast_time(gemms, fused=fused, hbm=hbm) if setup.fp8 else (0.0, 0.0)
+    cast_fwd, cast_bwd = (
+        _fp8_cast_time(
+            gemms,
+            fused=fused,
+            hbm=hbm,
+            dynamic=setup.fp8_dynamic,
+            weights_cast=not setup.fp8_weights_gathered,
+        )
+        if setup.fp8
+        else (0.0, 0.0)
+    )
     bytes_per_token = _memory_bytes_per_token(
-        model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=setup.act_bytes, kernels=kernels
+        model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=setup.act_bytes, kernels=kernels, repeat_kv=setup.repeat_kv
     )
     memory_s = tokens * bytes_per_token / hbm
     keys = seq_len if kernel_keys is None else kernel_keys
     attn_fwd, attn_bwd = _attention_time(model, setup, tokens=tokens, seq_len=seq_len, kernel_keys=keys, tp=tp)
+    if setup.ring_merge and model.mla is None:
+        groups = model.num_heads / model.num_kv_heads if setup.repeat_kv else 1.0
+        merge_fwd, merge_bwd = ring_merge_time(
+            q_elements=tokens * model.q_width / tp, kv_elements=tokens * model.kv_width * groups / tp, cp=cp, hbm=hbm
+        )
+        attn_fwd, attn_bwd = attn_fwd + merge_fwd, attn_bwd + merge_bwd
     launch = KERNELS_PER_LAYER[kernels] * cal.kernel_overhead_s
     adapted = finetune is not None and finetune.adapted
     adapter_fwd: Num = 0.0
@@ -328,8 +384,11 @@ def layer_time(
         memory_s=memory_s + launch + adapter_fwd + cast_fwd,
         backward_s=backward,
         weight_grad_s=weight_grad,
+        op_sac_gemm_s=op_sac,
         attention_core_fwd_s=attn_fwd,
         attention_core_bwd_s=attn_bwd,
+        shard_copy_fwd_s=weights * shard_copy_bytes[0] / hbm,
+        shard_copy_bwd_s=weights * shard_copy_bytes[1] / hbm,
     )
 
 
@@ -343,6 +402,15 @@ def _adapter_bytes_per_token(model: ModelSpec, finetune: Finetune, *, tp: Num, m
     return total
 
 
+LOSS_BYTES = {LossKind.FRAMEWORK: (8.0, 8.0), LossKind.FUSED: (8.0, 8.0), LossKind.UPCAST: (22.0, 26.0)}
+"""(forward, backward) bytes per logit of the loss. A fused cross-entropy: about four fp32 passes over the logits,
+half each way. ``cross_entropy(logits.float())`` in eager PyTorch, kernel by kernel: forward the upcast (read 2,
+write 4) and log_softmax, whose rows of a 128K vocabulary fit no SM's shared memory, so it reads the row for the
+maximum, again for the sum of exponentials and again to write the output (4 + 4 + 4 + 4): 22; backward
+nll_loss's fp32 gradient written (4), log_softmax's backward reading it for the row sum (4), then it and the
+saved output to write the input gradient (4 + 4 + 4), and the downcast to bf16 (4 + 2): 26."""
+
+
 def head_time(
     model: ModelSpec,
     *,
@@ -352,10 +420,11 @@ def head_time(
     hbm_bytes_per_s: float,
     cal: GpuCalibration,
     act_bytes: float,
+    loss: LossKind = LossKind.FRAMEWORK,
 ) -> tuple[Num, Num]:
     """(forward, backward) time of the output head and the loss on the last stage."""
     g = Gemm(name="lm_head", m=tokens, n=model.vocab_size / tp, k=model.hidden)
     gemm = gemm_time(g, peak_flops=peak_flops, hbm_bytes_per_s=hbm_bytes_per_s, cal=cal, act_bytes=act_bytes)
-    # fp32 upcast, log-softmax and its gradient: about four fp32 passes over the logits
-    loss = 4 * 4.0 * tokens * model.vocab_size / tp / (hbm_bytes_per_s * cal.hbm_efficiency)
-    return gemm + loss / 2, 2 * gemm + loss / 2
+    logits_s = tokens * model.vocab_size / tp / (hbm_bytes_per_s * cal.hbm_efficiency)
+    fwd_bytes, bwd_bytes = LOSS_BYTES[loss]
+    return gemm + fwd_bytes * logits_s, 2 * gemm + bwd_bytes * logits_s

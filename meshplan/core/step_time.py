@@ -37,9 +37,11 @@ from meshplan.core.memory import (
 from meshplan.core.num import Num, maximum, minimum, to_float, where
 from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
+from meshplan.core.pytorch.overheads import fsdp2_copy_bytes
+from meshplan.core.pytorch.shards import gather_bytes
 from meshplan.core.stages import StageRow, stage_row
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.conditions import Selective
+from meshplan.spec.conditions import Fp8Recipe, Selective
 from meshplan.spec.layout import ContextParallel, LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Framework, Workload
@@ -126,6 +128,11 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         kernels=work.kernels,
         attention=work.attention,
         fp8=fp8,
+        # PyTorch-native stacks run FP8 through torchao's Float8Linear, whose scales are dynamic (not delayed)
+        fp8_dynamic=fp8 and work.framework is Framework.TORCH and work.conditions.fp8_recipe is not Fp8Recipe.DELAYED,
+        fp8_weights_gathered=work.conditions.fp8_all_gather,
+        repeat_kv=work.conditions.repeat_kv,
+        ring_merge=work.framework is Framework.TORCH,
     )
     common = dict(
         setup=setup,
@@ -136,7 +143,9 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         ep=lay.ep,
         # ring CP: one s/cp block of keys per step; all-gathered K/V: the whole sequence (Llama 3 Sec. 3.3.2)
         kernel_keys=where(lay.cp_kind == ContextParallel.ALL_GATHER, work.seq_len, work.seq_len / lay.cp),
+        cp=lay.cp,
         finetune=work.finetune,
+        shard_copy_bytes=_shard_copy_bytes(lay, work),
     )
     dense = layer_time(model, moe_layer=False, **common)
     head_f, head_b = head_time(
@@ -147,6 +156,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
         cal=gpu.calibration,
         act_bytes=work.precision.activation_bytes,
+        loss=work.conditions.loss,
     )
     return LayerKinds(
         dense=dense,
@@ -160,17 +170,31 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
     )
 
 
+def _shard_copy_bytes(lay: LayoutLike, work: Workload) -> tuple[Num, Num]:
+    """FSDP2's per-layer copies (``--fsdp-copies`` with ZeRO-3 over more than one rank), or none."""
+    if not work.conditions.fsdp_copies:
+        return 0.0, 0.0
+    prec = work.precision
+    fwd, bwd = fsdp2_copy_bytes(
+        gathered=gather_bytes(prec, fp8=work.conditions.fp8_all_gather),
+        act_bytes=prec.activation_bytes,
+        grad_bytes=prec.grad_bytes,
+    )
+    on = (lay.zero >= ZeroStage.PARAMETERS) & (lay.dp_shard * lay.cp > 1)
+    return where(on, fwd, 0.0), where(on, bwd, 0.0)
+
+
 def selective_redo_s(lt: LayerTime, policy: Selective, modules: tuple[str, ...]) -> Num:
     """Forward time one layer repeats in backward under ``--recompute selective``, as each stack defines it.
 
     Megatron: the attention core (Korthikanti et al. 2022 Sec. 5), or its --recompute-modules (the core; the
     elementwise work for layernorm or moe_act, all of it: an upper bound; the MLP's or experts' matmuls for mlp
     or moe). torchtitan's per-op policy
-    recomputes every second matmul and all the elementwise work but saves the attention output; its
+    recomputes every second matmul (wk, wo, w3) and all the elementwise work but saves the attention output; its
     per-layer policy (ac_freq 2) recomputes every second layer whole.
     """
     if policy is Selective.OP:
-        return lt.gemm_s / 2 + lt.memory_s
+        return lt.op_sac_gemm_s + lt.memory_s
     if policy is Selective.LAYER:
         return lt.forward_s / 2
     if policy is Selective.MODULES:
@@ -185,6 +209,7 @@ def _stage_values(kinds: LayerKinds, lay: LayoutLike, work: Workload, row: Stage
     dense, moe, ft, cond = kinds.dense, kinds.moe, work.finetune, work.conditions
     n_dense, n_moe = row.dense_layers, row.moe_layers
     fwd = n_dense * dense.forward_s + n_moe * moe.forward_s
+    copies = n_dense * dense.shard_copy_fwd_s + n_moe * moe.shard_copy_fwd_s  # before each forward, not recomputed
     attn_fwd = n_dense * dense.attention_core_fwd_s + n_moe * moe.attention_core_fwd_s
     # Megatron's block method: full recompute of the first k layers of the stage only
     full_share = (
@@ -204,8 +229,12 @@ def _stage_values(kinds: LayerKinds, lay: LayoutLike, work: Workload, row: Stage
         bwd = bwd - n_frozen * (dense.backward_s - kept)
         wgrad = wgrad - n_frozen * dense.weight_grad_s
     return {
-        "fwd_compute_s": fwd + where(last, kinds.head_fwd_s, 0.0),
-        "bwd_compute_s": bwd + redo + where(last, kinds.head_bwd_s, 0.0),
+        "fwd_compute_s": fwd + copies + where(last, kinds.head_fwd_s, 0.0),
+        "bwd_compute_s": bwd
+        + n_dense * dense.shard_copy_bwd_s
+        + n_moe * moe.shard_copy_bwd_s
+        + redo
+        + where(last, kinds.head_bwd_s, 0.0),
         "weight_grad_s": wgrad,
         "attention_fwd_s": attn_fwd,
         "attention_bwd_s": n_dense * dense.attention_core_bwd_s + n_moe * moe.attention_core_bwd_s,

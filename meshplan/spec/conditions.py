@@ -153,6 +153,13 @@ class Conditions:
     """What one ZeRO-3 collective carries: a layer (FSDP) or one weight matrix (DeepSpeed, flat or listed)."""
     zero3_grad_reduce: Zero3GradReduce = Zero3GradReduce.REDUCE_SCATTER
     """How ZeRO-3 reduces each unit's gradients: a reduce-scatter, or an all-reduce of flat buckets."""
+    fsdp_copies: bool = False
+    """ZeRO-3 is FSDP2 (per-parameter shards): each all-gather's output is copied into the parameters and the
+    gradients into the reduce-scatter's input, on the compute stream; False: flat parameters (FSDP1, ZeRO-3
+    buckets) gather into and reduce from the buffers the layer uses in place."""
+    repeat_kv: bool = False
+    """The attention receives K and V repeated to one head per query head (torchtitan's Llama calls repeat_kv
+    before SDPA): context parallelism then passes them, and their gradients, at the query heads' width."""
 
     def __post_init__(self) -> None:
         if self.microbatch_group is not None and self.microbatch_group < 1:

@@ -645,6 +645,16 @@ FIELDS: tuple[Field, ...] = (
         "FSDP / ZeRO-3 all-gathers the layers' weights in FP8, half the bytes of bf16 (torchao "
         "enable_fsdp_float8_all_gather; needs --fp8-recipe tensorwise)",
     ),
+    _switch(
+        "fsdp_copies",
+        "ZeRO-3 is FSDP2: each all-gather copied out into the parameters and the gradients into the "
+        "reduce-scatter buffer, on the compute stream (off: FSDP1's flat parameters, used in place)",
+    ),
+    _switch(
+        "repeat_kv",
+        "the attention gets K/V repeated to one head per query head (torchtitan's Llama: repeat_kv before SDPA); "
+        "context parallelism passes them at that width",
+    ),
     _switch("overlap_dp", "data-parallel gradient reduction overlaps backward"),
     _switch("overlap_param_gather", "ZeRO/FSDP parameter all-gather overlaps compute"),
     _switch("overlap_tp", "TP communication overlaps its matmuls (Megatron --tp-comm-overlap, async TP)"),

@@ -17,18 +17,20 @@ from meshplan.spec.workload import Workload
 from meshplan.units import FP32_BYTES
 
 
-def kv_exchange_width(model: ModelSpec) -> int:
-    """Width of the K and V a context-parallel rank hands on per token (MLA exchanges expanded K and V)."""
+def kv_exchange_width(model: ModelSpec, *, repeated: bool = False) -> float:
+    """Width of the K and V a context-parallel rank hands on per token (MLA exchanges expanded K and V; K and V
+    repeated before the attention, one head per query head, ``repeated``)."""
     if model.mla is not None:
         return model.num_heads * (model.mla.qk_head_dim + model.mla.v_head_dim)
-    return 2 * model.kv_width
+    return 2 * model.kv_width * (model.num_heads / model.num_kv_heads if repeated else 1)
 
 
 def cp_calls(
     model: ModelSpec, lay: object, work: Workload, cl: Cluster, pl: dict[str, AxisPlacement], st: StageShape
 ) -> list[CollectiveCall]:
     cp, tp, kind = lay.cp, lay.tp, lay.cp_kind  # type: ignore[attr-defined]
-    block = st.tokens * kv_exchange_width(model) / tp * work.precision.activation_bytes
+    width = kv_exchange_width(model, repeated=work.conditions.repeat_kv)
+    block = st.tokens * width / tp * work.precision.activation_bytes
     layers = (st.dense_layers + st.moe_layers) * st.micro_batches
     ring, p = kind == ContextParallel.RING, pl["cp"]
     ring_count, gather_count = where(ring, (cp - 1) * layers, 0), where(ring, 0, layers)

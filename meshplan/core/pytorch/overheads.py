@@ -1,0 +1,46 @@
+"""What PyTorch-native stacks run beyond the layer's kernels, at HBM speed: torchao's dynamic FP8 casts, FSDP2's
+copies on the compute stream, and which matmuls torchtitan's per-op selective checkpointing recomputes."""
+
+from __future__ import annotations
+
+from meshplan.core.flops import Gemm
+from meshplan.spec.model import MlpKind, ModelSpec
+
+DYNAMIC_CAST_BYTES = 4.0
+"""torchao's Float8Linear (dynamic scaling: the scale is the tensor's amax of this very use), per element of each
+tensor it casts (input, weight, output gradient): once the amax is known, one kernel reads the bf16 tensor and
+writes it in FP8 twice, row- and column-major, for the forward and the backward GEMMs (2 + 1 + 1 bytes; torchao
+torchao/float8/roofline_utils.py get_tensor_memory_traffic_bytes)."""
+DYNAMIC_AMAX_BYTES = 2.0
+"""The amax pass before that cast, reading the bf16 tensor: torch.compile fuses it into the kernel that produced
+an input or an output gradient (roofline_utils: fuse_with_prev), never into a weight's, which FSDP gathers
+(eager PyTorch fuses nothing)."""
+
+
+def fsdp2_copy_bytes(*, gathered: float, act_bytes: float, grad_bytes: float) -> tuple[float, float]:
+    """(forward, backward) bytes per weight element FSDP2 copies on the compute stream for one layer and
+    micro-batch: after each all-gather (forward, and again in backward when it resharded) the gathered buffer split
+    into the parameters (``foreach_all_gather_copy_out``: read and write ``gathered`` bytes), and before the
+    reduce-scatter the unsharded gradients copied into its input in the reduce dtype (``foreach_reduce``'s
+    ``_chunk_cat``: read ``act_bytes``, write ``grad_bytes``). torch/distributed/fsdp/_fully_shard/
+    _fsdp_collectives.py; the all-gather's own copy-in moves the 1/n shard only, not counted."""
+    copy_out = 2 * gathered
+    return copy_out, copy_out + act_bytes + grad_bytes
+
+
+def op_sac_share(model: ModelSpec, g: Gemm, *, moe_layer: bool) -> float:
+    """Share of ``g`` torchtitan's per-op selective checkpointing recomputes: every second aten.mm of a block in
+    call order, of wq, wk, wv, wo, w1, w3, w2 the 2nd, 4th and 6th (wk, wo, w3; without a gate, of wq, wk, wv, wo,
+    w1, w2: wk, wo, w2), the fused Q/K/V and gate/up GEMMs split by their FLOPs; the others' outputs are saved
+    (torchtitan ``_apply_op_sac``, as core/memory.py ``_op_checkpoint_per_token`` bills them). MLA and MoE
+    layers, whose matmuls are other ops: half of every GEMM."""
+    if model.mla is not None or moe_layer:
+        return 0.5
+    gated = model.mlp is MlpKind.GATED
+    shares = {
+        "qkv": model.kv_width / (model.q_width + 2 * model.kv_width),
+        "attn_out": 1.0,
+        "mlp_up": 0.5 if gated else 0.0,
+        "mlp_down": 0.0 if gated else 1.0,
+    }
+    return shares.get(g.name, 0.5)

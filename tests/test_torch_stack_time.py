@@ -1,0 +1,146 @@
+"""What PyTorch-native stacks pay beyond the kernels, derived by hand for Llama 3.1 8B (32 query heads, 8 K/V
+heads of 128): --repeat-kv (torchtitan's Llama repeats K and V to the query heads before SDPA), PyTorch's ring
+merging, and the eager fp32-upcast cross-entropy."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan import io
+from meshplan.core.compute import ComputeSetup, layer_time
+from meshplan.core.plan import evaluate
+from meshplan.reports.inputs import resolve_cluster
+from meshplan.spec.conditions import Conditions
+from meshplan.spec.layout import Layout, Recompute, ZeroStage
+from meshplan.spec.workload import Framework, Kernels, Workload
+from meshplan.units import DType
+
+LLAMA_8B = io.load_model("llama-3.1-8b")
+SEQ, CP = 65536, 2
+
+
+def _cp_bytes(repeat_kv: bool) -> dict[str, float]:
+    work = Workload(seq_len=SEQ, global_batch=4, framework=Framework.TORCH, conditions=Conditions(repeat_kv=repeat_kv))
+    layout = Layout(cp=CP, dp_shard=4, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL)
+    plan = evaluate(LLAMA_8B, resolve_cluster(gpu="h100-sxm", gpus=8), layout, work)
+    out: dict[str, float] = {}
+    for c in plan.collectives:
+        if c.strategy == "cp":
+            out[c.phase] = out.get(c.phase, 0.0) + float(c.size_bytes * c.count_per_step)
+    return out
+
+
+def test_ring_passes_the_repeated_heads() -> None:
+    """The K/V block of one rank is s/cp tokens x 2 x 1,024 wide in bf16, 4x that (32 heads, not 8) repeated."""
+    grouped, repeated = _cp_bytes(False), _cp_bytes(True)
+    block = SEQ // CP * 2 * 1024 * 2
+    assert grouped["forward"] == pytest.approx(32 * (CP - 1) * block, rel=1e-12)  # 32 layers, one micro-batch
+    assert repeated == pytest.approx({phase: 4 * b for phase, b in grouped.items()}, rel=1e-12)
+
+
+def test_the_repeat_copies_move_their_bytes() -> None:
+    """Per token forward: read K and V (2 x 1,024) and write them repeated (2 x 4,096), 2 bytes each."""
+    g = io.load_gpu("h100-sxm")
+
+    def layer(repeat_kv: bool):  # type: ignore[no-untyped-def]
+        setup = ComputeSetup(
+            peak_flops=g.peak(DType.BF16),
+            bf16_peak_flops=g.peak(DType.BF16),
+            hbm_bytes_per_s=g.hbm_bandwidth_bytes_per_s,
+            cal=g.calibration,
+            act_bytes=2.0,
+            kernels=Kernels.FUSED,
+            repeat_kv=repeat_kv,
+        )
+        return layer_time(LLAMA_8B, setup=setup, tokens=8192, seq_len=8192, tp=1, sp=False, ep=1, moe_layer=False)
+
+    extra = layer(True).memory_s - layer(False).memory_s
+    assert extra == pytest.approx(
+        8192 * 2 * (2 * 1024 + 2 * 4096) / (g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency)
+    )
+
+
+def test_ring_merging_at_hbm_speed() -> None:
+    """PyTorch's ring over 8 ranks, 32K local tokens of Llama 3.1 8B with K and V repeated (E = 32,768 x 4,096
+    elements each of Q and of K or V): forward 7 merges of 32.5 bytes, 12 + 16 once, 255.5 E; backward 7 x (11.5 +
+    2 x 19.5) + 20 + 72 = 445.5 E. One rank (cp 1) merges nothing."""
+    g = io.load_gpu("h100-sxm")
+    hbm = g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency
+    tokens = 32768
+
+    def layer(ring_merge: bool, cp: int):  # type: ignore[no-untyped-def]
+        setup = ComputeSetup(
+            peak_flops=g.peak(DType.BF16),
+            bf16_peak_flops=g.peak(DType.BF16),
+            hbm_bytes_per_s=g.hbm_bandwidth_bytes_per_s,
+            cal=g.calibration,
+            act_bytes=2.0,
+            kernels=Kernels.FUSED,
+            repeat_kv=True,
+            ring_merge=ring_merge,
+        )
+        return layer_time(
+            LLAMA_8B,
+            setup=setup,
+            tokens=tokens,
+            seq_len=tokens * cp,
+            tp=1,
+            sp=False,
+            ep=1,
+            moe_layer=False,
+            kernel_keys=tokens,
+            cp=cp,
+        )
+
+    e = tokens * 4096
+    merged, plain = layer(True, 8), layer(False, 8)
+    assert merged.attention_s - plain.attention_s == pytest.approx(255.5 * e / hbm, rel=1e-9)
+    assert merged.backward_s - plain.backward_s == pytest.approx(445.5 * e / hbm, rel=1e-9)
+    assert layer(True, 1).forward_s == layer(False, 1).forward_s
+
+
+def test_the_upcast_loss_moves_its_bytes() -> None:
+    """cross_entropy(logits.float()) in eager PyTorch: 22 bytes per logit forward and 26 backward, against the
+    fused loss's 8 and 8; 8,192 tokens of a 128,256-entry vocabulary."""
+    from meshplan.core.compute import head_time
+    from meshplan.spec.conditions import LossKind
+
+    g = io.load_gpu("h100-sxm")
+    common = dict(
+        tokens=8192,
+        tp=1,
+        peak_flops=g.peak(DType.BF16),
+        hbm_bytes_per_s=g.hbm_bandwidth_bytes_per_s,
+        cal=g.calibration,
+        act_bytes=2.0,
+    )
+    fused_f, fused_b = head_time(LLAMA_8B, loss=LossKind.FRAMEWORK, **common)  # type: ignore[arg-type]
+    eager_f, eager_b = head_time(LLAMA_8B, loss=LossKind.UPCAST, **common)  # type: ignore[arg-type]
+    logits_s = 8192 * 128256 / (g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency)
+    assert eager_f - fused_f == pytest.approx(14 * logits_s, rel=1e-9)
+    assert eager_b - fused_b == pytest.approx(18 * logits_s, rel=1e-9)
+
+
+def test_fsdp2_copies_on_the_compute_stream() -> None:
+    """FSDP2 over 8 ranks (bf16 gathered, fp32 gradients reduced): per layer and micro-batch 4 bytes per weight
+    copied out after the forward all-gather, 4 after the backward one, 2 + 4 into the reduce-scatter input;
+    32 layers of 218,103,808 weights, one micro-batch (global batch 8 over 8 ranks)."""
+    from meshplan.spec.workload import PRECISIONS
+
+    def compute_s(fsdp_copies: bool, zero: ZeroStage = ZeroStage.PARAMETERS) -> float:
+        work = Workload(
+            seq_len=4096,
+            global_batch=8,
+            precision=PRECISIONS["fsdp2-bf16"],
+            framework=Framework.TORCH,
+            conditions=Conditions(fsdp_copies=fsdp_copies),
+        )
+        layout = Layout(dp_shard=8, zero=zero)
+        return float(evaluate(LLAMA_8B, resolve_cluster(gpu="h100-sxm", gpus=8), layout, work).step.compute_s)
+
+    g = io.load_gpu("h100-sxm")
+    hbm = g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency
+    expected = 32 * 218103808 * (4 + 4 + 2 + 4) / hbm
+    assert compute_s(True) - compute_s(False) == pytest.approx(expected, rel=1e-9)
+    # without ZeRO-3 nothing is gathered: no copies
+    assert compute_s(True, ZeroStage.OPTIMIZER) == compute_s(False, ZeroStage.OPTIMIZER)
