@@ -153,6 +153,11 @@ class Conditions:
     """What one ZeRO-3 collective carries: a layer (FSDP) or one weight matrix (DeepSpeed, flat or listed)."""
     zero3_grad_reduce: Zero3GradReduce = Zero3GradReduce.REDUCE_SCATTER
     """How ZeRO-3 reduces each unit's gradients: a reduce-scatter, or an all-reduce of flat buckets."""
+    pp_host_sync: bool = True
+    """Each pipeline send ends in a host synchronize (Megatron-LM's batch_isend_irecv then
+    torch.cuda.synchronize, p2p_communication.py), which costs every chunk ``pipeline_step_overhead_s``; False:
+    overlapped sends of the interleaved schedule only order CUDA streams (Megatron-Core with
+    --overlap-p2p-comm, which turns batch_p2p_comm and its synchronize off). Blocking sends always sync."""
 
     def __post_init__(self) -> None:
         if self.microbatch_group is not None and self.microbatch_group < 1:

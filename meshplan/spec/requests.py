@@ -562,6 +562,11 @@ FIELDS: tuple[Field, ...] = (
     ),
     _switch("grad_sync", "reduce gradients on every micro-batch; off: accumulate without sync (unsharded grads)"),
     _switch("reshard_after_forward", "FSDP/ZeRO-3 frees gathered parameters after forward; off: keeps them"),
+    _switch(
+        "pp_host_sync",
+        "each pipeline send ends in a host synchronize (Megatron-LM's batched p2p; default); off: overlapped "
+        "interleaved sends only order streams (Megatron-Core --overlap-p2p-comm)",
+    ),
     Field(
         name="loss",
         type=str,
