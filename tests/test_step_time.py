@@ -11,6 +11,7 @@ from meshplan.core.plan import evaluate
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.layout import Layout, Recompute, Schedule, ZeroStage
 from meshplan.spec.workload import Workload
+from meshplan.units import DType
 
 MODEL = io.load_model("llama-3.1-70b")
 
@@ -247,3 +248,18 @@ def test_overlapped_interleaved_sends_without_host_sync_drop_the_chunk_cost() ->
     synced, free = plan(interleaved, "on"), plan(interleaved, "off")
     assert synced.step.exposed_pp_s - free.step.exposed_pp_s == pytest.approx(2 * m * chunk, rel=1e-9)  # type: ignore[attr-defined]
     assert plan(one_f_one_b, "off").step.step_time_s == plan(one_f_one_b, "on").step.step_time_s  # type: ignore[attr-defined]
+
+
+def test_megatron_cross_entropy_moves_52_bytes_per_logit() -> None:
+    """Megatron's unfused vocab-parallel loss on the fp32 upcast: 38 bytes per logit in forward, 14 in
+    backward, against the 8 + 8 of a plain fp32 log-softmax."""
+    from meshplan.core.compute import LOSS_BYTES, MEGATRON_CE_BYTES, head_time
+
+    model = io.load_model("llama-3.1-8b")
+    gpu = resolve_cluster(gpu="h100-sxm", gpus=8).gpu
+    kw = dict(tokens=8192, tp=1, peak_flops=gpu.peak_flops[DType.BF16], hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s)
+    plain = head_time(model, cal=gpu.calibration, act_bytes=2, loss_bytes=LOSS_BYTES, **kw)  # type: ignore[arg-type]
+    megatron = head_time(model, cal=gpu.calibration, act_bytes=2, loss_bytes=MEGATRON_CE_BYTES, **kw)  # type: ignore[arg-type]
+    per_byte = 8192 * model.vocab_size / (gpu.hbm_bandwidth_bytes_per_s * gpu.calibration.hbm_efficiency)
+    assert megatron[0] - plain[0] == pytest.approx(30 * per_byte, rel=1e-9)
+    assert megatron[1] - plain[1] == pytest.approx(6 * per_byte, rel=1e-9)

@@ -343,6 +343,16 @@ def _adapter_bytes_per_token(model: ModelSpec, finetune: Finetune, *, tp: Num, m
     return total
 
 
+LOSS_BYTES = (8.0, 8.0)
+"""Bytes per logit element a cross-entropy moves in (forward, backward): an fp32 upcast, log-softmax and its
+gradient, about four fp32 passes over the logits in all."""
+MEGATRON_CE_BYTES = (38.0, 14.0)
+"""Megatron-Core's unfused vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py on ``logits.float()``,
+language_module.py), pass by pass per logit element. Forward: the upcast (read 2, write 4), the max (read 4),
+subtracting it (4, 4), exp in place (4, 4), the sum (4), the division in place (4, 4): 38. Backward: the
+gradient scaled in place (4, 4) and cast back to bf16 (4, 2): 14."""
+
+
 def head_time(
     model: ModelSpec,
     *,
@@ -352,10 +362,11 @@ def head_time(
     hbm_bytes_per_s: float,
     cal: GpuCalibration,
     act_bytes: float,
+    loss_bytes: tuple[float, float] = LOSS_BYTES,
 ) -> tuple[Num, Num]:
-    """(forward, backward) time of the output head and the loss on the last stage."""
+    """(forward, backward) time of the output head and the loss on the last stage (``loss_bytes``: what the
+    loss moves per logit element in forward and backward)."""
     g = Gemm(name="lm_head", m=tokens, n=model.vocab_size / tp, k=model.hidden)
     gemm = gemm_time(g, peak_flops=peak_flops, hbm_bytes_per_s=hbm_bytes_per_s, cal=cal, act_bytes=act_bytes)
-    # fp32 upcast, log-softmax and its gradient: about four fp32 passes over the logits
-    loss = 4 * 4.0 * tokens * model.vocab_size / tp / (hbm_bytes_per_s * cal.hbm_efficiency)
-    return gemm + loss / 2, 2 * gemm + loss / 2
+    logits_per_s = tokens * model.vocab_size / tp / (hbm_bytes_per_s * cal.hbm_efficiency)
+    return gemm + loss_bytes[0] * logits_per_s, 2 * gemm + loss_bytes[1] * logits_per_s

@@ -23,7 +23,7 @@ import numpy as np
 
 from meshplan.core import finetune, pipeline
 from meshplan.core.comm import CollectiveCall, StageShape, dp_calls, model_parallel_calls
-from meshplan.core.compute import ComputeSetup, LayerTime, head_time, layer_time
+from meshplan.core.compute import LOSS_BYTES, MEGATRON_CE_BYTES, ComputeSetup, LayerTime, head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
 from meshplan.core.groups import DATA_PARALLEL_SPLIT, model_parallel_groups, spread, take_rows
 from meshplan.core.memory import (
@@ -39,7 +39,7 @@ from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
 from meshplan.core.stages import StageRow, stage_row
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.conditions import Selective
+from meshplan.spec.conditions import LossKind, Selective
 from meshplan.spec.layout import ContextParallel, LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Framework, Workload
@@ -147,6 +147,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
         cal=gpu.calibration,
         act_bytes=work.precision.activation_bytes,
+        loss_bytes=MEGATRON_CE_BYTES if _unfused_megatron_loss(work) else LOSS_BYTES,
     )
     return LayerKinds(
         dense=dense,
@@ -158,6 +159,12 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         head_fwd_s=head_f,
         head_bwd_s=head_b,
     )
+
+
+def _unfused_megatron_loss(work: Workload) -> bool:
+    """Megatron's own loss without --cross-entropy-loss-fusion: the pass-by-pass vocab-parallel cross-entropy."""
+    cond = work.conditions
+    return work.framework is Framework.MEGATRON and cond.loss is LossKind.FRAMEWORK and not cond.loss_fusion
 
 
 def selective_redo_s(lt: LayerTime, policy: Selective, modules: tuple[str, ...]) -> Num:

@@ -100,6 +100,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         zero3_unit=Zero3Unit(resolved.get("zero3_unit") or "layer"),
         zero3_grad_reduce=Zero3GradReduce(resolved.get("zero3_grad_reduce") or "reduce-scatter"),
         pp_host_sync=_on(resolved.get("pp_host_sync"), True),
+        loss_fusion=_on(resolved.get("loss_fusion"), True),
     )
 
 

@@ -153,6 +153,11 @@ class Conditions:
     """What one ZeRO-3 collective carries: a layer (FSDP) or one weight matrix (DeepSpeed, flat or listed)."""
     zero3_grad_reduce: Zero3GradReduce = Zero3GradReduce.REDUCE_SCATTER
     """How ZeRO-3 reduces each unit's gradients: a reduce-scatter, or an all-reduce of flat buckets."""
+    loss_fusion: bool = True
+    """The framework's loss is fused (Megatron's --cross-entropy-loss-fusion, on in NeMo 2 and Megatron-Bridge):
+    about four fp32 passes over the logits (compute.LOSS_BYTES); False: Megatron-LM's default, its unfused
+    vocab-parallel loss on an fp32 upcast, pass by pass (compute.MEGATRON_CE_BYTES). Read only under the Megatron
+    framework's own loss."""
     pp_host_sync: bool = True
     """Each pipeline send ends in a host synchronize (Megatron-LM's batch_isend_irecv then
     torch.cuda.synchronize, p2p_communication.py), which costs every chunk ``pipeline_step_overhead_s``; False:

@@ -576,6 +576,11 @@ FIELDS: tuple[Field, ...] = (
         help="cross-entropy: the framework's own, eager fp32 upcast, or chunked/fused",
     ),
     _switch("loss_parallel", "compute the loss on vocabulary shards over the TP group"),
+    _switch(
+        "loss_fusion",
+        "Megatron: the fused cross-entropy (--cross-entropy-loss-fusion; default); off: Megatron-LM's default "
+        "unfused vocab-parallel loss on fp32 logits",
+    ),
     Field(
         name="zero3_unit",
         type=str,
