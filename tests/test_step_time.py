@@ -11,6 +11,7 @@ from meshplan.core.plan import evaluate
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.layout import Layout, Recompute, Schedule, ZeroStage
 from meshplan.spec.workload import Workload
+from meshplan.units import DType
 
 MODEL = io.load_model("llama-3.1-70b")
 
@@ -227,3 +228,39 @@ def test_torchtitan_selective_policies_repeat_what_they_drop() -> None:
     assert compute_s(Recompute.SELECTIVE, "layer") - none == pytest.approx((full - none) / 2, rel=1e-9)
     op, core = compute_s(Recompute.SELECTIVE, "op"), compute_s(Recompute.SELECTIVE)
     assert none < core < op < full
+
+
+def test_overlapped_interleaved_sends_without_host_sync_drop_the_chunk_cost() -> None:
+    """Megatron-Core's overlapped interleaved sends (pp_host_sync off) skip the fixed cost of every chunk: the
+    exposed pipeline time falls by 2 m v x pipeline_step_overhead_s; blocking sends keep it either way."""
+    from meshplan.reports.conditions import conditions_of
+
+    model = io.load_model("llama-2-70b")
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=64)
+    one_f_one_b = Layout(tp=4, sp=True, pp=4, dp_shard=4, zero=ZeroStage.OPTIMIZER)
+    interleaved = dataclasses.replace(one_f_one_b, vpp=5, schedule=Schedule.INTERLEAVED)
+
+    def plan(layout: Layout, sync: str) -> object:
+        work = Workload(seq_len=4096, global_batch=64, conditions=conditions_of({"pp_host_sync": sync}))
+        return evaluate(model, cluster, layout, work)
+
+    m, chunk = 64 / 4, 5 * cluster.gpu.calibration.pipeline_step_overhead_s
+    synced, free = plan(interleaved, "on"), plan(interleaved, "off")
+    assert synced.step.exposed_pp_s - free.step.exposed_pp_s == pytest.approx(2 * m * chunk, rel=1e-9)  # type: ignore[attr-defined]
+    assert plan(one_f_one_b, "off").step.step_time_s == plan(one_f_one_b, "on").step.step_time_s  # type: ignore[attr-defined]
+
+
+def test_megatron_cross_entropy_moves_52_bytes_per_logit() -> None:
+    """Megatron's unfused vocab-parallel loss on the fp32 upcast: 38 bytes per logit in forward, 14 in
+    backward, against the 8 + 8 of a plain fp32 log-softmax."""
+    from meshplan.core.compute import LOSS_BYTES, MEGATRON_CE_BYTES, head_time
+    from meshplan.spec.conditions import LossKind
+
+    model = io.load_model("llama-3.1-8b")
+    gpu = resolve_cluster(gpu="h100-sxm", gpus=8).gpu
+    kw = dict(tokens=8192, tp=1, peak_flops=gpu.peak_flops[DType.BF16], hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s)
+    plain = head_time(model, cal=gpu.calibration, act_bytes=2, loss_bytes=LOSS_BYTES[LossKind.FRAMEWORK], **kw)  # type: ignore[arg-type]
+    megatron = head_time(model, cal=gpu.calibration, act_bytes=2, loss_bytes=MEGATRON_CE_BYTES, **kw)  # type: ignore[arg-type]
+    per_byte = 8192 * model.vocab_size / (gpu.hbm_bandwidth_bytes_per_s * gpu.calibration.hbm_efficiency)
+    assert megatron[0] - plain[0] == pytest.approx(30 * per_byte, rel=1e-9)
+    assert megatron[1] - plain[1] == pytest.approx(6 * per_byte, rel=1e-9)

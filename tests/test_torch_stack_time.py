@@ -102,7 +102,7 @@ def test_ring_merging_at_hbm_speed() -> None:
 def test_the_upcast_loss_moves_its_bytes() -> None:
     """cross_entropy(logits.float()) in eager PyTorch: 22 bytes per logit forward and 26 backward, against the
     fused loss's 8 and 8; 8,192 tokens of a 128,256-entry vocabulary."""
-    from meshplan.core.compute import head_time
+    from meshplan.core.compute import LOSS_BYTES, head_time
     from meshplan.spec.conditions import LossKind
 
     g = io.load_gpu("h100-sxm")
@@ -114,8 +114,8 @@ def test_the_upcast_loss_moves_its_bytes() -> None:
         cal=g.calibration,
         act_bytes=2.0,
     )
-    fused_f, fused_b = head_time(LLAMA_8B, loss=LossKind.FRAMEWORK, **common)  # type: ignore[arg-type]
-    eager_f, eager_b = head_time(LLAMA_8B, loss=LossKind.UPCAST, **common)  # type: ignore[arg-type]
+    fused_f, fused_b = head_time(LLAMA_8B, loss_bytes=LOSS_BYTES[LossKind.FRAMEWORK], **common)  # type: ignore[arg-type]
+    eager_f, eager_b = head_time(LLAMA_8B, loss_bytes=LOSS_BYTES[LossKind.UPCAST], **common)  # type: ignore[arg-type]
     logits_s = 8192 * 128256 / (g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency)
     assert eager_f - fused_f == pytest.approx(14 * logits_s, rel=1e-9)
     assert eager_b - fused_b == pytest.approx(18 * logits_s, rel=1e-9)

@@ -409,6 +409,11 @@ write 4) and log_softmax, whose rows of a 128K vocabulary fit no SM's shared mem
 maximum, again for the sum of exponentials and again to write the output (4 + 4 + 4 + 4): 22; backward
 nll_loss's fp32 gradient written (4), log_softmax's backward reading it for the row sum (4), then it and the
 saved output to write the input gradient (4 + 4 + 4), and the downcast to bf16 (4 + 2): 26."""
+MEGATRON_CE_BYTES = (38.0, 14.0)
+"""Megatron-Core's unfused vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py on ``logits.float()``,
+language_module.py), pass by pass per logit element. Forward: the upcast (read 2, write 4), the max (read 4),
+subtracting it (4, 4), exp in place (4, 4), the sum (4), the division in place (4, 4): 38. Backward: the
+gradient scaled in place (4, 4) and cast back to bf16 (4, 2): 14."""
 
 
 def head_time(
@@ -420,11 +425,11 @@ def head_time(
     hbm_bytes_per_s: float,
     cal: GpuCalibration,
     act_bytes: float,
-    loss: LossKind = LossKind.FRAMEWORK,
+    loss_bytes: tuple[float, float] = LOSS_BYTES[LossKind.FRAMEWORK],
 ) -> tuple[Num, Num]:
-    """(forward, backward) time of the output head and the loss on the last stage."""
+    """(forward, backward) time of the output head and the loss on the last stage (``loss_bytes``: what the
+    loss moves per logit element in forward and backward)."""
     g = Gemm(name="lm_head", m=tokens, n=model.vocab_size / tp, k=model.hidden)
     gemm = gemm_time(g, peak_flops=peak_flops, hbm_bytes_per_s=hbm_bytes_per_s, cal=cal, act_bytes=act_bytes)
-    logits_s = tokens * model.vocab_size / tp / (hbm_bytes_per_s * cal.hbm_efficiency)
-    fwd_bytes, bwd_bytes = LOSS_BYTES[loss]
-    return gemm + fwd_bytes * logits_s, 2 * gemm + bwd_bytes * logits_s
+    logits_per_s = tokens * model.vocab_size / tp / (hbm_bytes_per_s * cal.hbm_efficiency)
+    return gemm + loss_bytes[0] * logits_per_s, 2 * gemm + loss_bytes[1] * logits_per_s

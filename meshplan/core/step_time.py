@@ -23,7 +23,7 @@ import numpy as np
 
 from meshplan.core import finetune, pipeline
 from meshplan.core.comm import CollectiveCall, StageShape, dp_calls, model_parallel_calls
-from meshplan.core.compute import ComputeSetup, LayerTime, head_time, layer_time
+from meshplan.core.compute import LOSS_BYTES, MEGATRON_CE_BYTES, ComputeSetup, LayerTime, head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
 from meshplan.core.groups import DATA_PARALLEL_SPLIT, model_parallel_groups, spread, take_rows
 from meshplan.core.memory import (
@@ -41,7 +41,7 @@ from meshplan.core.pytorch.overheads import fsdp2_copy_bytes
 from meshplan.core.pytorch.shards import gather_bytes
 from meshplan.core.stages import StageRow, stage_row
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.conditions import Fp8Recipe, Selective
+from meshplan.spec.conditions import Fp8Recipe, LossKind, Selective
 from meshplan.spec.layout import ContextParallel, LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Framework, Workload
@@ -156,7 +156,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
         cal=gpu.calibration,
         act_bytes=work.precision.activation_bytes,
-        loss=work.conditions.loss,
+        loss_bytes=MEGATRON_CE_BYTES if _unfused_megatron_loss(work) else LOSS_BYTES[work.conditions.loss],
     )
     return LayerKinds(
         dense=dense,
@@ -182,6 +182,12 @@ def _shard_copy_bytes(lay: LayoutLike, work: Workload) -> tuple[Num, Num]:
     )
     on = (lay.zero >= ZeroStage.PARAMETERS) & (lay.dp_shard * lay.cp > 1)
     return where(on, fwd, 0.0), where(on, bwd, 0.0)
+
+
+def _unfused_megatron_loss(work: Workload) -> bool:
+    """Megatron's own loss without --cross-entropy-loss-fusion: the pass-by-pass vocab-parallel cross-entropy."""
+    cond = work.conditions
+    return work.framework is Framework.MEGATRON and cond.loss is LossKind.FRAMEWORK and not cond.loss_fusion
 
 
 def selective_redo_s(lt: LayerTime, policy: Selective, modules: tuple[str, ...]) -> Num:
@@ -401,7 +407,11 @@ def _model_parallel_step(
     calls = model_parallel_calls(model, lay, work, cluster, placement, shape)
     x = _exposed_per_micro_batch(calls, times, copies=copies, m=m, cluster=cluster, work=work)
     fwd_c, bwd_c = times.fwd_compute_s * copies, times.bwd_compute_s * copies
-    chunk = where(lay.pp > 1, lay.vpp * cluster.gpu.calibration.pipeline_step_overhead_s, 0.0)
+    cal = cluster.gpu.calibration
+    # the fixed chunk cost is the host synchronize after each send (Megatron-LM's batch_isend_irecv path)
+    synced = np.logical_or(_sends_block(lay, ov_pp=work.overlap.pp), work.conditions.pp_host_sync)
+    chunk = where((lay.pp > 1) & synced, lay.vpp * cal.pipeline_step_overhead_s, 0.0)
+    pp_s = _pp_exposed(calls, lay=lay, m=m, ov_pp=work.overlap.pp, efficiency=cal.overlap_efficiency)
     return _ModelParallelStep(
         times=times,
         shape=shape,
@@ -409,7 +419,7 @@ def _model_parallel_step(
         exposed=x,
         fwd_s=fwd_c + x["tp_f"] + x["cp_f"] + x["ep_f"] + chunk,
         bwd_s=bwd_c + x["tp_b"] + x["cp_b"] + x["ep_b"] + chunk,
-        pp_s=_pp_exposed(calls, lay=lay, m=m, ov_pp=work.overlap.pp) + 2 * m * chunk,
+        pp_s=pp_s + 2 * m * chunk,
     )
 
 
@@ -479,14 +489,19 @@ def _stage_step(
     )
 
 
-def _pp_exposed(calls: list[CollectiveCall], *, lay: LayoutLike, m: Num, ov_pp: bool) -> Num:
-    """Pipeline sends on the critical path: every slot when blocking, only fill and drain when overlapped."""
+def _sends_block(lay: LayoutLike, *, ov_pp: bool) -> Num:
+    """Whether pipeline sends block the schedule: all but the interleaved schedule with overlapped sends."""
+    return np.logical_not((lay.schedule == Schedule.INTERLEAVED) & ov_pp)
+
+
+def _pp_exposed(calls: list[CollectiveCall], *, lay: LayoutLike, m: Num, ov_pp: bool, efficiency: float) -> Num:
+    """Pipeline sends on the critical path: every slot when blocking; when overlapped, fill and drain, and of the
+    steady-state sends run beside compute the share (1 - efficiency) that shows, as for every overlapped call."""
     p2p = sum((c.call_s for c in calls if c.strategy == "pp" and c.phase == "forward"), 0.0)
     pp, vpp = lay.pp, lay.vpp
     blocking = 2 * (m * vpp + pp - 1) * p2p
-    overlapped = 2 * (pp - 1) * vpp * p2p
-    interleaved = lay.schedule == Schedule.INTERLEAVED
-    return where(pp > 1, where(interleaved & ov_pp, overlapped, blocking), 0.0)
+    overlapped = 2 * (pp - 1) * vpp * p2p + (1 - efficiency) * 2 * maximum(m - pp + 1, 0) * vpp * p2p
+    return where(pp > 1, where(_sends_block(lay, ov_pp=ov_pp), blocking, overlapped), 0.0)
 
 
 def _dp_exposed(

@@ -101,6 +101,8 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         zero3_grad_reduce=Zero3GradReduce(resolved.get("zero3_grad_reduce") or "reduce-scatter"),
         repeat_kv=_on(resolved.get("repeat_kv"), False),
         fsdp_copies=_on(resolved.get("fsdp_copies"), False),
+        pp_host_sync=_on(resolved.get("pp_host_sync"), True),
+        loss_fusion=_on(resolved.get("loss_fusion"), True),
     )
 
 

@@ -160,6 +160,16 @@ class Conditions:
     repeat_kv: bool = False
     """The attention receives K and V repeated to one head per query head (torchtitan's Llama calls repeat_kv
     before SDPA): context parallelism then passes them, and their gradients, at the query heads' width."""
+    loss_fusion: bool = True
+    """The framework's loss is fused (Megatron's --cross-entropy-loss-fusion, on in NeMo 2 and Megatron-Bridge):
+    about four fp32 passes over the logits (compute.LOSS_BYTES); False: Megatron-LM's default, its unfused
+    vocab-parallel loss on an fp32 upcast, pass by pass (compute.MEGATRON_CE_BYTES). Read only under the Megatron
+    framework's own loss."""
+    pp_host_sync: bool = True
+    """Each pipeline send ends in a host synchronize (Megatron-LM's batch_isend_irecv then
+    torch.cuda.synchronize, p2p_communication.py), which costs every chunk ``pipeline_step_overhead_s``; False:
+    overlapped sends of the interleaved schedule only order CUDA streams (Megatron-Core with
+    --overlap-p2p-comm, which turns batch_p2p_comm and its synchronize off). Blocking sends always sync."""
 
     def __post_init__(self) -> None:
         if self.microbatch_group is not None and self.microbatch_group < 1:

@@ -562,6 +562,11 @@ FIELDS: tuple[Field, ...] = (
     ),
     _switch("grad_sync", "reduce gradients on every micro-batch; off: accumulate without sync (unsharded grads)"),
     _switch("reshard_after_forward", "FSDP/ZeRO-3 frees gathered parameters after forward; off: keeps them"),
+    _switch(
+        "pp_host_sync",
+        "each pipeline send ends in a host synchronize (Megatron-LM's batched p2p; default); off: overlapped "
+        "interleaved sends only order streams (Megatron-Core --overlap-p2p-comm)",
+    ),
     Field(
         name="loss",
         type=str,
@@ -571,6 +576,11 @@ FIELDS: tuple[Field, ...] = (
         help="cross-entropy: the framework's own, eager fp32 upcast, or chunked/fused",
     ),
     _switch("loss_parallel", "compute the loss on vocabulary shards over the TP group"),
+    _switch(
+        "loss_fusion",
+        "Megatron: the fused cross-entropy (--cross-entropy-loss-fusion; default); off: Megatron-LM's default "
+        "unfused vocab-parallel loss on fp32 logits",
+    ),
     Field(
         name="zero3_unit",
         type=str,

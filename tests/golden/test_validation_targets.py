@@ -70,16 +70,16 @@ def test_every_source_is_held_out_once(report: dict, held_out: dict) -> None:
 HELD_OUT_BOUNDS = {  # each a little above today's held-out error (meshplan validate): a regression fails
     "deepseek_v3": 0.05,
     "korthikanti2022": 0.035,
-    "llama3": 0.025,
+    "llama3": 0.02,
     "narayanan2021": 0.04,
-    "narayanan2021_table2": 0.045,
+    "narayanan2021_table2": 0.04,
     "narayanan2021_zero3": 0.25,
     "torchtitan_a100": 0.03,
     "torchtitan_h100": 0.065,
     "megascale2024": 0.04,
-    "megatron_bridge": 0.12,
-    "nemo2407_h100": 0.13,
-    "megatron_h100_weak": 0.065,
+    "megatron_bridge": 0.09,
+    "nemo2407_h100": 0.03,
+    "megatron_h100_weak": 0.05,
     "llm_foundry_a100": 0.075,
     "llm_foundry_h100": 0.09,
 }
@@ -146,15 +146,15 @@ def test_every_published_run_billed_over_hbm_has_its_verdict(report: dict) -> No
 def test_the_fall_of_per_gpu_throughput_with_fleet_size(report: dict) -> None:
     """Runs alike but for the fleet size (and the batch, micro-batch and data parallelism that follow it), step by
     step: torchtitan's 8B FSDP from 8 to 128 H100s published 5,762 and 5,605 tokens/s per GPU (-2.7%, re-derived
-    here). Today 26 of the 32 steps are within the issue's 5 points, 2.8 points off on average; the worst are the
-    DeepSpeed ZeRO-3 rows (published falls of 29-51%, predicted 26-46%), MPT-760M and MPT-30B from 8 to 16 H100s,
-    and MegaScale from 6,144 to 8,192 GPUs."""
+    here). Today 27 of the 32 steps are within the issue's 5 points, 2.8 points off on average; the worst are two
+    DeepSpeed ZeRO-3 steps (published falls of 39% and 51%, predicted 29% and 40%), MPT-760M and MPT-30B from 8 to 16
+    H100s, and MegaScale from 6,144 to 8,192 GPUs."""
     steps = report["scaling"]
     assert len(steps) == 32
     (titan,) = [s for s in steps if s["from_case"] == "T1 8B, 8 GPUs, FSDP"]
     assert (titan["gpus_from"], titan["gpus_to"]) == (8, 128)
     assert titan["measured_change"] == pytest.approx(5605 / 5762 - 1, rel=1e-12)
     gaps = [abs(s["predicted_change"] - s["measured_change"]) for s in steps]
-    assert sum(g <= 0.05 for g in gaps) >= 26
+    assert sum(g <= 0.05 for g in gaps) >= 27
     assert max(gaps) <= 0.11
     assert sum(gaps) / len(gaps) <= 0.03
