@@ -180,8 +180,13 @@ def _shard_copy_bytes(lay: LayoutLike, work: Workload) -> tuple[Num, Num]:
         act_bytes=prec.activation_bytes,
         grad_bytes=prec.grad_bytes,
     )
-    on = (lay.zero >= ZeroStage.PARAMETERS) & (lay.dp_shard * lay.cp > 1)
+    on = _fsdp_shards(lay)
     return where(on, fwd, 0.0), where(on, bwd, 0.0)
+
+
+def _fsdp_shards(lay: LayoutLike) -> Num:
+    """ZeRO-3 / FSDP over more than one rank: what the per-layer copies and PyTorch's Partial norm gradients ask."""
+    return (lay.zero >= ZeroStage.PARAMETERS) & (lay.dp_shard * lay.cp > 1)
 
 
 def _unfused_megatron_loss(work: Workload) -> bool:
@@ -437,8 +442,8 @@ def _grouped_model_parallel_step(
     but the ZeRO stage and the split of the data-parallel ranks, with the placement of every other axis)."""
     read = [p for axis, p in placement.items() if axis not in DATA_PARALLEL_SPLIT]
     extra = [getattr(p, k) for p in read for k in ("size", "stride", "inner", "outer")]
-    if work.framework is Framework.TORCH:  # the Partial norm gradients' TP all-reduces ask whether FSDP shards
-        extra.append((lay.zero >= ZeroStage.PARAMETERS) & (lay.dp_shard * lay.cp > 1))
+    if work.framework is Framework.TORCH or work.conditions.fsdp_copies:
+        extra.append(_fsdp_shards(lay))  # the Partial norm gradients' all-reduces and FSDP2's copies ask it
     groups = model_parallel_groups(lay, extra)
     if groups is None:
         return _model_parallel_step(model, params, lay, work, cluster, placement)
