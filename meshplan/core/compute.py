@@ -312,6 +312,33 @@ class ComputeSetup:
         return self.hbm_bytes_per_s * self.cal.hbm_efficiency
 
 
+def _layer_casts(gemms: list[Gemm], setup: ComputeSetup) -> tuple[Num, Num]:
+    """(forward, backward) HBM time of the FP8 casts around a layer's linear layers (none without FP8)."""
+    if not setup.fp8:
+        return 0.0, 0.0
+    return _fp8_cast_time(
+        gemms,
+        fused=setup.kernels is Kernels.FUSED,
+        hbm=setup.hbm,
+        dynamic=setup.fp8_dynamic,
+        weights_cast=not setup.fp8_weights_gathered,
+    )
+
+
+def _core_attention_time(
+    model: ModelSpec, setup: ComputeSetup, *, tokens: Num, seq_len: Num, keys: Num, tp: Num, cp: Num
+) -> tuple[Num, Num]:
+    """(forward, backward) of the attention core, with PyTorch's ring merging where the stack does it."""
+    fwd, bwd = _attention_time(model, setup, tokens=tokens, seq_len=seq_len, kernel_keys=keys, tp=tp)
+    if not setup.ring_merge or model.mla is not None:
+        return fwd, bwd
+    groups = model.num_heads / model.num_kv_heads if setup.repeat_kv else 1.0
+    merge_fwd, merge_bwd = ring_merge_time(
+        q_elements=tokens * model.q_width / tp, kv_elements=tokens * model.kv_width * groups / tp, cp=cp, hbm=setup.hbm
+    )
+    return fwd + merge_fwd, bwd + merge_bwd
+
+
 def layer_time(
     model: ModelSpec,
     *,
@@ -343,30 +370,13 @@ def layer_time(
     gemm_s = sum(times)
     op_sac = sum(t * op_sac_share(model, g, moe_layer=moe_layer) for g, t in zip(gemms, times, strict=True))
     weights = sum(g.n * g.k * g.count for g in gemms)
-    fused = kernels is Kernels.FUSED
-    cast_fwd, cast_bwd = (
-        _fp8_cast_time(
-            gemms,
-            fused=fused,
-            hbm=hbm,
-            dynamic=setup.fp8_dynamic,
-            weights_cast=not setup.fp8_weights_gathered,
-        )
-        if setup.fp8
-        else (0.0, 0.0)
-    )
+    cast_fwd, cast_bwd = _layer_casts(gemms, setup)
     bytes_per_token = _memory_bytes_per_token(
         model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=setup.act_bytes, kernels=kernels, repeat_kv=setup.repeat_kv
     )
     memory_s = tokens * bytes_per_token / hbm
     keys = seq_len if kernel_keys is None else kernel_keys
-    attn_fwd, attn_bwd = _attention_time(model, setup, tokens=tokens, seq_len=seq_len, kernel_keys=keys, tp=tp)
-    if setup.ring_merge and model.mla is None:
-        groups = model.num_heads / model.num_kv_heads if setup.repeat_kv else 1.0
-        merge_fwd, merge_bwd = ring_merge_time(
-            q_elements=tokens * model.q_width / tp, kv_elements=tokens * model.kv_width * groups / tp, cp=cp, hbm=hbm
-        )
-        attn_fwd, attn_bwd = attn_fwd + merge_fwd, attn_bwd + merge_bwd
+    attn_fwd, attn_bwd = _core_attention_time(model, setup, tokens=tokens, seq_len=seq_len, keys=keys, tp=tp, cp=cp)
     launch = KERNELS_PER_LAYER[kernels] * cal.kernel_overhead_s
     adapted = finetune is not None and finetune.adapted
     adapter_fwd: Num = 0.0
@@ -379,7 +389,7 @@ def layer_time(
     backward = gemm_s + weight_grad + 2 * adapter_fwd + attn_bwd + 2 * memory_s + 2 * launch + cast_bwd
     return LayerTime(
         gemm_s=gemm_s,
-        mlp_gemm_s=sum(setup.gemm_s(g, linear=True) for g in mlp),
+        mlp_gemm_s=sum(times[len(gemms) - len(mlp) :]),  # the MLP's GEMMs come last
         attention_s=attn_fwd,
         memory_s=memory_s + launch + adapter_fwd + cast_fwd,
         backward_s=backward,

@@ -191,22 +191,26 @@ def _gradient_calls(
         ),
     ]
     if bucket_ar:
-        hbm_bytes_per_s = cl.gpu.hbm_bandwidth_bytes_per_s * cl.gpu.calibration.hbm_efficiency
-        calls.append(
-            _call(
-                part.strategy,
-                Collective.ALL_REDUCE,
-                shard_p,
-                cl,
-                phase="backward",
-                size=grads / part.units,
-                count=part.issued * where(zero3_ar, m * part.units, 0),
-                group=part.shard_group,
-                inner=part.shard_inner,
-                host_s=BUCKET_PASSES * grads / part.units / hbm_bytes_per_s,
-            )
-        )
+        calls.append(_bucket_all_reduce(part, cl, shard_p, grads=grads, count=where(zero3_ar, m * part.units, 0)))
     return calls
+
+
+def _bucket_all_reduce(part: DpPart, cl: Cluster, shard_p: AxisPlacement, *, grads: Num, count: Num) -> CollectiveCall:
+    """DeepSpeed 0.3's ZeRO-3 gradient bucket, all-reduced whole over the shard group (``count`` per step), its
+    flattening, division and copy back on the host side at HBM speed (``BUCKET_PASSES``)."""
+    hbm_bytes_per_s = cl.gpu.hbm_bandwidth_bytes_per_s * cl.gpu.calibration.hbm_efficiency
+    return _call(
+        part.strategy,
+        Collective.ALL_REDUCE,
+        shard_p,
+        cl,
+        phase="backward",
+        size=grads / part.units,
+        count=part.issued * count,
+        group=part.shard_group,
+        inner=part.shard_inner,
+        host_s=BUCKET_PASSES * grads / part.units / hbm_bytes_per_s,
+    )
 
 
 def _parameter_calls(
