@@ -111,7 +111,8 @@ def _add_fleet_shape(p: argparse.ArgumentParser) -> None:
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_fields(p, "input_len", "output_len", required=True)
     add_fields(p, "tp", default=None)
-    add_fields(p, "pp", "ep", "dp_attention", "weights_dtype", "kv_dtype", "quant", "engine", "max_batch")
+    add_fields(p, "pp", "ep", "dp_attention", "weights_dtype", "kv_dtype", "quant", "engine")
+    add_fields(p, "max_batch", "max_num_tokens")
     add_fields(p, "gpu_memory_utilization", default=None)
 
 

@@ -21,6 +21,7 @@ from importlib import resources
 from typing import Any
 
 from meshplan import io
+from meshplan.core.serve_caps import trtllm_bench_caps
 from meshplan.core.serve_load import Requests, load_point, static_batch_s
 from meshplan.core.serve_phases import decode_step, prefill
 from meshplan.core.serve_shape import Hardware, ServeCalibration, replica_shape
@@ -106,7 +107,7 @@ def _dtype(text: str) -> str:
     raise ValueError(f"unknown dtype {text!r}")
 
 
-def _setup(row: dict[str, Any], *, context: int, ideal: bool = False) -> Setup:
+def _setup(row: dict[str, Any], *, context: int, ideal: bool = False, max_num_tokens: int | None = None) -> Setup:
     par, prec = row["parallel"], row["precision"]
     weights = _dtype(prec["weights"])
     kv = prec.get("kv", "")
@@ -136,6 +137,7 @@ def _setup(row: dict[str, Any], *, context: int, ideal: bool = False) -> Setup:
         engine=_engine(row["source"]["id"]),
         context=context,
         gpu_memory_utilization=float(fraction.group(1)) if fraction else None,  # the run's stated fraction
+        max_num_tokens=max_num_tokens,
     )
     if "two-batch overlap disabled" in row["engine"].get("notes", ""):  # the run's stated engine setting
         setup = dataclasses.replace(setup, hw=dataclasses.replace(setup.hw, cal=_no_overlap(setup.hw.cal)))
@@ -175,6 +177,30 @@ def _ideal(setup: Setup) -> Setup:
     return dataclasses.replace(setup, hw=hw)
 
 
+def bench_caps(row: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(max batch, max tokens per step) of a trtllm-bench throughput run that leaves them to trtllm-bench (its
+    heuristic, core/serve_caps.py, on the run's model, GPU, layout, dtypes and mean lengths); (None, None) for
+    every other run, which keeps the engine family's defaults."""
+    bench = _engine(row["source"]["id"]) == "trtllm" and "trtllm-bench" in row["engine"].get("notes", "")
+    if row["kind"] != "offline_throughput_ifb" or not bench:
+        return None, None
+    w = row["workload"]
+    isl, osl = int(w["isl"]), int(w["osl"])
+    setup = _setup(row, context=isl + osl)
+    lay = setup.layout
+    batch, tokens = trtllm_bench_caps(
+        setup.model,
+        gpu=setup.hw.gpu,
+        tp=lay.tp,
+        pp=lay.pp,
+        weights_dtype=lay.weights_dtype,
+        kv_dtype=lay.kv_dtype,
+        input_len=isl,
+        output_len=osl,
+    )
+    return int(batch), int(tokens)
+
+
 def _measured(row: dict[str, Any]) -> tuple[str, float]:
     ((metric, value),) = row["measured"].items() if len(row["measured"]) == 1 else [next(iter(row["measured"].items()))]
     return metric, float(value["value"])
@@ -185,7 +211,8 @@ def _predict(row: dict[str, Any], metric: str, ideal: bool) -> float:
     w, kind = row["workload"], row["kind"]
     isl = int(w["isl"])
     osl = w["osl"] if isinstance(w.get("osl"), int) else 1
-    setup = _setup(row, context=isl + osl, ideal=ideal)
+    max_batch, max_tokens = bench_caps(row)
+    setup = _setup(row, context=isl + osl, ideal=ideal, max_num_tokens=max_tokens)
     m, sh, hw, lay = setup.model, setup.shape, setup.hw, setup.layout
     gpus = lay.gpus_per_replica
     if kind == "offline_throughput_static_batch":
@@ -198,7 +225,8 @@ def _predict(row: dict[str, Any], metric: str, ideal: bool) -> float:
     if kind == "offline_throughput_ifb":
         stated = w.get("num_requests")  # all of them queued at once: never more in flight than the run holds
         users = float(stated) if isinstance(stated, int) else UNBOUNDED
-        pt = load_point(m, sh, hw, lay, Requests(input_len=isl, output_len=osl, concurrency=users))
+        req = Requests(input_len=isl, output_len=osl, concurrency=users, max_batch=max_batch)
+        pt = load_point(m, sh, hw, lay, req)
         return pt.output_tokens_per_s
     per_node = 8 if metric.endswith("per_node") else 1
     if kind == "disagg_prefill_throughput":
@@ -258,7 +286,7 @@ def _engine_warning(row: dict[str, Any]) -> str:
     if row["kind"] != "offline_throughput_ifb" or _engine(row["source"]["id"]) != "trtllm":
         return ""
     w = row["workload"]
-    kv = _setup(row, context=int(w["isl"]) + int(w["osl"])).shape.kv_budget_bytes
+    kv = _setup(row, context=int(w["isl"]) + int(w["osl"]), max_num_tokens=bench_caps(row)[1]).shape.kv_budget_bytes
     if kv >= LOW_KV_BYTES:
         return ""
     return (

@@ -99,7 +99,7 @@ def disaggregated_point(
     model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests, pools: Pools
 ) -> DisaggPoint:
     """Latency and throughput of the two pools under ``req`` (concurrency or rate for the whole fleet)."""
-    cap = capacity(model, shape, hw, layout, req)
+    cap = capacity(model, shape, hw, layout, req, prefill_in_step=False)
     if cap.sequences < 1:
         raise ValueError(f"no sequence of {req.input_len}+{req.output_len} tokens fits in the KV cache")
     rounds = pipeline_factor(hw, layout)

@@ -98,8 +98,19 @@ class LoadPoint:
     max_output_tokens_per_s: float
 
 
-def capacity(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests) -> Capacity:
-    """Sequences per replica: the least of the KV cache, the engine's max batch and the user's cap."""
+def capacity(
+    model: ModelSpec,
+    shape: ReplicaShape,
+    hw: Hardware,
+    layout: ServeLayout,
+    req: Requests,
+    *,
+    prefill_in_step: bool = True,
+) -> Capacity:
+    """Sequences per replica: the least of the KV cache, the engine's max batch, the user's cap and the tokens a
+    step may carry. Where prompts ride in the decode steps (``prefill_in_step``), a forward of b sequences carries
+    b decode tokens and, on average, b I / O prompt tokens: b (1 + I / O) <= N_step (trtllm-bench sizes
+    max_num_tokens the same way, tensorrt_llm/bench/build/tuning.py); a decode-only pool needs one token each."""
     reserve = req.input_len + (req.output_len if hw.cal.reserve_full_sequence else req.output_len / 2)
     ranks = layout.tp if layout.dp_attention else 1
     kv = int(shape.max_sequences(model, tokens_per_sequence=reserve)) * ranks
@@ -107,7 +118,8 @@ def capacity(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeL
     caps = [(kv, BatchLimit.KV_CACHE), (engine, BatchLimit.MAX_BATCH)]
     if req.max_batch is not None:
         caps.append((req.max_batch, BatchLimit.MAX_BATCH))
-    tokens_cap = (hw.cal.max_num_tokens - 1) * layout.pp * ranks  # a decode token each, one prefill token left
+    per_sequence = 1 + req.input_len / req.output_len if prefill_in_step else 1.0
+    tokens_cap = math.floor(hw.cal.max_num_tokens / per_sequence) * layout.pp * ranks
     caps.append((tokens_cap, BatchLimit.MAX_TOKENS))
     seqs, limit = min(caps, key=lambda c: c[0])
     return Capacity(sequences=max(seqs, 0), limit=limit, kv_sequences=kv, per_forward=layout.pp * ranks)

@@ -84,6 +84,7 @@ def resolve(
     engine: str = DEFAULT_ENGINE,
     context: int,
     gpu_memory_utilization: float | None = None,
+    max_num_tokens: int | None = None,
 ) -> Setup:
     """Check and resolve the inputs: TP defaults to what the replicas leave (within one scale-up domain),
     replicas to what TP x PP leaves."""
@@ -100,6 +101,10 @@ def resolve(
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         cal = dataclasses.replace(cal, memory_fraction=gpu_memory_utilization)
+    if max_num_tokens is not None:  # the run's own tokens-per-step cap (its prefill chunk and activations too)
+        if max_num_tokens < 1:
+            raise ValueError(f"max_num_tokens must be >= 1, got {max_num_tokens}")
+        cal = dataclasses.replace(cal, max_num_tokens=max_num_tokens)
     hw = Hardware(
         gpu=gpu_spec,
         scale_up=io.load_link(gpu_spec.scale_up_link),
@@ -209,6 +214,7 @@ def serve_report(
     quant: str | None = None,
     engine: str = DEFAULT_ENGINE,
     max_batch: int | None = None,
+    max_num_tokens: int | None = None,
     gpu_memory_utilization: float | None = None,
     disaggregate: str | None = None,
 ) -> dict[str, Any]:
@@ -231,6 +237,7 @@ def serve_report(
         engine=engine,
         context=input_len + output_len,
         gpu_memory_utilization=gpu_memory_utilization,
+        max_num_tokens=max_num_tokens,
     )
     if (concurrency is None) == (rate is None):
         raise ValueError("give exactly one of --concurrency and --rate")

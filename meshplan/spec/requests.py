@@ -880,6 +880,17 @@ SERVE_FIELDS: tuple[Field, ...] = (
         help="cap on sequences per replica",
     ),
     Field(
+        name="max_num_tokens",
+        type=int,
+        default=None,
+        group=_V,
+        unit="tokens",
+        lo=1,
+        hi=MAX_CONTEXT,
+        suffixes=True,
+        help="tokens one forward may carry (decode tokens and prompt chunks; engine default otherwise)",
+    ),
+    Field(
         name="disaggregate",
         type=str,
         default=None,
