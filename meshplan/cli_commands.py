@@ -388,7 +388,7 @@ def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
 
 
 SERVE_KEYS: tuple[str, ...] = ("tp", "pp", "ep", "dp_attention", "replicas", "weights_dtype", "kv_dtype", "quant")
-SERVE_KEYS += ("engine", "max_batch", "max_num_tokens", "disaggregate")
+SERVE_KEYS += ("engine", "max_batch", "max_num_tokens", "num_requests", "cuda_graph_padding", "disaggregate")
 
 
 def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:

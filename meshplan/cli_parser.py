@@ -112,7 +112,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_fields(p, "input_len", "output_len", required=True)
     add_fields(p, "tp", default=None)
     add_fields(p, "pp", "ep", "dp_attention", "weights_dtype", "kv_dtype", "quant", "engine")
-    add_fields(p, "max_batch", "max_num_tokens")
+    add_fields(p, "max_batch", "max_num_tokens", "cuda_graph_padding")
     add_fields(p, "gpu_memory_utilization", default=None)
 
 
@@ -286,7 +286,7 @@ def _serving_commands(command: Command) -> None:
     _add_serve_flags(p)
     add_fields(p, "replicas", "disaggregate")
     load = p.add_mutually_exclusive_group(required=True)
-    add_fields(load, "concurrency", "rate")
+    add_fields(load, "concurrency", "rate", "num_requests")
 
     p = command(
         "serve-plan", _cmd_serve_plan, "every serving layout, dtype and batch cap ranked under TTFT/TPOT targets"

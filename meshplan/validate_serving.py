@@ -23,6 +23,7 @@ from typing import Any
 from meshplan import io
 from meshplan.core.serve_caps import trtllm_bench_caps
 from meshplan.core.serve_load import Requests, load_point, static_batch_s
+from meshplan.core.serve_offline import offline_run
 from meshplan.core.serve_phases import decode_step, prefill
 from meshplan.core.serve_shape import Hardware, ServeCalibration, replica_shape
 from meshplan.core.serving import QUANT_GROUP
@@ -33,6 +34,23 @@ QUANTIZED_KV_ENGINES = ("trtllm",)
 """Engines whose KV cache follows FP8/FP4 weights when a run leaves it unstated (TensorRT-LLM: 'If you specify FP8
 quantization, the KV cache will automatically be set to FP8 as well!', perf-overview, release 0.14). SGLang's
 --kv-cache-dtype defaults to 'auto', the model's data type (bf16 for DeepSeek-V3's FP8 checkpoint)."""
+GRAPH_PADDING_NOTES = ("enable_padding", "padding_enabled")
+"""How the PyTorch-backend recipes state cuda_graph_config's padding (perf-overview llm_options.yml)."""
+PERF_OVERVIEW_REQUESTS = {
+    (128, 128): 30000,
+    (128, 2048): 3000,
+    (128, 4096): 1500,
+    (1000, 2000): 1500,
+    (2048, 128): 3000,
+    (2048, 2048): 1500,
+    (5000, 500): 1500,
+    (1000, 1000): 3000,
+    (500, 2000): 3000,
+    (20000, 2000): 1000,
+}
+"""$num_requests per (ISL, OSL) of TensorRT-LLM's performance overview ('For each input and output sequence length
+combination, the table below details the $num_requests that were used', v0.14 edition, the same in v1.0): what a
+trtllm-bench row that does not repeat it ran."""
 UNBOUNDED = 1e9
 """Concurrency standing for 'all requests queued at once' (the offline benchmarks) where the run does not state how
 many requests it sends; where it does, that number is the most sequences ever in flight."""
@@ -121,7 +139,8 @@ def _setup(row: dict[str, Any], *, context: int, ideal: bool = False, max_num_to
         ep = tp  # the recipe passes --ep: experts over the TP group; else TensorRT-LLM's default expert TP
     quant = "weight-only" if "weight-only" in prec["weights"] else None
     group = re.search(r"group (\d+)", prec["weights"])
-    fraction = re.search(r"mem_fraction (0\.\d+)", row["engine"].get("notes", ""))
+    notes = row["engine"].get("notes", "")
+    fraction = re.search(r"mem_fraction (0\.\d+)", notes)
     setup = resolve(
         row["model"]["catalog"],
         gpu=row["hardware"]["catalog"],
@@ -138,6 +157,7 @@ def _setup(row: dict[str, Any], *, context: int, ideal: bool = False, max_num_to
         context=context,
         gpu_memory_utilization=float(fraction.group(1)) if fraction else None,  # the run's stated fraction
         max_num_tokens=max_num_tokens,
+        cuda_graph_padding=any(k in notes for k in GRAPH_PADDING_NOTES),  # the recipe's cuda_graph_config
     )
     if "two-batch overlap disabled" in row["engine"].get("notes", ""):  # the run's stated engine setting
         setup = dataclasses.replace(setup, hw=dataclasses.replace(setup.hw, cal=_no_overlap(setup.hw.cal)))
@@ -201,6 +221,16 @@ def bench_caps(row: dict[str, Any]) -> tuple[int | None, int | None]:
     return int(batch), int(tokens)
 
 
+def _num_requests(row: dict[str, Any]) -> int | None:
+    """The requests an offline run sends: stated by the row, else by its source's table (trtllm-bench runs)."""
+    w = row["workload"]
+    if isinstance(w.get("num_requests"), int):
+        return int(w["num_requests"])
+    if bench_caps(row)[0] is None:
+        return None
+    return PERF_OVERVIEW_REQUESTS.get((int(w["isl"]), int(w["osl"])))
+
+
 def _measured(row: dict[str, Any]) -> tuple[str, float]:
     ((metric, value),) = row["measured"].items() if len(row["measured"]) == 1 else [next(iter(row["measured"].items()))]
     return metric, float(value["value"])
@@ -223,11 +253,15 @@ def _predict(row: dict[str, Any], metric: str, ideal: bool) -> float:
     if kind == "decode_latency_bs1":
         return 1.0 / float(decode_step(m, sh, hw, lay, batch=1, context=isl + osl / 2).total_s)
     if kind == "offline_throughput_ifb":
-        stated = w.get("num_requests")  # all of them queued at once: never more in flight than the run holds
-        users = float(stated) if isinstance(stated, int) else UNBOUNDED
+        stated = _num_requests(row)  # all of them queued at once: never more in flight than the run holds
+        users = float(stated) if stated is not None else UNBOUNDED
         req = Requests(input_len=isl, output_len=osl, concurrency=users, max_batch=max_batch)
         pt = load_point(m, sh, hw, lay, req)
-        return pt.output_tokens_per_s
+        if stated is None:
+            return pt.output_tokens_per_s
+        cap = min(pt.capacity.sequences, stated)
+        run = offline_run(m, sh, hw, lay, input_len=isl, output_len=osl, num_requests=stated, max_sequences=cap)
+        return run.output_tokens_per_s
     per_node = 8 if metric.endswith("per_node") else 1
     if kind == "disagg_prefill_throughput":
         tokens = w["tokens_per_device"] if isinstance(w.get("tokens_per_device"), int) else STATED_TOKENS_PER_DEVICE

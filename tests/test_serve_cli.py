@@ -54,7 +54,7 @@ def test_serve_table(capsys: pytest.CaptureFixture[str]) -> None:
         (["--weights-dtype", "fp4", "--rate", "1"], "fp4"),
         (["--ep", "2", "--rate", "1"], "needs a MoE model"),
         (["--concurrency", "0"], "--concurrency: 0 is outside (0, 1e+07]"),
-        ([], "one of the arguments --concurrency --rate is required"),
+        ([], "one of the arguments --concurrency --rate --num-requests is required"),
         (["--rate", "1", "--concurrency", "2"], "not allowed with"),
     ],
 )

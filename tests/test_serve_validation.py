@@ -21,14 +21,17 @@ from meshplan.validate_serving import validate_serving
 # 0.046 (max 0.149), prefill 0.079 -> 0.079 (0.285), dense throughput 0.185 -> 0.128 (max 1.01 -> 0.432),
 # MoE 0.184 -> 0.090 (0.227). Then SGLang's decode got two-batch overlap as two micro-batches (each reads the weights,
 # half the GEMM rows), DeepEP's low-latency kernels at their published RDMA rate and the overlap share of the blog's
-# own TBO ablation: decode 0.046 -> 0.039 (max 0.149 -> 0.138).
+# own TBO ablation: decode 0.046 -> 0.039 (max 0.149 -> 0.138). Then the TensorRT-LLM throughput rows got
+# trtllm-bench's own max batch / max tokens, a step's prompts within its token cap, the run's stated number of
+# requests as an offline run (ramp and drain) and the PyTorch-backend recipe's CUDA-graph padding of decode-only
+# steps: dense throughput 0.128 -> 0.112 (max 0.432 -> 0.335), MoE 0.090 -> 0.076 (max 0.227 -> 0.192).
 BOUNDS = {
     "decode": (0.04, 0.14),
     "prefill": (0.08, 0.29),
-    "throughput-dense": (0.13, 0.44),
-    "throughput-moe": (0.095, 0.23),
+    "throughput-dense": (0.115, 0.34),
+    "throughput-moe": (0.08, 0.195),
 }
-"""The MoE rows (catalog/serving/runs_moe.json) are held out: 0.090 mean, 0.227 max, under the 25% target."""
+"""The MoE rows (catalog/serving/runs_moe.json) are held out: 0.076 mean, 0.192 max, under the 25% target."""
 
 
 @cache
@@ -50,8 +53,9 @@ def test_beats_three_quarters_of_the_best_single_efficiency_constant(cls: str) -
     assert row["mean_abs_error"] < 0.75 * row["best_constant_mean_abs_error"]
 
 
-LOSO_BOUNDS = {"decode": 0.095, "prefill": 0.10, "throughput-dense": 0.15, "throughput-moe": 0.095}
-"""Leave-one-source-out means when set (decode 0.132 -> 0.091 with SGLang's two-batch overlap modelled)."""
+LOSO_BOUNDS = {"decode": 0.095, "prefill": 0.10, "throughput-dense": 0.13, "throughput-moe": 0.08}
+"""Leave-one-source-out means when set (decode 0.132 -> 0.091 with SGLang's two-batch overlap modelled; dense
+throughput 0.144 -> 0.128 and MoE 0.090 -> 0.076 with trtllm-bench's caps, offline runs and graph padding)."""
 
 
 @pytest.mark.parametrize("cls", sorted(LOSO_BOUNDS))

@@ -23,7 +23,7 @@ import numpy as np
 
 from meshplan.core.num import Num
 from meshplan.core.serve_phases import MixedStep, decode_step, pipeline_factor, prefill
-from meshplan.core.serve_shape import Hardware, ReplicaShape, ServeLayout
+from meshplan.core.serve_shape import Hardware, ReplicaShape, ServeLayout, graph_batch
 from meshplan.spec.model import ModelSpec
 
 KNEE_SHARE = 0.9
@@ -138,7 +138,8 @@ def step_at(
     share = np.where(chunk > 0, np.minimum(demand / np.maximum(chunk, 1e-9), 1.0), 0.0)
     b, c, f = (x.item() if np.ndim(x) == 0 else x for x in (arr, chunk, share))
     context = req.input_len + req.output_len / 2
-    plain = decode_step(model, shape, hw, layout, batch=b, context=context)
+    rows = graph_batch(b) if hw.cal.cuda_graph_padding else b  # decode-only steps replay a padded graph
+    plain = decode_step(model, shape, hw, layout, batch=b, context=context, rows=rows)
     carrying = decode_step(model, shape, hw, layout, batch=b, context=context, prefill_tokens=c)
     return MixedStep(plain=plain, carrying=carrying, share=f)
 

@@ -267,12 +267,16 @@ def decode_step(
     batch: Num,
     context: Num,
     prefill_tokens: Num = 0.0,
+    rows: Num | None = None,
 ) -> Forward:
     """One decode step of ``batch`` sequences per GPU (per micro-batch under PP) at mean ``context``,
-    with ``prefill_tokens`` of chunked prefill riding along (their attention at mean depth context/2)."""
+    with ``prefill_tokens`` of chunked prefill riding along (their attention at mean depth context/2).
+    ``rows``: the decode rows the GEMMs, all-reduces and memory-bound ops compute when a CUDA graph pads the
+    batch (serve_shape.graph_batch); the KV cache is read for the ``batch`` real sequences only."""
     sliding = sliding_context(model, context)
-    group = batch * (layout.tp if layout.dp_attention else 1) + prefill_tokens
-    new = batch + prefill_tokens
+    rows = batch if rows is None else rows
+    group = rows * (layout.tp if layout.dp_attention else 1) + prefill_tokens
+    new = rows + prefill_tokens
     return forward(
         model,
         shape,
@@ -283,7 +287,7 @@ def decode_step(
         prefill_pairs=prefill_tokens * context / 2,
         kv_tokens_read=batch * sliding,
         group_tokens=group,
-        logits=batch,
+        logits=rows,
         layer_overhead_s=hw.cal.layer_overhead_s,
         ep_per_node=False,
     )

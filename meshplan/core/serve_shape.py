@@ -29,6 +29,10 @@ from meshplan.spec.cluster import GPU, Link
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DTYPE_BYTES, DType
 
+CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192)
+"""Batch sizes TensorRT-LLM's published PyTorch-backend recipe captures (perf-overview, v0.20 and v1.0 editions,
+llm_options.yml: cuda_graph_config enable_padding true, batch_sizes 1 ... 8192): a decode-only step of b sequences
+replays the graph of the smallest captured size >= b, its extra rows dummy requests; larger batches run eagerly."""
 ACT_BYTES = 2.0
 """Activations between kernels and on the wire are 16-bit (fp8 GEMMs quantize inside the kernel)."""
 MEMORY_OP_PASSES_HIDDEN = 12
@@ -115,6 +119,9 @@ class ServeCalibration:
     memory_source: str
     """Where the memory fraction, what it is a share of, and the runtime reserve come from."""
     source: str
+    cuda_graph_padding: bool = False
+    """Whether decode-only steps run as CUDA graphs padded up to the captured batch sizes (CUDA_GRAPH_BATCH_SIZES):
+    the padded rows pass through every GEMM, all-reduce and memory-bound op, not through the KV cache."""
 
     def memory(self) -> EngineMemory:
         return EngineMemory(
@@ -289,3 +296,13 @@ def kv_dtype_bytes(dtype: DType) -> float:
     if dtype not in (DType.BF16, DType.FP16, DType.FP8):
         raise ValueError(f"KV cache dtype must be bf16, fp16 or fp8, got {dtype}")
     return DTYPE_BYTES[dtype]
+
+
+def graph_batch(batch: Num) -> Num:
+    """Rows a CUDA-graph-padded decode step computes for ``batch`` sequences: the smallest captured batch size
+    >= batch (CUDA_GRAPH_BATCH_SIZES), the batch itself beyond the largest; arrays broadcast."""
+    sizes = np.asarray(CUDA_GRAPH_BATCH_SIZES, dtype=np.float64)
+    b = np.asarray(batch, dtype=np.float64)
+    padded = sizes[np.minimum(np.searchsorted(sizes, b), sizes.size - 1)]
+    out = np.where(b > sizes[-1], b, np.maximum(padded, b))
+    return float(out) if out.ndim == 0 else out

@@ -13,6 +13,7 @@ from typing import Any
 from meshplan import io
 from meshplan.core.serve_disagg import Pools, disaggregated_point
 from meshplan.core.serve_load import LoadPoint, Requests, load_point
+from meshplan.core.serve_offline import offline_run
 from meshplan.core.serve_phases import pipeline_factor
 from meshplan.core.serve_shape import (
     AllReduceKernel,
@@ -85,6 +86,7 @@ def resolve(
     context: int,
     gpu_memory_utilization: float | None = None,
     max_num_tokens: int | None = None,
+    cuda_graph_padding: bool = False,
 ) -> Setup:
     """Check and resolve the inputs: TP defaults to what the replicas leave (within one scale-up domain),
     replicas to what TP x PP leaves."""
@@ -105,6 +107,8 @@ def resolve(
         if max_num_tokens < 1:
             raise ValueError(f"max_num_tokens must be >= 1, got {max_num_tokens}")
         cal = dataclasses.replace(cal, max_num_tokens=max_num_tokens)
+    if cuda_graph_padding:
+        cal = dataclasses.replace(cal, cuda_graph_padding=True)
     hw = Hardware(
         gpu=gpu_spec,
         scale_up=io.load_link(gpu_spec.scale_up_link),
@@ -215,6 +219,8 @@ def serve_report(
     engine: str = DEFAULT_ENGINE,
     max_batch: int | None = None,
     max_num_tokens: int | None = None,
+    num_requests: int | None = None,
+    cuda_graph_padding: bool = False,
     gpu_memory_utilization: float | None = None,
     disaggregate: str | None = None,
 ) -> dict[str, Any]:
@@ -238,7 +244,10 @@ def serve_report(
         context=input_len + output_len,
         gpu_memory_utilization=gpu_memory_utilization,
         max_num_tokens=max_num_tokens,
+        cuda_graph_padding=cuda_graph_padding,
     )
+    if num_requests is not None and concurrency is None and rate is None:
+        concurrency = float(num_requests)  # all of them queued at once
     if (concurrency is None) == (rate is None):
         raise ValueError("give exactly one of --concurrency and --rate")
     if disaggregate is not None and replicas is not None:
@@ -254,9 +263,39 @@ def serve_report(
         rate_per_s=None if rate is None else rate / share,
     )
     if disaggregate is not None:
+        if num_requests is not None:
+            raise ValueError("--num-requests times one colocated layout; drop --disaggregate")
         return head | _disaggregated(setup, req, disaggregate)
     pt = load_point(setup.model, setup.shape, setup.hw, setup.layout, req)
-    return head | point_dict(setup, req, pt) | {"calibration_source": setup.hw.cal.source}
+    out = head | point_dict(setup, req, pt) | {"calibration_source": setup.hw.cal.source}
+    if num_requests is not None:
+        out["offline"] = offline_dict(setup, req, pt, num_requests=num_requests)
+    return out
+
+
+def offline_dict(setup: Setup, req: Requests, pt: LoadPoint, *, num_requests: int) -> dict[str, Any]:
+    """An offline run of ``num_requests`` requests split evenly over the replicas, each holding the load point's
+    batch cap (core/serve_offline.py)."""
+    per_replica = max(math.ceil(num_requests / setup.replicas), 1)
+    run = offline_run(
+        setup.model,
+        setup.shape,
+        setup.hw,
+        setup.layout,
+        input_len=req.input_len,
+        output_len=req.output_len,
+        num_requests=per_replica,
+        max_sequences=max(min(pt.capacity.sequences, math.ceil(req.concurrency or per_replica), per_replica), 1),
+    )
+    return {
+        "num_requests": num_requests,
+        "steps": run.steps,
+        "run_s": run.run_s,
+        "tokens_per_s_per_gpu": run.output_tokens_per_s / setup.layout.gpus_per_replica,
+        "tokens_per_s_total": run.output_tokens_per_s * setup.replicas,
+        "mean_batch_per_replica": run.mean_batch,
+        "decode_only_share": run.decode_only_share,
+    }
 
 
 def _head(

@@ -70,6 +70,16 @@ class StepPartsJSON(TypedDict):
     overhead_s: float
 
 
+class OfflineRunJSON(TypedDict):
+    num_requests: int
+    steps: int
+    run_s: float
+    tokens_per_s_per_gpu: float
+    tokens_per_s_total: float
+    mean_batch_per_replica: float
+    decode_only_share: float
+
+
 class ServeReport(TypedDict):
     model: str
     gpu: str
@@ -112,6 +122,7 @@ class ServeReport(TypedDict):
     step_s: StepPartsJSON
     calibration_source: str
     disaggregated: NotRequired[dict[str, Any]]
+    offline: NotRequired[OfflineRunJSON]
 
 
 class ServePlanItemJSON(TypedDict):

@@ -378,7 +378,8 @@ def collectives(
 
 
 SERVE: tuple[str, ...] = ("input_len", "output_len", "concurrency", "rate", "dp_attention", "replicas")
-SERVE += ("weights_dtype", "kv_dtype", "quant", "engine", "max_batch", "max_num_tokens", "disaggregate")
+SERVE += ("weights_dtype", "kv_dtype", "quant", "engine", "max_batch", "max_num_tokens", "num_requests")
+SERVE += ("cuda_graph_padding", "disaggregate")
 SERVE_PLAN: tuple[str, ...] = ("input_len", "output_len", "ttft_p99", "tpot_p99", "serve_objective", "concurrency")
 SERVE_PLAN += ("engine", "weights_dtypes", "search_disaggregated")
 LENGTHS = ("input_len", "output_len")

@@ -891,6 +891,29 @@ SERVE_FIELDS: tuple[Field, ...] = (
         help="tokens one forward may carry (decode tokens and prompt chunks; engine default otherwise)",
     ),
     Field(
+        name="num_requests",
+        type=int,
+        default=None,
+        group=_V,
+        unit="requests",
+        lo=1,
+        hi=int(MAX_LOAD),
+        help=(
+            "serve: an offline run of this many identical requests queued at once (trtllm-bench throughput): "
+            "the steady state at that concurrency, and the whole run, ramp and drain included"
+        ),
+    ),
+    Field(
+        name="cuda_graph_padding",
+        type=bool,
+        default=False,
+        group=_V,
+        help=(
+            "decode-only steps replay CUDA graphs padded to the captured batch sizes 1, 2, 4 ... 256, 384, 512, "
+            "1024 ... 8192 (TensorRT-LLM cuda_graph_config enable_padding)"
+        ),
+    ),
+    Field(
         name="disaggregate",
         type=str,
         default=None,
