@@ -169,7 +169,7 @@ def _no_overlap(cal: ServeCalibration) -> ServeCalibration:
 
 
 def _ideal(setup: Setup) -> Setup:
-    """The bare roofline: ideal HBM and tensor cores, no overheads, free links, no shape penalty."""
+    """The bare roofline: ideal HBM and tensor cores, no overheads, free links, no shape penalty, no padded rows."""
     cal = dataclasses.replace(
         setup.hw.cal,
         hbm_efficiency=1.0,
@@ -187,6 +187,7 @@ def _ideal(setup: Setup) -> Setup:
         ep_overlap_decode=1.0,
         ep_imbalance=1.0,
         pp_efficiency=1.0,
+        cuda_graph_padding=False,
     )
     gpu = dataclasses.replace(
         setup.hw.gpu,
