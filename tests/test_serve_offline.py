@@ -86,3 +86,11 @@ def test_serve_reports_the_offline_run() -> None:
     assert out["offline"]["tokens_per_s_total"] == pytest.approx(2 * out["offline"]["tokens_per_s_per_gpu"])
     assert out["offline"]["tokens_per_s_total"] <= out["tokens_per_s_total"] * 1.01  # a run pays its ramp and drain
     assert main(["serve", "llama-3.1-8b", "--gpu", "h100-sxm", "--input-len", "100", "--output-len", "10"]) == 2
+
+
+def test_a_run_too_long_to_simulate_is_refused() -> None:
+    """10^5 requests of 1,000 tokens one at a time would be 10^8 forwards: refused, not simulated for minutes."""
+    with pytest.raises(ValueError, match="forwards"):
+        offline_schedule(input_len=1, output_len=1000, num_requests=100_000, max_sequences=1, max_num_tokens=8192)
+    b, _ = offline_schedule(input_len=1, output_len=1000, num_requests=100, max_sequences=1, max_num_tokens=8192)
+    assert b.size > 100 * 999  # just under the bound, it is simulated whole

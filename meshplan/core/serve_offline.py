@@ -25,6 +25,9 @@ from meshplan.core.serve_phases import decode_step, pipeline_factor
 from meshplan.core.serve_shape import Hardware, ReplicaShape, ServeLayout, graph_batch
 from meshplan.spec.model import ModelSpec
 
+MAX_OFFLINE_STEPS = 2_000_000
+"""Forwards an offline run may take (the schedule is counted step by step, about a second per million)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OfflineRun:
@@ -46,6 +49,13 @@ def offline_schedule(
     """(decoding sequences, prompt tokens) of every forward of the run, first come first served."""
     if min(input_len, output_len, num_requests, max_sequences, max_num_tokens) < 1:
         raise ValueError("an offline run needs positive lengths, requests, batch cap and tokens per step")
+    slots = min(max_sequences, num_requests, max_num_tokens)
+    steps = num_requests * (output_len + input_len / max_num_tokens) / slots
+    if steps > MAX_OFFLINE_STEPS:
+        raise ValueError(
+            f"an offline run of {num_requests:,} requests at {slots:,} sequences per step takes about "
+            f"{steps:,.0f} forwards (at most {MAX_OFFLINE_STEPS:,} are simulated): fewer requests or a larger batch"
+        )
     joins: defaultdict[int, int] = defaultdict(int)  # sequences starting to decode at a step
     leaves: defaultdict[int, int] = defaultdict(int)  # sequences whose last token is at a step
     batches: list[int] = []
