@@ -99,6 +99,23 @@ def test_vectorized_and_scalar_evaluation_agree() -> None:
         assert float(plan.memory.per_gpu.total_bytes) == pytest.approx(float(result.memory.total_bytes[i]), rel=1e-12)
 
 
+def test_deepspeed_03_zero3_evaluates_the_same_scalar_and_vectorized() -> None:
+    """DeepSpeed 0.3's list collectives and per-step regather of the persistent parameters, priced per layout over
+    arrays of shard groups, equal the scalar evaluation of each ZeRO-3 layout."""
+    from meshplan.reports.conditions import conditions_of
+
+    model = io.load_model("gpt3-175b")
+    cluster = resolve_cluster(gpu="a100-80gb", gpus=64)
+    conditions = conditions_of({"zero3_unit": "parameter", "zero3_grad_reduce": "all-reduce"})
+    work = Workload(seq_len=2048, global_batch=128, conditions=conditions)
+    result = search(model, cluster, work, headroom=0.0)
+    zero3 = np.flatnonzero(np.asarray(result.candidates.zero)[: result.feasible] == 3)
+    assert len(zero3) > 100
+    for i in np.random.default_rng(0).choice(zero3, size=10, replace=False):
+        plan = evaluate(model, cluster, result.candidates.layout(int(i)), work)
+        assert float(plan.step.step_time_s) == pytest.approx(float(result.step.step_time_s[i]), rel=1e-12)
+
+
 def test_ranked_fastest_first_and_all_fit() -> None:
     model = io.load_model("llama-3.1-70b")
     cluster = resolve_cluster(gpu="h200", gpus=64)

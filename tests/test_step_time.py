@@ -187,6 +187,36 @@ def test_listed_zero3_collectives_pay_a_view_and_a_copy_per_rank() -> None:
         assert b[op, phase] == pytest.approx((call_s + host, count, size), rel=1e-12)
 
 
+def test_deepspeed_03_regathers_the_persistent_parameters_every_step() -> None:
+    """DeepSpeed 0.3 gathers its whole-kept biases and norms again after each optimizer step and unflattens them a
+    parameter and a rank at a time: GPT-3 holds 8 per layer (two LayerNorms' weight and bias, the fused QKV, output,
+    fc1 and fc2 biases) and the final norm's 2; each pays 6 host operations and 4 per rank of the 64, one launch
+    gap each, beside the list all_gather of 13 h elements per layer plus 2 h."""
+    from meshplan.core.comm.persistent import persistent_sizes
+    from meshplan.spec.workload import Framework
+
+    h = 12288
+    gpt3 = io.load_model("gpt3-175b")
+    assert sorted(persistent_sizes(gpt3, Framework.MEGATRON, moe_layer=False)) == sorted(
+        [h, h, 3 * h, h, h, h, 4 * h, h]
+    )
+    assert persistent_sizes(io.load_model("llama-3.1-8b"), Framework.TORCH, moe_layer=False) == (4096, 4096)
+    flat, listed = _zero3_plan("module", Recompute.FULL), _zero3_plan("parameter", Recompute.FULL)
+
+    def step_gathers(plan: object) -> list:
+        return [c for c in plan.collectives if c.strategy == "dp" and c.phase == "step" and c.count_per_step]  # type: ignore[attr-defined]
+
+    assert step_gathers(flat) == []
+    (call,) = step_gathers(listed)
+    assert float(call.count_per_step) == 1 and float(call.size_bytes) == (96 * 13 * h + 2 * h) * 2
+    gpu = resolve_cluster(gpu="a100-80gb", gpus=64).gpu
+    launch = gpu.calibration.kernel_overhead_s
+    per_byte = 1 / (gpu.hbm_bandwidth_bytes_per_s * gpu.calibration.hbm_efficiency)
+    listed_host = 64 * launch + max(64 * launch, 2 * float(call.size_bytes) * per_byte)
+    unflatten = (96 * 8 + 2) * (6 + 4 * 64) * launch
+    assert 0 < float(call.call_s) - listed_host - unflatten < 2e-3  # the wire: 26 MB over 8 nodes
+
+
 def test_zero3_gradients_all_reduced_in_buckets_move_twice_the_bytes() -> None:
     """DeepSpeed 0.3 without contiguous gradients: each unit's gradient all-reduced whole instead of
     reduce-scattered, as many calls of the same size, each slower than the reduce-scatter beside its six HBM

@@ -71,7 +71,8 @@ class Zero3Unit(StrEnum):
     PARAMETER = "parameter"
     """As module, through torch.distributed's list all_gather and reduce_scatter (DeepSpeed 0.3): each collective
     builds a view per rank of the group and copies every rank's slice to or from the flat buffer apart, two host
-    operations per rank, each a launch gap."""
+    operations per rank, each a launch gap; and after every optimizer step the persistent parameters (biases and
+    norms below 1e5 elements) are gathered again and unflattened a parameter and a rank at a time."""
 
 
 class Zero3GradReduce(StrEnum):

@@ -14,6 +14,7 @@ from meshplan.core.comm.call import CollectiveCall, StageShape
 from meshplan.core.comm.call import make_call as _call
 from meshplan.core.comm.cost import Collective
 from meshplan.core.comm.patterns import PATTERNS
+from meshplan.core.comm.persistent import persistent_regather
 from meshplan.core.comm.tp import column_parallel_inputs
 from meshplan.core.num import Num, gcd, maximum, minimum, where
 from meshplan.core.placement import AxisPlacement
@@ -253,6 +254,33 @@ def _parameter_calls(
     ]
 
 
+def _persistent_call(
+    model: ModelSpec, lay: object, work: Workload, cl: Cluster, shard_p: AxisPlacement, st: StageShape, part: DpPart
+) -> CollectiveCall:
+    """DeepSpeed 0.3's regather of the persistent parameters at the end of every optimizer step: one list
+    all_gather, then the host unflattens it a parameter and a rank at a time (core/comm/persistent.py), one launch
+    gap per tensor operation, with the device idle until the step returns."""
+    zero3 = lay.zero == ZeroStage.PARAMETERS  # type: ignore[attr-defined]
+    regather = persistent_regather(
+        model, work.framework, dense_layers=st.dense_layers, moe_layers=st.moe_layers, head=bool(st.head),
+        group=part.shard_group,
+    )  # fmt: skip
+    size = regather.elements * gather_bytes(work.precision)
+    return _call(
+        part.strategy,
+        Collective.ALL_GATHER,
+        shard_p,
+        cl,
+        phase="step",
+        size=size,
+        per_micro_batch=False,
+        count=part.issued * where(zero3 & (part.shard_group > 1), 1, 0),
+        host_s=listed_host_s(part, size=size, passes=0) + regather.host_ops * part.rank_op_s,
+        group=part.shard_group,
+        inner=part.shard_inner,
+    )
+
+
 def dp_calls(
     model: ModelSpec, lay: object, work: Workload, cl: Cluster, pl: dict[str, AxisPlacement], st: StageShape
 ) -> list[CollectiveCall]:
@@ -266,6 +294,8 @@ def dp_calls(
     for part in _parts(model, lay, work, cl, pl, st):
         calls += _gradient_calls(part, lay, work, cl, pl, m=st.micro_batches, native=native)
         calls += _parameter_calls(part, lay, work, cl, pl, m=st.micro_batches, native=native)
+        if part.strategy == "dp" and work.conditions.zero3_unit is Zero3Unit.PARAMETER and not native:
+            calls.append(_persistent_call(model, lay, work, cl, pl["dp_shard"], st, part))
     if native:
         shard_p, rep_p, cp_p = pl["dp_shard"], pl["dp_replicate"], pl["cp"]
         shard, shard_inner = shard_p.size * cp_p.size, shard_p.inner * cp_p.inner
