@@ -23,6 +23,7 @@ import numpy as np
 
 from meshplan.core import finetune, pipeline
 from meshplan.core.comm import CollectiveCall, StageShape, dp_calls, model_parallel_calls
+from meshplan.core.comm.cost import Collective
 from meshplan.core.compute import LOSS_BYTES, MEGATRON_CE_BYTES, ComputeSetup, LayerTime, head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
 from meshplan.core.groups import DATA_PARALLEL_SPLIT, model_parallel_groups, spread, take_rows
@@ -345,33 +346,50 @@ def _stage_shape(
 
 
 def _exposed_per_micro_batch(
-    calls: list[CollectiveCall], times: StageTimes, *, copies: int, m: Num, cluster: Cluster, work: Workload
+    calls: list[CollectiveCall],
+    times: StageTimes,
+    *,
+    copies: int,
+    m: Num,
+    cluster: Cluster,
+    work: Workload,
+    lay: LayoutLike,
 ) -> dict[str, Num]:
     """Per micro-batch TP, CP and EP traffic left exposed by the compute each hides behind, by phase.
 
-    Forward TP traffic hides behind half the weight-gradient time, backward behind all of it; CP behind the
-    attention core; EP behind the whole forward or backward.
+    Forward TP traffic hides behind half the weight-gradient time, backward behind all of it; CP's block sends
+    behind the attention core (the recomputed forward's too under full recompute), PyTorch's all-gathered K/V
+    behind the first of the cp blocks alone; EP behind the whole forward or backward.
     """
     cal = cluster.gpu.calibration
     eff = cal.overlap_efficiency
 
-    def per_mb(strategies: tuple[str, ...], phase: str, overlappable: bool) -> Num:
+    def per_mb(strategies: tuple[str, ...], phase: str, overlappable: bool, ops: tuple[Collective, ...] = ()) -> Num:
         total: Num = 0.0
         for c in calls:
-            if c.strategy in strategies and c.phase == phase:
+            if c.strategy in strategies and c.phase == phase and (not ops or c.op in ops):
                 total = total + where(c.overlappable == overlappable, c.time_s, 0.0)
         return total / m
 
     def exposed(strategies: tuple[str, ...], phase: str, behind: Num, efficiency: float = eff) -> Num:
         return per_mb(strategies, phase, False) + _hidden(per_mb(strategies, phase, True), behind, True, efficiency)
 
+    def cp_exposed(phase: str, attention: Num) -> Num:
+        sends = per_mb(("cp",), phase, True, (Collective.SEND_RECV,))
+        gathers = per_mb(("cp",), phase, True, (Collective.ALL_GATHER,))
+        first_block = attention / maximum(lay.cp, 1)
+        hidden = _hidden(sends, attention, True, eff) + _hidden(gathers, first_block, True, eff)
+        return per_mb(("cp",), phase, False) + hidden
+
+    forwards = where(lay.recompute == Recompute.FULL, 2, 1)  # the recomputed forward exchanges K/V again
+
     wgrad = times.weight_grad_s * copies
     tp_eff = cal.tp_overlap_efficiency if work.overlap.tp else eff
     return {
         "tp_f": exposed(("tp", "sp"), "forward", wgrad / 2, tp_eff),
         "tp_b": exposed(("tp", "sp"), "backward", wgrad, tp_eff),
-        "cp_f": exposed(("cp",), "forward", times.attention_fwd_s * copies),
-        "cp_b": exposed(("cp",), "backward", times.attention_bwd_s * copies),
+        "cp_f": cp_exposed("forward", times.attention_fwd_s * copies * forwards),
+        "cp_b": cp_exposed("backward", times.attention_bwd_s * copies),
         # the experts' TP gathers sit on the dispatch path
         "ep_f": exposed(("ep", "etp"), "forward", times.fwd_compute_s * copies),
         "ep_b": exposed(("ep", "etp"), "backward", times.bwd_compute_s * copies),
@@ -410,7 +428,7 @@ def _model_parallel_step(
     times = stage_times(model, lay, work, cluster, stages=stages)
     shape = _stage_shape(model, params, lay, work, stages=stages, times=times, copies=copies, m=m)
     calls = model_parallel_calls(model, lay, work, cluster, placement, shape)
-    x = _exposed_per_micro_batch(calls, times, copies=copies, m=m, cluster=cluster, work=work)
+    x = _exposed_per_micro_batch(calls, times, copies=copies, m=m, cluster=cluster, work=work, lay=lay)
     fwd_c, bwd_c = times.fwd_compute_s * copies, times.bwd_compute_s * copies
     cal = cluster.gpu.calibration
     # the fixed chunk cost is the host synchronize after each send (Megatron-LM's batch_isend_irecv path)

@@ -14,6 +14,7 @@ from meshplan import io
 from meshplan.spec import requests
 from meshplan.spec.conditions import (
     Conditions,
+    CpRotate,
     Fp8Recipe,
     LossKind,
     Selective,
@@ -100,6 +101,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         zero3_unit=Zero3Unit(resolved.get("zero3_unit") or "layer"),
         zero3_grad_reduce=Zero3GradReduce(resolved.get("zero3_grad_reduce") or "reduce-scatter"),
         repeat_kv=_on(resolved.get("repeat_kv"), False),
+        cp_rotate=CpRotate(resolved.get("cp_rotate") or "alltoall"),
         fsdp_copies=_on(resolved.get("fsdp_copies"), False),
         pp_host_sync=_on(resolved.get("pp_host_sync"), True),
         loss_fusion=_on(resolved.get("loss_fusion"), True),

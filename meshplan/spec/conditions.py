@@ -86,6 +86,19 @@ class Zero3GradReduce(StrEnum):
     flatten the bucket, divide by the group size, all_reduce, copy back)."""
 
 
+class CpRotate(StrEnum):
+    """How PyTorch's ring attention (torch.distributed.tensor.experimental context_parallel) moves the K/V blocks
+    (its ``_cp_options.rotate_method``; torchtitan's --experimental.context_parallel_rotate_method)."""
+
+    ALLTOALL = "alltoall"
+    """Each ring step sends the block in hand to the next rank (``_AllToAllRotater``: ``permute_tensor``, an
+    all_to_all_single), waited for before the next step: every exchange hides behind one block's attention."""
+    ALLGATHER = "allgather"
+    """One all-gather of every rank's K/V block, issued before the first block's attention and waited for before
+    the second (``_AllGatherRotater``): it hides behind the first block alone. PyTorch's default
+    (``_ContextParallelOptions.rotate_method``) and torchtitan's since its rotate option (Dec. 2024)."""
+
+
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj")
 """Megatron-Core's --recompute-modules names."""
 
@@ -161,6 +174,9 @@ class Conditions:
     repeat_kv: bool = False
     """The attention receives K and V repeated to one head per query head (torchtitan's Llama calls repeat_kv
     before SDPA): context parallelism then passes them, and their gradients, at the query heads' width."""
+    cp_rotate: CpRotate = CpRotate.ALLTOALL
+    """How PyTorch's ring attention passes K/V blocks: block by block, or one all-gather after the first block
+    (read only with the ring of PyTorch-native stacks; Megatron's ring is block by block)."""
     loss_fusion: bool = True
     """The framework's loss is fused (Megatron's --cross-entropy-loss-fusion, on in NeMo 2 and Megatron-Bridge):
     about four fp32 passes over the logits (compute.LOSS_BYTES); False: Megatron-LM's default, its unfused

@@ -665,6 +665,16 @@ FIELDS: tuple[Field, ...] = (
         "the attention gets K/V repeated to one head per query head (torchtitan's Llama: repeat_kv before SDPA); "
         "context parallelism passes them at that width",
     ),
+    Field(
+        name="cp_rotate",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("alltoall", "allgather"),
+        help="PyTorch's ring CP: pass each K/V block to the next rank per step (alltoall; default) or all-gather "
+        "every block once, hidden behind the first block's attention only (allgather: PyTorch's and torchtitan's "
+        "rotate_method default)",
+    ),
     _switch("overlap_dp", "data-parallel gradient reduction overlaps backward"),
     _switch("overlap_param_gather", "ZeRO/FSDP parameter all-gather overlaps compute"),
     _switch("overlap_tp", "TP communication overlaps its matmuls (Megatron --tp-comm-overlap, async TP)"),

@@ -14,7 +14,7 @@ _templated_ring_attention_backward, _SDPAMerger, _partial_update).
 
 from __future__ import annotations
 
-from meshplan.core.num import Num, where
+from meshplan.core.num import Num, maximum, where
 
 MERGE_BYTES = (38.0 + 27.0) / 2
 """Bytes per output element of one merged block, forward, averaged over the ranks' two kinds of block. Whole:
@@ -35,6 +35,13 @@ back (6); per K or V element: zeroed (4), the first block added (10), concatenat
 K and V made contiguous and concatenated again (8)."""
 
 
+STEP_CAT_KV_BYTES = 8.0
+"""Per K or V element, each ring step but the last after the first: the loop concatenates the block in hand into
+one flat buffer (``next_kv = torch.cat([key.flatten(), value.flatten()])``, read 2 and write 2 bytes for each of
+K and V) at every step i < cp - 1, forward and backward, whether the rotater sends it or, all-gathering once,
+drops it; ``FIXED_FWD_KV`` and ``FIXED_BWD_KV`` count the first."""
+
+
 def ring_merge_time(*, q_elements: Num, kv_elements: Num, cp: Num, hbm: float) -> tuple[Num, Num]:
     """(forward, backward) seconds of one layer's ring merging over ``cp`` ranks (0 without CP).
 
@@ -42,7 +49,8 @@ def ring_merge_time(*, q_elements: Num, kv_elements: Num, cp: Num, hbm: float) -
     or V elements as the attention gets them (repeated to the query heads or not).
     """
     later = cp - 1
-    fwd = later * MERGE_BYTES * q_elements + FIXED_FWD_Q * q_elements + FIXED_FWD_KV * kv_elements
+    cats = maximum(cp - 2, 0.0) * STEP_CAT_KV_BYTES * kv_elements
+    fwd = later * MERGE_BYTES * q_elements + FIXED_FWD_Q * q_elements + FIXED_FWD_KV * kv_elements + cats
     bwd = later * (GRAD_Q_BYTES * q_elements + 2 * GRAD_KV_BYTES * kv_elements)
-    bwd = bwd + FIXED_BWD_Q * q_elements + FIXED_BWD_KV * kv_elements
+    bwd = bwd + FIXED_BWD_Q * q_elements + FIXED_BWD_KV * kv_elements + cats
     return where(cp > 1, fwd / hbm, 0.0), where(cp > 1, bwd / hbm, 0.0)
