@@ -132,3 +132,28 @@ def test_mixtral_8x7b_active_params() -> None:
     active = count_params(load_model("mixtral-8x7b")).active_per_token
     assert active == pytest.approx(12.9e9, rel=0.01)
     assert active == 46_702_792_704 - 32 * 6 * 3 * 4096 * 14336
+
+
+# The Megatron-LM README's H100 weak-scaling table (images/model_table.png at core_r0.8.0) names each model by
+# its size in billions; its shapes alone do not say whether the output layer shares the input embedding.
+MEGATRON_WEAK_SIZES = {
+    "1.7b": 1.7, "7.1b": 7.1, "16b": 16, "32b": 32, "70b": 70, "119b": 119, "177b": 177, "314b": 314, "462b": 462,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("size", sorted(MEGATRON_WEAK_SIZES))
+def test_megatron_weak_scaling_sizes_are_untied(size: str) -> None:
+    """Each stated size is the count with a separate output layer (12 L h^2 + 2 V h + ...: 1.75B for "1.7B",
+    where a tied one would be 1.49B), closer than the tied count for all nine."""
+    import dataclasses
+
+    model = load_model(f"megatron-gpt-{size}")
+    stated = MEGATRON_WEAK_SIZES[size] * 1e9
+    untied = count_params(model).total
+    tied = count_params(dataclasses.replace(model, tied_embeddings=True)).total
+    L, h, V = model.num_layers, model.hidden, model.vocab_size
+    assert untied - tied == V * h  # the output layer's weight, once more
+    assert not model.tied_embeddings
+    assert abs(untied / stated - 1) < 0.035
+    assert abs(untied - stated) < abs(tied - stated)
+    assert abs(12 * L * h * h + 2 * V * h - untied) / untied < 0.01  # the back-of-envelope count
