@@ -29,6 +29,12 @@ from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.profile import IDENTITY, Profile, apply_profile, parse_profile
 
 TUNABLE = {"micro_batch": (1, 2, 4, 8, 16, 32), "vpp": (1, 2, 3, 4, 5, 6, 8)}
+VPP_CHUNKS = ("whole-layers", "any")
+"""How a source's stack cuts a pipeline stage into its ``vpp`` chunks when ``vpp`` is tuned: "whole-layers" (the
+default), only into chunks of whole layers: Megatron-LM of 2021 and Megatron-Core r0.8 build num_layers / (pp vpp)
+layers per chunk and refuse a remainder (megatron/training/arguments.py, num_layers_per_virtual_pipeline_stage), so
+the tuned values are the divisors of the layers per stage; "any": chunks of unequal sizes, as a stack that cuts
+stages unevenly runs them (the tuned values of ``TUNABLE``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,8 +76,9 @@ def _model(case: dict[str, Any]) -> ModelSpec:
     return model
 
 
-RUN_KEYS = ("id", "measured", "tune", "delta_from", "model", "model_overrides", "layout")
-"""Keys of a run that are not schema fields: what it is, what was measured, what the source tuned, the model as
+RUN_KEYS = ("id", "measured", "tune", "vpp_chunks", "delta_from", "model", "model_overrides", "layout")
+"""Keys of a run that are not schema fields: what it is, what was measured, what the source tuned (and how its
+stack cuts virtual pipeline chunks, ``VPP_CHUNKS``), the model as
 the paper states it, and the layout (a table of the schema's layout fields). Every other key is a schema field,
 given as a user would type it (``meshplan estimate --overlap-dp off ...``)."""
 
@@ -150,6 +157,12 @@ def _candidates(case: dict[str, Any]) -> list[dict[str, Any]]:
     tune = case.get("tune", [])
     base = dict(case["layout"])
     options = [TUNABLE[name] for name in tune]
+    chunks = case.get("vpp_chunks", VPP_CHUNKS[0])
+    if chunks not in VPP_CHUNKS:
+        raise ValueError(f"run {case['id']!r}: vpp_chunks must be one of {', '.join(VPP_CHUNKS)}, not {chunks!r}")
+    if "vpp" in tune and chunks == "whole-layers":
+        per_stage = _model(case).num_layers // base.get("pp", 1)
+        options[tune.index("vpp")] = tuple(v for v in range(1, per_stage + 1) if per_stage % v == 0)
     out = []
     for values in itertools.product(*options):
         lay = dict(base, **dict(zip(tune, values, strict=True)))
