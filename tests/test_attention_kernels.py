@@ -149,6 +149,38 @@ def test_each_selective_policy_repeats_what_it_recomputes() -> None:
     assert selective_redo_s(lt, Selective.MODULES, ("core_attn", "mlp")) == pytest.approx(core + lt.mlp_gemm_s)
 
 
+def test_megatron_recompute_modules_repeat_their_own_matmuls() -> None:
+    """Megatron-Core's --recompute-modules on DeepSeek-V3 (MLA, MoE with a shared expert): mlp repeats a dense
+    layer's MLP only (TransformerLayer sets recompute_mlp where the MLP is not a MoELayer), moe the whole MoE
+    block, shared_experts the shared expert's two matmuls, mla_up_proj the query and key/value up-projections."""
+    g = io.load_gpu("h100-sxm")
+    setup = ComputeSetup(
+        peak_flops=g.peak(DType.BF16),
+        bf16_peak_flops=g.peak(DType.BF16),
+        hbm_bytes_per_s=g.hbm_bandwidth_bytes_per_s,
+        cal=g.calibration,
+        act_bytes=2.0,
+    )
+    model = io.load_model("deepseek-v3")
+    common = dict(setup=setup, tokens=4096, seq_len=4096, tp=2, sp=True, ep=64)
+    dense = layer_time(model, moe_layer=False, **common)  # type: ignore[arg-type]
+    moe = layer_time(model, moe_layer=True, **common)  # type: ignore[arg-type]
+    mods = Selective.MODULES
+    assert selective_redo_s(dense, mods, ("mlp",)) == pytest.approx(dense.mlp_gemm_s)
+    assert selective_redo_s(moe, mods, ("mlp",), moe_layer=True) == 0.0
+    assert selective_redo_s(moe, mods, ("moe",), moe_layer=True) == pytest.approx(moe.mlp_gemm_s)
+    assert 0 < moe.shared_gemm_s < moe.mlp_gemm_s
+    assert selective_redo_s(moe, mods, ("shared_experts",), moe_layer=True) == pytest.approx(moe.shared_gemm_s)
+    # q_up (q_lora_rank 1,536 -> 128 heads x 192 / tp) and kv_up (kv_lora_rank 512 -> 128 x 256 / tp): their FLOPs
+    # are 1,536 x 12,288 + 512 x 16,384 per token of the attention's matmuls
+    up_flops = 2 * 4096 * (1536 * 128 * 192 + 512 * 128 * 256) / 2
+    assert dense.mla_up_gemm_s > up_flops / (setup.peak_flops * setup.cal.matmul_efficiency_max)
+    assert dense.mla_up_gemm_s < dense.gemm_s - dense.mlp_gemm_s
+    up = selective_redo_s(dense, mods, ("mla_up_proj",))
+    assert up == pytest.approx(dense.mla_up_gemm_s)
+    assert selective_redo_s(dense, mods, ("mla_up_proj", "mlp")) == pytest.approx(up + dense.mlp_gemm_s)
+
+
 def _stage(recompute: Recompute, conditions: Conditions):  # type: ignore[no-untyped-def]
     model = io.load_model("llama-2-13b")
     from meshplan.reports.inputs import resolve_cluster

@@ -57,6 +57,22 @@ def test_all_gather_bytes_halved() -> None:
     assert _all_gathers(plain) == pytest.approx(bf16, rel=1e-12)  # the recipe alone gathers in bf16
 
 
+def test_distributed_optimizer_gathers_fp8_parameters() -> None:
+    """ZeRO-1 with FP8 parameters (Megatron's --fp8-param-gather under the distributed optimizer): the all-gather
+    after the optimizer step carries 1 byte a parameter instead of 2; the gradients' reduce-scatter is unchanged."""
+
+    def step_calls(conditions: Conditions) -> dict[str, float]:
+        work = Workload(seq_len=4096, global_batch=8, precision=PRECISIONS["fp8"], conditions=conditions)
+        plan = evaluate(
+            LLAMA_8B, resolve_cluster(gpu="h100-sxm", gpus=8), Layout(zero=ZeroStage.OPTIMIZER, dp_shard=8), work
+        )
+        return {c.op.name: float(c.size_bytes) for c in plan.collectives if c.strategy == "dp"}
+
+    bf16, fp8 = step_calls(TENSORWISE), step_calls(GATHER_FP8)
+    assert fp8["ALL_GATHER"] == pytest.approx(bf16["ALL_GATHER"] / 2, rel=1e-12)
+    assert fp8["REDUCE_SCATTER"] == pytest.approx(bf16["REDUCE_SCATTER"], rel=1e-12)
+
+
 def test_refused_combinations() -> None:
     with pytest.raises(ValueError, match="needs fp8_recipe tensorwise"):
         Conditions(fp8_recipe=Fp8Recipe.ROWWISE, fp8_all_gather=True)

@@ -66,6 +66,11 @@ class LayerTime:
     """The weight-gradient matmuls of backward (the adapters' alone when the base is frozen)."""
     op_sac_gemm_s: Num
     """The matmuls torchtitan's per-op selective checkpointing recomputes (``pytorch.overheads.op_sac_share``)."""
+    mla_up_gemm_s: Num = 0.0
+    """MLA's query and key/value up-projections (q_up, kv_up), of ``gemm_s``: what Megatron's selective
+    recompute of ``mla_up_proj`` repeats."""
+    shared_gemm_s: Num = 0.0
+    """The shared experts' matmuls, of ``mlp_gemm_s`` (MoE layers): what recompute of ``shared_experts`` repeats."""
     shard_copy_fwd_s: Num = 0.0
     """FSDP2's copies on the compute stream around the layer's forward (``shard_copy_bytes``), not recomputed."""
     shard_copy_bwd_s: Num = 0.0
@@ -386,6 +391,7 @@ def layer_time(
         )
         gemm_s = gemm_s + dequant  # before the forward matmul; the backward matmul below pays it again
     weight_grad = 2 * adapter_fwd if (frozen or adapted) else gemm_s
+    by_name = {g.name: t for g, t in zip(gemms, times, strict=True)}
     backward = gemm_s + weight_grad + 2 * adapter_fwd + attn_bwd + 2 * memory_s + 2 * launch + cast_bwd
     return LayerTime(
         gemm_s=gemm_s,
@@ -395,6 +401,8 @@ def layer_time(
         backward_s=backward,
         weight_grad_s=weight_grad,
         op_sac_gemm_s=op_sac,
+        mla_up_gemm_s=by_name.get("q_up", 0.0) + by_name.get("kv_up", 0.0),
+        shared_gemm_s=by_name.get("shared_up", 0.0) + by_name.get("shared_down", 0.0),
         attention_core_fwd_s=attn_fwd,
         attention_core_bwd_s=attn_bwd,
         shard_copy_fwd_s=weights * shard_copy_bytes[0] / hbm,

@@ -196,23 +196,30 @@ def _unfused_megatron_loss(work: Workload) -> bool:
     return work.framework is Framework.MEGATRON and cond.loss is LossKind.FRAMEWORK and not cond.loss_fusion
 
 
-def selective_redo_s(lt: LayerTime, policy: Selective, modules: tuple[str, ...]) -> Num:
+def selective_redo_s(lt: LayerTime, policy: Selective, modules: tuple[str, ...], *, moe_layer: bool = False) -> Num:
     """Forward time one layer repeats in backward under ``--recompute selective``, as each stack defines it.
 
-    Megatron: the attention core (Korthikanti et al. 2022 Sec. 5), or its --recompute-modules (the core; the
-    elementwise work for layernorm or moe_act, all of it: an upper bound; the MLP's or experts' matmuls for mlp
-    or moe). torchtitan's per-op policy
-    recomputes every second matmul (wk, wo, w3) and all the elementwise work but saves the attention output; its
-    per-layer policy (ac_freq 2) recomputes every second layer whole.
+    Megatron: the attention core (Korthikanti et al. 2022 Sec. 5), or its --recompute-modules, module by module
+    as Megatron-Core's TransformerLayer and MLASelfAttention checkpoint them: core_attn the attention core;
+    layernorm or moe_act the elementwise work, all of it (an upper bound); mlp a dense layer's MLP matmuls only
+    (``recompute_mlp`` is set only where the layer's MLP is not a MoELayer); moe the MoE block's matmuls;
+    shared_experts the shared experts' matmuls; mla_up_proj MLA's query and key/value up-projections
+    (``qkv_up_proj_and_rope_apply``: linear_q_up_proj and linear_kv_up_proj, the rotary part elementwise and
+    left out). torchtitan's per-op policy recomputes every second matmul (wk, wo, w3) and all the elementwise
+    work but saves the attention output; its per-layer policy (ac_freq 2) recomputes every second layer whole.
     """
     if policy is Selective.OP:
         return lt.op_sac_gemm_s + lt.memory_s
     if policy is Selective.LAYER:
         return lt.forward_s / 2
     if policy is Selective.MODULES:
-        core = lt.attention_core_fwd_s if "core_attn" in modules else 0.0
-        elementwise = lt.memory_s if {"layernorm", "moe_act"} & set(modules) else 0.0
-        return core + elementwise + (lt.mlp_gemm_s if {"mlp", "moe"} & set(modules) else 0.0)
+        mods = set(modules)
+        core = lt.attention_core_fwd_s if "core_attn" in mods else 0.0
+        elementwise = lt.memory_s if {"layernorm", "moe_act"} & mods else 0.0
+        block = "moe" if moe_layer else "mlp"
+        mlp = lt.mlp_gemm_s if block in mods else (lt.shared_gemm_s if "shared_experts" in mods else 0.0)
+        up = lt.mla_up_gemm_s if "mla_up_proj" in mods else 0.0
+        return core + elementwise + mlp + up
     return lt.attention_core_fwd_s
 
 
@@ -228,7 +235,7 @@ def _stage_values(kinds: LayerKinds, lay: LayoutLike, work: Workload, row: Stage
         1.0 if cond.recompute_layers is None else minimum(cond.recompute_layers, row.layers) / maximum(row.layers, 1)
     )
     selective = n_dense * selective_redo_s(dense, cond.selective, cond.recompute_modules) + n_moe * selective_redo_s(
-        moe, cond.selective, cond.recompute_modules
+        moe, cond.selective, cond.recompute_modules, moe_layer=True
     )
     recompute = lay.recompute
     redo = where(recompute == Recompute.FULL, full_share * fwd, where(recompute == Recompute.SELECTIVE, selective, 0.0))

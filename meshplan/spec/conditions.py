@@ -161,8 +161,9 @@ class Conditions:
     fp8_recipe: Fp8Recipe | None = None
     """The FP8 scaling recipe, when the precision computes in FP8; None: not stated."""
     fp8_all_gather: bool = False
-    """FSDP / ZeRO-3 all-gathers the layers' matmul weights in FP8 (1 byte a parameter instead of 2): torchao's
-    enable_fsdp_float8_all_gather, tensorwise scaling only."""
+    """Parameter all-gathers carry the layers' matmul weights in FP8 (1 byte a parameter instead of 2): FSDP /
+    ZeRO-3's (torchao's enable_fsdp_float8_all_gather) and ZeRO-1/2's after the optimizer step (Megatron's
+    --fp8-param-gather with the distributed optimizer); tensorwise scaling only."""
     zero3_unit: Zero3Unit = Zero3Unit.LAYER
     """What one ZeRO-3 collective carries: a layer (FSDP) or one weight matrix (DeepSpeed, flat or listed)."""
     zero3_grad_reduce: Zero3GradReduce = Zero3GradReduce.REDUCE_SCATTER

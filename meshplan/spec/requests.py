@@ -652,8 +652,9 @@ FIELDS: tuple[Field, ...] = (
     ),
     _switch(
         "fp8_all_gather",
-        "FSDP / ZeRO-3 all-gathers the layers' weights in FP8, half the bytes of bf16 (torchao "
-        "enable_fsdp_float8_all_gather; needs --fp8-recipe tensorwise)",
+        "parameter all-gathers carry the layers' weights in FP8, half the bytes of bf16: FSDP / ZeRO-3's (torchao "
+        "enable_fsdp_float8_all_gather) and ZeRO-1/2's after the step (Megatron --fp8-param-gather); needs "
+        "--fp8-recipe tensorwise",
     ),
     _switch(
         "fsdp_copies",

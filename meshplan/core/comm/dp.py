@@ -217,8 +217,8 @@ def _bucket_all_reduce(part: DpPart, cl: Cluster, shard_p: AxisPlacement, *, gra
 def _parameter_calls(
     part: DpPart, lay: object, work: Workload, cl: Cluster, pl: dict[str, AxisPlacement], *, m: Num, native: bool
 ) -> list[CollectiveCall]:
-    """Parameter gathers: ZeRO-1/2's after the step; ZeRO-3's before each unit's forward and backward (and again
-    before its recomputed forward when each matrix is fetched on its own)."""
+    """Parameter gathers: ZeRO-1/2's after the step (in FP8 with ``fp8_all_gather``); ZeRO-3's before each unit's
+    forward and backward (and again before its recomputed forward when each matrix is fetched on its own)."""
     zero = lay.zero  # type: ignore[attr-defined]
     zero3 = (zero == ZeroStage.PARAMETERS) & where(native, False, True)
     by_matrix = work.conditions.zero3_unit is not Zero3Unit.LAYER
@@ -232,7 +232,9 @@ def _parameter_calls(
             shard_p,
             cl,
             phase="step",
-            size=part.trained * gather_bytes(work.precision),  # the updated parameters: only what trains
+            # the updated parameters, only what trains; in FP8 where the parameter buffer holds FP8 weights
+            # (Megatron's --fp8-param-gather: the distributed optimizer casts its shard and gathers 1 byte each)
+            size=part.trained * gather_bytes(work.precision, fp8=work.conditions.fp8_all_gather),
             per_micro_batch=False,
             count=part.issued * where((zero == ZeroStage.OPTIMIZER) | (zero == ZeroStage.GRADIENTS), 1, 0),
             **sharded,
