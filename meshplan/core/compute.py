@@ -71,6 +71,9 @@ class LayerTime:
     recompute of ``mla_up_proj`` repeats."""
     shared_gemm_s: Num = 0.0
     """The shared experts' matmuls, of ``mlp_gemm_s`` (MoE layers): what recompute of ``shared_experts`` repeats."""
+    tail_gemm_s: Num = 0.0
+    """The layer's last matmul, the dense MLP's down projection, of ``mlp_gemm_s``: what full recompute with
+    PyTorch's non-reentrant early stop does not repeat (``Conditions.recompute_early_stop``); 0 in MoE layers."""
     shard_copy_fwd_s: Num = 0.0
     """FSDP2's copies on the compute stream around the layer's forward (``shard_copy_bytes``), not recomputed."""
     shard_copy_bwd_s: Num = 0.0
@@ -403,6 +406,7 @@ def layer_time(
         op_sac_gemm_s=op_sac,
         mla_up_gemm_s=by_name.get("q_up", 0.0) + by_name.get("kv_up", 0.0),
         shared_gemm_s=by_name.get("shared_up", 0.0) + by_name.get("shared_down", 0.0),
+        tail_gemm_s=by_name.get("mlp_down", 0.0),
         attention_core_fwd_s=attn_fwd,
         attention_core_bwd_s=attn_bwd,
         shard_copy_fwd_s=weights * shard_copy_bytes[0] / hbm,

@@ -237,8 +237,12 @@ def _stage_values(kinds: LayerKinds, lay: LayoutLike, work: Workload, row: Stage
     selective = n_dense * selective_redo_s(dense, cond.selective, cond.recompute_modules) + n_moe * selective_redo_s(
         moe, cond.selective, cond.recompute_modules, moe_layer=True
     )
+    # PyTorch's non-reentrant checkpoint stops before the block's last matmul (Conditions.recompute_early_stop)
+    tail = n_dense * dense.tail_gemm_s + n_moe * moe.tail_gemm_s if cond.recompute_early_stop else 0.0
     recompute = lay.recompute
-    redo = where(recompute == Recompute.FULL, full_share * fwd, where(recompute == Recompute.SELECTIVE, selective, 0.0))
+    redo = where(
+        recompute == Recompute.FULL, full_share * (fwd - tail), where(recompute == Recompute.SELECTIVE, selective, 0.0)
+    )
     last = row.head == 1
     bwd = n_dense * dense.backward_s + n_moe * moe.backward_s
     wgrad = n_dense * dense.weight_grad_s + n_moe * moe.weight_grad_s
@@ -580,9 +584,12 @@ def _optimizer_time(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: 
 
 def _recompute_factor(model: ModelSpec, recompute: Num, work: Workload) -> Num:
     """Hardware over model FLOPs: full recompute adds a forward (1/3 of full training's FLOPs, 1/2 of a frozen
-    base's), selective the attention scores' forward."""
+    base's), less the dense MLPs' down projections under PyTorch's early stop; selective the attention scores'
+    forward."""
     per_token = model_flops_per_token(model, seq_len=work.seq_len, finetune=work.finetune)
     forward = model_flops_per_token(model, seq_len=work.seq_len) / 3
+    if work.conditions.recompute_early_stop:
+        forward = forward - 2 * model.hidden * model.ffn_hidden * model.num_dense_mlp_layers
     attention_fwd = 2 * model.num_layers * model.num_heads * model.score_value_width * work.seq_len
     return where(
         recompute == Recompute.FULL,

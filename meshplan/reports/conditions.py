@@ -101,6 +101,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         zero3_unit=Zero3Unit(resolved.get("zero3_unit") or "layer"),
         zero3_grad_reduce=Zero3GradReduce(resolved.get("zero3_grad_reduce") or "reduce-scatter"),
         repeat_kv=_on(resolved.get("repeat_kv"), False),
+        recompute_early_stop=_on(resolved.get("recompute_early_stop"), False),
         cp_rotate=CpRotate(resolved.get("cp_rotate") or "alltoall"),
         fsdp_copies=_on(resolved.get("fsdp_copies"), False),
         pp_host_sync=_on(resolved.get("pp_host_sync"), True),

@@ -175,6 +175,12 @@ class Conditions:
     repeat_kv: bool = False
     """The attention receives K and V repeated to one head per query head (torchtitan's Llama calls repeat_kv
     before SDPA): context parallelism then passes them, and their gradients, at the query heads' width."""
+    recompute_early_stop: bool = False
+    """Full recompute is PyTorch's non-reentrant checkpoint (torch.utils.checkpoint, use_reentrant=False) with its
+    early stop (on by default since PyTorch 2.1): the re-forward stops as soon as every tensor the block's
+    backward needs is back, and autograd saves an op's inputs before it runs the op, so the block's last matmul
+    (the MLP's down projection, whose inputs are the last tensors saved) is never recomputed. False: the whole
+    forward is repeated (Megatron's reentrant checkpoint, the reentrant torch.utils.checkpoint)."""
     cp_rotate: CpRotate = CpRotate.ALLTOALL
     """How PyTorch's ring attention passes K/V blocks: block by block, or one all-gather after the first block
     (read only with the ring of PyTorch-native stacks; Megatron's ring is block by block)."""

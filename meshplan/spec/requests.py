@@ -666,6 +666,11 @@ FIELDS: tuple[Field, ...] = (
         "the attention gets K/V repeated to one head per query head (torchtitan's Llama: repeat_kv before SDPA); "
         "context parallelism passes them at that width",
     ),
+    _switch(
+        "recompute_early_stop",
+        "full recompute is PyTorch's non-reentrant checkpoint, which stops re-running a block once every tensor "
+        "its backward saved is back: the block's last matmul (the MLP's down projection) is not recomputed",
+    ),
     Field(
         name="cp_rotate",
         type=str,
