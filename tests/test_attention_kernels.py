@@ -102,17 +102,21 @@ def test_every_catalog_gpu_has_tables_for_its_kernels(gpu: str) -> None:
         assert 0.2 < fwd * cal.attention_scale < 0.8 and 0 < bwd < fwd
 
 
-def _layer(attention: Attention, kernels: Kernels, gpu: str = "h100-sxm", seq: int = 8192):  # type: ignore[no-untyped-def]
+def _setup(gpu: str = "h100-sxm", **kwargs: object) -> ComputeSetup:
+    """bf16 compute on ``gpu`` with its catalog constants (``kwargs``: the kernels, the attention kernel)."""
     g = io.load_gpu(gpu)
-    setup = ComputeSetup(
+    return ComputeSetup(
         peak_flops=g.peak(DType.BF16),
         bf16_peak_flops=g.peak(DType.BF16),
         hbm_bytes_per_s=g.hbm_bandwidth_bytes_per_s,
         cal=g.calibration,
         act_bytes=2.0,
-        kernels=kernels,
-        attention=attention,
+        **kwargs,  # type: ignore[arg-type]
     )
+
+
+def _layer(attention: Attention, kernels: Kernels, gpu: str = "h100-sxm", seq: int = 8192):  # type: ignore[no-untyped-def]
+    setup = _setup(gpu, kernels=kernels, attention=attention)
     model = io.load_model("llama-3.1-8b")
     return layer_time(model, setup=setup, tokens=seq, seq_len=seq, tp=1, sp=False, ep=1, moe_layer=False)
 
@@ -153,14 +157,7 @@ def test_megatron_recompute_modules_repeat_their_own_matmuls() -> None:
     """Megatron-Core's --recompute-modules on DeepSeek-V3 (MLA, MoE with a shared expert): mlp repeats a dense
     layer's MLP only (TransformerLayer sets recompute_mlp where the MLP is not a MoELayer), moe the whole MoE
     block, shared_experts the shared expert's two matmuls, mla_up_proj the query and key/value up-projections."""
-    g = io.load_gpu("h100-sxm")
-    setup = ComputeSetup(
-        peak_flops=g.peak(DType.BF16),
-        bf16_peak_flops=g.peak(DType.BF16),
-        hbm_bytes_per_s=g.hbm_bandwidth_bytes_per_s,
-        cal=g.calibration,
-        act_bytes=2.0,
-    )
+    setup = _setup()
     model = io.load_model("deepseek-v3")
     common = dict(setup=setup, tokens=4096, seq_len=4096, tp=2, sp=True, ep=64)
     dense = layer_time(model, moe_layer=False, **common)  # type: ignore[arg-type]
