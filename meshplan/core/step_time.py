@@ -529,12 +529,14 @@ def _sends_block(lay: LayoutLike, *, ov_pp: bool) -> Num:
 
 
 def _pp_exposed(calls: list[CollectiveCall], *, lay: LayoutLike, m: Num, ov_pp: bool, efficiency: float) -> Num:
-    """Pipeline sends on the critical path: every slot when blocking; when overlapped, fill and drain, and of the
-    steady-state sends run beside compute the share (1 - efficiency) that shows, as for every overlapped call."""
+    """Pipeline sends on the critical path: every slot when blocking; when overlapped, fill and drain (one
+    micro-batch's way through all pp x vpp chunks and back: 2 (pp vpp - 1) sends, tests/test_pipeline_schedule.py
+    replays the interleaved schedule), and of the steady-state sends run beside compute the share
+    (1 - efficiency) that shows, as for every overlapped call."""
     p2p = sum((c.call_s for c in calls if c.strategy == "pp" and c.phase == "forward"), 0.0)
     pp, vpp = lay.pp, lay.vpp
     blocking = 2 * (m * vpp + pp - 1) * p2p
-    overlapped = 2 * (pp - 1) * vpp * p2p + (1 - efficiency) * 2 * maximum(m - pp + 1, 0) * vpp * p2p
+    overlapped = 2 * (pp * vpp - 1) * p2p + (1 - efficiency) * 2 * maximum(m - pp + 1, 0) * vpp * p2p
     return where(pp > 1, where(_sends_block(lay, ov_pp=ov_pp), blocking, overlapped), 0.0)
 
 
