@@ -8,7 +8,7 @@ import pytest
 from meshplan import io
 from meshplan.core.attention_kernels import SEQ_POINTS, TABLES, attention_shares
 from meshplan.core.compute import ComputeSetup, layer_time
-from meshplan.core.step_time import layer_kinds, selective_redo_s, stage_times
+from meshplan.core.stage_time import layer_kinds, selective_redo_s, stage_times
 from meshplan.spec.cluster import AttentionKernel
 from meshplan.spec.conditions import Conditions, Selective
 from meshplan.spec.layout import Layout, Recompute, ZeroStage

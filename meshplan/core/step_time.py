@@ -24,7 +24,6 @@ import numpy as np
 from meshplan.core import finetune, pipeline
 from meshplan.core.comm import CollectiveCall, StageShape, dp_calls, model_parallel_calls
 from meshplan.core.comm.cost import Collective
-from meshplan.core.compute import LOSS_BYTES, MEGATRON_CE_BYTES, ComputeSetup, LayerTime, head_time, layer_time
 from meshplan.core.flops import model_flops_per_token
 from meshplan.core.groups import DATA_PARALLEL_SPLIT, model_parallel_groups, spread, take_rows
 from meshplan.core.memory import (
@@ -38,12 +37,9 @@ from meshplan.core.memory import (
 from meshplan.core.num import Num, maximum, minimum, to_float, where
 from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
-from meshplan.core.pytorch.overheads import fsdp2_copy_bytes
-from meshplan.core.pytorch.shards import gather_bytes
-from meshplan.core.stages import StageRow, stage_row
+from meshplan.core.stage_time import StageTimes, fsdp_shards, stage_times
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.conditions import Fp8Recipe, LossKind, Selective
-from meshplan.spec.layout import ContextParallel, LayoutLike, Recompute, Schedule, ZeroStage
+from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Framework, Workload
 from meshplan.units import DTYPE_BYTES, DType
@@ -85,199 +81,6 @@ class StepTime:
     @property
     def tokens_per_s_per_gpu(self) -> Num:
         return self.tokens_per_step / (self.step_time_s * self.num_gpus)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageTimes:
-    """One micro-batch through the slowest pipeline stage (per-term maxima over the stages)."""
-
-    fwd_compute_s: Num
-    bwd_compute_s: Num
-    """Backward compute, recompute included."""
-    weight_grad_s: Num
-    """The weight-gradient matmuls of backward: what backward TP traffic can hide behind."""
-    attention_fwd_s: Num
-    attention_bwd_s: Num
-    dense_layers: Num
-    moe_layers: Num
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LayerKinds:
-    """The times of the kinds of layer a stage holds, and of the output head on the last stage."""
-
-    dense: LayerTime
-    moe: LayerTime
-    frozen_dense: LayerTime
-    """A dense layer of a frozen prefix (no weight gradients)."""
-    head_fwd_s: Num
-    head_bwd_s: Num
-
-
-def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Cluster) -> LayerKinds:
-    """Every layer of a kind takes the same time: each kind is computed once per layout."""
-    gpu = cluster.gpu
-    peak = gpu.peak(work.precision.compute)
-    fp8 = work.precision.compute is DType.FP8
-    tokens = work.seq_len / lay.cp * lay.micro_batch
-    setup = ComputeSetup(
-        peak_flops=peak,
-        bf16_peak_flops=gpu.peak(DType.BF16),
-        hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
-        cal=gpu.calibration,
-        act_bytes=work.precision.activation_bytes,
-        kernels=work.kernels,
-        attention=work.attention,
-        fp8=fp8,
-        # PyTorch-native stacks run FP8 through torchao's Float8Linear, whose scales are dynamic (not delayed)
-        fp8_dynamic=fp8 and work.framework is Framework.TORCH and work.conditions.fp8_recipe is not Fp8Recipe.DELAYED,
-        fp8_weights_gathered=work.conditions.fp8_all_gather,
-        repeat_kv=work.conditions.repeat_kv,
-        ring_merge=work.framework is Framework.TORCH,
-    )
-    common = dict(
-        setup=setup,
-        tokens=tokens,
-        seq_len=work.seq_len,
-        tp=lay.tp,
-        sp=lay.sp,
-        ep=lay.ep,
-        # ring CP: one s/cp block of keys per step; all-gathered K/V: the whole sequence (Llama 3 Sec. 3.3.2)
-        kernel_keys=where(lay.cp_kind == ContextParallel.ALL_GATHER, work.seq_len, work.seq_len / lay.cp),
-        cp=lay.cp,
-        finetune=work.finetune,
-        shard_copy_bytes=_shard_copy_bytes(lay, work),
-    )
-    dense = layer_time(model, moe_layer=False, **common)
-    head_f, head_b = head_time(
-        model,
-        tokens=tokens,
-        tp=lay.tp,
-        peak_flops=gpu.peak(DType.BF16) if fp8 else peak,
-        hbm_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
-        cal=gpu.calibration,
-        act_bytes=work.precision.activation_bytes,
-        loss_bytes=MEGATRON_CE_BYTES if _unfused_megatron_loss(work) else LOSS_BYTES[work.conditions.loss],
-    )
-    return LayerKinds(
-        dense=dense,
-        moe=layer_time(model, moe_layer=True, **common),
-        # full fine-tuning with a frozen prefix: those layers skip their weight gradients
-        frozen_dense=layer_time(model, moe_layer=False, frozen=True, **common)
-        if work.finetune.freeze_layers
-        else dense,
-        head_fwd_s=head_f,
-        head_bwd_s=head_b,
-    )
-
-
-def _shard_copy_bytes(lay: LayoutLike, work: Workload) -> tuple[Num, Num]:
-    """FSDP2's per-layer copies (``--fsdp-copies`` with ZeRO-3 over more than one rank), or none."""
-    if not work.conditions.fsdp_copies:
-        return 0.0, 0.0
-    prec = work.precision
-    fwd, bwd = fsdp2_copy_bytes(
-        gathered=gather_bytes(prec, fp8=work.conditions.fp8_all_gather),
-        act_bytes=prec.activation_bytes,
-        grad_bytes=prec.grad_bytes,
-    )
-    on = _fsdp_shards(lay)
-    return where(on, fwd, 0.0), where(on, bwd, 0.0)
-
-
-def _fsdp_shards(lay: LayoutLike) -> Num:
-    """ZeRO-3 / FSDP over more than one rank: what the per-layer copies and PyTorch's Partial norm gradients ask."""
-    return (lay.zero >= ZeroStage.PARAMETERS) & (lay.dp_shard * lay.cp > 1)
-
-
-def _unfused_megatron_loss(work: Workload) -> bool:
-    """Megatron's own loss without --cross-entropy-loss-fusion: the pass-by-pass vocab-parallel cross-entropy."""
-    cond = work.conditions
-    return work.framework is Framework.MEGATRON and cond.loss is LossKind.FRAMEWORK and not cond.loss_fusion
-
-
-def selective_redo_s(lt: LayerTime, policy: Selective, modules: tuple[str, ...], *, moe_layer: bool = False) -> Num:
-    """Forward time one layer repeats in backward under ``--recompute selective``, as each stack defines it.
-
-    Megatron: the attention core (Korthikanti et al. 2022 Sec. 5), or its --recompute-modules, module by module
-    as Megatron-Core's TransformerLayer and MLASelfAttention checkpoint them: core_attn the attention core;
-    layernorm or moe_act the elementwise work, all of it (an upper bound); mlp a dense layer's MLP matmuls only
-    (``recompute_mlp`` is set only where the layer's MLP is not a MoELayer); moe the MoE block's matmuls;
-    shared_experts the shared experts' matmuls; mla_up_proj MLA's query and key/value up-projections
-    (``qkv_up_proj_and_rope_apply``: linear_q_up_proj and linear_kv_up_proj, the rotary part elementwise and
-    left out). torchtitan's per-op policy recomputes every second matmul (wk, wo, w3) and all the elementwise
-    work but saves the attention output; its per-layer policy (ac_freq 2) recomputes every second layer whole.
-    """
-    if policy is Selective.OP:
-        return lt.op_sac_gemm_s + lt.memory_s
-    if policy is Selective.LAYER:
-        return lt.forward_s / 2
-    if policy is Selective.MODULES:
-        mods = set(modules)
-        core = lt.attention_core_fwd_s if "core_attn" in mods else 0.0
-        elementwise = lt.memory_s if {"layernorm", "moe_act"} & mods else 0.0
-        block = "moe" if moe_layer else "mlp"
-        mlp = lt.mlp_gemm_s if block in mods else (lt.shared_gemm_s if "shared_experts" in mods else 0.0)
-        up = lt.mla_up_gemm_s if "mla_up_proj" in mods else 0.0
-        return core + elementwise + mlp + up
-    return lt.attention_core_fwd_s
-
-
-def _stage_values(kinds: LayerKinds, lay: LayoutLike, work: Workload, row: StageRow) -> dict[str, Num]:
-    """One stage's terms: its layers' times scaled by its layer counts, recompute and the head added."""
-    dense, moe, ft, cond = kinds.dense, kinds.moe, work.finetune, work.conditions
-    n_dense, n_moe = row.dense_layers, row.moe_layers
-    fwd = n_dense * dense.forward_s + n_moe * moe.forward_s
-    copies = n_dense * dense.shard_copy_fwd_s + n_moe * moe.shard_copy_fwd_s  # before each forward, not recomputed
-    attn_fwd = n_dense * dense.attention_core_fwd_s + n_moe * moe.attention_core_fwd_s
-    # Megatron's block method: full recompute of the first k layers of the stage only
-    full_share = (
-        1.0 if cond.recompute_layers is None else minimum(cond.recompute_layers, row.layers) / maximum(row.layers, 1)
-    )
-    selective = n_dense * selective_redo_s(dense, cond.selective, cond.recompute_modules) + n_moe * selective_redo_s(
-        moe, cond.selective, cond.recompute_modules, moe_layer=True
-    )
-    # PyTorch's non-reentrant checkpoint stops before the block's last matmul (Conditions.recompute_early_stop)
-    tail = n_dense * dense.tail_gemm_s + n_moe * moe.tail_gemm_s if cond.recompute_early_stop else 0.0
-    recompute = lay.recompute
-    redo = where(
-        recompute == Recompute.FULL, full_share * (fwd - tail), where(recompute == Recompute.SELECTIVE, selective, 0.0)
-    )
-    last = row.head == 1
-    bwd = n_dense * dense.backward_s + n_moe * moe.backward_s
-    wgrad = n_dense * dense.weight_grad_s + n_moe * moe.weight_grad_s
-    if ft.freeze_layers:  # behind a frozen embedding a frozen prefix needs no backward at all
-        n_frozen = minimum(finetune.frozen_leading_layers(ft, first=row.first_layer, layers=row.layers), n_dense)
-        kept = 0.0 if ft.freeze_embeddings else kinds.frozen_dense.backward_s
-        bwd = bwd - n_frozen * (dense.backward_s - kept)
-        wgrad = wgrad - n_frozen * dense.weight_grad_s
-    return {
-        "fwd_compute_s": fwd + copies + where(last, kinds.head_fwd_s, 0.0),
-        "bwd_compute_s": bwd
-        + n_dense * dense.shard_copy_bwd_s
-        + n_moe * moe.shard_copy_bwd_s
-        + redo
-        + where(last, kinds.head_bwd_s, 0.0),
-        "weight_grad_s": wgrad,
-        "attention_fwd_s": attn_fwd,
-        "attention_bwd_s": n_dense * dense.attention_core_bwd_s + n_moe * moe.attention_core_bwd_s,
-        "dense_layers": n_dense,
-        "moe_layers": n_moe,
-    }
-
-
-def stage_times(
-    model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Cluster, *, stages: tuple[Num, ...]
-) -> StageTimes:
-    """Compute time of one micro-batch on the slowest of ``stages`` (per-term maxima over them)."""
-    kinds = layer_kinds(model, lay, work, cluster)
-    worst: dict[str, Num] = {}
-    for stage in stages:
-        values = _stage_values(
-            kinds, lay, work, stage_row(model, pp=lay.pp, stage=stage, split=work.conditions.stage_split)
-        )
-        worst = {k: maximum(worst[k], v) for k, v in values.items()} if worst else values
-    return StageTimes(**worst)
 
 
 def _bubble(schedule: Num, *, pp: Num, vpp: Num, t_f: Num, t_b: Num) -> Num:
@@ -472,7 +275,7 @@ def _grouped_model_parallel_step(
     read = [p for axis, p in placement.items() if axis not in DATA_PARALLEL_SPLIT]
     extra = [getattr(p, k) for p in read for k in ("size", "stride", "inner", "outer")]
     if work.framework is Framework.TORCH or work.conditions.fsdp_copies:
-        extra.append(_fsdp_shards(lay))  # the Partial norm gradients' all-reduces and FSDP2's copies ask it
+        extra.append(fsdp_shards(lay))  # the Partial norm gradients' all-reduces and FSDP2's copies ask it
     groups = model_parallel_groups(lay, extra)
     if groups is None:
         return _model_parallel_step(model, params, lay, work, cluster, placement)
