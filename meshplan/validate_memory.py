@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Any
 
 from meshplan import io
-from meshplan.core.memory import layer_activations
+from meshplan.core.stage_activations import layer_activations
 from meshplan.reports.bills import memory_report
 from meshplan.reports.conditions import condition_names, conditions_of, precision_of
 from meshplan.reports.conditions import resolve as resolve_conditions

@@ -84,7 +84,7 @@ def test_activation_offload() -> None:
     """--offload-layers 16 on Llama 3.1 8B (32 layers, one stage): 16 layers' activations go to the host, one of
     them on its way at any time, so the GPU keeps 32 - 16 + 1 = 17 layers' worth; the layer bytes themselves
     come from the activation bill (layer_activations)."""
-    from meshplan.core.memory import layer_activations
+    from meshplan.core.stage_activations import layer_activations
 
     cluster = resolve_cluster(gpu="h100-sxm", gpus=8)
     layout = Layout(zero=ZeroStage.OPTIMIZER, dp_shard=8)

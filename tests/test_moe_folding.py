@@ -9,10 +9,11 @@ import pytest
 
 from meshplan import io
 from meshplan.core import activations as act
-from meshplan.core.memory import shard_degrees, stage_params
+from meshplan.core.memory import shard_degrees
 from meshplan.core.params import count_params
 from meshplan.core.placement import place
 from meshplan.core.plan import evaluate, mesh_sizes
+from meshplan.core.stage_params import stage_params
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.layout import Layout, Recompute, ZeroStage
 from meshplan.spec.workload import Workload

@@ -13,7 +13,6 @@ from enum import StrEnum
 
 import numpy as np
 
-from meshplan.core.memory import stage_params
 from meshplan.core.num import Num
 from meshplan.core.params import count_params
 from meshplan.core.serving import (
@@ -25,6 +24,7 @@ from meshplan.core.serving import (
     serving_bill,
     weight_bytes_per_param,
 )
+from meshplan.core.stage_params import stage_params
 from meshplan.spec.cluster import GPU, Link
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DTYPE_BYTES, DType

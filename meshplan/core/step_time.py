@@ -26,17 +26,11 @@ from meshplan.core.comm import CollectiveCall, StageShape, dp_calls, model_paral
 from meshplan.core.comm.cost import Collective
 from meshplan.core.flops import model_flops_per_token
 from meshplan.core.groups import DATA_PARALLEL_SPLIT, model_parallel_groups, spread, take_rows
-from meshplan.core.memory import (
-    StageParams,
-    candidates,
-    layout_stage_params,
-    moment_bytes_per_param,
-    shard_degrees,
-    stage_training,
-)
+from meshplan.core.memory import candidates, moment_bytes_per_param, shard_degrees, stage_training
 from meshplan.core.num import Num, maximum, minimum, to_float, where
 from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
+from meshplan.core.stage_params import StageParams, layout_stage_params
 from meshplan.core.stage_time import StageTimes, fsdp_shards, stage_times
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
