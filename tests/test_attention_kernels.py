@@ -4,16 +4,16 @@ import dataclasses
 
 import numpy as np
 import pytest
+from compute_setups import gpu_setup
 
 from meshplan import io
 from meshplan.core.attention_kernels import SEQ_POINTS, TABLES, attention_shares
-from meshplan.core.compute import ComputeSetup, layer_time
+from meshplan.core.compute import layer_time
 from meshplan.core.stage_time import layer_kinds, selective_redo_s, stage_times
 from meshplan.spec.cluster import AttentionKernel
 from meshplan.spec.conditions import Conditions, Selective
 from meshplan.spec.layout import Layout, Recompute, ZeroStage
 from meshplan.spec.workload import Attention, Kernels, Workload
-from meshplan.units import DType
 
 CATALOG_GPUS = (
     "a100-40gb",
@@ -102,21 +102,8 @@ def test_every_catalog_gpu_has_tables_for_its_kernels(gpu: str) -> None:
         assert 0.2 < fwd * cal.attention_scale < 0.8 and 0 < bwd < fwd
 
 
-def _setup(gpu: str = "h100-sxm", **kwargs: object) -> ComputeSetup:
-    """bf16 compute on ``gpu`` with its catalog constants (``kwargs``: the kernels, the attention kernel)."""
-    g = io.load_gpu(gpu)
-    return ComputeSetup(
-        peak_flops=g.peak(DType.BF16),
-        bf16_peak_flops=g.peak(DType.BF16),
-        hbm_bytes_per_s=g.hbm_bandwidth_bytes_per_s,
-        cal=g.calibration,
-        act_bytes=2.0,
-        **kwargs,  # type: ignore[arg-type]
-    )
-
-
 def _layer(attention: Attention, kernels: Kernels, gpu: str = "h100-sxm", seq: int = 8192):  # type: ignore[no-untyped-def]
-    setup = _setup(gpu, kernels=kernels, attention=attention)
+    setup = gpu_setup(gpu, kernels=kernels, attention=attention)
     model = io.load_model("llama-3.1-8b")
     return layer_time(model, setup=setup, tokens=seq, seq_len=seq, tp=1, sp=False, ep=1, moe_layer=False)
 
@@ -157,7 +144,7 @@ def test_megatron_recompute_modules_repeat_their_own_matmuls() -> None:
     """Megatron-Core's --recompute-modules on DeepSeek-V3 (MLA, MoE with a shared expert): mlp repeats a dense
     layer's MLP only (TransformerLayer sets recompute_mlp where the MLP is not a MoELayer), moe the whole MoE
     block, shared_experts the shared expert's two matmuls, mla_up_proj the query and key/value up-projections."""
-    setup = _setup()
+    setup = gpu_setup()
     model = io.load_model("deepseek-v3")
     common = dict(setup=setup, tokens=4096, seq_len=4096, tp=2, sp=True, ep=64)
     dense = layer_time(model, moe_layer=False, **common)  # type: ignore[arg-type]

@@ -99,20 +99,13 @@ def test_activation_offload() -> None:
 
 
 def _fp8_layer(*, dynamic: bool, gathered: bool = False, tokens: int = 16384):  # type: ignore[no-untyped-def]
-    from meshplan.core.compute import ComputeSetup, layer_time
+    from compute_setups import gpu_setup
+
+    from meshplan.core.compute import layer_time
     from meshplan.spec.workload import Kernels
 
-    g = io.load_gpu("h100-sxm")
-    setup = ComputeSetup(
-        peak_flops=g.peak(DType.FP8),
-        bf16_peak_flops=g.peak(DType.BF16),
-        hbm_bytes_per_s=g.hbm_bandwidth_bytes_per_s,
-        cal=g.calibration,
-        act_bytes=2.0,
-        kernels=Kernels.FUSED,
-        fp8=True,
-        fp8_dynamic=dynamic,
-        fp8_weights_gathered=gathered,
+    setup = gpu_setup(
+        compute=DType.FP8, kernels=Kernels.FUSED, fp8=True, fp8_dynamic=dynamic, fp8_weights_gathered=gathered
     )
     lt = layer_time(LLAMA_8B, setup=setup, tokens=tokens, seq_len=8192, tp=1, sp=False, ep=1, moe_layer=False)
     return lt, setup.hbm

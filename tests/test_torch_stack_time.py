@@ -5,9 +5,10 @@ merging, and the eager fp32-upcast cross-entropy."""
 from __future__ import annotations
 
 import pytest
+from compute_setups import gpu_setup
 
 from meshplan import io
-from meshplan.core.compute import ComputeSetup, layer_time
+from meshplan.core.compute import layer_time
 from meshplan.core.plan import evaluate
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.conditions import Conditions
@@ -44,15 +45,7 @@ def test_the_repeat_copies_move_their_bytes() -> None:
     g = io.load_gpu("h100-sxm")
 
     def layer(repeat_kv: bool):  # type: ignore[no-untyped-def]
-        setup = ComputeSetup(
-            peak_flops=g.peak(DType.BF16),
-            bf16_peak_flops=g.peak(DType.BF16),
-            hbm_bytes_per_s=g.hbm_bandwidth_bytes_per_s,
-            cal=g.calibration,
-            act_bytes=2.0,
-            kernels=Kernels.FUSED,
-            repeat_kv=repeat_kv,
-        )
+        setup = gpu_setup(kernels=Kernels.FUSED, repeat_kv=repeat_kv)
         return layer_time(LLAMA_8B, setup=setup, tokens=8192, seq_len=8192, tp=1, sp=False, ep=1, moe_layer=False)
 
     extra = layer(True).memory_s - layer(False).memory_s
@@ -71,16 +64,7 @@ def test_ring_merging_at_hbm_speed() -> None:
     tokens = 32768
 
     def layer(ring_merge: bool, cp: int):  # type: ignore[no-untyped-def]
-        setup = ComputeSetup(
-            peak_flops=g.peak(DType.BF16),
-            bf16_peak_flops=g.peak(DType.BF16),
-            hbm_bytes_per_s=g.hbm_bandwidth_bytes_per_s,
-            cal=g.calibration,
-            act_bytes=2.0,
-            kernels=Kernels.FUSED,
-            repeat_kv=True,
-            ring_merge=ring_merge,
-        )
+        setup = gpu_setup(kernels=Kernels.FUSED, repeat_kv=True, ring_merge=ring_merge)
         return layer_time(
             LLAMA_8B,
             setup=setup,
