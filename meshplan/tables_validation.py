@@ -91,7 +91,12 @@ def _validate(r: dict[str, Any]) -> str:
         out.append("")
     if "held_out" in r:
         out += _held_out(r)
-    out.append("all targets hold" if r["all_ok"] else "some targets do NOT hold")
+    out.append("every per-source check holds" if r["all_ok"] else "some per-source checks do NOT hold")
+    missed = [g for g in r.get("goals", []) if not g["ok"]]
+    if missed:
+        out.append(f"{len(missed)} of {len(r['goals'])} generalization goals not met (listed above)")
+    elif "goals" in r:
+        out.append(f"all {len(r['goals'])} generalization goals met")
     return "\n".join(out)
 
 
