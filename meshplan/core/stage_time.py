@@ -9,13 +9,14 @@ from dataclasses import dataclass
 
 from meshplan.core import finetune
 from meshplan.core.compute import LOSS_BYTES, MEGATRON_CE_BYTES, ComputeSetup, LayerTime, head_time, layer_time
+from meshplan.core.flops import Gemm
 from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.pytorch.overheads import fsdp2_copy_bytes
 from meshplan.core.pytorch.shards import gather_bytes
 from meshplan.core.stages import StageRow, stage_row
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.conditions import Fp8Recipe, LossKind, Selective
-from meshplan.spec.layout import ContextParallel, LayoutLike, Recompute, ZeroStage
+from meshplan.spec.layout import ContextParallel, LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Framework, Workload
 from meshplan.units import DType
@@ -46,6 +47,10 @@ class LayerKinds:
     """A dense layer of a frozen prefix (no weight gradients)."""
     head_fwd_s: Num
     head_bwd_s: Num
+    mtp_extra_fwd_s: Num = 0.0
+    """One multi-token-prediction module beyond its transformer layer: the projection of the joined hidden
+    state and next-token embedding (2h -> h) and the shared output head with its loss, again."""
+    mtp_extra_bwd_s: Num = 0.0
 
 
 def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Cluster) -> LayerKinds:
@@ -93,7 +98,12 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         act_bytes=work.precision.activation_bytes,
         loss_bytes=MEGATRON_CE_BYTES if _unfused_megatron_loss(work) else LOSS_BYTES[work.conditions.loss],
     )
+    # DeepSeek-V3 Sec. 2.2: each MTP module is a transformer layer (a MoE one), a projection M of [h; emb] from 2h
+    # to h, and the shared output head; Megatron-Core trains it on the last pipeline stage
+    proj = setup.gemm_s(Gemm(name="mtp_proj", m=tokens, n=model.hidden / lay.tp, k=2 * model.hidden), linear=True)
     return LayerKinds(
+        mtp_extra_fwd_s=proj + head_f,
+        mtp_extra_bwd_s=2 * proj + head_b,
         dense=dense,
         moe=layer_time(model, moe_layer=True, **common),
         # full fine-tuning with a frozen prefix: those layers skip their weight gradients
@@ -157,10 +167,14 @@ def selective_redo_s(lt: LayerTime, policy: Selective, modules: tuple[str, ...],
     return lt.attention_core_fwd_s
 
 
-def _stage_values(kinds: LayerKinds, lay: LayoutLike, work: Workload, row: StageRow) -> dict[str, Num]:
+def _stage_values(
+    model: ModelSpec, kinds: LayerKinds, lay: LayoutLike, work: Workload, row: StageRow
+) -> dict[str, Num]:
     """One stage's terms: its layers' times scaled by its layer counts, recompute and the head added."""
     dense, moe, ft, cond = kinds.dense, kinds.moe, work.finetune, work.conditions
-    n_dense, n_moe = row.dense_layers, row.moe_layers
+    last = row.head == 1
+    mtp = where(last, model.mtp_layers, 0)  # the MTP modules' layers run on the last stage, after the head
+    n_dense, n_moe = row.dense_layers, row.moe_layers + mtp
     fwd = n_dense * dense.forward_s + n_moe * moe.forward_s
     copies = n_dense * dense.shard_copy_fwd_s + n_moe * moe.shard_copy_fwd_s  # before each forward, not recomputed
     attn_fwd = n_dense * dense.attention_core_fwd_s + n_moe * moe.attention_core_fwd_s
@@ -177,7 +191,6 @@ def _stage_values(kinds: LayerKinds, lay: LayoutLike, work: Workload, row: Stage
     redo = where(
         recompute == Recompute.FULL, full_share * (fwd - tail), where(recompute == Recompute.SELECTIVE, selective, 0.0)
     )
-    last = row.head == 1
     bwd = n_dense * dense.backward_s + n_moe * moe.backward_s
     wgrad = n_dense * dense.weight_grad_s + n_moe * moe.weight_grad_s
     if ft.freeze_layers:  # behind a frozen embedding a frozen prefix needs no backward at all
@@ -186,12 +199,13 @@ def _stage_values(kinds: LayerKinds, lay: LayoutLike, work: Workload, row: Stage
         bwd = bwd - n_frozen * (dense.backward_s - kept)
         wgrad = wgrad - n_frozen * dense.weight_grad_s
     return {
-        "fwd_compute_s": fwd + copies + where(last, kinds.head_fwd_s, 0.0),
+        "fwd_compute_s": fwd + copies + where(last, kinds.head_fwd_s, 0.0) + mtp * kinds.mtp_extra_fwd_s,
         "bwd_compute_s": bwd
         + n_dense * dense.shard_copy_bwd_s
         + n_moe * moe.shard_copy_bwd_s
         + redo
-        + where(last, kinds.head_bwd_s, 0.0),
+        + where(last, kinds.head_bwd_s, 0.0)
+        + mtp * kinds.mtp_extra_bwd_s,
         "weight_grad_s": wgrad,
         "attention_fwd_s": attn_fwd,
         "attention_bwd_s": n_dense * dense.attention_core_bwd_s + n_moe * moe.attention_core_bwd_s,
@@ -203,12 +217,20 @@ def _stage_values(kinds: LayerKinds, lay: LayoutLike, work: Workload, row: Stage
 def stage_times(
     model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Cluster, *, stages: tuple[Num, ...]
 ) -> StageTimes:
-    """Compute time of one micro-batch on the slowest of ``stages`` (per-term maxima over them)."""
+    """Compute time of one micro-batch on the slowest of ``stages`` (per-term maxima over them).
+
+    A DualPipe rank holds two stages, i and p-1-i (DeepSeek-V3 Sec. 3.2.1), and runs half the micro-batches
+    through each: its per-copy terms are the mean of the pair's (``pipeline.stage_copies`` counts the two).
+    """
     kinds = layer_kinds(model, lay, work, cluster)
+    split = work.conditions.stage_split
+    dual = lay.schedule == Schedule.DUALPIPE
     worst: dict[str, Num] = {}
     for stage in stages:
-        values = _stage_values(
-            kinds, lay, work, stage_row(model, pp=lay.pp, stage=stage, split=work.conditions.stage_split)
+        values = _stage_values(model, kinds, lay, work, stage_row(model, pp=lay.pp, stage=stage, split=split))
+        mirror = _stage_values(
+            model, kinds, lay, work, stage_row(model, pp=lay.pp, stage=lay.pp - 1 - stage, split=split)
         )
+        values = {k: where(dual, (v + mirror[k]) / 2, v) for k, v in values.items()}
         worst = {k: maximum(worst[k], v) for k, v in values.items()} if worst else values
     return StageTimes(**worst)
