@@ -133,3 +133,36 @@ def test_folded_experts_reduce_their_gradients_over_the_group_that_shards_their_
         groups = {c["group_size"] for c in r["collectives"] if c["strategy"] == "dp-experts"}
         assert groups == {want}
         assert shard_degrees(dp_shard=8, cp=1, ep=8, tp=4, etp=4 if etp is None else etp)[1] == want
+
+
+def test_fp8_dispatch_moves_a_byte_and_a_scale_per_element_and_leaves_the_combine_in_bf16() -> None:
+    """DeepSeek-V3 Sec. 3.3.2: the dispatch carries the up-projections' FP8 input, 1 byte an element and an fp32
+    scale per 1 x 128 tile; the combine and the backward all-to-alls stay bf16. Folded as above (EP on NVLink)."""
+    from meshplan.spec.conditions import Conditions
+    from meshplan.spec.workload import PRECISIONS
+
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=256)
+    fp8 = PRECISIONS["fp8"]
+    plans = {
+        on: evaluate(
+            QWEN3,
+            cluster,
+            _layout(expert_tp=1),
+            Workload(seq_len=4096, global_batch=1024, precision=fp8, conditions=Conditions(fp8_dispatch=on)),
+        )
+        for on in (False, True)
+    }
+    rows = 4096 / 4 * 8  # s/t tokens, k copies each
+    for on, plan in plans.items():
+        fwd = sorted(
+            c.size_bytes
+            for c in plan.collectives
+            if c.strategy == "ep" and c.phase == "forward" and c.op.name == "ALL_TO_ALL"
+        )
+        bwd = [c.size_bytes for c in plan.collectives if c.strategy == "ep" and c.phase == "backward"]
+        dispatch = rows * 4096 * (1 + 4 / 128) if on else rows * 4096 * 2
+        assert fwd == [pytest.approx(dispatch), pytest.approx(rows * 4096 * 2)]
+        assert bwd == [pytest.approx(rows * 4096 * 2)]
+    assert float(plans[True].step.exposed_ep_s) < float(plans[False].step.exposed_ep_s)
+    with pytest.raises(ValueError, match="fp8_dispatch needs FP8 matmuls"):
+        Workload(seq_len=4096, global_batch=1024, conditions=Conditions(fp8_dispatch=True))

@@ -98,6 +98,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         offload_layers=resolved.get("offload_layers"),
         fp8_recipe=Fp8Recipe(resolved["fp8_recipe"]) if resolved.get("fp8_recipe") else None,
         fp8_all_gather=_on(resolved.get("fp8_all_gather"), False),
+        fp8_dispatch=_on(resolved.get("fp8_dispatch"), False),
         zero3_unit=Zero3Unit(resolved.get("zero3_unit") or "layer"),
         zero3_grad_reduce=Zero3GradReduce(resolved.get("zero3_grad_reduce") or "reduce-scatter"),
         repeat_kv=_on(resolved.get("repeat_kv"), False),

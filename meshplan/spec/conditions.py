@@ -164,6 +164,9 @@ class Conditions:
     """Parameter all-gathers carry the layers' matmul weights in FP8 (1 byte a parameter instead of 2): FSDP /
     ZeRO-3's (torchao's enable_fsdp_float8_all_gather) and ZeRO-1/2's after the optimizer step (Megatron's
     --fp8-param-gather with the distributed optimizer); tensorwise scaling only."""
+    fp8_dispatch: bool = False
+    """MoE dispatch all-to-alls carry the routed tokens in FP8, 1 byte an element and an fp32 scale per 128
+    (DeepSeek-V3 Sec. 3.3.2, the input of the FP8 up-projections); the combine and the gradients stay bf16."""
     zero3_unit: Zero3Unit = Zero3Unit.LAYER
     """What one ZeRO-3 collective carries: a layer (FSDP) or one weight matrix (DeepSpeed, flat or listed)."""
     zero3_grad_reduce: Zero3GradReduce = Zero3GradReduce.REDUCE_SCATTER

@@ -657,6 +657,11 @@ FIELDS: tuple[Field, ...] = (
         "--fp8-recipe tensorwise",
     ),
     _switch(
+        "fp8_dispatch",
+        "MoE: the dispatch all-to-all carries the routed tokens in FP8 with an fp32 scale per 128 elements, the "
+        "combine stays bf16 (DeepSeek-V3 Sec. 3.3.2; DeepEP's FP8 dispatch); needs FP8 matmuls",
+    ),
+    _switch(
         "fsdp_copies",
         "ZeRO-3 is FSDP2: each all-gather copied out into the parameters and the gradients into the "
         "reduce-scatter buffer, on the compute stream (off: FSDP1's flat parameters, used in place)",

@@ -236,6 +236,10 @@ class Workload:
                 f"fp8_recipe {self.conditions.fp8_recipe} needs FP8 matmuls (precision fp8 or deepseek-fp8), "
                 f"got precision {self.precision.name}"
             )
+        if self.conditions.fp8_dispatch and self.precision.compute is not DType.FP8:
+            raise ValueError(
+                f"fp8_dispatch needs FP8 matmuls (precision fp8 or deepseek-fp8), got precision {self.precision.name}"
+            )
 
     @property
     def tokens_per_step(self) -> int:

@@ -18,6 +18,10 @@ from meshplan.spec.layout import Recompute
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
+FP8_DISPATCH_BYTES = 1 + 4 / 128
+"""Bytes per element of an FP8 dispatch: the e4m3 value and one fp32 scale per 1 x 128 tile (DeepSeek-V3
+Sec. 3.3.2, the fine-grained activation quantization its FP8 up-projections consume)."""
+
 
 def ep_calls(
     model: ModelSpec, lay: object, work: Workload, cl: Cluster, pl: dict[str, AxisPlacement], st: StageShape
@@ -33,6 +37,8 @@ def ep_calls(
     # node-limited routing: of k copies per token, those leaving the node are at most one per reachable node
     k, limit = model.moe.experts_per_token, model.moe.max_nodes_per_token
     leaving = minimum(limit, k) / k if limit else 1.0
+    # the dispatch in FP8 where the run states it: 1 byte an element and an fp32 scale per 128 (DeepSeek-V3 Sec. 3.3.2)
+    dispatch = rows * model.hidden * FP8_DISPATCH_BYTES if work.conditions.fp8_dispatch else size
     calls = [
         _call(
             "ep",
@@ -40,11 +46,13 @@ def ep_calls(
             p,
             cl,
             phase="forward",
-            size=size,
-            count=(2 + redo) * per_step,
+            size=part,
+            count=(1 + redo / 2) * per_step,  # a dispatch and a combine, again in the recomputed forward
             overlappable=work.overlap.ep,
             leaving_share=leaving,
-        ),
+        )
+        for part in (dispatch, size)
+    ] + [
         _call(
             "ep",
             Collective.ALL_TO_ALL,
