@@ -10,7 +10,6 @@ import dataclasses
 import pytest
 
 from meshplan import io
-from meshplan.core.flops import Gemm
 from meshplan.core.stage_time import layer_kinds, stage_times
 from meshplan.core.stages import stage_row
 from meshplan.reports.inputs import resolve_cluster, resolve_workload
@@ -41,9 +40,10 @@ def test_the_mtp_module_is_a_moe_layer_a_projection_and_the_head_again() -> None
     g = io.load_gpu("h100-sxm")
     proj_flops = 2 * tokens * 2 * model.hidden * model.hidden
     proj_s = kinds.mtp_extra_fwd_s - kinds.head_fwd_s
-    # the projection is a GEMM of 2 t (2h) h FLOPs, priced below the dense peak and above a tenth of it
-    assert proj_flops / g.peak(work.precision.compute) < proj_s < 10 * proj_flops / g.peak(work.precision.compute)
-    assert proj_flops == Gemm(name="p", m=tokens, n=model.hidden, k=2 * model.hidden).flops
+    # the projection is one large GEMM of 2 t (2h) h FLOPs: at the kind's sustained matmul share of peak, less
+    # under 1% for its finite shape (t = 4,096, h = 7,168)
+    ideal_s = proj_flops / (g.peak(work.precision.compute) * g.calibration.matmul_efficiency_max)
+    assert ideal_s <= proj_s < 1.02 * ideal_s
     assert float(with_mtp.fwd_compute_s - without.fwd_compute_s) == pytest.approx(
         float(kinds.moe.forward_s + kinds.head_fwd_s + proj_s)
     )
