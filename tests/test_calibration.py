@@ -19,7 +19,7 @@ def test_identity_changes_nothing() -> None:
 def test_scales_reach_the_constants_and_efficiency_stays_below_peak() -> None:
     cluster = resolve_cluster(gpu="a100-80gb", gpus=16)
     out = apply_profile(cluster, Profile(compute_scale=2.0, comm_scale=0.5))
-    assert out.gpu.calibration.matmul_efficiency_max == 1.0  # 0.77 x 2 capped at peak
+    assert out.gpu.calibration.matmul_efficiency_max == 1.0  # 0.78 x 2 capped at peak
     assert out.scale_out.bandwidth_bytes_per_s == pytest.approx(cluster.scale_out.bandwidth_bytes_per_s / 2)
     assert out.scale_up.bandwidth_bytes_per_s == pytest.approx(cluster.scale_up.bandwidth_bytes_per_s / 2)
 

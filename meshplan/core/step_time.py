@@ -216,6 +216,8 @@ class _ModelParallelStep:
     fwd_s: Num
     bwd_s: Num
     pp_s: Num
+    accumulate_s: Num = 0.0
+    """Per micro-batch, the separate gradient-accumulation pass (in ``bwd_s``; ``_grad_accumulation_s``)."""
 
 
 def _model_parallel_step(
@@ -243,15 +245,36 @@ def _model_parallel_step(
     synced = np.logical_or(_sends_block(lay, ov_pp=work.overlap.pp), work.conditions.pp_host_sync)
     chunk = where((lay.pp > 1) & synced, lay.vpp * cal.pipeline_step_overhead_s, 0.0)
     pp_s = _pp_exposed(calls, lay=lay, m=m, ov_pp=work.overlap.pp, efficiency=cal.overlap_efficiency)
+    accumulate = copies * _grad_accumulation_s(shape, work, cluster, m=m)
     return _ModelParallelStep(
         times=times,
         shape=shape,
         calls=calls,
         exposed=x,
         fwd_s=fwd_c + x["tp_f"] + x["cp_f"] + x["ep_f"] + chunk,
-        bwd_s=bwd_c + x["tp_b"] + x["cp_b"] + x["ep_b"] + chunk,
+        bwd_s=bwd_c + accumulate + x["tp_b"] + x["cp_b"] + x["ep_b"] + chunk,
         pp_s=pp_s + 2 * m * chunk,
+        accumulate_s=accumulate,
     )
+
+
+GRAD_ACCUMULATION_PASSES = 3
+"""Autograd's AccumulateGrad adds a micro-batch's weight gradient into ``.grad`` in place: read both, write one."""
+
+
+def _grad_accumulation_s(shape: StageShape, work: Workload, cluster: Cluster, *, m: Num) -> Num:
+    """Per micro-batch (averaged over the step), the separate pass that adds each micro-batch's weight gradients
+    after the first into the parameters' ``.grad`` when Megatron's weight-gradient GEMM does not accumulate
+    them itself (``Conditions.grad_accum_fusion`` off): 3 passes over this GPU's trained weights of the stage in
+    the parameters' dtype, at the kind's share of HBM bandwidth, m - 1 times a step. Fused (Megatron-Core's
+    default) the GEMM reads and writes the accumulator in place of writing a fresh gradient, inside its own
+    compute-bound time: nothing more is counted."""
+    if work.framework is not Framework.MEGATRON or work.conditions.grad_accum_fusion:
+        return 0.0
+    gpu = cluster.gpu
+    weights = shape.trained_dense_params + shape.trained_expert_params
+    one_pass = GRAD_ACCUMULATION_PASSES * work.precision.weight_bytes * weights
+    return (m - 1) / m * one_pass / (gpu.hbm_bandwidth_bytes_per_s * gpu.calibration.hbm_efficiency)
 
 
 def _grouped_model_parallel_step(
@@ -309,7 +332,7 @@ def _stage_step(
     return StageStep(
         fwd_s=mp.fwd_s,
         bwd_s=mp.bwd_s,
-        compute_s=mp.times.fwd_compute_s * copies + mp.times.bwd_compute_s * copies,
+        compute_s=mp.times.fwd_compute_s * copies + mp.times.bwd_compute_s * copies + mp.accumulate_s,
         tp_s=x["tp_f"] + x["tp_b"],
         cp_s=x["cp_f"] + x["cp_b"],
         ep_s=x["ep_f"] + x["ep_b"],

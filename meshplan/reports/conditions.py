@@ -107,6 +107,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         fsdp_copies=_on(resolved.get("fsdp_copies"), False),
         pp_host_sync=_on(resolved.get("pp_host_sync"), True),
         loss_fusion=_on(resolved.get("loss_fusion"), True),
+        grad_accum_fusion=_on(resolved.get("grad_accum_fusion"), True),
     )
 
 

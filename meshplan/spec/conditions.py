@@ -192,6 +192,12 @@ class Conditions:
     about four fp32 passes over the logits (compute.LOSS_BYTES); False: Megatron-LM's default, its unfused
     vocab-parallel loss on an fp32 upcast, pass by pass (compute.MEGATRON_CE_BYTES). Read only under the Megatron
     framework's own loss."""
+    grad_accum_fusion: bool = True
+    """Megatron's weight-gradient GEMM adds straight into the gradient it accumulates over micro-batches
+    (--gradient-accumulation-fusion, on in Megatron-Core, and in Megatron-LM since 2022 when gradients accumulate
+    in fp32); False: autograd adds every micro-batch's weight gradients after the first into the parameters'
+    ``.grad`` in a separate pass (read both, write the sum, in the parameters' dtype), as Megatron-LM's fp16 runs
+    did without contiguous gradient buffers (Narayanan et al. 2021). Read only under the Megatron framework."""
     pp_host_sync: bool = True
     """Each pipeline send ends in a host synchronize (Megatron-LM's batch_isend_irecv then
     torch.cuda.synchronize, p2p_communication.py), which costs every chunk ``pipeline_step_overhead_s``; False:

@@ -581,6 +581,12 @@ FIELDS: tuple[Field, ...] = (
         "Megatron: the fused cross-entropy (--cross-entropy-loss-fusion; default); off: Megatron-LM's default "
         "unfused vocab-parallel loss on fp32 logits",
     ),
+    _switch(
+        "grad_accum_fusion",
+        "Megatron: the weight-gradient GEMM accumulates into the main gradient (--gradient-accumulation-fusion; "
+        "default); off: a separate pass adds each micro-batch's weight gradients after the first (Megatron-LM "
+        "2021 in fp16)",
+    ),
     Field(
         name="zero3_unit",
         type=str,

@@ -68,14 +68,14 @@ def test_every_source_is_held_out_once(report: dict, held_out: dict) -> None:
 # the goals are reported by
 # `meshplan validate` under "goals" and are not all met yet.
 HELD_OUT_BOUNDS = {  # each a little above today's held-out error (meshplan validate): a regression fails
-    "deepseek_v3": 0.065,
-    "korthikanti2022": 0.035,
+    "deepseek_v3": 0.05,
+    "korthikanti2022": 0.03,
     "llama3": 0.02,
-    "narayanan2021": 0.04,
-    "narayanan2021_table2": 0.053,
+    "narayanan2021": 0.032,
+    "narayanan2021_table2": 0.015,
     "narayanan2021_zero3": 0.09,
     "torchtitan_a100": 0.02,
-    "torchtitan_h100": 0.066,
+    "torchtitan_h100": 0.06,
     "megascale2024": 0.04,
     "megatron_bridge": 0.077,
     "nemo2407_h100": 0.03,
