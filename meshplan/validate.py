@@ -98,7 +98,8 @@ def estimate_args(case: dict[str, Any], layout: dict[str, Any], *, model: str | 
 
 
 def _cluster(values: dict[str, Any], profile: Profile) -> Cluster:
-    cluster = resolve_cluster(gpu=values["gpu"], gpus=values["gpus"], scale_out=values.get("scale_out"))
+    fleet = ("node_size", "scale_out", "scale_out_bandwidth", "nics_per_node", "oversubscription")
+    cluster = resolve_cluster(gpu=values["gpu"], gpus=values["gpus"], **{k: values.get(k) for k in fleet})
     return apply_profile(cluster, profile)
 
 

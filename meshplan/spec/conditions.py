@@ -192,6 +192,11 @@ class Conditions:
     about four fp32 passes over the logits (compute.LOSS_BYTES); False: Megatron-LM's default, its unfused
     vocab-parallel loss on an fp32 upcast, pass by pass (compute.MEGATRON_CE_BYTES). Read only under the Megatron
     framework's own loss."""
+    pp_scatter_gather: bool | None = None
+    """Pipeline sends carry 1/tp of the stage's output from each TP rank and the next stage all-gathers it over
+    NVLink (Megatron's scatter/gather, on by default there: --no-scatter-gather-tensors-in-pipeline turns it off);
+    False: every TP rank sends the whole activation (DeepSpeed's pipeline engine, PyTorch's pipelining without
+    sequence parallelism). None: the framework's own. With sequence parallelism the output is sharded already."""
     grad_accum_fusion: bool = True
     """Megatron's weight-gradient GEMM adds straight into the gradient it accumulates over micro-batches
     (--gradient-accumulation-fusion, on in Megatron-Core, and in Megatron-LM since 2022 when gradients accumulate

@@ -582,6 +582,11 @@ FIELDS: tuple[Field, ...] = (
         "unfused vocab-parallel loss on fp32 logits",
     ),
     _switch(
+        "pp_scatter_gather",
+        "pipeline sends split over the TP ranks and gathered again on NVLink (Megatron's default); off: every TP "
+        "rank sends the whole activation (DeepSpeed's pipeline engine)",
+    ),
+    _switch(
         "grad_accum_fusion",
         "Megatron: the weight-gradient GEMM accumulates into the main gradient (--gradient-accumulation-fusion; "
         "default); off: a separate pass adds each micro-batch's weight gradients after the first (Megatron-LM "

@@ -18,8 +18,11 @@ def pp_calls(
     model: ModelSpec, lay: object, work: Workload, cl: Cluster, pl: dict[str, AxisPlacement], st: StageShape
 ) -> list[CollectiveCall]:
     tp, sp = lay.tp, lay.sp  # type: ignore[attr-defined]
-    # Megatron scatters the stage output over the TP ranks; PyTorch sends what the stage returns
-    split = tp if PATTERNS[work.framework].fused_column_inputs else where(sp, tp, 1)
+    # Megatron scatters the stage output over the TP ranks; PyTorch and DeepSpeed's engine send what the stage returns
+    scatter = work.conditions.pp_scatter_gather
+    if scatter is None:
+        scatter = PATTERNS[work.framework].fused_column_inputs
+    split = tp if scatter else where(sp, tp, 1)
     size = st.tokens * model.hidden * work.precision.activation_bytes / split
     count = where(lay.pp > 1, st.micro_batches * lay.vpp, 0)  # type: ignore[attr-defined]
     p = pl["pp"]
