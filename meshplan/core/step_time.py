@@ -245,6 +245,7 @@ def _model_parallel_step(
     synced = np.logical_or(_sends_block(lay, ov_pp=work.overlap.pp), work.conditions.pp_host_sync)
     chunk = where((lay.pp > 1) & synced, lay.vpp * cal.pipeline_step_overhead_s, 0.0)
     pp_s = _pp_exposed(calls, lay=lay, m=m, ov_pp=work.overlap.pp, efficiency=cal.overlap_efficiency)
+    pp_s = pp_s + sum((c.time_s for c in calls if c.strategy == "pp" and c.op is Collective.ALL_REDUCE), 0.0)
     accumulate = copies * _grad_accumulation_s(shape, work, cluster, m=m)
     return _ModelParallelStep(
         times=times,
