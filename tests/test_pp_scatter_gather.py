@@ -20,7 +20,7 @@ def _send_bytes(*, scatter: bool | None, sp: bool = False, framework: Framework 
         seq_len=2048, global_batch=32, framework=framework, conditions=Conditions(pp_scatter_gather=scatter)
     )
     plan = evaluate(MODEL, CLUSTER, Layout(tp=4, pp=4, sp=sp, dp_replicate=2, micro_batch=2), work)
-    (size,) = {float(c.size_bytes) for c in plan.collectives if c.strategy == "pp"}
+    (size,) = {float(c.size_bytes) for c in plan.collectives if c.strategy == "pp" and c.op.name == "SEND_RECV"}
     return size
 
 
