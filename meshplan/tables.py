@@ -137,7 +137,7 @@ def _estimate(r: dict[str, Any]) -> str:
         ("  tensor / sequence parallel", seconds(b["exposed_tp_s"])),
         ("  context parallel", seconds(b["exposed_cp_s"])),
         ("  expert parallel", seconds(b["exposed_ep_s"])),
-        ("  pipeline sends", seconds(b["exposed_pp_s"])),
+        ("  pipeline sends and syncs", seconds(b["exposed_pp_s"])),
         ("  data parallel / ZeRO", seconds(b["exposed_dp_s"])),
         ("pipeline bubble", seconds(b["bubble_s"])),
         ("optimizer step", seconds(b["optimizer_s"])),

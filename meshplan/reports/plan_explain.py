@@ -29,7 +29,7 @@ STEP_LABELS = {
     "exposed_tp_s": "TP/SP traffic",
     "exposed_cp_s": "CP traffic",
     "exposed_ep_s": "EP all-to-all",
-    "exposed_pp_s": "pipeline sends",
+    "exposed_pp_s": "pipeline sends and syncs",
     "exposed_dp_s": "DP/ZeRO traffic",
     "bubble_s": "pipeline bubble",
     "optimizer_s": "optimizer step",
