@@ -3,16 +3,19 @@
 RUNS.json is a list of objects, each with ``args`` (the ``meshplan estimate``
 arguments as typed, e.g. ``["llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8"]``)
 and the measured ``step_time_s`` or ``tokens_per_s_per_gpu`` (optionally
-``peak_memory_bytes``, compared, not fitted). The profile's two shared scales
-(compute efficiency, collective bandwidth; spec/profile.py) are fitted over all
-runs together (calibration.fit); a scale no run can move is not fitted, and
-fewer than three runs are refused: a constant is never fitted to one run. The
-held-out error is leave-one-run-out: each run predicted with the scales fitted
-on all the others.
+``peak_memory_bytes``, compared, not fitted). The profile's shared scales
+(matmul efficiency, collective bandwidth, attention kernels, memory-bound
+kernels; spec/profile.py) are fitted over all runs together (calibration.fit):
+nothing, one scale or two, whichever choice predicts each run best from the
+others (leave one run out). A scale no run can move is not fitted, a choice
+gets at most one free scale per two runs, and fewer than three runs are
+refused: a constant is never fitted to one run. The held-out error reported is
+that leave-one-run-out error of the choice made.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from dataclasses import dataclass
@@ -20,9 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from meshplan import calibration
-from meshplan.spec.profile import IDENTITY, Profile, dump_profile
+from meshplan.spec.profile import IDENTITY, SCALES, Profile, dump_profile
 
 MIN_RUNS = 3
+RUNS_PER_SCALE = 2
+"""A choice fits at most one scale per this many runs."""
+MOST_FREE = 2
+"""At most this many scales are fitted at once: ten runs of one cluster rarely tell three apart."""
 METRICS = ("step_time_s", "tokens_per_s_per_gpu")
 
 
@@ -77,9 +84,7 @@ def _estimate(run: MeasuredRun, profile: Profile) -> dict[str, Any]:
         ns = build_parser().parse_args(["estimate", *run.args])
     except UsageError as exc:
         raise ValueError(f"run {' '.join(run.args)[:80]!r}: {exc}") from None
-    ns.profile = (
-        None if profile.is_identity else f"compute_scale={profile.compute_scale},comm_scale={profile.comm_scale}"
-    )
+    ns.profile = None if profile.is_identity else profile.inline()
     return _cmd_estimate(ns)
 
 
@@ -107,22 +112,20 @@ def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
     which = calibration.identified(sens)
     identified = [name for name, ok in which.items() if ok]
     if not identified:
-        raise ValueError("these runs cannot identify any constant: no run's time moves with compute or bandwidth")
-    # nothing, each identified scale alone, and both together where both are: the choice whose leave-one-run-out
-    # error is least (a handful of runs of one source rarely separates compute from network: fitting both then
-    # overfits; and where the catalog's constants already predict the runs, a fitted scale only adds noise)
-    choices = [[], *([name] for name in identified), *([identified] if len(identified) > 1 else [])]
-    choices = [c for c in choices if len(runs) >= len(c) + 1]
-    held_by_choice: dict[tuple[str, ...], list[float]] = {tuple(c): _held_out(sens, c) for c in choices}
+        raise ValueError("these runs cannot identify any constant: no run's time moves with any scale")
+    # nothing, each identified scale alone, and each pair: the choice whose leave-one-run-out error is least (a
+    # handful of runs rarely separates more than two causes: fitting more then overfits; and where the catalog's
+    # constants already predict the runs, a fitted scale only adds noise)
+    choices = [c for c in calibration.subsets(identified, MOST_FREE) if len(runs) >= RUNS_PER_SCALE * len(c)]
+    held_by_choice: dict[tuple[str, ...], list[float]] = {c: _held_out(sens, list(c)) for c in choices}
     best: tuple[str, ...] = min(held_by_choice, key=lambda c: (statistics.mean(held_by_choice[c]), len(c)))
     free = list(best)
     held = held_by_choice[tuple(free)]
     fitted = calibration.fit(sens, free=free)
     before = [abs(_error(run, p)) for run, p in zip(runs, predict(runs, IDENTITY), strict=True)]
     after = [abs(_error(run, p)) for run, p in zip(runs, predict(runs, fitted.profile), strict=True)]
-    profile = Profile(
-        compute_scale=fitted.profile.compute_scale,
-        comm_scale=fitted.profile.comm_scale,
+    profile = dataclasses.replace(
+        fitted.profile,
         source=f"meshplan calibrate: {len(runs)} runs; fitted {', '.join(free) or 'nothing (catalog best held out)'}; "
         f"mean |error| {100 * statistics.mean(before):.1f}% before, {100 * statistics.mean(after):.1f}% fitted, "
         f"{100 * statistics.mean(held):.1f}% held out (leave one run out)",
@@ -176,7 +179,7 @@ def calibrate_report(path: str, *, out: str | None = None) -> dict[str, Any]:
             row["memory_error"] = memory / run.peak_memory_bytes - 1
         rows.append(row)
     return {
-        "profile": {"compute_scale": profile.compute_scale, "comm_scale": profile.comm_scale, "source": profile.source},
+        "profile": {**{name: getattr(profile, name) for name in SCALES}, "source": profile.source},
         **numbers,
         "runs_detail": rows,
         "profile_file": out,

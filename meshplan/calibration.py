@@ -1,33 +1,42 @@
 """Shared scales fitted over measured runs, and the error of each source left out of the fit.
 
-A profile (spec/profile.py) scales two things at once for every GPU kind and link
-kind: the compute efficiencies and the collective bandwidths. Fitting it needs the
-step time as a function of the two scales; each run is evaluated three times
-(the catalog's constants, compute at 0.9, bandwidth at 0.9) and its time is taken
-as affine in 1/scale, t(a, b) = t0 + dc (1/a - 1) + dm (1/b - 1), which holds
-while neither changes which setting a source tuned or which term hides which.
-The scales are chosen on a grid by the mean |log(predicted / measured)|, each
-source weighing the same whatever its number of runs. Leaving a source out, the
-scales are fitted on the others and the source is evaluated again exactly, with
-the fitted profile: that is its held-out error.
+A profile (spec/profile.py) scales, for every GPU kind and link kind at once, the
+matmul efficiency, the collective bandwidths, the attention kernels' share of peak
+and the speed of the memory-bound kernels. Fitting it needs the step time as a
+function of the scales; each run is evaluated once at the catalog's constants and
+once with each scale at 0.9, and its time is taken as affine in 1/scale,
+t = t0 + sum_i d_i (1/s_i - 1), which holds while no scale changes which setting
+a source tuned or which term hides which. The free scales are chosen on a grid by
+the mean |log(predicted / measured)|, each source weighing the same whatever its
+number of runs. Leaving a source out, the scales are fitted on the others and the
+source is evaluated again exactly, with the fitted profile: that is its held-out
+error.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.spec.profile import IDENTITY, Profile
+from meshplan.spec.profile import IDENTITY, SCALES, Profile, from_scales
 
 PERTURB = 0.9
-"""Each scale's step for the sensitivities: a 10% slower GPU, a 10% slower network."""
-COMPUTE_GRID = np.exp(np.linspace(math.log(0.6), math.log(1.6), 61))
-COMM_GRID = np.exp(np.linspace(math.log(0.25), math.log(1.25), 41))
-"""Up to 1.25: a collective never beats its link's nominal bandwidth, and the least efficient link of the
-catalog reaches 0.81 of it (NVLink 4 ring collectives), so no network is more than 1/0.81 faster than modeled."""
+"""Each scale's step for the sensitivities: a 10% slower GPU, network, attention kernel or memory-bound kernel."""
+GRIDS = {
+    "compute_scale": np.exp(np.linspace(math.log(0.6), math.log(1.6), 61)),
+    "comm_scale": np.exp(np.linspace(math.log(0.25), math.log(1.25), 41)),
+    "attention_scale": np.exp(np.linspace(math.log(0.5), math.log(2.0), 41)),
+    "memory_scale": np.exp(np.linspace(math.log(0.4), math.log(1.25), 41)),
+}
+"""Each scale's candidates. Bandwidth up to 1.25: a collective never beats its link's nominal bandwidth, and the
+least efficient link of the catalog reaches 0.81 of it (NVLink 4 ring collectives), so no network is more than
+1/0.81 faster than modeled; memory-bound kernels likewise reach at most the HBM bandwidth (0.8 of it modeled)."""
+GRID_POINTS = 40_000
+"""Most grid points one fit evaluates: with more than two free scales each grid is thinned to keep to it."""
 IDENTIFIES = 0.01
 """A scale is identified by a set of runs when a 10% change of it moves some run's time by more than 1%."""
 
@@ -41,9 +50,8 @@ class Sensitivity:
     measured: float
     """Measured, time-like (a time, or 1 / the measured rate)."""
     base: float
-    d_compute: float
-    """Change of the time-like value per unit of 1/compute_scale - 1."""
-    d_comm: float
+    slopes: Mapping[str, float]
+    """Per scale, the change of the time-like value per unit of 1/scale - 1 (scales not evaluated: absent)."""
     rate: bool
     """The metric is a rate (throughput, MFU): its error is measured / predicted time-like - 1."""
 
@@ -61,15 +69,16 @@ def time_like(metric: str, value: float) -> float:
 
 def sensitivities(
     results: Callable[[Profile], Sequence[tuple[str, str, str, float, float]]],
+    *,
+    scales: Sequence[str] = SCALES,
 ) -> list[Sensitivity]:
-    """Per run, from ``results(profile)`` rows (source, case, metric, measured, predicted)."""
+    """Per run, from ``results(profile)`` rows (source, case, metric, measured, predicted), with the slopes of
+    ``scales``."""
     base = results(IDENTITY)
-    slow_gpu = results(Profile(compute_scale=PERTURB))
-    slow_net = results(Profile(comm_scale=PERTURB))
+    moved = {name: results(from_scales({name: PERTURB})) for name in scales}
     step = 1 / PERTURB - 1
     out = []
-    for b, c, m in zip(base, slow_gpu, slow_net, strict=True):
-        source, case, metric, measured, predicted = b
+    for i, (source, case, metric, measured, predicted) in enumerate(base):
         t0 = time_like(metric, predicted)
         out.append(
             Sensitivity(
@@ -77,8 +86,7 @@ def sensitivities(
                 case=case,
                 measured=time_like(metric, measured),
                 base=t0,
-                d_compute=(time_like(metric, c[4]) - t0) / step,
-                d_comm=(time_like(metric, m[4]) - t0) / step,
+                slopes={name: (time_like(metric, rows[i][4]) - t0) / step for name, rows in moved.items()},
                 rate=not metric.endswith("_s"),
             )
         )
@@ -88,10 +96,8 @@ def sensitivities(
 def identified(runs: Sequence[Sensitivity]) -> dict[str, bool]:
     """Which scales the runs can pin down (a 10% change moves some run by more than IDENTIFIES)."""
     step = 1 / PERTURB - 1
-    return {
-        "compute_scale": any(abs(r.d_compute * step) > IDENTIFIES * r.base for r in runs),
-        "comm_scale": any(abs(r.d_comm * step) > IDENTIFIES * r.base for r in runs),
-    }
+    names = [name for name in SCALES if runs and name in runs[0].slopes]
+    return {name: any(abs(r.slopes[name] * step) > IDENTIFIES * r.base for r in runs) for name in names}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,36 +110,49 @@ class Fit:
     runs: int
 
 
+def _grid(name: str, free: int) -> np.ndarray:
+    grid = GRIDS[name]
+    points = int(GRID_POINTS ** (1 / free)) if free > 2 else len(grid)
+    if points >= len(grid):
+        return grid
+    return np.asarray(grid[np.round(np.linspace(0, len(grid) - 1, points)).astype(int)])
+
+
 def fit(runs: Sequence[Sensitivity], *, free: Sequence[str] = ("compute_scale", "comm_scale")) -> Fit:
-    """The grid point of (compute_scale, comm_scale) with the least mean |log error|, sources weighed alike.
+    """The grid point of the ``free`` scales with the least mean |log error|, sources weighed alike.
 
     Scales not in ``free`` stay at 1.
     """
     if not runs:
         raise ValueError("no runs to fit")
-    a = COMPUTE_GRID if "compute_scale" in free else np.array([1.0])
-    b = COMM_GRID if "comm_scale" in free else np.array([1.0])
-    inv_a, inv_b = (1 / a - 1)[:, None], (1 / b - 1)[None, :]
-    names = sorted({r.source for r in runs})
+    free = [name for name in SCALES if name in free]
+    grids = [_grid(name, len(free)) for name in free]
+    mesh = [g.ravel() for g in np.meshgrid(*grids, indexing="ij")] if free else []
+    points = len(mesh[0]) if mesh else 1
     per_source = []
-    for name in names:
+    for name in sorted({r.source for r in runs}):
         mine = [r for r in runs if r.source == name]
-        t0 = np.array([r.base for r in mine])[:, None, None]
-        dc = np.array([r.d_compute for r in mine])[:, None, None]
-        dm = np.array([r.d_comm for r in mine])[:, None, None]
-        meas = np.array([r.measured for r in mine])[:, None, None]
-        t = np.maximum(t0 + dc * inv_a + dm * inv_b, 1e-3 * t0)
+        base = np.array([r.base for r in mine])[:, None]
+        t = np.repeat(base, points, axis=1)
+        for scale, values in zip(free, mesh, strict=True):
+            t = t + np.array([r.slopes[scale] for r in mine])[:, None] * (1 / values - 1)[None, :]
+        t = np.maximum(t, 1e-3 * base)
+        meas = np.array([r.measured for r in mine])[:, None]
         per_source.append(np.abs(np.log(t / meas)).mean(axis=0))
-    score = np.mean(per_source, axis=0)
-    i, j = np.unravel_index(int(np.argmin(score)), score.shape)
-    profile = Profile(compute_scale=float(a[i]), comm_scale=float(b[j]))
+    best = int(np.argmin(np.mean(per_source, axis=0)))
+    profile = from_scales({scale: float(values[best]) for scale, values in zip(free, mesh, strict=True)})
     return Fit(profile=profile, mean_abs_error=_error_at(runs, profile), runs=len(runs))
 
 
 def predict(r: Sensitivity, profile: Profile) -> float:
     """First-order time-like value of run ``r`` under ``profile``."""
-    t = r.base + r.d_compute * (1 / profile.compute_scale - 1) + r.d_comm * (1 / profile.comm_scale - 1)
+    t = r.base + sum(slope * (1 / float(getattr(profile, name)) - 1) for name, slope in r.slopes.items())
     return max(t, 1e-3 * r.base)
+
+
+def subsets(names: Sequence[str], most: int) -> list[tuple[str, ...]]:
+    """Every choice of at most ``most`` of ``names`` to fit, nothing first, in ``names``' order."""
+    return [c for k in range(most + 1) for c in itertools.combinations(names, k)]
 
 
 def _error_at(runs: Sequence[Sensitivity], profile: Profile) -> float:

@@ -109,3 +109,33 @@ def test_runs_the_catalog_already_predicts_fit_nothing(measured: list[MeasuredRu
     assert numbers["fitted"] == [] and profile.is_identity
     none = [c for c in numbers["held_out_by_choice"] if c["scales"] == []]
     assert none and none[0]["mean_abs_error_held_out"] == pytest.approx(0.0, abs=1e-12)
+
+
+KERNELS = Profile(attention_scale=0.7, memory_scale=0.6)
+"""A hidden cluster whose matmuls and network are as the catalog says, but whose attention kernel reaches 70% of
+the catalog's share of peak and whose memory-bound kernels run at 60% of its speed (an older driver, eager ops)."""
+
+KERNEL_SHAPES = [  # model, GPUs, tp, pp, micro-batch, sequence: small models and long sequences tell them apart
+    ("llama-3.2-1b", 8, 1, 1, 4, 2048), ("llama-3.2-1b", 8, 1, 1, 1, 16384), ("mpt-3b", 8, 1, 1, 2, 4096),
+    ("mpt-1b", 16, 2, 1, 1, 32768), ("llama-3.1-8b", 8, 1, 1, 1, 8192), ("llama-3.1-8b", 16, 2, 1, 1, 65536),
+    ("llama-3.1-8b", 32, 1, 1, 2, 2048), ("llama-2-7b", 8, 1, 1, 4, 1024), ("llama-3.1-70b", 64, 8, 1, 1, 16384),
+    ("llama-3.2-1b", 16, 1, 1, 8, 1024), ("llama-3.1-8b", 64, 4, 1, 1, 32768), ("mpt-760m", 8, 1, 1, 1, 8192),
+    ("llama-2-13b", 16, 2, 1, 1, 4096), ("llama-3.1-70b", 128, 8, 2, 1, 8192),
+]  # fmt: skip
+
+
+def test_slow_attention_and_memory_bound_kernels_are_fitted_as_such() -> None:
+    """From 10 runs of small models and long sequences the fit names the two scales that differ and halves the
+    error on the other runs; the matmul and network scales stay at 1."""
+    runs = [MeasuredRun(args=_args(*s), metric="step_time_s", measured=1.0) for s in KERNEL_SHAPES]
+    values = predict(runs, KERNELS)
+    runs = [MeasuredRun(args=r.args, metric=r.metric, measured=v) for r, v in zip(runs, values, strict=True)]
+    train, test = runs[:10], runs[10:]
+    profile, numbers = fit_runs(train)
+    assert numbers["fitted"] == ["attention_scale", "memory_scale"]
+    assert profile.attention_scale == pytest.approx(KERNELS.attention_scale, rel=0.06)
+    assert profile.memory_scale == pytest.approx(KERNELS.memory_scale, rel=0.06)
+    assert profile.compute_scale == 1.0 and profile.comm_scale == 1.0
+    before = statistics.mean(abs(p / r.measured - 1) for r, p in zip(test, predict(test, IDENTITY), strict=True))
+    after = statistics.mean(abs(p / r.measured - 1) for r, p in zip(test, predict(test, profile), strict=True))
+    assert before > 0.05 and after <= before / 2, (before, after)

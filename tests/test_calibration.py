@@ -8,7 +8,7 @@ import pytest
 
 from meshplan.calibration import PERTURB, Sensitivity, fit, identified, predict
 from meshplan.reports.inputs import resolve_cluster
-from meshplan.spec.profile import Profile, apply_profile, dump_profile, load_profile
+from meshplan.spec.profile import Profile, apply_profile, dump_profile, load_profile, parse_profile
 
 
 def test_identity_changes_nothing() -> None:
@@ -24,10 +24,32 @@ def test_scales_reach_the_constants_and_efficiency_stays_below_peak() -> None:
     assert out.scale_up.bandwidth_bytes_per_s == pytest.approx(cluster.scale_up.bandwidth_bytes_per_s / 2)
 
 
+def test_attention_and_memory_scales_reach_their_constants_only() -> None:
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=16)
+    cal = cluster.gpu.calibration
+    out = apply_profile(cluster, Profile(attention_scale=1.5, memory_scale=2.0)).gpu.calibration
+    assert out.matmul_efficiency_max == cal.matmul_efficiency_max
+    assert out.attention_scale == pytest.approx(cal.attention_scale * 1.5)
+    assert out.attention_efficiency == pytest.approx(cal.attention_efficiency * 1.5)
+    assert out.hbm_efficiency == 1.0  # 0.8 x 2 capped at the bandwidth
+    assert out.kernel_overhead_s == pytest.approx(cal.kernel_overhead_s / 2)
+    both = apply_profile(cluster, Profile(compute_scale=0.5, attention_scale=1.5)).gpu.calibration
+    assert both.attention_scale == pytest.approx(cal.attention_scale * 0.75)  # attention's scale is on top of compute's
+
+
+def test_inline_profile_takes_every_scale_and_names_them_on_errors() -> None:
+    got = parse_profile("attention_scale=0.8, memory-scale=1.1")
+    assert (got.attention_scale, got.memory_scale, got.compute_scale) == (0.8, 1.1, 1.0)
+    assert Profile(memory_scale=0.7).inline() == "memory_scale=0.7"
+    with pytest.raises(ValueError, match="memory_scale"):
+        parse_profile("hbm_scale=2")
+
+
 def test_profile_file_round_trip(tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "p.toml"
-    path.write_text(dump_profile(Profile(compute_scale=0.9, comm_scale=1.3, source="x"), {"runs": 10}))
-    assert load_profile(path) == Profile(compute_scale=0.9, comm_scale=1.3, source="x")
+    profile = Profile(compute_scale=0.9, comm_scale=1.3, attention_scale=1.2, memory_scale=0.7, source="x")
+    path.write_text(dump_profile(profile, {"runs": 10}))
+    assert load_profile(path) == profile
     path.write_text("compute_scale = 1.0\nbogus = 2\n")
     with pytest.raises(ValueError, match="bogus"):
         load_profile(path)
@@ -43,14 +65,12 @@ def _synthetic(truth: Profile, n: int) -> list[Sensitivity]:
             case=str(i),
             measured=0.0,
             base=compute + comm,
-            d_compute=compute,
-            d_comm=comm,
+            slopes={"compute_scale": compute, "comm_scale": comm},
             rate=False,
         )
         runs.append(
             Sensitivity(
-                source=r.source, case=r.case, measured=predict(r, truth), base=r.base, d_compute=compute,
-                d_comm=comm, rate=False,
+                source=r.source, case=r.case, measured=predict(r, truth), base=r.base, slopes=r.slopes, rate=False,
             )
         )  # fmt: skip
     return runs
@@ -66,8 +86,26 @@ def test_fit_recovers_known_scales() -> None:
 
 def test_unidentified_scale_is_flagged() -> None:
     runs = [
-        Sensitivity(source="a", case=str(i), measured=1.0, base=1.0, d_compute=1.0, d_comm=0.0, rate=True)
+        Sensitivity(
+            source="a", case=str(i), measured=1.0, base=1.0, slopes={"compute_scale": 1.0, "comm_scale": 0.0}, rate=True
+        )
         for i in range(3)
     ]
     assert identified(runs) == {"compute_scale": True, "comm_scale": False}
     assert math.isclose(PERTURB, 0.9)
+
+
+def test_fit_of_three_scales_thins_its_grids_and_still_finds_them() -> None:
+    truth = Profile(compute_scale=0.8, attention_scale=1.3, memory_scale=0.6)
+    runs = []
+    for i in range(12):
+        slopes = {"compute_scale": 1.0 + 0.3 * (i % 4), "attention_scale": 0.2 * (i % 3), "memory_scale": 0.1 * (i % 5)}
+        r = Sensitivity(source="s", case=str(i), measured=1.0, base=sum(slopes.values()), slopes=slopes, rate=False)
+        runs.append(
+            Sensitivity(source="s", case=str(i), measured=predict(r, truth), base=r.base, slopes=slopes, rate=False)
+        )
+    got = fit(runs, free=("compute_scale", "attention_scale", "memory_scale"))
+    assert got.profile.compute_scale == pytest.approx(0.8, rel=0.05)
+    assert got.profile.attention_scale == pytest.approx(1.3, rel=0.1)
+    assert got.profile.memory_scale == pytest.approx(0.6, rel=0.1)
+    assert got.profile.comm_scale == 1.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,21 +28,49 @@ class Profile:
     """Multiplies the GPU kind's matmul and attention efficiencies (capped at 1: never above peak)."""
     comm_scale: float = 1.0
     """Multiplies the bandwidth every collective reaches on every link (scale-up and scale-out)."""
+    attention_scale: float = 1.0
+    """Multiplies the fused attention kernels' share of peak, on top of ``compute_scale`` (capped at peak): the
+    part of compute that grows with the sequence."""
+    memory_scale: float = 1.0
+    """Multiplies the speed of the memory-bound kernels (the kind's share of HBM bandwidth, capped at the
+    bandwidth) and divides the launch gap of every kernel: the part of compute that is not matmuls."""
     source: str = ""
     """How it was fitted: which runs, how many, the fit and held-out errors."""
 
     def __post_init__(self) -> None:
-        for name in ("compute_scale", "comm_scale"):
+        for name in SCALES:
             value = getattr(self, name)
             if not 0.05 <= value <= 20:
                 raise ValueError(f"profile {name} must be in [0.05, 20], got {value}")
 
     @property
     def is_identity(self) -> bool:
-        return self.compute_scale == 1.0 and self.comm_scale == 1.0
+        return all(getattr(self, name) == 1.0 for name in SCALES)
+
+    def inline(self) -> str:
+        """The scales that differ from 1 as ``--profile`` takes them inline (``compute_scale=0.9,...``)."""
+        return ",".join(f"{name}={getattr(self, name)}" for name in SCALES if getattr(self, name) != 1.0)
+
+
+SCALES = ("compute_scale", "comm_scale", "attention_scale", "memory_scale")
+"""The scales of a profile, in the order ``meshplan calibrate`` reports them."""
 
 
 IDENTITY = Profile()
+
+
+def from_scales(values: Mapping[str, float], *, source: str = "") -> Profile:
+    """The profile of the given scales (any of ``SCALES``), the others at 1."""
+    unknown = sorted(set(values) - set(SCALES))
+    if unknown:
+        raise ValueError(f"unknown profile scales {', '.join(unknown)} (known: {', '.join(SCALES)})")
+    return Profile(
+        compute_scale=values.get("compute_scale", 1.0),
+        comm_scale=values.get("comm_scale", 1.0),
+        attention_scale=values.get("attention_scale", 1.0),
+        memory_scale=values.get("memory_scale", 1.0),
+        source=source,
+    )
 
 
 def _link(link: Link, scale: float) -> Link:
@@ -49,16 +78,18 @@ def _link(link: Link, scale: float) -> Link:
 
 
 def apply_profile(cluster: Cluster, profile: Profile) -> Cluster:
-    """``cluster`` with its GPU's efficiencies and its links' bandwidths scaled by ``profile``."""
+    """``cluster`` with its GPU's efficiencies, launch gap and its links' bandwidths scaled by ``profile``."""
     if profile.is_identity:
         return cluster
     cal = cluster.gpu.calibration
-    k = profile.compute_scale
+    k, attention, memory = profile.compute_scale, profile.compute_scale * profile.attention_scale, profile.memory_scale
     cal = dataclasses.replace(
         cal,
         matmul_efficiency_max=min(cal.matmul_efficiency_max * k, MAX_EFFICIENCY),
-        attention_efficiency=min(cal.attention_efficiency * k, MAX_EFFICIENCY),
-        attention_scale=min(cal.attention_scale * k, 2.0),
+        attention_efficiency=min(cal.attention_efficiency * attention, MAX_EFFICIENCY),
+        attention_scale=min(cal.attention_scale * attention, 2.0),
+        hbm_efficiency=min(cal.hbm_efficiency * memory, MAX_EFFICIENCY),
+        kernel_overhead_s=cal.kernel_overhead_s / memory,
     )
     return dataclasses.replace(
         cluster,
@@ -79,7 +110,8 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def parse_profile(text: str | None, *, files: bool = True) -> Profile:
-    """A profile from ``--profile``: inline ``compute_scale=0.9,comm_scale=1.2``, or (``files``) a TOML file."""
+    """A profile from ``--profile``: inline ``compute_scale=0.9,comm_scale=1.2`` (any of ``SCALES``), or
+    (``files``) a TOML file."""
     if text is None or not text.strip():
         return IDENTITY
     text = text.strip()
@@ -88,13 +120,13 @@ def parse_profile(text: str | None, *, files: bool = True) -> Profile:
         for item in filter(None, (x.strip() for x in text.split(","))):
             key, _, value = item.partition("=")
             key = key.strip().replace("-", "_")
-            if key not in ("compute_scale", "comm_scale"):
-                raise ValueError(f"--profile: unknown key {key!r} (known: compute_scale, comm_scale)")
+            if key not in SCALES:
+                raise ValueError(f"--profile: unknown key {key!r} (known: {', '.join(SCALES)})")
             try:
                 values[key] = float(value)
             except ValueError:
                 raise ValueError(f"--profile: {key} must be a number, got {value.strip()[:40]!r}") from None
-        return Profile(**values, source="inline")
+        return from_scales(values, source="inline")
     if not files:
         raise ValueError(
             "--profile: give the scales inline (compute_scale=0.9,comm_scale=1.2); files are read by the CLI"
@@ -106,8 +138,7 @@ def dump_profile(profile: Profile, fit: dict[str, float] | None = None) -> str:
     """The TOML text of a profile, with the numbers of its fit in a [fit] table."""
     lines = [
         "# meshplan cluster profile: shared scales on the catalog's GPU and link constants",
-        f"compute_scale = {profile.compute_scale:.4f}",
-        f"comm_scale = {profile.comm_scale:.4f}",
+        *(f"{name} = {getattr(profile, name):.4f}" for name in SCALES),
         f"source = {_quote(profile.source)}",
     ]
     if fit:
