@@ -195,7 +195,8 @@ def _ideal(setup: Setup) -> Setup:
     )
     free = dataclasses.replace(setup.hw.scale_up, bandwidth_bytes_per_s=1e30, latency_s=0.0)
     hw = Hardware(gpu=gpu, scale_up=free, scale_out=free, cal=cal)
-    return dataclasses.replace(setup, hw=hw)
+    shape = dataclasses.replace(setup.shape, gemm_depth=1.0, expert_depth=1.0)  # every GEMM on the plateau
+    return dataclasses.replace(setup, hw=hw, shape=shape)
 
 
 def bench_caps(row: dict[str, Any]) -> tuple[int | None, int | None]:

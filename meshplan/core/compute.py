@@ -102,6 +102,25 @@ SPLIT_K_DEPTH = 1024
 """K depth per split when cuBLAS splits K to fill idle SMs (an assumption: 16 main-loop steps of 64)."""
 
 
+MATMUL_K_RIDGES = 0.63
+MATMUL_N_RIDGES = 0.23
+"""A GEMM's efficiency falls as 1 / (1 + a R / K + b R / N), R the GPU's ridge point (peak FLOP/s over HBM bytes/s
+at the GEMM's dtype): each output tile's epilogue and operand loads cost about R / K of its main loop. Fitted on
+OpenXLA's measured H100 bf16 sweep at 16,384 rows (T = 800 / (1 + 186 / K + 69 / N) TFLOP/s within 10%; R = 295):
+a = 186 / 295, b = 69 / 295."""
+
+
+def depth(g: Gemm, *, ridge: float) -> Num:
+    """How many times longer than on the plateau a GEMM of ``g``'s K and N runs: 1 + a R / K + b R / N."""
+    return 1 + MATMUL_K_RIDGES * ridge / g.k + MATMUL_N_RIDGES * ridge / g.n
+
+
+def mean_depth(gemms: list[Gemm], *, ridge: float) -> float:
+    """``depth`` over several GEMMs, weighted by their FLOPs (what their summed FLOPs take at one efficiency)."""
+    flops = sum(float(g.flops) for g in gemms)
+    return sum(float(g.flops * depth(g, ridge=ridge)) for g in gemms) / flops if flops else 1.0
+
+
 def fill_share(g: Gemm, *, sm_count: int) -> Num:
     """Share of the GPU's SMs a GEMM's output tiles (times its K splits) keep busy: 1 for training GEMMs, below
     it for small ones (short sequences at high TP, decode-sized batches)."""
@@ -115,7 +134,7 @@ def gemm_time(
 ) -> Num:
     """Roofline time of ``g`` with the shape-dependent efficiency of the GPU kind (FP8: its FP8 share)."""
     d = cal.matmul_half_dim
-    shape = (g.m / (g.m + d)) * (g.n / (g.n + d)) * (g.k / (g.k + d)) * fill_share(g, sm_count=cal.sm_count)
+    shape = (g.m / (g.m + d)) / depth(g, ridge=peak_flops / hbm_bytes_per_s) * fill_share(g, sm_count=cal.sm_count)
     e_max = cal.matmul_efficiency_max * (cal.fp8_matmul_ratio if fp8 else 1.0)
     compute = g.flops / (peak_flops * e_max * shape)
     traffic = act_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count / (hbm_bytes_per_s * cal.hbm_efficiency)

@@ -176,11 +176,11 @@ def forward(
     weights = n_micro * (shape.dense_weight_bytes + shape.expert_weight_bytes * touched / cal.moe_matmul_share)
     half = gpu.calibration.matmul_half_dim
     dense_flops = 2 * (shape.gemm_params_per_token * new_tokens + shape.lm_head_params * logits)
-    gemm = dense_flops / (peak * shape_efficiency(maximum(new_tokens / n_micro, 1.0), half))
+    gemm = dense_flops * shape.gemm_depth / (peak * shape_efficiency(maximum(new_tokens / n_micro, 1.0), half))
     if model.moe is not None:  # the busiest expert rank sets the pace: imbalance x the mean load
         expert_rows = maximum(group_tokens / n_micro * shape.expert_fraction, 1.0)
         imbalance = cal.ep_imbalance if layout.ep > 1 else 1.0
-        expert_flops = 2 * shape.expert_params_per_token * new_tokens * imbalance
+        expert_flops = 2 * shape.expert_params_per_token * new_tokens * imbalance * shape.expert_depth
         gemm = gemm + expert_flops / (peak * cal.moe_matmul_share * shape_efficiency(expert_rows, half))
     attn_flops = decode_pairs * shape.attn_flops_per_pair_decode + prefill_pairs * shape.attn_flops_per_pair_prefill
     attn = attn_flops / (gpu.peak(DType.BF16) * cal.attention_efficiency)

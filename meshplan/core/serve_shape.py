@@ -13,6 +13,8 @@ from enum import StrEnum
 
 import numpy as np
 
+from meshplan.core.compute import mean_depth
+from meshplan.core.flops import attention_gemms, mlp_gemms
 from meshplan.core.num import Num
 from meshplan.core.params import count_params
 from meshplan.core.serving import (
@@ -210,6 +212,11 @@ class ReplicaShape:
     """k / E: the chance a token picks a given routed expert (0 for dense models)."""
     memory_bytes_per_token: float
     """Bytes memory-bound ops move per token (all layers of the stage)."""
+    gemm_depth: float = 1.0
+    """How many times longer than on the plateau the matmuls other than the routed experts run for their K and
+    N (compute.mean_depth over the stage's layers, at the compute dtype's ridge point)."""
+    expert_depth: float = 1.0
+    """The same for the routed experts' matmuls."""
 
     def max_sequences(self, model: ModelSpec, *, tokens_per_sequence: Num) -> Num:
         """Sequences whose KV cache fits beside the weights (sliding-window layers capped)."""
@@ -252,6 +259,7 @@ def replica_shape(model: ModelSpec, hw: Hardware, layout: ServeLayout, *, contex
     per_layer = stage.dense_layers * (d.attention + d.mlp + d.shared_experts)
     per_layer += stage.moe_layers * (m.attention + m.mlp + m.shared_experts)
     per_layer_kv = kv_bytes_per_token_per_layer(model, tp=attn_tp, kv_dtype=layout.kv_dtype)
+    gemm_depth, expert_depth = _depths(model, gpu, layout, attn_tp=attn_tp, moe_layers=int(stage.moe_layers))
     return ReplicaShape(
         bill=bill,
         layers=layers,
@@ -266,7 +274,22 @@ def replica_shape(model: ModelSpec, hw: Hardware, layout: ServeLayout, *, contex
         attn_flops_per_pair_prefill=layers * _attn_flops_per_pair(model, absorbed=False) / attn_tp,
         expert_fraction=frac,
         memory_bytes_per_token=layers * ACT_BYTES * _memory_passes(model, tp=attn_tp),
+        gemm_depth=gemm_depth,
+        expert_depth=expert_depth,
     )
+
+
+def _depths(model: ModelSpec, gpu: GPU, layout: ServeLayout, *, attn_tp: int, moe_layers: int) -> tuple[float, float]:
+    """(other matmuls, routed experts): ``compute.mean_depth`` of one GPU's matmuls per token, at the ridge point
+    of the compute dtype (the K and N a GEMM has do not depend on the batch)."""
+    ridge = gpu.peak(compute_dtype(layout)) / gpu.hbm_bandwidth_bytes_per_s
+    moe = model.moe is not None and moe_layers > 0
+    layer = attention_gemms(model, tokens=1, tp=attn_tp) + mlp_gemms(model, tokens=1, tp=attn_tp, ep=1, moe_layer=moe)
+    if not moe:
+        return mean_depth(layer, ridge=ridge), 1.0
+    experts = [g for g in layer if g.name.startswith("expert_")]
+    others = [g for g in layer if not g.name.startswith("expert_")]
+    return mean_depth(others, ridge=ridge), mean_depth(experts, ridge=ridge)
 
 
 def _attn_flops_per_pair(model: ModelSpec, *, absorbed: bool) -> float:

@@ -68,21 +68,23 @@ def test_every_source_is_held_out_once(report: dict, held_out: dict) -> None:
 # the goals are reported by
 # `meshplan validate` under "goals" and are not all met yet.
 HELD_OUT_BOUNDS = {  # each a little above today's held-out error (meshplan validate): a regression fails
-    "bloom": 0.09,
+    # (the GEMM shape law moved Llama 3 1.5% -> 2.3% and torchtitan H100 5.5% -> 6.5%, the narrow GEMMs of their
+    # TP 8 rows; llm-foundry A100 5.6% -> 4.7%, weak scaling 5.4% -> 4.9%, llm-foundry H100 7.6% -> 7.0%)
+    "bloom": 0.08,
     "deepseek_v3": 0.05,
     "korthikanti2022": 0.03,
-    "llama3": 0.02,
+    "llama3": 0.025,
     "narayanan2021": 0.032,
     "narayanan2021_table2": 0.015,
     "narayanan2021_zero3": 0.09,
     "torchtitan_a100": 0.02,
-    "torchtitan_h100": 0.06,
+    "torchtitan_h100": 0.07,
     "megascale2024": 0.04,
     "megatron_bridge": 0.077,
     "nemo2407_h100": 0.03,
-    "megatron_h100_weak": 0.055,
-    "llm_foundry_a100": 0.057,
-    "llm_foundry_h100": 0.077,
+    "megatron_h100_weak": 0.051,
+    "llm_foundry_a100": 0.05,
+    "llm_foundry_h100": 0.072,
 }
 
 
