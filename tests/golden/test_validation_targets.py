@@ -69,7 +69,8 @@ def test_every_source_is_held_out_once(report: dict, held_out: dict) -> None:
 # `meshplan validate` under "goals" and are not all met yet.
 HELD_OUT_BOUNDS = {  # each a little above today's held-out error (meshplan validate): a regression fails
     # (the GEMM shape law moved Llama 3 1.5% -> 2.3% and torchtitan H100 5.5% -> 6.5%, the narrow GEMMs of their
-    # TP 8 rows; llm-foundry A100 5.6% -> 4.7%, weak scaling 5.4% -> 4.9%, llm-foundry H100 7.6% -> 7.0%)
+    # TP 8 rows; llm-foundry A100 5.6% -> 4.7%, weak scaling 5.4% -> 4.9%, llm-foundry H100 7.6% -> 7.0%; then the
+    # row-parallel output-gradient all-gather overlapped under userbuffers: weak scaling 4.9% -> 4.7%)
     "bloom": 0.08,
     "deepseek_v3": 0.05,
     "korthikanti2022": 0.03,
@@ -82,7 +83,7 @@ HELD_OUT_BOUNDS = {  # each a little above today's held-out error (meshplan vali
     "megascale2024": 0.04,
     "megatron_bridge": 0.077,
     "nemo2407_h100": 0.03,
-    "megatron_h100_weak": 0.051,
+    "megatron_h100_weak": 0.048,
     "llm_foundry_a100": 0.05,
     "llm_foundry_h100": 0.072,
 }

@@ -54,16 +54,19 @@ def _no_sp_calls(k: TpCounts, p: AxisPlacement, cl: Cluster, work: Workload, off
 
 
 def _sp_calls(k: TpCounts, p: AxisPlacement, cl: Cluster, work: Workload, on: Num) -> list[CollectiveCall]:
-    """With SP: all-gathers before and reduce-scatters after each matmul pair, forward and backward."""
-    blocking, behind_wgrad = work.overlap.tp, work.overlap.tp_backward
+    """With SP: all-gathers before and reduce-scatters after each matmul pair, forward and backward. The
+    row-parallel output gradient's all-gather overlaps its dgrad GEMM only under comm-GEMM overlap (Transformer
+    Engine's userbuffers ring exchange for proj_dgrad and fc2_dgrad, module/base.py initialize_ub; PyTorch's
+    async TP); Megatron's plain SP path gathers it before the GEMM."""
+    with_gemm, behind_wgrad = work.overlap.tp, work.overlap.tp_backward
 
     def call(op: Collective, phase: str, count: Num, overlappable: bool) -> CollectiveCall:
         return _call("sp", op, p, cl, phase=phase, size=k.size, count=on * count, overlappable=overlappable)
 
     return [
-        call(Collective.ALL_GATHER, "forward", k.forward, blocking),
-        call(Collective.REDUCE_SCATTER, "forward", k.forward, blocking),
-        call(Collective.ALL_GATHER, "backward", 2 * k.per_step, False),  # the row-parallel output gradient
+        call(Collective.ALL_GATHER, "forward", k.forward, with_gemm),
+        call(Collective.REDUCE_SCATTER, "forward", k.forward, with_gemm),
+        call(Collective.ALL_GATHER, "backward", 2 * k.per_step, with_gemm),  # the row-parallel output gradient
         call(Collective.ALL_GATHER, "backward", k.regather * k.per_step, behind_wgrad),
         call(Collective.REDUCE_SCATTER, "backward", 2 * k.per_step, behind_wgrad),
     ]
@@ -79,7 +82,7 @@ def tp_calls(
     column-parallel matmuls, overlapped with the weight gradients). With SP:
     forward all-gathers before the column-parallel and reduce-scatters after
     the row-parallel matmuls; backward, the row-parallel side all-gathers its
-    output gradient (blocking), and the column-parallel side all-gathers its
+    output gradient (blocking unless comm-GEMM overlap is on), and the column-parallel side all-gathers its
     input again for the weight gradient and reduce-scatters the input
     gradient (both overlapped). Full recompute repeats the forward ones.
     """
