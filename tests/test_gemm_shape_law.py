@@ -91,7 +91,8 @@ def test_the_law_at_fp8_s_ridge_follows_deepgemm_s_h800_sweep() -> None:
     assert statistics.mean(abs(e) for e in errors) < 0.055 and max(abs(e) for e in errors) < 0.14
 
     def law_error(ridge: float) -> float:
-        shares = [s * (1 + 0.63 * ridge / k + 0.23 * ridge / n) for s, (_, n, k, _) in zip(measured, DEEPGEMM_H800_FP8)]
+        rows = zip(measured, DEEPGEMM_H800_FP8, strict=True)
+        shares = [s * (1 + 0.63 * ridge / k + 0.23 * ridge / n) for s, (_, n, k, _) in rows]
         return statistics.mean(abs(e) for e in _spread(shares)[1])
 
     fp8_ridge = peak / hbm
