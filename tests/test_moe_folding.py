@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from meshplan import io
+from meshplan.cli import main
 from meshplan.core import activations as act
 from meshplan.core.memory import shard_degrees
 from meshplan.core.params import count_params
@@ -38,6 +39,14 @@ def test_layout_rules() -> None:
     with pytest.raises(ValueError, match="needs sp"):
         Layout(tp=8, ep=8, expert_tp=1)
     assert Layout(tp=4).etp == 4 and Layout(tp=4, expert_tp=1, sp=True).etp == 1
+    with pytest.raises(ValueError, match="expert_tp=2 above tp=1"):  # was a ZeroDivisionError in the DP calls
+        Layout(ep=1, expert_tp=2, dp_shard=8, zero=ZeroStage.OPTIMIZER)
+
+
+def test_expert_tp_above_tp_is_a_clear_cli_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "8", "--expert-tp", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expert_tp=2 above tp=1" in err[0]
 
 
 def test_expert_parameters_and_their_shard_group() -> None:

@@ -102,6 +102,11 @@ class Layout:
             not isinstance(self.expert_tp, int) or isinstance(self.expert_tp, bool) or self.expert_tp < 1
         ):
             raise ValueError(f"expert_tp must be a positive integer, got {self.expert_tp!r}")
+        if self.expert_tp is not None and self.expert_tp > self.tp:
+            raise ValueError(
+                f"expert_tp={self.expert_tp} above tp={self.tp}: meshplan models expert TP up to tp (MoE parallel "
+                "folding splits the TP ranks between expert TP and EP); raise tp or lower expert_tp"
+            )
         data_ranks = self.dp_replicate * self.dp_shard * self.cp
         if self.expert_tp is None and data_ranks % self.ep:
             raise ValueError(
