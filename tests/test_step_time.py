@@ -77,6 +77,20 @@ def test_recompute_only_adds_time() -> None:
     assert times == sorted(times)
 
 
+def test_an_estimate_near_capacity_warns_of_allocator_retries() -> None:
+    """Above 95% of HBM (and fitting) the estimate says the allocator may retry; at 72% it says nothing."""
+    model = io.load_model("llama-3.1-8b")
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=8)
+    layout = Layout(dp_shard=8, zero=ZeroStage.PARAMETERS, micro_batch=1)
+    tight = evaluate(model, cluster, layout, Workload(seq_len=12288, global_batch=8))
+    roomy = evaluate(model, cluster, layout, Workload(seq_len=8192, global_batch=8))
+    share = tight.memory.per_gpu.total_bytes / tight.memory.hbm_bytes
+    assert tight.memory.fits and 0.95 < share < 1
+    assert [w for w in tight.warnings() if "cudaMalloc retries" in w and f"{share:.0%} of HBM" in w]
+    assert roomy.memory.per_gpu.total_bytes / roomy.memory.hbm_bytes < 0.8
+    assert not [w for w in roomy.warnings() if "retries" in w]
+
+
 def test_tp_across_the_fabric_is_slower() -> None:
     """The bandwidth wall: the same TP 16 groups inside one 16-GPU NVLink domain, or split over two 8-GPU nodes."""
     model = io.load_model("gpt3-175b")

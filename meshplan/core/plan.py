@@ -15,6 +15,12 @@ from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
+NEAR_CAPACITY_SHARE = 0.95
+"""Share of HBM above which an estimate warns of allocator retries: past it, a fragmented cache often has no free
+block of the size asked, and PyTorch frees its cached blocks and retries the cudaMalloc, synchronizing the device
+(llm-foundry's MPT configs warn that a kernel using more memory 'can trigger alloc retries which hurts
+performance', mosaicml/examples #125)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
@@ -48,6 +54,13 @@ class Plan:
         if self.model.max_seq_len and self.workload.seq_len > self.model.max_seq_len:
             out.append(
                 f"seq {self.workload.seq_len:,} exceeds the model's maximum of {self.model.max_seq_len:,} tokens"
+            )
+        share = self.memory.per_gpu.total_bytes / self.memory.hbm_bytes
+        if self.memory.fits and share > NEAR_CAPACITY_SHARE:
+            out.append(
+                f"{share:.0%} of HBM in use: this close to capacity fragmentation can make PyTorch's caching "
+                "allocator flush its cache and retry allocations (cudaMalloc retries), which slows steps; the step "
+                "time does not include that"
             )
         if not self.memory.fits:
             out.append(
