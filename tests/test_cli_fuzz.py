@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from meshplan.cli import main
@@ -66,6 +66,11 @@ layout = flags(
     optional("--micro-batch", degree),
     optional("--zero", st.sampled_from(["0", "1", "3", "4"])),
     optional("--optimizer-bytes", mostly(["0", "4", "12"], hostile_floats)),
+    optional("--cp", degree),
+    optional("--ep", degree),
+    optional("--expert-tp", degree),  # above --tp it once raised ZeroDivisionError out of the data-parallel calls
+    optional("--dp-shard", degree),
+    st.one_of(st.just([]), st.just(["--sp"])),
 )
 command_lines = st.one_of(
     flags(st.just(["memory"]), fleet, layout),
@@ -120,6 +125,7 @@ def _check_plan(result: dict[str, Any]) -> None:
 
 @settings(max_examples=250, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(argv=command_lines)
+@example(argv=["estimate", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus=8", "--expert-tp=2"])
 def test_generated_command_lines(argv: list[str]) -> None:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
