@@ -308,3 +308,22 @@ def test_megatron_cross_entropy_moves_52_bytes_per_logit() -> None:
     per_byte = 8192 * model.vocab_size / (gpu.hbm_bandwidth_bytes_per_s * gpu.calibration.hbm_efficiency)
     assert megatron[0] - plain[0] == pytest.approx(30 * per_byte, rel=1e-9)
     assert megatron[1] - plain[1] == pytest.approx(6 * per_byte, rel=1e-9)
+
+
+def test_a_context_parallel_estimate_takes_the_cp_runs_band_and_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    """catalog/held_out.toml keeps a band of its own for the published runs with context parallelism (the model
+    runs fast on them held out); an estimate with cp > 1 prints that band and says so, one without does not."""
+    import json
+
+    from meshplan.cli import main
+
+    band = io.held_out_band()
+    args = ["estimate", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--seq", "8192", "--json"]
+    for cp, key in ((2, "cp_time_ratio"), (1, "time_ratio")):
+        assert main([*args, "--cp", str(cp), "--dp-shard", str(8 // cp), "--zero", "1"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["step_time_s_p10"] == pytest.approx(band[f"{key}_p10"] * out["step_time_s"], rel=1e-9)
+        assert out["step_time_s_p90"] == pytest.approx(band[f"{key}_p90"] * out["step_time_s"], rel=1e-9)
+        said = [w for w in out["warnings"] if w.startswith("context parallelism")]
+        assert bool(said) == (cp > 1)
+        assert ("with context parallelism" in out["uncertainty"]) == (cp > 1)

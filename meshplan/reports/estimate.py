@@ -189,20 +189,39 @@ def estimate_report(
         **set_by,
     )
     plan = evaluate(spec, cluster, lay, work, order=resolve_order(axis_order))
-    return evaluated_plan_dict(plan, tokens=tokens) | shown | uncertainty(float(plan.step.step_time_s), profile)
+    out = evaluated_plan_dict(plan, tokens=tokens) | shown
+    out["warnings"] = [*out["warnings"], *cp_warning(lay.cp)]
+    return out | uncertainty(float(plan.step.step_time_s), profile, cp=lay.cp)
 
 
-def uncertainty(step_time_s: float, profile: str | None) -> dict[str, Any]:
-    """The step time's P10-P90 band from the held-out errors of the published runs (catalog/held_out.toml)."""
+def uncertainty(step_time_s: float, profile: str | None, *, cp: int = 1) -> dict[str, Any]:
+    """The step time's P10-P90 band from the held-out errors of the published runs (catalog/held_out.toml); a
+    layout with context parallelism (``cp`` > 1) takes the band of the published runs that used it."""
     band = io.held_out_band()
-    lo, hi = band["time_ratio_p10"] * step_time_s, band["time_ratio_p90"] * step_time_s
+    on_cp = cp > 1 and "cp_runs" in band
+    key = "cp_time_ratio" if on_cp else "time_ratio"
+    runs = int(band["cp_runs" if on_cp else "runs"])
+    lo, hi = band[f"{key}_p10"] * step_time_s, band[f"{key}_p90"] * step_time_s
+    which = f"{runs} published runs with context parallelism" if on_cp else f"{runs} published runs"
     return {
         "step_time_s_p10": lo,
         "step_time_s_p90": hi,
-        "uncertainty": f"P10-P90 of measured over predicted step time on {int(band['runs'])} published runs, each "
+        "uncertainty": f"P10-P90 of measured over predicted step time on {which}, each "
         "predicted with constants fitted without its source"
         + ("; the profile's own held-out error is in its file" if profile else ""),
     }
+
+
+def cp_warning(cp: int) -> list[str]:
+    """What the held-out runs say of a layout with context parallelism: the model has run fast on them."""
+    band = io.held_out_band()
+    if cp <= 1 or "cp_runs" not in band:
+        return []
+    return [
+        f"context parallelism: held out, the {int(band['cp_runs'])} published runs with CP took a median "
+        f"{band['cp_time_ratio_p50']:.2f}x their predicted step time (P90 {band['cp_time_ratio_p90']:.2f}x): this "
+        "step time is likely optimistic, and its band is theirs"
+    ]
 
 
 WALL_LINKS = ("nvlink5", "nvlink4", "ib-ndr", "eth-100g")

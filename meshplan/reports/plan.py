@@ -48,7 +48,7 @@ def _candidate(result: SearchResult, i: int, cluster: Cluster, order: tuple[str,
     per_gpu["total_bytes"] = sum(per_gpu[name] for name in TERMS)
     breakdown = {name: float(np.asarray(getattr(step, name))[i]) for name in STEP_TERMS}
     step_time_s = float(np.asarray(step.step_time_s)[i])
-    band = uncertainty(step_time_s, profile=None)
+    band = uncertainty(step_time_s, profile=None, cp=int(lay.cp))
     return {
         "layout": layout_dict(lay),
         "step_time_s": step_time_s,
@@ -61,6 +61,11 @@ def _candidate(result: SearchResult, i: int, cluster: Cluster, order: tuple[str,
         "breakdown": breakdown,
         "placement": placement_dict(place(mesh_sizes(lay), order=order, domain=cluster.domain_size), cluster),
     }
+
+
+def _first_cp(plans: list[dict[str, Any]]) -> int:
+    """Context-parallel degree of plan 1 (1 when nothing fits)."""
+    return int(plans[0]["layout"]["cp"]) if plans else 1
 
 
 def run_search(
@@ -221,7 +226,8 @@ def plan_report(
         **finetune_fields(spec, work.finetune),
         **shown,
         **_search_fields(result, plans),
-        "uncertainty": uncertainty(1.0, fleet_args.get("profile"))["uncertainty"],
+        # the band's source as it applies to plan 1 (a layout with context parallelism takes the CP runs' band)
+        "uncertainty": uncertainty(1.0, fleet_args.get("profile"), cp=_first_cp(plans))["uncertainty"],
         **({"fewest_gpus": fewest} if fewest else {}),
     }
     if not plans:
