@@ -25,6 +25,7 @@ from meshplan.core.flops import Gemm, attention_core_flops, attention_gemms, mlp
 from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.pytorch.overheads import DYNAMIC_AMAX_BYTES, DYNAMIC_CAST_BYTES, op_sac_share
 from meshplan.core.pytorch.ring_merge import ring_merge_time
+from meshplan.core.te_ring import te_ring_time
 from meshplan.spec.cluster import AttentionKernel, GpuCalibration
 from meshplan.spec.conditions import LossKind
 from meshplan.spec.finetune import Finetune, FinetuneMode
@@ -325,6 +326,9 @@ class ComputeSetup:
     """K and V are repeated to the query heads before the attention (``Conditions.repeat_kv``)."""
     ring_merge: bool = False
     """Context parallelism is PyTorch's ring attention, merging every block in eager fp32 (pytorch/ring_merge.py)."""
+    te_ring: bool = False
+    """A ring over the CP ranks is Transformer Engine's (Megatron-Core), correcting each step's output and adding
+    the gradients in bf16 (te_ring.py)."""
 
     def gemm_s(self, g: Gemm, *, linear: bool = False) -> Num:
         """A GEMM's time: the linear layers' at the compute dtype's peak, the others at bf16's."""
@@ -354,12 +358,19 @@ def _layer_casts(gemms: list[Gemm], setup: ComputeSetup) -> tuple[Num, Num]:
 
 
 def _core_attention_time(
-    model: ModelSpec, setup: ComputeSetup, *, tokens: Num, seq_len: Num, keys: Num, tp: Num, cp: Num
+    model: ModelSpec, setup: ComputeSetup, *, tokens: Num, seq_len: Num, keys: Num, tp: Num, cp: Num, ring_cp: Num
 ) -> tuple[Num, Num]:
-    """(forward, backward) of the attention core, with PyTorch's ring merging where the stack does it."""
+    """(forward, backward) of the attention core, with the ring's own work where the stack does it: PyTorch's
+    merging of every block under any CP, Transformer Engine's corrections where the CP ranks form a ring
+    (``ring_cp``: the ring's ranks, 1 where K and V are all-gathered instead)."""
     fwd, bwd = _attention_time(model, setup, tokens=tokens, seq_len=seq_len, kernel_keys=keys, tp=tp)
-    if not setup.ring_merge or model.mla is not None:
+    if model.mla is not None or not (setup.ring_merge or setup.te_ring):
         return fwd, bwd
+    if setup.te_ring:
+        te_fwd, te_bwd = te_ring_time(
+            q_elements=tokens * model.q_width / tp, kv_elements=tokens * model.kv_width / tp, cp=ring_cp, hbm=setup.hbm
+        )
+        return fwd + te_fwd, bwd + te_bwd
     groups = model.num_heads / model.num_kv_heads if setup.repeat_kv else 1.0
     merge_fwd, merge_bwd = ring_merge_time(
         q_elements=tokens * model.q_width / tp, kv_elements=tokens * model.kv_width * groups / tp, cp=cp, hbm=setup.hbm
@@ -381,6 +392,7 @@ def layer_time(
     frozen: bool = False,
     kernel_keys: Num | None = None,
     cp: Num = 1,
+    ring_cp: Num | None = None,
     shard_copy_bytes: tuple[Num, Num] = (0.0, 0.0),
 ) -> LayerTime:
     """Forward and backward compute time of one layer for ``tokens`` local tokens on one GPU.
@@ -388,7 +400,8 @@ def layer_time(
     A frozen base (LoRA, QLoRA, or a frozen layer) skips its weight-gradient matmuls; adapters add skinny,
     memory-bound ones. With ``setup.fp8`` (Transformer Engine recipes) the linear layers run at the FP8 peak
     times the kind's FP8 share and pay the casts around them. ``kernel_keys``: the keys a fused attention call
-    walks (default ``seq_len``). ``shard_copy_bytes``: (forward, backward) bytes per weight element FSDP2 copies
+    walks (default ``seq_len``); ``ring_cp``: the CP ranks that form a ring (default ``cp``; 1 where K and V
+    are all-gathered). ``shard_copy_bytes``: (forward, backward) bytes per weight element FSDP2 copies
     on the compute stream (``pytorch.overheads.fsdp2_copy_bytes``).
     """
     cal, hbm, kernels = setup.cal, setup.hbm, setup.kernels
@@ -404,7 +417,10 @@ def layer_time(
     )
     memory_s = tokens * bytes_per_token / hbm
     keys = seq_len if kernel_keys is None else kernel_keys
-    attn_fwd, attn_bwd = _core_attention_time(model, setup, tokens=tokens, seq_len=seq_len, keys=keys, tp=tp, cp=cp)
+    ring = cp if ring_cp is None else ring_cp
+    attn_fwd, attn_bwd = _core_attention_time(
+        model, setup, tokens=tokens, seq_len=seq_len, keys=keys, tp=tp, cp=cp, ring_cp=ring
+    )
     launch = KERNELS_PER_LAYER[kernels] * cal.kernel_overhead_s
     adapted = finetune is not None and finetune.adapted
     adapter_fwd: Num = 0.0

@@ -73,6 +73,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         fp8_weights_gathered=work.conditions.fp8_all_gather,
         repeat_kv=work.conditions.repeat_kv,
         ring_merge=work.framework is Framework.TORCH,
+        te_ring=work.framework is Framework.MEGATRON,
     )
     common = dict(
         setup=setup,
@@ -84,6 +85,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         # ring CP: one s/cp block of keys per step; all-gathered K/V: the whole sequence (Llama 3 Sec. 3.3.2)
         kernel_keys=where(lay.cp_kind == ContextParallel.ALL_GATHER, work.seq_len, work.seq_len / lay.cp),
         cp=lay.cp,
+        ring_cp=where(lay.cp_kind == ContextParallel.ALL_GATHER, 1, lay.cp),
         finetune=work.finetune,
         shard_copy_bytes=_shard_copy_bytes(lay, work),
     )
