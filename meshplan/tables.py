@@ -217,12 +217,13 @@ def _collectives(r: dict[str, Any]) -> str:
 
 
 def _layout_short(lay: dict[str, Any]) -> str:
-    """A layout in words: 'TP 2+SP · PP 4 (2 virtual) · DP 8, ZeRO-1 over 4 · micro-batch 1'."""
+    """A layout in words: 'TP 2+SP · PP 4 (2 virtual) · DP 8, ZeRO-1 over 4 · micro-batch 1' (a CP ring is the
+    default; all-gathered K/V is said)."""
     parts = []
     if lay["tp"] > 1:
         parts.append(f"TP {lay['tp']}" + ("+SP" if lay["sp"] else ""))
     if lay["cp"] > 1:
-        parts.append(f"CP {lay['cp']}")
+        parts.append(f"CP {lay['cp']}" + (" (K/V all-gathered)" if lay.get("cp_kind") == "all-gather" else ""))
     if lay["pp"] > 1:
         parts.append(f"PP {lay['pp']}" + (f" ({lay['vpp']} virtual)" if lay["vpp"] > 1 else ""))
     if lay["ep"] > 1:

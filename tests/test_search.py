@@ -207,3 +207,33 @@ def test_lex_order_is_lexsort(rows: list[tuple[float, float]]) -> None:
     times = np.array([r[0] for r in rows], dtype=np.float64)
     memory = np.array([r[1] for r in rows], dtype=np.float64)
     assert np.array_equal(lex_order(times, memory), np.lexsort((memory, times)))
+
+
+def test_ring_cp_layouts_that_fit_are_tried_with_all_gathered_kv_too() -> None:
+    """Every ring-CP layout that fits is evaluated again with its K/V all-gathered (Llama 3's kind): each gathered
+    layout has its ring twin among those that fit, agrees with the scalar evaluation, and a pinned CP kind keeps
+    the other out of the search."""
+    from dataclasses import fields
+
+    from meshplan.spec.layout import ContextParallel
+
+    model = io.load_model("llama-3.1-8b")
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=32)
+    work = Workload(seq_len=65536, global_batch=32)
+    result = search(model, cluster, work)
+    lay = result.candidates
+    kind, cp = np.asarray(lay.cp_kind), np.asarray(lay.cp)
+    gathered = np.flatnonzero(kind == int(ContextParallel.ALL_GATHER))
+    assert len(gathered) > 10 and np.all(cp[gathered] > 1)
+    names = [f.name for f in fields(lay) if f.name != "cp_kind"]
+    rows = np.column_stack([np.asarray(getattr(lay, n), dtype=np.int64) for n in names])
+    ring = {tuple(r) for r in rows[kind == int(ContextParallel.RING)]}
+    assert all(tuple(rows[i]) in ring for i in gathered)
+    assert result.evaluated == result.feasible + sum(result.rejections.values())
+    for i in np.random.default_rng(0).choice(gathered, size=10, replace=False):
+        plan = evaluate(model, cluster, lay.layout(int(i)), work)
+        assert float(plan.step.step_time_s) == pytest.approx(float(result.step.step_time_s[i]), rel=1e-12)
+        assert float(plan.memory.per_gpu.total_bytes) == pytest.approx(float(result.memory.total_bytes[i]), rel=1e-12)
+    pinned = search(model, cluster, work, pins={"cp_kind": int(ContextParallel.RING)})
+    assert np.all(np.asarray(pinned.candidates.cp_kind) == int(ContextParallel.RING))
+    assert pinned.feasible == len(ring)

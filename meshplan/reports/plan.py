@@ -114,7 +114,7 @@ def pinned_space(pins: Mapping[str, Any] | None) -> tuple[SearchSpace | None, di
         elif name == "recompute":
             space = dataclasses.replace(space, recompute_choices=(int(choice(Recompute, value, "recompute")),))
         elif name == "cp_kind":
-            space = dataclasses.replace(space, cp_kind=choice(ContextParallel, value, "cp kind"))
+            space = dataclasses.replace(space, cp_kind=choice(ContextParallel, value, "cp kind"), cp_all_gather=False)
         elif name == "schedule":
             schedule = choice(Schedule, value, "schedule")
             if schedule in (Schedule.GPIPE, Schedule.DUALPIPE):

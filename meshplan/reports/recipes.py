@@ -22,8 +22,7 @@ from meshplan.reports.inputs import (
     resolve_order,
     resolve_workload,
 )
-from meshplan.search.rank import MAX_TP_DOMAINS, search
-from meshplan.search.space import SearchSpace
+from meshplan.search.rank import search
 from meshplan.spec import requests
 
 FIELDS = {
@@ -116,11 +115,7 @@ def recipe_report(name: str, *, rank: bool = True) -> dict[str, Any]:
     out = evaluated_plan_dict(plan)
     out.update({"recipe": name, "title": r["title"], "source": r["source"], "why": r["why"], "factors": factors(name)})
     if rank:
-        # the search runs the recipe's kind of context parallelism (ring, or all-gathered K/V as Llama 3's), as a
-        # user pinning it would: the planner's own space is ring CP
-        wide = max(MAX_TP_DOMAINS * plan.cluster.domain_size, 8)
-        space = SearchSpace(max_tp=wide, cp_kind=plan.layout.cp_kind)
-        found = search(plan.model, plan.cluster, plan.workload, space=space, order=plan.order)
+        found = search(plan.model, plan.cluster, plan.workload, order=plan.order)
         times = np.asarray(found.step.step_time_s) * np.ones(found.feasible)
         published = float(plan.step.step_time_s)
         out["search"] = {

@@ -34,7 +34,7 @@ from meshplan.core.training import peak_bill
 from meshplan.search.order import Objective, pareto_front, rank
 from meshplan.search.space import LayoutBatch, SearchSpace, layout_chunks
 from meshplan.spec.cluster import Cluster, GpuCalibration
-from meshplan.spec.layout import Layout
+from meshplan.spec.layout import ContextParallel, Layout
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
@@ -151,7 +151,8 @@ def search(
     start = time.perf_counter()
     wide = max(MAX_TP_DOMAINS * cluster.domain_size, 8)
     space = space or SearchSpace(max_tp=wide if not allow_cross_node_tp else None)
-    rules = Rules(allow_cross_node_tp=allow_cross_node_tp, pins=dict(pins or {}))
+    gather = space.cp_all_gather and space.cp_kind is ContextParallel.RING and "cp_kind" not in (pins or {})
+    rules = Rules(allow_cross_node_tp=allow_cross_node_tp, pins=dict(pins or {}), cp_all_gather=gather)
     params = count_params(model)
     budget = cluster.gpu.hbm_bytes * (1 - headroom)
     walk = functools.partial(_walk, model, params, workload, cluster, space, rules, order, budget, start)
@@ -203,6 +204,11 @@ def _walk(
         )
         if part is not None:
             kept.append(part)
+            if rules.cp_all_gather:
+                tried, gathered = _all_gathered(model, params, part[0], workload, cluster, budget, order, counts)
+                evaluated += tried
+                if gathered is not None:
+                    kept.append(gathered)
         report = _PROGRESS.get()
         if report is not None:
             report(evaluated, done / num_chunks, time.perf_counter() - start)
@@ -225,6 +231,8 @@ class Rules:
 
     allow_cross_node_tp: bool
     pins: dict[str, int]
+    cp_all_gather: bool = False
+    """Also evaluate each fitting ring-CP layout with all-gathered K/V (``SearchSpace.cp_all_gather``)."""
 
 
 @dataclass(slots=True)
@@ -305,6 +313,34 @@ def _evaluate_chunk(
     placement = place(mesh_sizes(feasible), order=order, domain=cluster.domain_size)
     step, _ = step_time(model, params, feasible, workload, cluster, placement, calls=False)
     return feasible, step, bill
+
+
+def _all_gathered(
+    model: ModelSpec,
+    params: ParamCount,
+    feasible: LayoutBatch,
+    workload: Workload,
+    cluster: Cluster,
+    budget: float,
+    order: tuple[str, ...],
+    counts: dict[str, int],
+) -> tuple[int, tuple[LayoutBatch, StepTime, MemoryBill] | None]:
+    """The ring-CP layouts of a chunk that fit, tried again with all-gathered K/V: how many were tried, and those
+    that fit with their step time and bill (None: none do). The rules do not read the CP kind, so only the bill
+    can reject them."""
+    ring = np.flatnonzero((feasible.cp > 1) & (feasible.cp_kind == int(ContextParallel.RING)))
+    if not len(ring):
+        return 0, None
+    tried = feasible.take(ring)
+    tried = dataclasses.replace(tried, cp_kind=np.full(len(tried), int(ContextParallel.ALL_GATHER), dtype=np.int64))
+    fits, bill = fitting_bill(model, params, tried, workload, calibration=cluster.gpu.calibration, budget=budget)
+    counts[OOM] = counts.get(OOM, 0) + int((~fits).sum())
+    if not fits.any():
+        return len(tried), None
+    gathered = tried.take(fits)
+    placement = place(mesh_sizes(gathered), order=order, domain=cluster.domain_size)
+    step, _ = step_time(model, params, gathered, workload, cluster, placement, calls=False)
+    return len(tried), (gathered, step, bill)
 
 
 def fitting_bill(

@@ -136,6 +136,10 @@ class SearchSpace:
     zero_choices: tuple[int, ...] = (0, 1, 2, 3)
     recompute_choices: tuple[int, ...] = (0, 1, 2)
     cp_kind: ContextParallel = ContextParallel.RING
+    cp_all_gather: bool = True
+    """Also try every ring-CP layout that fits with its K/V all-gathered instead (Llama 3's context parallelism,
+    Megatron-Core's ``--cp-comm-type allgather``): it pays no ring bookkeeping but holds the gathered K/V, so a
+    layout that does not fit as a ring does not fit gathered either. Off when the CP kind is pinned."""
     zero_bubble: bool = False
     """Also try the ZB-H1 schedule for pipelines without interleaving."""
 
