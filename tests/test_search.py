@@ -11,7 +11,7 @@ from meshplan import io
 from meshplan.core.plan import evaluate
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.search.order import lex_order, pareto_front
-from meshplan.search.rank import OOM, TP_CROSSES, search
+from meshplan.search.rank import ALL_GATHER_WINDOW, OOM, TP_CROSSES, search
 from meshplan.search.space import LayoutBatch, SearchSpace, enumerate_layouts
 from meshplan.spec.conditions import Conditions, StageSplit
 from meshplan.spec.finetune import Finetune, FinetuneMode
@@ -210,9 +210,11 @@ def test_lex_order_is_lexsort(rows: list[tuple[float, float]]) -> None:
 
 
 def test_ring_cp_layouts_that_fit_are_tried_with_all_gathered_kv_too() -> None:
-    """Every ring-CP layout that fits is evaluated again with its K/V all-gathered (Llama 3's kind): each gathered
-    layout has its ring twin among those that fit, agrees with the scalar evaluation, and a pinned CP kind keeps
-    the other out of the search."""
+    """Ring-CP layouts that fit are evaluated again with their K/V all-gathered (Llama 3's kind) when they are
+    near the fastest: each gathered layout has its ring twin among those that fit, agrees with the scalar
+    evaluation, none is slower than (1 + ALL_GATHER_WINDOW)^2 x the best (the window of the best gathered, its
+    twin within the window of the best), and a pinned CP kind keeps the other out of the search."""
+    import dataclasses
     from dataclasses import fields
 
     from meshplan.spec.layout import ContextParallel
@@ -229,6 +231,18 @@ def test_ring_cp_layouts_that_fit_are_tried_with_all_gathered_kv_too() -> None:
     rows = np.column_stack([np.asarray(getattr(lay, n), dtype=np.int64) for n in names])
     ring = {tuple(r) for r in rows[kind == int(ContextParallel.RING)]}
     assert all(tuple(rows[i]) in ring for i in gathered)
+    # complete within the window of the final best: every ring-CP layout that close was tried, and its gathered
+    # twin is here unless it does not fit
+    times = np.asarray(result.step.step_time_s) * np.ones(len(lay))
+    have = {tuple(rows[i]) for i in gathered}
+    near = np.flatnonzero(
+        (kind == int(ContextParallel.RING)) & (cp > 1) & (times <= (1 + ALL_GATHER_WINDOW) * times[0])
+    )
+    assert len(near) > 10
+    for i in near:
+        if tuple(rows[i]) not in have:
+            twin = dataclasses.replace(lay.layout(int(i)), cp_kind=ContextParallel.ALL_GATHER)
+            assert evaluate(model, cluster, twin, work).memory.per_gpu.total_bytes > 0.9 * cluster.gpu.hbm_bytes
     assert result.evaluated == result.feasible + sum(result.rejections.values())
     for i in np.random.default_rng(0).choice(gathered, size=10, replace=False):
         plan = evaluate(model, cluster, lay.layout(int(i)), work)

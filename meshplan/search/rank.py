@@ -196,6 +196,7 @@ def _walk(
         domain=cluster.domain_size,
         allow_cross_node_tp=True,
     )
+    fastest_s = float("inf")  # the fastest layout kept so far: where all-gathered K/V is worth trying
     for done, batch in enumerate(chunks, start=1):
         check_deadline()
         evaluated += len(batch)
@@ -205,10 +206,16 @@ def _walk(
         if part is not None:
             kept.append(part)
             if rules.cp_all_gather:
-                tried, gathered = _all_gathered(model, params, part[0], workload, cluster, budget, order, counts)
+                times = np.asarray(part[1].step_time_s, dtype=np.float64) * np.ones(len(part[0]))
+                fastest_s = min(fastest_s, float(times.min()))
+                near = times <= (1 + ALL_GATHER_WINDOW) * fastest_s
+                tried, gathered = _all_gathered(
+                    model, params, part[0].take(near), workload, cluster, budget, order, counts
+                )
                 evaluated += tried
                 if gathered is not None:
                     kept.append(gathered)
+                    fastest_s = min(fastest_s, float(np.min(np.asarray(gathered[1].step_time_s))))
         report = _PROGRESS.get()
         if report is not None:
             report(evaluated, done / num_chunks, time.perf_counter() - start)
@@ -315,6 +322,13 @@ def _evaluate_chunk(
     return feasible, step, bill
 
 
+ALL_GATHER_WINDOW = 0.3
+"""Ring-CP layouts that fit are tried with all-gathered K/V when their step is within this share of the fastest
+layout kept so far: all-gathering drops the ring's bookkeeping and p2p sends but adds its own gather, so a layout
+30% slower than the best as a ring does not reach the top gathered. The fastest only falls as chunks go by, so
+no layout within the window of the final best is skipped; slower ones are not tried (fewer evaluations)."""
+
+
 def _all_gathered(
     model: ModelSpec,
     params: ParamCount,
@@ -325,9 +339,9 @@ def _all_gathered(
     order: tuple[str, ...],
     counts: dict[str, int],
 ) -> tuple[int, tuple[LayoutBatch, StepTime, MemoryBill] | None]:
-    """The ring-CP layouts of a chunk that fit, tried again with all-gathered K/V: how many were tried, and those
-    that fit with their step time and bill (None: none do). The rules do not read the CP kind, so only the bill
-    can reject them."""
+    """The ring-CP layouts of ``feasible`` (a chunk's that fit, near the fastest), tried again with all-gathered
+    K/V: how many were tried, and those that fit with their step time and bill (None: none do). The rules do not
+    read the CP kind, so only the bill can reject them."""
     ring = np.flatnonzero((feasible.cp > 1) & (feasible.cp_kind == int(ContextParallel.RING)))
     if not len(ring):
         return 0, None

@@ -137,9 +137,10 @@ class SearchSpace:
     recompute_choices: tuple[int, ...] = (0, 1, 2)
     cp_kind: ContextParallel = ContextParallel.RING
     cp_all_gather: bool = True
-    """Also try every ring-CP layout that fits with its K/V all-gathered instead (Llama 3's context parallelism,
-    Megatron-Core's ``--cp-comm-type allgather``): it pays no ring bookkeeping but holds the gathered K/V, so a
-    layout that does not fit as a ring does not fit gathered either. Off when the CP kind is pinned."""
+    """Also try the ring-CP layouts that fit, within ``rank.ALL_GATHER_WINDOW`` of the fastest, with their K/V
+    all-gathered instead (Llama 3's context parallelism, Megatron-Core's ``--cp-comm-type allgather``): that pays
+    no ring bookkeeping but holds the gathered K/V, so a layout too big as a ring is too big gathered. Off when
+    the CP kind is pinned."""
     zero_bubble: bool = False
     """Also try the ZB-H1 schedule for pipelines without interleaving."""
 
