@@ -119,7 +119,7 @@ function layoutWords(l) {
   const parts = [];
   if (l.tp > 1) parts.push(`TP ${l.tp}${l.sp ? "+SP" : ""}`);
   if (l.pp > 1) parts.push(`PP ${l.pp}${l.vpp > 1 ? ` × ${l.vpp} virtual` : ""}`);
-  if (l.cp > 1) parts.push(`CP ${l.cp}`);
+  if (l.cp > 1) parts.push(`CP ${l.cp}${l.cp_kind === "all-gather" ? " (K/V all-gathered)" : ""}`);
   if (l.ep > 1) parts.push(`EP ${l.ep}`);
   if (l.dp_shard > 1) parts.push(`DP-shard ${l.dp_shard}`);
   if (l.dp_replicate > 1) parts.push(`DP-replicas ${l.dp_replicate}`);
