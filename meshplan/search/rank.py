@@ -239,7 +239,8 @@ class Rules:
     allow_cross_node_tp: bool
     pins: dict[str, int]
     cp_all_gather: bool = False
-    """Also evaluate each fitting ring-CP layout with all-gathered K/V (``SearchSpace.cp_all_gather``)."""
+    """Also evaluate the fitting ring-CP layouts near the fastest with all-gathered K/V (``ALL_GATHER_WINDOW``,
+    ``SearchSpace.cp_all_gather``)."""
 
 
 @dataclass(slots=True)
