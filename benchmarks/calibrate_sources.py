@@ -8,6 +8,9 @@ picks, the paper's model as a model file), ``--fit`` of them chosen at random ar
 the others are predicted before and after the fit. Sources with fewer than 2 x ``--fit`` runs fit on half. Each
 source is drawn ``--draws`` times; the medians of the held-out runs' mean |error| are printed, with the scales
 calibrate chose. The issue's target: from 10 runs, the error on the cluster's other runs at least halves.
+
+``--in-sample SOURCE`` prints instead, for one source, every choice of one or two constants fitted on all its runs
+(first order, as calibrate fits) and its mean |error| there: the least any such profile can leave.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from meshplan import io
-from meshplan.calibrate import MeasuredRun, fit_runs, predict
-from meshplan.spec.profile import IDENTITY
+from meshplan import calibration, io
+from meshplan.calibrate import MeasuredRun, _rows, fit_runs, predict
+from meshplan.spec.profile import CONSTANTS, IDENTITY
 from meshplan.validate import _model, estimate_args, run_case, sources
 
 METRICS = {"tokens_per_s_per_gpu": "tokens_per_s_per_gpu", "iteration_time_s": "step_time_s"}
@@ -64,7 +67,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--draws", type=int, default=10)
     parser.add_argument("--fit", type=int, default=10)
+    parser.add_argument("--in-sample", metavar="SOURCE", choices=CLUSTERS)
     args = parser.parse_args()
+    if args.in_sample:
+        in_sample(args.in_sample)
+        return
     print(f"{'source':<18} {'runs':>4} {'fit':>3} {'held out: catalog':>18} {'fitted':>7}  scales chosen (draws)")
     with tempfile.TemporaryDirectory() as tmp:
         for source in CLUSTERS:
@@ -83,6 +90,21 @@ def main() -> None:
             picks = ", ".join(f"{c} {chosen.count(c)}" for c in sorted(set(chosen)))
             b, a = statistics.median(before), statistics.median(after)
             print(f"{source:<18} {len(runs):>4} {k:>3} {100 * b:>17.1f}% {100 * a:>6.1f}%  {picks}")
+
+
+def in_sample(source: str) -> None:
+    """Every choice of at most two constants fitted on all of ``source``'s runs, least error first."""
+    with tempfile.TemporaryDirectory() as tmp:  # the runs' model files live there
+        runs = typed_runs(source, Path(tmp))
+        sens = calibration.sensitivities(lambda p: _rows(runs, p))
+    rows = []
+    for free in calibration.subsets(CONSTANTS, 2):
+        fitted = calibration.fit(sens, free=free)
+        values = ", ".join(f"{name} {getattr(fitted.profile, name):.3g}" for name in free) or "the catalog"
+        rows.append((fitted.mean_abs_error, values))
+    print(f"{source}: {len(runs)} runs, each choice of constants fitted on all of them (first order)")
+    for error, values in sorted(rows):
+        print(f"{100 * error:6.2f}%  {values}")
 
 
 if __name__ == "__main__":

@@ -3,12 +3,13 @@
 RUNS.json is a list of objects, each with ``args`` (the ``meshplan estimate``
 arguments as typed, e.g. ``["llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8"]``)
 and the measured ``step_time_s`` or ``tokens_per_s_per_gpu`` (optionally
-``peak_memory_bytes``, compared, not fitted). The profile's shared scales
-(matmul efficiency, collective bandwidth, attention kernels, memory-bound
-kernels; spec/profile.py) are fitted over all runs together (calibration.fit):
-nothing, one scale or two, whichever choice predicts each run best from the
-others (leave one run out). A scale no run can move is not fitted, a choice
-gets at most one free scale per two runs, and fewer than three runs are
+``peak_memory_bytes``, compared, not fitted). The profile's shared constants
+(scales on the matmul efficiency, collective bandwidth, attention kernels and
+memory-bound kernels, and the host's time per step; spec/profile.py) are
+fitted over all runs together (calibration.fit): nothing, one constant or two,
+whichever choice predicts each run best from the others (leave one run out).
+A constant no run can move is not fitted, a choice gets at most one free
+constant per two runs, and fewer than three runs are
 refused: a constant is never fitted to one run. The held-out error reported is
 that leave-one-run-out error of the choice made.
 """
@@ -17,19 +18,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from meshplan import calibration
-from meshplan.spec.profile import IDENTITY, SCALES, Profile, dump_profile
+from meshplan.spec.profile import CONSTANTS, IDENTITY, Profile, dump_profile
 
 MIN_RUNS = 3
 RUNS_PER_SCALE = 2
-"""A choice fits at most one scale per this many runs."""
+"""A choice fits at most one constant per this many runs."""
 MOST_FREE = 2
-"""At most this many scales are fitted at once: ten runs of one cluster rarely tell three apart."""
+"""At most this many constants are fitted at once: ten runs of one cluster rarely tell three apart."""
 METRICS = ("step_time_s", "tokens_per_s_per_gpu")
 
 
@@ -67,12 +69,17 @@ def _run(i: int, item: Any) -> MeasuredRun:
     if len(given) != 1:
         raise ValueError(f"run {i}: give exactly one of step_time_s and tokens_per_s_per_gpu")
     value = item[given[0]]
-    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+    if not _positive(value):
         raise ValueError(f"run {i}: {given[0]} must be a positive number, got {value!r}")
     memory = item.get("peak_memory_bytes")
-    if memory is not None and (not isinstance(memory, int | float) or memory <= 0):
+    if memory is not None and not _positive(memory):
         raise ValueError(f"run {i}: peak_memory_bytes must be a positive number, got {memory!r}")
     return MeasuredRun(args=tuple(args), metric=given[0], measured=float(value), peak_memory_bytes=memory)
+
+
+def _positive(value: Any) -> bool:
+    """A finite number above 0 (JSON's Infinity and NaN, booleans and strings are not)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
 
 
 def _estimate(run: MeasuredRun, profile: Profile) -> dict[str, Any]:
@@ -112,10 +119,10 @@ def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
     which = calibration.identified(sens)
     identified = [name for name, ok in which.items() if ok]
     if not identified:
-        raise ValueError("these runs cannot identify any constant: no run's time moves with any scale")
-    # nothing, each identified scale alone, and each pair: the choice whose leave-one-run-out error is least (a
+        raise ValueError("these runs cannot identify any constant: no run's time moves with any scale or the host time")
+    # nothing, each identified constant alone, and each pair: the choice whose leave-one-run-out error is least (a
     # handful of runs rarely separates more than two causes: fitting more then overfits; and where the catalog's
-    # constants already predict the runs, a fitted scale only adds noise)
+    # constants already predict the runs, a fitted constant only adds noise)
     choices = [c for c in calibration.subsets(identified, MOST_FREE) if len(runs) >= RUNS_PER_SCALE * len(c)]
     held_by_choice: dict[tuple[str, ...], list[float]] = {c: _held_out(sens, list(c)) for c in choices}
     best: tuple[str, ...] = min(held_by_choice, key=lambda c: (statistics.mean(held_by_choice[c]), len(c)))
@@ -143,7 +150,7 @@ def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
 
 
 def _held_out(sens: list[calibration.Sensitivity], free: list[str]) -> list[float]:
-    """Each run's |error| predicted with ``free`` fitted on all the other runs (first order in the scales; with
+    """Each run's |error| predicted with ``free`` fitted on all the other runs (first order in the constants; with
     nothing free, the catalog's own error)."""
     if not free:
         return [abs(r.error(r.base)) for r in sens]
@@ -179,7 +186,7 @@ def calibrate_report(path: str, *, out: str | None = None) -> dict[str, Any]:
             row["memory_error"] = memory / run.peak_memory_bytes - 1
         rows.append(row)
     return {
-        "profile": {**{name: getattr(profile, name) for name in SCALES}, "source": profile.source},
+        "profile": {**{name: getattr(profile, name) for name in CONSTANTS}, "source": profile.source},
         **numbers,
         "runs_detail": rows,
         "profile_file": out,

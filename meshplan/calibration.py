@@ -2,11 +2,14 @@
 
 A profile (spec/profile.py) scales, for every GPU kind and link kind at once, the
 matmul efficiency, the collective bandwidths, the attention kernels' share of peak
-and the speed of the memory-bound kernels. Fitting it needs the step time as a
-function of the scales; each run is evaluated once at the catalog's constants and
-once with each scale at 0.9, and its time is taken as affine in 1/scale,
-t = t0 + sum_i d_i (1/s_i - 1), which holds while no scale changes which setting
-a source tuned or which term hides which. The free scales are chosen on a grid by
+and the speed of the memory-bound kernels, and adds a host time per step. Fitting
+it needs the step time as a function of those constants; each run is evaluated
+once at the catalog's constants and once with each constant moved (a scale to
+0.9, the host time to 0.1 s), and its time is taken as affine in each constant's
+departure from neutral (1/scale - 1 for a scale, the seconds themselves for the
+host time), t = t0 + sum_i d_i x_i, which holds while no constant changes which
+setting a source tuned or which term hides which (the host time is exactly
+additive). The free scales are chosen on a grid by
 the mean |log(predicted / measured)|, each source weighing the same whatever its
 number of runs. Leaving a source out, the scales are fitted on the others and the
 source is evaluated again exactly, with the fitted profile: that is its held-out
@@ -22,23 +25,39 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.spec.profile import IDENTITY, SCALES, Profile, from_scales
+from meshplan.spec.profile import CONSTANTS, IDENTITY, OFFSETS, Profile, from_values
 
 PERTURB = 0.9
 """Each scale's step for the sensitivities: a 10% slower GPU, network, attention kernel or memory-bound kernel."""
+PERTURB_OFFSET_S = 0.1
+"""The host time's step for the sensitivities: 0.1 s more per step."""
 GRIDS = {
     "compute_scale": np.exp(np.linspace(math.log(0.6), math.log(1.6), 61)),
     "comm_scale": np.exp(np.linspace(math.log(0.25), math.log(1.25), 41)),
     "attention_scale": np.exp(np.linspace(math.log(0.5), math.log(2.0), 41)),
     "memory_scale": np.exp(np.linspace(math.log(0.4), math.log(1.25), 41)),
+    "step_overhead_s": np.concatenate([[0.0], np.exp(np.linspace(math.log(0.002), math.log(5.0), 40))]),
 }
-"""Each scale's candidates. Bandwidth up to 1.25: a collective never beats its link's nominal bandwidth, and the
+"""Each constant's candidates. Bandwidth up to 1.25: a collective never beats its link's nominal bandwidth, and the
 least efficient link of the catalog reaches 0.81 of it (NVLink 4 ring collectives), so no network is more than
-1/0.81 faster than modeled; memory-bound kernels likewise reach at most the HBM bandwidth (0.8 of it modeled)."""
+1/0.81 faster than modeled; memory-bound kernels likewise reach at most the HBM bandwidth (0.8 of it modeled). The
+host time from none through 2 ms to 5 s per step, never negative: a host adds time, it cannot take the GPUs' away."""
 GRID_POINTS = 40_000
 """Most grid points one fit evaluates: with more than two free scales each grid is thinned to keep to it."""
 IDENTIFIES = 0.01
-"""A scale is identified by a set of runs when a 10% change of it moves some run's time by more than 1%."""
+"""A constant is identified by a set of runs when its step (a scale 10% slower, 0.1 s more per step) moves some
+run's time by more than 1%."""
+
+
+def departure(name: str, value: float) -> float:
+    """How far a constant's value is from neutral, in the unit the time is affine in: 1/scale - 1 for a scale
+    (a time divided by the scale), the seconds themselves for the host time per step."""
+    return value if name in OFFSETS else 1 / value - 1
+
+
+def _moved(name: str) -> float:
+    """Each constant's value for the sensitivities."""
+    return PERTURB_OFFSET_S if name in OFFSETS else PERTURB
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,7 +70,8 @@ class Sensitivity:
     """Measured, time-like (a time, or 1 / the measured rate)."""
     base: float
     slopes: Mapping[str, float]
-    """Per scale, the change of the time-like value per unit of 1/scale - 1 (scales not evaluated: absent)."""
+    """Per constant, the change of the time-like value per unit of its departure (``departure``; constants not
+    evaluated: absent)."""
     rate: bool
     """The metric is a rate (throughput, MFU): its error is measured / predicted time-like - 1."""
 
@@ -70,13 +90,12 @@ def time_like(metric: str, value: float) -> float:
 def sensitivities(
     results: Callable[[Profile], Sequence[tuple[str, str, str, float, float]]],
     *,
-    scales: Sequence[str] = SCALES,
+    scales: Sequence[str] = CONSTANTS,
 ) -> list[Sensitivity]:
     """Per run, from ``results(profile)`` rows (source, case, metric, measured, predicted), with the slopes of
-    ``scales``."""
+    the constants ``scales``."""
     base = results(IDENTITY)
-    moved = {name: results(from_scales({name: PERTURB})) for name in scales}
-    step = 1 / PERTURB - 1
+    moved = {name: results(from_values({name: _moved(name)})) for name in scales}
     out = []
     for i, (source, case, metric, measured, predicted) in enumerate(base):
         t0 = time_like(metric, predicted)
@@ -86,7 +105,10 @@ def sensitivities(
                 case=case,
                 measured=time_like(metric, measured),
                 base=t0,
-                slopes={name: (time_like(metric, rows[i][4]) - t0) / step for name, rows in moved.items()},
+                slopes={
+                    name: (time_like(metric, rows[i][4]) - t0) / departure(name, _moved(name))
+                    for name, rows in moved.items()
+                },
                 rate=not metric.endswith("_s"),
             )
         )
@@ -94,10 +116,12 @@ def sensitivities(
 
 
 def identified(runs: Sequence[Sensitivity]) -> dict[str, bool]:
-    """Which scales the runs can pin down (a 10% change moves some run by more than IDENTIFIES)."""
-    step = 1 / PERTURB - 1
-    names = [name for name in SCALES if runs and name in runs[0].slopes]
-    return {name: any(abs(r.slopes[name] * step) > IDENTIFIES * r.base for r in runs) for name in names}
+    """Which constants the runs can pin down (their step moves some run by more than IDENTIFIES)."""
+    names = [name for name in CONSTANTS if runs and name in runs[0].slopes]
+    return {
+        name: any(abs(r.slopes[name] * departure(name, _moved(name))) > IDENTIFIES * r.base for r in runs)
+        for name in names
+    }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,11 +145,11 @@ def _grid(name: str, free: int) -> np.ndarray:
 def fit(runs: Sequence[Sensitivity], *, free: Sequence[str] = ("compute_scale", "comm_scale")) -> Fit:
     """The grid point of the ``free`` scales with the least mean |log error|, sources weighed alike.
 
-    Scales not in ``free`` stay at 1.
+    Constants not in ``free`` stay neutral (scales at 1, the host time at 0).
     """
     if not runs:
         raise ValueError("no runs to fit")
-    free = [name for name in SCALES if name in free]
+    free = [name for name in CONSTANTS if name in free]
     grids = [_grid(name, len(free)) for name in free]
     mesh = [g.ravel() for g in np.meshgrid(*grids, indexing="ij")] if free else []
     points = len(mesh[0]) if mesh else 1
@@ -135,18 +159,19 @@ def fit(runs: Sequence[Sensitivity], *, free: Sequence[str] = ("compute_scale", 
         base = np.array([r.base for r in mine])[:, None]
         t = np.repeat(base, points, axis=1)
         for scale, values in zip(free, mesh, strict=True):
-            t = t + np.array([r.slopes[scale] for r in mine])[:, None] * (1 / values - 1)[None, :]
+            away = values if scale in OFFSETS else 1 / values - 1
+            t = t + np.array([r.slopes[scale] for r in mine])[:, None] * away[None, :]
         t = np.maximum(t, 1e-3 * base)
         meas = np.array([r.measured for r in mine])[:, None]
         per_source.append(np.abs(np.log(t / meas)).mean(axis=0))
     best = int(np.argmin(np.mean(per_source, axis=0)))
-    profile = from_scales({scale: float(values[best]) for scale, values in zip(free, mesh, strict=True)})
+    profile = from_values({scale: float(values[best]) for scale, values in zip(free, mesh, strict=True)})
     return Fit(profile=profile, mean_abs_error=_error_at(runs, profile), runs=len(runs))
 
 
 def predict(r: Sensitivity, profile: Profile) -> float:
     """First-order time-like value of run ``r`` under ``profile``."""
-    t = r.base + sum(slope * (1 / float(getattr(profile, name)) - 1) for name, slope in r.slopes.items())
+    t = r.base + sum(slope * departure(name, float(getattr(profile, name))) for name, slope in r.slopes.items())
     return max(t, 1e-3 * r.base)
 
 

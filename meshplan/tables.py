@@ -141,6 +141,7 @@ def _estimate(r: dict[str, Any]) -> str:
         ("  data parallel / ZeRO", seconds(b["exposed_dp_s"])),
         ("pipeline bubble", seconds(b["bubble_s"])),
         ("optimizer step", seconds(b["optimizer_s"])),
+        *([("host overhead (profile)", seconds(b["host_s"]))] if b.get("host_s") else []),
         ("step", seconds(r["step_time_s"])),
     ]
     head = [

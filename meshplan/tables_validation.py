@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.render import gb, percent, table
-from meshplan.spec.profile import SCALES
+from meshplan.spec.profile import CONSTANTS
 
 
 def _validate_serving(r: dict[str, Any]) -> str:
@@ -209,7 +209,7 @@ def calibrate_table(r: dict[str, Any]) -> str:
     out = [
         table(rows, ["run", "metric", "measured", "catalog", "error", "fitted", "error"]),
         "",
-        f"profile: {', '.join(f'{name} {p[name]:.3f}' for name in SCALES)} "
+        f"profile: {', '.join(f'{name} {p[name]:.3f}' for name in CONSTANTS)} "
         f"(fitted: {', '.join(r['fitted']) or 'nothing: the catalog predicts the runs best'}; not identified: "
         f"{', '.join(k for k, ok in r['identified'].items() if not ok) or 'none'})",
         "chosen by the least error held out: "

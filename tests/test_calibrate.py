@@ -86,6 +86,9 @@ def test_report_writes_a_profile_file(tmp_path: Path, measured: list[MeasuredRun
         ({"args": ["x"]}, "list of runs"),
         ([{"args": ["llama-3.1-8b"], "step_time_s": 1, "tokens_per_s_per_gpu": 2}], "exactly one"),
         ([{"args": ["llama-3.1-8b"], "step_time_s": -1}], "positive"),
+        ([{"args": ["llama-3.1-8b"], "step_time_s": float("inf")}], "positive"),
+        ([{"args": ["llama-3.1-8b"], "step_time_s": 1, "peak_memory_bytes": float("nan")}], "peak_memory_bytes"),
+        ([{"args": ["llama-3.1-8b"], "step_time_s": True}], "positive"),
         ([{"args": ["llama-3.1-8b", "--profile", "p.toml"], "step_time_s": 1}], "--profile"),
         ([{"args": "llama-3.1-8b", "step_time_s": 1}], "args"),
         ([{"args": ["llama-3.1-8b"], "step_time_s": 1, "mfu": 0.4}], "unknown"),
@@ -139,3 +142,23 @@ def test_slow_attention_and_memory_bound_kernels_are_fitted_as_such() -> None:
     before = statistics.mean(abs(p / r.measured - 1) for r, p in zip(test, predict(test, IDENTITY), strict=True))
     after = statistics.mean(abs(p / r.measured - 1) for r, p in zip(test, predict(test, profile), strict=True))
     assert before > 0.05 and after <= before / 2, (before, after)
+
+
+def test_a_host_time_per_step_is_fitted_as_seconds_not_as_a_scale() -> None:
+    """A cluster whose host adds 0.3 s to every step (data loading, logging) on GPUs 10% below the catalog: the
+    fit takes the compute scale and the host time, finds both, and predicts the other runs to within 1%, where
+    no pair of scales can (a fixed time weighs most on the shortest steps)."""
+    truth = Profile(compute_scale=0.9, step_overhead_s=0.3)
+    runs = [MeasuredRun(args=_args(*s), metric="tokens_per_s_per_gpu", measured=1.0) for s in SHAPES]
+    values = predict(runs, truth)
+    runs = [MeasuredRun(args=r.args, metric=r.metric, measured=v) for r, v in zip(runs, values, strict=True)]
+    train, test = runs[:10], runs[10:]
+    profile, numbers = fit_runs(train)
+    assert numbers["fitted"] == ["compute_scale", "step_overhead_s"]
+    assert profile.compute_scale == pytest.approx(0.9, rel=0.03)
+    assert profile.step_overhead_s == pytest.approx(0.3, rel=0.15)
+    after = statistics.mean(abs(p / r.measured - 1) for r, p in zip(test, predict(test, profile), strict=True))
+    assert after < 0.01
+    held = {tuple(c["scales"]): c["mean_abs_error_held_out"] for c in numbers["held_out_by_choice"]}
+    scales_only = min(v for k, v in held.items() if "step_overhead_s" not in k)
+    assert numbers["mean_abs_error_held_out"] < scales_only / 2, held

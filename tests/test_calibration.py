@@ -109,3 +109,46 @@ def test_fit_of_three_scales_thins_its_grids_and_still_finds_them() -> None:
     assert got.profile.attention_scale == pytest.approx(1.3, rel=0.1)
     assert got.profile.memory_scale == pytest.approx(0.6, rel=0.1)
     assert got.profile.comm_scale == 1.0
+
+
+def test_a_host_time_per_step_adds_to_every_step_in_estimate_and_plan_alike() -> None:
+    """``step_overhead_s`` adds its seconds to the step, shows as its own term, moves nothing else, and the
+    planner's steps carry it as estimate's do."""
+    from meshplan.reports.estimate import estimate_report
+    from meshplan.reports.inputs import LayoutRequest
+    from meshplan.reports.plan import plan_report
+
+    run = dict(gpu="h100-sxm", gpus=16, layout=LayoutRequest(tp=2), seq=4096, global_batch=32)
+    base = estimate_report("llama-3.1-8b", **run)  # type: ignore[arg-type]
+    slow = estimate_report("llama-3.1-8b", profile="step_overhead_s=0.25", **run)  # type: ignore[arg-type]
+    assert base["breakdown"]["host_s"] == 0.0 and slow["breakdown"]["host_s"] == 0.25
+    assert slow["step_time_s"] == pytest.approx(base["step_time_s"] + 0.25, abs=1e-12)
+    others = {k: v for k, v in base["breakdown"].items() if k != "host_s"}
+    assert {k: slow["breakdown"][k] for k in others} == others
+    tokens = 32 * 4096
+    assert slow["tokens_per_s_per_gpu"] == pytest.approx(tokens / (16 * (base["step_time_s"] + 0.25)), rel=1e-12)
+    plans = plan_report("llama-3.1-8b", gpu="h100-sxm", gpus=16, seq=4096, global_batch_tokens=tokens, top=3)
+    slowed = plan_report(
+        "llama-3.1-8b",
+        gpu="h100-sxm",
+        gpus=16,
+        seq=4096,
+        global_batch_tokens=tokens,
+        top=3,
+        profile="step_overhead_s=0.25",
+    )
+    assert [p["layout"] for p in slowed["plans"]] == [p["layout"] for p in plans["plans"]]  # the ranking stands
+    for a, b in zip(plans["plans"], slowed["plans"], strict=True):
+        assert b["step_time_s"] == pytest.approx(a["step_time_s"] + 0.25, abs=1e-12)
+    with pytest.raises(ValueError, match="step_overhead_s"):
+        Profile(step_overhead_s=-0.1)
+
+
+def test_profile_files_with_a_word_for_a_number_are_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "p.toml"
+    path.write_text('compute_scale = "fast"\n')
+    with pytest.raises(ValueError, match="compute_scale must be a number"):
+        load_profile(path)
+    path.write_text("step_overhead_s = 0.2\n")
+    assert load_profile(path).step_overhead_s == 0.2
+    assert parse_profile("step_overhead_s=0.2").inline() == "step_overhead_s=0.2"

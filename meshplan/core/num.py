@@ -54,3 +54,10 @@ def to_float(x: Num) -> Num:
     if np.ndim(x) == 0:
         return float(x)
     return np.asarray(x, dtype=np.float64)
+
+
+def like(x: Num, value: float) -> Num:
+    """``value`` as a Python float for a scalar ``x``, or a float64 array of ``x``'s shape (one per layout)."""
+    if np.ndim(x) == 0:
+        return float(value)
+    return np.full(np.shape(x), value, dtype=np.float64)

@@ -1,4 +1,4 @@
-"""Step time = compute + exposed communication + pipeline bubble + optimizer step.
+"""Step time = compute + exposed communication + pipeline bubble + optimizer step + the host's step overhead.
 
 Per micro-batch, a pipeline stage spends forward and backward compute
 (compute.py) plus the TP, CP and EP collectives that compute cannot hide:
@@ -12,6 +12,8 @@ for DualPipe (DeepSeek-V3 Table 2, with W = t_b/2). Data-parallel traffic
 hides behind the last micro-batch's backward (ZeRO-0/1), every backward
 (ZeRO-2/3 reduce-scatters), and every forward (ZeRO-3 prefetch), up to the
 compute it overlaps. The optimizer step streams the sharded state at HBM speed.
+The host's step overhead is the cluster's own (``Cluster.step_overhead_s``: 0
+unless a fitted profile sets it).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from meshplan.core.comm.cost import Collective
 from meshplan.core.flops import model_flops_per_token
 from meshplan.core.groups import DATA_PARALLEL_SPLIT, model_parallel_groups, spread, take_rows
 from meshplan.core.memory import candidates, moment_bytes_per_param, shard_degrees, stage_training
-from meshplan.core.num import Num, maximum, minimum, to_float, where
+from meshplan.core.num import Num, like, maximum, minimum, to_float, where
 from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
 from meshplan.core.stage_params import StageParams, layout_stage_params
@@ -47,6 +49,8 @@ class StepTime:
     exposed_comm_s: Num
     bubble_s: Num
     optimizer_s: Num
+    host_s: Num
+    """Host-side time per step no GPU term prices (``Cluster.step_overhead_s``)."""
     exposed_tp_s: Num
     exposed_cp_s: Num
     exposed_ep_s: Num
@@ -60,7 +64,7 @@ class StepTime:
 
     @property
     def step_time_s(self) -> Num:
-        return self.compute_s + self.exposed_comm_s + self.bubble_s + self.optimizer_s
+        return self.compute_s + self.exposed_comm_s + self.bubble_s + self.optimizer_s + self.host_s
 
     @property
     def mfu(self) -> Num:
@@ -448,6 +452,7 @@ def step_time(
         exposed_comm_s=to_float(exposed),
         bubble_s=to_float(bubble),
         optimizer_s=to_float(st.optimizer_s),
+        host_s=like(pp, cluster.step_overhead_s),
         exposed_tp_s=to_float(m * st.tp_s / copies),
         exposed_cp_s=to_float(m * st.cp_s / copies),
         exposed_ep_s=to_float(m * st.ep_s / copies),

@@ -110,6 +110,7 @@ class BreakdownJSON(TypedDict):
     exposed_comm_s: float
     bubble_s: float
     optimizer_s: float
+    host_s: float
     exposed_tp_s: float
     exposed_cp_s: float
     exposed_ep_s: float

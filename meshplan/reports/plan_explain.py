@@ -23,6 +23,7 @@ STEP_TERMS = (
     "exposed_dp_s",
     "bubble_s",
     "optimizer_s",
+    "host_s",
 )
 STEP_LABELS = {
     "compute_s": "compute",
@@ -33,6 +34,7 @@ STEP_LABELS = {
     "exposed_dp_s": "DP/ZeRO traffic",
     "bubble_s": "pipeline bubble",
     "optimizer_s": "optimizer step",
+    "host_s": "host overhead",
 }
 
 

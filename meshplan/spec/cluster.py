@@ -237,6 +237,10 @@ class Cluster:
     """Hosts' NIC bandwidth under a leaf switch over the leaf's uplinks (1: a non-blocking fat tree). Rings and
     trees pass data between neighbouring nodes along one rail; an all-to-all spreads over every node, so its
     bytes that leave the domain share the uplinks."""
+    step_overhead_s: float = 0.0
+    """Host-side seconds every training step pays that no GPU term prices (data loading, logging, metric syncs,
+    the training loop's own Python): 0 in the catalog; a cluster profile fitted on measured runs sets it
+    (``Profile.step_overhead_s``)."""
 
     def __post_init__(self) -> None:
         check_gpus(self.num_gpus)
@@ -244,3 +248,5 @@ class Cluster:
             raise ValueError(f"domain_size must be >= 1, got {self.domain_size}")
         if not self.oversubscription >= 1:
             raise ValueError(f"oversubscription must be >= 1 (1: non-blocking), got {self.oversubscription}")
+        if not 0 <= self.step_overhead_s < float("inf"):
+            raise ValueError(f"step_overhead_s must be a finite number of seconds >= 0, got {self.step_overhead_s}")

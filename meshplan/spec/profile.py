@@ -3,8 +3,9 @@
 The catalog holds each GPU kind's and link kind's constants with their sources.
 A profile does not replace them: it scales them all at once, as one cluster
 (or one fit over published sources) says its stack runs faster or slower than
-the catalog's physics. ``meshplan calibrate`` writes one; ``--profile FILE``
-applies it; ``meshplan validate`` fits one per left-out source.
+the catalog's physics, and adds the host-side time each of its steps pays.
+``meshplan calibrate`` writes one; ``--profile FILE`` applies it;
+``meshplan validate`` fits one per left-out source.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from pathlib import Path
 from meshplan.spec.cluster import Cluster, Link
 
 MAX_EFFICIENCY = 1.0
+MAX_STEP_OVERHEAD_S = 600.0
+"""A profile's host time per step is at most ten minutes: more is a typo, not a training loop."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Profile:
-    """Scales on the constants of every GPU kind and link kind of a fleet."""
+    """Scales on the constants of every GPU kind and link kind of a fleet, and its host's time per step."""
 
     compute_scale: float = 1.0
     """Multiplies the GPU kind's matmul and attention efficiencies (capped at 1: never above peak)."""
@@ -34,6 +37,10 @@ class Profile:
     memory_scale: float = 1.0
     """Multiplies the speed of the memory-bound kernels (the kind's share of HBM bandwidth, capped at the
     bandwidth) and divides the launch gap of every kernel: the part of compute that is not matmuls."""
+    step_overhead_s: float = 0.0
+    """Seconds added to every training step (``Cluster.step_overhead_s``): what the cluster's host and stack
+    spend per step beside the GPUs' work (data loading, logging, metric syncs, the training loop's Python),
+    which no scale of a GPU constant can express, since it does not grow with the work."""
     source: str = ""
     """How it was fitted: which runs, how many, the fit and held-out errors."""
 
@@ -42,35 +49,40 @@ class Profile:
             value = getattr(self, name)
             if not 0.05 <= value <= 20:
                 raise ValueError(f"profile {name} must be in [0.05, 20], got {value}")
+        if not 0 <= self.step_overhead_s <= MAX_STEP_OVERHEAD_S:
+            raise ValueError(
+                f"profile step_overhead_s must be in [0, {MAX_STEP_OVERHEAD_S:g}] seconds, got {self.step_overhead_s}"
+            )
 
     @property
     def is_identity(self) -> bool:
-        return all(getattr(self, name) == 1.0 for name in SCALES)
+        return all(getattr(self, name) == NEUTRAL[name] for name in CONSTANTS)
 
     def inline(self) -> str:
-        """The scales that differ from 1 as ``--profile`` takes them inline (``compute_scale=0.9,...``)."""
-        return ",".join(f"{name}={getattr(self, name)}" for name in SCALES if getattr(self, name) != 1.0)
+        """The constants that differ from the catalog's as ``--profile`` takes them inline
+        (``compute_scale=0.9,...``)."""
+        return ",".join(f"{name}={getattr(self, name)}" for name in CONSTANTS if getattr(self, name) != NEUTRAL[name])
 
 
 SCALES = ("compute_scale", "comm_scale", "attention_scale", "memory_scale")
-"""The scales of a profile, in the order ``meshplan calibrate`` reports them."""
+"""The scales of a profile (multiplying catalog constants), in the order ``meshplan calibrate`` reports them."""
+OFFSETS = ("step_overhead_s",)
+"""The profile's additive constants (seconds per step)."""
+CONSTANTS = SCALES + OFFSETS
+"""Everything a profile sets, in the order ``meshplan calibrate`` reports it."""
+NEUTRAL = {**dict.fromkeys(SCALES, 1.0), **dict.fromkeys(OFFSETS, 0.0)}
+"""Each constant's value that leaves the catalog as it is."""
 
 
 IDENTITY = Profile()
 
 
-def from_scales(values: Mapping[str, float], *, source: str = "") -> Profile:
-    """The profile of the given scales (any of ``SCALES``), the others at 1."""
-    unknown = sorted(set(values) - set(SCALES))
+def from_values(values: Mapping[str, float], *, source: str = "") -> Profile:
+    """The profile of the given constants (any of ``CONSTANTS``), the others neutral."""
+    unknown = sorted(set(values) - set(CONSTANTS))
     if unknown:
-        raise ValueError(f"unknown profile scales {', '.join(unknown)} (known: {', '.join(SCALES)})")
-    return Profile(
-        compute_scale=values.get("compute_scale", 1.0),
-        comm_scale=values.get("comm_scale", 1.0),
-        attention_scale=values.get("attention_scale", 1.0),
-        memory_scale=values.get("memory_scale", 1.0),
-        source=source,
-    )
+        raise ValueError(f"unknown profile constants {', '.join(unknown)} (known: {', '.join(CONSTANTS)})")
+    return Profile(**{name: float(values.get(name, NEUTRAL[name])) for name in CONSTANTS}, source=source)
 
 
 def _link(link: Link, scale: float) -> Link:
@@ -78,7 +90,8 @@ def _link(link: Link, scale: float) -> Link:
 
 
 def apply_profile(cluster: Cluster, profile: Profile) -> Cluster:
-    """``cluster`` with its GPU's efficiencies, launch gap and its links' bandwidths scaled by ``profile``."""
+    """``cluster`` with its GPU's efficiencies, launch gap and its links' bandwidths scaled by ``profile``, and
+    the profile's host time per step added to the cluster's."""
     if profile.is_identity:
         return cluster
     cal = cluster.gpu.calibration
@@ -96,6 +109,7 @@ def apply_profile(cluster: Cluster, profile: Profile) -> Cluster:
         gpu=dataclasses.replace(cluster.gpu, calibration=cal),
         scale_up=_link(cluster.scale_up, profile.comm_scale),
         scale_out=_link(cluster.scale_out, profile.comm_scale),
+        step_overhead_s=cluster.step_overhead_s + profile.step_overhead_s,
     )
 
 
@@ -106,11 +120,17 @@ def load_profile(path: str | Path) -> Profile:
     unknown = sorted(set(data) - known - {"fit"})
     if unknown:
         raise ValueError(f"profile {path}: unknown keys {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    for name in CONSTANTS:
+        value = data.get(name, NEUTRAL[name])
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"profile {path}: {name} must be a number, got {value!r:.40}")
+    if not isinstance(data.get("source", ""), str):
+        raise ValueError(f"profile {path}: source must be a string")
     return Profile(**{k: v for k, v in data.items() if k in known})
 
 
 def parse_profile(text: str | None, *, files: bool = True) -> Profile:
-    """A profile from ``--profile``: inline ``compute_scale=0.9,comm_scale=1.2`` (any of ``SCALES``), or
+    """A profile from ``--profile``: inline ``compute_scale=0.9,comm_scale=1.2`` (any of ``CONSTANTS``), or
     (``files``) a TOML file."""
     if text is None or not text.strip():
         return IDENTITY
@@ -120,13 +140,13 @@ def parse_profile(text: str | None, *, files: bool = True) -> Profile:
         for item in filter(None, (x.strip() for x in text.split(","))):
             key, _, value = item.partition("=")
             key = key.strip().replace("-", "_")
-            if key not in SCALES:
-                raise ValueError(f"--profile: unknown key {key!r} (known: {', '.join(SCALES)})")
+            if key not in CONSTANTS:
+                raise ValueError(f"--profile: unknown key {key!r} (known: {', '.join(CONSTANTS)})")
             try:
                 values[key] = float(value)
             except ValueError:
                 raise ValueError(f"--profile: {key} must be a number, got {value.strip()[:40]!r}") from None
-        return from_scales(values, source="inline")
+        return from_values(values, source="inline")
     if not files:
         raise ValueError(
             "--profile: give the scales inline (compute_scale=0.9,comm_scale=1.2); files are read by the CLI"
@@ -137,8 +157,8 @@ def parse_profile(text: str | None, *, files: bool = True) -> Profile:
 def dump_profile(profile: Profile, fit: dict[str, float] | None = None) -> str:
     """The TOML text of a profile, with the numbers of its fit in a [fit] table."""
     lines = [
-        "# meshplan cluster profile: shared scales on the catalog's GPU and link constants",
-        *(f"{name} = {getattr(profile, name):.4f}" for name in SCALES),
+        "# meshplan cluster profile: scales on the catalog's GPU and link constants, and the host's time per step",
+        *(f"{name} = {getattr(profile, name):.4f}" for name in CONSTANTS),
         f"source = {_quote(profile.source)}",
     ]
     if fit:

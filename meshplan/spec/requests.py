@@ -271,7 +271,8 @@ FIELDS: tuple[Field, ...] = (
         default=None,
         group=Group.FLEET_SHAPE,
         help="cluster profile from meshplan calibrate: its TOML file, or inline compute_scale=0.9,comm_scale=1.2 "
-        "(scales on every GPU and link constant: compute_scale, comm_scale, attention_scale, memory_scale)",
+        "(scales on every GPU and link constant: compute_scale, comm_scale, attention_scale, memory_scale; and "
+        "step_overhead_s, host seconds added to every step)",
     ),
     _degree("tp", "tensor-parallel degree"),
     _degree("pp", "pipeline-parallel degree (stages)"),
