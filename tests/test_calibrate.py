@@ -31,12 +31,16 @@ def _args(model: str, gpus: int, tp: int, pp: int, mb: int, seq: int) -> tuple[s
     return tuple(out + (["--sp"] if tp > 1 else []))
 
 
+def _measured_on(truth: Profile, shapes: list[tuple[str, int, int, int, int, int]], metric: str) -> list[MeasuredRun]:
+    """Synthetic measurements: the model's own prediction of each shape on a cluster of hidden profile ``truth``."""
+    runs = [MeasuredRun(args=_args(*s), metric=metric, measured=1.0) for s in shapes]
+    values = predict(runs, truth)
+    return [MeasuredRun(args=r.args, metric=r.metric, measured=v) for r, v in zip(runs, values, strict=True)]
+
+
 @pytest.fixture(scope="module")
 def measured() -> list[MeasuredRun]:
-    """Synthetic measurements: the model's own prediction on the hidden cluster."""
-    runs = [MeasuredRun(args=_args(*s), metric="tokens_per_s_per_gpu", measured=1.0) for s in SHAPES]
-    values = predict(runs, TRUTH)
-    return [MeasuredRun(args=r.args, metric=r.metric, measured=v) for r, v in zip(runs, values, strict=True)]
+    return _measured_on(TRUTH, SHAPES, "tokens_per_s_per_gpu")
 
 
 def test_ten_runs_at_least_halve_the_error_on_the_others(measured: list[MeasuredRun]) -> None:
@@ -130,9 +134,7 @@ KERNEL_SHAPES = [  # model, GPUs, tp, pp, micro-batch, sequence: small models an
 def test_slow_attention_and_memory_bound_kernels_are_fitted_as_such() -> None:
     """From 10 runs of small models and long sequences the fit names the two scales that differ and halves the
     error on the other runs; the matmul and network scales stay at 1."""
-    runs = [MeasuredRun(args=_args(*s), metric="step_time_s", measured=1.0) for s in KERNEL_SHAPES]
-    values = predict(runs, KERNELS)
-    runs = [MeasuredRun(args=r.args, metric=r.metric, measured=v) for r, v in zip(runs, values, strict=True)]
+    runs = _measured_on(KERNELS, KERNEL_SHAPES, "step_time_s")
     train, test = runs[:10], runs[10:]
     profile, numbers = fit_runs(train)
     assert numbers["fitted"] == ["attention_scale", "memory_scale"]
@@ -148,10 +150,7 @@ def test_a_host_time_per_step_is_fitted_as_seconds_not_as_a_scale() -> None:
     """A cluster whose host adds 0.3 s to every step (data loading, logging) on GPUs 10% below the catalog: the
     fit takes the compute scale and the host time, finds both, and predicts the other runs to within 1%, where
     no pair of scales can (a fixed time weighs most on the shortest steps)."""
-    truth = Profile(compute_scale=0.9, step_overhead_s=0.3)
-    runs = [MeasuredRun(args=_args(*s), metric="tokens_per_s_per_gpu", measured=1.0) for s in SHAPES]
-    values = predict(runs, truth)
-    runs = [MeasuredRun(args=r.args, metric=r.metric, measured=v) for r, v in zip(runs, values, strict=True)]
+    runs = _measured_on(Profile(compute_scale=0.9, step_overhead_s=0.3), SHAPES, "tokens_per_s_per_gpu")
     train, test = runs[:10], runs[10:]
     profile, numbers = fit_runs(train)
     assert numbers["fitted"] == ["compute_scale", "step_overhead_s"]
