@@ -9,9 +9,9 @@ once at the catalog's constants and once with each constant moved (a scale to
 departure from neutral (1/scale - 1 for a scale, the seconds themselves for the
 host time), t = t0 + sum_i d_i x_i, which holds while no constant changes which
 setting a source tuned or which term hides which (the host time is exactly
-additive). The free scales are chosen on a grid by
+additive). The free constants are chosen on a grid by
 the mean |log(predicted / measured)|, each source weighing the same whatever its
-number of runs. Leaving a source out, the scales are fitted on the others and the
+number of runs. Leaving a source out, the constants are fitted on the others and the
 source is evaluated again exactly, with the fitted profile: that is its held-out
 error.
 """
@@ -22,6 +22,7 @@ import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -49,9 +50,10 @@ IDENTIFIES = 0.01
 run's time by more than 1%."""
 
 
-def departure(name: str, value: float) -> float:
-    """How far a constant's value is from neutral, in the unit the time is affine in: 1/scale - 1 for a scale
-    (a time divided by the scale), the seconds themselves for the host time per step."""
+def departure(name: str, value: Any) -> Any:
+    """How far a constant's value (a float, or a numpy array of candidates) is from neutral, in the unit the time
+    is affine in: 1/scale - 1 for a scale (a time divided by the scale), the seconds themselves for the host time
+    per step."""
     return value if name in OFFSETS else 1 / value - 1
 
 
@@ -90,12 +92,12 @@ def time_like(metric: str, value: float) -> float:
 def sensitivities(
     results: Callable[[Profile], Sequence[tuple[str, str, str, float, float]]],
     *,
-    scales: Sequence[str] = CONSTANTS,
+    constants: Sequence[str] = CONSTANTS,
 ) -> list[Sensitivity]:
     """Per run, from ``results(profile)`` rows (source, case, metric, measured, predicted), with the slopes of
-    the constants ``scales``."""
+    ``constants``."""
     base = results(IDENTITY)
-    moved = {name: results(from_values({name: _moved(name)})) for name in scales}
+    moved = {name: results(from_values({name: _moved(name)})) for name in constants}
     out = []
     for i, (source, case, metric, measured, predicted) in enumerate(base):
         t0 = time_like(metric, predicted)
@@ -143,7 +145,7 @@ def _grid(name: str, free: int) -> np.ndarray:
 
 
 def fit(runs: Sequence[Sensitivity], *, free: Sequence[str] = ("compute_scale", "comm_scale")) -> Fit:
-    """The grid point of the ``free`` scales with the least mean |log error|, sources weighed alike.
+    """The grid point of the ``free`` constants with the least mean |log error|, sources weighed alike.
 
     Constants not in ``free`` stay neutral (scales at 1, the host time at 0).
     """
@@ -159,8 +161,7 @@ def fit(runs: Sequence[Sensitivity], *, free: Sequence[str] = ("compute_scale", 
         base = np.array([r.base for r in mine])[:, None]
         t = np.repeat(base, points, axis=1)
         for scale, values in zip(free, mesh, strict=True):
-            away = values if scale in OFFSETS else 1 / values - 1
-            t = t + np.array([r.slopes[scale] for r in mine])[:, None] * away[None, :]
+            t = t + np.array([r.slopes[scale] for r in mine])[:, None] * departure(scale, values)[None, :]
         t = np.maximum(t, 1e-3 * base)
         meas = np.array([r.measured for r in mine])[:, None]
         per_source.append(np.abs(np.log(t / meas)).mean(axis=0))
@@ -172,7 +173,7 @@ def fit(runs: Sequence[Sensitivity], *, free: Sequence[str] = ("compute_scale", 
 def predict(r: Sensitivity, profile: Profile) -> float:
     """First-order time-like value of run ``r`` under ``profile``."""
     t = r.base + sum(slope * departure(name, float(getattr(profile, name))) for name, slope in r.slopes.items())
-    return max(t, 1e-3 * r.base)
+    return max(float(t), 1e-3 * r.base)
 
 
 def subsets(names: Sequence[str], most: int) -> list[tuple[str, ...]]:

@@ -285,7 +285,7 @@ def leave_one_source_out(names: list[str] | None = None) -> dict[str, Any]:
     left-out source is then evaluated exactly with it. Also the fit on all sources together.
     """
     names = list(sources()) if names is None else names
-    sens = calibration.sensitivities(lambda p: _rows(names, p), scales=("compute_scale", "comm_scale"))
+    sens = calibration.sensitivities(lambda p: _rows(names, p), constants=("compute_scale", "comm_scale"))
     everything = calibration.fit(sens, free=SHARED_SCALES)
     out = []
     for name in names:
