@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from meshplan import calibration
 from meshplan.spec.profile import CONSTANTS, IDENTITY, Profile, dump_profile
 
@@ -124,10 +126,15 @@ def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
     # handful of runs rarely separates more than two causes: fitting more then overfits; and where the catalog's
     # constants already predict the runs, a fitted constant only adds noise)
     choices = [c for c in calibration.subsets(identified, MOST_FREE) if len(runs) >= RUNS_PER_SCALE * len(c)]
-    held_by_choice: dict[tuple[str, ...], list[float]] = {c: _held_out(sens, list(c)) for c in choices}
+    predicted_by_choice = {c: _held_out(sens, list(c)) for c in choices}
+    held_by_choice = {
+        c: [abs(r.error(p)) for r, p in zip(sens, ps, strict=True)] for c, ps in predicted_by_choice.items()
+    }
     best: tuple[str, ...] = min(held_by_choice, key=lambda c: (statistics.mean(held_by_choice[c]), len(c)))
     free = list(best)
-    held = held_by_choice[tuple(free)]
+    held = held_by_choice[best]
+    # measured over held-out predicted step time, run by run: the profile's own uncertainty band
+    p10, p90 = np.percentile([r.measured / p for r, p in zip(sens, predicted_by_choice[best], strict=True)], [10, 90])
     fitted = calibration.fit(sens, free=free)
     before = [abs(_error(run, p)) for run, p in zip(runs, predict(runs, IDENTITY), strict=True)]
     after = [abs(_error(run, p)) for run, p in zip(runs, predict(runs, fitted.profile), strict=True)]
@@ -145,20 +152,21 @@ def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
         "mean_abs_error_before": statistics.mean(before),
         "mean_abs_error_fitted": statistics.mean(after),
         "mean_abs_error_held_out": statistics.mean(held),
+        "time_ratio_p10": float(p10),
+        "time_ratio_p90": float(p90),
     }
     return profile, {"identified": which, "fitted": free, **numbers}
 
 
 def _held_out(sens: list[calibration.Sensitivity], free: list[str]) -> list[float]:
-    """Each run's |error| predicted with ``free`` fitted on all the other runs (first order in the constants; with
-    nothing free, the catalog's own error)."""
+    """Each run's time-like value predicted with ``free`` fitted on all the other runs (first order in the
+    constants; with nothing free, the catalog's own prediction)."""
     if not free:
-        return [abs(r.error(r.base)) for r in sens]
-    held = []
-    for i, r in enumerate(sens):
-        profile = calibration.fit([s for j, s in enumerate(sens) if j != i], free=free).profile
-        held.append(abs(r.error(calibration.predict(r, profile))))
-    return held
+        return [r.base for r in sens]
+    return [
+        calibration.predict(r, calibration.fit([s for j, s in enumerate(sens) if j != i], free=free).profile)
+        for i, r in enumerate(sens)
+    ]
 
 
 def calibrate_report(path: str, *, out: str | None = None) -> dict[str, Any]:

@@ -220,6 +220,8 @@ def calibrate_table(r: dict[str, Any]) -> str:
         f"mean |error| over {r['runs']} runs: {percent(r['mean_abs_error_before'])} with the catalog, "
         f"{percent(r['mean_abs_error_fitted'])} fitted, {percent(r['mean_abs_error_held_out'])} held out "
         "(each run predicted from the others)",
+        f"measured over held-out predicted step time: P10 {r['time_ratio_p10']:.3f}, P90 {r['time_ratio_p90']:.3f} "
+        "(the band estimate and plan print with this profile)",
     ]
     out.append(f"written to {r['profile_file']}" if r["profile_file"] else "profile (write it with --out FILE):")
     if not r["profile_file"]:

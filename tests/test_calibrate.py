@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.calibrate import MeasuredRun, calibrate_report, fit_runs, load_runs, predict
-from meshplan.spec.profile import IDENTITY, Profile, load_profile
+from meshplan.spec.profile import IDENTITY, Profile, dump_profile, load_profile
 
 TRUTH = Profile(compute_scale=0.8, comm_scale=0.5)
 """The hidden cluster: GPUs 20% below the catalog's efficiency, a network at half its bandwidth."""
@@ -161,3 +161,32 @@ def test_a_host_time_per_step_is_fitted_as_seconds_not_as_a_scale() -> None:
     held = {tuple(c["scales"]): c["mean_abs_error_held_out"] for c in numbers["held_out_by_choice"]}
     scales_only = min(v for k, v in held.items() if "step_overhead_s" not in k)
     assert numbers["mean_abs_error_held_out"] < scales_only / 2, held
+
+
+def test_the_profiles_band_is_its_runs_held_out_and_estimate_prints_it(
+    tmp_path: Path, measured: list[MeasuredRun]
+) -> None:
+    """On a cluster the fitted constants describe exactly, each run predicted with the profile fitted on the
+    others lands within a few percent of its measurement: the band is narrow around 1. With a band of 0.7-1.3
+    in the file, estimate's P10 and P90 are the step time times 0.7 and 1.3, and a profile without a band falls
+    back to the published runs' band."""
+    from meshplan.reports.estimate import estimate_report
+    from meshplan.reports.inputs import LayoutRequest
+
+    profile, numbers = fit_runs(measured[:10])
+    assert 0.97 < numbers["time_ratio_p10"] <= numbers["time_ratio_p90"] < 1.03, numbers
+    # the catalog alone: the hidden cluster is slower (compute 0.8, network 0.5), so measured over predicted > 1
+    catalog_ratios = [v / r.measured for r, v in zip(measured, predict(measured, IDENTITY), strict=True)]
+    assert min(catalog_ratios) > 1.05
+    path = tmp_path / "p.toml"
+    path.write_text(dump_profile(profile, {"runs": 10, "time_ratio_p10": 0.7, "time_ratio_p90": 1.3}))
+    run = dict(gpu="h100-sxm", gpus=8, layout=LayoutRequest(), seq=4096, global_batch=32)
+    out = estimate_report("llama-3.1-8b", profile=str(path), **run)  # type: ignore[arg-type]
+    assert out["step_time_s_p10"] == pytest.approx(0.7 * out["step_time_s"], rel=1e-12)
+    assert out["step_time_s_p90"] == pytest.approx(1.3 * out["step_time_s"], rel=1e-12)
+    assert "profile's 10 runs" in out["uncertainty"]
+    path.write_text(dump_profile(profile))  # no [fit] table: the published runs' band
+    assert "published runs" in estimate_report("llama-3.1-8b", profile=str(path), **run)["uncertainty"]  # type: ignore[arg-type]
+    path.write_text(dump_profile(profile, {"runs": 10, "time_ratio_p10": 1.3, "time_ratio_p90": 0.7}))
+    with pytest.raises(ValueError, match="time_ratio_p10"):
+        estimate_report("llama-3.1-8b", profile=str(path), **run)  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ from meshplan.reports.inputs import (
 )
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.profile import fitted_band
 from meshplan.units import SECONDS_PER_DAY, SECONDS_PER_HOUR
 
 STRATEGY_EXPOSED = {
@@ -196,8 +197,17 @@ def estimate_report(
 
 
 def uncertainty(step_time_s: float, profile: str | None, *, cp: int = 1) -> dict[str, Any]:
-    """The step time's P10-P90 band from the held-out errors of the published runs (catalog/held_out.toml); a
-    layout with context parallelism (``cp`` > 1) takes the band of the published runs that used it."""
+    """The step time's P10-P90 band: a fitted profile's own (its runs each predicted with the profile fitted on
+    the others), else the held-out errors of the published runs (catalog/held_out.toml), where a layout with
+    context parallelism (``cp`` > 1) takes the band of the published runs that used it."""
+    own = fitted_band(profile)
+    if own is not None:
+        return {
+            "step_time_s_p10": own.p10 * step_time_s,
+            "step_time_s_p90": own.p90 * step_time_s,
+            "uncertainty": f"P10-P90 of measured over predicted step time on the profile's {own.runs} runs, each "
+            "predicted with the profile fitted without it",
+        }
     band = io.held_out_band()
     on_cp = cp > 1 and "cp_runs" in band
     key = "cp_time_ratio" if on_cp else "time_ratio"
@@ -209,7 +219,7 @@ def uncertainty(step_time_s: float, profile: str | None, *, cp: int = 1) -> dict
         "step_time_s_p90": hi,
         "uncertainty": f"P10-P90 of measured over predicted step time on {which}, each "
         "predicted with constants fitted without its source"
-        + ("; the profile's own held-out error is in its file" if profile else ""),
+        + ("; the profile has no band of its own (meshplan calibrate writes one in its file)" if profile else ""),
     }
 
 

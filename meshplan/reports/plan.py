@@ -40,7 +40,9 @@ from meshplan.spec.requests import MAX_GPUS
 from meshplan.spec.workload import Workload
 
 
-def _candidate(result: SearchResult, i: int, cluster: Cluster, order: tuple[str, ...]) -> dict[str, Any]:
+def _candidate(
+    result: SearchResult, i: int, cluster: Cluster, order: tuple[str, ...], profile: str | None
+) -> dict[str, Any]:
     step, mem = result.step, result.memory
     lay = result.candidates.layout(i)
     per_gpu = {name: float(np.asarray(getattr(mem, name))[i]) for name in TERMS}
@@ -48,7 +50,7 @@ def _candidate(result: SearchResult, i: int, cluster: Cluster, order: tuple[str,
     per_gpu["total_bytes"] = sum(per_gpu[name] for name in TERMS)
     breakdown = {name: float(np.asarray(getattr(step, name))[i]) for name in STEP_TERMS}
     step_time_s = float(np.asarray(step.step_time_s)[i])
-    band = uncertainty(step_time_s, profile=None, cp=int(lay.cp))
+    band = uncertainty(step_time_s, profile, cp=int(lay.cp))
     return {
         "layout": layout_dict(lay),
         "step_time_s": step_time_s,
@@ -80,7 +82,10 @@ def run_search(
     objective: Objective,
     pins: Mapping[str, Any] | None = None,
     engine: str | None = None,
+    profile: str | None = None,
 ) -> tuple[SearchResult, list[dict[str, Any]]]:
+    """The search's result and its best distinct plans as JSON (``profile``: the ``--profile`` text whose band, if
+    it carries one, the plans' step times take)."""
     space, columns = pinned_space(pins)
     result = search(
         spec,
@@ -94,7 +99,8 @@ def run_search(
         pins=columns,
     )
     accept = None if engine is None else _runs_on(engine, spec, work)
-    return result, [_candidate(result, i, cluster, order) for i in distinct(result, top, accept=accept)]
+    plans = [_candidate(result, i, cluster, order, profile) for i in distinct(result, top, accept=accept)]
+    return result, plans
 
 
 def pinned_space(pins: Mapping[str, Any] | None) -> tuple[SearchSpace | None, dict[str, int]]:
@@ -217,7 +223,17 @@ def plan_report(
     rules: dict[str, Any] = dict(headroom=headroom, allow_cross_node_tp=allow_cross_node_tp, order=order)
     obj, fewest, gpus = _fleet_size(spec, fleet, work, gpus, objective, tokens, days, rules, max_gpus)
     cluster = fleet(gpus=gpus)
-    result, plans = run_search(spec, cluster, work, top=top, objective=obj, pins=pins, engine=training_engine, **rules)
+    result, plans = run_search(
+        spec,
+        cluster,
+        work,
+        top=top,
+        objective=obj,
+        pins=pins,
+        engine=training_engine,
+        profile=fleet_args.get("profile"),
+        **rules,
+    )
     out: dict[str, Any] = {
         **_run_fields(spec, cluster, work, global_batch_tokens),
         "objective": "fewest-gpus" if fewest else str(obj),

@@ -135,7 +135,7 @@ def parse_profile(text: str | None, *, files: bool = True) -> Profile:
     if text is None or not text.strip():
         return IDENTITY
     text = text.strip()
-    if "=" in text and not text.endswith(".toml"):
+    if _inline(text):
         values: dict[str, float] = {}
         for item in filter(None, (x.strip() for x in text.split(","))):
             key, _, value = item.partition("=")
@@ -152,6 +152,37 @@ def parse_profile(text: str | None, *, files: bool = True) -> Profile:
             "--profile: give the scales inline (compute_scale=0.9,comm_scale=1.2); files are read by the CLI"
         )
     return load_profile(text)
+
+
+def _inline(text: str) -> bool:
+    """``--profile``'s text gives the constants itself (``compute_scale=0.9,...``), not a file's name."""
+    return "=" in text and not text.endswith(".toml")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Band:
+    """A fitted profile's own P10-P90 of measured over predicted step time: each of its runs predicted with the
+    profile fitted on the others (``meshplan calibrate`` writes it in the file's [fit] table)."""
+
+    p10: float
+    p90: float
+    runs: int
+
+
+def fitted_band(text: str | None) -> Band | None:
+    """The band of the profile file ``--profile`` names, or None: no profile, an inline one, or a file whose [fit]
+    table has none (written by hand, or by an older calibrate)."""
+    if text is None or not text.strip() or _inline(text.strip()):
+        return None
+    path = text.strip()
+    fit = tomllib.loads(Path(path).read_text(encoding="utf-8")).get("fit", {})
+    if not isinstance(fit, dict) or not {"time_ratio_p10", "time_ratio_p90", "runs"} <= set(fit):
+        return None
+    p10, p90, runs = fit["time_ratio_p10"], fit["time_ratio_p90"], fit["runs"]
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (p10, p90, runs))
+    if not numbers or not 0 < p10 <= p90 < float("inf") or runs < 1:
+        raise ValueError(f"profile {path}: [fit] needs 0 < time_ratio_p10 <= time_ratio_p90 and runs >= 1")
+    return Band(p10=float(p10), p90=float(p90), runs=int(runs))
 
 
 def dump_profile(profile: Profile, fit: dict[str, float] | None = None) -> str:
