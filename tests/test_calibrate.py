@@ -190,3 +190,22 @@ def test_the_profiles_band_is_its_runs_held_out_and_estimate_prints_it(
     path.write_text(dump_profile(profile, {"runs": 10, "time_ratio_p10": 1.3, "time_ratio_p90": 0.7}))
     with pytest.raises(ValueError, match="time_ratio_p10"):
         estimate_report("llama-3.1-8b", profile=str(path), **run)  # type: ignore[arg-type]
+
+
+def test_the_band_is_a_prediction_interval_for_the_next_run() -> None:
+    """Re-derived by hand for three runs: log ratios' mean and sample spread, Student's t at 0.90 for 2 degrees of
+    freedom (1.886), widened by sqrt(1 + 1/3) for a next run; many runs tend to the normal's +-1.2816 sigma."""
+    import math
+
+    from meshplan.calibrate import prediction_band
+
+    ratios = [0.9, 1.0, 1.15]
+    logs = [math.log(x) for x in ratios]
+    half = 1.886 * statistics.stdev(logs) * math.sqrt(1 + 1 / 3)
+    lo, hi = prediction_band(ratios)
+    assert lo == pytest.approx(math.exp(statistics.mean(logs) - half), rel=1e-9)
+    assert hi == pytest.approx(math.exp(statistics.mean(logs) + half), rel=1e-9)
+    assert lo < min(ratios) and hi > max(ratios)  # three runs say little: the band is wider than they are
+    many = [math.exp(0.1 * x) for x in (-1.0, 1.0) * 500]  # log sd 0.1
+    lo, hi = prediction_band(many)
+    assert math.log(hi) == pytest.approx(1.2816 * 0.1 * math.sqrt(1 + 1 / 1000) * math.sqrt(1000 / 999), rel=1e-3)
