@@ -75,6 +75,10 @@ def test_near_ties_are_called_and_pareto_points_open(page: Any) -> None:
         page, "/api/plan", model="llama-3.1-70b", gpu="h200", gpus=64, seq=8192, global_batch_tokens=4194304, top=10
     )
     best = plan["plans"][0]["step_time_s"]
+    # each plan's step-time band, and what the band is, as the API gives them
+    band = page.get_attribute("#pl-table tr[data-rank='1'] td[data-col='band']", "data-value")
+    assert float(band or "nan") == plan["plans"][0]["step_time_s_p10"]
+    assert plan["uncertainty"] in page.inner_text("#pl-band")
     near = [p for p in plan["plans"] if abs(p["step_time_s"] - best) <= 0.03 * best]
     if len(near) >= 2:
         page.wait_for_selector(f"#pl-tie[data-value='{len(near)}']")

@@ -129,6 +129,7 @@ function render() {
       text: ` The fewest GPUs that train ${Number(r.fewest_gpus.tokens).toExponential(2)} tokens in ${r.fewest_gpus.days} days: ${fmtInt(r.fewest_gpus.gpus)} (the search began at ${fmtInt(r.fewest_gpus.searched_from)}).` }) : "",
   );
   table();
+  $("#pl-band").textContent = `P10-P90: ${r.uncertainty}.`;
   pareto();
   rejections();
   explain();
@@ -221,6 +222,7 @@ const COLUMNS = [
   ["rank", "#", (p) => p.rank, String],
   ["layout", "Layout", (p) => layoutLabel(p.layout), (x) => x],
   ["step", "Step time (s)", (p) => p.step_time_s, (x) => x.toFixed(2)],
+  ["band", "P10-P90 (s)", (p) => p.step_time_s_p10, (x, p) => `${x.toFixed(2)}-${p.step_time_s_p90.toFixed(2)}`],
   ["mfu", "MFU (%)", (p) => p.mfu, (x) => (100 * x).toFixed(1)],
   ["tps", "Tokens/s per GPU", (p) => p.tokens_per_s_per_gpu, (x) => fmtInt(x)],
   ["mem", "Memory per GPU (GB)", (p) => p.per_gpu.total_bytes, (x) => (x / 1e9).toFixed(1)],
@@ -240,7 +242,7 @@ function table() {
     "aria-sort": key === sortKey ? (sortUp ? "ascending" : "descending") : "none", title: `sort by ${label}`,
   }, label), () => sortBy(key))), el("th", {}, el("span", { class: "sr-only", text: "Compare" })));
   const rows = plans.map((p) => el("tr", { "data-rank": p.rank },
-    ...COLUMNS.map(([key, , get, fmt]) => el("td", { "data-col": key, "data-value": get(p), text: fmt(get(p)) })),
+    ...COLUMNS.map(([key, , get, fmt]) => el("td", { "data-col": key, "data-value": get(p), text: fmt(get(p), p) })),
     el("td", {}, el("button", { type: "button", class: "small", text: "Compare", onclick: () => {
       $("#pl-form").elements.compare.value = compareText(p.layout);
       $("#pl-form").dispatchEvent(new Event("change")); // the address keeps the comparison
