@@ -13,7 +13,7 @@ import numpy as np
 from meshplan import io
 from meshplan.core.plan import Plan, evaluate
 from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, workload_kwargs
-from meshplan.reports.estimate import evaluated_plan_dict
+from meshplan.reports.estimate import evaluated_plan_dict, uncertainty
 from meshplan.reports.inputs import (
     LayoutRequest,
     layout_dict,
@@ -112,7 +112,7 @@ def recipe_report(name: str, *, rank: bool = True) -> dict[str, Any]:
     """``meshplan recipe NAME``: the published layout evaluated, and where the planner ranks it."""
     r = _recipe(name)
     plan = evaluate_recipe(name)
-    out = evaluated_plan_dict(plan)
+    out = evaluated_plan_dict(plan) | uncertainty(float(plan.step.step_time_s), None, cp=int(plan.layout.cp))
     out.update({"recipe": name, "title": r["title"], "source": r["source"], "why": r["why"], "factors": factors(name)})
     if rank:
         found = search(plan.model, plan.cluster, plan.workload, order=plan.order)

@@ -143,7 +143,7 @@ function nest() {
     notes.push(`EP ${ep.size}: the expert groups are carved out of the data-parallel ranks (no factor of their own); they ${ep.crosses_fabric ? `cross the fabric over ${ep.link}` : `stay on ${ep.link}`}.`);
   }
   notes.push("Green boxes keep their traffic inside one NVLink domain; every dashed orange box is an axis whose groups cross the scale-out fabric. Only a representative slice of each level is drawn.");
-  notes.push(`Engine estimate for this recipe: ${fmtSeconds(report.step_time_s)} per step, MFU ${fmtPct(report.mfu)}, ${fmtBytes(report.per_gpu.total_bytes)} per GPU of ${fmtBytes(report.hbm_bytes_per_gpu)} HBM.`);
+  notes.push(`Engine estimate for this recipe: ${fmtSeconds(report.step_time_s)} per step (P10-P90 ${fmtSeconds(report.step_time_s_p10)} to ${fmtSeconds(report.step_time_s_p90)}), MFU ${fmtPct(report.mfu)}, ${fmtBytes(report.per_gpu.total_bytes)} per GPU of ${fmtBytes(report.hbm_bytes_per_gpu)} HBM.`);
   $("#rc-notes").replaceChildren(...notes.map((n) => el("span", { class: "block", text: n })));
   $("#rc-play").textContent = d < ls.length ? `▶ Add the next axis (${d} of ${ls.length})` : "▶ Build outward";
 }
