@@ -35,6 +35,9 @@ RUNS_PER_SCALE = 2
 MOST_FREE = 2
 """At most this many constants are fitted at once: ten runs of one cluster rarely tell three apart."""
 METRICS = ("step_time_s", "tokens_per_s_per_gpu")
+MEASURED_RANGE = {"step_time_s": (1e-6, 1e6), "tokens_per_s_per_gpu": (1e-3, 1e9)}
+"""What a measured run can be: a step of a microsecond to eleven days, a GPU reading a token a thousand seconds to
+a billion a second (beyond, a typo or a unit slip, and the fit's band would leave the float range)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,12 +70,15 @@ def _run(i: int, item: Any) -> MeasuredRun:
         raise ValueError(f"run {i}: args must be the list of meshplan estimate arguments, as strings")
     if "--profile" in args or any(a.startswith("--profile=") for a in args):
         raise ValueError(f"run {i}: args must not carry --profile (the profile is what is fitted)")
+    if {"-h", "--help", "--version"} & set(args):
+        raise ValueError(f"run {i}: args must describe a run, not ask for help or the version")
     given = [m for m in METRICS if m in item]
     if len(given) != 1:
         raise ValueError(f"run {i}: give exactly one of step_time_s and tokens_per_s_per_gpu")
     value = item[given[0]]
-    if not _positive(value):
-        raise ValueError(f"run {i}: {given[0]} must be a positive number, got {value!r}")
+    low, high = MEASURED_RANGE[given[0]]
+    if not _positive(value) or not low <= value <= high:
+        raise ValueError(f"run {i}: {given[0]} must be a number in [{low:g}, {high:g}], got {value!r}")
     memory = item.get("peak_memory_bytes")
     if memory is not None and not _positive(memory):
         raise ValueError(f"run {i}: peak_memory_bytes must be a positive number, got {memory!r}")
