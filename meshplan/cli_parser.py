@@ -209,6 +209,10 @@ def _training_commands(command: Command) -> None:
     add_fields(p, "profile")
 
     p = command("calibrate", _cmd_calibrate, "fit a cluster profile (--profile) from your own measured runs")
+    p.description = (
+        "fit a cluster profile (--profile) from your own measured runs: scales on the matmul, network, attention "
+        "and memory-bound rates and the host's seconds per step, with the band of step times your runs give"
+    )
     p.add_argument(
         "runs",
         help="RUNS.json: a list of {args: [meshplan estimate arguments], step_time_s or tokens_per_s_per_gpu, "
