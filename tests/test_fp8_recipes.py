@@ -133,3 +133,86 @@ def test_torch_stacks_cast_dynamically() -> None:
     torch_plan = _plan(TENSORWISE, Framework.TORCH)
     te_plan = _plan(TENSORWISE, Framework.MEGATRON)
     assert torch_plan.step.compute_s > te_plan.step.compute_s
+
+
+# MXFP8 (--fp8-recipe mxfp8): block-scaled casts, Blackwell only.
+
+
+def _gemm_list():  # type: ignore[no-untyped-def]
+    from meshplan.core.compute import Gemm
+
+    return [Gemm(name="a", m=4096, n=1024, k=2048), Gemm(name="b", m=4096, n=2048, k=512, count=3)]
+
+
+def test_mxfp8_casts_by_hand() -> None:
+    """An MXFP8 cast reads bf16 and writes a row-wise and a column-wise FP8 copy, each with one E8M0 byte per 32
+    elements: 2 + 2 x (1 + 1/32) bytes an element. Transformer Engine casts each input in forward (nothing left
+    for backward) and each output gradient in backward; torchao casts inputs, gradients and weights the same way
+    but finds each block's scale in the cast, with no amax pass."""
+    from meshplan.core.compute import _fp8_cast_time
+
+    inputs = 4096 * 2048 + 3 * 4096 * 512
+    outputs = 4096 * 1024 + 3 * 4096 * 2048
+    weights = 1024 * 2048 + 3 * 2048 * 512
+    per_element = 2 + 2 * (1 + 1 / 32)
+    fwd, bwd = _fp8_cast_time(_gemm_list(), fused=False, hbm=1.0, block_scaled=True)
+    assert (fwd, bwd) == pytest.approx((inputs * per_element, outputs * per_element), rel=1e-12)
+    fwd, bwd = _fp8_cast_time(_gemm_list(), fused=True, hbm=1.0, block_scaled=True)
+    assert (fwd, bwd) == pytest.approx((inputs * 2 / 32, outputs * per_element), rel=1e-12)
+    # the per-tensor recipe, for contrast: 3 bytes an input in forward, its 2-byte transpose and 5 bytes a
+    # gradient in backward
+    fwd, bwd = _fp8_cast_time(_gemm_list(), fused=False, hbm=1.0)
+    assert (fwd, bwd) == pytest.approx((3 * inputs, 5 * outputs + 2 * inputs), rel=1e-12)
+    fwd, bwd = _fp8_cast_time(_gemm_list(), fused=False, hbm=1.0, dynamic=True, block_scaled=True)
+    assert (fwd, bwd) == pytest.approx(((inputs + weights) * per_element, outputs * per_element), rel=1e-12)
+    fwd, bwd = _fp8_cast_time(_gemm_list(), fused=False, hbm=1.0, dynamic=True)
+    assert (fwd, bwd) == pytest.approx(((inputs + weights) * 6, outputs * 6), rel=1e-12)
+
+
+def _b200_plan(recipe: Fp8Recipe, framework: Framework = Framework.MEGATRON):  # type: ignore[no-untyped-def]
+    work = Workload(
+        seq_len=4096,
+        global_batch=8,
+        precision=PRECISIONS["fp8"],
+        conditions=Conditions(fp8_recipe=recipe),
+        framework=framework,
+    )
+    return evaluate(LLAMA_8B, resolve_cluster(gpu="b200", gpus=8), FSDP8, work)
+
+
+@pytest.mark.parametrize("framework", [Framework.MEGATRON, Framework.TORCH])
+def test_mxfp8_runs_at_the_fp8_rate_with_fewer_cast_bytes(framework: Framework) -> None:
+    """Block-scaled matmuls run at the FP8 rate: MXFP8 and per-tensor scaling differ only in their casts, which
+    move fewer bytes (no input transpose under Transformer Engine, no amax pass under torchao)."""
+    mx, tensorwise = _b200_plan(Fp8Recipe.MXFP8, framework), _b200_plan(Fp8Recipe.TENSORWISE, framework)
+    assert mx.step.compute_s < tensorwise.step.compute_s
+    assert mx.step.compute_s > 0.97 * tensorwise.step.compute_s  # the casts are a few percent of a layer
+    assert mx.memory.per_gpu.total_bytes == tensorwise.memory.per_gpu.total_bytes
+
+
+def test_mxfp8_needs_block_scaled_tensor_cores() -> None:
+    work = Workload(
+        seq_len=4096, global_batch=8, precision=PRECISIONS["fp8"], conditions=Conditions(fp8_recipe=Fp8Recipe.MXFP8)
+    )
+    with pytest.raises(ValueError, match="h100-sxm has none"):
+        evaluate(LLAMA_8B, resolve_cluster(gpu="h100-sxm", gpus=8), FSDP8, work)
+    with pytest.raises(ValueError, match="needs precision fp8"):
+        Workload(
+            seq_len=4096,
+            global_batch=8,
+            precision=PRECISIONS["deepseek-fp8"],
+            conditions=Conditions(fp8_recipe=Fp8Recipe.MXFP8),
+        )
+    with pytest.raises(ValueError, match="MXFP8 parameter gather moves bf16"):
+        Conditions(fp8_recipe=Fp8Recipe.MXFP8, fp8_all_gather=True)
+    assert [g.name for g in map(io.load_gpu, io.list_gpus()) if g.block_scaled_mma] == ["b200", "gb200"]
+
+
+def test_mxfp8_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from meshplan.cli import main
+
+    argv = ["estimate", "llama-3.1-8b", "--gpus", "8", "--precision", "fp8", "--fp8-recipe", "mxfp8"]
+    assert main([*argv, "--gpu", "h100-sxm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "block" in err
+    assert main([*argv, "--gpu", "b200"]) == 0

@@ -93,6 +93,14 @@ FP8_CAST_BYTES_BWD_GRAD = {False: 5.0, True: 4.0}
 transpose: 4 bytes fused in TE's cast_transpose, 3 + 2 as two kernels)."""
 FP8_TRANSPOSE_BYTES_INPUT = 2.0
 """Per saved-input element in backward: the FP8 transpose the weight-gradient GEMM reads (read and write 1 byte)."""
+MX_SCALE_BYTES = 2 / 32
+"""Per element of a block-scaled (MXFP8) cast: one E8M0 scale byte per 32 elements, for each of its two copies."""
+MX_CAST_BYTES = 4.0 + MX_SCALE_BYTES
+"""Per element an MXFP8 cast moves: the bf16 tensor read (2), its row-wise and column-wise FP8 copies written
+(1 + 1; each scaled along its own reduction dimension, so one cannot be the other's transpose) and their scales.
+Transformer Engine's MXFP8 quantizer writes both copies in one pass, in forward for an input (no transpose in
+backward) and in backward for an output gradient; a fused producer (LayerNormLinear, the fused activation) writes
+them in place of its bf16 output, for the scales' bytes alone."""
 
 
 MATMUL_TILE_M, MATMUL_TILE_N = 256, 128
@@ -260,7 +268,13 @@ def _attention_time(
 
 
 def _fp8_cast_time(
-    gemms: list[Gemm], *, fused: bool, hbm: Num, dynamic: bool = False, weights_cast: bool = True
+    gemms: list[Gemm],
+    *,
+    fused: bool,
+    hbm: Num,
+    dynamic: bool = False,
+    weights_cast: bool = True,
+    block_scaled: bool = False,
 ) -> tuple[Num, Num]:
     """(forward, backward) HBM time of the casts and transposes around FP8 linear layers.
 
@@ -268,15 +282,20 @@ def _fp8_cast_time(
     casts the weights once per step. torchao (``dynamic``) casts every input, every output gradient and, unless
     FSDP gathered them in FP8 already (``weights_cast`` False: cast on the shard, not counted), every weight on
     each forward, after an amax pass of its own; one cast per distinct input (Inductor merges the identical
-    casts of wq, wk and wv).
+    casts of wq, wk and wv). Block-scaled (MXFP8) casts find each block's scale inside the cast, so no amax pass,
+    and write both copies at once (``MX_CAST_BYTES``).
     """
     inputs = sum(g.m * g.k * g.count for g in gemms)
     outputs = sum(g.m * g.n * g.count for g in gemms)
     if dynamic:
-        per_element = DYNAMIC_CAST_BYTES + (0.0 if fused else DYNAMIC_AMAX_BYTES)
+        cast = DYNAMIC_CAST_BYTES + (MX_SCALE_BYTES if block_scaled else 0.0)
+        amax = 0.0 if block_scaled else DYNAMIC_AMAX_BYTES
+        per_element = cast + (0.0 if fused else amax)
         weights = sum(g.n * g.k * g.count for g in gemms) if weights_cast else 0.0
-        fwd = (inputs * per_element + weights * (DYNAMIC_CAST_BYTES + DYNAMIC_AMAX_BYTES)) / hbm
+        fwd = (inputs * per_element + weights * (cast + amax)) / hbm
         return fwd, outputs * per_element / hbm
+    if block_scaled:
+        return inputs * (MX_SCALE_BYTES if fused else MX_CAST_BYTES) / hbm, outputs * MX_CAST_BYTES / hbm
     fwd = inputs * FP8_CAST_BYTES_FWD[fused] / hbm
     return fwd, (outputs * FP8_CAST_BYTES_BWD_GRAD[fused] + inputs * FP8_TRANSPOSE_BYTES_INPUT) / hbm
 
@@ -322,6 +341,8 @@ class ComputeSetup:
     """FP8 linear layers are torchao's Float8Linear with dynamic scales (``_fp8_cast_time``)."""
     fp8_weights_gathered: bool = False
     """FSDP all-gathers the weights already in FP8 (torchao's enable_fsdp_float8_all_gather)."""
+    fp8_block_scaled: bool = False
+    """FP8 linear layers scale each block of 32 elements (``--fp8-recipe mxfp8``: ``_fp8_cast_time``)."""
     repeat_kv: bool = False
     """K and V are repeated to the query heads before the attention (``Conditions.repeat_kv``)."""
     ring_merge: bool = False
@@ -354,6 +375,7 @@ def _layer_casts(gemms: list[Gemm], setup: ComputeSetup) -> tuple[Num, Num]:
         hbm=setup.hbm,
         dynamic=setup.fp8_dynamic,
         weights_cast=not setup.fp8_weights_gathered,
+        block_scaled=setup.fp8_block_scaled,
     )
 
 

@@ -58,6 +58,12 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
     gpu = cluster.gpu
     peak = gpu.peak(work.precision.compute)
     fp8 = work.precision.compute is DType.FP8
+    mx = work.conditions.fp8_recipe is Fp8Recipe.MXFP8
+    if mx and not gpu.block_scaled_mma:
+        raise ValueError(
+            f"--fp8-recipe mxfp8 needs tensor cores that scale blocks inside the matmul (Blackwell: b200, gb200); "
+            f"{gpu.name} has none"
+        )
     tokens = work.seq_len / lay.cp * lay.micro_batch
     setup = ComputeSetup(
         peak_flops=peak,
@@ -71,6 +77,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         # PyTorch-native stacks run FP8 through torchao's Float8Linear, whose scales are dynamic (not delayed)
         fp8_dynamic=fp8 and work.framework is Framework.TORCH and work.conditions.fp8_recipe is not Fp8Recipe.DELAYED,
         fp8_weights_gathered=work.conditions.fp8_all_gather,
+        fp8_block_scaled=mx,
         repeat_kv=work.conditions.repeat_kv,
         ring_merge=work.framework is Framework.TORCH,
         te_ring=work.framework is Framework.MEGATRON,

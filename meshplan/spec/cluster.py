@@ -189,6 +189,9 @@ class GPU:
     scale_out_link: str
     """Name of the default per-GPU NIC link (links catalog)."""
     calibration: GpuCalibration = field(default_factory=GpuCalibration)
+    block_scaled_mma: bool = False
+    """The tensor cores apply a scale per block of operand elements inside the matmul (NVIDIA Blackwell's
+    tcgen05 block-scaled MMA, whose MXFP8 runs at the FP8 rate): the kinds that can run ``--fp8-recipe mxfp8``."""
     description: str = ""
     source: str = ""
 

@@ -58,6 +58,11 @@ class Fp8Recipe(StrEnum):
     DELAYED = "delayed"
     """Scales from an amax history of past steps (Transformer Engine's DelayedScaling, Megatron's default
     --fp8-recipe delayed)."""
+    MXFP8 = "mxfp8"
+    """OCP Microscaling: a power-of-two (E8M0) scale per block of 32 elements along the reduction dimension, so
+    each operand is cast twice, row- and column-wise (Transformer Engine's MXFP8BlockScaling, Megatron's
+    --fp8-recipe mxfp8, torchao's MX recipe). The tensor cores apply the scales inside the matmul, at the FP8
+    rate, on kinds that have block-scaled MMA only (``GPU.block_scaled_mma``: Blackwell)."""
 
 
 class Zero3Unit(StrEnum):
@@ -228,7 +233,7 @@ class Conditions:
         if self.fp8_all_gather and self.fp8_recipe is not Fp8Recipe.TENSORWISE:
             raise ValueError(
                 f"fp8_all_gather needs fp8_recipe tensorwise (torchao gathers FP8 weights with one scale per "
-                f"tensor only), got {self.fp8_recipe}"
+                f"tensor only; Megatron's MXFP8 parameter gather moves bf16), got {self.fp8_recipe}"
             )
         if self.runtime_reserve_bytes < 0:
             raise ValueError(f"runtime_reserve_bytes must be >= 0, got {self.runtime_reserve_bytes}")

@@ -658,9 +658,9 @@ FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_C,
-        choices=("tensorwise", "rowwise", "delayed"),
-        help="FP8 scaling with --precision fp8: per tensor, per row, or delayed (amax history); tensorwise allows "
-        "--fp8-all-gather",
+        choices=("tensorwise", "rowwise", "delayed", "mxfp8"),
+        help="FP8 scaling with --precision fp8: per tensor, per row, delayed (amax history), or mxfp8 (a scale per "
+        "32 elements, Blackwell only); tensorwise allows --fp8-all-gather",
     ),
     _switch(
         "fp8_all_gather",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from meshplan.spec.conditions import Conditions
+from meshplan.spec.conditions import Conditions, Fp8Recipe
 from meshplan.spec.finetune import Finetune
 from meshplan.units import DTYPE_BYTES, DType
 
@@ -234,6 +234,11 @@ class Workload:
         if self.conditions.fp8_recipe is not None and self.precision.compute is not DType.FP8:
             raise ValueError(
                 f"fp8_recipe {self.conditions.fp8_recipe} needs FP8 matmuls (precision fp8 or deepseek-fp8), "
+                f"got precision {self.precision.name}"
+            )
+        if self.conditions.fp8_recipe is Fp8Recipe.MXFP8 and self.precision.name != "fp8":
+            raise ValueError(
+                f"fp8_recipe mxfp8 needs precision fp8 (deepseek-fp8 is its own block recipe: 128 x 128 weights), "
                 f"got precision {self.precision.name}"
             )
         if self.conditions.fp8_dispatch and self.precision.compute is not DType.FP8:

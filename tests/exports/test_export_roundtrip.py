@@ -122,6 +122,8 @@ def test_megatron_fp8_recipe() -> None:
     fp8 = PRECISIONS["fp8"]
     work = Workload(seq_len=4096, global_batch=8, precision=fp8, conditions=Conditions(fp8_recipe=Fp8Recipe.DELAYED))
     assert flags(shlex.split(export_megatron(model, layout, work).command))["--fp8-recipe"] == "delayed"
+    mx = replace(work, conditions=Conditions(fp8_recipe=Fp8Recipe.MXFP8))
+    assert flags(shlex.split(export_megatron(model, layout, mx).command))["--fp8-recipe"] == "mxfp8"
     for conditions in (
         Conditions(fp8_recipe=Fp8Recipe.ROWWISE),
         Conditions(fp8_recipe=Fp8Recipe.TENSORWISE, fp8_all_gather=True),

@@ -72,7 +72,8 @@ HELD_OUT_BOUNDS = {  # each a little above today's held-out error (meshplan vali
     # (the GEMM shape law moved Llama 3 1.5% -> 2.3% and torchtitan H100 5.5% -> 6.5%, the narrow GEMMs of their
     # TP 8 rows; llm-foundry A100 5.6% -> 4.7%, weak scaling 5.4% -> 4.9%, llm-foundry H100 7.6% -> 7.0%; then the
     # row-parallel output-gradient all-gather overlapped under userbuffers: weak scaling 4.9% -> 4.7%; then FP8's
-    # share over the law's factor: DeepSeek-V3 4.6% -> 5.3% held out, its scale fitted on the others now 0.98)
+    # share over the law's factor: DeepSeek-V3 4.6% -> 5.3% held out, its scale fitted on the others now 0.98;
+    # then Megatron-Bridge's B200 MXFP8 DeepSeek-V3 row, +43%: Megatron-Bridge 7.1% -> 9.5%)
     "bloom": 0.08,
     "deepseek_v3": 0.055,
     "korthikanti2022": 0.03,
@@ -83,7 +84,7 @@ HELD_OUT_BOUNDS = {  # each a little above today's held-out error (meshplan vali
     "torchtitan_a100": 0.02,
     "torchtitan_h100": 0.07,
     "megascale2024": 0.04,
-    "megatron_bridge": 0.077,
+    "megatron_bridge": 0.097,
     "nemo2407_h100": 0.03,
     "megatron_h100_weak": 0.048,
     "llm_foundry_a100": 0.05,
