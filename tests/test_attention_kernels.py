@@ -208,3 +208,30 @@ def test_small_gemms_leave_sms_idle_as_cublas_measures() -> None:
     assert fill_share(Gemm(name="fc1", m=2048, n=6144, k=12288), sm_count=108) == 1.0
     # a thin GEMM with a deep K splits K to fill the SMs
     assert fill_share(Gemm(name="thin", m=1024, n=768, k=8192), sm_count=132) > 3 * 24 / 132 - 1e-9
+
+
+def test_sliding_window_layers_reach_window_keys() -> None:
+    """A causal sliding-window layer's query reaches min(i + 1, W) keys: averaged over s positions, W - W^2 / 2s
+    against s / 2 for a full layer. At s = 65,536 and W = 16,384 both kernels walk blocks past the tables' last
+    point, so the time of a model whose layers all slide is 0.4375 of the same model's with full layers; with
+    half of them sliding, the mean of the two."""
+    from meshplan.core.compute import _flash_time
+
+    base = io.load_model("llama-3.1-8b")
+    cal = io.load_gpu("h100-sxm").calibration
+    s, w = 65_536, 16_384
+    share = (w - w**2 / (2 * s)) / (s / 2)
+    assert share == 0.4375
+
+    def time(model):  # type: ignore[no-untyped-def]
+        return _flash_time(
+            model, tokens=s, seq_len=s, kernel_keys=s, tp=1, kernel=AttentionKernel.FA2, peak=989.4e12, cal=cal
+        )
+
+    full = time(base)
+    every = time(dataclasses.replace(base, sliding_window=w, num_sliding_layers=base.num_layers))
+    half = time(dataclasses.replace(base, sliding_window=w, num_sliding_layers=base.num_layers // 2))
+    assert every == pytest.approx((share * full[0], share * full[1]), rel=1e-12)
+    assert half == pytest.approx(((1 + share) / 2 * full[0], (1 + share) / 2 * full[1]), rel=1e-12)
+    # a window as long as the sequence changes nothing
+    assert time(dataclasses.replace(base, sliding_window=s, num_sliding_layers=32)) == pytest.approx(full, rel=1e-12)

@@ -21,7 +21,7 @@ import numpy as np
 
 from meshplan.core.attention_kernels import BACKWARD_FLOPS_RATIO, attention_shares
 from meshplan.core.finetune import adapted_matrices, nf4_bytes_per_param
-from meshplan.core.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms
+from meshplan.core.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms, windowed_keys_share
 from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.pytorch.overheads import DYNAMIC_AMAX_BYTES, DYNAMIC_CAST_BYTES, op_sac_share
 from meshplan.core.pytorch.ring_merge import ring_merge_time
@@ -218,21 +218,34 @@ def _flash_time(
     peak: float,
     cal: GpuCalibration,
 ) -> tuple[Num, Num]:
-    """(forward, backward) of the fused attention core at the published share of peak of its kernel.
+    """(forward, backward) of the fused attention core at the published share of peak of its kernel, averaged
+    over the layers.
 
     The tables' square blocks are looked up at ``kernel_keys``, the keys one kernel call walks per query tile
-    (its inner loop): the sequence, or under ring CP the local block of s / cp (one block per ring step).
+    (its inner loop): the sequence, or under ring CP the local block of s / cp (one block per ring step). A
+    sliding-window layer reaches at most W keys a query (``windowed_keys_share`` of a full layer's work), its
+    kernel walking at most W of them.
     """
     flops = attention_core_flops(model, tokens=tokens, seq_len=seq_len, tp=tp, causal_skip=True)
-    fwd_share, bwd_share = attention_shares(
-        seq_len=kernel_keys,
-        head_dim=model.score_value_width / 2,
-        causal=True,
-        kernel=kernel,
-        generation=cal.attention_generation,
-    )
-    fwd = flops / (peak * minimum(fwd_share * cal.attention_scale, 1.0))
-    return fwd, BACKWARD_FLOPS_RATIO * flops / (peak * minimum(bwd_share * cal.attention_scale, 1.0))
+
+    def at(work: Num, keys: Num) -> tuple[Num, Num]:
+        fwd_share, bwd_share = attention_shares(
+            seq_len=keys,
+            head_dim=model.score_value_width / 2,
+            causal=True,
+            kernel=kernel,
+            generation=cal.attention_generation,
+        )
+        fwd = work / (peak * minimum(fwd_share * cal.attention_scale, 1.0))
+        return fwd, BACKWARD_FLOPS_RATIO * work / (peak * minimum(bwd_share * cal.attention_scale, 1.0))
+
+    full_fwd, full_bwd = at(flops, kernel_keys)
+    if not model.sliding_window:
+        return full_fwd, full_bwd
+    window = model.sliding_window
+    win_fwd, win_bwd = at(flops * windowed_keys_share(seq_len=seq_len, window=window), minimum(kernel_keys, window))
+    share = model.num_sliding_layers / model.num_layers
+    return (1 - share) * full_fwd + share * win_fwd, (1 - share) * full_bwd + share * win_bwd
 
 
 def _eager_attention_time(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.core.finetune import trainable_params
-from meshplan.core.num import Num
+from meshplan.core.num import Num, maximum, where
 from meshplan.core.params import count_params
 from meshplan.spec.finetune import Finetune
 from meshplan.spec.model import MlpKind, ModelSpec
@@ -94,6 +94,14 @@ def attention_core_flops(model: ModelSpec, *, tokens: Num, seq_len: Num, tp: Num
     """
     full = 2 * tokens * seq_len * model.num_heads * model.score_value_width / tp
     return full * (0.5 if causal_skip else 1.0)
+
+
+def windowed_keys_share(*, seq_len: Num, window: int) -> Num:
+    """Keys a query of a causal sliding-window layer reaches, over those of a causal full layer, both averaged
+    over the ``seq_len`` positions of a sequence: min(i + 1, W) against i + 1, i.e. (W - W^2 / 2s) / (s / 2) once
+    the sequence is longer than the window W, and 1 up to it."""
+    s = maximum(seq_len, 1)
+    return where(s > window, (window - window**2 / (2 * s)) / (s / 2), 1.0)
 
 
 def model_flops_per_token(model: ModelSpec, *, seq_len: int, finetune: Finetune | None = None) -> float:
