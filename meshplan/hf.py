@@ -177,6 +177,21 @@ def _qwen3_moe(c: _HfConfig) -> dict[str, Any]:
     return fields | {"moe": moe}
 
 
+def _gpt_oss(c: _HfConfig) -> dict[str, Any]:
+    """gpt-oss: every layer MoE, biases on every projection, the experts and the router (transformers'
+    GptOssExperts and GptOssTopKRouter always carry them), a learned sink per head, full and sliding-window layers
+    alternating (layer_types)."""
+    bias = c.flag("attention_bias", True)
+    fields = _decoder(c, qkv_bias=bias, out_bias=bias) | {"mlp_bias": True, "attention_sinks": True}
+    moe = MoESpec(
+        num_experts=c.integer("num_local_experts"),
+        experts_per_token=c.integer("num_experts_per_tok", c.get("experts_per_token")),
+        expert_ffn_hidden=c.integer("intermediate_size"),
+        router_bias=True,
+    )
+    return fields | _sliding(c, fields["num_layers"], every_layer=True) | {"moe": moe}
+
+
 def _node_limit(c: _HfConfig) -> int:
     """Group-limited routing (n_group expert groups, topk_group reachable): DeepSeek places one group per node,
     so a token reaches at most topk_group nodes (DeepSeek-V3 Sec. 2.1.2: 8 groups, 4 nodes); 0 when unlimited."""
@@ -293,6 +308,7 @@ _HF_FAMILIES: dict[str, Callable[[_HfConfig], dict[str, Any]]] = {
     "deepseek_v2": lambda c: _deepseek(c, router_bias=c.get("topk_method") == "noaux_tc"),
     "deepseek_v3": lambda c: _deepseek(c, router_bias=True),
     "gpt2": _gpt2,
+    "gpt_oss": _gpt_oss,
     "gpt_neox": _gpt_neox,
     "llama": _llama,
     "mistral": _mistral,

@@ -391,3 +391,14 @@ def test_mpt_counts_the_llm_foundry_benchmark_models() -> None:
 def test_mpt_refuses_a_bad_expansion_ratio() -> None:
     config = {"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2, "vocab_size": 100}
     assert "expansion_ratio" in one_line_error(model_from_hf_config, config | {"expansion_ratio": "x"}, name="m")
+
+
+def test_gpt_oss_config_equals_catalog() -> None:
+    """The fields of openai/gpt-oss-120b's config.json that the import reads (quantization and rope settings
+    left out): alternating sliding and full layers, biases everywhere, a sink per head."""
+    config = {"model_type": "gpt_oss", "num_hidden_layers": 36, "hidden_size": 2880, "intermediate_size": 2880}
+    config |= {"num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088}
+    config |= {"num_local_experts": 128, "num_experts_per_tok": 4, "experts_per_token": 4, "sliding_window": 128}
+    config |= {"layer_types": ["sliding_attention", "full_attention"] * 18, "attention_bias": True}
+    config |= {"attention_dropout": 0.0, "max_position_embeddings": 131072, "tie_word_embeddings": False}
+    assert model_from_hf_config(config, name="gpt-oss-120b") == load_model("gpt-oss-120b")

@@ -122,7 +122,7 @@ def _attention_params(model: ModelSpec) -> tuple[int, int, int]:
     q, kv = model.q_width, model.kv_width
     bias = model.qkv_bias
     kv_params = 2 * (h * kv + (kv if bias else 0))
-    q_params = h * q + (q if bias else 0)
+    q_params = h * q + (q if bias else 0) + (model.num_heads if model.attention_sinks else 0)
     out_params = q * h + (h if model.out_bias else 0)
     qk_norm = 2 * model.head_dim if model.qk_norm else 0
     replicated = (h if model.out_bias else 0) + qk_norm
@@ -263,6 +263,8 @@ def _attention_tensors(model: ModelSpec) -> list[ParamTensor]:
         out += _linear(f"attention.{name}", width, h, tp_dim=0, bias=model.qkv_bias)
     if model.qk_norm:
         out += [ParamTensor(name=f"attention.{n}.weight", shape=(model.head_dim,)) for n in ("q_norm", "k_norm")]
+    if model.attention_sinks:
+        out.append(ParamTensor(name="attention.sinks", shape=(a,), tp_dim=0))
     return out + _linear("attention.wo", h, model.q_width, tp_dim=1, bias=model.out_bias)
 
 

@@ -164,6 +164,9 @@ class ModelSpec:
     mlp_bias: bool = False
     qk_norm: bool = False
     """Per-head RMSNorm on queries and keys (Qwen3)."""
+    attention_sinks: bool = False
+    """A learned logit per query head that joins every softmax's denominator without a value (gpt-oss's sinks):
+    a parameters per layer, split over TP with the heads; their FLOPs are nothing beside the scores'."""
     dropout: bool = False
     """Dropout layers in training (GPT-3 / Megatron models); adds 1-byte masks to activations."""
     sliding_window: int = 0

@@ -157,3 +157,30 @@ def test_megatron_weak_scaling_sizes_are_untied(size: str) -> None:
     assert abs(untied / stated - 1) < 0.035
     assert abs(untied - stated) < abs(tied - stated)
     assert abs(12 * L * h * h + 2 * V * h - untied) / untied < 0.01  # the back-of-envelope count
+
+
+# gpt-oss (OpenAI's model card, 2025): 116.83B and 20.91B parameters, 5.13B and 3.61B active, rounded to 10M; its
+# checkpoint keeps the experts in MXFP4, so the count is re-derived here from transformers' GptOss modules.
+@pytest.mark.parametrize(("name", "layers", "experts", "card_total", "card_active"), [
+    ("gpt-oss-120b", 36, 128, 116.83e9, 5.13e9),
+    ("gpt-oss-20b", 24, 32, 20.91e9, 3.61e9),
+])  # fmt: skip
+def test_gpt_oss_by_tensor(name: str, layers: int, experts: int, card_total: float, card_active: float) -> None:
+    h, a, k, d, f, V, top = 2880, 64, 8, 64, 2880, 201088, 4
+    attention = (
+        (h * a * d + a * d)  # q_proj and its bias
+        + 2 * (h * k * d + k * d)  # k_proj, v_proj and their biases
+        + (a * d * h + h)  # o_proj and its bias
+        + a  # sinks, one per head
+    )
+    expert = h * 2 * f + 2 * f + f * h + h  # gate_up_proj (h x 2f) and its bias, down_proj and its bias
+    router = h * experts + experts  # GptOssTopKRouter: weight and bias
+    per_layer = attention + experts * expert + router + 2 * h  # input and post-attention RMSNorms
+    total = V * h + layers * per_layer + h + V * h  # embed_tokens, layers, norm, lm_head (untied)
+    count = count_params(load_model(name))
+    assert count.total == total
+    assert count.total == pytest.approx(card_total, abs=0.005e9)
+    # the card's active count leaves out the input embedding
+    active = total - layers * (experts - top) * expert
+    assert count.active_per_token == active
+    assert active - V * h == pytest.approx(card_active, abs=0.005e9)
