@@ -54,12 +54,17 @@ def main() -> None:
             f"time_ratio_p90 = {band['time_ratio_p90']:.4f}\n"
             f"runs = {int(band['runs'])}\n"
             "# The same, with the median, over the runs whose layout uses context parallelism (cp > 1): their band.\n"
-            f"cp_time_ratio_p10 = {band['cp_time_ratio_p10']:.4f}\n"
-            f"cp_time_ratio_p50 = {band['cp_time_ratio_p50']:.4f}\n"
-            f"cp_time_ratio_p90 = {band['cp_time_ratio_p90']:.4f}\n"
-            f"cp_runs = {int(band['cp_runs'])}\n",
+            + _class_band(band, "cp")
+            + "# And over the runs with expert parallelism (ep > 1) but none of context parallelism.\n"
+            + _class_band(band, "ep"),
             encoding="utf-8",
         )
+
+
+def _class_band(band: dict, axis: str) -> str:
+    return "".join(f"{axis}_time_ratio_{q} = {band[f'{axis}_time_ratio_{q}']:.4f}\n" for q in ("p10", "p50", "p90")) + (
+        f"{axis}_runs = {int(band[f'{axis}_runs'])}\n"
+    )
 
 
 def held_out(report: dict) -> None:

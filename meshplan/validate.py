@@ -315,10 +315,20 @@ def leave_one_source_out(names: list[str] | None = None) -> dict[str, Any]:
     }
 
 
+BAND_CLASSES = ("cp", "ep")
+"""Layouts whose held-out runs have a bias of their own, each taking their own band (``<axis>_`` keys): context
+parallelism, then (without it) expert parallelism; a run belongs to the first whose axis is above 1."""
+
+
+def band_class(layout: dict[str, Any]) -> str | None:
+    """The band class of a layout (``BAND_CLASSES``), or None."""
+    return next((axis for axis in BAND_CLASSES if int(layout.get(axis, 1)) > 1), None)
+
+
 def held_out_band(report: dict[str, Any]) -> dict[str, float]:
     """P10 and P90 of measured over predicted step time, over every run held out (leave one source out), and
-    the P10, median and P90 of the runs whose layout uses context parallelism (``cp_`` keys), which have their
-    own bias.
+    the P10, median and P90 of the runs of each band class (``cp_``, ``ep_`` keys: layouts with context, else
+    expert parallelism), which have their own bias.
 
     A rate's error e (predicted / measured - 1) is a time ratio of 1 + e; a time's, 1 / (1 + e).
     """
@@ -326,24 +336,25 @@ def held_out_band(report: dict[str, Any]) -> dict[str, float]:
     layouts: dict[str, list[dict[str, Any]]] = {}
     for run in report["runs"]:
         layouts.setdefault(run["source"], []).append(run["layout"])
-    ratios, cp_ratios = [], []
+    ratios: list[float] = []
+    by_class: dict[str, list[float]] = {axis: [] for axis in BAND_CLASSES}
     for s in report["held_out"]["sources"]:
         for e, layout in zip(s["loso_residuals"], layouts[s["source"]], strict=True):
             ratio = 1 / (1 + e) if metric[s["source"]].endswith("_s") else 1 + e
             ratios.append(ratio)
-            if layout.get("cp", 1) > 1:
-                cp_ratios.append(ratio)
+            if (axis := band_class(layout)) is not None:
+                by_class[axis].append(ratio)
     deciles = statistics.quantiles(sorted(ratios), n=10, method="inclusive")
-    cp = statistics.quantiles(sorted(cp_ratios), n=10, method="inclusive")
-    return {
-        "time_ratio_p10": deciles[0],
-        "time_ratio_p90": deciles[-1],
-        "runs": float(len(ratios)),
-        "cp_time_ratio_p10": cp[0],
-        "cp_time_ratio_p50": statistics.median(cp_ratios),
-        "cp_time_ratio_p90": cp[-1],
-        "cp_runs": float(len(cp_ratios)),
-    }
+    out = {"time_ratio_p10": deciles[0], "time_ratio_p90": deciles[-1], "runs": float(len(ratios))}
+    for axis, mine in by_class.items():
+        tenths = statistics.quantiles(sorted(mine), n=10, method="inclusive")
+        out |= {
+            f"{axis}_time_ratio_p10": tenths[0],
+            f"{axis}_time_ratio_p50": statistics.median(mine),
+            f"{axis}_time_ratio_p90": tenths[-1],
+            f"{axis}_runs": float(len(mine)),
+        }
+    return out
 
 
 GOAL_LOSO_VS_CONSTANT = 0.8

@@ -327,3 +327,22 @@ def test_a_context_parallel_estimate_takes_the_cp_runs_band_and_warns(capsys: py
         said = [w for w in out["warnings"] if w.startswith("context parallelism")]
         assert bool(said) == (cp > 1)
         assert ("with context parallelism" in out["uncertainty"]) == (cp > 1)
+
+
+def test_an_expert_parallel_estimate_takes_the_ep_runs_band_and_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    """The published runs with expert parallelism (and no CP) have a band of their own too; context parallelism
+    takes precedence when a layout has both."""
+    import json
+
+    from meshplan.cli import main
+
+    band = io.held_out_band()
+    args = ["estimate", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "16", "--seq", "8192", "--json", "--zero", "1"]
+    layouts = ((["--ep", "8", "--dp-shard", "16"], "ep"), (["--ep", "8", "--cp", "2", "--dp-shard", "8"], "cp"))
+    for extra, key in layouts:
+        assert main([*args, *extra]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["step_time_s_p90"] == pytest.approx(band[f"{key}_time_ratio_p90"] * out["step_time_s"], rel=1e-9)
+        name = {"ep": "expert parallelism", "cp": "context parallelism"}[key]
+        assert [w for w in out["warnings"] if w.startswith(name)]
+        assert f"with {name}" in out["uncertainty"]

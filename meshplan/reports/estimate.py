@@ -192,14 +192,24 @@ def estimate_report(
     )
     plan = evaluate(spec, cluster, lay, work, order=resolve_order(axis_order))
     out = evaluated_plan_dict(plan, tokens=tokens) | shown
-    out["warnings"] = [*out["warnings"], *cp_warning(lay.cp)]
-    return out | uncertainty(float(plan.step.step_time_s), profile, cp=lay.cp)
+    out["warnings"] = [*out["warnings"], *band_warning(lay.cp, lay.ep)]
+    return out | uncertainty(float(plan.step.step_time_s), profile, cp=lay.cp, ep=lay.ep)
 
 
-def uncertainty(step_time_s: float, profile: str | None, *, cp: int = 1) -> dict[str, Any]:
+BAND_CLASS_NAMES = {"cp": "context parallelism", "ep": "expert parallelism"}
+"""The layouts with a held-out band of their own (validate.BAND_CLASSES), as the reports name them."""
+
+
+def _band_class(cp: int, ep: int) -> str | None:
+    """cp for a layout with context parallelism, else ep with expert parallelism (validate.band_class)."""
+    return "cp" if cp > 1 else "ep" if ep > 1 else None
+
+
+def uncertainty(step_time_s: float, profile: str | None, *, cp: int = 1, ep: int = 1) -> dict[str, Any]:
     """The step time's P10-P90 band: a fitted profile's own (its runs each predicted with the profile fitted on
     the others), else the held-out errors of the published runs (catalog/held_out.toml), where a layout with
-    context parallelism (``cp`` > 1) takes the band of the published runs that used it."""
+    context parallelism (``cp`` > 1), else expert parallelism (``ep`` > 1), takes the band of the published runs
+    of its kind."""
     own = fitted_band(profile)
     if own is not None:
         return {
@@ -209,11 +219,13 @@ def uncertainty(step_time_s: float, profile: str | None, *, cp: int = 1) -> dict
             "predicted with the profile fitted without it",
         }
     band = io.held_out_band()
-    on_cp = cp > 1 and "cp_runs" in band
-    key = "cp_time_ratio" if on_cp else "time_ratio"
-    runs = int(band["cp_runs" if on_cp else "runs"])
+    axis = _band_class(cp, ep)
+    if axis is not None and f"{axis}_runs" not in band:
+        axis = None
+    key = f"{axis}_time_ratio" if axis else "time_ratio"
+    runs = int(band[f"{axis}_runs" if axis else "runs"])
     lo, hi = band[f"{key}_p10"] * step_time_s, band[f"{key}_p90"] * step_time_s
-    which = f"{runs} published runs with context parallelism" if on_cp else f"{runs} published runs"
+    which = f"{runs} published runs with {BAND_CLASS_NAMES[axis]}" if axis else f"{runs} published runs"
     return {
         "step_time_s_p10": lo,
         "step_time_s_p90": hi,
@@ -223,15 +235,17 @@ def uncertainty(step_time_s: float, profile: str | None, *, cp: int = 1) -> dict
     }
 
 
-def cp_warning(cp: int) -> list[str]:
-    """What the held-out runs say of a layout with context parallelism: the model has run fast on them."""
+def band_warning(cp: int, ep: int = 1) -> list[str]:
+    """What the held-out runs say of a layout with context (or expert) parallelism: the model has run fast on
+    them."""
     band = io.held_out_band()
-    if cp <= 1 or "cp_runs" not in band:
+    axis = _band_class(cp, ep)
+    if axis is None or f"{axis}_runs" not in band:
         return []
     return [
-        f"context parallelism: held out, the {int(band['cp_runs'])} published runs with CP took a median "
-        f"{band['cp_time_ratio_p50']:.2f}x their predicted step time (P90 {band['cp_time_ratio_p90']:.2f}x): this "
-        "step time is likely optimistic, and its band is theirs"
+        f"{BAND_CLASS_NAMES[axis]}: held out, the {int(band[f'{axis}_runs'])} published runs with "
+        f"{axis.upper()} took a median {band[f'{axis}_time_ratio_p50']:.2f}x their predicted step time (P90 "
+        f"{band[f'{axis}_time_ratio_p90']:.2f}x): this step time is likely optimistic, and its band is theirs"
     ]
 
 

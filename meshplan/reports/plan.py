@@ -50,7 +50,7 @@ def _candidate(
     per_gpu["total_bytes"] = sum(per_gpu[name] for name in TERMS)
     breakdown = {name: float(np.asarray(getattr(step, name))[i]) for name in STEP_TERMS}
     step_time_s = float(np.asarray(step.step_time_s)[i])
-    band = uncertainty(step_time_s, profile, cp=int(lay.cp))
+    band = uncertainty(step_time_s, profile, cp=int(lay.cp), ep=int(lay.ep))
     return {
         "layout": layout_dict(lay),
         "step_time_s": step_time_s,
@@ -65,9 +65,9 @@ def _candidate(
     }
 
 
-def _first_cp(plans: list[dict[str, Any]]) -> int:
-    """Context-parallel degree of plan 1 (1 when nothing fits)."""
-    return int(plans[0]["layout"]["cp"]) if plans else 1
+def _first_axes(plans: list[dict[str, Any]]) -> dict[str, int]:
+    """Context- and expert-parallel degrees of plan 1 (1 when nothing fits)."""
+    return {axis: int(plans[0]["layout"][axis]) if plans else 1 for axis in ("cp", "ep")}
 
 
 def run_search(
@@ -242,8 +242,9 @@ def plan_report(
         **finetune_fields(spec, work.finetune),
         **shown,
         **_search_fields(result, plans),
-        # the band's source as it applies to plan 1 (a layout with context parallelism takes the CP runs' band)
-        "uncertainty": uncertainty(1.0, fleet_args.get("profile"), cp=_first_cp(plans))["uncertainty"],
+        # the band's source as it applies to plan 1 (a layout with context or expert parallelism takes the band
+        # of the published runs of its kind)
+        "uncertainty": uncertainty(1.0, fleet_args.get("profile"), **_first_axes(plans))["uncertainty"],
         **({"fewest_gpus": fewest} if fewest else {}),
     }
     if not plans:
