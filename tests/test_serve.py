@@ -213,3 +213,24 @@ def test_engine_all_reduce_kernels_price_as_their_own_kernel_or_nccl() -> None:
             outer_latency_s=link.latency_s,
         )
         assert float(nccl) == pytest.approx(float(tuner)) and float(nccl) > float(own)
+
+
+def test_prefill_keys_count_each_query_by_hand() -> None:
+    """A prefill chunk's queries reach c0 + T/2 keys on average in a full layer; in a W-token sliding layer a
+    query at position i reaches min(i + 1, W), counted here one query at a time (0-based positions, the chunk
+    taken from c0 to c0 + T - 1 and each query seeing itself), against the closed form."""
+    from meshplan import io
+    from meshplan.core.serve_shape import prefill_keys
+
+    base = io.load_model("llama-3.1-8b")
+    w = 256
+    every = dataclasses.replace(base, sliding_window=w, num_sliding_layers=base.num_layers)
+    half = dataclasses.replace(base, sliding_window=w, num_sliding_layers=base.num_layers // 2)
+    for cached, chunk in ((0, 100), (0, 1000), (100, 300), (300, 200), (1000, 512)):
+        by_hand = sum(min(i + 1, w) for i in range(cached, cached + chunk)) / chunk
+        full_by_hand = sum(i + 1 for i in range(cached, cached + chunk)) / chunk
+        # the closed form counts i keys for query i (positions from 0, self excluded): within half a key
+        assert prefill_keys(every, cached=cached, chunk=chunk) == pytest.approx(by_hand, abs=0.5)
+        assert prefill_keys(base, cached=cached, chunk=chunk) == pytest.approx(full_by_hand, abs=0.5)
+        mixed = (by_hand + full_by_hand) / 2
+        assert prefill_keys(half, cached=cached, chunk=chunk) == pytest.approx(mixed, abs=0.5)

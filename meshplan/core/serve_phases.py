@@ -24,6 +24,7 @@ from meshplan.core.serve_shape import (
     ReplicaShape,
     ServeLayout,
     compute_dtype,
+    prefill_keys,
     sliding_context,
 )
 from meshplan.spec.cluster import Link
@@ -284,7 +285,7 @@ def decode_step(
         layout,
         new_tokens=new,
         decode_pairs=batch * sliding,
-        prefill_pairs=prefill_tokens * context / 2,
+        prefill_pairs=prefill_tokens * sliding_context(model, context / 2),
         kv_tokens_read=batch * sliding,
         group_tokens=group,
         logits=rows,
@@ -304,7 +305,8 @@ def prefill(
     sequences: Num = 1.0,
 ) -> Forward:
     """A prefill forward of ``tokens`` new tokens after ``cached`` ones (causal: each attends to half the
-    chunk on average), ``sequences`` of them ending here (their last token goes through the LM head)."""
+    chunk on average, sliding-window layers at most their window: ``prefill_keys``), ``sequences`` of them ending
+    here (their last token goes through the LM head)."""
     group = tokens * (layout.tp if layout.dp_attention else 1)
     return forward(
         model,
@@ -313,7 +315,7 @@ def prefill(
         layout,
         new_tokens=tokens,
         decode_pairs=0.0,
-        prefill_pairs=tokens * (cached + tokens / (2 * sequences)),
+        prefill_pairs=tokens * prefill_keys(model, cached=cached, chunk=tokens / sequences),
         kv_tokens_read=0.0 * tokens,
         group_tokens=group,
         logits=sequences,
