@@ -96,12 +96,22 @@ def attention_core_flops(model: ModelSpec, *, tokens: Num, seq_len: Num, tp: Num
     return full * (0.5 if causal_skip else 1.0)
 
 
+def sliding_keys(*, window: int, cached: Num, chunk: Num) -> Num:
+    """Keys a query of a ``chunk``-token causal chunk after ``cached`` tokens reaches on average in a layer with a
+    ``window``-token sliding window: c0 + T/2 while the chunk ends within the window, W once it starts past it,
+    and [(W - c0)(c0 + W)/2 + (c0 + T - W) W] / T when it crosses W (queries up to W reach their position, the
+    later ones W)."""
+    w = window
+    end = cached + chunk
+    crossing = ((w - cached) * (cached + w) / 2 + (end - w) * w) / maximum(chunk, 1e-30)
+    return where(end <= w, cached + chunk / 2, where(cached >= w, float(w), crossing))
+
+
 def windowed_keys_share(*, seq_len: Num, window: int) -> Num:
-    """Keys a query of a causal sliding-window layer reaches, over those of a causal full layer, both averaged
-    over the ``seq_len`` positions of a sequence: min(i + 1, W) against i + 1, i.e. (W - W^2 / 2s) / (s / 2) once
-    the sequence is longer than the window W, and 1 up to it."""
+    """Work of a causal sliding-window layer over that of a causal full layer on a whole sequence: the keys a query
+    reaches on average (``sliding_keys`` from position 0), W - W^2 / 2s, over s / 2 (1 up to s = W)."""
     s = maximum(seq_len, 1)
-    return where(s > window, (window - window**2 / (2 * s)) / (s / 2), 1.0)
+    return sliding_keys(window=window, cached=0.0, chunk=s) / (s / 2)
 
 
 def model_flops_per_token(model: ModelSpec, *, seq_len: int, finetune: Finetune | None = None) -> float:

@@ -14,8 +14,8 @@ from enum import StrEnum
 import numpy as np
 
 from meshplan.core.compute import mean_depth
-from meshplan.core.flops import attention_gemms, mlp_gemms
-from meshplan.core.num import Num, maximum, where
+from meshplan.core.flops import attention_gemms, mlp_gemms, sliding_keys
+from meshplan.core.num import Num
 from meshplan.core.params import count_params
 from meshplan.core.serving import (
     QUANT_GROUP,
@@ -317,18 +317,13 @@ def sliding_context(model: ModelSpec, context: Num) -> Num:
 
 def prefill_keys(model: ModelSpec, *, cached: Num, chunk: Num) -> Num:
     """Keys one query of a prefill chunk reaches on average over the layers: a chunk of ``chunk`` tokens after
-    ``cached`` ones attends c0 + T/2 keys a query in a full layer; in a W-token sliding layer its queries up to
-    position W reach i + 1 keys, the later ones W: [(W - c0)(c0 + W)/2 + (c0 + T - W) W] / T once the chunk
-    crosses W, W past it, and as a full layer before it."""
+    ``cached`` ones attends c0 + T/2 keys a query in a full layer, at most its window in a sliding one
+    (flops.sliding_keys)."""
     full = cached + chunk / 2
     if not model.sliding_window:
         return full
-    w = model.sliding_window
-    end = cached + chunk
-    crossing = ((w - cached) * (cached + w) / 2 + (end - w) * w) / maximum(chunk, 1e-30)
-    windowed = where(end <= w, full, where(cached >= w, float(w), crossing))
     share = model.num_sliding_layers / model.num_layers
-    return (1 - share) * full + share * windowed
+    return (1 - share) * full + share * sliding_keys(window=model.sliding_window, cached=cached, chunk=chunk)
 
 
 def kv_dtype_bytes(dtype: DType) -> float:
