@@ -22,6 +22,7 @@ from meshplan import calibration, io
 from meshplan.core.flops import megatron_flops, narayanan_flops
 from meshplan.core.plan import Plan, evaluate
 from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, workload_kwargs
+from meshplan.reports.estimate import BAND_CLASSES, band_class
 from meshplan.reports.inputs import LayoutRequest, resolve_cluster, resolve_layout, resolve_order, resolve_workload
 from meshplan.spec import requests
 from meshplan.spec.cluster import Cluster
@@ -315,16 +316,6 @@ def leave_one_source_out(names: list[str] | None = None) -> dict[str, Any]:
     }
 
 
-BAND_CLASSES = ("cp", "ep")
-"""Layouts whose held-out runs have a bias of their own, each taking their own band (``<axis>_`` keys): context
-parallelism, then (without it) expert parallelism; a run belongs to the first whose axis is above 1."""
-
-
-def band_class(layout: dict[str, Any]) -> str | None:
-    """The band class of a layout (``BAND_CLASSES``), or None."""
-    return next((axis for axis in BAND_CLASSES if int(layout.get(axis, 1)) > 1), None)
-
-
 def held_out_band(report: dict[str, Any]) -> dict[str, float]:
     """P10 and P90 of measured over predicted step time, over every run held out (leave one source out), and
     the P10, median and P90 of the runs of each band class (``cp_``, ``ep_`` keys: layouts with context, else
@@ -342,7 +333,7 @@ def held_out_band(report: dict[str, Any]) -> dict[str, float]:
         for e, layout in zip(s["loso_residuals"], layouts[s["source"]], strict=True):
             ratio = 1 / (1 + e) if metric[s["source"]].endswith("_s") else 1 + e
             ratios.append(ratio)
-            if (axis := band_class(layout)) is not None:
+            if (axis := band_class(cp=layout.get("cp", 1), ep=layout.get("ep", 1))) is not None:
                 by_class[axis].append(ratio)
     deciles = statistics.quantiles(sorted(ratios), n=10, method="inclusive")
     out = {"time_ratio_p10": deciles[0], "time_ratio_p90": deciles[-1], "runs": float(len(ratios))}

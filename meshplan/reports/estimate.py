@@ -196,13 +196,15 @@ def estimate_report(
     return out | uncertainty(float(plan.step.step_time_s), profile, cp=lay.cp, ep=lay.ep)
 
 
-BAND_CLASS_NAMES = {"cp": "context parallelism", "ep": "expert parallelism"}
-"""The layouts with a held-out band of their own (validate.BAND_CLASSES), as the reports name them."""
+BAND_CLASSES = {"cp": "context parallelism", "ep": "expert parallelism"}
+"""Layouts whose held-out runs have a bias of their own, each with its own band (catalog/held_out.toml's
+``<axis>_`` keys), in order: a layout belongs to the first whose degree is above 1; and how the reports name them."""
 
 
-def _band_class(cp: int, ep: int) -> str | None:
-    """cp for a layout with context parallelism, else ep with expert parallelism (validate.band_class)."""
-    return "cp" if cp > 1 else "ep" if ep > 1 else None
+def band_class(*, cp: int, ep: int) -> str | None:
+    """The band class of a layout of these degrees (``BAND_CLASSES``), or None."""
+    degrees = {"cp": cp, "ep": ep}
+    return next((axis for axis in BAND_CLASSES if int(degrees[axis]) > 1), None)
 
 
 def uncertainty(step_time_s: float, profile: str | None, *, cp: int = 1, ep: int = 1) -> dict[str, Any]:
@@ -219,13 +221,13 @@ def uncertainty(step_time_s: float, profile: str | None, *, cp: int = 1, ep: int
             "predicted with the profile fitted without it",
         }
     band = io.held_out_band()
-    axis = _band_class(cp, ep)
+    axis = band_class(cp=cp, ep=ep)
     if axis is not None and f"{axis}_runs" not in band:
         axis = None
     key = f"{axis}_time_ratio" if axis else "time_ratio"
     runs = int(band[f"{axis}_runs" if axis else "runs"])
     lo, hi = band[f"{key}_p10"] * step_time_s, band[f"{key}_p90"] * step_time_s
-    which = f"{runs} published runs with {BAND_CLASS_NAMES[axis]}" if axis else f"{runs} published runs"
+    which = f"{runs} published runs with {BAND_CLASSES[axis]}" if axis else f"{runs} published runs"
     return {
         "step_time_s_p10": lo,
         "step_time_s_p90": hi,
@@ -239,11 +241,11 @@ def band_warning(cp: int, ep: int = 1) -> list[str]:
     """What the held-out runs say of a layout with context (or expert) parallelism: the model has run fast on
     them."""
     band = io.held_out_band()
-    axis = _band_class(cp, ep)
+    axis = band_class(cp=cp, ep=ep)
     if axis is None or f"{axis}_runs" not in band:
         return []
     return [
-        f"{BAND_CLASS_NAMES[axis]}: held out, the {int(band[f'{axis}_runs'])} published runs with "
+        f"{BAND_CLASSES[axis]}: held out, the {int(band[f'{axis}_runs'])} published runs with "
         f"{axis.upper()} took a median {band[f'{axis}_time_ratio_p50']:.2f}x their predicted step time (P90 "
         f"{band[f'{axis}_time_ratio_p90']:.2f}x): this step time is likely optimistic, and its band is theirs"
     ]
