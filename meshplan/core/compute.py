@@ -244,7 +244,7 @@ def _flash_time(
         return full_fwd, full_bwd
     window = model.sliding_window
     win_fwd, win_bwd = at(flops * windowed_keys_share(seq_len=seq_len, window=window), minimum(kernel_keys, window))
-    share = model.num_sliding_layers / model.num_layers
+    share = model.sliding_share
     return (1 - share) * full_fwd + share * win_fwd, (1 - share) * full_bwd + share * win_bwd
 
 

@@ -311,7 +311,7 @@ def sliding_context(model: ModelSpec, context: Num) -> Num:
     """Cached tokens one query reads on average over the layers (sliding-window layers capped)."""
     if not model.sliding_window:
         return context
-    share = model.num_sliding_layers / model.num_layers
+    share = model.sliding_share
     return (1 - share) * context + share * np.minimum(context, model.sliding_window)
 
 
@@ -322,7 +322,7 @@ def prefill_keys(model: ModelSpec, *, cached: Num, chunk: Num) -> Num:
     full = cached + chunk / 2
     if not model.sliding_window:
         return full
-    share = model.num_sliding_layers / model.num_layers
+    share = model.sliding_share
     return (1 - share) * full + share * sliding_keys(window=model.sliding_window, cached=cached, chunk=chunk)
 
 

@@ -213,7 +213,7 @@ def serving_bill(
     weights, layers_max = _heaviest_stage(model, tp=tp, pp=pp, ep=ep, per_param=per_param)
     weights += replicated_weights_bytes
     per_layer = kv_bytes_per_token_per_layer(model, tp=tp, kv_dtype=kv_dtype)
-    sliding_share = model.num_sliding_layers / model.num_layers
+    sliding_share = model.sliding_share
     window = min(context, model.sliding_window) if model.sliding_window else context
     per_sequence = layers_max * per_layer * ((1 - sliding_share) * context + sliding_share * window)
     activations = prefill_activation_bytes(model, tp=tp, chunk_tokens=prefill_chunk_tokens)

@@ -237,6 +237,11 @@ class ModelSpec:
         return self.num_layers - self.num_moe_layers
 
     @property
+    def sliding_share(self) -> float:
+        """Share of the layers with a sliding window."""
+        return self.num_sliding_layers / self.num_layers
+
+    @property
     def q_width(self) -> int:
         """Width of all query heads together (a * d, or a * (d_nope + d_rope) under MLA)."""
         if self.mla is not None:
