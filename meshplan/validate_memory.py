@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Any
 
 from meshplan import io
-from meshplan.core.stage_activations import layer_activations
+from meshplan.core.stage_activations import layer_activations, linear_inputs
 from meshplan.reports.bills import memory_report
 from meshplan.reports.conditions import condition_names, conditions_of, precision_of
 from meshplan.reports.conditions import resolve as resolve_conditions
@@ -203,7 +203,6 @@ PUBLISHED_LAYOUTS: tuple[dict[str, Any], ...] = (
 
 RUNS_OVER_HBM: tuple[tuple[str, str], ...] = (
     ("llama3", "128K, 16,384 GPUs"),
-    ("megatron_bridge", "25.09 DeepSeek-V3 FP8 blockwise, 1,024 H100, TP 2 PP 8 VP 4 EP 64"),
     ("megatron_bridge", "25.11 Llama 3.1 405B FP8-CS, 256 GB200, TP 4 PP 16 VP 4"),
     ("megatron_bridge", "25.11 DeepSeek-V3 BF16, 256 GB200, PP 4 VP 4 EP 64"),
     ("narayanan2021_zero3", "530B on 640 GPUs"),
@@ -258,7 +257,8 @@ def _savings(values: Mapping[str, Any], report: dict[str, Any]) -> list[dict[str
     ffn = model.ffn_hidden
     if moe and model.moe is not None:  # the routed experts' and the shared experts' products
         ffn = model.moe.expert_ffn_hidden * model.moe.experts_per_token + model.moe.shared_hidden
-    swiglu = layer_mbs * tokens * beta * ffn / lay.tp
+    # the product is the down projection's input: kept as that linear layer keeps its input (FP8 under TE)
+    swiglu = layer_mbs * tokens * linear_inputs(work).own_bytes * ffn / lay.tp
     norms = layer_mbs * tokens * beta * model.hidden * rep * 2
     fp8_cache = {
         "saving": "saved activations cached in FP8, half of every saved tensor (as DeepSeek-V3 Sec. 3.3 does)",

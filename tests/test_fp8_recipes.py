@@ -187,7 +187,11 @@ def test_mxfp8_runs_at_the_fp8_rate_with_fewer_cast_bytes(framework: Framework) 
     mx, tensorwise = _b200_plan(Fp8Recipe.MXFP8, framework), _b200_plan(Fp8Recipe.TENSORWISE, framework)
     assert mx.step.compute_s < tensorwise.step.compute_s
     assert mx.step.compute_s > 0.97 * tensorwise.step.compute_s  # the casts are a few percent of a layer
-    assert mx.memory.per_gpu.total_bytes == tensorwise.memory.per_gpu.total_bytes
+    if framework is Framework.TORCH:  # torchao keeps the bf16 inputs whatever the recipe
+        assert mx.memory.per_gpu.total_bytes == tensorwise.memory.per_gpu.total_bytes
+    else:  # TE keeps the FP8 inputs with a scale byte per 32 elements: 1/32 more, on what are under half the bytes
+        extra = mx.memory.per_gpu.activations_bytes / tensorwise.memory.per_gpu.activations_bytes - 1
+        assert 0 < extra < 1 / 64
 
 
 def test_mxfp8_needs_block_scaled_tensor_cores() -> None:

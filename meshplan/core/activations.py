@@ -20,6 +20,10 @@ dropout masks, the QKV/MLP inputs) are split over t only under sequence
 parallelism. Context parallelism splits the tokens over cp, and each local
 query still meets all s keys.
 
+Under FP8 matmuls Transformer Engine keeps a linear layer's input as the
+quantized copy its forward made (``LinearInputs``): 1 byte an element and
+the recipe's scales, where bf16 training keeps 2.
+
 Where frameworks keep different tensors, ``SAVED_TENSORS`` says what each
 keeps (measured for PyTorch 2.13 by ``meshplan check``; docs/check.md):
 an eager RMSNorm keeps its fp32 upcast input, x * rstd and rstd; DTensor
@@ -84,6 +88,26 @@ class SavedTensors:
     stage_outputs: bool
     """A pipeline stage holds each in-flight micro-batch's output until its backward (PipelineStage's
     forward cache); Megatron frees the output's data once sent."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinearInputs:
+    """Bytes per element of what a linear layer keeps of its input for its weight gradient."""
+
+    own_bytes: float
+    """The input of a linear layer that no other op keeps (the QKV and fc1 inputs after their norm, fc2's, the
+    experts'): the activation dtype, or under Transformer Engine's FP8 recipes the quantized copy its forward
+    made (``transformer_engine/pytorch/module/linear.py``: ``saved_inputmat = inputmat``, rowwise or
+    columnwise data only), 1 byte an element and its scales."""
+    copy_bytes: float = 0.0
+    """A second, quantized copy a linear layer keeps of an input another op already keeps in bf16 (the output
+    projection's input beside the attention kernel's output, a shared expert's input beside the router's):
+    0 where it keeps the original instead (Megatron-Core ``set_save_original_input`` for every recipe but
+    delayed scaling, attention.py and shared_experts.py), its own FP8 copy under delayed scaling."""
+
+    @classmethod
+    def plain(cls, act_bytes: float) -> LinearInputs:
+        return cls(own_bytes=act_bytes)
 
 
 _FUSED_NORM = NormSaves(hidden_tensors=1, hidden_fp32=False, row_stats=0)  # dgamma from the input and rstd
@@ -154,20 +178,25 @@ def attention_bytes_per_token(
     act_bytes: float,
     keep_scores: Num,
     framework: Framework = Framework.MEGATRON,
+    inputs: LinearInputs | None = None,
 ) -> Num:
-    """Bytes one attention block keeps per local token (norm included)."""
+    """Bytes one attention block keeps per local token (norm included); ``inputs``: what a linear layer keeps of
+    its input (default: the activation dtype)."""
+    lin = LinearInputs.plain(act_bytes) if inputs is None else inputs
     rep = where(sp, 1.0 / tp, 1.0)
     beta, h, mask = act_bytes, model.hidden, 1.0 if model.dropout else 0.0
     norm = norm_bytes_per_token(model, act_bytes=beta, framework=framework)
-    replicated = (norm + mask * h) * rep + beta * h * input_split(tp, sp, framework)
+    replicated = (norm + mask * h) * rep + lin.own_bytes * h * input_split(tp, sp, framework)
     if model.mla is not None:
         mla = model.mla
-        replicated = replicated + beta * (2 * mla.q_lora_rank + 2 * mla.kv_lora_rank + mla.qk_rope_head_dim)
+        # each low-rank latent: its norm's input and the up projection's input; and the shared rotary key
+        latents = mla.q_lora_rank + mla.kv_lora_rank
+        replicated = replicated + beta * (latents + mla.qk_rope_head_dim) + lin.own_bytes * latents
         qkv = beta * model.num_heads * (2 * mla.qk_head_dim + mla.v_head_dim) / tp
     else:
         kv_per_rank = maximum(model.num_kv_heads / tp, 1.0) * model.head_dim
         qkv = beta * (model.q_width / tp + 2 * kv_per_rank)
-    out = beta * model.attn_out_width / tp
+    out = (beta + lin.copy_bytes) * model.attn_out_width / tp  # the kernel's output is the projection's input
     heads = model.num_heads / tp
     # fused: a log-sum-exp per row; unfused: the softmax output (beta), and with dropout its 1-byte mask and
     # beta-wide output, one row of s keys per query
@@ -186,31 +215,44 @@ def mlp_bytes_per_token(
     framework: Framework = Framework.MEGATRON,
     routing_imbalance: Num = 1.0,
     etp: Num = None,
+    inputs: LinearInputs | None = None,
 ) -> Num:
     """Bytes one MLP (or MoE) block keeps per local token (norm included); the routed experts' share is scaled
-    by ``routing_imbalance``, the busiest expert-parallel rank's tokens over the mean.
+    by ``routing_imbalance``, the busiest expert-parallel rank's tokens over the mean. ``inputs``: what a linear
+    layer keeps of its input (the fc1 and fc2 inputs, each routed copy's expert input).
 
     Routed copies per local token: k, each expert's internals split by the expert TP degree e_t (``etp``, None:
     tp). With SP each rank dispatches its s/t tokens and the expert-TP group gathers e_t of them
     (Megatron-Core's all-to-all dispatcher), so a rank keeps k e_t / t copies per local token: k when e_t = t,
     k / t under MoE parallel folding with e_t = 1.
     """
-    rep = where(sp, 1.0 / tp, 1.0)
+    lin = LinearInputs.plain(act_bytes) if inputs is None else inputs
+    rep, split = where(sp, 1.0 / tp, 1.0), input_split(tp, sp, framework)
     beta, h, mask = act_bytes, model.hidden, 1.0 if model.dropout else 0.0
     norm = norm_bytes_per_token(model, act_bytes=beta, framework=framework)
-    replicated = (norm + mask * h) * rep + beta * h * input_split(tp, sp, framework)
-    n = _mlp_tensors(model, kernels)
+    per_f = mlp_internal_bytes(model, kernels=kernels, act_bytes=beta, inputs=lin)
     if not moe_layer or model.moe is None:
-        return replicated + n * beta * model.ffn_hidden / tp
+        return (norm + mask * h) * rep + lin.own_bytes * h * split + per_f * model.ffn_hidden / tp
+    # the norm's output is the router's input, kept in the activation dtype
+    replicated = (norm + mask * h) * rep + beta * h * split
     moe, saved = model.moe, SAVED_TENSORS[framework]
     k = moe.experts_per_token
     router = saved.router_fp32_tensors * FP32_BYTES * moe.num_experts * rep
-    per_pair = saved.routed_hidden_copies * beta * h + saved.routed_index_bytes + saved.routed_gate_values * beta
+    # each routed copy: the expert's input (its fc1's) and the rest of the framework's h-wide copies
+    hidden_copies = (saved.routed_hidden_copies - 1) * beta + lin.own_bytes
+    per_pair = hidden_copies * h + saved.routed_index_bytes + saved.routed_gate_values * beta
     etp = tp if etp is None else etp
     copies = k * where(sp, etp / tp, 1.0)
-    routed = routing_imbalance * copies * (per_pair + n * beta * moe.expert_ffn_hidden / etp)
-    shared = moe.num_shared_experts * n * beta * moe.shared_hidden / tp
+    routed = routing_imbalance * copies * (per_pair + per_f * moe.expert_ffn_hidden / etp)
+    shared_input = lin.copy_bytes * h * split if moe.num_shared_experts else 0.0
+    shared = moe.num_shared_experts * per_f * moe.shared_hidden / tp + shared_input
     return replicated + router + routed + shared
+
+
+def mlp_internal_bytes(model: ModelSpec, *, kernels: Kernels, act_bytes: float, inputs: LinearInputs) -> float:
+    """Bytes an MLP keeps per element of its hidden width f: its f-wide tensors in the activation dtype, but
+    for the last, the down projection's input, kept as that linear layer keeps its input."""
+    return (_mlp_tensors(model, kernels) - 1) * act_bytes + inputs.own_bytes
 
 
 def layer_input_bytes_per_token(model: ModelSpec, *, tp: Num, sp: Num, act_bytes: float) -> Num:
@@ -234,8 +276,10 @@ def layer_bytes(
     framework: Framework = Framework.MEGATRON,
     routing_imbalance: Num = 1.0,
     etp: Num = None,
+    inputs: LinearInputs | None = None,
 ) -> Num:
-    """Bytes one layer keeps for one micro-batch under the given recompute policy (``etp``: expert TP)."""
+    """Bytes one layer keeps for one micro-batch under the given recompute policy (``etp``: expert TP;
+    ``inputs``: what a linear layer keeps of its input)."""
     tokens = seq_len / cp * micro_batch
     keep_scores = where(recompute == Recompute.NONE, 1.0, 0.0)
     kept = attention_bytes_per_token(
@@ -247,6 +291,7 @@ def layer_bytes(
         act_bytes=act_bytes,
         keep_scores=keep_scores,
         framework=framework,
+        inputs=inputs,
     ) + mlp_bytes_per_token(
         model,
         tp=tp,
@@ -257,6 +302,7 @@ def layer_bytes(
         framework=framework,
         routing_imbalance=routing_imbalance,
         etp=etp,
+        inputs=inputs,
     )
     full = layer_input_bytes_per_token(model, tp=tp, sp=sp, act_bytes=act_bytes)
     return tokens * where(recompute == Recompute.FULL, full, kept)

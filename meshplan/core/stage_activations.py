@@ -16,11 +16,31 @@ from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.params import ParamCount
 from meshplan.core.stage_params import StageParams, layout_stage_params
 from meshplan.core.stages import stage_row
-from meshplan.spec.conditions import FUSED_LOSS_CHUNKS, UPCAST_LOSS_BYTES, LossKind, Selective
+from meshplan.spec.conditions import FUSED_LOSS_CHUNKS, UPCAST_LOSS_BYTES, Fp8Recipe, LossKind, Selective
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule
 from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.workload import Framework, Kernels, Workload
-from meshplan.units import FP32_BYTES
+from meshplan.units import FP32_BYTES, DType
+
+FP8_SAVED_SCALE_BYTES: dict[Fp8Recipe | str | None, float] = {Fp8Recipe.MXFP8: 1 / 32, "deepseek-fp8": FP32_BYTES / 128}
+"""Scale bytes per element of a saved FP8 input: MXFP8's E8M0 byte per 32 elements of its one (column-wise)
+copy, DeepSeek-V3's fp32 scale per 1 x 128 tile; a per-tensor scale (tensorwise, delayed) is none."""
+
+
+def linear_inputs(workload: Workload) -> act.LinearInputs:
+    """What a linear layer of this workload keeps of its input for its weight gradient.
+
+    Under FP8 matmuls Megatron-Core's Transformer Engine layers (and DeepSeek-V3's framework, Sec. 3.3) keep the
+    FP8 copy their forward cast, 1 byte an element and its scales; PyTorch-native stacks (torchao's Float8Linear
+    saves ``input_hp``) keep the bf16 input. Under delayed scaling Megatron does not ask the output projection
+    and the shared experts to keep their bf16 original, so each also keeps its FP8 copy."""
+    beta = workload.precision.activation_bytes
+    if workload.precision.compute is not DType.FP8 or workload.framework is not Framework.MEGATRON:
+        return act.LinearInputs.plain(beta)
+    recipe = workload.conditions.fp8_recipe
+    key = "deepseek-fp8" if workload.precision.name == "deepseek-fp8" else recipe
+    own = 1.0 + FP8_SAVED_SCALE_BYTES.get(key, 0.0)
+    return act.LinearInputs(own_bytes=own, copy_bytes=own if recipe is Fp8Recipe.DELAYED else 0.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,7 +72,10 @@ def _frozen_delta_per_token(model: ModelSpec, lay: LayoutLike, workload: Workloa
         ffn = model.moe.expert_ffn_hidden * model.moe.experts_per_token
         expert_inputs = model.moe.experts_per_token  # each routed copy of the MLP input
     norms = 2 * act.norm_weight_grad_bytes_per_token(model, act_bytes=beta, framework=fw) * where(lay.sp, 1 / lay.tp, 1)
-    dropped = beta * (model.hidden * (split * (qkv + mlp_in) + expert_inputs * mlp_in) + down * ffn / lay.tp) + norms
+    own = linear_inputs(workload).own_bytes
+    block_in = beta if expert_inputs else own  # a MoE block's input is the router's, in bf16
+    inputs = model.hidden * (own * (split * qkv + expert_inputs * mlp_in) + block_in * split * mlp_in)
+    dropped = inputs + own * down * ffn / lay.tp + norms
     return finetune.adapter_saved_per_token(model, ft, moe_layer=moe_layer, act_bytes=beta) - dropped
 
 
@@ -65,6 +88,7 @@ def _first_layer_dead_per_token(model: ModelSpec, lay: LayoutLike, workload: Wor
     through them to the adapters below.
     """
     ft, beta, fw = workload.finetune, workload.precision.activation_bytes, workload.framework
+    lin = linear_inputs(workload)
     targets, rep = set(ft.lora_targets), where(lay.sp, 1 / lay.tp, 1)
     norm = act.norm_bytes_per_token(model, act_bytes=beta, framework=fw, frozen_weight=True) * rep
     if targets & {"q", "k", "v"}:
@@ -80,7 +104,8 @@ def _first_layer_dead_per_token(model: ModelSpec, lay: LayoutLike, workload: Wor
         act_bytes=beta,
         keep_scores=where(lay.recompute == Recompute.NONE, 1.0, 0.0),
         framework=fw,
-    ) - (weight_grad + beta * h * split)  # frozen norm scale; no q, k, v adapter needs the QKV input
+        inputs=lin,
+    ) - (weight_grad + lin.own_bytes * h * split)  # frozen norm scale; no q, k, v adapter needs the QKV input
     if "o" in targets:
         return attention - beta * model.attn_out_width / lay.tp  # o's adapter needs its input
     dead = attention + norm
@@ -91,10 +116,18 @@ def _first_layer_dead_per_token(model: ModelSpec, lay: LayoutLike, workload: Wor
             # adapted gate alone frees act(gate)
             dead = dead + (2 if "up" in targets else 1) * beta * ffn / lay.tp
         return dead
+    block_in = beta if moe_layer and model.moe else lin.own_bytes  # a MoE block's input is the router's
     mlp = act.mlp_bytes_per_token(
-        model, tp=lay.tp, sp=lay.sp, act_bytes=beta, moe_layer=moe_layer, kernels=workload.kernels, framework=fw
-    ) - (weight_grad + norm + beta * h * split)  # the norm is counted above; no gate or up adapter
-    return dead + mlp - beta * ffn / lay.tp  # down's adapter needs its input
+        model,
+        tp=lay.tp,
+        sp=lay.sp,
+        act_bytes=beta,
+        moe_layer=moe_layer,
+        kernels=workload.kernels,
+        framework=fw,
+        inputs=lin,
+    ) - (weight_grad + norm + block_in * h * split)  # the norm is counted above; no gate or up adapter
+    return dead + mlp - lin.own_bytes * ffn / lay.tp  # down's adapter needs its input
 
 
 def _module_savings_per_token(model: ModelSpec, lay: LayoutLike, workload: Workload, *, moe_layer: bool) -> Num:
@@ -107,23 +140,25 @@ def _module_savings_per_token(model: ModelSpec, lay: LayoutLike, workload: Workl
     """
     mods = set(workload.conditions.recompute_modules)
     beta, tp, h = workload.precision.activation_bytes, lay.tp, model.hidden
+    lin = linear_inputs(workload)
     split = act.input_split(tp, lay.sp, workload.framework)
-    n = act.GATED_SAVED_TENSORS[workload.kernels] if model.mlp is MlpKind.GATED else act.PLAIN_SAVED_TENSORS
+    per_f = act.mlp_internal_bytes(model, kernels=workload.kernels, act_bytes=beta, inputs=lin)
+    moe = model.moe if moe_layer else None
+    mlp_in = beta if moe is not None else lin.own_bytes  # a MoE block's input is the router's, in bf16
     out: Num = 0.0
     if "layernorm" in mods:
-        out = out + 2 * beta * h * split
-    moe = model.moe if moe_layer else None
+        out = out + (lin.own_bytes + mlp_in) * h * split
     if "mlp" in mods and moe is None:
-        out = out + beta * h * split * ("layernorm" not in mods) + n * beta * model.ffn_hidden / tp
+        out = out + mlp_in * h * split * ("layernorm" not in mods) + per_f * model.ffn_hidden / tp
     if moe is not None:
         copies = moe.experts_per_token * where(lay.sp, lay.etp / tp, 1.0)  # as act.mlp_bytes_per_token
-        routed = copies * n * beta * moe.expert_ffn_hidden / lay.etp
-        shared = moe.num_shared_experts * n * beta * moe.shared_hidden / tp
+        routed = copies * per_f * moe.expert_ffn_hidden / lay.etp
+        shared = moe.num_shared_experts * per_f * moe.shared_hidden / tp
         if "moe" in mods:
-            out = out + beta * h * split * ("layernorm" not in mods) + routed + shared
+            out = out + mlp_in * h * split * ("layernorm" not in mods) + routed + shared
         else:
-            if "moe_act" in mods:
-                out = out + copies * beta * moe.expert_ffn_hidden / lay.etp
+            if "moe_act" in mods:  # the down projections' inputs, as they were kept
+                out = out + copies * lin.own_bytes * moe.expert_ffn_hidden / lay.etp
             if "shared_experts" in mods:
                 out = out + shared
     if "mla_up_proj" in mods and model.mla is not None:
@@ -194,6 +229,7 @@ def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> 
         framework=workload.framework,
         routing_imbalance=where(lay.ep > 1, workload.conditions.routing_imbalance, 1.0),
         etp=lay.etp,
+        inputs=linear_inputs(workload),
     )
 
     tokens = workload.seq_len / lay.cp * lay.micro_batch
