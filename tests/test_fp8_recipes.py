@@ -169,6 +169,26 @@ def test_mxfp8_casts_by_hand() -> None:
     assert (fwd, bwd) == pytest.approx(((inputs + weights) * 6, outputs * 6), rel=1e-12)
 
 
+def test_frozen_weights_skip_the_casts_only_the_weight_gradient_needs() -> None:
+    """A frozen weight (LoRA's base, frozen layers) takes no weight gradient: Transformer Engine keeps no
+    column-wise copy of the input (no transpose in backward) and casts each output gradient once for the input
+    gradient (read 2, write 1); MXFP8 writes its row-wise copy alone (2 + 1 + 1/32). torchao casts the same."""
+    from meshplan.core.compute import _fp8_cast_time
+
+    inputs = 4096 * 2048 + 3 * 4096 * 512
+    outputs = 4096 * 1024 + 3 * 4096 * 2048
+    fwd, bwd = _fp8_cast_time(_gemm_list(), fused=False, hbm=1.0, frozen=True)
+    assert (fwd, bwd) == pytest.approx((3 * inputs, 3 * outputs), rel=1e-12)
+    one_copy = 2 + 1 + 1 / 32
+    fwd, bwd = _fp8_cast_time(_gemm_list(), fused=False, hbm=1.0, block_scaled=True, frozen=True)
+    assert (fwd, bwd) == pytest.approx((inputs * one_copy, outputs * one_copy), rel=1e-12)
+    fwd, bwd = _fp8_cast_time(_gemm_list(), fused=True, hbm=1.0, block_scaled=True, frozen=True)
+    assert (fwd, bwd) == pytest.approx((inputs / 32, outputs * one_copy), rel=1e-12)
+    assert _fp8_cast_time(_gemm_list(), fused=False, hbm=1.0, dynamic=True, frozen=True) == pytest.approx(
+        _fp8_cast_time(_gemm_list(), fused=False, hbm=1.0, dynamic=True), rel=1e-12
+    )
+
+
 def _b200_plan(recipe: Fp8Recipe, framework: Framework = Framework.MEGATRON):  # type: ignore[no-untyped-def]
     work = Workload(
         seq_len=4096,

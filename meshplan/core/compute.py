@@ -91,6 +91,9 @@ write the FP8 copy in place of the bf16 one, at no extra cost. Weights are cast 
 FP8_CAST_BYTES_BWD_GRAD = {False: 5.0, True: 4.0}
 """Per output-gradient element in backward: cast and transpose (read bf16, write the FP8 copy and its
 transpose: 4 bytes fused in TE's cast_transpose, 3 + 2 as two kernels)."""
+FP8_CAST_BYTES_GRAD_ONLY = 3.0
+"""Per output-gradient element in backward when the weight is frozen: the input gradient's GEMM alone reads it,
+so one cast (read bf16, write FP8) and no transpose."""
 FP8_TRANSPOSE_BYTES_INPUT = 2.0
 """Per saved-input element in backward: the FP8 transpose the weight-gradient GEMM reads (read and write 1 byte)."""
 MX_SCALE_BYTES = 2 / 32
@@ -288,6 +291,7 @@ def _fp8_cast_time(
     dynamic: bool = False,
     weights_cast: bool = True,
     block_scaled: bool = False,
+    frozen: bool = False,
 ) -> tuple[Num, Num]:
     """(forward, backward) HBM time of the casts and transposes around FP8 linear layers.
 
@@ -296,7 +300,9 @@ def _fp8_cast_time(
     FSDP gathered them in FP8 already (``weights_cast`` False: cast on the shard, not counted), every weight on
     each forward, after an amax pass of its own; one cast per distinct input (Inductor merges the identical
     casts of wq, wk and wv). Block-scaled (MXFP8) casts find each block's scale inside the cast, so no amax pass,
-    and write both copies at once (``MX_CAST_BYTES``).
+    and write both copies at once (``MX_CAST_BYTES``). A ``frozen`` weight has no weight gradient, so Transformer
+    Engine makes no column-wise copy (``columnwise=... weight_requires_grad``): no input transposes, and the
+    output gradient cast once for the input gradient (``FP8_CAST_BYTES_GRAD_ONLY``; MXFP8: its row-wise copy).
     """
     inputs = sum(g.m * g.k * g.count for g in gemms)
     outputs = sum(g.m * g.n * g.count for g in gemms)
@@ -308,8 +314,13 @@ def _fp8_cast_time(
         fwd = (inputs * per_element + weights * (cast + amax)) / hbm
         return fwd, outputs * per_element / hbm
     if block_scaled:
-        return inputs * (MX_SCALE_BYTES if fused else MX_CAST_BYTES) / hbm, outputs * MX_CAST_BYTES / hbm
+        one_copy = MX_CAST_BYTES - 1 - MX_SCALE_BYTES / 2  # read bf16, write one FP8 copy and its scales
+        cast = one_copy if frozen else MX_CAST_BYTES
+        fwd = inputs * (MX_SCALE_BYTES / (2 if frozen else 1) if fused else cast) / hbm
+        return fwd, outputs * cast / hbm
     fwd = inputs * FP8_CAST_BYTES_FWD[fused] / hbm
+    if frozen:
+        return fwd, outputs * FP8_CAST_BYTES_GRAD_ONLY / hbm
     return fwd, (outputs * FP8_CAST_BYTES_BWD_GRAD[fused] + inputs * FP8_TRANSPOSE_BYTES_INPUT) / hbm
 
 
@@ -378,8 +389,9 @@ class ComputeSetup:
         return self.hbm_bytes_per_s * self.cal.hbm_efficiency
 
 
-def _layer_casts(gemms: list[Gemm], setup: ComputeSetup) -> tuple[Num, Num]:
-    """(forward, backward) HBM time of the FP8 casts around a layer's linear layers (none without FP8)."""
+def _layer_casts(gemms: list[Gemm], setup: ComputeSetup, *, frozen: bool = False) -> tuple[Num, Num]:
+    """(forward, backward) HBM time of the FP8 casts around a layer's linear layers (none without FP8; ``frozen``:
+    their weights take no gradient)."""
     if not setup.fp8:
         return 0.0, 0.0
     return _fp8_cast_time(
@@ -389,6 +401,7 @@ def _layer_casts(gemms: list[Gemm], setup: ComputeSetup) -> tuple[Num, Num]:
         dynamic=setup.fp8_dynamic,
         weights_cast=not setup.fp8_weights_gathered,
         block_scaled=setup.fp8_block_scaled,
+        frozen=frozen,
     )
 
 
@@ -446,7 +459,8 @@ def layer_time(
     gemm_s = sum(times)
     op_sac = sum(t * op_sac_share(model, g, moe_layer=moe_layer) for g, t in zip(gemms, times, strict=True))
     weights = sum(g.n * g.k * g.count for g in gemms)
-    cast_fwd, cast_bwd = _layer_casts(gemms, setup)
+    adapted = finetune is not None and finetune.adapted
+    cast_fwd, cast_bwd = _layer_casts(gemms, setup, frozen=frozen or adapted)
     bytes_per_token = _memory_bytes_per_token(
         model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=setup.act_bytes, kernels=kernels, repeat_kv=setup.repeat_kv
     )
@@ -457,7 +471,6 @@ def layer_time(
         model, setup, tokens=tokens, seq_len=seq_len, keys=keys, tp=tp, cp=cp, ring_cp=ring
     )
     launch = KERNELS_PER_LAYER[kernels] * cal.kernel_overhead_s
-    adapted = finetune is not None and finetune.adapted
     adapter_fwd: Num = 0.0
     if adapted and finetune is not None:
         adapter_fwd, dequant = _adapter_time(

@@ -1,0 +1,67 @@
+"""Fine-tuning runs outside the reference set: NeMo 24.07's SFT and LoRA rows on DGX H100, typed as a user would.
+
+    python benchmarks/finetune_outside_reference.py
+
+NVIDIA NeMo docs/source/performance/performance_summary.md as of the 24.07 release (git d31653f792^), the
+'Finetuning' table: Llama 2 7B, 13B and 70B, SFT and LoRA, FP8, SQuAD-v1.1 packed into 4,096-token sequences,
+global batch 32, micro-batch 1, on 8 or 16 H100s. Typed with the conditions of the same release's pre-training
+rows (catalog/runs/nemo2407_h100.toml: Transformer Engine FP8, the distributed optimizer, NeMo's overlaps) and,
+for LoRA, NeMo 1.x's default adapters (rank 32 on the fused QKV projection). Not expressible, so not typed: the
+packing's per-sample attention (each token attends within its own SQuAD sample, not the whole 4,096; meshplan
+bills full causal attention). These rows are no source of `meshplan validate`: this prints each prediction beside
+the published tokens per second per GPU, and the LoRA over SFT speed-up, published against predicted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+from meshplan.cli import main
+
+COMMON = [
+    "--stack", "nemo", "--gpu", "h100-sxm", "--scale-out", "ib-ndr", "--precision", "fp8", "--attention", "flash",
+    "--kernels", "fused", "--overlap-dp", "on", "--overlap-param-gather", "on", "--overlap-tp", "on",
+    "--overlap-tp-backward", "on", "--overlap-pp", "on", "--pp-host-sync", "off", "--seq", "4096",
+    "--global-batch", "32", "--micro-batch", "1", "--zero", "1",
+]  # fmt: skip
+LORA = ["--finetune", "lora", "--lora-rank", "32", "--lora-targets", "q,k,v"]
+ROWS = (  # model, task, GPUs, TP, PP, published tokens/s per GPU
+    ("llama-2-7b", "SFT", 8, 1, 1, 16891),
+    ("llama-2-13b", "SFT", 8, 1, 4, 10176),
+    ("llama-2-70b", "SFT", 16, 4, 4, 1816),
+    ("llama-2-7b", "LoRA", 8, 1, 1, 24824),
+    ("llama-2-13b", "LoRA", 8, 1, 1, 14629),
+    ("llama-2-70b", "LoRA", 8, 2, 4, 2621),
+)
+
+
+def estimate(args: list[str]) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["estimate", *args, *COMMON, "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+def main_() -> None:
+    print(f"{'run':40}  {'published':>9}  {'predicted':>9}  {'error':>7}  fits")
+    predicted: dict[tuple[str, str], float] = {}
+    for model, task, gpus, tp, pp, published in ROWS:
+        layout = ["--gpus", str(gpus), "--tp", str(tp), "--pp", str(pp), *(["--sp"] if tp > 1 else [])]
+        plan = estimate([model, *layout, *(LORA if task == "LoRA" else [])])
+        rate = plan["tokens_per_s_per_gpu"]
+        predicted[model, task] = rate
+        name = f"{model} {task}, {gpus} H100, TP {tp} PP {pp}"
+        fits = "yes" if plan["fits"] else "no"
+        print(f"{name:40}  {published:>9,}  {rate:>9,.0f}  {rate / published - 1:>+7.1%}  {fits}")
+    published = {(m, t): p for m, t, *_, p in ROWS}
+    print("\nLoRA over SFT, same model, tokens/s per GPU (7B: same layout; 13B and 70B: their own layouts)")
+    for model in ("llama-2-7b", "llama-2-13b", "llama-2-70b"):
+        pub = published[model, "LoRA"] / published[model, "SFT"]
+        pred = predicted[model, "LoRA"] / predicted[model, "SFT"]
+        print(f"  {model:12}  published {pub:.2f}x  predicted {pred:.2f}x")
+
+
+if __name__ == "__main__":
+    main_()
