@@ -6,10 +6,11 @@ NVIDIA NeMo docs/source/performance/performance_summary.md as of the 24.07 relea
 'Finetuning' table: Llama 2 7B, 13B and 70B, SFT and LoRA, FP8, SQuAD-v1.1 packed into 4,096-token sequences,
 global batch 32, micro-batch 1, on 8 or 16 H100s. Typed with the conditions of the same release's pre-training
 rows (catalog/runs/nemo2407_h100.toml: Transformer Engine FP8, the distributed optimizer, NeMo's overlaps) and,
-for LoRA, NeMo 1.x's default adapters (rank 32 on the fused QKV projection). Not expressible, so not typed: the
-packing's per-sample attention (each token attends within its own SQuAD sample, not the whole 4,096; meshplan
-bills full causal attention). These rows are no source of `meshplan validate`: this prints each prediction beside
-the published tokens per second per GPU, and the LoRA over SFT speed-up, published against predicted.
+for LoRA, NeMo 1.x's default adapters (rank 32 on the fused QKV projection). The packing keeps each token's
+attention inside its own SQuAD sample: typed once without it (full causal attention over the 4,096 tokens) and
+once with `--doc-tokens 200`, a sample's length as assumed here (a SQuAD paragraph, its question and answer in the
+prompt template; the source states none). These rows are no source of `meshplan validate`: this prints each
+prediction beside the published tokens per second per GPU, and the LoRA over SFT speed-up.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ COMMON = [
     "--global-batch", "32", "--micro-batch", "1", "--zero", "1",
 ]  # fmt: skip
 LORA = ["--finetune", "lora", "--lora-rank", "32", "--lora-targets", "q,k,v"]
+PACKED = ["--doc-tokens", "200"]
 ROWS = (  # model, task, GPUs, TP, PP, published tokens/s per GPU
     ("llama-2-7b", "SFT", 8, 1, 1, 16891),
     ("llama-2-13b", "SFT", 8, 1, 4, 10176),
@@ -45,22 +47,25 @@ def estimate(args: list[str]) -> dict:
 
 
 def main_() -> None:
-    print(f"{'run':40}  {'published':>9}  {'predicted':>9}  {'error':>7}  fits")
-    predicted: dict[tuple[str, str], float] = {}
+    print(f"{'run':40}  {'published':>9}  {'full attn':>9}  {'error':>7}  {'packed':>9}  {'error':>7}  fits")
+    predicted: dict[tuple[str, str], tuple[float, float]] = {}
     for model, task, gpus, tp, pp, published in ROWS:
         layout = ["--gpus", str(gpus), "--tp", str(tp), "--pp", str(pp), *(["--sp"] if tp > 1 else [])]
-        plan = estimate([model, *layout, *(LORA if task == "LoRA" else [])])
-        rate = plan["tokens_per_s_per_gpu"]
-        predicted[model, task] = rate
+        args = [model, *layout, *(LORA if task == "LoRA" else [])]
+        full, packed = estimate(args), estimate([*args, *PACKED])
+        rates = full["tokens_per_s_per_gpu"], packed["tokens_per_s_per_gpu"]
+        predicted[model, task] = rates
         name = f"{model} {task}, {gpus} H100, TP {tp} PP {pp}"
-        fits = "yes" if plan["fits"] else "no"
-        print(f"{name:40}  {published:>9,}  {rate:>9,.0f}  {rate / published - 1:>+7.1%}  {fits}")
+        fits = "yes" if full["fits"] else "no"
+        errors = "  ".join(f"{r:>9,.0f}  {r / published - 1:>+7.1%}" for r in rates)
+        print(f"{name:40}  {published:>9,}  {errors}  {fits}")
     published = {(m, t): p for m, t, *_, p in ROWS}
     print("\nLoRA over SFT, same model, tokens/s per GPU (7B: same layout; 13B and 70B: their own layouts)")
     for model in ("llama-2-7b", "llama-2-13b", "llama-2-70b"):
         pub = published[model, "LoRA"] / published[model, "SFT"]
-        pred = predicted[model, "LoRA"] / predicted[model, "SFT"]
-        print(f"  {model:12}  published {pub:.2f}x  predicted {pred:.2f}x")
+        lora, sft = predicted[model, "LoRA"], predicted[model, "SFT"]
+        full, packed = lora[0] / sft[0], lora[1] / sft[1]
+        print(f"  {model:12}  published {pub:.2f}x  full attention {full:.2f}x  packed {packed:.2f}x")
 
 
 if __name__ == "__main__":

@@ -235,3 +235,35 @@ def test_sliding_window_layers_reach_window_keys() -> None:
     assert half == pytest.approx(((1 + share) / 2 * full[0], (1 + share) / 2 * full[1]), rel=1e-12)
     # a window as long as the sequence changes nothing
     assert time(dataclasses.replace(base, sliding_window=s, num_sliding_layers=32)) == pytest.approx(full, rel=1e-12)
+
+
+def _plan(seq: int, micro_batch: int, doc_tokens: int | None = None):  # type: ignore[no-untyped-def]
+    from meshplan.core.plan import evaluate
+    from meshplan.reports.inputs import resolve_cluster
+
+    work = Workload(
+        seq_len=seq,
+        global_batch=8 * 4 * micro_batch,
+        conditions=Conditions(doc_tokens=doc_tokens),
+    )
+    layout = Layout(zero=ZeroStage.OPTIMIZER, dp_shard=8, micro_batch=micro_batch)
+    return evaluate(io.load_model("llama-3.1-8b"), resolve_cluster(gpu="h100-sxm", gpus=8), layout, work)
+
+
+def test_packed_documents_attend_as_sequences_of_their_length() -> None:
+    """A 16,384-token sequence packed from 2,048-token documents whose attention stays inside each document does
+    the attention of eight 2,048-token sequences: the same step, MFU and tokens a second as micro-batches of 8
+    sequences of 2,048 (every matmul has the same tokens; attention the same keys a query)."""
+    packed, short = _plan(16_384, 1, doc_tokens=2048), _plan(2048, 8)
+    assert packed.step.compute_s == pytest.approx(short.step.compute_s, rel=1e-12)
+    assert packed.step.mfu == pytest.approx(short.step.mfu, rel=1e-12)
+    assert packed.step.tokens_per_s_per_gpu == pytest.approx(short.step.tokens_per_s_per_gpu, rel=1e-9)
+    full = _plan(16_384, 1)
+    assert packed.step.compute_s < 0.8 * full.step.compute_s  # attention was most of a 16K step's work
+    # documents as long as the sequence change nothing
+    assert _plan(16_384, 1, doc_tokens=65_536).step.compute_s == full.step.compute_s
+
+
+def test_doc_tokens_is_checked() -> None:
+    with pytest.raises(ValueError, match="doc_tokens must be >= 1"):
+        Conditions(doc_tokens=0)

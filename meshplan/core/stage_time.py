@@ -82,15 +82,19 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         ring_merge=work.framework is Framework.TORCH,
         te_ring=work.framework is Framework.MEGATRON,
     )
+    span = work.attention_span  # the sequence, or its document when packed documents attend within themselves
     common = dict(
         setup=setup,
         tokens=tokens,
-        seq_len=work.seq_len,
+        seq_len=span,
         tp=lay.tp,
         sp=lay.sp,
         ep=lay.ep,
-        # ring CP: one s/cp block of keys per step; all-gathered K/V: the whole sequence (Llama 3 Sec. 3.3.2)
-        kernel_keys=where(lay.cp_kind == ContextParallel.ALL_GATHER, work.seq_len, work.seq_len / lay.cp),
+        # ring CP: one s/cp block of keys per step; all-gathered K/V: the whole sequence (Llama 3 Sec. 3.3.2);
+        # packed documents: a query's keys end with its document, and so does each variable-length kernel call
+        kernel_keys=minimum(
+            where(lay.cp_kind == ContextParallel.ALL_GATHER, work.seq_len, work.seq_len / lay.cp), span
+        ),
         cp=lay.cp,
         ring_cp=where(lay.cp_kind == ContextParallel.ALL_GATHER, 1, lay.cp),
         finetune=work.finetune,

@@ -413,11 +413,11 @@ def _recompute_factor(model: ModelSpec, recompute: Num, work: Workload) -> Num:
     """Hardware over model FLOPs: full recompute adds a forward (1/3 of full training's FLOPs, 1/2 of a frozen
     base's), less the dense MLPs' down projections under PyTorch's early stop; selective the attention scores'
     forward."""
-    per_token = model_flops_per_token(model, seq_len=work.seq_len, finetune=work.finetune)
-    forward = model_flops_per_token(model, seq_len=work.seq_len) / 3
+    per_token = model_flops_per_token(model, seq_len=work.attention_span, finetune=work.finetune)
+    forward = model_flops_per_token(model, seq_len=work.attention_span) / 3
     if work.conditions.recompute_early_stop:
         forward = forward - 2 * model.hidden * model.ffn_hidden * model.num_dense_mlp_layers
-    attention_fwd = 2 * model.num_layers * model.num_heads * model.score_value_width * work.seq_len
+    attention_fwd = 2 * model.num_layers * model.num_heads * model.score_value_width * work.attention_span
     return where(
         recompute == Recompute.FULL,
         1 + forward / per_token,
@@ -445,7 +445,7 @@ def step_time(
     bubble = _bubble(lay.schedule, pp=pp, vpp=lay.vpp, t_f=st.fwd_s / copies, t_b=st.bwd_s / copies)
     exposed = m * (st.tp_s + st.cp_s + st.ep_s) / copies + st.pp_s + st.dp_s
     tokens = work.seq_len * work.global_batch
-    model_flops = model_flops_per_token(model, seq_len=work.seq_len, finetune=work.finetune) * tokens
+    model_flops = model_flops_per_token(model, seq_len=work.attention_span, finetune=work.finetune) * tokens
     gpus = dp * lay.cp * lay.tp * pp
     step = StepTime(
         compute_s=to_float(m * st.compute_s / copies),

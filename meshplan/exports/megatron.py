@@ -257,6 +257,8 @@ def megatron_args(model: ModelSpec, layout: Layout, workload: Workload, *, model
     args = _parallel_args(model, layout, workload.conditions.stage_split)
     args += _flag("--micro-batch-size", layout.micro_batch) + _flag("--global-batch-size", workload.global_batch)
     args += _flag("--seq-length", workload.seq_len)
+    if workload.conditions.doc_tokens is not None:  # packed documents attend within themselves
+        args += ["--reset-position-ids", "--reset-attention-mask"]
     args += _recompute_args(layout) + _precision_args(workload) + _model_args(model, workload)
     if model_path:
         return args + _flag("--tokenizer-type", "HuggingFaceTokenizer") + _flag("--tokenizer-model", model_path)

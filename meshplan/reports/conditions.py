@@ -96,6 +96,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         loss_parallel=None if loss_parallel is None else loss_parallel == "on",
         stage_split=StageSplit(first=resolved.get("first_stage_layers"), last=resolved.get("last_stage_layers")),
         offload_layers=resolved.get("offload_layers"),
+        doc_tokens=resolved.get("doc_tokens"),
         fp8_recipe=Fp8Recipe(resolved["fp8_recipe"]) if resolved.get("fp8_recipe") else None,
         fp8_all_gather=_on(resolved.get("fp8_all_gather"), False),
         fp8_dispatch=_on(resolved.get("fp8_dispatch"), False),

@@ -160,6 +160,10 @@ class Conditions:
     """The loss is computed on vocabulary shards over the TP group; None: the framework's own default."""
     stage_split: StageSplit = EVEN_SPLIT
     """Layers stated for the first and last pipeline stage (the rest split evenly)."""
+    doc_tokens: int | None = None
+    """Sequences are packed documents of this many tokens on average, and attention stays inside each (a
+    document mask, or variable-length kernels over cu_seqlens): a query reaches the keys of its own document only.
+    None: one document a sequence."""
     offload_layers: int | None = None
     """Layers whose saved activations go to host memory during forward and come back for backward (Megatron's
     --cpu-offloading-num-layers through Transformer Engine's offload handler); None or 0: none."""
@@ -222,6 +226,8 @@ class Conditions:
             raise ValueError(f"unknown recompute module {unknown[0]!r} (modules: {', '.join(RECOMPUTE_MODULES)})")
         if self.routing_imbalance < 1:
             raise ValueError(f"routing_imbalance must be >= 1, got {self.routing_imbalance}")
+        if self.doc_tokens is not None and self.doc_tokens < 1:
+            raise ValueError(f"doc_tokens must be >= 1, got {self.doc_tokens}")
         if self.offload_layers is not None and self.offload_layers < 0:
             raise ValueError(f"offload_layers must be >= 0, got {self.offload_layers}")
         if self.recompute_layers is not None and self.recompute_layers < 0:

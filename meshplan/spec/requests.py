@@ -552,6 +552,17 @@ FIELDS: tuple[Field, ...] = (
         "with activation offloading; pp 1 and no recompute, as Megatron requires)",
     ),
     Field(
+        name="doc_tokens",
+        type=int,
+        default=None,
+        group=_C,
+        unit="tokens",
+        lo=1,
+        hi=MAX_SEQ,
+        help="sequences are packed documents of this mean length and attention stays inside each (document "
+        "masks, cu_seqlens); default: one document a sequence",
+    ),
+    Field(
         name="routing_imbalance",
         type=float,
         default=None,

@@ -249,3 +249,10 @@ class Workload:
     @property
     def tokens_per_step(self) -> int:
         return self.seq_len * self.global_batch
+
+    @property
+    def attention_span(self) -> int:
+        """Tokens a causal query's attention spans at most: the sequence, or its document when sequences are
+        packed documents with attention kept inside each (``Conditions.doc_tokens``)."""
+        doc = self.conditions.doc_tokens
+        return self.seq_len if doc is None else min(self.seq_len, doc)

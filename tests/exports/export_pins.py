@@ -37,7 +37,8 @@ MEGATRON_FLAGS = _words(
     --num-query-groups --num-virtual-stages-per-pipeline-rank --optimizer --overlap-grad-reduce
     --overlap-param-gather --pipeline-model-parallel-layout --pipeline-model-parallel-size --position-embedding-type
     --q-lora-rank --qk-head-dim --qk-layernorm --qk-pos-emb-head-dim --recompute-granularity --recompute-method
-    --recompute-num-layers --seq-length --sequence-parallel --sgd-momentum --swiglu --tensor-model-parallel-size
+    --recompute-num-layers --reset-attention-mask --reset-position-ids --seq-length --sequence-parallel
+    --sgd-momentum --swiglu --tensor-model-parallel-size
     --tokenizer-model --tokenizer-type --untie-embeddings-and-output-weights --use-distributed-optimizer
     --use-megatron-fsdp --use-precision-aware-optimizer --v-head-dim --vocab-size
     """

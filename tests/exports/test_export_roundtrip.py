@@ -115,6 +115,17 @@ def test_megatron_stated_stage_layers() -> None:
         export_torchtitan(model, Layout(pp=4, dp_shard=2, zero=ZeroStage.GRADIENTS), workload)
 
 
+def test_megatron_packed_documents_reset_the_mask_at_each_document() -> None:
+    """--doc-tokens: Megatron's dataset resets position ids and the attention mask after each end of document."""
+    model = replace(LLAMA2_7B, num_layers=32)
+    layout = Layout(dp_shard=8, zero=ZeroStage.OPTIMIZER)
+    work = Workload(seq_len=4096, global_batch=8)
+    plain = shlex.split(export_megatron(model, layout, work).command)
+    packed = shlex.split(export_megatron(model, layout, replace(work, conditions=Conditions(doc_tokens=512))).command)
+    assert "--reset-attention-mask" not in plain and "--reset-position-ids" not in plain
+    assert "--reset-attention-mask" in packed and "--reset-position-ids" in packed
+
+
 def test_megatron_fp8_recipe() -> None:
     """A stated FP8 recipe becomes --fp8-recipe; rowwise and FSDP's FP8 all-gather have no Megatron flag."""
     model = replace(LLAMA2_7B, num_layers=32)

@@ -10,7 +10,7 @@ export const SHOWN = [
   "framework", "grad_sync", "reshard_after_forward", "microbatch_group", "first_stage_layers", "last_stage_layers",
   "selective", "recompute_modules",
   "recompute_layers", "loss", "loss_parallel", "grad_dtype", "master_dtype", "moment_dtype", "runtime_reserve",
-  "offload_layers", "routing_imbalance", "fp8_recipe", "fp8_all_gather", "overlap_dp", "overlap_param_gather", "overlap_tp", "overlap_tp_backward", "overlap_ep",
+  "offload_layers", "doc_tokens", "routing_imbalance", "fp8_recipe", "fp8_all_gather", "overlap_dp", "overlap_param_gather", "overlap_tp", "overlap_tp_backward", "overlap_ep",
   "overlap_pp", "overlap_cp",
 ];
 export const CONDITION_LABELS = {
@@ -20,7 +20,7 @@ export const CONDITION_LABELS = {
   loss: "Loss", loss_parallel: "Loss parallel over TP", grad_dtype: "Gradients", master_dtype: "Master weights",
   moment_dtype: "Optimizer moments", runtime_reserve: "Runtime reserve (bytes)", stack: "Stack",
   recompute_layers: "Full recompute on the first layers of each stage", routing_imbalance: "MoE routing imbalance",
-  offload_layers: "Layers offloaded to host",
+  offload_layers: "Layers offloaded to host", doc_tokens: "Packed documents of (tokens)",
   overlap_dp: "Overlap gradient reduce", overlap_param_gather: "Overlap parameter gather", overlap_tp: "Overlap TP",
   overlap_tp_backward: "Overlap TP backward", fp8_recipe: "FP8 scaling", fp8_all_gather: "FP8 all-gather of weights",
   overlap_ep: "Overlap EP dispatch", overlap_pp: "Overlap PP sends", overlap_cp: "Overlap CP exchange",
