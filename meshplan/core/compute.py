@@ -324,6 +324,16 @@ def _fp8_cast_time(
     return fwd, (outputs * FP8_CAST_BYTES_BWD_GRAD[fused] + inputs * FP8_TRANSPOSE_BYTES_INPUT) / hbm
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdapterTime:
+    """An adapted layer's adapters, memory bound, and QLoRA's dequantization per use of the base."""
+
+    forward_s: Num
+    weight_grad_s: Num
+    input_grad_s: Num
+    dequant_s: Num
+
+
 def _adapter_time(
     model: ModelSpec,
     finetune: Finetune,
@@ -334,17 +344,25 @@ def _adapter_time(
     moe_layer: bool,
     act_bytes: float,
     hbm: Num,
-) -> tuple[Num, Num]:
-    """(adapter forward, QLoRA dequantization per use) of an adapted layer, both memory bound.
+) -> AdapterTime:
+    """An adapted layer's adapter passes, each the elements it reads and writes at HBM speed (``ADAPTER_FORWARD``,
+    ``ADAPTER_WEIGHT_GRAD``, ``ADAPTER_INPUT_GRAD``). QLoRA dequantizes each NF4 matrix to bf16 before every use:
+    4.127 bits read, 16 written and read again."""
 
-    Per adapted matrix and token: read x, write and read A x, write B A x and add it to the output. QLoRA
-    dequantizes each NF4 matrix to bf16 before every use: 4.127 bits read, 16 written and read again.
-    """
-    adapter = tokens * act_bytes * _adapter_bytes_per_token(model, finetune, tp=tp, moe_layer=moe_layer) / hbm
-    if finetune.mode is not FinetuneMode.QLORA:
-        return adapter, 0.0
-    weights = sum(g.n * g.k * g.count for g in gemms)
-    return adapter, weights * (nf4_bytes_per_param(double_quant=finetune.double_quant) + 4.0) / hbm
+    def over(coefficients: tuple[int, int, int]) -> Num:
+        elements = _adapter_bytes_per_token(model, finetune, tp=tp, moe_layer=moe_layer, coefficients=coefficients)
+        return tokens * act_bytes * elements / hbm
+
+    dequant: Num = 0.0
+    if finetune.mode is FinetuneMode.QLORA:
+        weights = sum(g.n * g.k * g.count for g in gemms)
+        dequant = weights * (nf4_bytes_per_param(double_quant=finetune.double_quant) + 4.0) / hbm
+    return AdapterTime(
+        forward_s=over(ADAPTER_FORWARD),
+        weight_grad_s=over(ADAPTER_WEIGHT_GRAD),
+        input_grad_s=over(ADAPTER_INPUT_GRAD),
+        dequant_s=dequant,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -472,14 +490,17 @@ def layer_time(
     )
     launch = KERNELS_PER_LAYER[kernels] * cal.kernel_overhead_s
     adapter_fwd: Num = 0.0
+    adapter_wgrad: Num = 0.0
+    adapter_dgrad: Num = 0.0
     if adapted and finetune is not None:
-        adapter_fwd, dequant = _adapter_time(
+        adapters = _adapter_time(
             model, finetune, gemms, tokens=tokens, tp=tp, moe_layer=moe_layer, act_bytes=setup.act_bytes, hbm=hbm
         )
-        gemm_s = gemm_s + dequant  # before the forward matmul; the backward matmul below pays it again
-    weight_grad = 2 * adapter_fwd if (frozen or adapted) else gemm_s
+        adapter_fwd, adapter_wgrad, adapter_dgrad = adapters.forward_s, adapters.weight_grad_s, adapters.input_grad_s
+        gemm_s = gemm_s + adapters.dequant_s  # before the forward matmul; the backward matmul below pays it again
+    weight_grad = adapter_wgrad if (frozen or adapted) else gemm_s
     by_name = {g.name: t for g, t in zip(gemms, times, strict=True)}
-    backward = gemm_s + weight_grad + 2 * adapter_fwd + attn_bwd + 2 * memory_s + 2 * launch + cast_bwd
+    backward = gemm_s + weight_grad + adapter_dgrad + attn_bwd + 2 * memory_s + 2 * launch + cast_bwd
     return LayerTime(
         gemm_s=gemm_s,
         mlp_gemm_s=sum(times[len(gemms) - len(mlp) :]),  # the MLP's GEMMs come last
@@ -498,13 +519,26 @@ def layer_time(
     )
 
 
-def _adapter_bytes_per_token(model: ModelSpec, finetune: Finetune, *, tp: Num, moe_layer: bool) -> Num:
-    """Elements one token's adapters move in forward (routed experts: the k experts it visits)."""
+ADAPTER_FORWARD = (1, 3, 2)
+"""Elements per token and adapted matrix of an adapter's forward, as coefficients of (d_in, d_out, R): read x,
+write and read A x, write B A x, and the sum with the base's output (read B A x, write the output)."""
+ADAPTER_WEIGHT_GRAD = (1, 1, 2)
+"""Its weight gradients: dB from the output gradient and A x (read d_out and R), dA from d(A x) and x (R, d_in)."""
+ADAPTER_INPUT_GRAD = (4, 1, 2)
+"""Its input gradient: d(A x) = dy B (read d_out, write R), dx = d(A x) A (read R, write d_in), and the sum with the
+base's input gradient (read 2 d_in, write d_in)."""
+
+
+def _adapter_bytes_per_token(
+    model: ModelSpec, finetune: Finetune, *, tp: Num, moe_layer: bool, coefficients: tuple[int, int, int]
+) -> Num:
+    """Elements one token's adapters move in one pass (routed experts: the k experts it visits)."""
+    a, b, c = coefficients
     total: Num = 0.0
     for m in adapted_matrices(model, moe_layer=moe_layer, targets=finetune.lora_targets):
         copies = model.moe.experts_per_token if m.routed and model.moe else m.count
         d_in, d_out = (m.d_in, m.d_out / tp) if m.column_parallel else (m.d_in / tp, m.d_out)
-        total = total + copies * (d_in + 3 * d_out + 2 * finetune.lora_rank)
+        total = total + copies * (a * d_in + b * d_out + c * finetune.lora_rank)
     return total
 
 
