@@ -109,6 +109,11 @@ class LinearInputs:
     def plain(cls, act_bytes: float) -> LinearInputs:
         return cls(own_bytes=act_bytes)
 
+    def block_input_bytes(self, act_bytes: float, *, moe_layer: bool) -> float:
+        """What an MLP block keeps of its input, the norm's output: fc1's copy in a dense layer; in a MoE layer
+        the router's, in the activation dtype (each routed copy's expert input is kept apart)."""
+        return act_bytes if moe_layer else self.own_bytes
+
 
 _FUSED_NORM = NormSaves(hidden_tensors=1, hidden_fp32=False, row_stats=0)  # dgamma from the input and rstd
 
@@ -231,10 +236,10 @@ def mlp_bytes_per_token(
     beta, h, mask = act_bytes, model.hidden, 1.0 if model.dropout else 0.0
     norm = norm_bytes_per_token(model, act_bytes=beta, framework=framework)
     per_f = mlp_internal_bytes(model, kernels=kernels, act_bytes=beta, inputs=lin)
-    if not moe_layer or model.moe is None:
-        return (norm + mask * h) * rep + lin.own_bytes * h * split + per_f * model.ffn_hidden / tp
-    # the norm's output is the router's input, kept in the activation dtype
-    replicated = (norm + mask * h) * rep + beta * h * split
+    is_moe = moe_layer and model.moe is not None
+    replicated = (norm + mask * h) * rep + lin.block_input_bytes(beta, moe_layer=is_moe) * h * split
+    if not is_moe or model.moe is None:
+        return replicated + per_f * model.ffn_hidden / tp
     moe, saved = model.moe, SAVED_TENSORS[framework]
     k = moe.experts_per_token
     router = saved.router_fp32_tensors * FP32_BYTES * moe.num_experts * rep

@@ -72,8 +72,8 @@ def _frozen_delta_per_token(model: ModelSpec, lay: LayoutLike, workload: Workloa
         ffn = model.moe.expert_ffn_hidden * model.moe.experts_per_token
         expert_inputs = model.moe.experts_per_token  # each routed copy of the MLP input
     norms = 2 * act.norm_weight_grad_bytes_per_token(model, act_bytes=beta, framework=fw) * where(lay.sp, 1 / lay.tp, 1)
-    own = linear_inputs(workload).own_bytes
-    block_in = beta if expert_inputs else own  # a MoE block's input is the router's, in bf16
+    lin = linear_inputs(workload)
+    own, block_in = lin.own_bytes, lin.block_input_bytes(beta, moe_layer=expert_inputs > 0)
     inputs = model.hidden * (own * (split * qkv + expert_inputs * mlp_in) + block_in * split * mlp_in)
     dropped = inputs + own * down * ffn / lay.tp + norms
     return finetune.adapter_saved_per_token(model, ft, moe_layer=moe_layer, act_bytes=beta) - dropped
@@ -116,7 +116,7 @@ def _first_layer_dead_per_token(model: ModelSpec, lay: LayoutLike, workload: Wor
             # adapted gate alone frees act(gate)
             dead = dead + (2 if "up" in targets else 1) * beta * ffn / lay.tp
         return dead
-    block_in = beta if moe_layer and model.moe else lin.own_bytes  # a MoE block's input is the router's
+    block_in = lin.block_input_bytes(beta, moe_layer=moe_layer and model.moe is not None)
     mlp = act.mlp_bytes_per_token(
         model,
         tp=lay.tp,
@@ -144,7 +144,7 @@ def _module_savings_per_token(model: ModelSpec, lay: LayoutLike, workload: Workl
     split = act.input_split(tp, lay.sp, workload.framework)
     per_f = act.mlp_internal_bytes(model, kernels=workload.kernels, act_bytes=beta, inputs=lin)
     moe = model.moe if moe_layer else None
-    mlp_in = beta if moe is not None else lin.own_bytes  # a MoE block's input is the router's, in bf16
+    mlp_in = lin.block_input_bytes(beta, moe_layer=moe is not None)
     out: Num = 0.0
     if "layernorm" in mods:
         out = out + (lin.own_bytes + mlp_in) * h * split
