@@ -274,3 +274,25 @@ def test_fit_bills_the_kernels_it_is_told(capsys: pytest.CaptureFixture[str]) ->
             finetune=ft,
         )
         assert (bill["per_gpu"]["total_bytes"] <= 0.9 * bill["hbm_bytes_per_gpu"]) is fits
+
+
+def test_an_adapters_passes_move_what_they_read_and_write() -> None:
+    """One rank-R adapter on q (4,096 -> 4,096) of Llama 3.1 8B, 8,192 tokens, bf16, by hand: forward reads x,
+    writes and reads A x, writes B A x and adds it to the output (d_in + 3 d_out + 2R elements a token); backward
+    computes dB and dA (d_out + R, then R + d_in) and the input gradient (dy B: d_out + R; d(A x) A: R + d_in; its
+    sum with the base's dx: 3 d_in), at the kind's HBM speed. A frozen layer without adapters is the baseline."""
+    from compute_setups import gpu_setup
+
+    from meshplan.core.compute import layer_time
+
+    m = io.load_model("llama-3.1-8b")
+    setup = gpu_setup("h100-sxm")
+    tokens, rank, d = 8192, 16, m.hidden
+    common = dict(setup=setup, tokens=tokens, seq_len=tokens, tp=1, sp=False, ep=1, moe_layer=False)
+    frozen = layer_time(m, frozen=True, **common)  # type: ignore[arg-type]
+    lora = layer_time(m, finetune=Finetune(mode=FinetuneMode.LORA, lora_rank=rank, lora_targets=("q",)), **common)  # type: ignore[arg-type]
+    per_byte = tokens * 2.0 / setup.hbm
+    assert lora.forward_s - frozen.forward_s == pytest.approx((d + 3 * d + 2 * rank) * per_byte, rel=1e-9)
+    assert lora.weight_grad_s == pytest.approx((d + d + 2 * rank) * per_byte, rel=1e-9)
+    backward = (d + rank) + (rank + d) + (d + rank) + (rank + d) + 3 * d
+    assert lora.backward_s - frozen.backward_s == pytest.approx(backward * per_byte, rel=1e-9)
