@@ -15,11 +15,7 @@ prediction beside the published tokens per second per GPU, and the LoRA over SFT
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-
-from meshplan.cli import main
+from typed_estimate import estimate_json
 
 COMMON = [
     "--stack", "nemo", "--gpu", "h100-sxm", "--scale-out", "ib-ndr", "--precision", "fp8", "--attention", "flash",
@@ -40,10 +36,7 @@ ROWS = (  # model, task, GPUs, TP, PP, published tokens/s per GPU
 
 
 def estimate(args: list[str]) -> dict:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["estimate", *args, *COMMON, "--json"]) == 0
-    return json.loads(out.getvalue())
+    return estimate_json([*args, *COMMON])
 
 
 def main_() -> None:

@@ -14,11 +14,7 @@ the step time per MoE layer and micro-batch, published against predicted.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-
-from meshplan.cli import main
+from typed_estimate import estimate_json
 
 COMMON = [
     "--stack", "nemo", "--gpu", "h100-sxm", "--scale-out", "ib-ndr", "--grad-dtype", "bf16", "--seq", "4096",
@@ -36,10 +32,7 @@ ROWS = (  # name, published tokens/s per GPU, layers, model and layout flags
 
 
 def estimate(args: list[str]) -> dict:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["estimate", *args, *COMMON, "--json"]) == 0
-    return json.loads(out.getvalue())
+    return estimate_json([*args, *COMMON])
 
 
 def main_() -> None:
