@@ -22,9 +22,11 @@ from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.workload import Framework, Kernels, Workload
 from meshplan.units import FP32_BYTES, DType
 
-FP8_SAVED_SCALE_BYTES: dict[Fp8Recipe | str | None, float] = {Fp8Recipe.MXFP8: 1 / 32, "deepseek-fp8": FP32_BYTES / 128}
-"""Scale bytes per element of a saved FP8 input: MXFP8's E8M0 byte per 32 elements of its one (column-wise)
-copy, DeepSeek-V3's fp32 scale per 1 x 128 tile; a per-tensor scale (tensorwise, delayed) is none."""
+FP8_SAVED_SCALE_BYTES = {Fp8Recipe.MXFP8: 1 / 32}
+"""Scale bytes per element of a saved FP8 input: MXFP8's E8M0 byte per 32 elements of its one (column-wise) copy;
+a per-tensor scale (tensorwise, delayed) is none."""
+DEEPSEEK_SAVED_SCALE_BYTES = FP32_BYTES / 128
+"""The same under DeepSeek-V3's recipe (``--precision deepseek-fp8``): an fp32 scale per 1 x 128 tile."""
 
 
 def linear_inputs(workload: Workload) -> act.LinearInputs:
@@ -38,8 +40,10 @@ def linear_inputs(workload: Workload) -> act.LinearInputs:
     if workload.precision.compute is not DType.FP8 or workload.framework is not Framework.MEGATRON:
         return act.LinearInputs.plain(beta)
     recipe = workload.conditions.fp8_recipe
-    key = "deepseek-fp8" if workload.precision.name == "deepseek-fp8" else recipe
-    own = 1.0 + FP8_SAVED_SCALE_BYTES.get(key, 0.0)
+    scale = FP8_SAVED_SCALE_BYTES.get(recipe, 0.0) if recipe is not None else 0.0
+    if workload.precision.name == "deepseek-fp8":
+        scale = DEEPSEEK_SAVED_SCALE_BYTES
+    own = 1.0 + scale
     return act.LinearInputs(own_bytes=own, copy_bytes=own if recipe is Fp8Recipe.DELAYED else 0.0)
 
 
