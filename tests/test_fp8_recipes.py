@@ -71,11 +71,19 @@ def test_distributed_optimizer_gathers_fp8_parameters() -> None:
     bf16, fp8 = step_calls(TENSORWISE), step_calls(GATHER_FP8)
     assert fp8["ALL_GATHER"] == pytest.approx(bf16["ALL_GATHER"] / 2, rel=1e-12)
     assert fp8["REDUCE_SCATTER"] == pytest.approx(bf16["REDUCE_SCATTER"], rel=1e-12)
+    # a per-tensor recipe left unstated (as `--precision fp8 --fp8-all-gather on` types it), or delayed scaling
+    # (Transformer Engine's FP8 parameters), gathers the same single byte a parameter
+    for recipe in (None, Fp8Recipe.DELAYED):
+        gathered = step_calls(Conditions(fp8_recipe=recipe, fp8_all_gather=True))
+        assert gathered["ALL_GATHER"] == pytest.approx(fp8["ALL_GATHER"], rel=1e-12)
 
 
 def test_refused_combinations() -> None:
-    with pytest.raises(ValueError, match="needs fp8_recipe tensorwise"):
-        Conditions(fp8_recipe=Fp8Recipe.ROWWISE, fp8_all_gather=True)
+    for recipe in (Fp8Recipe.ROWWISE, Fp8Recipe.MXFP8):
+        with pytest.raises(ValueError, match="needs one scale per tensor"):
+            Conditions(fp8_recipe=recipe, fp8_all_gather=True)
+    with pytest.raises(ValueError, match="fp8_all_gather needs FP8 matmuls"):
+        Workload(seq_len=4096, global_batch=8, conditions=Conditions(fp8_all_gather=True))
     with pytest.raises(ValueError, match="needs FP8 matmuls"):
         Workload(seq_len=4096, global_batch=8, conditions=TENSORWISE)
 

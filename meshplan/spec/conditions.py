@@ -172,7 +172,8 @@ class Conditions:
     fp8_all_gather: bool = False
     """Parameter all-gathers carry the layers' matmul weights in FP8 (1 byte a parameter instead of 2): FSDP /
     ZeRO-3's (torchao's enable_fsdp_float8_all_gather) and ZeRO-1/2's after the optimizer step (Megatron's
-    --fp8-param-gather with the distributed optimizer); tensorwise scaling only."""
+    --fp8-param-gather with the distributed optimizer); one scale per tensor (tensorwise or delayed, or the
+    recipe not stated), under FP8 matmuls only."""
     fp8_dispatch: bool = False
     """MoE dispatch all-to-alls carry the routed tokens in FP8, 1 byte an element and an fp32 scale per 128
     (DeepSeek-V3 Sec. 3.3.2, the input of the FP8 up-projections); the combine and the gradients stay bf16."""
@@ -236,10 +237,11 @@ class Conditions:
             value = getattr(self.stage_split, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name}_stage_layers must be >= 0, got {value}")
-        if self.fp8_all_gather and self.fp8_recipe is not Fp8Recipe.TENSORWISE:
+        if self.fp8_all_gather and self.fp8_recipe in (Fp8Recipe.ROWWISE, Fp8Recipe.MXFP8):
             raise ValueError(
-                f"fp8_all_gather needs fp8_recipe tensorwise (torchao gathers FP8 weights with one scale per "
-                f"tensor only; Megatron's MXFP8 parameter gather moves bf16), got {self.fp8_recipe}"
+                f"fp8_all_gather needs one scale per tensor, fp8_recipe tensorwise or delayed (torchao gathers FP8 "
+                f"weights with per-tensor scales only; Megatron's MXFP8 parameter gather moves bf16), got "
+                f"{self.fp8_recipe}"
             )
         if self.runtime_reserve_bytes < 0:
             raise ValueError(f"runtime_reserve_bytes must be >= 0, got {self.runtime_reserve_bytes}")

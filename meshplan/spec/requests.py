@@ -671,13 +671,13 @@ FIELDS: tuple[Field, ...] = (
         group=_C,
         choices=("tensorwise", "rowwise", "delayed", "mxfp8"),
         help="FP8 scaling with --precision fp8: per tensor, per row, delayed (amax history), or mxfp8 (a scale per "
-        "32 elements, Blackwell only); tensorwise allows --fp8-all-gather",
+        "32 elements, Blackwell only); rowwise and mxfp8 refuse --fp8-all-gather",
     ),
     _switch(
         "fp8_all_gather",
         "parameter all-gathers carry the layers' weights in FP8, half the bytes of bf16: FSDP / ZeRO-3's (torchao "
         "enable_fsdp_float8_all_gather) and ZeRO-1/2's after the step (Megatron --fp8-param-gather); needs "
-        "--fp8-recipe tensorwise",
+        "--precision fp8 and one scale per tensor (--fp8-recipe tensorwise, delayed or unset)",
     ),
     _switch(
         "fp8_dispatch",

@@ -241,6 +241,10 @@ class Workload:
                 f"fp8_recipe mxfp8 needs precision fp8 (deepseek-fp8 is its own block recipe: 128 x 128 weights), "
                 f"got precision {self.precision.name}"
             )
+        if self.conditions.fp8_all_gather and self.precision.compute is not DType.FP8:
+            raise ValueError(
+                f"fp8_all_gather needs FP8 matmuls (precision fp8 or deepseek-fp8), got precision {self.precision.name}"
+            )
         if self.conditions.fp8_dispatch and self.precision.compute is not DType.FP8:
             raise ValueError(
                 f"fp8_dispatch needs FP8 matmuls (precision fp8 or deepseek-fp8), got precision {self.precision.name}"
