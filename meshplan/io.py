@@ -193,7 +193,7 @@ def _convert(type_name: str, value: Any, key: str, where: str) -> Any:
         if not math.isfinite(number):
             raise ValueError(f"{what} must be a finite number, got {value!r}")
         return number
-    if type_name == "str":
+    if type_name in ("str", "str | None"):  # TOML has no null: an optional string is a string or left out
         if not isinstance(value, str):
             raise ValueError(f"{what} must be a string, got {value!r}")
         return value

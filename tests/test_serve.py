@@ -11,6 +11,7 @@ from meshplan.core.serve_load import BatchLimit, Requests, capacity, load_point,
 from meshplan.core.serve_phases import decode_step, prefill
 from meshplan.core.serve_shape import replica_shape
 from meshplan.reports.serve import Setup, resolve
+from meshplan.units import DType
 from meshplan.validate_serving import _ideal
 
 
@@ -234,3 +235,38 @@ def test_prefill_keys_count_each_query_by_hand() -> None:
         assert prefill_keys(base, cached=cached, chunk=chunk) == pytest.approx(full_by_hand, abs=0.5)
         mixed = (by_hand + full_by_hand) / 2
         assert prefill_keys(half, cached=cached, chunk=chunk) == pytest.approx(mixed, abs=0.5)
+
+
+def test_mla_decode_attention_runs_at_flashmla_s_published_rates_on_hopper() -> None:
+    """DeepSeek-V3's decode attention (absorbed MLA: 128 heads against the 512 + 64 latent cache) on one H100 at
+    256 sequences of 2,000 cached tokens: compute at 660 of 989.4 TFLOP/s and the bf16 latent cache read at 3,000
+    GB/s, FlashMLA's published H800 rates (same SMs, clocks and HBM), written out again; GQA models keep the
+    engine family's shares, and so does MLA on a generation no such kernel was published for."""
+    s = setup("deepseek-v3", gpus=72, ep=72, tp=72, dp_attention=True, weights_dtype="fp8", engine="sglang",
+              context=2001)  # fmt: skip
+    step = decode_step(s.model, s.shape, s.hw, s.layout, batch=256, context=2000)
+    layers, heads, latent, rope = 61, 128, 512, 64
+    flops = 256 * 2000 * layers * 2 * heads * (2 * latent + rope)  # q.k over 576 dims, p.v over 512, per head
+    assert step.attention_compute_s == pytest.approx(flops / 660e12, rel=1e-9)
+    cache_bytes = 256 * 2000 * layers * (latent + rope) * 2
+    assert step.kv_read_s == pytest.approx(cache_bytes / 3000e9, rel=1e-9)
+
+    gqa = setup("llama-3.1-70b", gpus=8, tp=8, context=2001)
+    cal = gqa.hw.cal
+    plain = decode_step(gqa.model, gqa.shape, gqa.hw, gqa.layout, batch=64, context=2000)
+    pairs_flops = 64 * 2000 * 80 * 4 * 64 * 128 / 8  # QK^T and AV, 64 query heads of 128 over TP 8
+    assert plain.attention_compute_s == pytest.approx(pairs_flops / (989.4e12 * cal.attention_efficiency), rel=1e-9)
+
+    elsewhere = setup("deepseek-v3", gpu="mi300x", gpus=8, tp=8, weights_dtype="fp8", context=2001)
+    other = decode_step(elsewhere.model, elsewhere.shape, elsewhere.hw, elsewhere.layout, batch=64, context=2000)
+    share = elsewhere.hw.cal.attention_efficiency
+    peak = elsewhere.hw.gpu.peak(DType.BF16)
+    mi_flops = 64 * 2000 * layers * 2 * heads * (2 * latent + rope) / 8
+    assert other.attention_compute_s == pytest.approx(mi_flops / (peak * share), rel=1e-9)
+
+
+def test_an_unknown_mla_decode_kernel_is_refused() -> None:
+    from meshplan.spec.cluster import GpuCalibration
+
+    with pytest.raises(ValueError, match="mla_decode_kernel must be one of"):
+        GpuCalibration(mla_decode_kernel="flashmla-2")

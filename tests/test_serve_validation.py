@@ -57,11 +57,12 @@ def test_beats_three_quarters_of_the_best_single_efficiency_constant(cls: str) -
     assert row["mean_abs_error"] < 0.75 * row["best_constant_mean_abs_error"]
 
 
-LOSO_BOUNDS = {"decode": 0.115, "prefill": 0.085, "throughput-dense": 0.13, "throughput-moe": 0.07}
+LOSO_BOUNDS = {"decode": 0.05, "prefill": 0.085, "throughput-dense": 0.13, "throughput-moe": 0.07}
 """Leave-one-source-out means when set (decode 0.132 -> 0.091 with SGLang's two-batch overlap modelled; dense
 throughput 0.144 -> 0.128 and MoE 0.090 -> 0.076 with trtllm-bench's caps, offline runs and graph padding). The
 GEMM shape law: prefill 0.093 -> 0.078, MoE 0.078 -> 0.064, and decode 0.091 -> 0.110, above its 10% target: the
-ten gpt-fast rows are held out by the correction of the one SGLang row, which the law moves from -7.4% to -9.4%."""
+ten gpt-fast rows are held out by the correction of the one SGLang row, which the law moved from -7.4% to -9.4%.
+MLA's decode attention at FlashMLA's published rates on Hopper: that row -9.4% -> -2.5%, decode 0.110 -> 0.045."""
 
 
 @pytest.mark.parametrize("cls", sorted(LOSO_BOUNDS))
@@ -72,13 +73,13 @@ def test_held_out_errors_do_not_regress(cls: str) -> None:
 
 def test_targets_met_are_reported_as_met() -> None:
     """A class is ok when its mean and its leave-one-source-out mean are both within the target (decode's held-out
-    mean was 13.2%, reported as FAIL, until SGLang's two-batch overlap was modelled; at 11.0% since the GEMM shape
-    law moved the SGLang row the gpt-fast rows are held out by, it is reported as FAIL again)."""
+    mean was 13.2%, reported as FAIL, until SGLang's two-batch overlap was modelled; 11.0%, FAIL again, once the
+    GEMM shape law moved the SGLang row the gpt-fast rows are held out by; 4.5% with MLA's decode kernel priced)."""
     rows = {c["metric_class"]: c for c in result()["classes"]}
     ok = {name: c["ok"] for name, c in rows.items()}
-    assert ok == {"decode": False, "prefill": True, "throughput-dense": True, "throughput-moe": True}
-    assert rows["decode"]["loso_mean_abs_error"] > rows["decode"]["target_mean"]  # the reason, not another
-    assert not result()["all_ok"]
+    assert ok == {"decode": True, "prefill": True, "throughput-dense": True, "throughput-moe": True}
+    assert all(c["loso_mean_abs_error"] <= c["target_mean"] for c in rows.values())
+    assert result()["all_ok"]
 
 
 def test_the_row_the_engine_warns_about_is_shown_not_counted() -> None:

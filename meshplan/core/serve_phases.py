@@ -44,6 +44,32 @@ NVLink path of 2025-06-05, #173). A share of line rate, not of the link's large-
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MlaDecodeKernel:
+    """A published decode kernel for absorbed multi-head latent attention (every query head against the shared
+    latent cache, one query a sequence): its shares of the measuring GPU's dense bf16 peak when compute bound and
+    of its HBM bandwidth when memory bound, both with the paged cache it serves from."""
+
+    compute_share: float
+    bandwidth_share: float
+    source: str
+
+
+MLA_DECODE_KERNELS = {
+    "flashmla": MlaDecodeKernel(
+        compute_share=660e12 / 989.4e12,
+        bandwidth_share=3000e9 / 3.35e12,
+        source="FlashMLA README, performance update of 2025-04-22 (deepseek-ai/FlashMLA c2067be): up to 660 "
+        "TFLOP/s compute bound and 3,000 GB/s memory bound on H800 SXM5 (989.4 TFLOP/s dense bf16, 3.35 TB/s), "
+        "paged cache of 64-token blocks",
+    ),
+}
+"""Decode attention of MLA models, by the kernel a GPU kind's calibration names (``mla_decode_kernel``). The
+engines serving MLA on Hopper run such a kernel (FlashMLA, and the absorbed-MLA kernels of FlashInfer and
+FlashAttention 3); its rates replace the engine family's attention share and paged-cache read share, which come
+from GQA/MHA decode kernels. Prefill's attention is the non-absorbed kernel and keeps the family's share."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Forward:
     """One forward of the stage on one GPU: seconds by term (arrays where inputs are arrays)."""
 
@@ -169,7 +195,10 @@ def forward(
     experts of the TP group; ``logits`` tokens go through the LM head."""
     cal, gpu = hw.cal, hw.gpu
     hbm = _hbm_bytes_per_s(hw, layout)
-    kv_efficiency = cal.hbm_efficiency * cal.kv_read_share
+    kernel = gpu.calibration.mla_decode_kernel
+    mla = MLA_DECODE_KERNELS[kernel] if model.mla is not None and kernel is not None else None
+    kv_efficiency = mla.bandwidth_share if mla is not None else cal.hbm_efficiency * cal.kv_read_share
+    decode_attention_efficiency = mla.compute_share if mla is not None else cal.attention_efficiency
     dtype = compute_dtype(layout)
     peak = gpu.peak(dtype) * gpu.calibration.matmul_efficiency_max * cal.matmul_share.get(dtype.value, 1.0)
     n_micro = micro_batches(model, hw, layout)  # each reads the weights once and runs its GEMMs on its own rows
@@ -183,8 +212,10 @@ def forward(
         imbalance = cal.ep_imbalance if layout.ep > 1 else 1.0
         expert_flops = 2 * shape.expert_params_per_token * new_tokens * imbalance * shape.expert_depth
         gemm = gemm + expert_flops / (peak * cal.moe_matmul_share * shape_efficiency(expert_rows, half))
-    attn_flops = decode_pairs * shape.attn_flops_per_pair_decode + prefill_pairs * shape.attn_flops_per_pair_prefill
-    attn = attn_flops / (gpu.peak(DType.BF16) * cal.attention_efficiency)
+    attn = (
+        decode_pairs * shape.attn_flops_per_pair_decode / decode_attention_efficiency
+        + prefill_pairs * shape.attn_flops_per_pair_prefill / cal.attention_efficiency
+    ) / gpu.peak(DType.BF16)
     tp_link = hw.link(layout.tp)
     ar_bytes = new_tokens * model.hidden * ACT_BYTES * (layout.tp if layout.dp_attention else 1)
     n_ar = 0 if layout.dp_attention and model.moe else 2

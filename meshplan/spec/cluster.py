@@ -85,6 +85,8 @@ class AttentionKernel(StrEnum):
 
 
 ATTENTION_GENERATIONS = ("ampere", "hopper")
+MLA_DECODE_KERNELS = ("flashmla",)
+"""Published absorbed-MLA decode kernels whose rates serving knows (core/serve_phases.py)."""
 """GPU generations with published fused-attention tables."""
 
 
@@ -112,6 +114,10 @@ class GpuCalibration:
     attention_generation: str = "hopper"
     """Whose published fused-attention tables (core/attention_kernels.py) describe this kind: ampere (A100)
     or hopper (H100); a kind without tables of its own takes the nearest generation's shares of peak."""
+    mla_decode_kernel: str | None = None
+    """The published decode kernel of multi-head latent attention that runs on this kind (flashmla: the SM90 dies,
+    H100, H200, H800), whose rates serving takes for an MLA model's decode attention; None: none published here,
+    the engine family's attention and cache-read shares."""
     fused_attention_kernel: str = "cudnn"
     """The fused attention kernel of stacks with fused kernels (Transformer Engine picks cuDNN's on Hopper and
     FlashAttention-2 on Ampere); eager PyTorch stacks run SDPA's flash backend, FlashAttention-2."""
@@ -158,6 +164,11 @@ class GpuCalibration:
             raise ValueError(
                 f"calibration attention_generation must be one of {list(ATTENTION_GENERATIONS)}, "
                 f"got {self.attention_generation!r}"
+            )
+        if self.mla_decode_kernel is not None and self.mla_decode_kernel not in MLA_DECODE_KERNELS:
+            raise ValueError(
+                f"calibration mla_decode_kernel must be one of {list(MLA_DECODE_KERNELS)}, "
+                f"got {self.mla_decode_kernel!r}"
             )
         if not 0 < self.attention_scale <= 2:
             raise ValueError(f"calibration attention_scale must be in (0, 2], got {self.attention_scale}")
