@@ -11,7 +11,7 @@ from meshplan import io
 from meshplan.core.compute import layer_time
 from meshplan.core.plan import evaluate
 from meshplan.reports.inputs import resolve_cluster
-from meshplan.spec.conditions import Conditions
+from meshplan.spec.conditions import Conditions, LossKind
 from meshplan.spec.layout import Layout, Recompute, ZeroStage
 from meshplan.spec.workload import Framework, Kernels, Workload
 from meshplan.units import DType
@@ -130,3 +130,32 @@ def test_fsdp2_copies_on_the_compute_stream() -> None:
     assert compute_s(True) - compute_s(False) == pytest.approx(expected, rel=1e-9)
     # without ZeRO-3 nothing is gathered: no copies
     assert compute_s(True, ZeroStage.OPTIMIZER) == compute_s(False, ZeroStage.OPTIMIZER)
+
+
+def _head(loss_parallel: bool):  # type: ignore[no-untyped-def]
+    """Llama 3.1 8B, TP 4 with SP over one node, one micro-batch of 8,192 tokens, eager upcast loss."""
+    cond = Conditions(loss=LossKind.UPCAST, loss_parallel=loss_parallel)
+    work = Workload(seq_len=8192, global_batch=1, framework=Framework.TORCH, conditions=cond)
+    layout = Layout(tp=4, sp=True, dp_replicate=1)
+    return evaluate(LLAMA_8B, resolve_cluster(gpu="h100-sxm", gpus=4), layout, work), work
+
+
+def test_loss_parallel_gathers_no_logits_and_splits_the_loss() -> None:
+    """torchtitan's output head under loss_parallel keeps its vocabulary shards (ColwiseParallel with
+    output_layouts=Shard(-1)): no TP all-gather of the 8,192 x 128,256 logits, and the upcast loss's 22 + 26 bytes a
+    logit run on the rank's quarter of them; without it the padded logits are gathered and every rank runs the loss
+    on all of them."""
+    split, _ = _head(True)
+    whole, _ = _head(False)
+    logits = 8192 * 128256
+
+    def gathered(plan) -> float:  # type: ignore[no-untyped-def]
+        sizes = [c.size_bytes * c.count_per_step for c in plan.collectives if c.strategy == "tp"]
+        return float(sum(s for s in sizes if s >= logits))  # only the logits are that large
+
+    assert gathered(split) == 0.0
+    assert gathered(whole) == pytest.approx(logits * 2, rel=1e-12)  # bf16, 128,256 divides by 4: no padding
+    g = io.load_gpu("h100-sxm")
+    hbm = g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency
+    extra = whole.step.compute_s - split.step.compute_s
+    assert extra == pytest.approx((22 + 26) * logits * (1 - 1 / 4) / hbm, rel=1e-9)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from meshplan.core.num import Num, maximum, where
 from meshplan.spec.layout import Recompute
 from meshplan.spec.model import MlpKind, ModelSpec, NormKind
-from meshplan.spec.workload import Attention, Framework, Kernels
+from meshplan.spec.workload import Attention, Framework, Kernels, Workload
 from meshplan.units import FP32_BYTES
 
 GATED_SAVED_TENSORS = {Kernels.EAGER: 4, Kernels.FUSED: 3}
@@ -333,6 +333,14 @@ def head_bytes(
     norm = norm_bytes_per_token(model, act_bytes=act_bytes, framework=framework, frozen_weight=frozen_norm)
     head_input = 0.0 if frozen_head else act_bytes * model.hidden * input_split(tp, sp, framework)
     return tokens * (norm * rep + head_input)
+
+
+def vocab_parallel_loss(workload: Workload) -> bool:
+    """The loss runs on the logits' vocabulary shards over the TP group (Megatron's vocab-parallel cross-entropy,
+    PyTorch's loss_parallel), so no rank gathers the whole vocabulary: ``Conditions.loss_parallel`` where the run
+    states it, else the framework's own."""
+    stated = workload.conditions.loss_parallel
+    return SAVED_TENSORS[workload.framework].vocab_parallel_loss if stated is None else bool(stated)
 
 
 def loss_bytes(model: ModelSpec, *, tokens: Num, tp: Num, framework: Framework = Framework.MEGATRON) -> Num:

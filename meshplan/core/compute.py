@@ -566,10 +566,13 @@ def head_time(
     cal: GpuCalibration,
     act_bytes: float,
     loss_bytes: tuple[float, float] = LOSS_BYTES[LossKind.FRAMEWORK],
+    loss_split: Num | None = None,
 ) -> tuple[Num, Num]:
     """(forward, backward) time of the output head and the loss on the last stage (``loss_bytes``: what the
-    loss moves per logit element in forward and backward)."""
+    loss moves per logit element in forward and backward; ``loss_split``: the ranks the loss's vocabulary is
+    split over, ``tp`` by default, 1 where every TP rank runs it on the gathered logits)."""
     g = Gemm(name="lm_head", m=tokens, n=model.vocab_size / tp, k=model.hidden)
     gemm = gemm_time(g, peak_flops=peak_flops, hbm_bytes_per_s=hbm_bytes_per_s, cal=cal, act_bytes=act_bytes)
-    logits_per_s = tokens * model.vocab_size / tp / (hbm_bytes_per_s * cal.hbm_efficiency)
+    split = tp if loss_split is None else loss_split
+    logits_per_s = tokens * model.vocab_size / split / (hbm_bytes_per_s * cal.hbm_efficiency)
     return gemm + loss_bytes[0] * logits_per_s, 2 * gemm + loss_bytes[1] * logits_per_s

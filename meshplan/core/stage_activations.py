@@ -323,11 +323,10 @@ def loss_peak_bytes(model: ModelSpec, *, tokens: Num, tp: Num, workload: Workloa
     entry at its backward (conditions.UPCAST_LOSS_BYTES); fused: the same on one of 8 token chunks. Under
     loss parallelism the vocabulary is split over the TP group.
     """
-    cond, fw = workload.conditions, workload.framework
-    own = act.SAVED_TENSORS[fw].vocab_parallel_loss
-    split = where(own if cond.loss_parallel is None else cond.loss_parallel, tp, 1)
+    cond = workload.conditions
+    split = where(act.vocab_parallel_loss(workload), tp, 1)
     if cond.loss is LossKind.FRAMEWORK:
-        scalar = act.SAVED_TENSORS[fw].loss_scalar_bytes
+        scalar = act.SAVED_TENSORS[workload.framework].loss_scalar_bytes
         return FP32_BYTES * tokens * model.vocab_size / split + scalar
     chunks = FUSED_LOSS_CHUNKS if cond.loss is LossKind.FUSED else 1
     return UPCAST_LOSS_BYTES * tokens * model.vocab_size / split / chunks

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.core import finetune
+from meshplan.core.activations import vocab_parallel_loss
 from meshplan.core.compute import LOSS_BYTES, MEGATRON_CE_BYTES, ComputeSetup, LayerTime, head_time, layer_time
 from meshplan.core.flops import Gemm
 from meshplan.core.num import Num, maximum, minimum, where
@@ -110,6 +111,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         cal=gpu.calibration,
         act_bytes=work.precision.activation_bytes,
         loss_bytes=MEGATRON_CE_BYTES if _unfused_megatron_loss(work) else LOSS_BYTES[work.conditions.loss],
+        loss_split=where(vocab_parallel_loss(work), lay.tp, 1),
     )
     # DeepSeek-V3 Sec. 2.2: each MTP module is a transformer layer (a MoE one), a projection M of [h; emb] from 2h
     # to h, and the shared output head; Megatron-Core trains it on the last pipeline stage

@@ -2,8 +2,9 @@
 
 Measured on torch 2.13 by ``meshplan check`` (docs/check.md):
   tp edges  DTensor's vocab-sharded embedding all-reduces its output (reduce-scatters it under SP); the
-            output head gathers the logits, padded to ceil(V/t) rows per rank, and its input (under SP) or
-            all-reduces its input gradient (without SP);
+            output head gathers its input (under SP) or all-reduces its input gradient (without SP), and,
+            unless the loss runs on the vocabulary shards (loss_parallel), the logits, padded to ceil(V/t)
+            rows per rank;
   norms     under SP the replicated norm weights keep Partial gradients: FSDP2 all-reduces each once in
             backward over the TP group; without it every optimizer read redistributes them (AdamW: 3);
   fsdp2     one all-gather per unit (every layer, then the root) forward, every layer again in backward
@@ -14,6 +15,7 @@ Measured on torch 2.13 by ``meshplan check`` (docs/check.md):
 
 from __future__ import annotations
 
+from meshplan.core.activations import vocab_parallel_loss
 from meshplan.core.comm.call import CollectiveCall, StageShape, make_call
 from meshplan.core.comm.cost import Collective
 from meshplan.core.num import Num, ceil_div, where
@@ -54,6 +56,7 @@ def tp_edge_calls(
     logits = st.tokens * ceil_div(model.vocab_size, tp) * tp * e
     m, p = st.micro_batches, pl["tp"]
     first, last = m * where(st.embedding, 1, 0), m * where(st.head, 1, 0)
+    gathered = 0 if vocab_parallel_loss(work) else last  # torchtitan's ColwiseParallel(output_layouts=Shard(-1))
     with_sp, no_sp = where(sp, 1, 0), where(sp, 0, 1)
 
     def call(op: Collective, phase: str, size: Num, count: Num) -> CollectiveCall:
@@ -64,7 +67,7 @@ def tp_edge_calls(
         call(Collective.REDUCE_SCATTER, "forward", hidden, with_sp * first),
         call(Collective.ALL_GATHER, "backward", hidden, with_sp * first),
         call(Collective.ALL_GATHER, "forward", hidden, with_sp * last),
-        call(Collective.ALL_GATHER, "forward", logits, last),
+        call(Collective.ALL_GATHER, "forward", logits, gathered),
         call(Collective.ALL_REDUCE, "backward", hidden, no_sp * last),
         call(Collective.REDUCE_SCATTER, "backward", hidden, with_sp * last),
     ]
