@@ -66,6 +66,9 @@ def test_llama3_405b_rank_activations_follow_the_chunk_counts() -> None:
         (LossKind.UPCAST, True, 8, 12 * 8192 * V / 8),
         (LossKind.FUSED, False, 1, 12 * 8192 * V / 8),  # one of 8 token chunks at a time
         (LossKind.FRAMEWORK, None, 8, 4 * 8192 * V / 8),  # Megatron: fp32 softmax of its vocabulary shard
+        # compiled: the bf16 logits the compiled graph keeps (2) and their bf16 gradient (2), no fp32 copy
+        (LossKind.COMPILED, False, 1, 4 * 8192 * V),
+        (LossKind.COMPILED, True, 8, 4 * 8192 * V / 8),
     ],
 )
 def test_loss_peak_for_a_128k_vocabulary(loss: LossKind, parallel: bool | None, tp: int, expected: float) -> None:

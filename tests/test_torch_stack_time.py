@@ -159,3 +159,18 @@ def test_loss_parallel_gathers_no_logits_and_splits_the_loss() -> None:
     hbm = g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency
     extra = whole.step.compute_s - split.step.compute_s
     assert extra == pytest.approx((22 + 26) * logits * (1 - 1 / 4) / hbm, rel=1e-9)
+
+
+def test_the_compiled_loss_reads_the_logits_once_each_way() -> None:
+    """torch.compile'd cross_entropy(logits.float()): 2 bytes a logit forward, 4 backward (read, and the bf16
+    gradient written), where the eager upcast moves 22 and 26; one GPU, 8,192 tokens of Llama 3.1 8B."""
+
+    def step(loss: LossKind) -> float:
+        work = Workload(seq_len=8192, global_batch=1, framework=Framework.TORCH, conditions=Conditions(loss=loss))
+        plan = evaluate(LLAMA_8B, resolve_cluster(gpu="h100-sxm", gpus=1), Layout(dp_replicate=1), work)
+        return float(plan.step.compute_s)
+
+    g = io.load_gpu("h100-sxm")
+    hbm = g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency
+    logits = 8192 * 128256
+    assert step(LossKind.UPCAST) - step(LossKind.COMPILED) == pytest.approx((48 - 6) * logits / hbm, rel=1e-9)

@@ -542,13 +542,20 @@ def _adapter_bytes_per_token(
     return total
 
 
-LOSS_BYTES = {LossKind.FRAMEWORK: (8.0, 8.0), LossKind.FUSED: (8.0, 8.0), LossKind.UPCAST: (22.0, 26.0)}
+LOSS_BYTES = {
+    LossKind.FRAMEWORK: (8.0, 8.0),
+    LossKind.FUSED: (8.0, 8.0),
+    LossKind.UPCAST: (22.0, 26.0),
+    LossKind.COMPILED: (2.0, 4.0),
+}
 """(forward, backward) bytes per logit of the loss. A fused cross-entropy: about four fp32 passes over the logits,
 half each way. ``cross_entropy(logits.float())`` in eager PyTorch, kernel by kernel: forward the upcast (read 2,
 write 4) and log_softmax, whose rows of a 128K vocabulary fit no SM's shared memory, so it reads the row for the
 maximum, again for the sum of exponentials and again to write the output (4 + 4 + 4 + 4): 22; backward
 nll_loss's fp32 gradient written (4), log_softmax's backward reading it for the row sum (4), then it and the
-saved output to write the input gradient (4 + 4 + 4), and the downcast to bf16 (4 + 2): 26."""
+saved output to write the input gradient (4 + 4 + 4), and the downcast to bf16 (4 + 2): 26. The same loss under
+torch.compile: forward one read of the bf16 logits (Inductor's online softmax takes the maximum and the sum of
+exponentials in one pass), backward that read again and the bf16 gradient written: 2 and 4."""
 MEGATRON_CE_BYTES = (38.0, 14.0)
 """Megatron-Core's unfused vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py on ``logits.float()``,
 language_module.py), pass by pass per logit element. Forward: the upcast (read 2, write 4), the max (read 4),

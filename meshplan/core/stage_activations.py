@@ -16,7 +16,14 @@ from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.params import ParamCount
 from meshplan.core.stage_params import StageParams, layout_stage_params
 from meshplan.core.stages import stage_row
-from meshplan.spec.conditions import FUSED_LOSS_CHUNKS, UPCAST_LOSS_BYTES, Fp8Recipe, LossKind, Selective
+from meshplan.spec.conditions import (
+    COMPILED_LOSS_BYTES,
+    FUSED_LOSS_CHUNKS,
+    UPCAST_LOSS_BYTES,
+    Fp8Recipe,
+    LossKind,
+    Selective,
+)
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule
 from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.workload import Framework, Kernels, Workload
@@ -320,7 +327,8 @@ def loss_peak_bytes(model: ModelSpec, *, tokens: Num, tp: Num, workload: Workloa
 
     framework: the framework's own (Megatron: fp32 softmax of the vocab-parallel logits, 4sbV/t; PyTorch as
     ``check`` measures it, 4sbV). upcast: ``cross_entropy(logits.float())``, 14 bytes per token and vocabulary
-    entry at its backward (conditions.UPCAST_LOSS_BYTES); fused: the same on one of 8 token chunks. Under
+    entry at its backward (conditions.UPCAST_LOSS_BYTES); fused: the same on one of 8 token chunks; compiled: the
+    bf16 logits and their gradient, 4 bytes (conditions.COMPILED_LOSS_BYTES). Under
     loss parallelism the vocabulary is split over the TP group.
     """
     cond = workload.conditions
@@ -328,6 +336,8 @@ def loss_peak_bytes(model: ModelSpec, *, tokens: Num, tp: Num, workload: Workloa
     if cond.loss is LossKind.FRAMEWORK:
         scalar = act.SAVED_TENSORS[workload.framework].loss_scalar_bytes
         return FP32_BYTES * tokens * model.vocab_size / split + scalar
+    if cond.loss is LossKind.COMPILED:
+        return COMPILED_LOSS_BYTES * tokens * model.vocab_size / split
     chunks = FUSED_LOSS_CHUNKS if cond.loss is LossKind.FUSED else 1
     return UPCAST_LOSS_BYTES * tokens * model.vocab_size / split / chunks
 

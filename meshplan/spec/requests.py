@@ -584,8 +584,9 @@ FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_C,
-        choices=("framework", "upcast", "fused"),
-        help="cross-entropy: the framework's own, eager fp32 upcast, or chunked/fused",
+        choices=("framework", "upcast", "fused", "compiled"),
+        help="cross-entropy: the framework's own, eager fp32 upcast, chunked/fused, or the upcast under torch.compile "
+        "(torchtitan's with compile since 2025-04)",
     ),
     _switch("loss_parallel", "compute the loss on vocabulary shards over the TP group"),
     _switch(
