@@ -177,6 +177,26 @@ def test_mxfp8_casts_by_hand() -> None:
     assert (fwd, bwd) == pytest.approx(((inputs + weights) * 6, outputs * 6), rel=1e-12)
 
 
+def test_rowwise_casts_by_hand() -> None:
+    """torchao's rowwise recipe scales each operand along both dimensions, as its own roofline counts the kernels:
+    an input or output gradient is read (2; 0 fused into its producer), written in FP8 (1) and transposed in bf16
+    (2), then the transpose read (2) and written in FP8 (1); a weight cast (2 + 1), transposed (2 + 2) and cast
+    again (2 + 1). Per-tensor scaling, for contrast: 4 bytes a tensor and the amax pass (2) where not fused."""
+    from meshplan.core.compute import _fp8_cast_time
+
+    inputs = 4096 * 2048 + 3 * 4096 * 512
+    outputs = 4096 * 1024 + 3 * 4096 * 2048
+    weights = 1024 * 2048 + 3 * 2048 * 512
+    for fused, read in ((False, 2), (True, 0)):
+        first, second = read + 1 + 2, 2 + 1
+        fwd, bwd = _fp8_cast_time(_gemm_list(), fused=fused, hbm=1.0, dynamic=True, rowwise=True)
+        assert fwd == pytest.approx(inputs * first + weights * 3, rel=1e-12)
+        assert bwd == pytest.approx(inputs * second + outputs * (first + second) + weights * (4 + 3), rel=1e-12)
+        tensorwise = _fp8_cast_time(_gemm_list(), fused=fused, hbm=1.0, dynamic=True)
+        assert sum(tensorwise) == pytest.approx((inputs + outputs) * (4 + read) + weights * 6, rel=1e-12)
+        assert fwd + bwd > sum(tensorwise)
+
+
 def test_frozen_weights_skip_the_casts_only_the_weight_gradient_needs() -> None:
     """A frozen weight (LoRA's base, frozen layers) takes no weight gradient: Transformer Engine keeps no
     column-wise copy of the input (no transpose in backward) and casts each output gradient once for the input

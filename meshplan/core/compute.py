@@ -23,7 +23,13 @@ from meshplan.core.attention_kernels import BACKWARD_FLOPS_RATIO, attention_shar
 from meshplan.core.finetune import adapted_matrices, nf4_bytes_per_param
 from meshplan.core.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms, windowed_keys_share
 from meshplan.core.num import Num, maximum, minimum, where
-from meshplan.core.pytorch.overheads import DYNAMIC_AMAX_BYTES, DYNAMIC_CAST_BYTES, op_sac_share
+from meshplan.core.pytorch.overheads import (
+    DYNAMIC_AMAX_BYTES,
+    DYNAMIC_CAST_BYTES,
+    ROWWISE_CAST_BYTES,
+    ROWWISE_WEIGHT_CAST_BYTES,
+    op_sac_share,
+)
 from meshplan.core.pytorch.ring_merge import ring_merge_time
 from meshplan.core.te_ring import te_ring_time
 from meshplan.spec.cluster import AttentionKernel, GpuCalibration
@@ -291,6 +297,7 @@ def _fp8_cast_time(
     dynamic: bool = False,
     weights_cast: bool = True,
     block_scaled: bool = False,
+    rowwise: bool = False,
     frozen: bool = False,
 ) -> tuple[Num, Num]:
     """(forward, backward) HBM time of the casts and transposes around FP8 linear layers.
@@ -306,6 +313,14 @@ def _fp8_cast_time(
     """
     inputs = sum(g.m * g.k * g.count for g in gemms)
     outputs = sum(g.m * g.n * g.count for g in gemms)
+    if dynamic and rowwise:
+        # the cast along dim 1 (read the bf16 transpose, write FP8: 3 bytes) serves a backward GEMM; an input's
+        # first cast and a weight's forward cast (read 2, write 1) run in forward, an output gradient's in backward
+        act, later = ROWWISE_CAST_BYTES[fused], 3.0
+        weights = sum(g.n * g.k * g.count for g in gemms) if weights_cast else 0.0
+        fwd = inputs * (act - later) + weights * 3.0
+        bwd = inputs * later + outputs * act + weights * (ROWWISE_WEIGHT_CAST_BYTES - 3.0)
+        return fwd / hbm, bwd / hbm
     if dynamic:
         cast = DYNAMIC_CAST_BYTES + (MX_SCALE_BYTES if block_scaled else 0.0)
         amax = 0.0 if block_scaled else DYNAMIC_AMAX_BYTES
@@ -385,6 +400,8 @@ class ComputeSetup:
     """FSDP all-gathers the weights already in FP8 (torchao's enable_fsdp_float8_all_gather)."""
     fp8_block_scaled: bool = False
     """FP8 linear layers scale each block of 32 elements (``--fp8-recipe mxfp8``: ``_fp8_cast_time``)."""
+    fp8_rowwise: bool = False
+    """FP8 linear layers scale each row of each operand (torchao's rowwise recipe: ``_fp8_cast_time``)."""
     repeat_kv: bool = False
     """K and V are repeated to the query heads before the attention (``Conditions.repeat_kv``)."""
     ring_merge: bool = False
@@ -419,6 +436,7 @@ def _layer_casts(gemms: list[Gemm], setup: ComputeSetup, *, frozen: bool = False
         dynamic=setup.fp8_dynamic,
         weights_cast=not setup.fp8_weights_gathered,
         block_scaled=setup.fp8_block_scaled,
+        rowwise=setup.fp8_rowwise,
         frozen=frozen,
     )
 

@@ -79,6 +79,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         fp8_dynamic=fp8 and work.framework is Framework.TORCH and work.conditions.fp8_recipe is not Fp8Recipe.DELAYED,
         fp8_weights_gathered=work.conditions.fp8_all_gather,
         fp8_block_scaled=mx,
+        fp8_rowwise=work.conditions.fp8_recipe is Fp8Recipe.ROWWISE,
         repeat_kv=work.conditions.repeat_kv,
         ring_merge=work.framework is Framework.TORCH,
         te_ring=work.framework is Framework.MEGATRON,

@@ -15,6 +15,16 @@ DYNAMIC_AMAX_BYTES = 2.0
 """The amax pass before that cast, reading the bf16 tensor: torch.compile fuses it into the kernel that produced
 an input or an output gradient (roofline_utils: fuse_with_prev), never into a weight's, which FSDP gathers
 (eager PyTorch fuses nothing)."""
+ROWWISE_CAST_BYTES = {False: 8.0, True: 6.0}
+"""torchao's rowwise recipe (one scale per row of each operand, along the GEMM's reduction dimension), per element
+of an input or an output gradient: its two GEMMs reduce along different dimensions, so it is scaled twice. One
+kernel reads the bf16 tensor (2; fused into its producer under torch.compile: 0), writes it in FP8 along dim 0 (1)
+and writes its bf16 transpose (2); a second reads that transpose (2) and writes it in FP8 (1): 8, or 6 fused. The
+row maxima are taken inside the casts, no amax pass (torchao/testing/training/roofline_utils.py,
+get_tensor_memory_traffic_ovhd_s, 'rowwise')."""
+ROWWISE_WEIGHT_CAST_BYTES = 10.0
+"""The same recipe per weight element: the forward cast (read 2, write 1), the bf16 transpose (read 2, write 2)
+and its cast (read 2, write 1); a weight has no producer to fuse into."""
 
 
 def fsdp2_copy_bytes(*, gathered: float, act_bytes: float, grad_bytes: float) -> tuple[float, float]:
