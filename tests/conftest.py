@@ -3,6 +3,7 @@
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # Running plain `pytest` from a checkout without an installed package still imports this tree.
@@ -18,3 +19,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("meshplan")
+
+
+@pytest.fixture(scope="session")
+def validation_report() -> dict:
+    """`meshplan validate` over every source, computed once a session (about a minute on 2 cores): the golden
+    targets read it, and the CLI's table test renders it."""
+    from meshplan.validate import validate
+
+    return validate()

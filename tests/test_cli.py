@@ -200,8 +200,16 @@ def test_every_command_has_a_text_run() -> None:
 
 
 @pytest.mark.parametrize("command", sorted(TEXT_RUNS))
-def test_tables_render(capsys: pytest.CaptureFixture[str], command: str) -> None:
-    """Every command's table (the CLI without --json) renders."""
+def test_tables_render(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, command: str
+) -> None:
+    """Every command's table (the CLI without --json) renders; `validate` renders the session's report (the golden
+    tests compute it once) rather than a second minute-long run of every source."""
+    if command == "validate":
+        import meshplan.validate
+
+        full = request.getfixturevalue("validation_report")
+        monkeypatch.setattr(meshplan.validate, "validate", lambda source=None, profile=None: full)
     assert main(TEXT_RUNS[command]) == 0
     out = capsys.readouterr().out
     assert out.strip() and "Traceback" not in out

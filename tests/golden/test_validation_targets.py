@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.validate import best_constant_error, validate
+from meshplan.validate import best_constant_error
 
 
 @pytest.fixture(scope="module")
-def report() -> dict:
-    return validate()
+def report(validation_report: dict) -> dict:
+    return validation_report
 
 
 def test_every_target_holds(report: dict) -> None:
