@@ -268,3 +268,11 @@ def test_mxfp8_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> No
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "block" in err
     assert main([*argv, "--gpu", "b200"]) == 0
+
+
+def test_rowwise_says_its_gemm_kernels_are_not_priced() -> None:
+    """The rowwise recipe's GEMM kernels have no price (docs/validation.md): a rowwise layout warns, tensorwise not."""
+    rowwise = _plan(Conditions(fp8_recipe=Fp8Recipe.ROWWISE), Framework.TORCH).warnings()
+    tensorwise = _plan(TENSORWISE, Framework.TORCH).warnings()
+    assert any(w.startswith("rowwise FP8") and "not" in w for w in rowwise)
+    assert not any("rowwise" in w for w in tensorwise)
