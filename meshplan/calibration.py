@@ -33,7 +33,7 @@ PERTURB = 0.9
 PERTURB_OFFSET_S = 0.1
 """The host time's step for the sensitivities: 0.1 s more per step."""
 GRIDS = {
-    "compute_scale": np.exp(np.linspace(math.log(0.6), math.log(1.6), 61)),
+    "compute_scale": np.exp(np.linspace(math.log(0.6), math.log(1.6), 241)),
     "comm_scale": np.exp(np.linspace(math.log(0.25), math.log(1.25), 41)),
     "attention_scale": np.exp(np.linspace(math.log(0.5), math.log(2.0), 41)),
     "memory_scale": np.exp(np.linspace(math.log(0.4), math.log(1.25), 41)),

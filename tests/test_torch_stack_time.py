@@ -174,3 +174,78 @@ def test_the_compiled_loss_reads_the_logits_once_each_way() -> None:
     hbm = g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency
     logits = 8192 * 128256
     assert step(LossKind.UPCAST) - step(LossKind.COMPILED) == pytest.approx((48 - 6) * logits / hbm, rel=1e-9)
+
+
+def _tp_plan(micro_batch: int, **kw: object):  # type: ignore[no-untyped-def]
+    """Llama 3.1 8B under torchtitan's per-op checkpointing, TP 8 with SP on one node, ``micro_batch``
+    sequences of 8,192 tokens, bf16 unless ``kw`` says otherwise."""
+    from meshplan.spec.conditions import Fp8Recipe, Selective
+    from meshplan.spec.workload import PRECISIONS, Overlap
+
+    fp8 = kw.pop("fp8", None)
+    cond = Conditions(selective=Selective.OP, fp8_recipe=Fp8Recipe(fp8) if fp8 else None)
+    work = Workload(
+        seq_len=8192,
+        global_batch=micro_batch,
+        framework=Framework.TORCH,
+        precision=PRECISIONS["fp8" if fp8 else "fsdp2-bf16"],
+        conditions=cond,
+        overlap=Overlap(tp=bool(kw.pop("async_tp", False))),
+    )
+    recompute = kw.pop("recompute", Recompute.SELECTIVE)
+    layout = Layout(tp=8, sp=True, micro_batch=micro_batch, recompute=recompute)
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=8)
+    return evaluate(LLAMA_8B, cluster, layout, work), (LLAMA_8B, layout, work, cluster)
+
+
+def _copy_bytes_per_token(micro_batch: int, **kw: object) -> tuple[float, float]:
+    from meshplan.core.stage_time import layer_kinds
+
+    _, args = _tp_plan(micro_batch, **kw)
+    dense = layer_kinds(*args).dense
+    g = io.load_gpu("h100-sxm")
+    per_token_s = 8192 * micro_batch / (g.hbm_bandwidth_bytes_per_s * g.calibration.hbm_efficiency)
+    return float(dense.tp_copy_fwd_s / per_token_s), float(dense.tp_copy_bwd_s / per_token_s)
+
+
+def test_sequence_parallel_collectives_copy_along_the_sequence() -> None:
+    """PyTorch's functional collectives work on dim 0: a reduce-scatter along the sequence first copies its
+    [b, s, h] input into rank order, an all-gather's output is copied back into sequence order unless b = 1.
+    Per token of Llama 3.1 8B (h = 4,096) one copy reads and writes 2 x 4,096 x 2 bytes (bf16) = 16,384."""
+    copy = 2 * 4096 * 2
+    # b = 12: forward 2 gathers + 2 scatters; backward the 4 autograd counterparts and the 2 gathers the per-op
+    # policy repeats before the weight gradients of wq/wk/wv and w1/w3
+    assert _copy_bytes_per_token(12) == pytest.approx((4 * copy, 6 * copy), rel=1e-12)
+    # b = 1: the gathers are views; only the 2 scatters forward and their 2 counterparts backward copy
+    assert _copy_bytes_per_token(1) == pytest.approx((2 * copy, 2 * copy), rel=1e-12)
+    # full recompute repeats the forward's 4 copies in backward
+    assert _copy_bytes_per_token(12, recompute=Recompute.FULL) == pytest.approx((4 * copy, 8 * copy), rel=1e-12)
+    # torchao's Float8 tensorwise TP gathers FP8: the forward gathers and their repeats copy 1 byte an element
+    fp8_copy = 2 * 4096 * 1
+    want = (2 * fp8_copy + 2 * copy, 4 * copy + 2 * fp8_copy)
+    assert _copy_bytes_per_token(12, fp8="tensorwise") == pytest.approx(want, rel=1e-12)
+    assert _copy_bytes_per_token(12, fp8="rowwise") == pytest.approx((4 * copy, 6 * copy), rel=1e-12)
+    # async TP restrides the fused matmul-collectives' operands; the input gradients' reduce-scatters (each a sum
+    # of several matmuls') keep their copies
+    assert _copy_bytes_per_token(12, async_tp=True) == pytest.approx((0.0, 2 * copy), rel=1e-12)
+
+
+def test_float8_tensorwise_tp_gathers_fp8_and_the_policy_gathers_again() -> None:
+    """The forward all-gathers move b s h elements of 1 byte under Float8 tensorwise TP (2 under rowwise, which
+    torchtitan runs as plain TP), and the per-op policy repeats both of them in backward: 32 layers x 2."""
+    tokens = 8192 * 2
+
+    def sp_gathers(plan, phase: str) -> list[tuple[float, float]]:  # type: ignore[no-untyped-def]
+        return sorted(
+            (float(c.size_bytes), float(c.count_per_step))
+            for c in plan.collectives
+            if c.strategy == "sp" and c.op == "all_gather" and c.phase == phase and c.count_per_step
+        )
+
+    tensorwise, _ = _tp_plan(2, fp8="tensorwise")
+    rowwise, _ = _tp_plan(2, fp8="rowwise")
+    assert sp_gathers(tensorwise, "forward") == [(tokens * 4096 * 1, 64)]
+    assert sp_gathers(rowwise, "forward") == [(tokens * 4096 * 2, 64)]
+    # backward: the forward reduce-scatters' gradients in bf16 (64), the repeated gathers as the forward's (64)
+    assert sp_gathers(tensorwise, "backward") == [(tokens * 4096 * 1, 64), (tokens * 4096 * 2, 64)]
+    assert sp_gathers(rowwise, "backward") == [(tokens * 4096 * 2, 64), (tokens * 4096 * 2, 64)]

@@ -119,6 +119,16 @@ _CASES: dict[str, Callable[[int], Case]] = {
     ),
     "tp": lambda n: Case(layout=Layout(tp=n), mesh=(("tp", n),)),
     "sp": lambda n: Case(layout=Layout(tp=n, sp=True), mesh=(("tp", n),)),
+    "tp_sac_op": lambda n: Case(
+        layout=Layout(tp=n, recompute=Recompute.SELECTIVE),
+        mesh=(("tp", n),),
+        conditions=Conditions(selective=Selective.OP),
+    ),
+    "sp_sac_op": lambda n: Case(
+        layout=Layout(tp=n, sp=True, recompute=Recompute.SELECTIVE),
+        mesh=(("tp", n),),
+        conditions=Conditions(selective=Selective.OP),
+    ),
     "fsdp_tp": lambda n: Case(
         layout=Layout(tp=2, dp_shard=n // 2, zero=ZeroStage.PARAMETERS, sp=True),
         mesh=(("dp_shard", n // 2), ("tp", 2)),

@@ -10,22 +10,28 @@ sync, and torchtitan's per-op selective activation checkpointing (reshard-after-
   the outputs of the ops in ``SAC_SAVE_OPS`` except every second matmul of a block's forward, recompute the rest.
   What the policy saves lives in the checkpoint's cache, outside autograd's saved-tensor hooks: ``OpCheckpoint``
   keeps each forward's cache so that the probe can count it.
+- ``tp_op_sac_builder``: TP (with or without sequence parallelism) over all ranks, then the same per-op
+  checkpointing of every block (torchtitan's order: TP, then activation checkpointing). The collectives whose
+  outputs the policy does not save run again in backward.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from meshplan.check.cases import ACCUMULATED_MICRO_BATCHES
-from meshplan.check.layouts import Probe, Trainer, _adamw, batch, standard_step
+from meshplan.check.layouts import Probe, Trainer, _adamw, _trainer, apply_tp, batch, standard_step
 from meshplan.check.measure import cached_bytes
 from meshplan.check.model import TinyConfig, TinyLlama, cross_entropy
 
@@ -92,6 +98,27 @@ def build_fsdp_op_sac(cfg: TinyConfig, world_size: int) -> Trainer:
         inputs=(tokens, targets),
         held_outside_autograd=sac.held_bytes,
     )
+
+
+def tp_op_sac_builder(*, sequence_parallel: bool) -> Callable[[TinyConfig, int], Trainer]:
+    """TP (with or without sequence parallelism) on every rank, then per-op checkpointing of each block."""
+    return functools.partial(_build_tp_op_sac, sequence_parallel=sequence_parallel)
+
+
+def _build_tp_op_sac(cfg: TinyConfig, world_size: int, *, sequence_parallel: bool) -> Trainer:
+    model, sac = TinyLlama(cfg), OpCheckpoint()
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+    apply_tp(model, mesh, sequence_parallel=sequence_parallel)
+    for name, layer in list(model.layers.items()):
+        model.layers[name] = checkpoint_wrapper(layer, context_fn=sac.context_fn)
+    trainer = _trainer(model, cfg, seed=0)  # every TP rank sees the same batch
+    step = trainer.forward_backward
+
+    def forward_backward(probe: Probe) -> None:
+        sac.caches.clear()
+        step(probe)
+
+    return dataclasses.replace(trainer, forward_backward=forward_backward, held_outside_autograd=sac.held_bytes)
 
 
 def build_fsdp_no_sync(cfg: TinyConfig, world_size: int) -> Trainer:

@@ -26,7 +26,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.multiprocessing.spawn import ProcessRaisedException, start_processes
 
 from meshplan.check.comms import CollectiveCall, CommCounter
-from meshplan.check.conditions import build_fsdp_no_sync, build_fsdp_op_sac
+from meshplan.check.conditions import build_fsdp_no_sync, build_fsdp_op_sac, tp_op_sac_builder
 from meshplan.check.layouts import (
     Builder,
     Trainer,
@@ -91,6 +91,8 @@ LAYOUTS: dict[str, LayoutRecipe] = {
     ),
     "tp": LayoutRecipe(build=tp_builder(sequence_parallel=False), rules=_tp_rules),
     "sp": LayoutRecipe(build=tp_builder(sequence_parallel=True), rules=_sp_rules),
+    "tp_sac_op": LayoutRecipe(build=tp_op_sac_builder(sequence_parallel=False), rules=_tp_rules),
+    "sp_sac_op": LayoutRecipe(build=tp_op_sac_builder(sequence_parallel=True), rules=_sp_rules),
     "fsdp_tp": LayoutRecipe(
         build=build_fsdp_tp,
         min_world_size=4,

@@ -84,6 +84,10 @@ class LayerTime:
     shard_copy_fwd_s: Num = 0.0
     """FSDP2's copies on the compute stream around the layer's forward (``shard_copy_bytes``), not recomputed."""
     shard_copy_bwd_s: Num = 0.0
+    tp_copy_fwd_s: Num = 0.0
+    """PyTorch's copies around the layer's sequence-parallel collectives (``tp_copy_bytes``), forward."""
+    tp_copy_bwd_s: Num = 0.0
+    """The same in backward, with what recompute repeats of them."""
 
     @property
     def forward_s(self) -> Num:
@@ -478,6 +482,7 @@ def layer_time(
     cp: Num = 1,
     ring_cp: Num | None = None,
     shard_copy_bytes: tuple[Num, Num] = (0.0, 0.0),
+    tp_copy_bytes: tuple[Num, Num] = (0.0, 0.0),
 ) -> LayerTime:
     """Forward and backward compute time of one layer for ``tokens`` local tokens on one GPU.
 
@@ -486,7 +491,8 @@ def layer_time(
     times the kind's FP8 share and pay the casts around them. ``kernel_keys``: the keys a fused attention call
     walks (default ``seq_len``); ``ring_cp``: the CP ranks that form a ring (default ``cp``; 1 where K and V
     are all-gathered). ``shard_copy_bytes``: (forward, backward) bytes per weight element FSDP2 copies
-    on the compute stream (``pytorch.overheads.fsdp2_copy_bytes``).
+    on the compute stream (``pytorch.overheads.fsdp2_copy_bytes``). ``tp_copy_bytes``: (forward, backward) bytes
+    per token the functional collectives copy (``pytorch.overheads.tp_chunk_cat_bytes``).
     """
     cal, hbm, kernels = setup.cal, setup.hbm, setup.kernels
     mlp = mlp_gemms(model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer)
@@ -534,6 +540,8 @@ def layer_time(
         attention_core_bwd_s=attn_bwd,
         shard_copy_fwd_s=weights * shard_copy_bytes[0] / hbm,
         shard_copy_bwd_s=weights * shard_copy_bytes[1] / hbm,
+        tp_copy_fwd_s=tokens * tp_copy_bytes[0] / hbm,
+        tp_copy_bwd_s=tokens * tp_copy_bytes[1] / hbm,
     )
 
 

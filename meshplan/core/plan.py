@@ -67,7 +67,7 @@ class Plan:
             out.append(
                 "rowwise FP8: its casts are priced, its rowwise-scaled GEMM kernels are not; on torchtitan's "
                 "published rowwise runs this model's throughput is 13% high on one node of 8 H100s (tensorwise: 9%) "
-                "and 31-61% high with TP 8 (docs/validation.md): the step time is likely optimistic"
+                "and 18-47% high with TP 8 (docs/validation.md): the step time is likely optimistic"
             )
         if not self.memory.fits:
             out.append(

@@ -183,18 +183,23 @@ def _op_checkpoint_per_token(model: ModelSpec, lay: LayoutLike, workload: Worklo
     Its policy (torchtitan ``_apply_op_sac``) counts a block's matmuls and recomputes every second one: of
     wq, wk, wv, wo, w1, w3, w2 it saves the outputs of the 1st, 3rd, 5th and 7th, wq (q), wv (kv), w1 (f) and w2
     (h); it also saves the attention kernel's output and log-sum-exp, and keeps the layer input to rebuild the
-    rest: beta (h/t_sp + (attention out)/t + (q + kv + f + h) / t) + 4 fp32 log-sum-exp per head, with f the
-    MLP width of the layer (top-k experts' under MoE, taken as one MLP of that width). Measured by
-    ``meshplan check`` (fsdp_sac_op) at f = 2h and f = 3h.
+    rest: beta (h/t_sp + (attention out)/t + (q + kv + f) / t + h + 2 h/t [SP]) + 4 fp32 log-sum-exp per head,
+    with f the MLP width of the layer (top-k experts' under MoE, taken as one MLP of that width). Under TP, w2 is
+    row-parallel: its output is the unreduced sum at full width h; with SP the two reduce-scatters' outputs
+    (on the save list) are kept too, h/t each. MoE layers keep their experts' output at h/t. Measured by
+    ``meshplan check`` (fsdp_sac_op at f = 2h and f = 3h; tp_sac_op and sp_sac_op).
     """
     beta, tp = workload.precision.activation_bytes, lay.tp
     ffn = model.ffn_hidden
+    down_out = model.hidden * where(tp > 1, 1.0, 1.0 / tp)
     if moe_layer and model.moe is not None:
         ffn = model.moe.expert_ffn_hidden * model.moe.experts_per_token
-    saved_matmuls = model.q_width + model.kv_width + ffn + model.hidden
+        down_out = model.hidden / tp
+    saved_matmuls = (model.q_width + model.kv_width + ffn) / tp + down_out
     layer_input = model.hidden * where(lay.sp, 1.0 / tp, 1.0)
+    scattered = where(lay.sp, 2.0 * model.hidden / tp, 0.0)
     lse = FP32_BYTES * model.num_heads / tp
-    return beta * (layer_input + model.attn_out_width / tp + saved_matmuls / tp) + lse
+    return beta * (layer_input + model.attn_out_width / tp + saved_matmuls + scattered) + lse
 
 
 def _selective_keeps(

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 from meshplan.core import finetune
 from meshplan.core.activations import vocab_parallel_loss
+from meshplan.core.comm.tp import gather_bytes_per_element, selective_replays
 from meshplan.core.compute import LOSS_BYTES, MEGATRON_CE_BYTES, ComputeSetup, LayerTime, head_time, layer_time
 from meshplan.core.flops import Gemm
 from meshplan.core.num import Num, maximum, minimum, where
-from meshplan.core.pytorch.overheads import fsdp2_copy_bytes
+from meshplan.core.pytorch.overheads import fsdp2_copy_bytes, tp_chunk_cat_bytes
 from meshplan.core.pytorch.shards import gather_bytes
 from meshplan.core.stages import StageRow, stage_row
 from meshplan.spec.cluster import Cluster
@@ -101,6 +102,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         ring_cp=where(lay.cp_kind == ContextParallel.ALL_GATHER, 1, lay.cp),
         finetune=work.finetune,
         shard_copy_bytes=_shard_copy_bytes(lay, work),
+        tp_copy_bytes=_tp_copy_bytes(model, lay, work),
     )
     dense = layer_time(model, moe_layer=False, **common)
     head_f, head_b = head_time(
@@ -142,6 +144,24 @@ def _shard_copy_bytes(lay: LayoutLike, work: Workload) -> tuple[Num, Num]:
         grad_bytes=prec.grad_bytes,
     )
     on = fsdp_shards(lay)
+    return where(on, fwd, 0.0), where(on, bwd, 0.0)
+
+
+def _tp_copy_bytes(model: ModelSpec, lay: LayoutLike, work: Workload) -> tuple[Num, Num]:
+    """PyTorch's copies around sequence-parallel collectives (``pytorch.overheads.tp_chunk_cat_bytes``), or none."""
+    if work.framework is not Framework.TORCH:
+        return 0.0, 0.0
+    gathers, scatters = selective_replays(lay, work)
+    fwd, bwd = tp_chunk_cat_bytes(
+        width_bytes=model.hidden * work.precision.activation_bytes,
+        gather_width_bytes=model.hidden * gather_bytes_per_element(work),
+        micro_batch=lay.micro_batch,
+        replayed_gathers=gathers,
+        replayed_scatters=scatters,
+        full=where(lay.recompute == Recompute.FULL, 1.0, 0.0),
+        fused=work.overlap.tp,
+    )
+    on = lay.sp & (lay.tp > 1)
     return where(on, fwd, 0.0), where(on, bwd, 0.0)
 
 
@@ -214,11 +234,12 @@ def _stage_values(
         kept = 0.0 if ft.freeze_embeddings else kinds.frozen_dense.backward_s
         bwd = bwd - n_frozen * (dense.backward_s - kept)
         wgrad = wgrad - n_frozen * dense.weight_grad_s
+    copies = copies + n_dense * dense.tp_copy_fwd_s + n_moe * moe.tp_copy_fwd_s
     return {
         "fwd_compute_s": fwd + copies + where(last, kinds.head_fwd_s, 0.0) + mtp * kinds.mtp_extra_fwd_s,
         "bwd_compute_s": bwd
-        + n_dense * dense.shard_copy_bwd_s
-        + n_moe * moe.shard_copy_bwd_s
+        + n_dense * (dense.shard_copy_bwd_s + dense.tp_copy_bwd_s)
+        + n_moe * (moe.shard_copy_bwd_s + moe.tp_copy_bwd_s)
         + redo
         + where(last, kinds.head_bwd_s, 0.0)
         + mtp * kinds.mtp_extra_bwd_s,

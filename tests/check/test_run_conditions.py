@@ -100,3 +100,25 @@ def test_per_op_checkpointing_with_a_wider_mlp() -> None:
     records = compare(predict("fsdp_sac_op", N, cfg, MOE), run_check(N, ["fsdp_sac_op"], dense=cfg), world_size=N)
     acts = [r for r in records if r["quantity"] == "activations_bytes"]
     assert acts and all(r["ok"] for r in acts), acts
+
+
+@pytest.fixture(scope="module")
+def tp_recs() -> list[Measurement]:
+    return run_check(N, ["tp_sac_op", "sp_sac_op"])
+
+
+@pytest.mark.parametrize("layout", ["tp_sac_op", "sp_sac_op"])
+def test_per_op_checkpointing_under_tp_within_target(tp_recs: list[Measurement], layout: str) -> None:
+    records = compare(predict(layout, N, DENSE, MOE), tp_recs, world_size=N)
+    assert records and all(r["ok"] for r in records), [r for r in records if not r["ok"]]
+
+
+def test_per_op_checkpointing_gathers_the_tp_inputs_again(tp_recs: list[Measurement]) -> None:
+    """Backward under SP: an all-gather for each forward reduce-scatter's gradient (2 per layer, and the
+    embedding's), and again the two all-gathered inputs of wq/wk/wv and w1/w3, which the policy does not save.
+    Without SP: an all-reduce per column-parallel input (wq, wk, wv, w1, w3, and the head's), and again the
+    attention output's all-reduce, whose sum the MLP norm's recomputed input needs (the MLP's is the block's
+    output, not needed)."""
+    assert get(tp_recs, "sp_sac_op", "all_gather_count", "backward") == 2 * L + 1 + 2 * L
+    assert get(tp_recs, "sp_sac_op", "reduce_scatter_count", "backward") == 2 * L + 1
+    assert get(tp_recs, "tp_sac_op", "all_reduce_count", "backward") == 5 * L + 1 + L

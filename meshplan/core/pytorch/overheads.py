@@ -1,9 +1,11 @@
 """What PyTorch-native stacks run beyond the layer's kernels, at HBM speed: torchao's dynamic FP8 casts, FSDP2's
-copies on the compute stream, and which matmuls torchtitan's per-op selective checkpointing recomputes."""
+and the functional collectives' copies on the compute stream, and which matmuls torchtitan's per-op selective
+checkpointing recomputes."""
 
 from __future__ import annotations
 
 from meshplan.core.flops import Gemm
+from meshplan.core.num import Num, where
 from meshplan.spec.model import MlpKind, ModelSpec
 
 DYNAMIC_CAST_BYTES = 4.0
@@ -36,6 +38,41 @@ def fsdp2_copy_bytes(*, gathered: float, act_bytes: float, grad_bytes: float) ->
     _fsdp_collectives.py; the all-gather's own copy-in moves the 1/n shard only, not counted."""
     copy_out = 2 * gathered
     return copy_out, copy_out + act_bytes + grad_bytes
+
+
+def tp_chunk_cat_bytes(
+    *,
+    width_bytes: float,
+    gather_width_bytes: float,
+    micro_batch: Num,
+    replayed_gathers: Num,
+    replayed_scatters: Num,
+    full: Num,
+    fused: bool,
+) -> tuple[Num, Num]:
+    """(forward, backward) bytes per token one layer copies around its sequence-parallel collectives, which
+    PyTorch's functional collectives issue along the sequence dimension of [b, s, h] activations
+    (torch/distributed/_functional_collectives.py): a reduce-scatter first regroups its input by rank
+    (``_chunk_or_narrow_cat``: read and write the whole buffer), and an all-gather's output, grouped by rank,
+    is regrouped by sequence (``_maybe_view_chunk_cat``), a view when b = 1 and a copy otherwise. Forward: two
+    all-gathers and two reduce-scatters; backward: their autograd counterparts (a reduce-scatter for each
+    all-gather and the reverse), the forward gathers and scatters a selective policy runs again
+    (``comm.tp.selective_replays``) and, under full recompute (``full`` = 1), the whole forward's.
+    ``width_bytes``: h x the activation bytes; ``gather_width_bytes``: h x the bytes the forward all-gathers
+    move (1 under torchao's Float8 tensorwise TP, which casts before it gathers).
+
+    ``fused`` (async TP): the all-gathers that feed a matmul and the reduce-scatters of one matmul's output run
+    as fused matmul-collectives, which restride their operands instead of copying
+    (torch/distributed/_symmetric_memory ``restride_A_shard_for_fused_all_gather_matmul``); the backward
+    reduce-scatters of the input gradients, each a sum of several matmuls' (wq, wk, wv; w1, w3), match no
+    fused pattern and keep their copy."""
+    buffer, gathered = 2.0 * width_bytes, 2.0 * gather_width_bytes  # read and write one [b, s, h] buffer
+    if fused:
+        return 0.0, 2.0 * buffer
+    gather = where(micro_batch > 1, 1.0, 0.0)
+    forward = 2.0 * gather * gathered + 2.0 * buffer
+    backward = (2.0 + 2.0 * gather + replayed_scatters) * buffer + replayed_gathers * gather * gathered
+    return forward, backward + full * forward
 
 
 def op_sac_share(model: ModelSpec, g: Gemm, *, moe_layer: bool) -> float:
