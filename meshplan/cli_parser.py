@@ -318,7 +318,8 @@ def _tool_commands(command: Command) -> None:
         "--layouts",
         default=None,
         help="comma-separated, as the report names them: ddp,fsdp,tp,sp,fsdp_tp,pp,ep,cp (default: all that fit; "
-        "pp runs pp_gpipe and pp_1f1b), and fsdp_bf16, fsdp_bf16_reduce_bf16, fsdp_reshard_root, fsdp_no_reshard",
+        "pp runs pp_gpipe and pp_1f1b), and on request fsdp_bf16, fsdp_bf16_reduce_bf16, fsdp_reshard_root, "
+        "fsdp_no_reshard, fsdp_no_sync, fsdp_sac_op, tp_sac_op, sp_sac_op",
     )
     g = p.add_argument_group("tiny model (default 4 layers, hidden 32, 8 heads, 4 KV heads, seq 16, micro-batch 2)")
     g.add_argument(

@@ -233,3 +233,14 @@ def test_export_keeps_an_explicit_tp_of_one_for_a_server(capsys: pytest.CaptureF
     assert "--tensor-parallel-size 1" in one and "--data-parallel-size 8" in one
     assert main([*base, "--json"]) == 0  # unset: one scale-up domain of 8
     assert "--tensor-parallel-size 8" in json.loads(capsys.readouterr().out)["command"]
+
+
+def test_check_help_names_every_harness_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    """`meshplan check --help` lists every layout the harness runs, the on-request ones included."""
+    from meshplan.reports.check import DEFAULT_LAYOUTS, HARNESS_LAYOUTS
+
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    named = {n.strip(",()") for n in text.replace(",", " ").split()}
+    assert (set(HARNESS_LAYOUTS) - {"pp_gpipe", "pp_1f1b"}) | set(DEFAULT_LAYOUTS) <= named
