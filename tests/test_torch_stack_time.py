@@ -249,3 +249,33 @@ def test_float8_tensorwise_tp_gathers_fp8_and_the_policy_gathers_again() -> None
     # backward: the forward reduce-scatters' gradients in bf16 (64), the repeated gathers as the forward's (64)
     assert sp_gathers(tensorwise, "backward") == [(tokens * 4096 * 1, 64), (tokens * 4096 * 2, 64)]
     assert sp_gathers(rowwise, "backward") == [(tokens * 4096 * 2, 64), (tokens * 4096 * 2, 64)]
+
+
+def test_selective_policies_repeat_the_tp_collectives_they_do_not_keep() -> None:
+    """Llama 3.1 8B, 32 layers, one micro-batch: the per-layer policy recomputes every second layer whole, so
+    backward repeats half the forward's 2 all-gathers and 2 reduce-scatters a layer (32 of each); the per-op
+    policy without SP repeats the attention output's all-reduce (32), with SP the two gathered inputs (64)."""
+    from meshplan.spec.conditions import Selective
+
+    def counts(selective: Selective, sp: bool) -> dict[tuple[str, str, str], float]:
+        work = Workload(
+            seq_len=8192, global_batch=1, framework=Framework.TORCH, conditions=Conditions(selective=selective)
+        )
+        layout = Layout(tp=8, sp=sp, recompute=Recompute.SELECTIVE)
+        plan = evaluate(LLAMA_8B, resolve_cluster(gpu="h100-sxm", gpus=8), layout, work)
+        out: dict[tuple[str, str, str], float] = {}
+        for c in plan.collectives:
+            if c.strategy in ("tp", "sp") and float(c.size_bytes) == 8192 * 4096 * 2:  # the b s h buffer
+                key = (c.strategy, str(c.op), c.phase)
+                out[key] = out.get(key, 0.0) + float(c.count_per_step)
+        return out
+
+    core = counts(Selective.CORE_ATTENTION, True)
+    layer = counts(Selective.LAYER, True)
+    op_sp = counts(Selective.OP, True)
+    op_tp, core_tp = counts(Selective.OP, False), counts(Selective.CORE_ATTENTION, False)
+    gather, scatter = ("sp", "all_gather", "backward"), ("sp", "reduce_scatter", "backward")
+    assert layer[gather] - core[gather] == 32 and layer[scatter] - core[scatter] == 32
+    assert op_sp[gather] - core[gather] == 64 and op_sp[scatter] == core[scatter]
+    reduce = ("tp", "all_reduce", "backward")
+    assert op_tp[reduce] - core_tp[reduce] == 32
