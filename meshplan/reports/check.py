@@ -140,7 +140,7 @@ def tiny_configs(
     return dense, moe
 
 
-def _plan(
+def plan_layouts(
     names: tuple[str, ...] | None, world_size: int, dense: Any, moe: Any
 ) -> tuple[list[str], list[dict[str, str]]]:
     """(harness layouts to run, skipped default layouts with the reason)."""
@@ -190,16 +190,26 @@ def check_report(
         hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, seq=seq, micro_batch=micro_batch
     )
     check_limits(world_size, dense)
-    from meshplan.check.compare import all_ok, compare
-    from meshplan.check.predict import predict
     from meshplan.check.runner import run_check
 
-    run, skipped = _plan(names, world_size, dense, moe)
+    run, skipped = plan_layouts(names, world_size, dense, moe)
     measured = run_check(world_size, run, dense=dense, moe=moe)
+    return assemble_report(world_size, run, skipped, measured, dense, moe)
+
+
+def assemble_report(
+    world_size: int, run: list[str], skipped: list[dict[str, str]], measured: Sequence[Any], dense: Any, moe: Any
+) -> dict[str, Any]:
+    """The report of harness layouts ``run`` from their ``measured`` records (``runner.Measurement``; records of
+    other layouts are ignored), each held against meshplan's prediction."""
+    from meshplan.check.compare import all_ok, compare
+    from meshplan.check.predict import predict
+
+    mine = [m for m in measured if m.layout in run]
     results, unmeasured = [], []
     for harness in run:
         prediction = predict(harness, world_size, dense, moe)
-        results += compare(prediction, measured, world_size=world_size)
+        results += compare(prediction, mine, world_size=world_size)
         unmeasured += [
             {"layout": harness, "quantity": q, "rank": 0, "predicted": v} for q, v in prediction.unmeasured.items()
         ]

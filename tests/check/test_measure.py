@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch", reason="meshplan check needs torch (pip install torch==2.13.0)")
 
-from meshplan.check.runner import DENSE, MOE, Measurement, run_check
+from meshplan.check.runner import DENSE, MOE, Measurement
 
 pytestmark = pytest.mark.slow  # torch.distributed processes start in the fixtures
 
@@ -32,8 +32,8 @@ LAYER_PARAMS = sum(r * c for r, c in LAYER_SHAPES)
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict[int, list[Measurement]]:
-    return {n: run_check(n) for n in (2, 4)}
+def runs(harness_runs: dict[int, list[Measurement]]) -> dict[int, list[Measurement]]:
+    return harness_runs
 
 
 def get(

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("torch", reason="meshplan check needs the torch extra (pip install 'meshplan[torch]')")
 
 from meshplan.check.render import render_check
-from meshplan.reports.check import check_report
+from meshplan.reports.check import assemble_report, check_report, parse_layouts, plan_layouts
 
 pytestmark = pytest.mark.slow  # torch.distributed processes start in the fixtures
 
@@ -23,8 +23,15 @@ HARNESS = {"pp": ("pp_gpipe", "pp_1f1b")}  # every other layout runs under the n
 
 
 @pytest.fixture(scope="module")
-def reports() -> dict[int, dict[str, Any]]:
-    return {n: check_report(world_size=n, layouts=",".join(LAYOUTS[n])) for n in (2, 4)}
+def reports(harness_runs: dict[int, list[Any]]) -> dict[int, dict[str, Any]]:
+    """The report check_report gives for LAYOUTS, assembled from the session's runs (conftest.harness_runs)."""
+    from meshplan.check.runner import DENSE, MOE
+
+    out = {}
+    for n in (2, 4):
+        run, skipped = plan_layouts(parse_layouts(",".join(LAYOUTS[n])), n, DENSE, MOE)
+        out[n] = assemble_report(n, run, skipped, harness_runs[n], DENSE, MOE)
+    return out
 
 
 @pytest.mark.parametrize("n", [2, 4])
