@@ -191,7 +191,7 @@ def _op_checkpoint_per_token(model: ModelSpec, lay: LayoutLike, workload: Worklo
     """
     beta, tp = workload.precision.activation_bytes, lay.tp
     ffn = model.ffn_hidden
-    down_out = model.hidden * where(tp > 1, 1.0, 1.0 / tp)
+    down_out = model.hidden  # w2's output, unreduced under TP
     if moe_layer and model.moe is not None:
         ffn = model.moe.expert_ffn_hidden * model.moe.experts_per_token
         down_out = model.hidden / tp
