@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from meshplan.core import finetune
 from meshplan.core.activations import vocab_parallel_loss
+from meshplan.core.comm.patterns import PATTERNS
 from meshplan.core.comm.tp import gather_bytes_per_element, selective_replays
 from meshplan.core.compute import LOSS_BYTES, MEGATRON_CE_BYTES, ComputeSetup, LayerTime, head_time, layer_time
 from meshplan.core.flops import Gemm
@@ -149,7 +150,7 @@ def _shard_copy_bytes(lay: LayoutLike, work: Workload) -> tuple[Num, Num]:
 
 def _tp_copy_bytes(model: ModelSpec, lay: LayoutLike, work: Workload) -> tuple[Num, Num]:
     """PyTorch's copies around sequence-parallel collectives (``pytorch.overheads.tp_chunk_cat_bytes``), or none."""
-    if work.framework is not Framework.TORCH:
+    if not PATTERNS[work.framework].torch_native:
         return 0.0, 0.0
     gathers, scatters = selective_replays(lay, work)
     fwd, bwd = tp_chunk_cat_bytes(

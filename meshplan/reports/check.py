@@ -200,16 +200,15 @@ def check_report(
 def assemble_report(
     world_size: int, run: list[str], skipped: list[dict[str, str]], measured: Sequence[Any], dense: Any, moe: Any
 ) -> dict[str, Any]:
-    """The report of harness layouts ``run`` from their ``measured`` records (``runner.Measurement``; records of
-    other layouts are ignored), each held against meshplan's prediction."""
+    """The report of harness layouts ``run`` from their ``measured`` records (``runner.Measurement``; ``compare``
+    takes each layout's own), each held against meshplan's prediction."""
     from meshplan.check.compare import all_ok, compare
     from meshplan.check.predict import predict
 
-    mine = [m for m in measured if m.layout in run]
     results, unmeasured = [], []
     for harness in run:
         prediction = predict(harness, world_size, dense, moe)
-        results += compare(prediction, mine, world_size=world_size)
+        results += compare(prediction, measured, world_size=world_size)
         unmeasured += [
             {"layout": harness, "quantity": q, "rank": 0, "predicted": v} for q, v in prediction.unmeasured.items()
         ]
