@@ -114,7 +114,10 @@ def wire_time(
     """Seconds on the wire of an all-reduce, all-gather or reduce-scatter over inner x outer ranks.
 
     The phase inside the domain moves the whole buffer; the phase across domains moves its 1/inner share, each
-    GPU on its own NIC (all-reduce: reduce-scatter inside, all-reduce across, all-gather inside).
+    GPU on its own NIC (all-reduce: reduce-scatter inside, all-reduce across, all-gather inside). The phases add
+    up: an effective price of collectives in training. NCCL's own ring pipelines them, and nccl-tests see the
+    slower of the two (NVIDIA/nccl issue #812), but priced so the published training runs come out too fast
+    (docs/validation.md, "NCCL's ring, pipelined across nodes").
     """
     inside = 2 if op is Collective.ALL_REDUCE else 1
     across_op = Collective.ALL_REDUCE if op is Collective.ALL_REDUCE else op
