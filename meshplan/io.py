@@ -286,6 +286,29 @@ def held_out_band() -> dict[str, float]:
     return {k: float(v) for k, v in tomllib.loads(text).items()}
 
 
+@cache
+def run_sources() -> dict[str, dict[str, Any]]:
+    """catalog/runs: every published source of training throughput by name, as its TOML file reads."""
+    folder = resources.files("meshplan") / "catalog" / "runs"
+    out = {}
+    for entry in folder.iterdir():
+        if entry.name.endswith(".toml"):
+            out[entry.name.removesuffix(".toml")] = tomllib.loads(entry.read_text(encoding="utf-8"))
+    return dict(sorted(out.items()))
+
+
+@cache
+def published_runs_by_gpu() -> dict[str, int]:
+    """The published training runs of catalog/runs (those ``meshplan validate`` predicts, and whose held-out
+    errors make the step-time band) on each GPU kind."""
+    counts: dict[str, int] = {}
+    for data in run_sources().values():
+        for case in data["case"]:
+            gpu = str(case.get("gpu", data.get("defaults", {}).get("gpu")))
+            counts[gpu] = counts.get(gpu, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def load_gpu(name_or_path: str) -> GPU:
     """A catalog GPU by name, or a GPU TOML file."""
     table, where, stem = _load_table("gpus", name_or_path)

@@ -12,10 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import statistics
-import tomllib
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from typing import Any
 
 from meshplan import calibration, io
@@ -57,15 +54,9 @@ class RunResult:
         return self.predicted / self.measured - 1
 
 
-@cache
 def sources() -> dict[str, dict[str, Any]]:
-    """Every catalog/runs file by name."""
-    folder = resources.files("meshplan") / "catalog" / "runs"
-    out = {}
-    for entry in folder.iterdir():
-        if entry.name.endswith(".toml"):
-            out[entry.name[: -len(".toml")]] = tomllib.loads(entry.read_text(encoding="utf-8"))
-    return dict(sorted(out.items()))
+    """Every catalog/runs file by name (``io.run_sources``)."""
+    return io.run_sources()
 
 
 def _model(case: dict[str, Any]) -> ModelSpec:

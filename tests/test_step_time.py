@@ -346,3 +346,51 @@ def test_an_expert_parallel_estimate_takes_the_ep_runs_band_and_warns(capsys: py
         name = {"ep": "expert parallelism", "cp": "context parallelism"}[key]
         assert [w for w in out["warnings"] if w.startswith(name)]
         assert f"with {name}" in out["uncertainty"]
+
+
+def test_the_published_runs_per_gpu_kind_are_the_run_files_cases_and_the_bands_runs() -> None:
+    """io.published_runs_by_gpu counts each case of catalog/runs on its GPU kind (the case's own, else its file's
+    default), re-read here from the files, and the counts add up to the runs the held-out band was taken over."""
+    import tomllib
+    from importlib import resources
+
+    expected: dict[str, int] = {}
+    for entry in (resources.files("meshplan") / "catalog" / "runs").iterdir():
+        if not entry.name.endswith(".toml"):
+            continue
+        data = tomllib.loads(entry.read_text(encoding="utf-8"))
+        for case in data["case"]:
+            gpu = case["gpu"] if "gpu" in case else data["defaults"]["gpu"]
+            expected[gpu] = expected.get(gpu, 0) + 1
+    assert io.published_runs_by_gpu() == expected
+    assert sum(expected.values()) == int(io.held_out_band()["runs"])
+    assert "mi300x" not in expected and "h100-sxm" in expected
+
+
+def test_a_gpu_kind_no_published_run_ran_on_is_named_in_the_band_and_the_warnings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """On a GPU kind none of the published runs ran on (MI300X), the estimate warns that its band is other kinds'
+    errors and its band says so, and the plan's band too; on H100, whose runs make the band, neither; with a
+    cluster profile (the user's own scales) there is no warning."""
+    import json
+
+    from meshplan.cli import main
+
+    args = ["llama-3.1-8b", "--gpus", "8", "--seq", "8192", "--global-batch", "8", "--dp-shard", "8", "--zero", "3"]
+    args.append("--json")
+    for gpu, alien in (("mi300x", True), ("h100-sxm", False)):
+        assert main(["estimate", *args, "--gpu", gpu]) == 0
+        out = json.loads(capsys.readouterr().out)
+        said = [w for w in out["warnings"] if w.startswith(f"{gpu}: none of the")]
+        assert bool(said) == alien
+        assert (f"none of them ran on {gpu}" in out["uncertainty"]) == alien
+        if alien:
+            assert f"none of the {int(io.held_out_band()['runs'])} published training runs" in said[0]
+            assert all(kind in said[0] for kind in io.published_runs_by_gpu())
+    assert main(["estimate", *args, "--gpu", "mi300x", "--profile", "compute_scale=0.8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert not [w for w in out["warnings"] if w.startswith("mi300x: none of the")]
+    plan = ["plan", "llama-3.1-8b", "--gpu", "mi300x", "--gpus", "8", "--seq", "8192"]
+    assert main([*plan, "--global-batch-tokens", "1M", "--top", "1", "--json"]) == 0
+    assert "none of them ran on mi300x" in json.loads(capsys.readouterr().out)["uncertainty"]

@@ -192,8 +192,8 @@ def estimate_report(
     )
     plan = evaluate(spec, cluster, lay, work, order=resolve_order(axis_order))
     out = evaluated_plan_dict(plan, tokens=tokens) | shown
-    out["warnings"] = [*out["warnings"], *band_warning(lay.cp, lay.ep)]
-    return out | uncertainty(float(plan.step.step_time_s), profile, cp=lay.cp, ep=lay.ep)
+    out["warnings"] = [*out["warnings"], *band_warning(lay.cp, lay.ep), *gpu_warning(cluster.gpu.name, profile)]
+    return out | uncertainty(float(plan.step.step_time_s), profile, cp=lay.cp, ep=lay.ep, gpu=cluster.gpu.name)
 
 
 BAND_CLASSES = {"cp": "context parallelism", "ep": "expert parallelism"}
@@ -207,11 +207,13 @@ def band_class(*, cp: int, ep: int) -> str | None:
     return next((axis for axis in BAND_CLASSES if int(degrees[axis]) > 1), None)
 
 
-def uncertainty(step_time_s: float, profile: str | None, *, cp: int = 1, ep: int = 1) -> dict[str, Any]:
+def uncertainty(
+    step_time_s: float, profile: str | None, *, cp: int = 1, ep: int = 1, gpu: str | None = None
+) -> dict[str, Any]:
     """The step time's P10-P90 band: a fitted profile's own (its runs each predicted with the profile fitted on
     the others), else the held-out errors of the published runs (catalog/held_out.toml), where a layout with
     context parallelism (``cp`` > 1), else expert parallelism (``ep`` > 1), takes the band of the published runs
-    of its kind."""
+    of its kind; on a ``gpu`` kind none of them ran on, the band says so."""
     own = fitted_band(profile)
     if own is not None:
         return {
@@ -233,8 +235,23 @@ def uncertainty(step_time_s: float, profile: str | None, *, cp: int = 1, ep: int
         "step_time_s_p90": hi,
         "uncertainty": f"P10-P90 of measured over predicted step time on {which}, each "
         "predicted with constants fitted without its source"
-        + ("; the profile has no band of its own (meshplan calibrate writes one in its file)" if profile else ""),
+        + ("; the profile has no band of its own (meshplan calibrate writes one in its file)" if profile else "")
+        + (f"; none of them ran on {gpu}" if gpu is not None and gpu not in io.published_runs_by_gpu() else ""),
     }
+
+
+def gpu_warning(gpu: str, profile: str | None = None) -> list[str]:
+    """What the published runs say of a GPU kind none of them ran on (nothing when a cluster profile is given:
+    its scales are the user's own cluster's)."""
+    ran_on = io.published_runs_by_gpu()
+    if gpu in ran_on or profile:
+        return []
+    return [
+        f"{gpu}: none of the {sum(ran_on.values())} published training runs meshplan is checked against ran on "
+        f"this GPU kind (they ran on {', '.join(ran_on)}): its constants come from its datasheet and kernel "
+        "benchmarks (its catalog file's sources), and the step-time band is the errors of those kinds, not its "
+        "own; `meshplan calibrate` fits a profile from runs measured on it"
+    ]
 
 
 def band_warning(cp: int, ep: int = 1) -> list[str]:

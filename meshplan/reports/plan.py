@@ -50,7 +50,7 @@ def _candidate(
     per_gpu["total_bytes"] = sum(per_gpu[name] for name in TERMS)
     breakdown = {name: float(np.asarray(getattr(step, name))[i]) for name in STEP_TERMS}
     step_time_s = float(np.asarray(step.step_time_s)[i])
-    band = uncertainty(step_time_s, profile, cp=int(lay.cp), ep=int(lay.ep))
+    band = uncertainty(step_time_s, profile, cp=int(lay.cp), ep=int(lay.ep), gpu=cluster.gpu.name)
     return {
         "layout": layout_dict(lay),
         "step_time_s": step_time_s,
@@ -244,7 +244,9 @@ def plan_report(
         **_search_fields(result, plans),
         # the band's source as it applies to plan 1 (a layout with context or expert parallelism takes the band
         # of the published runs of its kind)
-        "uncertainty": uncertainty(1.0, fleet_args.get("profile"), **_first_axes(plans))["uncertainty"],
+        "uncertainty": uncertainty(1.0, fleet_args.get("profile"), **_first_axes(plans), gpu=cluster.gpu.name)[
+            "uncertainty"
+        ],
         **({"fewest_gpus": fewest} if fewest else {}),
     }
     if not plans:

@@ -112,7 +112,9 @@ def recipe_report(name: str, *, rank: bool = True) -> dict[str, Any]:
     """``meshplan recipe NAME``: the published layout evaluated, and where the planner ranks it."""
     r = _recipe(name)
     plan = evaluate_recipe(name)
-    band = uncertainty(float(plan.step.step_time_s), None, cp=int(plan.layout.cp), ep=int(plan.layout.ep))
+    band = uncertainty(
+        float(plan.step.step_time_s), None, cp=int(plan.layout.cp), ep=int(plan.layout.ep), gpu=plan.cluster.gpu.name
+    )
     out = evaluated_plan_dict(plan) | band
     out.update({"recipe": name, "title": r["title"], "source": r["source"], "why": r["why"], "factors": factors(name)})
     if rank:
