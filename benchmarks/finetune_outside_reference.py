@@ -9,9 +9,9 @@ global batch 32, micro-batch 1, on 8 or 16 H100s. The run conditions come from t
 batch and sequence match the table's, on launcher_scripts/conf/peft/llama/sft.yaml):
 - every row: Transformer Engine FP8 with FP8 parameters (fp8_params: the weights are kept in FP8 and the
   distributed optimizer all-gathers them in FP8: `--fp8-all-gather on`);
-- SFT: Apex's distributed Adam with its state in bf16 (optim.dtype bf16: two 2-byte moments, `--optimizer-bytes 4`;
-  its bf16 copy of the parameters is billed as the fp32 master meshplan assumes, 2 bytes a parameter over),
-  bf16 gradient reduction, and virtual pipeline stages where PP > 1 (13B: 10, 70B: 20) with the P2P overlapped;
+- SFT: Apex's distributed Adam with its state in bf16 (optim.dtype bf16: bf16 moments and, with FP8 parameters,
+  a bf16 copy of the parameters to update: `--moment-dtype bf16 --master-dtype bf16`), bf16 gradient reduction,
+  and virtual pipeline stages where PP > 1 (13B: 10, 70B: 20) with the P2P overlapped;
 - LoRA: plain fused Adam on the adapters, NeMo 1.x's default adapters (rank 32 on the fused QKV projection);
 and the overlaps of the release's pre-training rows (catalog/runs/nemo2407_h100.toml). The packing keeps each
 token's attention inside its own SQuAD sample: typed once without it (full causal attention over the 4,096
@@ -31,7 +31,7 @@ COMMON = [
     "--global-batch", "32", "--micro-batch", "1", "--zero", "1", "--fp8-all-gather", "on",
 ]  # fmt: skip
 LORA = ["--finetune", "lora", "--lora-rank", "32", "--lora-targets", "q,k,v"]
-SFT = ["--optimizer-bytes", "4"]
+SFT = ["--moment-dtype", "bf16", "--master-dtype", "bf16"]
 PACKED = ["--doc-tokens", "200"]
 ROWS = (  # model, task, GPUs, TP, PP, virtual stages, published tokens/s per GPU
     ("llama-2-7b", "SFT", 8, 1, 1, 1, 16891),

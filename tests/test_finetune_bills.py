@@ -300,9 +300,10 @@ def test_an_adapters_passes_move_what_they_read_and_write() -> None:
 
 def test_nemo_2407_70b_sft_fits_as_its_launcher_ran_it(capsys: pytest.CaptureFixture[str]) -> None:
     """NeMo 24.07 fine-tuned Llama 2 70B on 16 H100s at TP 4 PP 4 with no data parallelism (its performance
-    summary), so nothing shards the optimizer: it fits 80 GB only with the launcher's bf16 Adam state
-    (NeMo-Framework-Launcher 24.07, conf/peft/llama/sft.yaml optim.dtype bf16; examples/peft/llama/h100/70b_2node.sh:
-    20 virtual stages). Stage 0 holds 20 layers and the embedding, a quarter of each matmul weight a GPU."""
+    summary), so nothing shards the optimizer: it fits 80 GB only with the launcher's bf16 Adam state, moments and
+    master copy (NeMo-Framework-Launcher 24.07, conf/peft/llama/sft.yaml optim.dtype bf16;
+    examples/peft/llama/h100/70b_2node.sh: 20 virtual stages, FP8 parameters). Stage 0 holds 20 layers and the
+    embedding, a quarter of each matmul weight a GPU."""
     argv = ["memory", "llama-2-70b", "--json", "--gpu", "h100-sxm", "--gpus", "16", "--tp", "4", "--pp", "4"]
     argv += ["--vpp", "20", "--sp", "--stack", "nemo", "--precision", "fp8", "--seq", "4096", "--global-batch", "32"]
     argv += ["--micro-batch", "1", "--zero", "1", "--fp8-all-gather", "on"]
@@ -310,12 +311,14 @@ def test_nemo_2407_70b_sft_fits_as_its_launcher_ran_it(capsys: pytest.CaptureFix
     matmuls = 2 * h * h + 2 * h * kv + 3 * h * ffn
     params = 20 * (matmuls // 4 + 2 * h) + vocab * h // 4  # norms whole on every TP rank
     bills = {}
-    for state in (None, 4):
-        assert main([*argv, *([] if state is None else ["--optimizer-bytes", str(state)])]) == 0
-        bills[state] = json.loads(capsys.readouterr().out)
-    launcher, fp32_adam = bills[4], bills[None]
+    for dtype in ("fp32", "bf16"):
+        assert main([*argv, "--moment-dtype", dtype, "--master-dtype", dtype]) == 0
+        bills[dtype] = json.loads(capsys.readouterr().out)
+    launcher, fp32_adam = bills["bf16"], bills["fp32"]
     assert launcher["per_gpu"]["weights_bytes"] == 2 * params
+    assert launcher["per_gpu"]["master_weights_bytes"] == 2 * params
     assert launcher["per_gpu"]["optimizer_moments_bytes"] == 4 * params
+    assert fp32_adam["per_gpu"]["master_weights_bytes"] == 4 * params
     assert fp32_adam["per_gpu"]["optimizer_moments_bytes"] == 8 * params
     assert launcher["fits"] and launcher["per_gpu"]["total_bytes"] < 80e9
     assert not fp32_adam["fits"]

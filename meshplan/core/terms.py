@@ -50,9 +50,10 @@ TRAINING_TERMS: tuple[Term, ...] = (
     Term(
         name="master_weights_bytes",
         title="Master weights",
-        what="The fp32 copy of the parameters the optimizer updates under mixed precision (of the adapters under "
-        "LoRA; none under QLoRA, whose bf16 adapters are updated in place).",
-        formula="P_trained * 4, divided by D from ZeRO-1",
+        what="The higher-precision copy of the parameters the optimizer updates under mixed precision, fp32 "
+        "unless --master-dtype says otherwise (of the adapters under LoRA; none under QLoRA, whose bf16 adapters "
+        "are updated in place).",
+        formula="P_trained * bytes(master), divided by D from ZeRO-1",
         source="ZeRO Sec. 3.1 (part of K = 12); Micikevicius et al. 2018, mixed precision training",
     ),
     Term(

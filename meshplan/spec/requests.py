@@ -654,8 +654,9 @@ FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_C,
-        choices=("fp32", "none"),
-        help="optimizer's master copy of the weights; none: the weights are updated in place",
+        choices=("fp32", "bf16", "none"),
+        help="optimizer's master copy of the weights; bf16: a 16-bit copy (Apex's distributed Adam with its state "
+        "in bf16, NeMo 1.x's optim.dtype bf16); none: the weights are updated in place",
     ),
     Field(
         name="moment_dtype",
