@@ -286,15 +286,19 @@ def held_out_band() -> dict[str, float]:
     return {k: float(v) for k, v in tomllib.loads(text).items()}
 
 
-@cache
-def run_sources() -> dict[str, dict[str, Any]]:
-    """catalog/runs: every published source of training throughput by name, as its TOML file reads."""
-    folder = resources.files("meshplan") / "catalog" / "runs"
+def catalog_tables(folder: str) -> dict[str, dict[str, Any]]:
+    """Every TOML file of catalog/<folder> by name (the file's stem), as it reads, in name order."""
     out = {}
-    for entry in folder.iterdir():
+    for entry in (resources.files("meshplan") / "catalog" / folder).iterdir():
         if entry.name.endswith(".toml"):
             out[entry.name.removesuffix(".toml")] = tomllib.loads(entry.read_text(encoding="utf-8"))
     return dict(sorted(out.items()))
+
+
+@cache
+def run_sources() -> dict[str, dict[str, Any]]:
+    """catalog/runs: every published source of training throughput by name, as its TOML file reads."""
+    return catalog_tables("runs")
 
 
 @cache

@@ -196,3 +196,15 @@ def test_run_and_recipe_files_hold_only_schema_keys() -> None:
         assert not extra, name
     with pytest.raises(ValueError, match="unknown run key 'overlap'"):
         case_values({"id": "x", "overlap": {"dp": False}})
+
+
+def test_a_recipe_with_a_key_outside_the_schema_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from meshplan.reports import recipes as module
+
+    monkeypatch.setattr(module.io, "catalog_tables", lambda folder: {"x": {"title": "x", "overlap_dp": "on", "tp": 2}})
+    module.recipes.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"unknown key 'tp' in recipe x\.toml"):
+            module.recipes()
+    finally:
+        module.recipes.cache_clear()

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from functools import cache
-from importlib import resources
 from typing import Any
 
 import numpy as np
@@ -48,16 +46,12 @@ axis and the other conditions among them)."""
 @cache
 def recipes() -> dict[str, dict[str, Any]]:
     """Every recipe of catalog/recipes by name."""
-    folder = resources.files("meshplan") / "catalog" / "recipes"
-    out = {}
-    for entry in folder.iterdir():
-        if entry.name.endswith(".toml"):
-            data = tomllib.loads(entry.read_text(encoding="utf-8"))
-            unknown = sorted(set(data) - FIELDS)
-            if unknown:
-                raise ValueError(f"unknown key {unknown[0]!r} in recipe {entry.name}")
-            out[entry.name[: -len(".toml")]] = data
-    return dict(sorted(out.items()))
+    table = io.catalog_tables("recipes")
+    for name, data in table.items():
+        unknown = sorted(set(data) - FIELDS)
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r} in recipe {name}.toml")
+    return table
 
 
 def _recipe(name: str) -> dict[str, Any]:
