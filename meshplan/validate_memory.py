@@ -197,6 +197,8 @@ PUBLISHED_LAYOUTS: tuple[dict[str, Any], ...] = (
         "precision": "deepseek-fp8",
         "stack": "megatron-core",
         "overlap_ep": "on",
+        "selective": "modules",
+        "recompute_modules": "layernorm,mla_up_proj,moe_act",
     },
 )
 
