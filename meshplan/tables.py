@@ -346,11 +346,18 @@ def _recipe(r: dict[str, Any]) -> str:
     out = [f"{r['title']} ({r['source']})", r["why"], "", _estimate(r)]
     if "search" in r:
         s = r["search"]
+        rank, kept = f"{s['rank_of_published']:,}", f"{s['feasible']:,}"
+        if not r["fits"]:
+            where = f"is billed over HBM; by step time it would rank {rank} among the {kept} layouts that fit"
+        elif not s["published_fits_with_headroom"]:
+            where = f"leaves less than the planner's headroom; by step time it would rank {rank} among the {kept} that"
+            where += " leave it"
+        else:
+            where = f"ranks {rank} of {kept} that fit"
         out += [
             "",
-            f"planner: the published layout ranks {s['rank_of_published']:,} of {s['feasible']:,} that fit; "
-            f"best found {seconds(s['best_step_time_s'])} per step vs {seconds(s['published_step_time_s'])}: "
-            f"{_layout_short(s['best_layout'])}",
+            f"planner: the published layout {where}; best found {seconds(s['best_step_time_s'])} per step vs "
+            f"{seconds(s['published_step_time_s'])}: {_layout_short(s['best_layout'])}",
         ]
     return "\n".join(out)
 

@@ -10,6 +10,7 @@ from meshplan.reports.inputs import FinetuneRequest, LayoutRequest
 from meshplan.reports.plan import plan_report
 from meshplan.reports.plan_explain import parse_compare
 from meshplan.reports.recipes import factors, list_report, recipe_report, recipes
+from meshplan.tables import render_table
 
 
 def test_plan_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
@@ -153,6 +154,10 @@ def test_published_recipes_are_valid_and_ranked(name: str) -> None:
     if name.startswith("llama3"):
         # near the top: within 3% of the best the planner finds
         assert s["published_step_time_s"] <= 1.03 * s["best_step_time_s"]
+    # the table never says a layout billed over HBM (or short of the headroom) ranks among those that fit
+    (line,) = [x for x in render_table("recipe", r).splitlines() if x.startswith("planner:")]
+    said = {"over": "is billed over HBM" in line, "short": "less than the planner's headroom" in line}
+    assert said == {"over": not r["fits"], "short": r["fits"] and not s["published_fits_with_headroom"]}, line
 
 
 def test_memory_verdict_of_recipes() -> None:
@@ -161,6 +166,7 @@ def test_memory_verdict_of_recipes() -> None:
     fits = {name: recipe_report(name, rank=False)["fits"] for name in recipes()}
     assert fits["megatron-gpt3-175b"] and fits["megatron-1t"]
     assert not fits["llama3-405b-8k"]
+    assert fits["deepseek-v3"]  # with the recompute its report states (Sec. 3.2.3, 3.3.2)
 
 
 def test_pins_keep_only_the_layouts_asked_for() -> None:

@@ -20,7 +20,7 @@ from meshplan.reports.inputs import (
     resolve_order,
     resolve_workload,
 )
-from meshplan.search.rank import search
+from meshplan.search.rank import HEADROOM, search
 from meshplan.spec import requests
 
 FIELDS = {
@@ -122,6 +122,8 @@ def recipe_report(name: str, *, rank: bool = True) -> dict[str, Any]:
             "best_step_time_s": float(times[0]) if found.feasible else None,
             "best_layout": layout_dict(found.candidates.layout(0)) if found.feasible else None,
             "published_step_time_s": published,
-            "published_fits_with_headroom": bool(plan.memory.per_gpu.total_bytes <= 0.9 * plan.cluster.gpu.hbm_bytes),
+            "published_fits_with_headroom": bool(
+                plan.memory.per_gpu.total_bytes <= (1 - HEADROOM) * plan.cluster.gpu.hbm_bytes
+            ),
         }
     return out

@@ -129,13 +129,17 @@ def _reject(mask: npt.NDArray[np.bool_], alive: npt.NDArray[np.bool_], reason: s
         alive &= mask
 
 
+HEADROOM = 0.10
+"""The share of HBM a layout the planner keeps leaves free, unless told otherwise (``--headroom``)."""
+
+
 def search(
     model: ModelSpec,
     cluster: Cluster,
     workload: Workload,
     *,
     space: SearchSpace | None = None,
-    headroom: float = 0.10,
+    headroom: float = HEADROOM,
     allow_cross_node_tp: bool = False,
     order: tuple[str, ...] = DEFAULT_ORDER,
     objective: Objective = Objective.STEP_TIME,
