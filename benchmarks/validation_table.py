@@ -1,10 +1,12 @@
 """The validation tables of docs/validation.md, as Markdown, from `meshplan validate`.
 
 python benchmarks/validation_table.py > /tmp/validation.md
-python benchmarks/validation_table.py --write-band   # also refresh meshplan/catalog/held_out.toml
+python benchmarks/validation_table.py --write-band   # also refresh meshplan/catalog/held_out.toml and
+                                                     # meshplan/catalog/serving/held_out.toml
 
 The band is the P10-P90 of measured over predicted step time over every run held out of the fit (leave one
-source out); `meshplan estimate` prints it beside every step time.
+source out); `meshplan estimate` prints it beside every step time. The serving band is the same over the
+published serving measurements, per metric class (`meshplan validate --serving`); `meshplan serve` prints it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import sys
 from pathlib import Path
 
 from meshplan.validate import held_out_band, validate
+from meshplan.validate_serving import validate_serving
+
+SERVING_BAND_CLASSES = ("decode", "prefill", "throughput_dense", "throughput_moe")
 
 UNITS = {
     "iteration_time_s": ("iteration time", "s", 1.0),
@@ -59,6 +64,20 @@ def main() -> None:
             + _class_band(band, "ep"),
             encoding="utf-8",
         )
+        write_serving_band()
+
+
+def write_serving_band() -> None:
+    """meshplan/catalog/serving/held_out.toml from `meshplan validate --serving`'s held-out rows."""
+    band = validate_serving()["band"]
+    path = Path(__file__).parent.parent / "meshplan" / "catalog" / "serving" / "held_out.toml"
+    path.write_text(
+        "# Written by benchmarks/validation_table.py --write-band: measured over predicted time (a latency's ratio,\n"
+        "# a rate's inverse), P10, median and P90 per metric class over the published serving measurements\n"
+        "# (meshplan validate --serving), each predicted with the correction fitted without its source.\n"
+        + "".join(_class_band(band, cls) for cls in SERVING_BAND_CLASSES),
+        encoding="utf-8",
+    )
 
 
 def _class_band(band: dict, axis: str) -> str:

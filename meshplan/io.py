@@ -286,6 +286,14 @@ def held_out_band() -> dict[str, float]:
     return {k: float(v) for k, v in tomllib.loads(text).items()}
 
 
+@cache
+def serving_held_out_band() -> dict[str, float]:
+    """catalog/serving/held_out.toml: per metric class of the published serving measurements, the P10, median
+    and P90 of measured over predicted time, each held out of the correction (``meshplan serve``'s band)."""
+    text = (resources.files("meshplan") / "catalog" / "serving" / "held_out.toml").read_text(encoding="utf-8")
+    return {k: float(v) for k, v in tomllib.loads(text).items()}
+
+
 def catalog_tables(folder: str) -> dict[str, dict[str, Any]]:
     """Every TOML file of catalog/<folder> by name (the file's stem), as it reads, in name order."""
     out = {}

@@ -44,28 +44,38 @@ def serve_table(r: dict[str, Any]) -> str:
         f"{' dp-attention' if lay['dp_attention'] else ''} x {lay['replicas']} replicas; weights {r['weights_dtype']}"
         f" ({r['quant']}), KV {r['kv_dtype']}; {r['input_len']} in / {r['output_len']} out"
     )
+    rate_band = f"{r['tokens_per_s_per_gpu_p10']:,.0f} - {r['tokens_per_s_per_gpu_p90']:,.0f}"
     rows = [
-        ("TTFT p50 / p99", f"{_opt_s(r['ttft_s_p50'])} / {_opt_s(r['ttft_s_p99'])}"),
-        ("TTFT unloaded", seconds(r["ttft_s_unloaded"])),
-        ("TPOT = ITL", seconds(r["tpot_s"])),
-        ("tokens/s per GPU", f"{r['tokens_per_s_per_gpu']:,.0f}" + _max_per_gpu(r)),
-        ("tokens/s per user", f"{r['tokens_per_s_per_user']:,.1f}"),
-        ("requests/s (all replicas)", f"{r['requests_per_s_total']:,.2f}"),
-        ("batch per replica", f"{r['batch_per_replica']:,.1f} of {r['batch_cap_per_replica']:,} ({r['batch_limit']})"),
-        ("knee (90% of max)", f"{r.get('knee_batch_per_replica', 0):,} sequences"),
+        ("TTFT p50 / p99", f"{_opt_s(r['ttft_s_p50'])} / {_opt_s(r['ttft_s_p99'])}", ""),
+        ("TTFT unloaded", seconds(r["ttft_s_unloaded"]), _band(r, "ttft_s_unloaded")),
+        ("TPOT = ITL", seconds(r["tpot_s"]), _band(r, "tpot_s")),
+        ("tokens/s per GPU", f"{r['tokens_per_s_per_gpu']:,.0f}" + _max_per_gpu(r), rate_band),
+        ("tokens/s per user", f"{r['tokens_per_s_per_user']:,.1f}", ""),
+        ("requests/s (all replicas)", f"{r['requests_per_s_total']:,.2f}", ""),
+        (
+            "batch per replica",
+            f"{r['batch_per_replica']:,.1f} of {r['batch_cap_per_replica']:,} ({r['batch_limit']})",
+            "",
+        ),
+        ("knee (90% of max)", f"{r.get('knee_batch_per_replica', 0):,} sequences", ""),
     ]
     if "disaggregated" in r:
         d = r["disaggregated"]
         rows.pop()  # no knee: the decode pool's batch is set by the prefill pool's output
         rows += [
-            ("pools: prefill / decode GPUs", f"{d['prefill_gpus']} / {d['decode_gpus']}"),
-            ("prefill alone / KV hand-over", f"{seconds(d['prefill_s'])} / {seconds(d['kv_transfer_s'])}"),
+            ("pools: prefill / decode GPUs", f"{d['prefill_gpus']} / {d['decode_gpus']}", ""),
+            ("prefill alone / KV hand-over", f"{seconds(d['prefill_s'])} / {seconds(d['kv_transfer_s'])}", ""),
             ("max requests/s: prefill / decode", f"{d['prefill_requests_per_s_max']:,.2f} / "
-             f"{d['decode_requests_per_s_max']:,.2f} (bottleneck: {d['bottleneck']})"),
+             f"{d['decode_requests_per_s_max']:,.2f} (bottleneck: {d['bottleneck']})", ""),
         ]  # fmt: skip
     steps = [(k.removesuffix("_s").replace("_", " "), seconds(v)) for k, v in r["step_s"].items()]
-    blocks = [head, "", table(rows, ["", "value"]), "", "one step", table(steps, ["term", "time"])]
+    main = table(rows, ["", "value", "P10 - P90"])
+    blocks = [head, "", main, f"({r['uncertainty']})", "", "one step", table(steps, ["term", "time"])]
     return "\n".join([*blocks, "", "one GPU's memory", table(_serve_memory(r), ["term", "bytes"])])
+
+
+def _band(r: dict[str, Any], key: str) -> str:
+    return f"{seconds(r[f'{key}_p10'])} - {seconds(r[f'{key}_p90'])}"
 
 
 def _serve_memory(r: dict[str, Any]) -> list[tuple[str, str]]:

@@ -352,24 +352,61 @@ def best_efficiency_error(rows: list[Row]) -> float:
 
 
 def _correction(rows: list[Row]) -> float:
-    """The geometric-mean ratio measured / predicted (1 where there are no rows)."""
-    logs = [math.log(r.measured / r.predicted) for r in rows if r.predicted]
+    """The geometric-mean speed ratio, measured over predicted (a rate's ratio, a latency's inverse: a class can
+    mix both, as prefill does: TTFTs and prefill throughputs); 1 where there are no rows. A rate is corrected by
+    multiplying by it, a latency by dividing."""
+    logs = [math.log(r.measured / r.predicted) * (-1 if r.metric.endswith("_ms") else 1) for r in rows if r.predicted]
     return math.exp(statistics.mean(logs)) if logs else 1.0
+
+
+def _groups(rows: list[Row]) -> dict[tuple[str, str], list[Row]]:
+    """The counted rows by (source, metric class), in that order."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        if r.status == "ok":
+            groups.setdefault((r.source, r.metric_class), []).append(r)
+    return dict(sorted(groups.items()))
+
+
+def _held_out(rows: list[Row], source: str, cls: str) -> tuple[float, list[tuple[Row, float]]]:
+    """The correction of metric class ``cls`` fitted on the counted rows of every other source, and each counted
+    row of ``source`` with its prediction so corrected."""
+    k = _correction([r for r in rows if r.status == "ok" and r.source != source and r.metric_class == cls])
+    mine = _groups(rows).get((source, cls), [])
+    return k, [(r, r.predicted / k if r.metric.endswith("_ms") else r.predicted * k) for r in mine if r.predicted]
+
+
+def held_out_band(rows: list[Row]) -> dict[str, float]:
+    """Per metric class, the P10, median and P90 of measured over predicted time (a latency's ratio, a rate's
+    inverse) over its counted rows, each predicted with the correction fitted without its source: what
+    ``meshplan serve`` prints beside TPOT (decode), unloaded TTFT (prefill) and tokens/s (throughput)."""
+    ratios: dict[str, list[float]] = {}
+    for source, cls in _groups(rows):
+        _, held = _held_out(rows, source, cls)
+        ratios.setdefault(cls, []).extend(
+            r.measured / p if r.metric.endswith("_ms") else p / r.measured for r, p in held
+        )
+    out: dict[str, float] = {}
+    for cls, mine in ratios.items():
+        key = cls.replace("-", "_")
+        tenths = statistics.quantiles(sorted(mine), n=10, method="inclusive")
+        out |= {
+            f"{key}_time_ratio_p10": tenths[0],
+            f"{key}_time_ratio_p50": statistics.median(mine),
+            f"{key}_time_ratio_p90": tenths[-1],
+            f"{key}_runs": float(len(mine)),
+        }
+    return out
 
 
 def summarize(rows: list[Row]) -> dict[str, Any]:
     """Per source and metric class: the model's error, its leave-one-source-out error, the best constant."""
     fitted = [r for r in rows if r.status == "ok"]
-    groups: dict[tuple[str, str], list[Row]] = {}
-    for r in fitted:
-        groups.setdefault((r.source, r.metric_class), []).append(r)
     per_source = []
     loso_by_class: dict[str, list[float]] = {}
-    for (source, cls), members in sorted(groups.items()):
-        others = [r for r in fitted if r.source != source and r.metric_class == cls]
-        k = _correction(others)
-        lower = members[0].metric.endswith("_ms")
-        loso = [(r.predicted / k if lower else r.predicted * k) / r.measured - 1 for r in members if r.predicted]
+    for (source, cls), members in _groups(rows).items():
+        k, held = _held_out(rows, source, cls)
+        loso = [p / r.measured - 1 for r, p in held]
         loso_by_class.setdefault(cls, []).extend(loso)
         per_source.append(
             {
@@ -417,5 +454,6 @@ def validate_serving() -> dict[str, Any]:
     return {
         "runs": [dataclasses.asdict(r) | {"error": r.error} for r in rows],
         **summary,
+        "band": held_out_band(rows),
         "all_ok": all(c["ok"] for c in summary["classes"]),
     }

@@ -86,3 +86,26 @@ def test_serve_layout_errors(capsys: pytest.CaptureFixture[str], argv: list[str]
     assert main([*base, *argv[1:]]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_serve_prints_the_held_out_band_of_each_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    """TPOT, unloaded TTFT and tokens/s per GPU each carry the P10-P90 of measured over predicted time on the
+    published serving measurements of their kind (catalog/serving/held_out.toml): decode, prefill, and the
+    throughput rows of dense or MoE models; a rate's low end comes from the time ratio's P90."""
+    from meshplan import io
+
+    band = io.serving_held_out_band()
+    moe = ["serve", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "8", "--input-len", "1000", "--output-len", "200"]
+    for argv, kind in ((SERVE, "throughput_dense"), (moe, "throughput_moe")):
+        assert main([*argv, "--tp", "8", "--concurrency", "64", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        for key, cls in (("tpot_s", "decode"), ("ttft_s_unloaded", "prefill")):
+            assert out[f"{key}_p10"] == pytest.approx(out[key] * band[f"{cls}_time_ratio_p10"], rel=1e-12)
+            assert out[f"{key}_p90"] == pytest.approx(out[key] * band[f"{cls}_time_ratio_p90"], rel=1e-12)
+        rate = out["tokens_per_s_per_gpu"]
+        assert out["tokens_per_s_per_gpu_p10"] == pytest.approx(rate / band[f"{kind}_time_ratio_p90"], rel=1e-12)
+        assert out["tokens_per_s_per_gpu_p90"] == pytest.approx(rate / band[f"{kind}_time_ratio_p10"], rel=1e-12)
+        assert f"from {int(band[f'{kind}_runs'])} offline" in out["uncertainty"]
+    assert main([*SERVE, "--tp", "2", "--concurrency", "64", "--disaggregate", "4:4"]) == 0
+    text = capsys.readouterr().out
+    assert "P10 - P90" in text and "P10-P90 of measured over predicted on published serving" in text

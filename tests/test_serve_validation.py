@@ -203,3 +203,32 @@ def test_prefill_two_batch_overlap_share_follows_the_blogs_ablation() -> None:
         t_on = float(prefill(s.model, s.shape, s.hw, s.layout, tokens=tokens, sequences=tokens / 4096).total_s)
         t_off = float(prefill(s.model, s.shape, off, s.layout, tokens=tokens, sequences=tokens / 4096).total_s)
         assert 1.25 <= t_off / t_on <= 1.37
+
+
+def test_the_stored_band_is_todays_held_out_rows_re_derived() -> None:
+    """catalog/serving/held_out.toml (what `meshplan serve` prints) is today's band, and the band is re-derived
+    here: each counted row's time ratio with its prediction corrected by the geometric-mean speed ratio of the other
+    sources' rows of its class (prefill mixes TTFTs and prefill rates: a rate's speed ratio is measured over
+    predicted, a latency's the inverse; a time ratio the other way round)."""
+    import math
+    import statistics
+
+    from meshplan import io
+
+    stored, runs = io.serving_held_out_band(), [x for x in result()["runs"] if x["status"] == "ok"]
+    assert stored == pytest.approx(result()["band"], abs=1e-4)
+    for cls in BOUNDS:
+        mine = [x for x in runs if x["metric_class"] == cls]
+        ratios = []
+        for x in mine:
+            speed = [(y["measured"] / y["predicted"]) ** (-1 if y["metric"].endswith("_ms") else 1) for y in mine]
+            logs = [math.log(v) for v, y in zip(speed, mine, strict=True) if y["source"] != x["source"]]
+            k = math.exp(statistics.mean(logs)) if logs else 1.0
+            latency = x["metric"].endswith("_ms")
+            ratios.append(k * x["measured"] / x["predicted"] if latency else x["predicted"] * k / x["measured"])
+        key = cls.replace("-", "_")
+        tenths = statistics.quantiles(ratios, n=10, method="inclusive")
+        assert stored[f"{key}_runs"] == len(ratios) >= 7
+        assert stored[f"{key}_time_ratio_p10"] == pytest.approx(tenths[0], abs=1e-4)
+        assert stored[f"{key}_time_ratio_p90"] == pytest.approx(tenths[-1], abs=1e-4)
+        assert stored[f"{key}_time_ratio_p10"] < 1 < stored[f"{key}_time_ratio_p90"]

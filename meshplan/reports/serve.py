@@ -262,14 +262,39 @@ def serve_report(
         concurrency=None if concurrency is None else concurrency / share,
         rate_per_s=None if rate is None else rate / share,
     )
+    moe = setup.model.moe is not None
     if disaggregate is not None:
         if num_requests is not None:
             raise ValueError("--num-requests times one colocated layout; drop --disaggregate")
-        return head | _disaggregated(setup, req, disaggregate)
+        out = head | _disaggregated(setup, req, disaggregate)
+        return out | serving_band(out, moe=moe)
     pt = load_point(setup.model, setup.shape, setup.hw, setup.layout, req)
     out = head | point_dict(setup, req, pt) | {"calibration_source": setup.hw.cal.source}
     if num_requests is not None:
         out["offline"] = offline_dict(setup, req, pt, num_requests=num_requests)
+    return out | serving_band(out, moe=moe)
+
+
+def serving_band(point: dict[str, Any], *, moe: bool) -> dict[str, Any]:
+    """P10-P90 of TPOT, unloaded TTFT and tokens/s per GPU: each figure times the P10 and P90 of measured over
+    predicted time on the published serving measurements of its kind, held out by source
+    (catalog/serving/held_out.toml): decode for TPOT, prefill for TTFT, offline throughput (dense or MoE) for
+    tokens/s."""
+    band = io.serving_held_out_band()
+    kind = "throughput_moe" if moe else "throughput_dense"
+    out: dict[str, Any] = {}
+    for key, cls in (("tpot_s", "decode"), ("ttft_s_unloaded", "prefill")):
+        out |= {f"{key}_{q}": point[key] * band[f"{cls}_time_ratio_{q}"] for q in ("p10", "p90")}
+    rate = point["tokens_per_s_per_gpu"]
+    out["tokens_per_s_per_gpu_p10"] = rate / band[f"{kind}_time_ratio_p90"]  # the slow end of the rate
+    out["tokens_per_s_per_gpu_p90"] = rate / band[f"{kind}_time_ratio_p10"]
+    n = {cls: int(band[f"{cls}_runs"]) for cls in ("decode", "prefill", kind)}
+    out["uncertainty"] = (
+        f"P10-P90 of measured over predicted on published serving measurements, each predicted with the "
+        f"correction fitted without its source: TPOT from {n['decode']} decode runs, unloaded TTFT from "
+        f"{n['prefill']} prefill runs, tokens/s per GPU from {n[kind]} offline {'MoE' if moe else 'dense'} "
+        "throughput runs at the engine's own batch"
+    )
     return out
 
 

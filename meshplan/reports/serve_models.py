@@ -121,6 +121,13 @@ class ServeReport(TypedDict):
     max_tokens_per_s_per_gpu: float
     step_s: StepPartsJSON
     calibration_source: str
+    tpot_s_p10: float
+    tpot_s_p90: float
+    ttft_s_unloaded_p10: float
+    ttft_s_unloaded_p90: float
+    tokens_per_s_per_gpu_p10: float
+    tokens_per_s_per_gpu_p90: float
+    uncertainty: str
     disaggregated: NotRequired[dict[str, Any]]
     offline: NotRequired[OfflineRunJSON]
 
