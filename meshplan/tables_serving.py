@@ -143,6 +143,7 @@ def serve_plan_table(r: dict[str, Any]) -> str:
             table(rows, ["#", "layout", "replicas", "GPUs", "batch", "TTFT p99", "TPOT", "tok/s/GPU", "tok/s/user"])
             if rows
             else "no layout meets the targets",
+            f"model error: {r['uncertainty']}",
             "",
             f"Pareto front ({r['pareto_points_total']:,} points, {len(front)} shown)",
             table(front, ["layout", "batch", "tok/s/GPU", "tok/s/user"]),

@@ -242,3 +242,18 @@ def test_export_refuses_a_split_plan_where_the_engine_cannot_express_it(
     assert main(["export", "trtllm", "--from-plan", str(_split_plan(tmp_path))]) == 2
     err = capsys.readouterr().err.strip()
     assert "splits prefill and decode pools" in err and "export vllm or sglang" in err and len(err.splitlines()) == 1
+
+
+def test_the_ranking_states_the_models_held_out_error_as_factors() -> None:
+    """serve-plan names the serving band as factors on its figures (TPOT and TTFT as time ratios, tokens/s as their
+    inverse), from the MoE throughput rows for a MoE model, so a plan that meets a target by less than them is
+    read as the near miss it may be."""
+    from meshplan import io
+
+    band = io.serving_held_out_band()
+    for model, kind in (("llama-3.1-8b", "throughput_dense"), ("mixtral-8x7b", "throughput_moe")):
+        text = serve_plan_report(model, gpu="h100-sxm", gpus=8, input_len=512, output_len=128, top=1)["uncertainty"]
+        lo, hi = band["decode_time_ratio_p10"], band["decode_time_ratio_p90"]
+        assert f"TPOT x{lo:.2f}-{hi:.2f} ({int(band['decode_runs'])} decode runs)" in text
+        lo, hi = band[f"{kind}_time_ratio_p10"], band[f"{kind}_time_ratio_p90"]
+        assert f"tokens/s per GPU x{1 / hi:.2f}-{1 / lo:.2f} ({int(band[f'{kind}_runs'])} offline" in text

@@ -298,6 +298,24 @@ def serving_band(point: dict[str, Any], *, moe: bool) -> dict[str, Any]:
     return out
 
 
+def serving_band_text(*, moe: bool) -> str:
+    """The serving band as factors on the model's figures, for a ranking of many plans (``serve-plan``)."""
+    band = io.serving_held_out_band()
+    kind = "throughput_moe" if moe else "throughput_dense"
+
+    def factors(cls: str, *, rate: bool = False) -> str:
+        lo, hi = band[f"{cls}_time_ratio_p10"], band[f"{cls}_time_ratio_p90"]
+        return f"x{1 / hi:.2f}-{1 / lo:.2f}" if rate else f"x{lo:.2f}-{hi:.2f}"
+
+    return (
+        f"measured over predicted on published serving measurements held out by source, P10-P90: TPOT "
+        f"{factors('decode')} ({int(band['decode_runs'])} decode runs), TTFT unloaded {factors('prefill')} "
+        f"({int(band['prefill_runs'])} prefill runs), tokens/s per GPU {factors(kind, rate=True)} "
+        f"({int(band[f'{kind}_runs'])} offline {'MoE' if moe else 'dense'} throughput runs): a plan within those "
+        "factors of a target may miss it"
+    )
+
+
 def offline_dict(setup: Setup, req: Requests, pt: LoadPoint, *, num_requests: int) -> dict[str, Any]:
     """An offline run of ``num_requests`` requests split evenly over the replicas, each holding the load point's
     batch cap (core/serve_offline.py)."""

@@ -182,4 +182,5 @@ class ServePlanReport(TypedDict):
     targets: TargetsJSON
     disaggregate_searched: bool
     concurrency_total: float | None
+    uncertainty: str
     fewest_gpus: NotRequired[dict[str, Any]]

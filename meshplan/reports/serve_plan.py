@@ -12,7 +12,7 @@ from meshplan.core.serve_load import Requests
 from meshplan.core.serve_search import Objective, SearchResult, Targets, search
 from meshplan.core.serve_shape import Hardware, Quant, ReplicaShape, ServeLayout, default_quant, replica_shape
 from meshplan.reports.inputs import choice
-from meshplan.reports.serve import DEFAULT_ENGINE, calibration
+from meshplan.reports.serve import DEFAULT_ENGINE, calibration, serving_band_text
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
@@ -140,6 +140,7 @@ def serve_plan_report(
         "targets": {"ttft_s_p99": ttft_p99_s, "tpot_s_p99": tpot_p99_s},
         "disaggregate_searched": disaggregate,
         "concurrency_total": concurrency,
+        "uncertainty": serving_band_text(moe=spec.moe is not None),
     }
 
 
