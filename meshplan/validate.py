@@ -329,14 +329,19 @@ def held_out_band(report: dict[str, Any]) -> dict[str, float]:
     deciles = statistics.quantiles(sorted(ratios), n=10, method="inclusive")
     out = {"time_ratio_p10": deciles[0], "time_ratio_p90": deciles[-1], "runs": float(len(ratios))}
     for axis, mine in by_class.items():
-        tenths = statistics.quantiles(sorted(mine), n=10, method="inclusive")
-        out |= {
-            f"{axis}_time_ratio_p10": tenths[0],
-            f"{axis}_time_ratio_p50": statistics.median(mine),
-            f"{axis}_time_ratio_p90": tenths[-1],
-            f"{axis}_runs": float(len(mine)),
-        }
+        out |= class_band(axis, mine)
     return out
+
+
+def class_band(prefix: str, ratios: list[float]) -> dict[str, float]:
+    """``{prefix}_time_ratio_p10``, ``_p50``, ``_p90`` and ``{prefix}_runs`` of a class's time ratios."""
+    tenths = statistics.quantiles(sorted(ratios), n=10, method="inclusive")
+    return {
+        f"{prefix}_time_ratio_p10": tenths[0],
+        f"{prefix}_time_ratio_p50": statistics.median(ratios),
+        f"{prefix}_time_ratio_p90": tenths[-1],
+        f"{prefix}_runs": float(len(ratios)),
+    }
 
 
 GOAL_LOSO_VS_CONSTANT = 0.8

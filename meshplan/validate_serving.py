@@ -28,6 +28,7 @@ from meshplan.core.serve_phases import decode_step, prefill
 from meshplan.core.serve_shape import Hardware, ServeCalibration, replica_shape
 from meshplan.core.serving import QUANT_GROUP
 from meshplan.reports.serve import Setup, resolve
+from meshplan.validate import class_band
 
 ENGINE_OF_SOURCE = {"trtllm": "trtllm", "gptfast": "gpt-fast", "sglang": "sglang"}
 QUANTIZED_KV_ENGINES = ("trtllm",)
@@ -388,14 +389,7 @@ def held_out_band(rows: list[Row]) -> dict[str, float]:
         )
     out: dict[str, float] = {}
     for cls, mine in ratios.items():
-        key = cls.replace("-", "_")
-        tenths = statistics.quantiles(sorted(mine), n=10, method="inclusive")
-        out |= {
-            f"{key}_time_ratio_p10": tenths[0],
-            f"{key}_time_ratio_p50": statistics.median(mine),
-            f"{key}_time_ratio_p90": tenths[-1],
-            f"{key}_runs": float(len(mine)),
-        }
+        out |= class_band(cls.replace("-", "_"), mine)
     return out
 
 
