@@ -49,6 +49,17 @@ def _validate_serving(r: dict[str, Any]) -> str:
         for c in r["classes"]
     ]
     notes = [f"  {x['case']}: {x['reason']}" for x in r["runs"] if x["status"] in ("physics", "warned", "skipped")]
+    band = r["band"]
+    bands = [
+        (
+            c["metric_class"],
+            int(band[f"{(key := c['metric_class'].replace('-', '_'))}_runs"]),
+            f"{band[f'{key}_time_ratio_p10']:.3f}",
+            f"{band[f'{key}_time_ratio_p50']:.3f}",
+            f"{band[f'{key}_time_ratio_p90']:.3f}",
+        )
+        for c in r["classes"]
+    ]
     return "\n".join(
         [
             table(runs, ["case", "metric", "published", "predicted", "error", "status"]),
@@ -56,6 +67,9 @@ def _validate_serving(r: dict[str, Any]) -> str:
             table(sources, ["source", "metric", "cases", "mean |err|", "max", "LOSO mean", "best constant"]),
             "",
             table(classes, ["metric", "cases", "mean |err|", "max", "LOSO mean", "target", "best constant", ""]),
+            "",
+            "measured over predicted time, held out by source (the band `serve` prints):",
+            table(bands, ["metric", "cases", "P10", "median", "P90"]),
             "",
             "not fitted:",
             *notes,

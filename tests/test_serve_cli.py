@@ -70,6 +70,11 @@ def test_validate_serving_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == (0 if out["all_ok"] else 1)
     assert sum(r["shared"] for r in out["runs"]) == 47 and len(out["runs"]) == 47 + 16
     assert {c["metric_class"] for c in out["classes"]} >= {"decode", "prefill", "throughput-dense", "throughput-moe"}
+    assert main(["validate", "--serving"]) == code
+    text = capsys.readouterr().out
+    band = out["band"]
+    row = f"decode               11  {band['decode_time_ratio_p10']:.3f}   {band['decode_time_ratio_p50']:.3f}"
+    assert "held out by source (the band `serve` prints)" in text and row in text
 
 
 @pytest.mark.parametrize(
