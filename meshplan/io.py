@@ -282,15 +282,19 @@ def model_meta(name: str) -> dict[str, Any]:
 @cache
 def held_out_band() -> dict[str, float]:
     """catalog/held_out.toml: the P10-P90 of measured over predicted step time on held-out published runs."""
-    text = (resources.files("meshplan") / "catalog" / "held_out.toml").read_text(encoding="utf-8")
-    return {k: float(v) for k, v in tomllib.loads(text).items()}
+    return _numbers("held_out.toml")
 
 
 @cache
 def serving_held_out_band() -> dict[str, float]:
     """catalog/serving/held_out.toml: per metric class of the published serving measurements, the P10, median
     and P90 of measured over predicted time, each held out of the correction (``meshplan serve``'s band)."""
-    text = (resources.files("meshplan") / "catalog" / "serving" / "held_out.toml").read_text(encoding="utf-8")
+    return _numbers("serving/held_out.toml")
+
+
+def _numbers(path: str) -> dict[str, float]:
+    """A catalog TOML file of numbers only, as floats."""
+    text = (resources.files("meshplan") / "catalog" / path).read_text(encoding="utf-8")
     return {k: float(v) for k, v in tomllib.loads(text).items()}
 
 

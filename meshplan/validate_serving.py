@@ -372,9 +372,10 @@ def _groups(rows: list[Row]) -> dict[tuple[str, str], list[Row]]:
 def _held_out(rows: list[Row], source: str, cls: str) -> tuple[float, list[tuple[Row, float]]]:
     """The correction of metric class ``cls`` fitted on the counted rows of every other source, and each counted
     row of ``source`` with its prediction so corrected."""
-    k = _correction([r for r in rows if r.status == "ok" and r.source != source and r.metric_class == cls])
-    mine = _groups(rows).get((source, cls), [])
-    return k, [(r, r.predicted / k if r.metric.endswith("_ms") else r.predicted * k) for r in mine if r.predicted]
+    counted = [r for r in rows if r.status == "ok" and r.metric_class == cls]
+    k = _correction([r for r in counted if r.source != source])
+    mine = [(r, r.predicted) for r in counted if r.source == source and r.predicted]
+    return k, [(r, p / k if r.metric.endswith("_ms") else p * k) for r, p in mine if p is not None]
 
 
 def held_out_band(rows: list[Row]) -> dict[str, float]:
