@@ -19,7 +19,7 @@ import sys
 
 from meshplan import io
 
-validate = importlib.import_module("meshplan.validate")  # the package exports a function of that name
+validate = importlib.import_module("meshplan.validation.training")  # the package exports a function of that name
 
 
 def run(gpu: str, overrides: dict[str, float], sources: list[str]) -> list[dict]:

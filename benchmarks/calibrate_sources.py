@@ -26,10 +26,12 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from meshplan import calibration, io
-from meshplan.calibrate import MeasuredRun, _rows, fit_runs, predict
+from meshplan.validation import fit as profile_fit
+
+from meshplan import io
+from meshplan.validation.calibrate import MeasuredRun, _rows, fit_runs, predict
 from meshplan.spec.profile import CONSTANTS, IDENTITY
-from meshplan.validate import _model, estimate_args, run_case, sources
+from meshplan.validation.training import _model, estimate_args, run_case, sources
 
 METRICS = {"tokens_per_s_per_gpu": "tokens_per_s_per_gpu", "iteration_time_s": "step_time_s"}
 CLUSTERS = (
@@ -108,10 +110,10 @@ def in_sample(source: str) -> None:
     """Every choice of at most two constants fitted on all of ``source``'s runs, least error first."""
     with tempfile.TemporaryDirectory() as tmp:  # the runs' model files live there
         runs = typed_runs(source, Path(tmp))
-        sens = calibration.sensitivities(lambda p: _rows(runs, p))
+        sens = profile_fit.sensitivities(lambda p: _rows(runs, p))
     rows = []
-    for free in calibration.subsets(CONSTANTS, 2):
-        fitted = calibration.fit(sens, free=free)
+    for free in profile_fit.subsets(CONSTANTS, 2):
+        fitted = profile_fit.fit(sens, free=free)
         values = ", ".join(f"{name} {getattr(fitted.profile, name):.3g}" for name in free) or "the catalog"
         rows.append((fitted.mean_abs_error, values))
     print(f"{source}: {len(runs)} runs, each choice of constants fitted on all of them (first order)")

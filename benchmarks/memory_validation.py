@@ -6,7 +6,7 @@ python benchmarks/memory_validation.py > /tmp/memory.md
 from __future__ import annotations
 
 from meshplan.render import gb
-from meshplan.validate_memory import validate_memory
+from meshplan.validation.memory import validate_memory
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ one and at eight micro-batches a step, beside the published number.
 
 from __future__ import annotations
 
-from meshplan.validate import run_case
+from meshplan.validation.training import run_case
 
 ROWS = (  # thousands of tokens (= GPUs), published TFLOP/s per GPU, tp, pp, dp, cp
     (4, 768, 1, 1, 4, 1),

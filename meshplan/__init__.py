@@ -50,9 +50,9 @@ _WHERE = {
     "count_params": "meshplan.core.params",
     "evaluate": "meshplan.core.plan",
     "Plan": "meshplan.core.plan",
-    "MemoryBill": "meshplan.core.memory",
+    "MemoryBill": "meshplan.core.memory.bill",
     "TrainingMemory": "meshplan.core.training",
-    "StepTime": "meshplan.core.step_time",
+    "StepTime": "meshplan.core.time.step_time",
     "stage_table": "meshplan.core.stages",
     "search": "meshplan.search.rank",
     "SearchResult": "meshplan.search.rank",
@@ -65,7 +65,7 @@ _WHERE = {
     "serving_report": "meshplan.reports.bills",
     "estimate_report": "meshplan.reports.estimate",
     "plan_report": "meshplan.reports.plan",
-    "validate": "meshplan.validate",
+    "validate": "meshplan.validation.training",
 }
 
 __all__ = sorted(_WHERE)

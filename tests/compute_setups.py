@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan import io
-from meshplan.core.compute import ComputeSetup
+from meshplan.core.time.compute import ComputeSetup
 from meshplan.units import DType
 
 

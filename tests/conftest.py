@@ -25,6 +25,6 @@ settings.load_profile("meshplan")
 def validation_report() -> dict:
     """`meshplan validate` over every source, computed once a session (about a minute on 2 cores): the golden
     targets read it, and the CLI's table test renders it."""
-    from meshplan.validate import validate
+    from meshplan.validation.training import validate
 
     return validate()

@@ -7,9 +7,9 @@ import pytest
 from compute_setups import gpu_setup
 
 from meshplan import io
-from meshplan.core.attention_kernels import SEQ_POINTS, TABLES, attention_shares
-from meshplan.core.compute import layer_time
-from meshplan.core.stage_time import layer_kinds, selective_redo_s, stage_times
+from meshplan.core.time.attention_kernels import SEQ_POINTS, TABLES, attention_shares
+from meshplan.core.time.compute import layer_time
+from meshplan.core.time.stage_time import layer_kinds, selective_redo_s, stage_times
 from meshplan.spec.cluster import AttentionKernel
 from meshplan.spec.conditions import Conditions, Selective
 from meshplan.spec.layout import Layout, Recompute, ZeroStage
@@ -196,8 +196,8 @@ A100_SQUARE_SWEEP = {512: 28, 768: 65, 1024: 88, 1280: 150, 8192: 290}
 def test_small_gemms_leave_sms_idle_as_cublas_measures() -> None:
     """Under 2,048 a square GEMM has fewer 256 x 128 output tiles than A100's 108 SMs: its share of the plateau
     falls as the tiles do (within 0.06 of the sweep); training-sized GEMMs fill the GPU."""
-    from meshplan.core.compute import fill_share
-    from meshplan.core.flops import Gemm
+    from meshplan.core.time.compute import fill_share
+    from meshplan.core.time.flops import Gemm
 
     plateau = A100_SQUARE_SWEEP[8192]
     for d, tflops in A100_SQUARE_SWEEP.items():
@@ -215,7 +215,7 @@ def test_sliding_window_layers_reach_window_keys() -> None:
     against s / 2 for a full layer. At s = 65,536 and W = 16,384 both kernels walk blocks past the tables' last
     point, so the time of a model whose layers all slide is 0.4375 of the same model's with full layers; with
     half of them sliding, the mean of the two."""
-    from meshplan.core.compute import _flash_time
+    from meshplan.core.time.compute import _flash_time
 
     base = io.load_model("llama-3.1-8b")
     cal = io.load_gpu("h100-sxm").calibration

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.calibrate import MeasuredRun, calibrate_report, fit_runs, load_runs, predict
+from meshplan.validation.calibrate import MeasuredRun, calibrate_report, fit_runs, load_runs, predict
 from meshplan.spec.profile import IDENTITY, Profile, dump_profile, load_profile
 
 TRUTH = Profile(compute_scale=0.8, comm_scale=0.5)
@@ -200,7 +200,7 @@ def test_the_band_is_a_prediction_interval_for_the_next_run() -> None:
     freedom (1.886), widened by sqrt(1 + 1/3) for a next run; many runs tend to the normal's +-1.2816 sigma."""
     import math
 
-    from meshplan.calibrate import prediction_band
+    from meshplan.validation.calibrate import prediction_band
 
     ratios = [0.9, 1.0, 1.15]
     logs = [math.log(x) for x in ratios]

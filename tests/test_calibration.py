@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from meshplan.calibration import PERTURB, Sensitivity, fit, identified, predict
+from meshplan.validation.fit import PERTURB, Sensitivity, fit, identified, predict
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.profile import Profile, apply_profile, dump_profile, load_profile, parse_profile
 

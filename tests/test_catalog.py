@@ -182,7 +182,7 @@ def test_run_and_recipe_files_hold_only_schema_keys() -> None:
     from meshplan.reports.inputs import LayoutRequest
     from meshplan.reports.recipes import recipes
     from meshplan.spec import requests
-    from meshplan.validate import RUN_KEYS, case_values, sources
+    from meshplan.validation.training import RUN_KEYS, case_values, sources
 
     schema = {f.name for f in requests.FIELDS}
     cases = [{**data.get("defaults", {}), **case} for data in sources().values() for case in data["case"]]

@@ -206,10 +206,10 @@ def test_tables_render(
     """Every command's table (the CLI without --json) renders; `validate` renders the session's report (the golden
     tests compute it once) rather than a second minute-long run of every source."""
     if command == "validate":
-        import meshplan.validate
+        import meshplan.validation.training
 
         full = request.getfixturevalue("validation_report")
-        monkeypatch.setattr(meshplan.validate, "validate", lambda source=None, profile=None: full)
+        monkeypatch.setattr(meshplan.validation.training, "validate", lambda source=None, profile=None: full)
     assert main(TEXT_RUNS[command]) == 0
     out = capsys.readouterr().out
     assert out.strip() and "Traceback" not in out

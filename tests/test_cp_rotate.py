@@ -10,8 +10,8 @@ from meshplan import io
 from meshplan.core.comm.call import CollectiveCall
 from meshplan.core.comm.cost import Collective
 from meshplan.core.plan import evaluate
-from meshplan.core.stage_time import StageTimes
-from meshplan.core.step_time import _exposed_per_micro_batch
+from meshplan.core.time.stage_time import StageTimes
+from meshplan.core.time.step_time import _exposed_per_micro_batch
 from meshplan.reports.conditions import conditions_of
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.conditions import Conditions, CpRotate

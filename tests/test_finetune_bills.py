@@ -9,7 +9,7 @@ import pytest
 
 from meshplan import io
 from meshplan.cli import main
-from meshplan.core.flops import model_flops_per_token
+from meshplan.core.time.flops import model_flops_per_token
 from meshplan.core.params import count_params
 from meshplan.reports import fit_report, memory_report
 from meshplan.reports.estimate import estimate_report
@@ -283,7 +283,7 @@ def test_an_adapters_passes_move_what_they_read_and_write() -> None:
     sum with the base's dx: 3 d_in), at the kind's HBM speed. A frozen layer without adapters is the baseline."""
     from compute_setups import gpu_setup
 
-    from meshplan.core.compute import layer_time
+    from meshplan.core.time.compute import layer_time
 
     m = io.load_model("llama-3.1-8b")
     setup = gpu_setup("h100-sxm")

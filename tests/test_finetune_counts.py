@@ -77,7 +77,7 @@ def test_one_adapter_count_for_the_whole_model_and_each_gpu() -> None:
     """The count users see (trainable_params) and the one the memory bill holds per GPU come from one formula:
     over the stages of a pp=4 layout at tp=1 they add up to the whole; at tp=4 each matrix keeps one side whole
     and splits the other (column-parallel q, k, v, gate, up split B; row-parallel o, down split A)."""
-    from meshplan.core.memory import stage_bill
+    from meshplan.core.memory.bill import stage_bill
     from meshplan.core.params import count_params
     from meshplan.spec.cluster import GpuCalibration
     from meshplan.spec.layout import Layout

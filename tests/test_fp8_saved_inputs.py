@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from meshplan import io
-from meshplan.core import activations as act
+from meshplan.core.memory import activations as act
 from meshplan.core.plan import evaluate
-from meshplan.core.stage_activations import linear_inputs
+from meshplan.core.memory.stage_activations import linear_inputs
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.conditions import Conditions, Fp8Recipe
 from meshplan.spec.layout import Layout, Recompute

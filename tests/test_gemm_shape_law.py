@@ -1,4 +1,4 @@
-"""The GEMM shape law (core/compute.py): a GEMM's efficiency falls with a short K or a narrow N, in units of the
+"""The GEMM shape law (core/time/compute.py): a GEMM's efficiency falls with a short K or a narrow N, in units of the
 GPU kind's ridge point, re-derived here from the peak and the bandwidth of the catalog."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import statistics
 import pytest
 
 from meshplan import io
-from meshplan.core.compute import gemm_time
-from meshplan.core.flops import Gemm
+from meshplan.core.time.compute import gemm_time
+from meshplan.core.time.flops import Gemm
 from meshplan.units import DType
 
 

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from meshplan import io
-from meshplan.core.memory import TERMS, stage_bill
+from meshplan.core.memory.bill import TERMS, stage_bill
 from meshplan.core.params import count_params
 from meshplan.core.training import training_memory
 from meshplan.spec.cluster import GpuCalibration

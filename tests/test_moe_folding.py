@@ -9,12 +9,12 @@ import pytest
 
 from meshplan import io
 from meshplan.cli import main
-from meshplan.core import activations as act
-from meshplan.core.memory import shard_degrees
+from meshplan.core.memory import activations as act
+from meshplan.core.memory.bill import shard_degrees
 from meshplan.core.params import count_params
 from meshplan.core.placement import place
 from meshplan.core.plan import evaluate, mesh_sizes
-from meshplan.core.stage_params import stage_params
+from meshplan.core.memory.stage_params import stage_params
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.layout import Layout, Recompute, ZeroStage
 from meshplan.spec.workload import Workload
@@ -132,7 +132,7 @@ def test_folded_experts_reduce_their_gradients_over_the_group_that_shards_their_
     """Qwen3-235B on 256 GPUs, TP 4 x PP 8 x EP 8 with ZeRO-1: unfolded, each expert lives on one data rank (8 data
     ranks / EP 8) and its gradients go nowhere; with --expert-tp 1 the 4 TP ranks are data ranks of the experts
     too, tp cp dp / (ep etp) = 4 x 8 / 8 = 4, the group memory shards their optimizer state over."""
-    from meshplan.core.memory import shard_degrees
+    from meshplan.core.memory.bill import shard_degrees
     from meshplan.reports import LayoutRequest
     from meshplan.reports.estimate import estimate_report
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from meshplan.core.step_time import _bubble, _pp_exposed
+from meshplan.core.time.step_time import _bubble, _pp_exposed
 from meshplan.spec.layout import Schedule
 
 

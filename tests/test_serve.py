@@ -7,12 +7,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from meshplan.core.serve_load import BatchLimit, Requests, capacity, load_point, step_at
-from meshplan.core.serve_phases import decode_step, prefill
-from meshplan.core.serve_shape import replica_shape
+from meshplan.core.serving.load import BatchLimit, Requests, capacity, load_point, step_at
+from meshplan.core.serving.phases import decode_step, prefill
+from meshplan.core.serving.shape import replica_shape
 from meshplan.reports.serve import Setup, resolve
 from meshplan.units import DType
-from meshplan.validate_serving import _ideal
+from meshplan.validation.serving import _ideal
 
 
 def setup(model: str = "llama-3.1-8b", gpu: str = "h100-sxm", **kw: object) -> Setup:
@@ -192,8 +192,8 @@ def test_engine_all_reduce_kernels_price_as_their_own_kernel_or_nccl() -> None:
     """TensorRT-LLM's own all-reduce: an 8 us floor plus the ring's bytes at every size (monotone in the batch);
     an NCCL engine pays NCCL's tuner price, 14 hop latencies on a ring of eight."""
     from meshplan.core.comm.cost import Collective, nccl_time
-    from meshplan.core.serve_phases import allreduce_s
-    from meshplan.core.serve_shape import AllReduceKernel
+    from meshplan.core.serving.phases import allreduce_s
+    from meshplan.core.serving.shape import AllReduceKernel
 
     s = setup("llama-3.1-70b", gpus=8, tp=8)
     link, cal = s.hw.link(8), s.hw.cal
@@ -221,7 +221,7 @@ def test_prefill_keys_count_each_query_by_hand() -> None:
     query at position i reaches min(i + 1, W), counted here one query at a time (0-based positions, the chunk
     taken from c0 to c0 + T - 1 and each query seeing itself), against the closed form."""
     from meshplan import io
-    from meshplan.core.serve_shape import prefill_keys
+    from meshplan.core.serving.shape import prefill_keys
 
     base = io.load_model("llama-3.1-8b")
     w = 256

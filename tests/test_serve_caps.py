@@ -1,4 +1,4 @@
-"""The batch caps trtllm-bench picks (core/serve_caps.py) and the tokens-per-step cap of the load model."""
+"""The batch caps trtllm-bench picks (core/serving/caps.py) and the tokens-per-step cap of the load model."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from meshplan import io
-from meshplan.core.serve_caps import trtllm_bench_caps
-from meshplan.core.serve_load import BatchLimit, Requests, capacity
+from meshplan.core.serving.caps import trtllm_bench_caps
+from meshplan.core.serving.load import BatchLimit, Requests, capacity
 from meshplan.reports.serve import resolve
 from meshplan.units import DType
 

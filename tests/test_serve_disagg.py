@@ -8,7 +8,7 @@ import pytest
 
 from meshplan import io
 from meshplan.cli import main
-from meshplan.core.serve_load import Requests, step_at
+from meshplan.core.serving.load import Requests, step_at
 from meshplan.reports.serve import resolve, serve_report
 
 BASE = {"gpu": "h100-sxm", "gpus": 16, "tp": 4, "weights_dtype": "fp8", "kv_dtype": "fp8"}

@@ -1,4 +1,4 @@
-"""Offline runs of N requests (core/serve_offline.py) and CUDA-graph padding of decode-only steps."""
+"""Offline runs of N requests (core/serving/offline.py) and CUDA-graph padding of decode-only steps."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from meshplan.cli import main
-from meshplan.core.serve_load import Requests, load_point
-from meshplan.core.serve_offline import offline_run, offline_schedule
-from meshplan.core.serve_phases import decode_step
-from meshplan.core.serve_shape import CUDA_GRAPH_BATCH_SIZES, graph_batch
+from meshplan.core.serving.load import Requests, load_point
+from meshplan.core.serving.offline import offline_run, offline_schedule
+from meshplan.core.serving.phases import decode_step
+from meshplan.core.serving.shape import CUDA_GRAPH_BATCH_SIZES, graph_batch
 from meshplan.reports.serve import resolve, serve_report
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from meshplan.cli import main
-from meshplan.core.serve_search import ParetoPoint, batch_grid, pareto_front
-from meshplan.core.serve_shape import ServeLayout
+from meshplan.core.serving.search import ParetoPoint, batch_grid, pareto_front
+from meshplan.core.serving.shape import ServeLayout
 from meshplan.reports.serve import serve_report
 from meshplan.reports.serve_plan import serve_plan_report
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from meshplan.validate_serving import validate_serving
+from meshplan.validation.serving import validate_serving
 
 # metric class: (mean |error| at most, max |error| at most)
 # Set when the steady step became a mix of decode-only and chunk-carrying steps, paged KV reads kept 0.81 of the
@@ -149,7 +149,7 @@ def test_the_moe_gemm_share_was_set_on_no_held_out_row() -> None:
 
 def test_stated_engine_settings_are_read_from_the_run() -> None:
     """A run's stated kv_cache_free_gpu_mem_fraction and 'two-batch overlap disabled' reach the model."""
-    from meshplan.validate_serving import _setup, reference_rows
+    from meshplan.validation.serving import _setup, reference_rows
 
     rows = {r["id"]: r for r in reference_rows()}
     v10 = _setup(rows["trt10_h100_l31-8b_fp8_tp1_128_2048"], context=2176)
@@ -162,8 +162,8 @@ def _sglang_decode(batch: int, *, tbo: bool) -> float:
     """Seconds of one decode step of the SGLang EP72 H100 row's setup at ``batch`` sequences per GPU."""
     import dataclasses
 
-    from meshplan.core.serve_phases import decode_step
-    from meshplan.validate_serving import _no_overlap, _setup, reference_rows
+    from meshplan.core.serving.phases import decode_step
+    from meshplan.validation.serving import _no_overlap, _setup, reference_rows
 
     (row,) = [r for r in reference_rows() if r["id"] == "sglang_h100_dsv3_decode_ep72_isl2000"]
     s = _setup(row, context=2000)
@@ -193,8 +193,8 @@ def test_prefill_two_batch_overlap_share_follows_the_blogs_ablation() -> None:
     """The prefill share (normal kernels, 0.5): the blog reports TBO 27-35% faster at the same tokens per GPU."""
     import dataclasses
 
-    from meshplan.core.serve_phases import prefill
-    from meshplan.validate_serving import _no_overlap, _setup, reference_rows
+    from meshplan.core.serving.phases import prefill
+    from meshplan.validation.serving import _no_overlap, _setup, reference_rows
 
     (row,) = [r for r in reference_rows() if r["id"] == "sglang_h100_dsv3_prefill_ep32_isl4096"]
     s = _setup(row, context=4096)

@@ -4,7 +4,7 @@ import pytest
 
 from meshplan import io
 from meshplan.core.params import count_params
-from meshplan.core.serving import (
+from meshplan.core.serving.bill import (
     EngineMemory,
     MemoryFraction,
     serving_bill,

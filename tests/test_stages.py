@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 from meshplan import io
 from meshplan.core import pipeline
 from meshplan.core.constraints import RULES
-from meshplan.core.memory import TERMS, candidates, stage_bill
+from meshplan.core.memory.bill import TERMS, candidates, stage_bill
 from meshplan.core.params import count_params
 from meshplan.core.placement import place
 from meshplan.core.plan import evaluate, mesh_sizes
-from meshplan.core.stage_time import stage_times
+from meshplan.core.time.stage_time import stage_times
 from meshplan.core.stages import candidate_stages, layer_stage, stage_row, stage_table
-from meshplan.core.step_time import step_time
+from meshplan.core.time.step_time import step_time
 from meshplan.core.training import peak_bill
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.search.space import LayoutBatch, SearchSpace, enumerate_layouts

@@ -297,7 +297,7 @@ def test_overlapped_interleaved_sends_without_host_sync_drop_the_chunk_cost() ->
 def test_megatron_cross_entropy_moves_52_bytes_per_logit() -> None:
     """Megatron's unfused vocab-parallel loss on the fp32 upcast: 38 bytes per logit in forward, 14 in
     backward, against the 8 + 8 of a plain fp32 log-softmax."""
-    from meshplan.core.compute import LOSS_BYTES, MEGATRON_CE_BYTES, head_time
+    from meshplan.core.time.compute import LOSS_BYTES, MEGATRON_CE_BYTES, head_time
     from meshplan.spec.conditions import LossKind
 
     model = io.load_model("llama-3.1-8b")

@@ -1,4 +1,4 @@
-"""Transformer Engine's ring attention under Megatron (core/te_ring.py): the bf16 output corrections, copies and
+"""Transformer Engine's ring attention under Megatron (core/time/te_ring.py): the bf16 output corrections, copies and
 gradient sums around each ring step, re-counted here kernel by kernel for CP 2 from TE's loop, and charged only
 where the CP ranks form a ring under Megatron."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from meshplan import io
-from meshplan.core.compute import ComputeSetup, layer_time
-from meshplan.core.te_ring import te_ring_time
+from meshplan.core.time.compute import ComputeSetup, layer_time
+from meshplan.core.time.te_ring import te_ring_time
 from meshplan.spec.layout import ContextParallel
 from meshplan.units import DType
 

@@ -16,7 +16,7 @@ import pytest
 from meshplan import io
 from meshplan.check.cases import Shape
 from meshplan.check.predict import Predicted, predict
-from meshplan.core import activations as act
+from meshplan.core.memory import activations as act
 from meshplan.core.params import count_params, param_inventory
 from meshplan.core.plan import evaluate
 from meshplan.core.pytorch import shards
@@ -241,7 +241,7 @@ def test_fsdp_over_tp_shards_the_tp_local_tensors() -> None:
 # tied embeddings' gradients were all-reduced between the first and last pipeline stage (gpt3-175b: +3.3 ms, the
 # all-reduce of 50,257 / 8 x 12,288 bf16 gradients across two nodes); memory unchanged. Moved again by the GEMM
 # shape law with H100's plateau refitted (0.64 -> 0.66): 8B +0.3%, 70B at TP 8 +0.9%, Mixtral +0.6%, GPT-3 +0.1%.
-# Moved again by Transformer Engine's ring bookkeeping under CP (core/te_ring.py): GPT-3 at CP 2 +0.43%.
+# Moved again by Transformer Engine's ring bookkeeping under CP (core/time/te_ring.py): GPT-3 at CP 2 +0.43%.
 MEGATRON_PINS = {
     "llama-3.1-8b": (8, dict(zero=ZeroStage.PARAMETERS, dp_shard=8), 8192, 16, Kernels.FUSED,
                      [61856199219.2], 1.7417880529581573),

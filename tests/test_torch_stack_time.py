@@ -8,7 +8,7 @@ import pytest
 from compute_setups import gpu_setup
 
 from meshplan import io
-from meshplan.core.compute import layer_time
+from meshplan.core.time.compute import layer_time
 from meshplan.core.plan import evaluate
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.conditions import Conditions, LossKind
@@ -88,7 +88,7 @@ def test_ring_merging_at_hbm_speed() -> None:
 def test_the_upcast_loss_moves_its_bytes() -> None:
     """cross_entropy(logits.float()) in eager PyTorch: 22 bytes per logit forward and 26 backward, against the
     fused loss's 8 and 8; 8,192 tokens of a 128,256-entry vocabulary."""
-    from meshplan.core.compute import LOSS_BYTES, head_time
+    from meshplan.core.time.compute import LOSS_BYTES, head_time
     from meshplan.spec.conditions import LossKind
 
     g = io.load_gpu("h100-sxm")
@@ -199,7 +199,7 @@ def _tp_plan(micro_batch: int, **kw: object):  # type: ignore[no-untyped-def]
 
 
 def _copy_bytes_per_token(micro_batch: int, **kw: object) -> tuple[float, float]:
-    from meshplan.core.stage_time import layer_kinds
+    from meshplan.core.time.stage_time import layer_kinds
 
     _, args = _tp_plan(micro_batch, **kw)
     dense = layer_kinds(*args).dense

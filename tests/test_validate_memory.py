@@ -13,7 +13,7 @@ import pytest
 
 from meshplan import io
 from meshplan.spec import requests
-from meshplan.validate_memory import best_constant_error, case_values, validate_memory
+from meshplan.validation.memory import best_constant_error, case_values, validate_memory
 
 # source: (mean |error| at most, max |error| at most)
 BOUNDS = {"korthikanti2022_figure1": (0.012, 0.03), "torchtitan_h100": (0.055, 0.13)}

@@ -1,6 +1,6 @@
 """The last lines of ``meshplan validate``'s table say which checks and which generalization goals hold."""
 
-from meshplan.tables_validation import validate_table
+from meshplan.cli.tables_validation import validate_table
 
 
 def _result(goals: list[bool]) -> dict:

@@ -18,7 +18,7 @@ from torch import nn
 from meshplan.check.cases import Shape, model_spec
 from meshplan.check.measure import SavedTensorTracker, state_bytes
 from meshplan.check.model import TinyConfig, TinyLlama, cross_entropy
-from meshplan.core.memory import stage_bill
+from meshplan.core.memory.bill import stage_bill
 from meshplan.core.params import count_params
 from meshplan.spec.cluster import GpuCalibration
 from meshplan.spec.finetune import Finetune, FinetuneMode

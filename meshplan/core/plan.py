@@ -8,7 +8,7 @@ from meshplan.core.comm import CollectiveCall
 from meshplan.core.constraints import check_layout
 from meshplan.core.params import count_params
 from meshplan.core.placement import DEFAULT_ORDER, AxisPlacement, place
-from meshplan.core.step_time import StepTime, step_time
+from meshplan.core.time.step_time import StepTime, step_time
 from meshplan.core.training import TrainingMemory, training_memory
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.conditions import Fp8Recipe

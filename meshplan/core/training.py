@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.core.constraints import check_layout
-from meshplan.core.memory import TERMS, MemoryBill, candidates, stage_bill
+from meshplan.core.memory.bill import TERMS, MemoryBill, candidates, stage_bill
 from meshplan.core.num import Num, where
 from meshplan.core.params import ParamCount, count_params
-from meshplan.core.stage_activations import layer_activations
+from meshplan.core.memory.stage_activations import layer_activations
 from meshplan.spec.cluster import GPU, GpuCalibration
 from meshplan.spec.layout import Layout, LayoutLike
 from meshplan.spec.model import ModelSpec

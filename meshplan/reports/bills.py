@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from meshplan import io
-from meshplan.core.memory import state_bytes_per_param
+from meshplan.core.memory.bill import state_bytes_per_param
 from meshplan.core.params import count_params
-from meshplan.core.serving import (
+from meshplan.core.serving.bill import (
     EngineMemory,
     ServingBill,
     kv_bytes_per_token_total,
@@ -18,7 +18,7 @@ from meshplan.core.serving import (
     serving_bill,
     weights_bytes_total,
 )
-from meshplan.core.terms import explain
+from meshplan.core.memory.terms import explain
 from meshplan.core.training import training_memory
 from meshplan.render import jsonable
 from meshplan.reports.conditions import workload_kwargs

@@ -11,7 +11,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from meshplan import io
-from meshplan.core.memory import TERMS
+from meshplan.core.memory.bill import TERMS
 from meshplan.core.placement import place
 from meshplan.core.plan import mesh_sizes
 from meshplan.render import jsonable

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.core.memory import TERMS
+from meshplan.core.memory.bill import TERMS
 from meshplan.core.plan import Plan, evaluate
 from meshplan.reports.estimate import evaluated_plan_dict
 from meshplan.reports.inputs import LayoutRequest, resolve_layout

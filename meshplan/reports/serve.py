@@ -11,11 +11,11 @@ from importlib import resources
 from typing import Any
 
 from meshplan import io
-from meshplan.core.serve_disagg import Pools, disaggregated_point
-from meshplan.core.serve_load import LoadPoint, Requests, load_point
-from meshplan.core.serve_offline import offline_run
-from meshplan.core.serve_phases import pipeline_factor
-from meshplan.core.serve_shape import (
+from meshplan.core.serving.disagg import Pools, disaggregated_point
+from meshplan.core.serving.load import LoadPoint, Requests, load_point
+from meshplan.core.serving.offline import offline_run
+from meshplan.core.serving.phases import pipeline_factor
+from meshplan.core.serving.shape import (
     AllReduceKernel,
     Hardware,
     Quant,
@@ -26,7 +26,7 @@ from meshplan.core.serve_shape import (
     kv_dtype_bytes,
     replica_shape,
 )
-from meshplan.core.serving import QUANT_GROUP, MemoryFraction
+from meshplan.core.serving.bill import QUANT_GROUP, MemoryFraction
 from meshplan.reports.inputs import choice
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
@@ -318,7 +318,7 @@ def serving_band_text(*, moe: bool) -> str:
 
 def offline_dict(setup: Setup, req: Requests, pt: LoadPoint, *, num_requests: int) -> dict[str, Any]:
     """An offline run of ``num_requests`` requests split evenly over the replicas, each holding the load point's
-    batch cap (core/serve_offline.py)."""
+    batch cap (core/serving/offline.py)."""
     per_replica = max(math.ceil(num_requests / setup.replicas), 1)
     run = offline_run(
         setup.model,

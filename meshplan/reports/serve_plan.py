@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from meshplan import io
-from meshplan.core.serve_load import Requests
-from meshplan.core.serve_search import Objective, SearchResult, Targets, search
-from meshplan.core.serve_shape import Hardware, Quant, ReplicaShape, ServeLayout, default_quant, replica_shape
+from meshplan.core.serving.load import Requests
+from meshplan.core.serving.search import Objective, SearchResult, Targets, search
+from meshplan.core.serving.shape import Hardware, Quant, ReplicaShape, ServeLayout, default_quant, replica_shape
 from meshplan.reports.inputs import choice
 from meshplan.reports.serve import DEFAULT_ENGINE, calibration, serving_band_text
 from meshplan.spec.cluster import GPU

@@ -70,7 +70,7 @@ class Link:
 
 
 class AttentionKernel(StrEnum):
-    """A fused attention kernel generation (published tables in core/attention_kernels.py)."""
+    """A fused attention kernel generation (published tables in core/time/attention_kernels.py)."""
 
     FA1 = "fa1"
     """FlashAttention (Dao et al. 2022), the first version (flash-attn 1.x)."""
@@ -86,7 +86,7 @@ class AttentionKernel(StrEnum):
 
 ATTENTION_GENERATIONS = ("ampere", "hopper")
 MLA_DECODE_KERNELS = ("flashmla",)
-"""Published absorbed-MLA decode kernels whose rates serving knows (core/serve_phases.py)."""
+"""Published absorbed-MLA decode kernels whose rates serving knows (core/serving/phases.py)."""
 """GPU generations with published fused-attention tables."""
 
 
@@ -112,7 +112,7 @@ class GpuCalibration:
     """Fraction of dense peak a fused (flash) attention kernel reaches in forward at long sequences (serving's
     prefill reads it; training reads the published kernel tables of ``attention_generation``)."""
     attention_generation: str = "hopper"
-    """Whose published fused-attention tables (core/attention_kernels.py) describe this kind: ampere (A100)
+    """Whose published fused-attention tables (core/time/attention_kernels.py) describe this kind: ampere (A100)
     or hopper (H100); a kind without tables of its own takes the nearest generation's shares of peak."""
     mla_decode_kernel: str | None = None
     """The published decode kernel of multi-head latent attention that runs on this kind (flashmla: the SM90 dies,

@@ -9,7 +9,7 @@ import pytest
 
 from meshplan.check import predict as check_predict
 from meshplan.check.cases import Shape
-from meshplan.core.memory import MemoryBill
+from meshplan.core.memory.bill import MemoryBill
 
 TINY = Shape(
     num_layers=4, hidden=32, num_heads=8, num_kv_heads=4, head_dim=4, ffn_hidden=64, vocab_size=50, seq_len=16,

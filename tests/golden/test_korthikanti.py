@@ -11,7 +11,7 @@ optimizer state, which the figure counts without embeddings) at 5%.
 import pytest
 
 from meshplan import io
-from meshplan.core import activations as act
+from meshplan.core.memory import activations as act
 from meshplan.core.training import training_memory
 from meshplan.spec.layout import Layout, Recompute, Schedule
 from meshplan.spec.workload import PRECISIONS, Attention, Workload

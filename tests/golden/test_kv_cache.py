@@ -7,7 +7,7 @@ the latent plus the RoPE key, layers * (d_c + d_R) * bytes. Exact.
 import pytest
 
 from meshplan import io
-from meshplan.core.serving import serving_bill
+from meshplan.core.serving.bill import serving_bill
 from meshplan.units import DType
 
 CASES = [

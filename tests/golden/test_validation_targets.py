@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.validate import best_constant_error
+from meshplan.validation.training import best_constant_error
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ HELD_OUT_BOUNDS = {  # each a little above today's held-out error (meshplan vali
 def test_tuned_interleaving_runs_on_the_stated_stack(report: dict) -> None:
     """A tuned vpp cuts each pipeline stage into whole layers unless the run file says its stack cuts unevenly
     (Megatron-LM 2021 and Megatron-Core r0.8 refuse a remainder): no prediction rests on a layout the stack refuses."""
-    from meshplan import validate as v
+    from meshplan.validation import training as v
 
     checked = 0
     for name, data in v.sources().items():
@@ -127,7 +127,7 @@ def test_llama3_held_out_beats_its_best_constant(held_out: dict) -> None:
 def test_the_stored_band_is_the_current_one(report: dict) -> None:
     """catalog/held_out.toml (estimate's P10-P90) matches the held-out residuals of today's model."""
     from meshplan import io
-    from meshplan.validate import held_out_band
+    from meshplan.validation.training import held_out_band
 
     stored, now = io.held_out_band(), held_out_band(report)
     assert stored["runs"] == now["runs"]
@@ -166,7 +166,7 @@ def test_narayanan_table_1_typed_as_a_user_would_gives_what_validate_gives(
     import json
 
     from meshplan import io
-    from meshplan import validate as v
+    from meshplan.validation import training as v
     from meshplan.cli import main
 
     data = v.sources()["narayanan2021"]
@@ -181,7 +181,7 @@ def test_narayanan_table_1_typed_as_a_user_would_gives_what_validate_gives(
     assert typed["per_gpu"]["total_bytes"] == pytest.approx(float(want.memory.per_gpu.total_bytes), rel=1e-9)
 
 
-@pytest.mark.parametrize("name", sorted(__import__("meshplan.validate", fromlist=["sources"]).sources()))
+@pytest.mark.parametrize("name", sorted(__import__("meshplan.validation.training", fromlist=["sources"]).sources()))
 def test_each_source_typed_as_a_user_would_gives_what_validate_gives(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -190,7 +190,7 @@ def test_each_source_typed_as_a_user_would_gives_what_validate_gives(
     import json
 
     from meshplan import io
-    from meshplan import validate as v
+    from meshplan.validation import training as v
     from meshplan.cli import main
 
     data = v.sources()[name]
@@ -208,7 +208,7 @@ def test_each_source_typed_as_a_user_would_gives_what_validate_gives(
 def test_every_published_run_billed_over_hbm_has_its_verdict(report: dict) -> None:
     """A run that trained but is billed over HBM is listed in validate_memory.RUNS_OVER_HBM, whose verdicts name the
     saving that would close the gap (`meshplan validate --memory`): none is shown failing without its reason."""
-    from meshplan.validate_memory import RUNS_OVER_HBM
+    from meshplan.validation.memory import RUNS_OVER_HBM
 
     over = {(r["source"], r["case"]) for r in report["runs"] if not r["fits"]}
     covered = set(RUNS_OVER_HBM) | {("llama3", "8K, 8,192 GPUs"), ("llama3", "8K, 16,384 GPUs")}  # PUBLISHED_LAYOUTS

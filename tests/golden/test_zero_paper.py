@@ -10,7 +10,7 @@ GB values to the paper's rounding.
 import pytest
 
 from meshplan import io
-from meshplan.core.memory import stage_bill
+from meshplan.core.memory.bill import stage_bill
 from meshplan.core.params import count_params
 from meshplan.spec.cluster import GpuCalibration
 from meshplan.spec.layout import Layout, ZeroStage

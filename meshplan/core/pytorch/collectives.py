@@ -15,7 +15,7 @@ Measured on torch 2.13 by ``meshplan check`` (docs/check.md):
 
 from __future__ import annotations
 
-from meshplan.core.activations import vocab_parallel_loss
+from meshplan.core.memory.activations import vocab_parallel_loss
 from meshplan.core.comm.call import CollectiveCall, StageShape, make_call
 from meshplan.core.comm.cost import Collective
 from meshplan.core.num import Num, ceil_div, where

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from meshplan.cli_commands import (
+from meshplan.cli.commands import (
     EXPORT_CONDITIONS,
     PIN_FIELDS,
     _cmd_calibrate,
@@ -28,7 +28,7 @@ from meshplan.cli_commands import (
     _cmd_ui,
     _cmd_validate,
 )
-from meshplan.cli_support import UsageError
+from meshplan.cli.support import UsageError
 
 
 class _Parser(argparse.ArgumentParser):

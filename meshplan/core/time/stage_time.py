@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.core import finetune
-from meshplan.core.activations import vocab_parallel_loss
+from meshplan.core.memory.activations import vocab_parallel_loss
 from meshplan.core.comm.patterns import PATTERNS
 from meshplan.core.comm.tp import gather_bytes_per_element, selective_replays
-from meshplan.core.compute import LOSS_BYTES, MEGATRON_CE_BYTES, ComputeSetup, LayerTime, head_time, layer_time
-from meshplan.core.flops import Gemm
+from meshplan.core.time.compute import LOSS_BYTES, MEGATRON_CE_BYTES, ComputeSetup, LayerTime, head_time, layer_time
+from meshplan.core.time.flops import Gemm
 from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.pytorch.overheads import fsdp2_copy_bytes, tp_chunk_cat_bytes
 from meshplan.core.pytorch.shards import gather_bytes

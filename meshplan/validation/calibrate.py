@@ -6,7 +6,7 @@ and the measured ``step_time_s`` or ``tokens_per_s_per_gpu`` (optionally
 ``peak_memory_bytes``, compared, not fitted). The profile's shared constants
 (scales on the matmul efficiency, collective bandwidth, attention kernels and
 memory-bound kernels, and the host's time per step; spec/profile.py) are
-fitted over all runs together (calibration.fit): nothing, one constant or two,
+fitted over all runs together (profile_fit.fit): nothing, one constant or two,
 whichever choice predicts each run best from the others (leave one run out).
 A constant no run can move is not fitted, a choice gets at most one free
 constant per two runs, and fewer than three runs are
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from meshplan import calibration
+from meshplan.validation import fit as profile_fit
 from meshplan.spec.profile import CONSTANTS, IDENTITY, Profile, dump_profile
 
 MIN_RUNS = 3
@@ -91,9 +91,9 @@ def _positive(value: Any) -> bool:
 
 
 def _estimate(run: MeasuredRun, profile: Profile) -> dict[str, Any]:
-    from meshplan.cli_commands import _cmd_estimate
-    from meshplan.cli_parser import build_parser
-    from meshplan.cli_support import UsageError
+    from meshplan.cli.commands import _cmd_estimate
+    from meshplan.cli.parser import build_parser
+    from meshplan.cli.support import UsageError
 
     try:
         ns = build_parser().parse_args(["estimate", *run.args])
@@ -123,15 +123,15 @@ def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
         raise ValueError(
             f"{len(runs)} runs cannot fit a profile: give at least {MIN_RUNS} (never one constant per run)"
         )
-    sens = calibration.sensitivities(lambda p: _rows(runs, p))
-    which = calibration.identified(sens)
+    sens = profile_fit.sensitivities(lambda p: _rows(runs, p))
+    which = profile_fit.identified(sens)
     identified = [name for name, ok in which.items() if ok]
     if not identified:
         raise ValueError("these runs cannot identify any constant: no run's time moves with any scale or the host time")
     # nothing, each identified constant alone, and each pair: the choice whose leave-one-run-out error is least (a
     # handful of runs rarely separates more than two causes: fitting more then overfits; and where the catalog's
     # constants already predict the runs, a fitted constant only adds noise)
-    choices = [c for c in calibration.subsets(identified, MOST_FREE) if len(runs) >= RUNS_PER_SCALE * len(c)]
+    choices = [c for c in profile_fit.subsets(identified, MOST_FREE) if len(runs) >= RUNS_PER_SCALE * len(c)]
     predicted_by_choice = {c: _held_out(sens, list(c)) for c in choices}
     held_by_choice = {
         c: [abs(r.error(p)) for r, p in zip(sens, ps, strict=True)] for c, ps in predicted_by_choice.items()
@@ -140,7 +140,7 @@ def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
     free = list(best)
     held = held_by_choice[best]
     p10, p90 = prediction_band([r.measured / p for r, p in zip(sens, predicted_by_choice[best], strict=True)])
-    fitted = calibration.fit(sens, free=free)
+    fitted = profile_fit.fit(sens, free=free)
     before = [abs(_error(run, p)) for run, p in zip(runs, predict(runs, IDENTITY), strict=True)]
     after = [abs(_error(run, p)) for run, p in zip(runs, predict(runs, fitted.profile), strict=True)]
     profile = dataclasses.replace(
@@ -212,13 +212,13 @@ def prediction_band(ratios: list[float]) -> tuple[float, float]:
     return math.exp(mean - half), math.exp(mean + half)
 
 
-def _held_out(sens: list[calibration.Sensitivity], free: list[str]) -> list[float]:
+def _held_out(sens: list[profile_fit.Sensitivity], free: list[str]) -> list[float]:
     """Each run's time-like value predicted with ``free`` fitted on all the other runs (first order in the
     constants; with nothing free, the catalog's own prediction)."""
     if not free:
         return [r.base for r in sens]
     return [
-        calibration.predict(r, calibration.fit([s for j, s in enumerate(sens) if j != i], free=free).profile)
+        profile_fit.predict(r, profile_fit.fit([s for j, s in enumerate(sens) if j != i], free=free).profile)
         for i, r in enumerate(sens)
     ]
 

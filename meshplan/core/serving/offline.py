@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.core.serve_phases import decode_step, pipeline_factor
-from meshplan.core.serve_shape import Hardware, ReplicaShape, ServeLayout, graph_batch
+from meshplan.core.serving.phases import decode_step, pipeline_factor
+from meshplan.core.serving.shape import Hardware, ReplicaShape, ServeLayout, graph_batch
 from meshplan.spec.model import ModelSpec
 
 MAX_OFFLINE_STEPS = 2_000_000

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from meshplan.cli_support import UsageError, save_json, search_progress
+from meshplan.cli.support import UsageError, save_json, search_progress
 
 
 def _finetune_request(args: argparse.Namespace) -> Any:
@@ -114,20 +114,20 @@ def _cmd_collectives(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
     if args.memory:
-        from meshplan.validate_memory import validate_memory
+        from meshplan.validation.memory import validate_memory
 
         return validate_memory()
     if args.serving:
-        from meshplan.validate_serving import validate_serving
+        from meshplan.validation.serving import validate_serving
 
         return validate_serving()
-    from meshplan.validate import validate
+    from meshplan.validation.training import validate
 
     return validate(args.source, profile=args.profile)
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
-    from meshplan.calibrate import calibrate_report
+    from meshplan.validation.calibrate import calibrate_report
 
     return calibrate_report(args.runs, out=args.out)
 
@@ -215,7 +215,7 @@ FROM_PLAN_KEEPS = ("engine", "from_plan", "out", "model_path", "precision", "jso
 def _ignored_flags(args: argparse.Namespace) -> list[str]:
     """Flags given to ``export`` that it would ignore: serving flags on a trainer and back, workload flags no
     engine takes, and with --from-plan everything the saved plan decides."""
-    from meshplan.cli_parser import build_parser
+    from meshplan.cli.parser import build_parser
 
     defaults = vars(build_parser().parse_args(["export", args.engine]))
     serving = args.engine in SERVING_ENGINES

@@ -1,7 +1,7 @@
 """The ``meshplan`` command: parse arguments, call a report, print a table or JSON.
 
 Bad input exits with code 2 and one line on stderr; Ctrl-C with 130 and one line. The flags are made in
-cli_parser.py from the request schema, the commands live in cli_commands.py.
+cli/parser.py from the request schema, the commands live in cli/commands.py.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from meshplan.cli_parser import add_fields as add_fields
-from meshplan.cli_parser import build_parser as build_parser
-from meshplan.cli_support import UsageError, check_numbers, error_line, interrupted
+from meshplan.cli.parser import add_fields as add_fields
+from meshplan.cli.parser import build_parser as build_parser
+from meshplan.cli.support import UsageError, check_numbers, error_line, interrupted
 
 __all__ = ["build_parser", "exit_code", "main"]
 
@@ -57,7 +57,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def _render(command: str, result: dict[str, Any]) -> str:
-    from meshplan.tables import render_table
+    from meshplan.cli.tables import render_table
 
     return render_table(command, result)
 
@@ -68,6 +68,3 @@ def exit_code(command: str, result: dict[str, Any]) -> int:
         return 0 if result.get("all_ok") else 1
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

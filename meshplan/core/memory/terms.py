@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.core.memory import MemoryBill
+from meshplan.core.memory.bill import MemoryBill
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,14 +21,14 @@ from importlib import resources
 from typing import Any
 
 from meshplan import io
-from meshplan.core.serve_caps import trtllm_bench_caps
-from meshplan.core.serve_load import Requests, load_point, static_batch_s
-from meshplan.core.serve_offline import offline_run
-from meshplan.core.serve_phases import decode_step, prefill
-from meshplan.core.serve_shape import Hardware, ServeCalibration, replica_shape
-from meshplan.core.serving import QUANT_GROUP
+from meshplan.core.serving.caps import trtllm_bench_caps
+from meshplan.core.serving.load import Requests, load_point, static_batch_s
+from meshplan.core.serving.offline import offline_run
+from meshplan.core.serving.phases import decode_step, prefill
+from meshplan.core.serving.shape import Hardware, ServeCalibration, replica_shape
+from meshplan.core.serving.bill import QUANT_GROUP
 from meshplan.reports.serve import Setup, resolve
-from meshplan.validate import class_band
+from meshplan.validation.training import class_band
 
 ENGINE_OF_SOURCE = {"trtllm": "trtllm", "gptfast": "gpt-fast", "sglang": "sglang"}
 QUANTIZED_KV_ENGINES = ("trtllm",)
@@ -202,7 +202,7 @@ def _ideal(setup: Setup) -> Setup:
 
 def bench_caps(row: dict[str, Any]) -> tuple[int | None, int | None]:
     """(max batch, max tokens per step) of a trtllm-bench throughput run that leaves them to trtllm-bench (its
-    heuristic, core/serve_caps.py, on the run's model, GPU, layout, dtypes and mean lengths); (None, None) for
+    heuristic, core/serving/caps.py, on the run's model, GPU, layout, dtypes and mean lengths); (None, None) for
     every other run, which keeps the engine family's defaults."""
     bench = _engine(row["source"]["id"]) == "trtllm" and "trtllm-bench" in row["engine"].get("notes", "")
     if row["kind"] != "offline_throughput_ifb" or not bench:

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.core.serve_load import P99_TAIL, BatchLimit, Capacity, Requests, capacity, erlang_c
-from meshplan.core.serve_phases import Forward, decode_step, pipeline_factor, prefill
-from meshplan.core.serve_shape import Hardware, ReplicaShape, ServeLayout
+from meshplan.core.serving.load import P99_TAIL, BatchLimit, Capacity, Requests, capacity, erlang_c
+from meshplan.core.serving.phases import Forward, decode_step, pipeline_factor, prefill
+from meshplan.core.serving.shape import Hardware, ReplicaShape, ServeLayout
 from meshplan.spec.model import ModelSpec
 
 

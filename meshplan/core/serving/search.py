@@ -19,10 +19,10 @@ from enum import StrEnum
 
 import numpy as np
 
-from meshplan.core.serve_disagg import Pools, split_curve
-from meshplan.core.serve_load import Requests, capacity, step_at, ttft_s
-from meshplan.core.serve_phases import pipeline_factor
-from meshplan.core.serve_shape import Hardware, ReplicaShape, ServeLayout
+from meshplan.core.serving.disagg import Pools, split_curve
+from meshplan.core.serving.load import Requests, capacity, step_at, ttft_s
+from meshplan.core.serving.phases import pipeline_factor
+from meshplan.core.serving.shape import Hardware, ReplicaShape, ServeLayout
 from meshplan.spec.model import ModelSpec
 
 

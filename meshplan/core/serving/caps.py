@@ -10,7 +10,7 @@ max(tp, kv_heads) heads, and
   max_batch_size:  < 256: max(64, 32 ceil(raw_bs / 32));  < 1024: 128 ceil(raw_bs / 128);  else 256 ceil(raw_bs / 256)
   max_num_tokens:  < 4096: max(2048, 256 ceil(raw_tok / 256));  < 8192: 512 ceil(/ 512);  else 1024 ceil(/ 1024)
 
-The caps are the engine's own; the KV cache the runtime then allocates is billed apart (core/serving.py). Every
+The caps are the engine's own; the KV cache the runtime then allocates is billed apart (core/serving/bill.py). Every
 argument broadcasts (numpy), so a search can size every layout at once.
 """
 

@@ -22,8 +22,8 @@ from enum import StrEnum
 import numpy as np
 
 from meshplan.core.num import Num
-from meshplan.core.serve_phases import MixedStep, decode_step, pipeline_factor, prefill
-from meshplan.core.serve_shape import Hardware, ReplicaShape, ServeLayout, graph_batch
+from meshplan.core.serving.phases import MixedStep, decode_step, pipeline_factor, prefill
+from meshplan.core.serving.shape import Hardware, ReplicaShape, ServeLayout, graph_batch
 from meshplan.spec.model import ModelSpec
 
 KNEE_SHARE = 0.9

@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Any
 
 from meshplan import io
-from meshplan.core.stage_activations import layer_activations, linear_inputs
+from meshplan.core.memory.stage_activations import layer_activations, linear_inputs
 from meshplan.reports.bills import memory_report
 from meshplan.reports.conditions import condition_names, conditions_of, precision_of
 from meshplan.reports.conditions import resolve as resolve_conditions
@@ -217,8 +217,8 @@ such run is listed."""
 def _run_layouts() -> list[dict[str, Any]]:
     """The RUNS_OVER_HBM runs as memory-run values: the run file's schema fields and its stated layout (a setting
     the source tuned as ``meshplan validate`` chose it)."""
-    from meshplan.validate import case_values as run_values
-    from meshplan.validate import run_case, sources
+    from meshplan.validation.training import case_values as run_values
+    from meshplan.validation.training import run_case, sources
 
     out = []
     for source, case_id in RUNS_OVER_HBM:

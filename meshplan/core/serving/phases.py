@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from meshplan.core.comm.cost import Collective, nccl_time
 from meshplan.core.num import Num, maximum, where
-from meshplan.core.serve_shape import (
+from meshplan.core.serving.shape import (
     ACT_BYTES,
     AllReduceKernel,
     Hardware,

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from meshplan.render import count, gb, percent, seconds, table
-from meshplan.tables_serving import serve_plan_table, serve_table, serving_table
-from meshplan.tables_validation import calibrate_table, validate_table
+from meshplan.cli.tables_serving import serve_plan_table, serve_table, serving_table
+from meshplan.cli.tables_validation import calibrate_table, validate_table
 
 
 def _params(r: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ kind's measured maximum achievable matmul throughput, thin ones (attention's
 per-head products, small experts) fall off, and skinny ones become memory
 bound. Fused attention runs at the share of peak its kernel (FlashAttention-2,
 cuDNN, FlashAttention-3) was published to reach at that sequence length, head
-dim and mask on that GPU generation (core/attention_kernels.py). Norms,
+dim and mask on that GPU generation (core/time/attention_kernels.py). Norms,
 activations, residual adds, dropout, rotary, softmax, FP8 casts and the MoE
 permutation move bytes at HBM speed. Every kernel also pays a launch gap.
 The constants are per GPU kind (catalog calibration), never per run.
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.core.attention_kernels import BACKWARD_FLOPS_RATIO, attention_shares
+from meshplan.core.time.attention_kernels import BACKWARD_FLOPS_RATIO, attention_shares
 from meshplan.core.finetune import adapted_matrices, nf4_bytes_per_param
-from meshplan.core.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms, windowed_keys_share
+from meshplan.core.time.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms, windowed_keys_share
 from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.pytorch.overheads import (
     DYNAMIC_AMAX_BYTES,
@@ -31,7 +31,7 @@ from meshplan.core.pytorch.overheads import (
     op_sac_share,
 )
 from meshplan.core.pytorch.ring_merge import ring_merge_time
-from meshplan.core.te_ring import te_ring_time
+from meshplan.core.time.te_ring import te_ring_time
 from meshplan.spec.cluster import AttentionKernel, GpuCalibration
 from meshplan.spec.conditions import LossKind
 from meshplan.spec.finetune import Finetune, FinetuneMode

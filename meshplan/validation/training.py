@@ -15,8 +15,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from meshplan import calibration, io
-from meshplan.core.flops import megatron_flops, narayanan_flops
+from meshplan.validation import fit as profile_fit
+
+from meshplan import io
+from meshplan.core.time.flops import megatron_flops, narayanan_flops
 from meshplan.core.plan import Plan, evaluate
 from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, workload_kwargs
 from meshplan.reports.estimate import BAND_CLASSES, band_class
@@ -273,17 +275,17 @@ not a constant of anything, and fitted it chases the model's structural misses (
 def leave_one_source_out(names: list[str] | None = None) -> dict[str, Any]:
     """Per source: its error when the shared scales are fitted on every other source, beside the best constant.
 
-    The compute scale (SHARED_SCALES) is fitted to first order on the other sources (calibration.fit); the
+    The compute scale (SHARED_SCALES) is fitted to first order on the other sources (profile_fit.fit); the
     left-out source is then evaluated exactly with it. Also the fit on all sources together.
     """
     names = list(sources()) if names is None else names
-    sens = calibration.sensitivities(lambda p: _rows(names, p), constants=("compute_scale", "comm_scale"))
-    everything = calibration.fit(sens, free=SHARED_SCALES)
+    sens = profile_fit.sensitivities(lambda p: _rows(names, p), constants=("compute_scale", "comm_scale"))
+    everything = profile_fit.fit(sens, free=SHARED_SCALES)
     out = []
     for name in names:
         others = [r for r in sens if r.source != name]
         mine = [r for r in sens if r.source == name]
-        fitted = calibration.fit(others, free=SHARED_SCALES)
+        fitted = profile_fit.fit(others, free=SHARED_SCALES)
         held = run_source(name, fitted.profile)
         out.append(
             {

@@ -1,6 +1,6 @@
 """What the CLI does around a command: input checks, one-line errors, progress on a terminal.
 
-Kept apart from ``cli.py`` (which declares the flags) so the checks apply to every flag, whoever declares it.
+Kept apart from ``cli/__init__.py`` (which declares the flags) so the checks apply to every flag, whoever declares it.
 """
 
 from __future__ import annotations
