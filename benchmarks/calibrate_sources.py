@@ -26,11 +26,10 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from meshplan.validation import fit as profile_fit
-
 from meshplan import io
-from meshplan.validation.calibrate import MeasuredRun, _rows, fit_runs, predict
 from meshplan.spec.profile import CONSTANTS, IDENTITY
+from meshplan.validation import fit as profile_fit
+from meshplan.validation.calibrate import MeasuredRun, _rows, fit_runs, predict
 from meshplan.validation.training import _model, estimate_args, run_case, sources
 
 METRICS = {"tokens_per_s_per_gpu": "tokens_per_s_per_gpu", "iteration_time_s": "step_time_s"}

@@ -14,8 +14,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from meshplan.validation.training import held_out_band, validate
 from meshplan.validation.serving import validate_serving
+from meshplan.validation.training import held_out_band, validate
 
 SERVING_BAND_CLASSES = ("decode", "prefill", "throughput_dense", "throughput_moe")
 

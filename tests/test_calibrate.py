@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.validation.calibrate import MeasuredRun, calibrate_report, fit_runs, load_runs, predict
 from meshplan.spec.profile import IDENTITY, Profile, dump_profile, load_profile
+from meshplan.validation.calibrate import MeasuredRun, calibrate_report, fit_runs, load_runs, predict
 
 TRUTH = Profile(compute_scale=0.8, comm_scale=0.5)
 """The hidden cluster: GPUs 20% below the catalog's efficiency, a network at half its bandwidth."""

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from meshplan.validation.fit import PERTURB, Sensitivity, fit, identified, predict
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.profile import Profile, apply_profile, dump_profile, load_profile, parse_profile
+from meshplan.validation.fit import PERTURB, Sensitivity, fit, identified, predict
 
 
 def test_identity_changes_nothing() -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from meshplan import io
 from meshplan.core import pipeline
-from meshplan.core.params import count_params
 from meshplan.core.memory.stage_activations import layer_activations, loss_peak_bytes
+from meshplan.core.params import count_params
 from meshplan.reports.bills import memory_report
 from meshplan.reports.conditions import resolve
 from meshplan.reports.inputs import LayoutRequest, resolve_layout, resolve_workload

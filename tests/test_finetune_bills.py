@@ -9,8 +9,8 @@ import pytest
 
 from meshplan import io
 from meshplan.cli import main
-from meshplan.core.time.flops import model_flops_per_token
 from meshplan.core.params import count_params
+from meshplan.core.time.flops import model_flops_per_token
 from meshplan.reports import fit_report, memory_report
 from meshplan.reports.estimate import estimate_report
 from meshplan.reports.inputs import FinetuneRequest, LayoutRequest

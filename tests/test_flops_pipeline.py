@@ -4,8 +4,8 @@ import pytest
 
 from meshplan import io
 from meshplan.core import pipeline
-from meshplan.core.time.flops import korthikanti_model_flops, model_flops_per_token, narayanan_flops, six_nd
 from meshplan.core.params import count_params
+from meshplan.core.time.flops import korthikanti_model_flops, model_flops_per_token, narayanan_flops, six_nd
 from meshplan.core.time.step_time import _bubble
 from meshplan.spec.layout import Schedule
 

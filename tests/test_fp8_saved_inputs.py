@@ -7,8 +7,8 @@ import pytest
 
 from meshplan import io
 from meshplan.core.memory import activations as act
-from meshplan.core.plan import evaluate
 from meshplan.core.memory.stage_activations import linear_inputs
+from meshplan.core.plan import evaluate
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.conditions import Conditions, Fp8Recipe
 from meshplan.spec.layout import Layout, Recompute

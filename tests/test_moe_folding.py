@@ -11,10 +11,10 @@ from meshplan import io
 from meshplan.cli import main
 from meshplan.core.memory import activations as act
 from meshplan.core.memory.bill import shard_degrees
+from meshplan.core.memory.stage_params import stage_params
 from meshplan.core.params import count_params
 from meshplan.core.placement import place
 from meshplan.core.plan import evaluate, mesh_sizes
-from meshplan.core.memory.stage_params import stage_params
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.layout import Layout, Recompute, ZeroStage
 from meshplan.spec.workload import Workload

@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 
 from meshplan import io
-from meshplan.core.time.stage_time import layer_kinds, stage_times
 from meshplan.core.stages import stage_row
+from meshplan.core.time.stage_time import layer_kinds, stage_times
 from meshplan.reports.inputs import resolve_cluster, resolve_workload
 from meshplan.spec.layout import Layout, Schedule, ZeroStage
 

@@ -6,11 +6,11 @@ import json
 import pytest
 
 from meshplan.cli import main
+from meshplan.cli.tables import render_table
 from meshplan.reports.inputs import FinetuneRequest, LayoutRequest
 from meshplan.reports.plan import plan_report
 from meshplan.reports.plan_explain import parse_compare
 from meshplan.reports.recipes import factors, list_report, recipe_report, recipes
-from meshplan.cli.tables import render_table
 
 
 def test_plan_json_contract(capsys: pytest.CaptureFixture[str]) -> None:

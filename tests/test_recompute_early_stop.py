@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from meshplan import io
+from meshplan.core.plan import evaluate
 from meshplan.core.time.compute import gemm_time
 from meshplan.core.time.flops import Gemm
-from meshplan.core.plan import evaluate
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.conditions import Conditions
 from meshplan.spec.layout import Layout, Recompute, ZeroStage

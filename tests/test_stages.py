@@ -18,8 +18,8 @@ from meshplan.core.memory.bill import TERMS, candidates, stage_bill
 from meshplan.core.params import count_params
 from meshplan.core.placement import place
 from meshplan.core.plan import evaluate, mesh_sizes
-from meshplan.core.time.stage_time import stage_times
 from meshplan.core.stages import candidate_stages, layer_stage, stage_row, stage_table
+from meshplan.core.time.stage_time import stage_times
 from meshplan.core.time.step_time import step_time
 from meshplan.core.training import peak_bill
 from meshplan.reports.inputs import resolve_cluster

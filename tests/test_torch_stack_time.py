@@ -8,8 +8,8 @@ import pytest
 from compute_setups import gpu_setup
 
 from meshplan import io
-from meshplan.core.time.compute import layer_time
 from meshplan.core.plan import evaluate
+from meshplan.core.time.compute import layer_time
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.conditions import Conditions, LossKind
 from meshplan.spec.layout import Layout, Recompute, ZeroStage

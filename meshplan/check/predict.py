@@ -15,18 +15,18 @@ from typing import Any
 
 from meshplan import io
 from meshplan.check.cases import Case, Shape, case_for, model_spec, rotary_buffer_bytes, workload
-from meshplan.core.memory import activations as act
 from meshplan.core import pipeline
 from meshplan.core.comm import inventory
 from meshplan.core.comm.call import CollectiveCall, StageShape
 from meshplan.core.comm.cost import Collective
+from meshplan.core.memory import activations as act
 from meshplan.core.memory.bill import MemoryBill, moment_bytes_per_param, stage_bill
+from meshplan.core.memory.stage_params import stage_params
 from meshplan.core.params import count_params
 from meshplan.core.placement import place
 from meshplan.core.plan import mesh_sizes
 from meshplan.core.pytorch import collectives as torch_calls
 from meshplan.core.pytorch import shards
-from meshplan.core.memory.stage_params import stage_params
 from meshplan.core.stages import StageRow, stage_row
 from meshplan.spec.cluster import Cluster, GpuCalibration
 from meshplan.spec.layout import ZeroStage

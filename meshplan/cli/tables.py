@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from meshplan.render import count, gb, percent, seconds, table
 from meshplan.cli.tables_serving import serve_plan_table, serve_table, serving_table
 from meshplan.cli.tables_validation import calibrate_table, validate_table
+from meshplan.render import count, gb, percent, seconds, table
 
 
 def _params(r: dict[str, Any]) -> str:

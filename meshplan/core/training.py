@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from meshplan.core.constraints import check_layout
 from meshplan.core.memory.bill import TERMS, MemoryBill, candidates, stage_bill
+from meshplan.core.memory.stage_activations import layer_activations
 from meshplan.core.num import Num, where
 from meshplan.core.params import ParamCount, count_params
-from meshplan.core.memory.stage_activations import layer_activations
 from meshplan.spec.cluster import GPU, GpuCalibration
 from meshplan.spec.layout import Layout, LayoutLike
 from meshplan.spec.model import ModelSpec

@@ -9,6 +9,7 @@ from typing import Any
 
 from meshplan import io
 from meshplan.core.memory.bill import state_bytes_per_param
+from meshplan.core.memory.terms import explain
 from meshplan.core.params import count_params
 from meshplan.core.serving.bill import (
     EngineMemory,
@@ -18,7 +19,6 @@ from meshplan.core.serving.bill import (
     serving_bill,
     weights_bytes_total,
 )
-from meshplan.core.memory.terms import explain
 from meshplan.core.training import training_memory
 from meshplan.render import jsonable
 from meshplan.reports.conditions import workload_kwargs

@@ -7,10 +7,10 @@ from typing import Any
 
 from meshplan import io
 from meshplan.core.comm.cost import BUS_FACTOR_DOC, Collective, bus_factor, ring_time
-from meshplan.core.time.compute import resolved_attention
+from meshplan.core.memory.terms import explain
 from meshplan.core.placement import AxisPlacement
 from meshplan.core.plan import Plan, evaluate
-from meshplan.core.memory.terms import explain
+from meshplan.core.time.compute import resolved_attention
 from meshplan.render import jsonable
 from meshplan.reports.conditions import workload_kwargs
 from meshplan.reports.inputs import (

@@ -11,6 +11,7 @@ from importlib import resources
 from typing import Any
 
 from meshplan import io
+from meshplan.core.serving.bill import QUANT_GROUP, MemoryFraction
 from meshplan.core.serving.disagg import Pools, disaggregated_point
 from meshplan.core.serving.load import LoadPoint, Requests, load_point
 from meshplan.core.serving.offline import offline_run
@@ -26,7 +27,6 @@ from meshplan.core.serving.shape import (
     kv_dtype_bytes,
     replica_shape,
 )
-from meshplan.core.serving.bill import QUANT_GROUP, MemoryFraction
 from meshplan.reports.inputs import choice
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec

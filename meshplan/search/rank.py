@@ -24,11 +24,16 @@ import numpy.typing as npt
 from meshplan.core.constraints import RULES
 from meshplan.core.groups import model_parallel_groups, take_rows
 from meshplan.core.memory.bill import TERMS, MemoryBill, candidates, stage_bill, state_bytes
+from meshplan.core.memory.stage_activations import (
+    LayerActivations,
+    StageActivations,
+    layer_activations,
+    stage_activations,
+)
+from meshplan.core.memory.stage_params import StageParams, layout_stage_params
 from meshplan.core.params import ParamCount, count_params
 from meshplan.core.placement import DEFAULT_ORDER, place
 from meshplan.core.plan import mesh_sizes
-from meshplan.core.memory.stage_activations import LayerActivations, StageActivations, layer_activations, stage_activations
-from meshplan.core.memory.stage_params import StageParams, layout_stage_params
 from meshplan.core.time.step_time import StepTime, step_time
 from meshplan.core.training import peak_bill
 from meshplan.search.order import Objective, pareto_front, rank

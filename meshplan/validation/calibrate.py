@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from meshplan.validation import fit as profile_fit
 from meshplan.spec.profile import CONSTANTS, IDENTITY, Profile, dump_profile
+from meshplan.validation import fit as profile_fit
 
 MIN_RUNS = 3
 RUNS_PER_SCALE = 2

@@ -15,11 +15,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from meshplan.validation import fit as profile_fit
-
 from meshplan import io
-from meshplan.core.time.flops import megatron_flops, narayanan_flops
 from meshplan.core.plan import Plan, evaluate
+from meshplan.core.time.flops import megatron_flops, narayanan_flops
 from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, workload_kwargs
 from meshplan.reports.estimate import BAND_CLASSES, band_class
 from meshplan.reports.inputs import LayoutRequest, resolve_cluster, resolve_layout, resolve_order, resolve_workload
@@ -27,6 +25,7 @@ from meshplan.spec import requests
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.profile import IDENTITY, Profile, apply_profile, parse_profile
+from meshplan.validation import fit as profile_fit
 
 TUNABLE = {"micro_batch": (1, 2, 4, 8, 16, 32), "vpp": (1, 2, 3, 4, 5, 6, 8)}
 VPP_CHUNKS = ("whole-layers", "any")

@@ -19,7 +19,7 @@ import pytest
 from meshplan.cli import main
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cli_json_cases import CASES  # noqa: E402
+from cli_json_cases import CASES
 
 HERE = Path(__file__).parent / "cli_json"
 ROOT = Path(__file__).parents[2]

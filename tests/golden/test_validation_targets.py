@@ -166,8 +166,8 @@ def test_narayanan_table_1_typed_as_a_user_would_gives_what_validate_gives(
     import json
 
     from meshplan import io
-    from meshplan.validation import training as v
     from meshplan.cli import main
+    from meshplan.validation import training as v
 
     data = v.sources()["narayanan2021"]
     case = {**data.get("defaults", {}), **data["case"][index]}
@@ -190,8 +190,8 @@ def test_each_source_typed_as_a_user_would_gives_what_validate_gives(
     import json
 
     from meshplan import io
-    from meshplan.validation import training as v
     from meshplan.cli import main
+    from meshplan.validation import training as v
 
     data = v.sources()[name]
     case = {**data.get("defaults", {}), **data["case"][0]}

@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from meshplan.core import finetune, pipeline
+from meshplan.core.memory.stage_activations import LayerActivations, StageActivations, stage_activations
+from meshplan.core.memory.stage_params import StageParams, layer_rank_params, layout_stage_params
 from meshplan.core.num import Num, gcd, maximum, to_float, where
 from meshplan.core.params import ParamCount
 from meshplan.core.pytorch import shards
-from meshplan.core.memory.stage_activations import LayerActivations, StageActivations, stage_activations
-from meshplan.core.memory.stage_params import StageParams, layer_rank_params, layout_stage_params
 from meshplan.core.stages import candidate_stages, stage_row, vocab_params_per_rank
 from meshplan.spec.cluster import GpuCalibration
 from meshplan.spec.layout import LayoutLike, ZeroStage

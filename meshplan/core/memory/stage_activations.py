@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.core.memory import activations as act
 from meshplan.core import finetune, pipeline
+from meshplan.core.memory import activations as act
+from meshplan.core.memory.stage_params import StageParams, layout_stage_params
 from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.params import ParamCount
-from meshplan.core.memory.stage_params import StageParams, layout_stage_params
 from meshplan.core.stages import stage_row
 from meshplan.spec.conditions import (
     COMPILED_LOSS_BYTES,

@@ -15,9 +15,9 @@ Measured on torch 2.13 by ``meshplan check`` (docs/check.md):
 
 from __future__ import annotations
 
-from meshplan.core.memory.activations import vocab_parallel_loss
 from meshplan.core.comm.call import CollectiveCall, StageShape, make_call
 from meshplan.core.comm.cost import Collective
+from meshplan.core.memory.activations import vocab_parallel_loss
 from meshplan.core.num import Num, ceil_div, where
 from meshplan.core.placement import AxisPlacement
 from meshplan.core.pytorch.shards import RankCoords, ddp_buckets, fsdp_units, gather_bytes, rank_params

@@ -4,8 +4,8 @@ checkpointing recomputes."""
 
 from __future__ import annotations
 
-from meshplan.core.time.flops import Gemm
 from meshplan.core.num import Num, where
+from meshplan.core.time.flops import Gemm
 from meshplan.spec.model import MlpKind, ModelSpec
 
 DYNAMIC_CAST_BYTES = 4.0

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from meshplan.core.finetune import nf4_bytes_per_param
-from meshplan.core.params import ParamCount, count_params
 from meshplan.core.memory.stage_params import StageParams, stage_params
+from meshplan.core.params import ParamCount, count_params
 from meshplan.core.stages import vocab_params_per_rank
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec

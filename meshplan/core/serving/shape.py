@@ -13,8 +13,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from meshplan.core.time.compute import mean_depth
-from meshplan.core.time.flops import attention_gemms, mlp_gemms, sliding_keys
+from meshplan.core.memory.stage_params import stage_params
 from meshplan.core.num import Num
 from meshplan.core.params import count_params
 from meshplan.core.serving.bill import (
@@ -26,7 +25,8 @@ from meshplan.core.serving.bill import (
     serving_bill,
     weight_bytes_per_param,
 )
-from meshplan.core.memory.stage_params import stage_params
+from meshplan.core.time.compute import mean_depth
+from meshplan.core.time.flops import attention_gemms, mlp_gemms, sliding_keys
 from meshplan.spec.cluster import GPU, Link
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DTYPE_BYTES, DType

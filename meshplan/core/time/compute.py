@@ -19,9 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.core.time.attention_kernels import BACKWARD_FLOPS_RATIO, attention_shares
 from meshplan.core.finetune import adapted_matrices, nf4_bytes_per_param
-from meshplan.core.time.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms, windowed_keys_share
 from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.pytorch.overheads import (
     DYNAMIC_AMAX_BYTES,
@@ -31,6 +29,8 @@ from meshplan.core.pytorch.overheads import (
     op_sac_share,
 )
 from meshplan.core.pytorch.ring_merge import ring_merge_time
+from meshplan.core.time.attention_kernels import BACKWARD_FLOPS_RATIO, attention_shares
+from meshplan.core.time.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms, windowed_keys_share
 from meshplan.core.time.te_ring import te_ring_time
 from meshplan.spec.cluster import AttentionKernel, GpuCalibration
 from meshplan.spec.conditions import LossKind

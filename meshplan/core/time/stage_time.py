@@ -8,15 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.core import finetune
-from meshplan.core.memory.activations import vocab_parallel_loss
 from meshplan.core.comm.patterns import PATTERNS
 from meshplan.core.comm.tp import gather_bytes_per_element, selective_replays
-from meshplan.core.time.compute import LOSS_BYTES, MEGATRON_CE_BYTES, ComputeSetup, LayerTime, head_time, layer_time
-from meshplan.core.time.flops import Gemm
+from meshplan.core.memory.activations import vocab_parallel_loss
 from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.pytorch.overheads import fsdp2_copy_bytes, tp_chunk_cat_bytes
 from meshplan.core.pytorch.shards import gather_bytes
 from meshplan.core.stages import StageRow, stage_row
+from meshplan.core.time.compute import LOSS_BYTES, MEGATRON_CE_BYTES, ComputeSetup, LayerTime, head_time, layer_time
+from meshplan.core.time.flops import Gemm
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.conditions import Fp8Recipe, LossKind, Selective
 from meshplan.spec.layout import ContextParallel, LayoutLike, Recompute, Schedule, ZeroStage

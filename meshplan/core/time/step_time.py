@@ -26,13 +26,13 @@ import numpy as np
 from meshplan.core import finetune, pipeline
 from meshplan.core.comm import CollectiveCall, StageShape, dp_calls, model_parallel_calls
 from meshplan.core.comm.cost import Collective
-from meshplan.core.time.flops import model_flops_per_token
 from meshplan.core.groups import DATA_PARALLEL_SPLIT, model_parallel_groups, spread, take_rows
 from meshplan.core.memory.bill import candidates, moment_bytes_per_param, shard_degrees, stage_training
+from meshplan.core.memory.stage_params import StageParams, layout_stage_params
 from meshplan.core.num import Num, like, maximum, minimum, to_float, where
 from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
-from meshplan.core.memory.stage_params import StageParams, layout_stage_params
+from meshplan.core.time.flops import model_flops_per_token
 from meshplan.core.time.stage_time import StageTimes, fsdp_shards, stage_times
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
