@@ -22,7 +22,7 @@ CASES: dict[str, list[str]] = {
     "memory_70b_tp8_pp4_zero1": ["memory", "llama-3.1-70b", *H100, "--gpus", "64", "--tp", "8", "--pp", "4",
                                  "--zero", "1", "--sp", "--seq", "8192", "--global-batch", "128"],
     "memory_8b_torchtitan_fsdp": ["memory", "llama-3.1-8b", "--gpu", "h200", "--gpus", "8", "--dp-shard", "8",
-                                  "--zero", "3",                                  "--stack", "torchtitan", "--seq", "8192", "--global-batch", "32"],
+                                  "--zero", "3", "--stack", "torchtitan", "--seq", "8192", "--global-batch", "32"],
     "memory_mixtral_ep": ["memory", "mixtral-8x7b", *H100, "--gpus", "16", "--tp", "2", "--ep", "8",
                           "--seq", "4096", "--global-batch", "64", "--recompute", "full"],
     "memory_70b_qlora": ["memory", "llama-3.1-70b", *H100, "--gpus", "1", "--finetune", "qlora",
