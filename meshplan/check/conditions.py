@@ -31,7 +31,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from meshplan.check.cases import ACCUMULATED_MICRO_BATCHES
-from meshplan.check.layouts import Probe, Trainer, _adamw, _trainer, apply_tp, batch, standard_step
+from meshplan.check.layouts import Probe, Trainer, adamw, apply_tp, batch, make_trainer, standard_step
 from meshplan.check.measure import cached_bytes
 from meshplan.check.model import TinyConfig, TinyLlama, cross_entropy
 
@@ -93,7 +93,7 @@ def build_fsdp_op_sac(cfg: TinyConfig, world_size: int) -> Trainer:
 
     return Trainer(
         model=model,
-        optimizer=_adamw(model),
+        optimizer=adamw(model),
         forward_backward=forward_backward,
         inputs=(tokens, targets),
         held_outside_autograd=sac.held_bytes,
@@ -111,7 +111,7 @@ def _build_tp_op_sac(cfg: TinyConfig, world_size: int, *, sequence_parallel: boo
     apply_tp(model, mesh, sequence_parallel=sequence_parallel)
     for name, layer in list(model.layers.items()):
         model.layers[name] = checkpoint_wrapper(layer, context_fn=sac.context_fn)
-    trainer = _trainer(model, cfg, seed=0)  # every TP rank sees the same batch
+    trainer = make_trainer(model, cfg, seed=0)  # every TP rank sees the same batch
     step = trainer.forward_backward
 
     def forward_backward(probe: Probe) -> None:
@@ -144,7 +144,7 @@ def build_fsdp_no_sync(cfg: TinyConfig, world_size: int) -> Trainer:
 
     return Trainer(
         model=model,
-        optimizer=_adamw(model),
+        optimizer=adamw(model),
         forward_backward=forward_backward,
         inputs=tuple(t for pair in batches for t in pair),
     )

@@ -73,7 +73,7 @@ def _world() -> dist.ProcessGroup:
     return group
 
 
-def _adamw(model: nn.Module) -> torch.optim.Optimizer:
+def adamw(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
@@ -89,11 +89,11 @@ def standard_step(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor)
     return forward_backward
 
 
-def _trainer(model: nn.Module, cfg: TinyConfig, *, seed: int, warmup_steps: int = 1) -> Trainer:
+def make_trainer(model: nn.Module, cfg: TinyConfig, *, seed: int, warmup_steps: int = 1) -> Trainer:
     tokens, targets = batch(cfg, seed=seed)
     return Trainer(
         model=model,
-        optimizer=_adamw(model),
+        optimizer=adamw(model),
         forward_backward=standard_step(model, tokens, targets),
         inputs=(tokens, targets),
         warmup_steps=warmup_steps,
@@ -102,7 +102,7 @@ def _trainer(model: nn.Module, cfg: TinyConfig, *, seed: int, warmup_steps: int 
 
 def build_ddp(cfg: TinyConfig, world_size: int) -> Trainer:
     # DDP broadcasts buffers every forward and rebuilds its buckets in the second iteration: warm up twice
-    return _trainer(DistributedDataParallel(TinyLlama(cfg)), cfg, seed=dist.get_rank(), warmup_steps=2)
+    return make_trainer(DistributedDataParallel(TinyLlama(cfg)), cfg, seed=dist.get_rank(), warmup_steps=2)
 
 
 def fsdp_builder(
@@ -120,7 +120,7 @@ def fsdp_builder(
         for layer in model.layers.values():
             fully_shard(layer, reshard_after_forward=reshard_after_forward, mp_policy=policy)
         fully_shard(model, reshard_after_forward=reshard_after_forward, mp_policy=policy)
-        return _trainer(model, cfg, seed=dist.get_rank())
+        return make_trainer(model, cfg, seed=dist.get_rank())
 
     return build
 
@@ -167,7 +167,7 @@ def tp_builder(*, sequence_parallel: bool) -> Builder:
         apply_tp(
             model, init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",)), sequence_parallel=sequence_parallel
         )
-        return _trainer(model, cfg, seed=0)  # every TP rank sees the same batch
+        return make_trainer(model, cfg, seed=0)  # every TP rank sees the same batch
 
     return build
 
@@ -182,7 +182,7 @@ def build_fsdp_tp(cfg: TinyConfig, world_size: int) -> Trainer:
     for layer in model.layers.values():
         fully_shard(layer, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
-    return _trainer(model, cfg, seed=mesh.get_local_rank("dp"))
+    return make_trainer(model, cfg, seed=mesh.get_local_rank("dp"))
 
 
 def build_ep(cfg: TinyConfig, world_size: int) -> Trainer:
@@ -199,7 +199,7 @@ def build_ep(cfg: TinyConfig, world_size: int) -> Trainer:
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(  # type: ignore[no-untyped-call]
         model, expert_names
     )
-    return _trainer(
+    return make_trainer(
         DistributedDataParallel(model, forward_sync_buffers=False), cfg, seed=dist.get_rank(), warmup_steps=2
     )
 
@@ -219,7 +219,7 @@ def build_cp(cfg: TinyConfig, world_size: int) -> Trainer:
     model.set_positions(torch.arange(rank * chunk, (rank + 1) * chunk))  # after DDP's init sync of the buffers
     return Trainer(
         model=ddp,
-        optimizer=_adamw(ddp),
+        optimizer=adamw(ddp),
         forward_backward=standard_step(ddp, tokens, targets),
         inputs=(tokens, targets),
         warmup_steps=2,

@@ -35,7 +35,9 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         check_numbers(args)
-        result = args.handler(args)
+        from meshplan.cli.commands import COMMANDS
+
+        result = COMMANDS[args.command](args)
         if result is None:
             return 0
         text = None if args.json else _render(args.command, result)
@@ -67,4 +69,3 @@ def exit_code(command: str, result: dict[str, Any]) -> int:
     if command in ("validate", "check"):
         return 0 if result.get("all_ok") else 1
     return 0
-

@@ -10,43 +10,26 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from meshplan.cli.parser import EXPORT_CONDITIONS, PIN_FIELDS
 from meshplan.cli.support import UsageError, save_json, search_progress
 
 
 def _finetune_request(args: argparse.Namespace) -> Any:
-    """None unless a fine-tuning flag was given (so the default path loads nothing more)."""
-    given = (args.finetune, args.freeze, args.lora_targets, args.lora_rank)
-    if all(x is None for x in given) and not args.lora_train_embeddings:
-        return None
-    from meshplan.reports.inputs import FinetuneRequest
+    from meshplan.reports.typed import finetune_request
 
-    return FinetuneRequest(
-        mode=args.finetune or "full",
-        lora_rank=args.lora_rank,
-        lora_targets=args.lora_targets,
-        freeze=args.freeze,
-        lora_train_embeddings=args.lora_train_embeddings,
-    )
+    return finetune_request(vars(args))
 
 
 def _layout_request(args: argparse.Namespace) -> Any:
-    from meshplan.reports import LayoutRequest
-    from meshplan.spec.requests import Group, group
+    from meshplan.reports.typed import layout_request
 
-    values = {f.name: getattr(args, f.name) for f in group(Group.LAYOUT)}
-    return LayoutRequest(**(values | {"tp": values["tp"] or 1}))  # export leaves tp unset for servers
+    return layout_request(vars(args))
 
 
 def _workload_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return dict(
-        seq=args.seq,
-        global_batch=args.global_batch,
-        precision=args.precision,
-        optimizer=args.optimizer,
-        optimizer_bytes=args.optimizer_bytes,
-        attention=args.attention,
-        kernels=args.kernels,
-    )
+    from meshplan.reports.typed import workload_kwargs
+
+    return workload_kwargs(vars(args))
 
 
 def _cmd_params(args: argparse.Namespace) -> dict[str, Any]:
@@ -56,9 +39,9 @@ def _cmd_params(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _conditions(args: argparse.Namespace) -> dict[str, Any]:
-    from meshplan.spec.requests import Group, group
+    from meshplan.reports.typed import conditions
 
-    return {f.name: getattr(args, f.name) for f in group(Group.CONDITIONS)}
+    return conditions(vars(args))
 
 
 def _cmd_memory(args: argparse.Namespace) -> dict[str, Any]:
@@ -82,25 +65,9 @@ def _cmd_stacks(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
-    from meshplan.reports.estimate import estimate_report
+    from meshplan.reports.typed import estimate_from_values
 
-    return estimate_report(
-        finetune=_finetune_request(args),
-        model=args.model,
-        gpu=args.gpu,
-        gpus=args.gpus,
-        layout=_layout_request(args),
-        node_size=args.node_size,
-        scale_out_bandwidth=args.scale_out_bandwidth,
-        nics_per_node=args.nics_per_node,
-        oversubscription=args.oversubscription,
-        scale_out=args.scale_out,
-        axis_order=args.axis_order,
-        tokens=args.tokens,
-        conditions=_conditions(args),
-        profile=args.profile,
-        **_workload_kwargs(args),
-    )
+    return estimate_from_values(vars(args))
 
 
 def _cmd_collectives(args: argparse.Namespace) -> dict[str, Any]:
@@ -130,12 +97,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.validation.calibrate import calibrate_report
 
     return calibrate_report(args.runs, out=args.out)
-
-
-EXPORT_CONDITIONS = ("first_stage_layers", "last_stage_layers", "fp8_recipe", "fp8_all_gather")
-"""The run conditions a training export writes into the engine's configuration."""
-PIN_FIELDS: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "dp_shard", "dp_replicate", "zero", "sp", "recompute")
-PIN_FIELDS += ("expert_tp", "schedule", "cp_kind", "micro_batch")
 
 
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
@@ -208,7 +169,7 @@ EXPORT_IGNORES = ("optimizer", "optimizer_bytes", "attention")
 """Workload flags export takes (they come with the layout flags) but no engine configuration carries."""
 
 
-FROM_PLAN_KEEPS = ("engine", "from_plan", "out", "model_path", "precision", "json", "command", "handler")
+FROM_PLAN_KEEPS = ("engine", "from_plan", "out", "model_path", "precision", "json", "command")
 """What ``export --from-plan`` still reads from the command line: the rest comes from the saved plan."""
 
 
@@ -431,3 +392,25 @@ def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
 
         Path(args.save).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], dict[str, Any] | None]] = {
+    "list": _cmd_list,
+    "params": _cmd_params,
+    "memory": _cmd_memory,
+    "stacks": _cmd_stacks,
+    "estimate": _cmd_estimate,
+    "collectives": _cmd_collectives,
+    "validate": _cmd_validate,
+    "calibrate": _cmd_calibrate,
+    "plan": _cmd_plan,
+    "recipe": _cmd_recipe,
+    "export": _cmd_export,
+    "fit": _cmd_fit,
+    "serving": _cmd_serving,
+    "serve": _cmd_serve,
+    "serve-plan": _cmd_serve_plan,
+    "check": _cmd_check,
+    "ui": _cmd_ui,
+}
+"""Each subcommand's handler, by the name cli/parser.py gives it."""

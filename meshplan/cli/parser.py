@@ -7,27 +7,6 @@ import argparse
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from meshplan.cli.commands import (
-    EXPORT_CONDITIONS,
-    PIN_FIELDS,
-    _cmd_calibrate,
-    _cmd_check,
-    _cmd_collectives,
-    _cmd_estimate,
-    _cmd_export,
-    _cmd_fit,
-    _cmd_list,
-    _cmd_memory,
-    _cmd_params,
-    _cmd_plan,
-    _cmd_recipe,
-    _cmd_serve,
-    _cmd_serve_plan,
-    _cmd_serving,
-    _cmd_stacks,
-    _cmd_ui,
-    _cmd_validate,
-)
 from meshplan.cli.support import UsageError
 
 
@@ -37,6 +16,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 _UNSET: Any = object()
+EXPORT_CONDITIONS = ("first_stage_layers", "last_stage_layers", "fp8_recipe", "fp8_all_gather")
+"""The run conditions a training export writes into the engine's configuration."""
+PIN_FIELDS: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "dp_shard", "dp_replicate", "zero", "sp", "recompute")
+PIN_FIELDS += ("expert_tp", "schedule", "cp_kind", "micro_batch")
 
 
 def _positive_int(text: str) -> int:
@@ -134,20 +117,17 @@ def _run_sources() -> list[str]:
     return sorted(e.name.removesuffix(".toml") for e in folder.iterdir() if e.name.endswith(".toml"))
 
 
-Command = Callable[[str, Callable[[argparse.Namespace], Any], str], argparse.ArgumentParser]
-"""Adds one subcommand (name, handler, one-line description) with its --json flag."""
+Command = Callable[[str, str], argparse.ArgumentParser]
+"""Adds one subcommand (name, one-line description) with its --json flag; cli/commands.py runs it by name."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="meshplan", description="Plan how a transformer is split across GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def command(
-        name: str, handler: Callable[[argparse.Namespace], dict[str, Any] | None], text: str
-    ) -> argparse.ArgumentParser:
+    def command(name: str, text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-        p.set_defaults(handler=handler)
         return p
 
     for add in (_training_commands, _search_commands, _serving_commands, _tool_commands):
@@ -157,14 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _training_commands(command: Command) -> None:
     """list, params, memory, stacks, estimate, collectives, validate, calibrate."""
-    p = command("list", _cmd_list, "what the catalog holds: models, GPUs, links or recipes")
+    p = command("list", "what the catalog holds: models, GPUs, links or recipes")
     p.add_argument("kind", choices=("models", "gpus", "links", "recipes", "stacks"))
 
-    p = command("params", _cmd_params, "exact parameter counts, total and active per token, by component")
+    p = command("params", "exact parameter counts, total and active per token, by component")
     p.add_argument("model", help="catalog name, model TOML, or a Hugging Face config.json")
     _add_finetune(p)
 
-    p = command("memory", _cmd_memory, "per-GPU training memory, term by term, for a layout")
+    p = command("memory", "per-GPU training memory, term by term, for a layout")
     p.add_argument("model")
     _add_fleet(p)
     _add_group(p, "layout")
@@ -172,9 +152,9 @@ def _training_commands(command: Command) -> None:
     _add_finetune(p)
     _add_group(p, "conditions")
 
-    p = command("stacks", _cmd_stacks, "the training stacks and the conditions each sets (for --stack)")
+    p = command("stacks", "the training stacks and the conditions each sets (for --stack)")
 
-    p = command("estimate", _cmd_estimate, "step time, MFU, every collective and where it runs, for one layout")
+    p = command("estimate", "step time, MFU, every collective and where it runs, for one layout")
     p.add_argument("model")
     _add_fleet(p)
     _add_group(p, "layout")
@@ -184,9 +164,7 @@ def _training_commands(command: Command) -> None:
     _add_fleet_shape(p)
     add_fields(p, "tokens")
 
-    p = command(
-        "collectives", _cmd_collectives, "the bandwidth wall: one all-reduce timed over NVLink, InfiniBand, Ethernet"
-    )
+    p = command("collectives", "the bandwidth wall: one all-reduce timed over NVLink, InfiniBand, Ethernet")
     p.add_argument(
         "--model", default=None, help="size the all-reduce as one TP all-reduce of this model (default llama-3.1-70b)"
     )
@@ -200,7 +178,7 @@ def _training_commands(command: Command) -> None:
     add_fields(p, "seq", default=8192)
     add_fields(p, "micro_batch")
 
-    p = command("validate", _cmd_validate, "predictions against published measured runs, with the error of each")
+    p = command("validate", "predictions against published measured runs, with the error of each")
     p.add_argument("--source", default=None, help=f"one source only: {', '.join(_run_sources())}")
     p.add_argument("--serving", action="store_true", help="the published serving measurements instead")
     p.add_argument(
@@ -208,7 +186,7 @@ def _training_commands(command: Command) -> None:
     )
     add_fields(p, "profile")
 
-    p = command("calibrate", _cmd_calibrate, "fit a cluster profile (--profile) from your own measured runs")
+    p = command("calibrate", "fit a cluster profile (--profile) from your own measured runs")
     p.description = (
         "fit a cluster profile (--profile) from your own measured runs: scales on the matmul, network, attention "
         "and memory-bound rates and the host's seconds per step, with the band of step times your runs give"
@@ -223,7 +201,7 @@ def _training_commands(command: Command) -> None:
 
 def _search_commands(command: Command) -> None:
     """plan, recipe, export, fit."""
-    p = command("plan", _cmd_plan, "search every layout: the fastest that fit, why they win, why the rest lost")
+    p = command("plan", "search every layout: the fastest that fit, why they win, why the rest lost")
     p.add_argument("model")
     _add_fleet(p)
     add_fields(p, "seq", "global_batch_tokens", required=True)
@@ -241,14 +219,13 @@ def _search_commands(command: Command) -> None:
     add_fields(pins, "training_engine")
     _add_group(p, "conditions")
 
-    p = command("recipe", _cmd_recipe, "published recipes: evaluated, and ranked against the planner's search")
+    p = command("recipe", "published recipes: evaluated, and ranked against the planner's search")
     p.add_argument("name", nargs="?", default=None, help="recipe name (meshplan recipe --list)")
     p.add_argument("--list", action="store_true", help="list the recipes and their factors")
     p.add_argument("--no-rank", action="store_true", help="skip the search that ranks the published layout")
 
     p = command(
         "export",
-        _cmd_export,
         "a plan as the launch configuration of torchtitan, Megatron-LM, DeepSpeed, vLLM, SGLang or TensorRT-LLM",
     )
     p.add_argument("engine", choices=("torchtitan", "megatron", "deepspeed", "vllm", "sglang", "trtllm"))
@@ -264,7 +241,6 @@ def _search_commands(command: Command) -> None:
 
     p = command(
         "fit",
-        _cmd_fit,
         "weights split over N GPUs: per-GPU share, free memory, fewest GPUs; with --finetune, the largest "
         "micro-batch and sequence that fit",
     )
@@ -276,7 +252,7 @@ def _search_commands(command: Command) -> None:
 
 def _serving_commands(command: Command) -> None:
     """serving, serve, serve-plan."""
-    p = command("serving", _cmd_serving, "serving memory: weights, KV cache per token, tokens and sequences that fit")
+    p = command("serving", "serving memory: weights, KV cache per token, tokens and sequences that fit")
     p.add_argument("model")
     _add_fleet(p)
     add_fields(p, "node_size")
@@ -284,7 +260,7 @@ def _serving_commands(command: Command) -> None:
     add_fields(p, "pp", "ep")
     _add_group(p, "serving")
 
-    p = command("serve", _cmd_serve, "serving speed under load: TTFT p50/p99, TPOT, tokens/s per GPU and per user")
+    p = command("serve", "serving speed under load: TTFT p50/p99, TPOT, tokens/s per GPU and per user")
     p.add_argument("model")
     _add_fleet(p)
     _add_serve_flags(p)
@@ -292,9 +268,7 @@ def _serving_commands(command: Command) -> None:
     load = p.add_mutually_exclusive_group(required=True)
     add_fields(load, "concurrency", "rate", "num_requests")
 
-    p = command(
-        "serve-plan", _cmd_serve_plan, "every serving layout, dtype and batch cap ranked under TTFT/TPOT targets"
-    )
+    p = command("serve-plan", "every serving layout, dtype and batch cap ranked under TTFT/TPOT targets")
     p.add_argument("model")
     _add_fleet(p)
     add_fields(p, "input_len", "output_len", required=True)
@@ -307,7 +281,6 @@ def _tool_commands(command: Command) -> None:
     """check, ui."""
     p = command(
         "check",
-        _cmd_check,
         "run a tiny model on local torch.distributed processes and hold every measured byte and collective "
         "against meshplan's prediction (needs the torch extra)",
     )
@@ -333,7 +306,7 @@ def _tool_commands(command: Command) -> None:
         "--micro-batch", type=_positive_int, default=None, help="sequences per micro-batch [sequences] (default: 2)"
     )
 
-    p = command("ui", _cmd_ui, "the web explorer: the engine's answers as interactive pages in a local browser")
+    p = command("ui", "the web explorer: the engine's answers as interactive pages in a local browser")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=_port, default=0, help="port to listen on (default: a free one)")
     p.add_argument("--open", action="store_true", help="open the explorer in the default browser")

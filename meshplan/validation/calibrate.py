@@ -91,16 +91,16 @@ def _positive(value: Any) -> bool:
 
 
 def _estimate(run: MeasuredRun, profile: Profile) -> dict[str, Any]:
-    from meshplan.cli.commands import _cmd_estimate
-    from meshplan.cli.parser import build_parser
-    from meshplan.cli.support import UsageError
+    """``meshplan estimate`` of the run's words, read through the request schema (spec/argv.py)."""
+    from meshplan.reports.typed import estimate_defaults, estimate_fields, estimate_from_values
+    from meshplan.spec.argv import parse_words
 
     try:
-        ns = build_parser().parse_args(["estimate", *run.args])
-    except UsageError as exc:
+        values = parse_words(run.args, fields=estimate_fields(), defaults=estimate_defaults())
+    except ValueError as exc:
         raise ValueError(f"run {' '.join(run.args)[:80]!r}: {exc}") from None
-    ns.profile = None if profile.is_identity else profile.inline()
-    return _cmd_estimate(ns)
+    values["profile"] = None if profile.is_identity else profile.inline()
+    return estimate_from_values(values)
 
 
 def predict(runs: list[MeasuredRun], profile: Profile) -> list[float]:

@@ -10,6 +10,7 @@ and says so in its commit.
 from __future__ import annotations
 
 H100 = ["--gpu", "h100-sxm"]
+# fmt: off
 CASES: dict[str, list[str]] = {
     "list_models": ["list", "models"],
     "list_gpus": ["list", "gpus"],
@@ -86,3 +87,4 @@ CASES: dict[str, list[str]] = {
     "validate_memory": ["validate", "--memory"],
     "calibrate_runs": ["calibrate", "tests/data/calibrate_runs.json"],
 }
+# fmt: on

@@ -40,8 +40,23 @@ def _run(args: list[str]) -> str:
 
 def test_the_pinned_commands_cover_every_subcommand() -> None:
     commands = {args[0] for args in CASES.values()}
-    ours = {"list", "params", "memory", "stacks", "estimate", "collectives", "validate", "calibrate", "plan",
-            "recipe", "export", "fit", "serving", "serve", "serve-plan"}
+    ours = {
+        "list",
+        "params",
+        "memory",
+        "stacks",
+        "estimate",
+        "collectives",
+        "validate",
+        "calibrate",
+        "plan",
+        "recipe",
+        "export",
+        "fit",
+        "serving",
+        "serve",
+        "serve-plan",
+    }
     assert ours <= commands, ours - commands
     assert len(CASES) >= 30
 

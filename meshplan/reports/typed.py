@@ -1,0 +1,78 @@
+"""A command's inputs as typed, by schema field name, turned into the requests a report takes.
+
+The CLI's parsed flags (``vars(args)``) and a calibration run's words (spec/argv.py) go through these same
+functions, so a run in RUNS.json means exactly what the same words mean on the command line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from meshplan.reports.inputs import FinetuneRequest, LayoutRequest
+from meshplan.spec.requests import Field, Group, field, group
+
+ESTIMATE_GROUPS = (Group.FLEET, Group.LAYOUT, Group.WORKLOAD, Group.FINETUNE, Group.CONDITIONS, Group.FLEET_SHAPE)
+STACK_DEFAULTED = ("precision", "attention", "kernels")
+"""Workload fields whose unset value means "the stack's, else the schema's default" on memory, estimate, plan."""
+
+
+def estimate_fields() -> tuple[Field, ...]:
+    """Every field ``meshplan estimate`` takes, in the order its help lists them."""
+    return (*(f for g in ESTIMATE_GROUPS for f in group(g)), field("tokens"))
+
+
+def estimate_defaults() -> dict[str, Any]:
+    """Each of those fields' value when it is not given."""
+    return {f.name: None if f.name in STACK_DEFAULTED else f.default for f in estimate_fields()}
+
+
+def finetune_request(values: Mapping[str, Any]) -> FinetuneRequest | None:
+    """None unless a fine-tuning field was given (so the default path loads nothing more)."""
+    given = (values["finetune"], values["freeze"], values["lora_targets"], values["lora_rank"])
+    if all(x is None for x in given) and not values["lora_train_embeddings"]:
+        return None
+    return FinetuneRequest(
+        mode=values["finetune"] or "full",
+        lora_rank=values["lora_rank"],
+        lora_targets=values["lora_targets"],
+        freeze=values["freeze"],
+        lora_train_embeddings=values["lora_train_embeddings"],
+    )
+
+
+def layout_request(values: Mapping[str, Any]) -> LayoutRequest:
+    layout = {f.name: values[f.name] for f in group(Group.LAYOUT)}
+    return LayoutRequest(**(layout | {"tp": layout["tp"] or 1}))  # export leaves tp unset for servers
+
+
+def workload_kwargs(values: Mapping[str, Any]) -> dict[str, Any]:
+    names = ("seq", "global_batch", "precision", "optimizer", "optimizer_bytes", "attention", "kernels")
+    return {name: values[name] for name in names}
+
+
+def conditions(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {f.name: values[f.name] for f in group(Group.CONDITIONS)}
+
+
+def estimate_from_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``estimate_report`` for the values of every field ``estimate`` takes, and the model."""
+    from meshplan.reports.estimate import estimate_report
+
+    return estimate_report(
+        finetune=finetune_request(values),
+        model=values["model"],
+        gpu=values["gpu"],
+        gpus=values["gpus"],
+        layout=layout_request(values),
+        node_size=values["node_size"],
+        scale_out_bandwidth=values["scale_out_bandwidth"],
+        nics_per_node=values["nics_per_node"],
+        oversubscription=values["oversubscription"],
+        scale_out=values["scale_out"],
+        axis_order=values["axis_order"],
+        tokens=values["tokens"],
+        conditions=conditions(values),
+        profile=values["profile"],
+        **workload_kwargs(values),
+    )
