@@ -86,7 +86,7 @@ def test_best_constant_by_hand() -> None:
 def test_a_case_command_typed_into_the_cli_bills_what_validate_billed(
     index: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The command each case prints (schema values as flags, spec.requests.flag_args) is the case: run through
+    """The command each case prints (schema values as flags, spec.argv.flag_args) is the case: run through
     `meshplan memory`, it bills the heaviest stage validate billed (FSDP, TP x FSDP x PP, CP x TP x PP cases)."""
     import json
     import shlex

@@ -29,6 +29,9 @@ from meshplan.spec.workload import (
     Workload,
 )
 
+LAYOUT_ALIASES = {"mb": "micro_batch"}
+"""Short keys a layout's ``key=value`` items accept beside the field names."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayoutRequest:
@@ -55,7 +58,8 @@ class LayoutRequest:
     @classmethod
     def parse(cls, values: Mapping[str, Any]) -> LayoutRequest:
         """A layout from raw values (a run file's table, ``--compare``'s items), parsed by the schema."""
-        return cls(**requests.parse_values(values, allowed=requests.group(requests.Group.LAYOUT), what="layout"))
+        layout = requests.group(requests.Group.LAYOUT)
+        return cls(**requests.parse_values(values, allowed=layout, what="layout", aliases=LAYOUT_ALIASES))
 
 
 def choice(enum_type: Any, value: str, what: str) -> Any:

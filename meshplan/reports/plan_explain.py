@@ -11,7 +11,6 @@ from meshplan.reports.estimate import evaluated_plan_dict
 from meshplan.reports.inputs import LayoutRequest, resolve_layout
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import ModelSpec
-from meshplan.spec.requests import Group, group, parse_key_values
 from meshplan.spec.workload import Workload
 
 STEP_TERMS = (
@@ -40,7 +39,13 @@ STEP_LABELS = {
 
 def parse_compare(text: str) -> LayoutRequest:
     """A layout from 'tp=8,pp=16,dp=128': any layout field of the schema (mb for micro_batch), none dropped."""
-    return LayoutRequest(**parse_key_values(text, allowed=group(Group.LAYOUT), what="layout"))
+    raw: dict[str, str] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        if "=" not in item:
+            raise ValueError(f"layout item {item!r} must look like key=value (e.g. tp=8,pp=16,dp=128)")
+        key, value = (x.strip() for x in item.split("=", 1))
+        raw[key.lower().replace("-", "_")] = value
+    return LayoutRequest.parse(raw)
 
 
 def _plan_as_candidate(plan: Plan) -> dict[str, Any]:

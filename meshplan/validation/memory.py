@@ -20,6 +20,7 @@ from meshplan.reports.conditions import condition_names, conditions_of, precisio
 from meshplan.reports.conditions import resolve as resolve_conditions
 from meshplan.reports.inputs import LayoutRequest, resolve_layout, resolve_workload
 from meshplan.spec import requests
+from meshplan.spec.argv import flag_args
 from meshplan.spec.layout import Recompute
 from meshplan.spec.model import MlpKind
 from meshplan.units import GiB
@@ -145,7 +146,7 @@ def validate_memory() -> dict[str, Any]:
 def command_line(values: Mapping[str, Any]) -> str:
     """The ``meshplan memory`` command that reproduces a case."""
     rest = {k: v for k, v in values.items() if k != "model"}
-    return " ".join(["meshplan memory", str(values["model"]), *requests.flag_args(rest)])
+    return " ".join(["meshplan memory", str(values["model"]), *flag_args(rest)])
 
 
 # --- published layouts that trained: does the bill fit, and if not, what unstated saving would ------------------

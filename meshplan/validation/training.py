@@ -22,6 +22,7 @@ from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, 
 from meshplan.reports.estimate import BAND_CLASSES, band_class
 from meshplan.reports.inputs import LayoutRequest, resolve_cluster, resolve_layout, resolve_order, resolve_workload
 from meshplan.spec import requests
+from meshplan.spec.argv import flag_args
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.profile import IDENTITY, Profile, apply_profile, parse_profile
@@ -87,7 +88,7 @@ def estimate_args(case: dict[str, Any], layout: dict[str, Any], *, model: str | 
     ``model``: the argument naming the model (a model file where the run changes the catalog's model)."""
     if case.get("model_overrides") and model is None:
         raise ValueError(f"run {case['id']!r} changes its model ({case['model_overrides']}): give a model file")
-    return ["estimate", model or str(case["model"]), *requests.flag_args(case_values(case) | dict(layout))]
+    return ["estimate", model or str(case["model"]), *flag_args(case_values(case) | dict(layout))]
 
 
 def _cluster(values: dict[str, Any], profile: Profile) -> Cluster:
