@@ -196,8 +196,8 @@ A100_SQUARE_SWEEP = {512: 28, 768: 65, 1024: 88, 1280: 150, 8192: 290}
 def test_small_gemms_leave_sms_idle_as_cublas_measures() -> None:
     """Under 2,048 a square GEMM has fewer 256 x 128 output tiles than A100's 108 SMs: its share of the plateau
     falls as the tiles do (within 0.06 of the sweep); training-sized GEMMs fill the GPU."""
-    from meshplan.core.time.compute import fill_share
     from meshplan.core.time.flops import Gemm
+    from meshplan.core.time.gemm import fill_share
 
     plateau = A100_SQUARE_SWEEP[8192]
     for d, tflops in A100_SQUARE_SWEEP.items():

@@ -147,7 +147,7 @@ def test_torch_stacks_cast_dynamically() -> None:
 
 
 def _gemm_list():  # type: ignore[no-untyped-def]
-    from meshplan.core.time.compute import Gemm
+    from meshplan.core.time.flops import Gemm
 
     return [Gemm(name="a", m=4096, n=1024, k=2048), Gemm(name="b", m=4096, n=2048, k=512, count=3)]
 
@@ -157,7 +157,7 @@ def test_mxfp8_casts_by_hand() -> None:
     elements: 2 + 2 x (1 + 1/32) bytes an element. Transformer Engine casts each input in forward (nothing left
     for backward) and each output gradient in backward; torchao casts inputs, gradients and weights the same way
     but finds each block's scale in the cast, with no amax pass."""
-    from meshplan.core.time.compute import _fp8_cast_time
+    from meshplan.core.time.casts import fp8_cast_time as _fp8_cast_time
 
     inputs = 4096 * 2048 + 3 * 4096 * 512
     outputs = 4096 * 1024 + 3 * 4096 * 2048
@@ -182,7 +182,7 @@ def test_rowwise_casts_by_hand() -> None:
     an input or output gradient is read (2; 0 fused into its producer), written in FP8 (1) and transposed in bf16
     (2), then the transpose read (2) and written in FP8 (1); a weight cast (2 + 1), transposed (2 + 2) and cast
     again (2 + 1). Per-tensor scaling, for contrast: 4 bytes a tensor and the amax pass (2) where not fused."""
-    from meshplan.core.time.compute import _fp8_cast_time
+    from meshplan.core.time.casts import fp8_cast_time as _fp8_cast_time
 
     inputs = 4096 * 2048 + 3 * 4096 * 512
     outputs = 4096 * 1024 + 3 * 4096 * 2048
@@ -201,7 +201,7 @@ def test_frozen_weights_skip_the_casts_only_the_weight_gradient_needs() -> None:
     """A frozen weight (LoRA's base, frozen layers) takes no weight gradient: Transformer Engine keeps no
     column-wise copy of the input (no transpose in backward) and casts each output gradient once for the input
     gradient (read 2, write 1); MXFP8 writes its row-wise copy alone (2 + 1 + 1/32). torchao casts the same."""
-    from meshplan.core.time.compute import _fp8_cast_time
+    from meshplan.core.time.casts import fp8_cast_time as _fp8_cast_time
 
     inputs = 4096 * 2048 + 3 * 4096 * 512
     outputs = 4096 * 1024 + 3 * 4096 * 2048

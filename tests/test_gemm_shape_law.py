@@ -9,8 +9,8 @@ import statistics
 import pytest
 
 from meshplan import io
-from meshplan.core.time.compute import gemm_time
 from meshplan.core.time.flops import Gemm
+from meshplan.core.time.gemm import gemm_time
 from meshplan.units import DType
 
 

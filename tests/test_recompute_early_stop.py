@@ -8,8 +8,8 @@ import pytest
 
 from meshplan import io
 from meshplan.core.plan import evaluate
-from meshplan.core.time.compute import gemm_time
 from meshplan.core.time.flops import Gemm
+from meshplan.core.time.gemm import gemm_time
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.conditions import Conditions
 from meshplan.spec.layout import Layout, Recompute, ZeroStage

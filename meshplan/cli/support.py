@@ -92,7 +92,7 @@ def search_progress(args: argparse.Namespace) -> Any:
 
     if args.json or not sys.stderr.isatty():
         return contextlib.nullcontext()
-    from meshplan.search.rank import progress
+    from meshplan.search.limits import progress
 
     shown = _Progress()
 

@@ -8,13 +8,10 @@ the Pareto front of step time against memory per GPU.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,60 +33,15 @@ from meshplan.core.placement import DEFAULT_ORDER, place
 from meshplan.core.plan import mesh_sizes
 from meshplan.core.time.step_time import StepTime, step_time
 from meshplan.core.training import peak_bill
+from meshplan.search.limits import SearchTimeout as SearchTimeout
+from meshplan.search.limits import check_deadline, progress_report
+from meshplan.search.limits import time_limit as time_limit
 from meshplan.search.order import Objective, pareto_front, rank
 from meshplan.search.space import LayoutBatch, SearchSpace, layout_chunks
 from meshplan.spec.cluster import Cluster, GpuCalibration
 from meshplan.spec.layout import ContextParallel, Layout
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
-
-_DEADLINE: contextvars.ContextVar[tuple[float, threading.Event | None] | None] = contextvars.ContextVar(
-    "search_deadline", default=None
-)
-
-
-class SearchTimeout(Exception):
-    """A search ran past the time limit set with ``time_limit``, or was cancelled (the HTTP API answers 503)."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float, *, cancel: threading.Event | None = None) -> Iterator[None]:
-    """Searches started inside stop with SearchTimeout once ``seconds`` have passed or ``cancel`` is set
-    (checked between chunks of candidates, so within a fraction of a second)."""
-    token = _DEADLINE.set((time.monotonic() + seconds, cancel))
-    try:
-        yield
-    finally:
-        _DEADLINE.reset(token)
-
-
-def check_deadline() -> None:
-    """SearchTimeout if the time limit of the current context has passed or its search was cancelled."""
-    limit = _DEADLINE.get()
-    if limit is None:
-        return
-    deadline, cancel = limit
-    if cancel is not None and cancel.is_set():
-        raise SearchTimeout("the search was cancelled (the client left)")
-    if time.monotonic() > deadline:
-        raise SearchTimeout("the search ran past its time limit; ask for fewer GPUs or a narrower search")
-
-
-_PROGRESS: contextvars.ContextVar[Callable[[int, float, float], None] | None] = contextvars.ContextVar(
-    "search_progress", default=None
-)
-
-
-@contextlib.contextmanager
-def progress(report: Callable[[int, float, float], None]) -> Iterator[None]:
-    """Searches started inside call ``report(layouts evaluated, share of the search done, seconds elapsed)``
-    after each chunk."""
-    token = _PROGRESS.set(report)
-    try:
-        yield
-    finally:
-        _PROGRESS.reset(token)
-
 
 OOM = "OOM"
 TP_CROSSES = "TP crosses node"
@@ -225,7 +177,7 @@ def _walk(
                 if gathered is not None:
                     kept.append(gathered)
                     fastest_s = min(fastest_s, float(np.min(np.asarray(gathered[1].step_time_s))))
-        report = _PROGRESS.get()
+        report = progress_report()
         if report is not None:
             report(evaluated, done / num_chunks, time.perf_counter() - start)
     return evaluated, kept, counts, lightest

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshplan.render import to_json
-from meshplan.search.rank import SearchTimeout
+from meshplan.search.limits import SearchTimeout
 from meshplan.server import api, explorer, exports, parse, planner
 from meshplan.server.uploads import ModelStore
 

@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from meshplan.reports.models import PlanReport
 from meshplan.reports.plan import plan_report
 from meshplan.reports.recipes import list_report, recipe_report, recipes
-from meshplan.search.rank import time_limit
+from meshplan.search.limits import time_limit
 from meshplan.server import parse
 from meshplan.server.api import (
     ConditionsArg,

@@ -145,7 +145,7 @@ def pipeline_factor(hw: Hardware, layout: ServeLayout) -> float:
 
 
 def shape_efficiency(m: Num, half_dim: float) -> Num:
-    """s(M) = M / (M + d_half): a GEMM with few rows falls off its peak (compute.gemm_time's factor)."""
+    """s(M) = M / (M + d_half): a GEMM with few rows falls off its peak (gemm.gemm_time's factor)."""
     return m / (m + half_dim)
 
 

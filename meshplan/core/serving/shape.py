@@ -25,8 +25,8 @@ from meshplan.core.serving.bill import (
     serving_bill,
     weight_bytes_per_param,
 )
-from meshplan.core.time.compute import mean_depth
 from meshplan.core.time.flops import attention_gemms, mlp_gemms, sliding_keys
+from meshplan.core.time.gemm import mean_depth
 from meshplan.spec.cluster import GPU, Link
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DTYPE_BYTES, DType
@@ -214,7 +214,7 @@ class ReplicaShape:
     """Bytes memory-bound ops move per token (all layers of the stage)."""
     gemm_depth: float = 1.0
     """How many times longer than on the plateau the matmuls other than the routed experts run for their K and
-    N (compute.mean_depth over the stage's layers, at the compute dtype's ridge point)."""
+    N (gemm.mean_depth over the stage's layers, at the compute dtype's ridge point)."""
     expert_depth: float = 1.0
     """The same for the routed experts' matmuls."""
 
@@ -280,7 +280,7 @@ def replica_shape(model: ModelSpec, hw: Hardware, layout: ServeLayout, *, contex
 
 
 def _depths(model: ModelSpec, gpu: GPU, layout: ServeLayout, *, attn_tp: int, moe_layers: int) -> tuple[float, float]:
-    """(other matmuls, routed experts): ``compute.mean_depth`` of one GPU's matmuls per token, at the ridge point
+    """(other matmuls, routed experts): ``gemm.mean_depth`` of one GPU's matmuls per token, at the ridge point
     of the compute dtype (the K and N a GEMM has do not depend on the batch)."""
     ridge = gpu.peak(compute_dtype(layout)) / gpu.hbm_bandwidth_bytes_per_s
     moe = model.moe is not None and moe_layers > 0

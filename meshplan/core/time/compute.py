@@ -17,24 +17,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
-from meshplan.core.finetune import adapted_matrices, nf4_bytes_per_param
-from meshplan.core.num import Num, maximum, minimum, where
+from meshplan.core.num import Num, minimum, where
 from meshplan.core.pytorch.overheads import (
-    DYNAMIC_AMAX_BYTES,
-    DYNAMIC_CAST_BYTES,
-    ROWWISE_CAST_BYTES,
-    ROWWISE_WEIGHT_CAST_BYTES,
     op_sac_share,
 )
 from meshplan.core.pytorch.ring_merge import ring_merge_time
+from meshplan.core.time.adapters import adapter_time
 from meshplan.core.time.attention_kernels import BACKWARD_FLOPS_RATIO, attention_shares
+from meshplan.core.time.casts import fp8_cast_time
 from meshplan.core.time.flops import Gemm, attention_core_flops, attention_gemms, mlp_gemms, windowed_keys_share
+from meshplan.core.time.gemm import gemm_time
 from meshplan.core.time.te_ring import te_ring_time
 from meshplan.spec.cluster import AttentionKernel, GpuCalibration
 from meshplan.spec.conditions import LossKind
-from meshplan.spec.finetune import Finetune, FinetuneMode
+from meshplan.spec.finetune import Finetune
 from meshplan.spec.model import MlpKind, ModelSpec, NormKind
 from meshplan.spec.workload import Attention, Kernels, Workload
 
@@ -92,76 +88,6 @@ class LayerTime:
     @property
     def forward_s(self) -> Num:
         return self.gemm_s + self.attention_s + self.memory_s
-
-
-FP8_CAST_BYTES_FWD = {False: 3.0, True: 0.0}
-"""Bytes per input element an FP8 linear layer adds in forward (Transformer Engine), unfused (False): the bf16
-input read and its FP8 copy written, amax fused in; fused kernels (True: LayerNormLinear, the fused activation)
-write the FP8 copy in place of the bf16 one, at no extra cost. Weights are cast once per step, not counted."""
-FP8_CAST_BYTES_BWD_GRAD = {False: 5.0, True: 4.0}
-"""Per output-gradient element in backward: cast and transpose (read bf16, write the FP8 copy and its
-transpose: 4 bytes fused in TE's cast_transpose, 3 + 2 as two kernels)."""
-FP8_CAST_BYTES_GRAD_ONLY = 3.0
-"""Per output-gradient element in backward when the weight is frozen: the input gradient's GEMM alone reads it,
-so one cast (read bf16, write FP8) and no transpose."""
-FP8_TRANSPOSE_BYTES_INPUT = 2.0
-"""Per saved-input element in backward: the FP8 transpose the weight-gradient GEMM reads (read and write 1 byte)."""
-MX_SCALE_BYTES = 2 / 32
-"""Per element of a block-scaled (MXFP8) cast: one E8M0 scale byte per 32 elements, for each of its two copies."""
-MX_CAST_BYTES = 4.0 + MX_SCALE_BYTES
-"""Per element an MXFP8 cast moves: the bf16 tensor read (2), its row-wise and column-wise FP8 copies written
-(1 + 1; each scaled along its own reduction dimension, so one cannot be the other's transpose) and their scales.
-Transformer Engine's MXFP8 quantizer writes both copies in one pass, in forward for an input (no transpose in
-backward) and in backward for an output gradient; a fused producer (LayerNormLinear, the fused activation) writes
-them in place of its bf16 output, for the scales' bytes alone."""
-
-
-MATMUL_TILE_M, MATMUL_TILE_N = 256, 128
-"""Output tile of cuBLAS's large bf16 kernels on Ampere and Hopper (CUTLASS's 256 x 128 x 64 threadblock): one
-tile per SM at a time. With it, cuBLAS's m = n = k sweep on A100 (NVIDIA, 'CUDA 11 Features Revealed' Fig. 6:
-88 of 290 TFLOP/s at 1,024, 150 at 1,536) is the 32 tiles of a 1,024 square on 108 SMs (0.30)."""
-SPLIT_K_DEPTH = 1024
-"""K depth per split when cuBLAS splits K to fill idle SMs (an assumption: 16 main-loop steps of 64)."""
-
-
-MATMUL_K_RIDGES = 0.63
-MATMUL_N_RIDGES = 0.23
-"""A GEMM's efficiency falls as 1 / (1 + a R / K + b R / N), R the GPU's ridge point (peak FLOP/s over HBM bytes/s
-at the GEMM's dtype): each output tile's epilogue and operand loads cost about R / K of its main loop. From
-OpenXLA's measured H100 bf16 sweep at 16,384 rows, T = 800 / (1 + 186 / K + 69 / N) TFLOP/s with R = 295:
-a = 186 / 295, b = 69 / 295. Against the sweep's shares of its plateau at N = K (95% at 2,048, 84% at 1,024, 55% at
-512) the law gives 89%, 80% and 67%: within 6 points from 1,024 up, 12 points high at 512."""
-
-
-def depth(g: Gemm, *, ridge: float) -> Num:
-    """How many times longer than on the plateau a GEMM of ``g``'s K and N runs: 1 + a R / K + b R / N."""
-    return 1 + MATMUL_K_RIDGES * ridge / g.k + MATMUL_N_RIDGES * ridge / g.n
-
-
-def mean_depth(gemms: list[Gemm], *, ridge: float) -> float:
-    """``depth`` over several GEMMs, weighted by their FLOPs (what their summed FLOPs take at one efficiency)."""
-    flops = sum(float(g.flops) for g in gemms)
-    return sum(float(g.flops * depth(g, ridge=ridge)) for g in gemms) / flops if flops else 1.0
-
-
-def fill_share(g: Gemm, *, sm_count: int) -> Num:
-    """Share of the GPU's SMs a GEMM's output tiles (times its K splits) keep busy: 1 for training GEMMs, below
-    it for small ones (short sequences at high TP, decode-sized batches)."""
-    tiles = np.maximum(np.ceil(g.m / MATMUL_TILE_M) * np.ceil(g.n / MATMUL_TILE_N) * g.count, 1.0)
-    splits = np.clip(np.floor(g.k / SPLIT_K_DEPTH), 1, np.ceil(sm_count / tiles))
-    return minimum(tiles * splits / sm_count, 1.0)
-
-
-def gemm_time(
-    g: Gemm, *, peak_flops: float, hbm_bytes_per_s: float, cal: GpuCalibration, act_bytes: float, fp8: bool = False
-) -> Num:
-    """Roofline time of ``g`` with the shape-dependent efficiency of the GPU kind (FP8: its FP8 share)."""
-    d = cal.matmul_half_dim
-    shape = (g.m / (g.m + d)) / depth(g, ridge=peak_flops / hbm_bytes_per_s) * fill_share(g, sm_count=cal.sm_count)
-    e_max = cal.matmul_efficiency_max * (cal.fp8_matmul_ratio if fp8 else 1.0)
-    compute = g.flops / (peak_flops * e_max * shape)
-    traffic = act_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count / (hbm_bytes_per_s * cal.hbm_efficiency)
-    return maximum(compute, traffic)
 
 
 EAGER_NORM_PASSES = 18
@@ -293,97 +219,6 @@ def _attention_time(
     )
 
 
-def _fp8_cast_time(
-    gemms: list[Gemm],
-    *,
-    fused: bool,
-    hbm: Num,
-    dynamic: bool = False,
-    weights_cast: bool = True,
-    block_scaled: bool = False,
-    rowwise: bool = False,
-    frozen: bool = False,
-) -> tuple[Num, Num]:
-    """(forward, backward) HBM time of the casts and transposes around FP8 linear layers.
-
-    Transformer Engine (``dynamic`` False) fuses the casts of the inputs into the kernels that write them and
-    casts the weights once per step. torchao (``dynamic``) casts every input, every output gradient and, unless
-    FSDP gathered them in FP8 already (``weights_cast`` False: cast on the shard, not counted), every weight on
-    each forward, after an amax pass of its own; one cast per distinct input (Inductor merges the identical
-    casts of wq, wk and wv). Block-scaled (MXFP8) casts find each block's scale inside the cast, so no amax pass,
-    and write both copies at once (``MX_CAST_BYTES``). A ``frozen`` weight has no weight gradient, so Transformer
-    Engine makes no column-wise copy (``columnwise=... weight_requires_grad``): no input transposes, and the
-    output gradient cast once for the input gradient (``FP8_CAST_BYTES_GRAD_ONLY``; MXFP8: its row-wise copy).
-    """
-    inputs = sum(g.m * g.k * g.count for g in gemms)
-    outputs = sum(g.m * g.n * g.count for g in gemms)
-    if dynamic and rowwise:
-        # the cast along dim 1 (read the bf16 transpose, write FP8: 3 bytes) serves a backward GEMM; an input's
-        # first cast and a weight's forward cast (read 2, write 1) run in forward, an output gradient's in backward
-        act, later = ROWWISE_CAST_BYTES[fused], 3.0
-        weights = sum(g.n * g.k * g.count for g in gemms) if weights_cast else 0.0
-        fwd = inputs * (act - later) + weights * 3.0
-        bwd = inputs * later + outputs * act + weights * (ROWWISE_WEIGHT_CAST_BYTES - 3.0)
-        return fwd / hbm, bwd / hbm
-    if dynamic:
-        cast = DYNAMIC_CAST_BYTES + (MX_SCALE_BYTES if block_scaled else 0.0)
-        amax = 0.0 if block_scaled else DYNAMIC_AMAX_BYTES
-        per_element = cast + (0.0 if fused else amax)
-        weights = sum(g.n * g.k * g.count for g in gemms) if weights_cast else 0.0
-        fwd = (inputs * per_element + weights * (cast + amax)) / hbm
-        return fwd, outputs * per_element / hbm
-    if block_scaled:
-        one_copy = MX_CAST_BYTES - 1 - MX_SCALE_BYTES / 2  # read bf16, write one FP8 copy and its scales
-        cast = one_copy if frozen else MX_CAST_BYTES
-        fwd = inputs * (MX_SCALE_BYTES / (2 if frozen else 1) if fused else cast) / hbm
-        return fwd, outputs * cast / hbm
-    fwd = inputs * FP8_CAST_BYTES_FWD[fused] / hbm
-    if frozen:
-        return fwd, outputs * FP8_CAST_BYTES_GRAD_ONLY / hbm
-    return fwd, (outputs * FP8_CAST_BYTES_BWD_GRAD[fused] + inputs * FP8_TRANSPOSE_BYTES_INPUT) / hbm
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AdapterTime:
-    """An adapted layer's adapters, memory bound, and QLoRA's dequantization per use of the base."""
-
-    forward_s: Num
-    weight_grad_s: Num
-    input_grad_s: Num
-    dequant_s: Num
-
-
-def _adapter_time(
-    model: ModelSpec,
-    finetune: Finetune,
-    gemms: list[Gemm],
-    *,
-    tokens: Num,
-    tp: Num,
-    moe_layer: bool,
-    act_bytes: float,
-    hbm: Num,
-) -> AdapterTime:
-    """An adapted layer's adapter passes, each the elements it reads and writes at HBM speed (``ADAPTER_FORWARD``,
-    ``ADAPTER_WEIGHT_GRAD``, ``ADAPTER_INPUT_GRAD``). QLoRA dequantizes each NF4 matrix to bf16 before every use:
-    4.127 bits read, 16 written and read again."""
-
-    def over(coefficients: tuple[int, int, int]) -> Num:
-        elements = _adapter_bytes_per_token(model, finetune, tp=tp, moe_layer=moe_layer, coefficients=coefficients)
-        return tokens * act_bytes * elements / hbm
-
-    dequant: Num = 0.0
-    if finetune.mode is FinetuneMode.QLORA:
-        weights = sum(g.n * g.k * g.count for g in gemms)
-        dequant = weights * (nf4_bytes_per_param(double_quant=finetune.double_quant) + 4.0) / hbm
-    return AdapterTime(
-        forward_s=over(ADAPTER_FORWARD),
-        weight_grad_s=over(ADAPTER_WEIGHT_GRAD),
-        input_grad_s=over(ADAPTER_INPUT_GRAD),
-        dequant_s=dequant,
-    )
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ComputeSetup:
     """The GPU a layer runs on and how the stack runs it: what every layer of a layout shares."""
@@ -399,13 +234,13 @@ class ComputeSetup:
     attention: Attention = Attention.FLASH
     fp8: bool = False
     fp8_dynamic: bool = False
-    """FP8 linear layers are torchao's Float8Linear with dynamic scales (``_fp8_cast_time``)."""
+    """FP8 linear layers are torchao's Float8Linear with dynamic scales (``fp8_cast_time``)."""
     fp8_weights_gathered: bool = False
     """FSDP all-gathers the weights already in FP8 (torchao's enable_fsdp_float8_all_gather)."""
     fp8_block_scaled: bool = False
-    """FP8 linear layers scale each block of 32 elements (``--fp8-recipe mxfp8``: ``_fp8_cast_time``)."""
+    """FP8 linear layers scale each block of 32 elements (``--fp8-recipe mxfp8``: ``fp8_cast_time``)."""
     fp8_rowwise: bool = False
-    """FP8 linear layers scale each row of each operand (torchao's rowwise recipe: ``_fp8_cast_time``)."""
+    """FP8 linear layers scale each row of each operand (torchao's rowwise recipe: ``fp8_cast_time``)."""
     repeat_kv: bool = False
     """K and V are repeated to the query heads before the attention (``Conditions.repeat_kv``)."""
     ring_merge: bool = False
@@ -433,7 +268,7 @@ def _layer_casts(gemms: list[Gemm], setup: ComputeSetup, *, frozen: bool = False
     their weights take no gradient)."""
     if not setup.fp8:
         return 0.0, 0.0
-    return _fp8_cast_time(
+    return fp8_cast_time(
         gemms,
         fused=setup.kernels is Kernels.FUSED,
         hbm=setup.hbm,
@@ -517,7 +352,7 @@ def layer_time(
     adapter_wgrad: Num = 0.0
     adapter_dgrad: Num = 0.0
     if adapted and finetune is not None:
-        adapters = _adapter_time(
+        adapters = adapter_time(
             model, finetune, gemms, tokens=tokens, tp=tp, moe_layer=moe_layer, act_bytes=setup.act_bytes, hbm=hbm
         )
         adapter_fwd, adapter_wgrad, adapter_dgrad = adapters.forward_s, adapters.weight_grad_s, adapters.input_grad_s
@@ -543,29 +378,6 @@ def layer_time(
         tp_copy_fwd_s=tokens * tp_copy_bytes[0] / hbm,
         tp_copy_bwd_s=tokens * tp_copy_bytes[1] / hbm,
     )
-
-
-ADAPTER_FORWARD = (1, 3, 2)
-"""Elements per token and adapted matrix of an adapter's forward, as coefficients of (d_in, d_out, R): read x,
-write and read A x, write B A x, and the sum with the base's output (read B A x, write the output)."""
-ADAPTER_WEIGHT_GRAD = (1, 1, 2)
-"""Its weight gradients: dB from the output gradient and A x (read d_out and R), dA from d(A x) and x (R, d_in)."""
-ADAPTER_INPUT_GRAD = (4, 1, 2)
-"""Its input gradient: d(A x) = dy B (read d_out, write R), dx = d(A x) A (read R, write d_in), and the sum with the
-base's input gradient (read 2 d_in, write d_in)."""
-
-
-def _adapter_bytes_per_token(
-    model: ModelSpec, finetune: Finetune, *, tp: Num, moe_layer: bool, coefficients: tuple[int, int, int]
-) -> Num:
-    """Elements one token's adapters move in one pass (routed experts: the k experts it visits)."""
-    a, b, c = coefficients
-    total: Num = 0.0
-    for m in adapted_matrices(model, moe_layer=moe_layer, targets=finetune.lora_targets):
-        copies = model.moe.experts_per_token if m.routed and model.moe else m.count
-        d_in, d_out = (m.d_in, m.d_out / tp) if m.column_parallel else (m.d_in / tp, m.d_out)
-        total = total + copies * (a * d_in + b * d_out + c * finetune.lora_rank)
-    return total
 
 
 LOSS_BYTES = {
