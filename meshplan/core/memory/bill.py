@@ -254,15 +254,21 @@ def stage_bill(
 ) -> MemoryBill:
     """The bill of one GPU on pipeline stage ``stage``; ``layout`` is a Layout or a batch of them.
 
+    One pass, top to bottom: the parameters this GPU holds, their state (weights, gradients, master copy,
+    moments, gathered copies), the activations its stage keeps, then what the runtime keeps beside them.
     ``activations`` and ``held``: the stage's activations (``stage_activations``) and parameters
     (``stage_params``) when already known, else found here.
     """
     lay = layout
+    # 1. parameters: what this GPU's stage holds, by kind, after TP, EP and the stage split
     held = held or layout_stage_params(params, model, lay, workload, stage=stage)
+    # 2. their state: Megatron-style by parameter count, or PyTorch-native tensor by tensor
     st = _stage_state(model, params, lay, workload, stage=stage, held=held)
-    dequant = where(finetune.quantized_base(workload.finetune), 2.0 * finetune.largest_matrix(model, tp=lay.tp), 0.0)
+    # 3. activations: what the stage keeps for backward over the micro-batches in flight, the logits, workspaces
     a = activations or stage_activations(model, params, lay, workload, stage=stage, layer_acts=layer_acts, held=held)
     acts, logits, workspace = a.saved, a.logits, a.workspace
+    dequant = where(finetune.quantized_base(workload.finetune), 2.0 * finetune.largest_matrix(model, tp=lay.tp), 0.0)
+    # 4. the runtime: its own bytes, the allocator's fragmentation of what comes and goes, the reserve kept back
     dynamic = acts + logits + workspace + dequant + st.gathered
     return MemoryBill(
         weights_bytes=to_float(st.weights),
@@ -296,28 +302,42 @@ class _StateBytes:
 def _stage_state(
     model: ModelSpec, params: ParamCount, lay: LayoutLike, workload: Workload, *, stage: Num, held: StageParams
 ) -> _StateBytes:
-    """Model state of one GPU on ``stage`` (Megatron-style, or PyTorch-native tensor by tensor) and the
-    parameters ZeRO-3 / FSDP holds gathered, after gradient accumulation and resharding."""
+    """Model state of one GPU on ``stage`` and the parameters ZeRO-3 / FSDP holds gathered, after gradient
+    accumulation and resharding. Two branches: PyTorch-native full training is billed tensor by tensor
+    (``pytorch.shards``); everything else (Megatron-style stacks, and fine-tuning under any stack) by
+    parameter count, sharded by the ZeRO stage."""
     tr = stage_training(model, params, lay, workload, stage=stage, held=held)
-    weights, adapters, grads, master, moments = _model_state(model, lay, workload, tr)
-    prec = workload.precision
-    shard, _ = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
-    gathered = where(
-        (lay.zero >= ZeroStage.PARAMETERS) & (shard > 1),
-        held.largest_layer * (2 * shards.gather_bytes(prec, fp8=workload.conditions.fp8_all_gather) + prec.grad_bytes),
-        0,
-    )
     if workload.framework is Framework.TORCH and not workload.finetune.adapted:
         weights, grads, master, moments, gathered = _torch_native_state(model, lay, workload, stage=stage)
-    elif workload.framework is Framework.TORCH:
-        # torch.optim's 0-dim fp32 step per trained tensor: thousands of small adapter tensors
-        ft, step = workload.finetune, shards.OPTIMIZER_STEP_BYTES.get(workload.optimizer.kind, 0.0)
-        per_layer = [finetune.adapter_tensors(model, ft, moe_layer=moe, ep=lay.ep) for moe in (False, True)]
-        moments = moments + step * (held.dense_layers * per_layer[0] + held.moe_layers * per_layer[1])
+        adapters: Num = 0.0
+    else:
+        weights, adapters, grads, master, moments = _model_state(model, lay, workload, tr)
+        gathered = _zero3_gathered(lay, workload, held=held)
+        if workload.framework is Framework.TORCH:  # fine-tuning under a PyTorch-native stack
+            moments = moments + _adapter_step_bytes(model, lay, workload, held=held)
     grads, gathered = _accumulation_state(model, lay, workload, tr=tr, held=held, grads=grads, gathered=gathered)
     return _StateBytes(
         weights=weights, adapters=adapters, grads=grads, master=master, moments=moments, gathered=gathered
     )
+
+
+def _zero3_gathered(lay: LayoutLike, workload: Workload, *, held: StageParams) -> Num:
+    """ZeRO-3 / FSDP's gathered copy of the largest layer and its unsharded gradient, where parameters are
+    sharded."""
+    prec = workload.precision
+    shard, _ = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
+    return where(
+        (lay.zero >= ZeroStage.PARAMETERS) & (shard > 1),
+        held.largest_layer * (2 * shards.gather_bytes(prec, fp8=workload.conditions.fp8_all_gather) + prec.grad_bytes),
+        0,
+    )
+
+
+def _adapter_step_bytes(model: ModelSpec, lay: LayoutLike, workload: Workload, *, held: StageParams) -> Num:
+    """torch.optim's 0-dim fp32 step per trained tensor: thousands of small adapter tensors."""
+    ft, step = workload.finetune, shards.OPTIMIZER_STEP_BYTES.get(workload.optimizer.kind, 0.0)
+    per_layer = [finetune.adapter_tensors(model, ft, moe_layer=moe, ep=lay.ep) for moe in (False, True)]
+    return step * (held.dense_layers * per_layer[0] + held.moe_layers * per_layer[1])
 
 
 def _torch_native_state(
