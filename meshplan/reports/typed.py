@@ -1,5 +1,7 @@
 """A command's inputs as typed, by schema field name, turned into the requests a report takes.
 
+Light to import (the CLI's start-up reads it): the reports and the core load inside the functions that need them.
+
 The CLI's parsed flags (``vars(args)``) and a calibration run's words (spec/argv.py) go through these same
 functions, so a run in RUNS.json means exactly what the same words mean on the command line.
 """
@@ -7,10 +9,12 @@ functions, so a run in RUNS.json means exactly what the same words mean on the c
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from meshplan.reports.inputs import FinetuneRequest, LayoutRequest
 from meshplan.spec.requests import Field, Group, field, group
+
+if TYPE_CHECKING:
+    from meshplan.reports.inputs import FinetuneRequest, LayoutRequest
 
 ESTIMATE_GROUPS = (Group.FLEET, Group.LAYOUT, Group.WORKLOAD, Group.FINETUNE, Group.CONDITIONS, Group.FLEET_SHAPE)
 STACK_DEFAULTED = ("precision", "attention", "kernels")
@@ -32,6 +36,8 @@ def finetune_request(values: Mapping[str, Any]) -> FinetuneRequest | None:
     given = (values["finetune"], values["freeze"], values["lora_targets"], values["lora_rank"])
     if all(x is None for x in given) and not values["lora_train_embeddings"]:
         return None
+    from meshplan.reports.inputs import FinetuneRequest  # numpy and the core load only when needed
+
     return FinetuneRequest(
         mode=values["finetune"] or "full",
         lora_rank=values["lora_rank"],
@@ -42,6 +48,8 @@ def finetune_request(values: Mapping[str, Any]) -> FinetuneRequest | None:
 
 
 def layout_request(values: Mapping[str, Any]) -> LayoutRequest:
+    from meshplan.reports.inputs import LayoutRequest
+
     layout = {f.name: values[f.name] for f in group(Group.LAYOUT)}
     return LayoutRequest(**(layout | {"tp": layout["tp"] or 1}))  # export leaves tp unset for servers
 
