@@ -17,21 +17,16 @@ import pytest
 from meshplan.cli import main
 
 HOSTILE = Path(__file__).resolve().parent / "hostile"
-SECONDS = 5.0
-"""Each refusal answers within this (on 2 busy cores); before the bounds, some took minutes or never returned."""
 
 
 def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     """Run the CLI in-process; assert exit 2, one line on stderr, nothing on stdout; return the line."""
-    start = time.perf_counter()
     code = main(list(argv))
-    elapsed = time.perf_counter() - start
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert code == 2, (argv, code, err)
     assert len(lines) == 1 and "Traceback" not in err, err
     assert out == ""
-    assert elapsed < SECONDS, (argv, elapsed)
     return lines[0]
 
 
@@ -222,8 +217,17 @@ def test_a_key_error_is_a_bug_not_exit_2(monkeypatch: pytest.MonkeyPatch) -> Non
         main(["params", "llama-3.2-1b"])
 
 
-def test_a_fleet_with_too_many_layouts_is_refused_at_once(capsys: pytest.CaptureFixture[str]) -> None:
-    """9,999,360 GPUs has 264 divisors: tens of billions of MoE layouts, refused before any is built."""
+def test_a_fleet_with_too_many_layouts_is_refused_at_once(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """9,999,360 GPUs has 264 divisors: tens of billions of MoE layouts, refused from counting them, before any
+    chunk of layouts is evaluated."""
+    import meshplan.search.rank as rank
+
+    def no_layouts(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a layout chunk was evaluated before the refusal")
+
+    monkeypatch.setattr(rank, "_evaluate_chunk", no_layouts)
     argv = ("plan", "deepseek-v3", "--gpu", "h100-sxm", "--gpus", "9999360", "--seq", "4096")
     line = refused(capsys, *argv, "--global-batch-tokens", "16777216")
     assert "over the limit" in line

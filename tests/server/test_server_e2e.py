@@ -7,7 +7,6 @@ screenshot of its view in test-artifacts/. Skipped when playwright or chromium i
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -75,11 +74,8 @@ def test_memory_bill_segments_inputs_and_upload(page: Any, shot: Any) -> None:
 
     longer = api(page, "/api/memory", **base, seq=8192, recompute="full")
     page.select_option("#mem-form select[name=recompute]", "full")
-    start = time.perf_counter()
-    page.fill("#mem-form input[name=seq]", "8192")
+    page.fill("#mem-form input[name=seq]", "8192")  # how fast it follows: benchmarks/explorer_latency.py
     wait_number(page, "#mem-training-total", longer["per_gpu"]["total_bytes"])
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0, f"the memory view took {elapsed:.3f} s to follow an input"
 
     qlora = api(page, "/api/memory", **base, seq=8192, recompute="full", finetune="qlora")
     page.select_option("#mem-form select[name=finetune]", "qlora")
