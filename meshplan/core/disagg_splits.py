@@ -4,7 +4,8 @@ R replicas of a layout split into p prefill and R - p decode replicas (``serve_d
 batch cap b the TPOT and the TTFT do not depend on p; the request rate the decode pool drives, (R - p) b /
 (TTFT + O t(b)), falls as p grows and the prefill pool's limit, p r_prefill, rises. So a batch cap is usable
 from one smallest split p*(b) on (found by bisection on the very comparison the curve makes, which is monotone
-in p in floating point too), and from there on its tokens/s per GPU only falls.
+in p in floating point too: (R - p) b is an exact integer for any fleet the CLI takes), and from there on its
+tokens/s per GPU only falls.
 
 Sort the thresholds p*(b): between two consecutive ones the usable batch caps stay the same, so every split of
 that run is matched or beaten, on tokens/s per GPU and on TPOT alike, by each smaller split of the run (which
@@ -42,7 +43,7 @@ class FrontPoint:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Splits:
     prefill_replicas: list[int]
-    """The splits that can be among the layout's ``keep`` best, ascending (at most ``keep``)."""
+    """The layout's ``keep`` best splits (prefill replicas), ascending."""
     front: list[FrontPoint]
     """The (p*(b), b) on the front among themselves (b usable and served by some split), by split then batch cap."""
     evaluated_points: int
