@@ -133,6 +133,7 @@ def serve_plan_report(
         objective=obj,
         concurrency=concurrency,
         disaggregate=disaggregate,
+        keep_splits=top,
     )
     return _answer(spec, gpu_spec, result, gpus=gpus, engine=engine, obj=obj, top=top, start=start) | {
         "input_len": input_len,

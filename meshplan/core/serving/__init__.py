@@ -5,5 +5,6 @@
 - caps.py: the engine's own caps on a batch;
 - load.py and offline.py: the batch an engine holds under a rate or a concurrency, and whole offline runs;
 - disagg.py: prefill and decode on separate pools;
-- search.py: every serving layout ranked under latency targets (``meshplan serve-plan``).
+- search.py: every serving layout ranked under latency targets (``meshplan serve-plan``); splits.py: the bounded
+  search of prefill/decode splits it uses on large fleets.
 """

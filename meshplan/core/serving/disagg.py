@@ -189,17 +189,34 @@ def _prefill_queue(rate: float, rate_max: float, servers: int) -> tuple[float, f
     return 0.5 * p_wait / spare, p99
 
 
-def split_curve(
-    model: ModelSpec,
-    shape: ReplicaShape,
-    hw: Hardware,
-    layout: ServeLayout,
-    req: Requests,
-    *,
-    batches: np.ndarray,
-    pools: Pools,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens/s per GPU, TPOT, TTFT p99, whether the prefill pool keeps up) at each decode batch cap.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SplitTerms:
+    """What a split's curve shares with every other split of the layout: the decode step at each batch cap,
+    prefill alone + the KV hand-over, one prefill replica's rate. ``curve`` takes the pools as ints or as
+    arrays that broadcast against the batch caps (one row per split), with the same arithmetic either way."""
+
+    batches: np.ndarray
+    tpot_s: np.ndarray
+    first_s: float
+    prefill_rate: float
+    """Requests/s one prefill replica sustains."""
+    output_len: int
+    gpus_per_replica: int
+
+    def curve(
+        self, prefill: int | np.ndarray, decode: int | np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens/s per GPU, TPOT, TTFT p99, whether the prefill pool keeps up) with these replicas."""
+        rate = decode * self.batches / (self.first_s + self.output_len * self.tpot_s)
+        keeps_up = rate <= prefill * self.prefill_rate
+        gpus = (prefill + decode) * self.gpus_per_replica
+        return rate * self.output_len / gpus, self.tpot_s, self.first_s + self.tpot_s, keeps_up
+
+
+def split_terms(
+    model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests, *, batches: np.ndarray
+) -> SplitTerms:
+    """The parts of a split's curve that do not depend on how the replicas are split (``SplitTerms.curve``).
 
     The planner's closed loop: B users per decode replica; requests/s = (D/g) B / (TTFT + O t(B)); the
     prefill pool keeps up when that is within its maximum (no prefill queue), else the point is dropped."""
@@ -209,7 +226,11 @@ def split_curve(
     t = rounds * np.asarray(decode_step(model, shape, hw, layout, batch=batches / ranks, context=context).total_s)
     first = rounds * float(prefill(model, shape, hw, layout, tokens=float(req.input_len)).total_s)
     first += kv_transfer_s(shape, hw, tokens=req.input_len)
-    rate = pools.decode_replicas * batches / (first + req.output_len * t)
-    keeps_up = rate <= pools.prefill_replicas * _prefill_rate(model, shape, hw, layout, req)
-    gpus = (pools.prefill_replicas + pools.decode_replicas) * layout.gpus_per_replica
-    return rate * req.output_len / gpus, t, first + t, keeps_up
+    return SplitTerms(
+        batches=batches,
+        tpot_s=t,
+        first_s=first,
+        prefill_rate=_prefill_rate(model, shape, hw, layout, req),
+        output_len=req.output_len,
+        gpus_per_replica=layout.gpus_per_replica,
+    )

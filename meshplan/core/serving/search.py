@@ -13,16 +13,17 @@ reason: out of memory, or the TTFT / TPOT it reaches at batch 1 against the targ
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
 
-from meshplan.core.serving.disagg import Pools, split_curve
+from meshplan.core.serving.disagg import SplitTerms, split_terms
 from meshplan.core.serving.load import Requests, capacity, step_at, ttft_s
 from meshplan.core.serving.phases import pipeline_factor
 from meshplan.core.serving.shape import Hardware, ReplicaShape, ServeLayout
+from meshplan.core.serving.splits import kept_splits
 from meshplan.spec.model import ModelSpec
 
 
@@ -137,8 +138,10 @@ def search(
     objective: Objective,
     concurrency: float | None = None,
     disaggregate: bool = False,
+    keep_splits: int = 5,
 ) -> SearchResult:
-    """Every layout evaluated at every batch cap; the best batch of each ranked by ``objective``."""
+    """Every layout evaluated at every batch cap; the best batch of each ranked by ``objective``. With
+    ``disaggregate``, each layout's prefill/decode splits too: its ``keep_splits`` best (``_splits``)."""
     ranked, pareto, rejected = [], [], []
     layouts_seen = points = 0
     for layout in layouts:
@@ -168,15 +171,13 @@ def search(
             ranked.append(found[0])
             pareto += found[1]
         if disaggregate and objective is not Objective.FEWEST_GPUS:
-            for p in range(1, replicas):
-                pools = Pools(prefill_replicas=p, decode_replicas=replicas - p)
-                gpu_rate, t, first, keeps_up = split_curve(model, shape, hw, layout, req, batches=batches, pools=pools)
-                points += batches.size
-                split = _best(layout, batches, gpu_rate, t, first, kv, targets, objective, replicas=replicas,
-                              prefill_replicas=p, valid=keeps_up)  # fmt: skip
-                if split is not None:
-                    ranked.append(split[0])
-                    pareto += split[1]
+            terms = split_terms(model, shape, hw, layout, req, batches=batches)
+            split_ranked, split_pareto, split_points = _splits(
+                layout, terms, kv, targets, objective, replicas=replicas, keep=keep_splits
+            )
+            ranked += split_ranked
+            pareto += split_pareto
+            points += split_points
     return SearchResult(
         ranked=sorted(ranked, key=_key(objective)),
         pareto=pareto_front(pareto),
@@ -184,6 +185,53 @@ def search(
         evaluated_layouts=layouts_seen,
         evaluated_points=points,
     )
+
+
+EVERY_SPLIT_UP_TO = 16
+"""A layout with at most this many splits (replicas - 1) has every one ranked; beyond, only those that can be
+among its ``keep_splits`` best (core/serving/splits.py): the same best plans and Pareto front, bounded work."""
+
+
+def _splits(
+    layout: ServeLayout,
+    terms: SplitTerms,
+    kv: int,
+    targets: Targets,
+    objective: Objective,
+    *,
+    replicas: int,
+    keep: int,
+) -> tuple[list[Candidate], list[ParetoPoint], int]:
+    """The ranked splits of ``replicas`` into prefill and decode pools, their Pareto points, the points computed."""
+    ranked, pareto, points = [], [], 0
+    batches = terms.batches
+    every = replicas - 1 <= EVERY_SPLIT_UP_TO
+    if every:
+        choices: Iterable[int] = range(1, replicas)
+    else:
+        usable = np.ones(batches.size, dtype=bool)
+        if targets.ttft_p99_s is not None:
+            usable &= terms.first_s + terms.tpot_s <= targets.ttft_p99_s
+        if targets.tpot_p99_s is not None:
+            usable &= terms.tpot_s <= targets.tpot_p99_s
+        kept = kept_splits(terms, usable, replicas=replicas, keep=keep, first_usable=objective is Objective.LATENCY)
+        choices, points = kept.prefill_replicas, kept.evaluated_points
+        pareto = [
+            ParetoPoint(layout=layout, batch_cap=int(batches[f.batch_index]),
+                        tokens_per_s_per_gpu=f.tokens_per_s_per_gpu,
+                        tokens_per_s_per_user=f.tokens_per_s_per_user,
+                        prefill_replicas=f.prefill_replicas)
+            for f in kept.front
+        ]  # fmt: skip
+    for p in choices:
+        gpu_rate, t, first, keeps_up = terms.curve(p, replicas - p)
+        points += batches.size
+        split = _best(layout, batches, gpu_rate, t, first, kv, targets, objective, replicas=replicas,
+                      prefill_replicas=p, valid=keeps_up, with_points=every)  # fmt: skip
+        if split is not None:
+            ranked.append(split[0])
+            pareto += split[1]
+    return ranked, pareto, points
 
 
 def _best(
@@ -199,8 +247,10 @@ def _best(
     replicas: int,
     prefill_replicas: int = 0,
     valid: np.ndarray | None = None,
+    with_points: bool = True,
 ) -> tuple[Candidate, list[ParetoPoint]] | None:
-    """The batch cap ``objective`` prefers among those meeting the targets, and the points that meet them."""
+    """The batch cap ``objective`` prefers among those meeting the targets, and (``with_points``) the points
+    that meet them."""
     ok = np.ones(batches.size, dtype=bool) if valid is None else valid.copy()
     if targets.ttft_p99_s is not None:
         ok &= ttft <= targets.ttft_p99_s
@@ -214,7 +264,7 @@ def _best(
         ParetoPoint(layout=layout, batch_cap=int(b), tokens_per_s_per_gpu=float(x),
                     tokens_per_s_per_user=float(1.0 / t), prefill_replicas=prefill_replicas)
         for b, x, t in zip(batches[ok], per_gpu[ok], tpot[ok], strict=True)
-    ]  # fmt: skip
+    ] if with_points else []  # fmt: skip
     best = Candidate(
         layout=layout,
         batch_cap=int(batches[i]),
