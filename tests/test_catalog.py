@@ -192,8 +192,10 @@ def test_run_and_recipe_files_hold_only_schema_keys() -> None:
         case_values(case)  # parsed and bounded by the schema
         LayoutRequest.parse(case["layout"])
     for name, recipe in recipes().items():
-        extra = set(recipe) - schema - {"title", "source", "why", "model", "model_overrides", "layout"}
+        extra = set(recipe) - schema - {"title", "source", "why", "model", "model_overrides", "layout", "published"}
         assert not extra, name
+        run = sources()[recipe["published"]["run"]]  # every recipe names the catalog run that measured it
+        assert [c["id"] for c in run["case"]].count(recipe["published"]["case"]) == 1, name
     with pytest.raises(ValueError, match="unknown run key 'overlap'"):
         case_values({"id": "x", "overlap": {"dp": False}})
 

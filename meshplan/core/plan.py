@@ -8,12 +8,13 @@ from meshplan.core.comm import CollectiveCall
 from meshplan.core.constraints import check_layout
 from meshplan.core.params import count_params
 from meshplan.core.placement import DEFAULT_ORDER, AxisPlacement, place
+from meshplan.core.time.flops import megatron_flops, narayanan_flops
 from meshplan.core.time.step_time import StepTime, step_time
 from meshplan.core.training import TrainingMemory, training_memory
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.conditions import Fp8Recipe
 from meshplan.spec.layout import Layout
-from meshplan.spec.model import ModelSpec
+from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.workload import Workload
 
 NEAR_CAPACITY_SHARE = 0.95
@@ -101,3 +102,38 @@ def evaluate(
         step=step,
         collectives=tuple(c for c in calls if bool(c.count_per_step > 0)),
     )
+
+
+METRICS = ("mfu", "tokens_per_s_per_gpu", "iteration_time_s", "tflops_per_gpu_eq3", "tflops_per_gpu_megatron")
+"""The figures published runs report, each as meshplan predicts it (``metric_value``)."""
+
+
+def metric_value(plan: Plan, metric: str) -> float:
+    """A plan's figure in the unit a publication reports: MFU, tokens per second per GPU, the iteration time, or
+    achieved TFLOP/s per GPU counted as Narayanan et al. 2021 Eq. 3 or as Megatron-LM's logger counts them."""
+    step, m, w = plan.step, plan.model, plan.workload
+    if metric == "iteration_time_s":
+        return float(step.step_time_s)
+    if metric == "mfu":
+        return float(step.mfu)
+    if metric == "tokens_per_s_per_gpu":
+        return float(step.tokens_per_s_per_gpu)
+    if metric == "tflops_per_gpu_eq3":
+        flops = narayanan_flops(
+            batch=w.global_batch, layers=m.num_layers, seq=w.seq_len, hidden=m.hidden, vocab=m.vocab_size
+        )
+        return float(flops / (step.step_time_s * plan.cluster.num_gpus) / 1e12)
+    if metric == "tflops_per_gpu_megatron":
+        flops = megatron_flops(
+            batch=w.global_batch,
+            layers=m.num_layers,
+            seq=w.seq_len,
+            hidden=m.hidden,
+            vocab=m.vocab_size,
+            ffn_hidden=m.ffn_hidden,
+            kv_heads=m.num_kv_heads,
+            heads=m.num_heads,
+            gated=m.mlp is MlpKind.GATED,
+        )
+        return float(flops / (step.step_time_s * plan.cluster.num_gpus) / 1e12)
+    raise ValueError(f"unknown metric {metric!r}")

@@ -16,15 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshplan import io
-from meshplan.core.plan import Plan, evaluate
-from meshplan.core.time.flops import megatron_flops, narayanan_flops
+from meshplan.core.plan import Plan, evaluate, metric_value
 from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, workload_kwargs
 from meshplan.reports.estimate import BAND_CLASSES, band_class
 from meshplan.reports.inputs import LayoutRequest, resolve_cluster, resolve_layout, resolve_order, resolve_workload
 from meshplan.spec import requests
 from meshplan.spec.argv import flag_args
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.model import MlpKind, ModelSpec
+from meshplan.spec.model import ModelSpec
 from meshplan.spec.profile import IDENTITY, Profile, apply_profile, parse_profile
 from meshplan.validation import fit as profile_fit
 
@@ -113,34 +112,7 @@ def _evaluate(case: dict[str, Any], layout: dict[str, Any], profile: Profile = I
 
 
 def _metric(plan: Plan, metric: str) -> float:
-    step = plan.step
-    if metric == "iteration_time_s":
-        return float(step.step_time_s)
-    if metric == "mfu":
-        return float(step.mfu)
-    if metric == "tokens_per_s_per_gpu":
-        return float(step.tokens_per_s_per_gpu)
-    if metric == "tflops_per_gpu_eq3":
-        m, w = plan.model, plan.workload
-        flops = narayanan_flops(
-            batch=w.global_batch, layers=m.num_layers, seq=w.seq_len, hidden=m.hidden, vocab=m.vocab_size
-        )
-        return float(flops / (step.step_time_s * plan.cluster.num_gpus) / 1e12)
-    if metric == "tflops_per_gpu_megatron":
-        m, w = plan.model, plan.workload
-        flops = megatron_flops(
-            batch=w.global_batch,
-            layers=m.num_layers,
-            seq=w.seq_len,
-            hidden=m.hidden,
-            vocab=m.vocab_size,
-            ffn_hidden=m.ffn_hidden,
-            kv_heads=m.num_kv_heads,
-            heads=m.num_heads,
-            gated=m.mlp is MlpKind.GATED,
-        )
-        return float(flops / (step.step_time_s * plan.cluster.num_gpus) / 1e12)
-    raise ValueError(f"unknown metric {metric!r}")
+    return metric_value(plan, metric)  # one definition, shared with the recipes' published figures
 
 
 def _better(metric: str, a: float, b: float) -> bool:
