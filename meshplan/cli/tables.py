@@ -93,6 +93,16 @@ def _stacks(r: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _split(split: dict[str, Any] | None) -> str:
+    return (
+        "" if split is None else f" (tp {split['tp']} x pp {split['pp']}: {gb(split['weights_bytes_per_gpu'])} a GPU)"
+    )
+
+
+def _tried(tried: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{t['gpus']:,}" for t in tried)
+
+
 def _fit(r: dict[str, Any]) -> str:
     verdict = "fits" if r["fits"] else "does NOT fit"
     tune: list[str] = []
@@ -107,23 +117,32 @@ def _fit(r: dict[str, Any]) -> str:
             f"({r['max_seq_len_with_recompute']:,} with full recompute)",
         ]
         if "nothing_fits" in r:
-            n = r["nothing_fits"]
-            fewest = n["fewest_gpus_that_fit"]
-            tune.append(
-                f"not one sequence of {r['seq']:,} tokens fits; "
-                + (f"{fewest} GPUs would (FSDP, full recompute)" if fewest else "no fleet up to 64 times larger would")
-            )
-            tune += [f"fits on these GPUs with {v}" for v in n["variants"]]
+            tune.append(f"not one sequence of {r['seq']:,} tokens fits on {sharded}")
+    fewest = r["min_gpus_for_training"]
+    training = [
+        f"training (seq {r['seq']:,}, the planner's layouts, {percent(r['headroom_fraction'])} of HBM kept "
+        f"free): {'fits' if r['training_fits'] else 'does NOT fit'} on {r['gpus']:,} GPUs; fewest GPUs that fit: "
+        + (f"{fewest:,}" if fewest else "none")
+        + f" (searched {_tried(r['min_gpus_for_training_tried'])})",
+        *(
+            f"fits on these GPUs with {v['change']}: {_layout_short(v['layout'])}, {seconds(v['step_time_s'])} per step"
+            for v in r["training_variants"]
+        ),
+    ]
+    weights = r["min_gpus_for_weights"]
     return "\n".join(
         [
             f"{r['model']} weights in {r['dtype']}: {gb(r['weights_bytes_total'])}",
-            f"split over {r['gpus']} x {r['gpu']}: {gb(r['weights_bytes_per_gpu_even_split'])} per GPU "
-            f"({percent(r['hbm_fraction_per_gpu'])} of {gb(r['hbm_bytes_per_gpu'])}) - {verdict}",
+            f"split over {r['gpus']} x {r['gpu']}: {gb(r['weights_bytes_per_gpu_even_split'])} per GPU evenly "
+            f"({percent(r['hbm_fraction_per_gpu'])} of {gb(r['hbm_bytes_per_gpu'])}); the lightest split"
+            f"{_split(r['weights_split']) or ' (none of these GPUs)'} - {verdict}",
             f"free: {gb(r['free_bytes_per_gpu'])} per GPU, {gb(r['free_bytes_total'])} in total, "
             "for the KV cache and activations",
-            f"fewest GPUs for the weights alone: {r['min_gpus_for_weights']}; "
-            f"for the training state ({gb(r['training_state_bytes_total'])}, "
-            f"{r['training_state_bytes_per_param']:g} bytes/param): {r['min_gpus_for_training']}",
+            "fewest GPUs for the weights alone: "
+            + (f"{weights}{_split(r['min_gpus_for_weights_split'])}" if weights else "no split holds them")
+            + f"; the training state is {gb(r['training_state_bytes_total'])} "
+            f"({r['training_state_bytes_per_param']:g} bytes/param)",
+            *training,
             *tune,
         ]
     )
@@ -226,7 +245,11 @@ def _layout_short(lay: dict[str, Any]) -> str:
     if lay["cp"] > 1:
         parts.append(f"CP {lay['cp']}" + (" (K/V all-gathered)" if lay.get("cp_kind") == "all-gather" else ""))
     if lay["pp"] > 1:
-        parts.append(f"PP {lay['pp']}" + (f" ({lay['vpp']} virtual)" if lay["vpp"] > 1 else ""))
+        named = {"dualpipe": " (DualPipe)", "zero-bubble": " (zero-bubble)", "gpipe": " (GPipe)"}
+        parts.append(
+            f"PP {lay['pp']}"
+            + (f" ({lay['vpp']} virtual)" if lay["vpp"] > 1 else named.get(lay.get("schedule", ""), ""))
+        )
     if lay["ep"] > 1:
         etp = lay.get("expert_tp", lay["tp"])
         parts.append(f"EP {lay['ep']}" + (f" (expert TP {etp})" if etp != lay["tp"] else ""))
@@ -254,7 +277,10 @@ def _nothing_fits(r: dict[str, Any]) -> list[str]:
             f"per GPU, over the {gb(n['budget_bytes_per_gpu'])} budget"
         )
     fewest = n["fewest_gpus_that_fit"]
-    out.append(f"fewest GPUs that fit: {fewest:,}" if fewest else "no fleet up to 64 times larger fits either")
+    tried = f" (searched {_tried(n['fleet_sizes_tried'])} GPUs)"
+    out.append(
+        (f"fewest GPUs that fit: {fewest:,}" if fewest else "no fleet up to 64 times larger fits either") + tried
+    )
     for v in n["variants"]:
         out.append(f"fits with {v['change']}: {_layout_short(v['layout'])}, {seconds(v['step_time_s'])} per step")
     return out
@@ -286,7 +312,12 @@ def _plan(r: dict[str, Any]) -> str:
         *(
             [
                 f"fewest GPUs that train {r['fewest_gpus']['tokens']:.3g} tokens within {r['fewest_gpus']['days']:g} "
-                f"days: {r['gpus']:,} (fleets from {r['fewest_gpus']['searched_from']:,} GPUs, doubling)"
+                f"days: {r['gpus']:,} (searched "
+                + ", ".join(
+                    f"{t['gpus']:,}" + ("" if t["days"] is None else f" in {t['days']:.1f} d")
+                    for t in r["fewest_gpus"]["tried"]
+                )
+                + ")"
             ]
             if "fewest_gpus" in r
             else []
@@ -320,9 +351,14 @@ def _plan(r: dict[str, Any]) -> str:
             for x in e["rows"]
             if x["value_a"] or x["value_b"]
         ]
-        out += ["", f"{e['a']} vs {e['b']}: {e['why']}", table(term_rows, ["term", e["a"], e["b"], "difference"])]
+        out += ["", f"{e['a']} vs {e['b']}: {e['why']}"]
+        if "filled" in e:
+            filled = ", ".join(f"{k}={v}" for k, v in e["filled"].items()) or "none"
+            out.append(f"fields not given, filled with {e['filled_with']} of those given: {filled}")
+        out.append(table(term_rows, ["term", e["a"], e["b"], "difference"]))
         for w in e.get("named", {}).get("warnings", []):
             out.append(f"  note: {w}")
+    out.append("not searched: " + "; ".join(r["not_searched"]))
     return "\n".join(out)
 
 
@@ -343,7 +379,20 @@ def _recipe(r: dict[str, Any]) -> str:
             for x in r["recipes"]
         ]
         return table(rows, ["recipe", "", "GPUs", "factors"], align="llrl")
-    out = [f"{r['title']} ({r['source']})", r["why"], "", _estimate(r)]
+    p = r["published"]
+    figure = {
+        "mfu": ("MFU", lambda v: percent(v)),
+        "tokens_per_s_per_gpu": ("tokens/s per GPU", lambda v: f"{v:,.0f}"),
+        "iteration_time_s": ("step time", seconds),
+        "tflops_per_gpu_eq3": ("TFLOP/s per GPU (Eq. 3)", lambda v: f"{v:.0f}"),
+        "tflops_per_gpu_megatron": ("TFLOP/s per GPU", lambda v: f"{v:.0f}"),
+    }
+    label, show = figure.get(p["metric"], (p["metric"], lambda v: f"{v:g}"))
+    published = (
+        f"published {label}: {show(p['value'])} ({p['source']}, {p['locator']}); predicted {show(p['predicted'])} "
+        f"({p['error']:+.1%}) under the conditions `meshplan validate` runs it with ({p['run']}: {p['case']})"
+    )
+    out = [f"{r['title']} ({r['source']})", r["why"], published, "", _estimate(r)]
     if "search" in r:
         s = r["search"]
         rank, kept = f"{s['rank_of_published']:,}", f"{s['feasible']:,}"

@@ -191,9 +191,26 @@ class ParamsReport(TypedDict):
     frozen: NotRequired[FrozenJSON]
 
 
+class VariantJSON(TypedDict):
+    change: str
+    layout: LayoutJSON
+    step_time_s: float
+
+
 class FitNothingJSON(TypedDict):
     fewest_gpus_that_fit: int | None
     variants: list[str]
+
+
+class WeightSplitJSON(TypedDict):
+    tp: int
+    pp: int
+    weights_bytes_per_gpu: float
+
+
+class FitTriedJSON(TypedDict):
+    gpus: int
+    fits: bool
 
 
 class FitLayoutJSON(TypedDict):
@@ -213,17 +230,22 @@ class FitReport(TypedDict):
     free_bytes_per_gpu: float
     free_bytes_total: float
     headroom_fraction: float
+    seq: int
     fits: bool
-    min_gpus_for_weights: int
+    weights_split: WeightSplitJSON | None
+    min_gpus_for_weights: int | None
+    min_gpus_for_weights_split: WeightSplitJSON | None
     training_state_bytes_per_param: float
     training_state_bytes_total: float
-    min_gpus_for_training: int
+    training_fits: bool
+    min_gpus_for_training: int | None
+    min_gpus_for_training_tried: list[FitTriedJSON]
+    training_variants: list[VariantJSON]
     finetune: NotRequired[str]
     trainable_params: NotRequired[int]
     lora_rank: NotRequired[int]
     lora_targets: NotRequired[list[str]]
     frozen: NotRequired[FrozenJSON]
-    seq: NotRequired[int]
     layout: NotRequired[FitLayoutJSON]
     max_micro_batch: NotRequired[int]
     max_seq_len: NotRequired[int]
@@ -266,6 +288,14 @@ class ExplainJSON(TypedDict):
     rows: list[ExplainRowJSON]
     why: str
     named: NotRequired[dict[str, Any]]
+    filled: NotRequired[dict[str, Any]]
+    filled_with: NotRequired[str]
+
+
+class DeadlineTriedJSON(TypedDict):
+    gpus: int
+    meets_deadline: bool
+    days: float | None
 
 
 class FewestJSON(TypedDict):
@@ -273,12 +303,9 @@ class FewestJSON(TypedDict):
     searched_from: int
     tokens: float
     days: float
-
-
-class VariantJSON(TypedDict):
-    change: str
-    layout: LayoutJSON
-    step_time_s: float
+    tried: list[DeadlineTriedJSON]
+    sizes_in_bracket: int
+    sizes_untried_below: int
 
 
 class NothingFitsJSON(TypedDict):
@@ -286,6 +313,7 @@ class NothingFitsJSON(TypedDict):
     lightest_bytes_per_gpu: float
     budget_bytes_per_gpu: float
     fewest_gpus_that_fit: int | None
+    fleet_sizes_tried: list[FitTriedJSON]
     variants: list[VariantJSON]
 
 
@@ -306,6 +334,7 @@ class PlanReport(TrainsJSON):
     pareto: list[ParetoPointJSON]
     rejections: dict[str, int]
     uncertainty: str
+    not_searched: list[str]
     fewest_gpus: NotRequired[FewestJSON]
     explain: NotRequired[list[ExplainJSON]]
     nothing_fits: NotRequired[NothingFitsJSON]

@@ -11,7 +11,7 @@ from importlib import resources
 from typing import Any
 
 from meshplan import io
-from meshplan.core.serving.bill import QUANT_GROUP, MemoryFraction
+from meshplan.core.serving.bill import QUANT_GROUP, MemoryFraction, fewest_weight_split
 from meshplan.core.serving.disagg import Pools, disaggregated_point
 from meshplan.core.serving.load import LoadPoint, Requests, load_point
 from meshplan.core.serving.offline import offline_run
@@ -199,6 +199,26 @@ def point_dict(setup: Setup, req: Requests, pt: LoadPoint) -> dict[str, Any]:
     }
 
 
+def _check_weights_fit(setup: Setup) -> None:
+    """Refuse, naming the weights, a replica whose weights alone leave no room in what the engine takes of HBM
+    (the KV cache is not to blame there), with the fewest GPUs a replica needs to hold them."""
+    bill, lay = setup.shape.bill, setup.layout
+    room = bill.usable_bytes - bill.activations_bytes - bill.runtime_reserve_bytes
+    if bill.weights_bytes < room:
+        return
+    fewest = fewest_weight_split(setup.model, lay.weights_dtype, room)
+    hint = (
+        f"a replica needs {fewest.gpus} GPUs or more to hold them (e.g. --tp {fewest.tp} --pp {fewest.pp})"
+        if fewest is not None
+        else "no split of the model holds them on this GPU"
+    )
+    raise ValueError(
+        f"the weights alone are {bill.weights_bytes / 1e9:.1f} GB per GPU at tp={lay.tp} pp={lay.pp}, "
+        f"{bill.weights_bytes / bill.hbm_bytes:.1f}x the {bill.hbm_bytes / 1e9:.1f} GB of HBM "
+        f"({room / 1e9:.1f} GB left beside activations and the runtime): {hint}"
+    )
+
+
 def serve_report(
     model: ModelSpec | str,
     *,
@@ -252,6 +272,7 @@ def serve_report(
         raise ValueError("give exactly one of --concurrency and --rate")
     if disaggregate is not None and replicas is not None:
         raise ValueError("--disaggregate P:D sets the replicas of both pools; drop --replicas")
+    _check_weights_fit(setup)
     head = _head(setup, engine, input_len, output_len, concurrency, rate)
     # colocated: the load is split evenly over the replicas; disaggregated: the pools share the fleet's load
     share = 1 if disaggregate is not None else setup.replicas

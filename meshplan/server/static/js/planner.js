@@ -160,7 +160,7 @@ function verdict() {
 }
 
 // Nothing fits on this fleet: the engine's answer (the plan report's nothing_fits) says what would, the lightest
-// layout it found, the fewest GPUs (doubling the fleet) on which one fits, and the variants that fit here; each
+// layout it found, the fewest GPUs (of the fleet sizes searched) on which one fits, and the variants that fit here; each
 // way out comes with a button that searches it.
 function nothingFits() {
   const r = result, node = $("#pl-verdict"), nf = r.nothing_fits;
@@ -181,9 +181,9 @@ function nothingFits() {
   }
   const n = nf.fewest_gpus_that_fit;
   out.push(n
-    ? el("span", { class: "block" }, "A larger fleet: the smallest, doubling from yours, on which a layout fits is ",
+    ? el("span", { class: "block" }, `A larger fleet: the smallest of those searched (${nf.fleet_sizes_tried.map((t) => fmtInt(t.gpus)).join(", ")} GPUs) on which a layout fits is `,
         el("strong", { id: "pl-fits-at", "data-value": n, text: `${fmtInt(n)} × ${r.gpu}` }), ". ", retry(`Search on ${fmtInt(n)} GPUs`, { gpus: n }))
-    : el("span", { class: "block", text: "A larger fleet: none of the fleets the engine tried by doubling this one fits." }));
+    : el("span", { class: "block", text: "A larger fleet: none of the fleets searched, up to 64 times this one, fits." }));
   const change = (c) => (c.startsWith("--headroom 0") ? { headroom: "0" } : c.startsWith("--finetune ") ? { finetune: c.split(" ")[1] } : null);
   for (const v of nf.variants) {
     const set = change(v.change);
