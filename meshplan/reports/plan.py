@@ -84,7 +84,7 @@ def run_search(
     """The search's result and its best distinct plans as JSON (``profile``: the ``--profile`` text whose band, if
     it carries one, the plans' step times take). Pins that no layout of the fleet can have are refused."""
     result = rules.search(spec, cluster, work, objective=objective)
-    if not result.valid and rules.pins and any(v is not None for v in rules.pins.values()):
+    if not result.valid and pinned_space(rules.pins)[0] is not None:  # pins no layout of the fleet has
         refuse_pins(spec, work, cluster, rules.pins, allow_cross_node_tp=rules.allow_cross_node_tp)
     accept = None if engine is None else _runs_on(engine, spec, work)
     plans = [_candidate(result, i, cluster, rules.order, profile) for i in distinct(result, top, accept=accept)]

@@ -148,9 +148,9 @@ class SearchSpace:
     """Also try DeepSeek's DualPipe where it runs (``dualpipe_runs``): an even pipeline without interleaving, an
     even number of micro-batches, at least two per stage."""
     micro_batch_ladder: bool = True
-    """Past the largest of ``micro_batch_choices``, double the micro-batch of the layouts that fit with it while
-    they still fit (``search.rank``), up to ``MAX_MICRO_BATCH``: larger micro-batches are tried only where memory
-    allows them. Off when the micro-batch is pinned."""
+    """Past the largest of ``micro_batch_choices``, double the micro-batch of the layouts that fit with it, within
+    30% of the fastest, while they still fit (``search.rank``), up to ``MAX_MICRO_BATCH``: larger micro-batches
+    are tried only where memory allows them. Off when the micro-batch is pinned."""
 
     def left_out(self) -> list[str]:
         """What this space does not enumerate, in words (the planner prints it beside its plans)."""
@@ -161,7 +161,10 @@ class SearchSpace:
             out.append("the DualPipe schedule")
         top = self.micro_batch_choices[-1]
         if self.micro_batch_ladder:
-            out.append(f"micro-batches above {top} unless one of {top} fits, and above {MAX_MICRO_BATCH}")
+            out.append(
+                f"micro-batches above {top}, but where {top} fits within 30% of the fastest (doubled while they fit, "
+                f"up to {MAX_MICRO_BATCH})"
+            )
         else:
             out.append(f"micro-batches other than {', '.join(map(str, self.micro_batch_choices))}")
         out.append(f"virtual stages other than {', '.join(map(str, self.vpp_choices))}")
