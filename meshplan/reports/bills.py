@@ -36,7 +36,7 @@ from meshplan.reports.inputs import (
     resolve_layout,
     resolve_workload,
 )
-from meshplan.reports.plan_fleet import SearchRules, fewest_that_fit, tried_json, variants
+from meshplan.reports.plan_fleet import SearchRules, fewest_that_fit, fits_on, tried_json, variants
 from meshplan.spec.cluster import GPU, check_gpus
 from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
@@ -194,8 +194,8 @@ def _fit_training(
     rules = SearchRules(headroom=headroom)
     fleet = functools.partial(resolve_cluster, gpu=gpu)
     found = fewest_that_fit(spec, fleet, work, rules, start=1, include_start=True, high=MAX_GPUS, batch_free=True)
+    fits = fits_on(spec, fleet, work, rules, gpus=gpus, found=found)
     here = fleet(gpus=gpus)
-    fits = rules.search(spec, here, work, lightest=False).feasible > 0
     return {
         "training_fits": fits,
         "min_gpus_for_training": found.gpus,

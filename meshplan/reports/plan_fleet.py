@@ -105,9 +105,28 @@ def fewest_that_fit(
 
     def test(n: int) -> Probe:
         w = dataclasses.replace(work, global_batch=n) if batch_free else work
-        return Probe(gpus=n, passed=rules.search(spec, fleet(gpus=n), w, lightest=False).feasible > 0)
+        found = rules.search(spec, fleet(gpus=n), w, lightest=False)
+        if not found.feasible:
+            return Probe(gpus=n, passed=False)
+        c = found.candidates
+        return Probe(gpus=n, passed=True, value=float(np.min(c.tp * c.cp * c.pp * c.dp_shard)))
 
     return fewest(sizes, test, start=max(start, 1), include_start=include_start)
+
+
+def fits_on(spec: ModelSpec, fleet: Fleet, work: Workload, rules: SearchRules, *, gpus: int, found: Fewest) -> bool:
+    """Whether a layout fits on ``gpus`` GPUs, one sequence a GPU per step, given the fewest that fit (``found``,
+    from ``fewest_that_fit`` with ``batch_free``). A fleet that a layout of the fewest divides into whole
+    replicas (its tp x cp x pp x dp_shard, the smallest among those that fit there) fits: the same layout with
+    more replicas holds the same bytes a GPU and runs the same micro-batches. Any other count is searched."""
+    probes = {p.gpus: p for p in found.tried}
+    if gpus in probes:
+        return probes[gpus].passed
+    unit = probes[found.gpus].value if found.gpus is not None else None
+    if unit is not None and found.gpus is not None and gpus > found.gpus and gpus % int(unit) == 0:
+        return True
+    w = dataclasses.replace(work, global_batch=gpus)
+    return rules.search(spec, fleet(gpus=gpus), w, lightest=False).feasible > 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

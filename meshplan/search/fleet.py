@@ -76,7 +76,8 @@ def _smooth_upto(limit: int) -> list[int]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Probe:
-    """One fleet size tried: whether it passed, and the figure that decided (days to train, bytes per GPU)."""
+    """One fleet size tried: whether it passed, and a figure the test keeps with it (the days to train of its best
+    plan; for a fit, the smallest tp x cp x pp x dp_shard among the layouts that fit)."""
 
     gpus: int
     passed: bool
