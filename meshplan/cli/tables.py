@@ -121,7 +121,8 @@ def _fit(r: dict[str, Any]) -> str:
     fewest = r["min_gpus_for_training"]
     training = [
         f"training (seq {r['seq']:,}, the planner's layouts, {percent(r['headroom_fraction'])} of HBM kept "
-        f"free): {'fits' if r['training_fits'] else 'does NOT fit'} on {r['gpus']:,} GPUs; fewest GPUs that fit: "
+        f"free): {'fits' if r['training_fits'] else 'does NOT fit'} on {r['gpus']:,} GPU{'s' * (r['gpus'] != 1)}; "
+        "fewest GPUs that fit: "
         + (f"{fewest:,}" if fewest else "none")
         + f" (searched {_tried(r['min_gpus_for_training_tried'])})",
         *(

@@ -40,7 +40,6 @@ from meshplan.reports.plan_fleet import SearchRules, fewest_that_fit, fits_on, t
 from meshplan.spec.cluster import GPU, check_gpus
 from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
-from meshplan.spec.requests import MAX_GPUS
 from meshplan.units import DType
 
 
@@ -174,6 +173,11 @@ def _split_dict(split: WeightSplit | None) -> dict[str, Any] | None:
     return {"tp": split.tp, "pp": split.pp, "weights_bytes_per_gpu": split.weights_bytes}
 
 
+TRAINING_FLEET_LIMIT = 131_072
+"""The largest fleet ``fit`` searches for the fewest GPUs that train (the API's cap on the planner's fewest-gpus
+search): past it, each search would run over millions of GPUs."""
+
+
 def _fit_training(
     spec: ModelSpec,
     gpu: str,
@@ -193,7 +197,9 @@ def _fit_training(
     work = resolve_workload(layout=Layout(), seq=seq, global_batch=gpus, finetune=ft, **set_by)
     rules = SearchRules(headroom=headroom)
     fleet = functools.partial(resolve_cluster, gpu=gpu)
-    found = fewest_that_fit(spec, fleet, work, rules, start=1, include_start=True, high=MAX_GPUS, batch_free=True)
+    found = fewest_that_fit(
+        spec, fleet, work, rules, start=1, include_start=True, high=TRAINING_FLEET_LIMIT, batch_free=True
+    )
     fits = fits_on(spec, fleet, work, rules, gpus=gpus, found=found)
     here = fleet(gpus=gpus)
     return {
