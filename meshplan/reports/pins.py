@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from meshplan.core.constraints import failed_rules
 from meshplan.reports.inputs import LayoutRequest, choice, resolve_layout
@@ -58,7 +58,7 @@ def _stated(pins: Mapping[str, Any]) -> str:
 
 def refuse_pins(
     spec: ModelSpec, work: Workload, cluster: Cluster, pins: Mapping[str, Any], *, allow_cross_node_tp: bool
-) -> None:
+) -> NoReturn:
     """A ValueError saying why no layout of the fleet has the pinned fields (the search found none that passes
     its rules and the pins): the fleet's arithmetic, the model's rule that the pinned layout breaks, TP across
     the scale-up domain, or the planner's space."""
