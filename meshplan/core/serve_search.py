@@ -13,7 +13,7 @@ reason: out of memory, or the TTFT / TPOT it reaches at batch 1 against the targ
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -137,8 +137,10 @@ def search(
     objective: Objective,
     concurrency: float | None = None,
     disaggregate: bool = False,
+    splits: Collection[int] | None = None,
 ) -> SearchResult:
-    """Every layout evaluated at every batch cap; the best batch of each ranked by ``objective``."""
+    """Every layout evaluated at every batch cap; the best batch of each ranked by ``objective``; with
+    ``disaggregate``, every split into prefill and decode pools too (``splits``: only these prefill replicas)."""
     ranked, pareto, rejected = [], [], []
     layouts_seen = points = 0
     for layout in layouts:
@@ -168,7 +170,7 @@ def search(
             ranked.append(found[0])
             pareto += found[1]
         if disaggregate and objective is not Objective.FEWEST_GPUS:
-            for p in range(1, replicas):
+            for p in range(1, replicas) if splits is None else sorted(p for p in set(splits) if 0 < p < replicas):
                 pools = Pools(prefill_replicas=p, decode_replicas=replicas - p)
                 gpu_rate, t, first, keeps_up = split_curve(model, shape, hw, layout, req, batches=batches, pools=pools)
                 points += batches.size
