@@ -256,7 +256,10 @@ RENDEZVOUS_ENDPOINT = ShellExpansion("${MASTER_ADDR}:${MASTER_PORT}")
 
 def shell_word(token: str | int | float) -> str:
     """One token as the shell must read it: quoted unless it is a :class:`ShellExpansion`."""
-    return str(token) if isinstance(token, ShellExpansion) else shlex.quote(str(token))
+    text = str(token)
+    if "\0" in text:
+        raise ValueError(f"{text[:40]!r} holds a NUL character, which no command-line argument can")
+    return text if isinstance(token, ShellExpansion) else shlex.quote(text)
 
 
 def shell_join(tokens: Iterable[str | int | float]) -> str:
@@ -286,7 +289,7 @@ def shell_script(
     for key, value in env.items():
         if not _ENV_NAME.fullmatch(key):
             raise ValueError(f"{key!r} is not an environment variable name")
-        lines.append(f"export {key}={shlex.quote(value)}")
+        lines.append(f"export {key}={shell_word(value)}")
     return "\n".join([*lines, _wrapped(tokens), ""])
 
 
