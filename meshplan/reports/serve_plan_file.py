@@ -176,11 +176,13 @@ def _shown(value: Any) -> str:
 def _control_character(value: Any, where: str) -> tuple[str, str] | None:
     """(path, character) of the first text, key or value, holding a character that is not printable."""
     if isinstance(value, str):
-        bad = next((ch for ch in value if not ch.isprintable()), None)
-        return None if bad is None else (where, bad)
+        if value.isprintable():
+            return None
+        return where, next(ch for ch in value if not ch.isprintable())
     if isinstance(value, dict):
         for key, item in value.items():
-            found = _control_character(key, where) or _control_character(item, f"{where}.{key}")
+            path = f"{where}.{key}" if where else key
+            found = _control_character(key, where or "a key") or _control_character(item, path)
             if found:
                 return found
     if isinstance(value, list):
@@ -197,7 +199,7 @@ def load_serving_plan(path: str) -> SavedServingPlan:
     data = io.parse_json(io.read_text_file(path, what="plan file"), label, unique_keys=True)
     if not isinstance(data, dict) or data.get("best") is None:
         raise ValueError(f"{label} holds no serving plan (write one with meshplan serve-plan --save FILE)")
-    found = _control_character(data, "the file")
+    found = _control_character(data, "")
     if found:
         where, ch = found
         raise ValueError(f"{label}: {where} holds the control character {ch!r}; a plan file holds none")
@@ -206,8 +208,11 @@ def load_serving_plan(path: str) -> SavedServingPlan:
     spec, gpu = _fleet(r, data)
     request = _request(r, data)
     best = r.plan(data["best"], "best")
-    _listings(r, data, best, moe=spec.moe is not None)
-    return _recomputed(r, data, best, spec=spec, gpu=gpu, request=request)
+    _listings(r, data, best)
+    plan = _recomputed(r, data, best, spec=spec, gpu=gpu, request=request)
+    if not isinstance(data["uncertainty"], str) or data["uncertainty"] != serving_band_text(moe=spec.moe is not None):
+        raise r.fail("uncertainty", "is not the serving band serve-plan states for this model")
+    return plan
 
 
 def _fleet(r: _Reader, data: dict[str, Any]) -> tuple[ModelSpec, Any]:
@@ -220,7 +225,7 @@ def _fleet(r: _Reader, data: dict[str, Any]) -> tuple[ModelSpec, Any]:
     if not isinstance(data["gpu"], str):
         raise r.fail("gpu", f"must be a string, got {_shown(data['gpu'])}")
     try:
-        gpu = io.load_gpu(check_model_path(data["gpu"], what="gpu"))
+        gpu = io.load_gpu(check_model_path(data["gpu"], what="its name"))
     except (ValueError, OSError) as exc:
         raise ValueError(f"the gpu of {r.label}: {_io_message(exc)}") from None
     r.schema("gpus", data["gpus"], "gpus")
@@ -257,7 +262,7 @@ def _request(r: _Reader, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _listings(r: _Reader, data: dict[str, Any], best: dict[str, Any], *, moe: bool) -> None:
+def _listings(r: _Reader, data: dict[str, Any], best: dict[str, Any]) -> None:
     """The ranking, the front, the rejections and the counts beside the winner: their shapes and ranges."""
     top = r.array(data["top"], "top", limit=requests.MAX_TOP)
     for i, plan in enumerate(top):
@@ -291,8 +296,6 @@ def _listings(r: _Reader, data: dict[str, Any], best: dict[str, Any], *, moe: bo
     elapsed = data["elapsed_s"]
     if isinstance(elapsed, bool) or not isinstance(elapsed, int | float) or not 0 <= elapsed <= MAX_ELAPSED_S:
         raise r.fail("elapsed_s", f"must be a number of seconds in [0, {MAX_ELAPSED_S:g}], got {_shown(elapsed)}")
-    if not isinstance(data["uncertainty"], str) or data["uncertainty"] != serving_band_text(moe=moe):
-        raise r.fail("uncertainty", "is not the serving band serve-plan states for this model")
 
 
 def _recomputed(
