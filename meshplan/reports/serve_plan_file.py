@@ -22,6 +22,7 @@ from meshplan.exports import check_model_path
 from meshplan.reports.serve import resolve, serving_band_text
 from meshplan.reports.serve_plan import PARETO_SHOWN, layouts, plan_of_layout
 from meshplan.spec import requests
+from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
 
 FILE_KEYS = (
@@ -215,7 +216,7 @@ def load_serving_plan(path: str) -> SavedServingPlan:
     return plan
 
 
-def _fleet(r: _Reader, data: dict[str, Any]) -> tuple[ModelSpec, Any]:
+def _fleet(r: _Reader, data: dict[str, Any]) -> tuple[ModelSpec, GPU]:
     """The model (a catalog name or a model file, read through the guarded reader) and the GPU."""
     model = check_model_path(data["model"], what=f"the model of {r.label}")
     try:
@@ -299,7 +300,7 @@ def _listings(r: _Reader, data: dict[str, Any], best: dict[str, Any]) -> None:
 
 
 def _recomputed(
-    r: _Reader, data: dict[str, Any], best: dict[str, Any], *, spec: ModelSpec, gpu: Any, request: dict[str, Any]
+    r: _Reader, data: dict[str, Any], best: dict[str, Any], *, spec: ModelSpec, gpu: GPU, request: dict[str, Any]
 ) -> SavedServingPlan:
     """The winner checked as ``serve`` checks a layout, then computed again and compared with the file."""
     lay = best["layout"]
