@@ -94,15 +94,26 @@ def _shallow(data: Any, label: str) -> Any:
     return data
 
 
-def parse_json(text: str, label: str) -> Any:
-    """JSON text parsed, with a depth limit and one-line errors naming ``label``."""
+def parse_json(text: str, label: str, *, unique_keys: bool = False) -> Any:
+    """JSON text parsed, with a depth limit and one-line errors naming ``label``; ``unique_keys`` refuses an
+    object that states a key twice (parsers disagree on which value such a file means)."""
+    hook = _unique_object if unique_keys else None
     try:
-        data = json.loads(text, parse_constant=_no_constant)
-    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, integers of over 4,300 digits
+        data = json.loads(text, parse_constant=_no_constant, object_pairs_hook=hook)
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, integers of over 4,300 digits, a repeated key
         raise ValueError(f"malformed JSON in {label}: {str(exc).splitlines()[0]}") from None
     except RecursionError:
         raise ValueError(f"{label} nests arrays or objects too deeply") from None
     return _shallow(data, label)
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key[:40]!r} appears twice in one object")
+        out[key] = value
+    return out
 
 
 def _no_constant(name: str) -> Any:

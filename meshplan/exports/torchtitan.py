@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from meshplan.exports.common import (
+    RENDEZVOUS_ENDPOINT,
     Engine,
     Export,
     UnsupportedByEngine,
@@ -28,6 +29,7 @@ from meshplan.exports.common import (
     effective_zero,
     grad_accumulation_steps,
     nodes,
+    one_line,
     predicted_lines,
     shell_join,
     shell_script,
@@ -198,6 +200,11 @@ def _model_lines(recipe: Recipe, workload: Workload) -> tuple[list[str], list[st
     return imports, [f"    config.model_spec = model_registry({recipe.flavor!r}, converters=[{converter}])"]
 
 
+def _docstring_text(text: str) -> str:
+    """``text`` as it may stand in a triple-quoted docstring: on one line, its backslashes and quotes escaped."""
+    return one_line(text).replace("\\", "\\\\").replace('"', '\\"')
+
+
 def config_module(
     model: ModelSpec,
     layout: Layout,
@@ -212,8 +219,9 @@ def config_module(
     recipe = recipe_for(model)
     model_imports, model_body = _model_lines(recipe, workload)
     policy = _CHECKPOINTING.get(layout.recompute)
+    name = _docstring_text(model.name)
     head = [
-        f'"""torchtitan {ENGINE_VERSION} config from meshplan: {model.name} on {layout.num_gpus} GPUs.',
+        f'"""torchtitan {ENGINE_VERSION} config from meshplan: {name} on {layout.num_gpus} GPUs.',
         "",
         f"Launch: torchrun ... -m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION}",
         '"""',
@@ -250,7 +258,7 @@ def export_torchtitan(
     num_nodes, per_node = nodes(layout.num_gpus, gpus_per_node)
     tokens = ["torchrun", "--nnodes", str(num_nodes), "--nproc-per-node", str(per_node)]
     if num_nodes > 1:
-        tokens += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "${MASTER_ADDR}:${MASTER_PORT}"]
+        tokens += ["--rdzv-backend", "c10d", "--rdzv-endpoint", RENDEZVOUS_ENDPOINT]
     tokens += ["-m", "torchtitan.train", "--module", CONFIG_MODULE, "--config", CONFIG_FUNCTION]
     title = f"torchtitan {ENGINE_VERSION} launcher from meshplan: {model.name} on {layout.num_gpus} GPUs"
     notes = [f"keep {CONFIG_MODULE}.py beside the script (it is put on PYTHONPATH)"]

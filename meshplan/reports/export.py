@@ -15,10 +15,12 @@ from meshplan.exports import (
     Engine,
     Export,
     ServingPlan,
+    check_model_path,
 )
 from meshplan.reports.bills import serving_report
 from meshplan.reports.conditions import workload_kwargs
 from meshplan.reports.inputs import LayoutRequest, choice, resolve_cluster, resolve_layout, resolve_workload
+from meshplan.reports.serve_plan_file import SavedServingPlan, load_serving_plan
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
 
@@ -96,6 +98,8 @@ def export_training(
     """A training plan as ``engine``'s configuration, with meshplan's predictions as comments; ``conditions``:
     the run conditions the export carries (the stated first/last stage layers)."""
     eng = _engine(engine)
+    if model_path is not None:
+        check_model_path(model_path, what="--model-path")
     if eng not in TRAINING_EXPORTERS:
         raise ValueError(
             f"{eng.value} serves models; give serving flags (--context, --dtype) instead of a training layout"
@@ -135,6 +139,8 @@ def export_serving(
 ) -> dict[str, Any]:
     """A serving plan as ``engine``'s server flags; max_num_seqs comes from the KV capacity."""
     eng = _engine(engine)
+    served = check_model_path(model_path, what="--model-path") if model_path is not None else model
+    check_model_path(served, what="the served model (MODEL, or give --model-path)")
     if eng not in SERVING_EXPORTERS:
         raise ValueError(f"{eng.value} trains models; give a training layout (--tp, --pp, --zero, ...) instead")
     bill = serving_report(
@@ -162,7 +168,7 @@ def export_serving(
         "weights_bytes_per_gpu": float(bill["weights_bytes_per_gpu"]),
     }
     plan = ServingPlan(
-        model_path=model_path or model,
+        model_path=served,
         tp=bill["tp"],
         pp=bill["pp"],
         ep=ep,
@@ -185,18 +191,19 @@ SERVE_PLAN_QUANTIZATION = {"fp8": "fp8", "int4": "awq", "int8": "compressed-tens
 
 def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) -> dict[str, Any]:
     """The best plan of a ``meshplan serve-plan --save`` file as ``engine``'s server flags; a plan with split
-    prefill and decode pools becomes one launcher per pool where the engine can express it."""
+    prefill and decode pools becomes one launcher per pool where the engine can express it.
+
+    The file is checked field by field and its plan computed again (reports.serve_plan_file): the export takes
+    the recomputed batch cap and predictions, never the file's."""
     eng = _engine(engine)
     if eng not in SERVING_EXPORTERS:
         raise ValueError(f"{eng.value} trains models; a serving plan exports to vllm, sglang or trtllm")
-    data = io.parse_json(io.read_text_file(path, what="plan file"), f"plan file {path}")
-    best = data.get("best") if isinstance(data, dict) else None
-    if not best:
-        raise ValueError(f"plan file {path} holds no serving plan (write one with meshplan serve-plan --save FILE)")
-    predicted = {k: float(best[k]) for k in ("ttft_s_p99", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user")}
-    split = int(best.get("prefill_replicas") or 0)
-    if not split:
-        export = SERVING_EXPORTERS[eng](_pool_plan(data, best, best["replicas"], model_path), predicted=predicted)
+    if model_path is not None:
+        check_model_path(model_path, what="--model-path")
+    saved = load_serving_plan(path)
+    predicted = dict(saved.predicted)
+    if not saved.prefill_replicas:
+        export = SERVING_EXPORTERS[eng](_pool_plan(saved, saved.replicas, model_path), predicted=predicted)
         return _export_dict(export) | {"predicted": predicted}
     if eng not in DISAGGREGATED_EXPORTERS:
         raise ValueError(
@@ -204,27 +211,26 @@ def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) 
             f"only (its disaggregated server's context/generation YAML is not written): export vllm or sglang"
         )
     pools = DisaggregatedPlan(
-        prefill=_pool_plan(data, best, split, model_path),
-        decode=_pool_plan(data, best, best["replicas"] - split, model_path),
+        prefill=_pool_plan(saved, saved.prefill_replicas, model_path),
+        decode=_pool_plan(saved, saved.replicas - saved.prefill_replicas, model_path),
     )
     export = DISAGGREGATED_EXPORTERS[eng](pools, predicted=predicted)
     return _export_dict(export) | {"predicted": predicted}
 
 
-def _pool_plan(data: dict[str, Any], best: dict[str, Any], replicas: int, model_path: str | None) -> ServingPlan:
+def _pool_plan(saved: SavedServingPlan, replicas: int, model_path: str | None) -> ServingPlan:
     """``replicas`` replicas of the saved plan's layout, dtypes and batch cap (per attention-DP rank)."""
-    lay = best["layout"]
-    kv = choice(DType, lay["kv_dtype"], "kv dtype")
+    lay = saved.layout
     return ServingPlan(
-        model_path=model_path or data["model"],
-        tp=lay["tp"],
-        pp=lay["pp"],
-        ep=lay["ep"],
+        model_path=model_path or saved.model,
+        tp=lay.tp,
+        pp=lay.pp,
+        ep=lay.ep,
         dp=replicas,
-        dp_attention=lay["dp_attention"],
-        max_model_len=data["input_len"] + data["output_len"],
+        dp_attention=lay.dp_attention,
+        max_model_len=saved.max_model_len,
         gpu_memory_utilization=0.9,
-        max_num_seqs=best["batch_cap_per_replica"] // (lay["tp"] if lay["dp_attention"] else 1) or 1,
-        kv_cache_dtype=None if kv is DType.BF16 else kv,
-        quantization=SERVE_PLAN_QUANTIZATION.get(lay["weights_dtype"]),
+        max_num_seqs=saved.batch_cap_per_replica // (lay.tp if lay.dp_attention else 1) or 1,
+        kv_cache_dtype=None if lay.kv_dtype is DType.BF16 else lay.kv_dtype,
+        quantization=SERVE_PLAN_QUANTIZATION.get(lay.weights_dtype.value),
     )
