@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from meshplan.cli.parser import EXPORT_CONDITIONS, PIN_FIELDS
-from meshplan.cli.support import UsageError, save_json, search_progress
+from meshplan.cli.support import UsageError, check_output, input_words, save_json, search_progress
 
 
 def _finetune_request(args: argparse.Namespace) -> Any:
@@ -96,10 +96,11 @@ def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.validation.calibrate import calibrate_report
 
-    return calibrate_report(args.runs, out=args.out)
+    return calibrate_report(args.runs, out=args.out, force=args.force)
 
 
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
+    check_output(args, "save", "--save")
     with search_progress(args):
         return _plan(args)
 
@@ -137,7 +138,7 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
         conditions=_conditions(args),
     )
     if args.save:
-        save_json(args.save, result, command="plan")
+        save_json(args, result)
     return result
 
 
@@ -162,14 +163,14 @@ SERVING_ENGINES = ("vllm", "sglang", "trtllm")
 SERVING_FLAGS = ("dtype", "kv_dtype", "context", "gpu_memory_utilization")
 
 
-SHARED_FLAGS = ("model", "gpu", "gpus", "from_plan", "out", "model_path", "tp", "pp", "ep", "json")
+SHARED_FLAGS = ("model", "gpu", "gpus", "from_plan", "out", "force", "model_path", "tp", "pp", "ep", "json")
 
 
 EXPORT_IGNORES = ("optimizer", "optimizer_bytes", "attention")
 """Workload flags export takes (they come with the layout flags) but no engine configuration carries."""
 
 
-FROM_PLAN_KEEPS = ("engine", "from_plan", "out", "model_path", "precision", "json", "command")
+FROM_PLAN_KEEPS = ("engine", "from_plan", "out", "force", "model_path", "precision", "json", "command")
 """What ``export --from-plan`` still reads from the command line: the rest comes from the saved plan."""
 
 
@@ -261,20 +262,31 @@ def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     else:
         result = _export_training(args)
     if args.out:
-        result["written"] = _write_export(result, args.out)
+        result["written"] = _write_export(result, args)
     return result
 
 
-def _write_export(result: dict[str, Any], out: str) -> list[str]:
-    """The export's files and a launch.sh in folder ``out``; the names written."""
+def _write_export(result: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """The export's files and a launch.sh in folder ``--out``, each through files.py's safe writer, all checked
+    before any is written; the names written."""
     from pathlib import Path
 
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in result["files"].items():
-        (folder / name).write_text(text, encoding="utf-8")
-    (folder / "launch.sh").write_text("#!/bin/sh\n" + result["command"] + "\n", encoding="utf-8")
-    return sorted([*result["files"], "launch.sh"])
+    from meshplan.files import writable, write_text_safely
+
+    folder, inputs = Path(args.out), input_words(args)
+    files = {**result["files"], "launch.sh": "#!/bin/sh\n" + result["command"] + "\n"}
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"meshplan export: --out {args.out} is not a folder")
+    if folder.is_dir():
+        for name in files:
+            writable(folder / name, what="--out", inputs=inputs, force=args.force)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"meshplan export: --out {args.out}: {exc.strerror or exc}") from None
+    for name, text in files.items():
+        write_text_safely(folder / name, text, what="--out", inputs=inputs, force=args.force)
+    return sorted(files)
 
 
 def _cmd_ui(args: argparse.Namespace) -> None:
@@ -371,6 +383,7 @@ def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.serve_plan import serve_plan_report
 
+    check_output(args, "save", "--save")
     result = serve_plan_report(
         args.model,
         gpu=args.gpu,
@@ -387,10 +400,7 @@ def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
         disaggregate=args.search_disaggregated,
     )
     if args.save:
-        import json
-        from pathlib import Path
-
-        Path(args.save).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        save_json(args, result)
     return result
 
 

@@ -22,6 +22,10 @@ PIN_FIELDS: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "dp_shard", "dp_re
 PIN_FIELDS += ("expert_tp", "schedule", "cp_kind", "micro_batch")
 
 
+def _add_force(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true", help="replace an existing output file (never an input or a link)")
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -122,11 +126,11 @@ Command = Callable[[str, str], argparse.ArgumentParser]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="meshplan", description="Plan how a transformer is split across GPUs.")
+    parser = _Parser(prog="meshplan", description="Plan how a transformer is split across GPUs.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def command(name: str, text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=text, description=text)
+    def command(name: str, text: str) -> argparse.ArgumentParser:  # allow_abbrev: --hel is unknown, not --help
+        p = sub.add_parser(name, help=text, description=text, allow_abbrev=False)
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
         return p
 
@@ -197,6 +201,7 @@ def _training_commands(command: Command) -> None:
         "peak_memory_bytes (optional)}",
     )
     p.add_argument("--out", default=None, help="write the profile TOML to this file (for --profile)")
+    _add_force(p)
 
 
 def _search_commands(command: Command) -> None:
@@ -211,6 +216,7 @@ def _search_commands(command: Command) -> None:
         "--compare", default=None, help="also compare with a named layout, e.g. tp=8,pp=16,dp=128 (layout flags' names)"
     )
     p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
+    _add_force(p)
     add_fields(p, "precision", "attention", "kernels", default=None)  # None: the stack's, else the default
     _add_fleet_shape(p)
     _add_finetune(p)
@@ -233,6 +239,7 @@ def _search_commands(command: Command) -> None:
     add_fields(p, "gpu", "gpus")
     p.add_argument("--from-plan", default=None, help="a file written by meshplan plan --save (serve-plan for servers)")
     p.add_argument("--out", default=None, help="write the files and launch.sh into this folder")
+    _add_force(p)
     p.add_argument("--model-path", default=None, help="checkpoint or Hugging Face path to put in the config")
     _add_layout(p)
     add_fields(p, *EXPORT_CONDITIONS)
@@ -274,6 +281,7 @@ def _serving_commands(command: Command) -> None:
     add_fields(p, "input_len", "output_len", required=True)
     add_fields(p, "ttft_p99", "tpot_p99", "serve_objective", "concurrency", "engine", "weights_dtypes", "top")
     p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
+    _add_force(p)
     add_fields(p, "search_disaggregated")
 
 

@@ -158,7 +158,14 @@ def _number(f: Field, text: str | int | float | bool) -> int | float:
 
 
 def _number_text(f: Field, text: str) -> int | float:
+    """A number as the CLI and the API both spell it: ASCII digits, sign, '.', 'e', '_' and the field's suffixes
+    (Python's int() and float() also read other scripts' digits, '٨' as 8: the API's own parsing does not)."""
     value = text.strip().lower().replace("_", "")
+    if not value.isascii():
+        raise ValueError(
+            f"{f.flag}: expected {'an integer' if f.type is int else 'a number'} in ASCII digits, "
+            f"got {text.strip()[:80]!r}"
+        )
     scale: float = 1
     table = _BINARY if f.type is int else _DECIMAL
     if f.suffixes and value and value[-1] in table:
