@@ -13,6 +13,7 @@ from meshplan.core.serve_search import Objective, SearchResult, Targets, search
 from meshplan.core.serve_shape import Hardware, Quant, ReplicaShape, ServeLayout, default_quant, replica_shape
 from meshplan.reports.inputs import choice
 from meshplan.reports.serve import DEFAULT_ENGINE, calibration, serving_band_text
+from meshplan.search.rank import check_deadline
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
@@ -63,6 +64,14 @@ def layouts(model: ModelSpec, gpu: GPU, *, gpus: int, dtypes: list[str] | None) 
                         yield ServeLayout(
                             tp=tp, pp=pp, ep=ep, dp_attention=dp_attention, weights_dtype=w, kv_dtype=kv, quant=q
                         )
+
+
+def _within_time_limit(items: Iterator[ServeLayout]) -> Iterator[ServeLayout]:
+    """``items``, stopping with SearchTimeout once the caller's time limit (search.rank.time_limit) has passed or
+    its search was cancelled: how the HTTP API bounds a serving search. Without a limit (the CLI) a no-op."""
+    for item in items:
+        check_deadline()
+        yield item
 
 
 def layout_dict(lay: ServeLayout) -> dict[str, Any]:
@@ -125,7 +134,7 @@ def serve_plan_report(
     result = search(
         spec,
         hw,
-        layouts(spec, gpu_spec, gpus=gpus, dtypes=dtypes),
+        _within_time_limit(layouts(spec, gpu_spec, gpus=gpus, dtypes=dtypes)),
         shape_of,
         req,
         gpus=gpus,
