@@ -31,6 +31,7 @@ from meshplan.search.rank import SearchTimeout
 from meshplan.server import api, explorer, exports, parse, planner
 from meshplan.server.guard import Binding, RequestGuard, check_bind, is_loopback, refusal
 from meshplan.server.uploads import ModelStore
+from meshplan.server.worker import SEARCHES
 
 STATIC = Path(__file__).resolve().parent / "static"
 SECURITY_HEADERS = {
@@ -207,6 +208,7 @@ def serve(
     print(f"meshplan explorer at {url}  (Ctrl-C to stop)", flush=True)
     if open_browser:
         threading.Timer(0.5, webbrowser.open, args=(url,)).start()
+    SEARCHES.start()  # the search process imports the engine while the server starts
     server = uvicorn.Server(server_config(create_app(Binding(host, bound, allow_remote))))
     server.run(sockets=[sock])
 

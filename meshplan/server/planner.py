@@ -2,8 +2,9 @@
 
 A search takes from a fraction of a second to tens of seconds and a few GB of
 memory on a large MoE fleet, so every search endpoint goes through one gate
-(``SearchGate``): one search runs at a time, in a worker thread, under one time
-limit (``parse.SEARCH_TIME_LIMIT_S``, then 503), and stops when its client
+(``SearchGate``): one search runs at a time, in the search process (worker.py,
+so that it never holds the server's GIL), under one time limit
+(``parse.SEARCH_TIME_LIMIT_S``, then 503), and stops when its client
 disconnects (``run_while_connected``). A second request waits for the running
 one (and is answered from the cache when it asked the same), and gets 429 if the
 wait passes ``wait_s``; past ``max_waiting`` waiting requests the gate is full
@@ -16,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import gc
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,7 +29,6 @@ from meshplan.reports import serve_models as sm
 from meshplan.reports.models import PlanReport
 from meshplan.reports.plan import plan_report
 from meshplan.reports.recipes import list_report, recipe_report, recipes
-from meshplan.search.rank import time_limit
 from meshplan.server import parse
 from meshplan.server.api import (
     ConditionsArg,
@@ -45,6 +44,7 @@ from meshplan.server.api import (
     ok,
     one,
 )
+from meshplan.server.worker import SEARCHES
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.requests import Group, field
 from meshplan.spec.requests import group as fields_of
@@ -93,7 +93,8 @@ class SearchGate:
 
     def _run_in_turn(self, key: tuple[Any, ...], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         if not self._lock.acquire(timeout=self.wait_s):
-            raise HTTPException(429, f"another search has been running for over {self.wait_s:.0f} s; try again later")
+            waited = f"waited {self.wait_s:.0f} s behind the one running (and any queued before it)"
+            raise HTTPException(429, f"the search {waited}; try again later")
         try:
             answer = self._cached(key)  # the search we waited for may have been this one
             if answer is None:
@@ -210,34 +211,11 @@ async def serve_plan(
     return await run_while_connected(request, lambda cancel: gate.run(key, lambda: _limited(work, cancel)))
 
 
-def _limited(compute: Callable[[], dict[str, Any]], cancel: threading.Event) -> dict[str, Any]:
-    """A search run under the API's time limit (SearchTimeout past it, or once cancelled: 503), as JSON data."""
-    try:
-        with time_limit(parse.SEARCH_TIME_LIMIT_S, cancel=cancel):
-            return json_dict(compute())
-    finally:
-        give_memory_back()
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        import ctypes
-
-        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
-        return trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-def give_memory_back() -> None:
-    """Return the heap a search freed to the system: collect the cycles it left, then have glibc hand its free
-    pages back (it keeps them otherwise: 300 MB after a 4,096-GPU DeepSeek-V3 search, 33 MB after the trim).
-    Where malloc_trim is not available (not glibc) only the collection runs."""
-    gc.collect()
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+def _limited(compute: Callable[[], Any], cancel: threading.Event) -> dict[str, Any]:
+    """A search run in the search process under the API's time limit (SearchTimeout past it, or once cancelled:
+    503), as JSON data."""
+    answer: dict[str, Any] = SEARCHES.run(compute, seconds=parse.SEARCH_TIME_LIMIT_S, cancel=cancel)
+    return answer
 
 
 POLL_S = 0.25

@@ -158,6 +158,40 @@ def test_serve_plan_stops_at_the_search_time_limit(client: Any, monkeypatch: pyt
     assert "time limit" in assert_json_error(r, 503)
 
 
+def test_a_search_runs_in_the_search_process(client: Any) -> None:
+    import os
+
+    from meshplan.server.worker import SEARCHES
+
+    plan = {"model": "llama-3.2-1b", "gpu": "h100-sxm", "gpus": 8, "seq": 2048, "global_batch_tokens": 3 << 19}
+    assert client.get("/api/plan", params=plan).status_code == 200
+    assert SEARCHES.pid is not None and SEARCHES.pid != os.getpid()
+
+
+def test_a_search_stuck_past_its_limit_is_killed() -> None:
+    """A search that never reaches a deadline check (here: a sleep) is killed GRACE_S after its limit."""
+    import functools
+
+    from meshplan.search.rank import SearchTimeout
+    from meshplan.server.worker import SearchProcess
+
+    searches = SearchProcess(grace_s=0.2)
+    try:
+        assert searches.run(functools.partial(sum, [1, 2]), seconds=30, cancel=threading.Event()) == 3
+        first = searches.pid
+        start = time.monotonic()
+        with pytest.raises(SearchTimeout, match="time limit"):
+            searches.run(functools.partial(time.sleep, 30), seconds=0.1, cancel=threading.Event())
+        assert time.monotonic() - start < 5 and searches.pid is None  # killed, not waited for
+        with pytest.raises(ValueError, match="math domain"):  # a refusal in the child is raised here
+            import math
+
+            searches.run(functools.partial(math.sqrt, -1), seconds=30, cancel=threading.Event())
+        assert searches.pid not in (None, first)  # a new child
+    finally:
+        searches.close()
+
+
 # --- the protocol: uvicorn's own refusals, slow bodies ------------------------------------------------------------
 
 
