@@ -84,9 +84,8 @@ class SearchProcess:
             conn.send((functools.partial(_as_json, compute), seconds))
             deadline = time.monotonic() + seconds
             while not conn.poll(POLL_S):
-                if not child.is_alive():
-                    self._discard()
-                    raise RuntimeError(f"the search process ended (exit code {child.exitcode})")
+                if not child.is_alive():  # killed from outside: most likely out of memory
+                    raise self._ended(child)
                 if cancel.is_set() or time.monotonic() > deadline:
                     stop.set()
                     if not conn.poll(self.grace_s):  # stuck between checks: kill it
@@ -97,11 +96,18 @@ class SearchProcess:
             try:
                 ok, value = conn.recv()
             except (EOFError, OSError):
-                self._discard()
-                raise RuntimeError("the search process ended before answering") from None
+                raise self._ended(child) from None
         if not ok:
             raise value
         return value
+
+    def _ended(self, child: BaseProcess) -> SearchTimeout:
+        """The child died in a search (killed from outside: most likely out of memory); a new one will start."""
+        self._discard()
+        return SearchTimeout(
+            f"the search process ended (exit code {child.exitcode}) before answering; "
+            "ask for fewer GPUs or a narrower search"
+        )
 
     def close(self) -> None:
         with self._lock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -159,8 +160,6 @@ def test_serve_plan_stops_at_the_search_time_limit(client: Any, monkeypatch: pyt
 
 
 def test_a_search_runs_in_the_search_process(client: Any) -> None:
-    import os
-
     from meshplan.server.worker import SEARCHES
 
     plan = {"model": "llama-3.2-1b", "gpu": "h100-sxm", "gpus": 8, "seq": 2048, "global_batch_tokens": 3 << 19}
@@ -188,6 +187,8 @@ def test_a_search_stuck_past_its_limit_is_killed() -> None:
 
             searches.run(functools.partial(math.sqrt, -1), seconds=30, cancel=threading.Event())
         assert searches.pid not in (None, first)  # a new child
+        with pytest.raises(SearchTimeout, match="exit code 3"):  # a child that dies (say, out of memory): a 503
+            searches.run(functools.partial(os._exit, 3), seconds=30, cancel=threading.Event())
     finally:
         searches.close()
 
