@@ -161,8 +161,8 @@ ERROR_SCHEMA: dict[str, Any] = {
 }
 ERROR_RESPONSES = {
     400: "The engine refused the inputs (e.g. degrees that do not divide the GPUs)",
-    404: "Unknown path or recipe",
     403: "A request from another site (its Origin is not this server's)",
+    404: "Unknown path or recipe",
     413: "Request body too large",
     414: "Query string too long",
     415: "A request body not declared application/json",
