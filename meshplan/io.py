@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from functools import cache
@@ -55,6 +56,21 @@ def list_links() -> list[str]:
 
 class UnknownName(ValueError):
     """A name given by the user that the catalog does not hold (a ValueError: bad input, one line)."""
+
+
+MAX_ECHO_CHARS = 80
+"""Longest run of a user's value an error message quotes back; past it the run is cut with an ellipsis."""
+MAX_ERROR_CHARS = 2_000
+"""Longest error message printed (CLI) or answered (API), whatever it quotes."""
+_RUN = re.compile(rf"[^\s'\"]{{{MAX_ECHO_CHARS + 1},}}")
+
+
+def bounded_message(text: str) -> str:
+    """An error message fit to show: every unbroken run (a name, a number, a path) of over MAX_ECHO_CHARS
+    characters cut to that many plus "...", and the whole to MAX_ERROR_CHARS. The one place the CLI and the
+    API bound what a refusal echoes, so a 100 KB name is never quoted back whole."""
+    text = _RUN.sub(lambda m: m.group()[:MAX_ECHO_CHARS] + "...", text)
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def list_stacks() -> list[str]:
@@ -307,8 +323,11 @@ def model_to_toml(spec: ModelSpec, *, meta: Mapping[str, Any] | None = None) -> 
 
 __all__ = [
     "MAX_DEPTH",
+    "MAX_ECHO_CHARS",
+    "MAX_ERROR_CHARS",
     "MAX_FILE_BYTES",
     "UnknownName",
+    "bounded_message",
     "list_gpus",
     "list_links",
     "list_models",

@@ -98,7 +98,7 @@ def test_cli_and_api_answer_the_same_bytes(command: str, capsys: pytest.CaptureF
     from meshplan.server.app import create_app
 
     path, params = API[command]
-    with TestClient(create_app()) as client:
+    with TestClient(create_app(), base_url="http://127.0.0.1") as client:
         response = client.get(path, params=params)
     assert response.status_code == 200, response.text
     assert response.text == cli_json(RUNS[command], capsys).rstrip("\n")

@@ -296,7 +296,7 @@ def _cmd_ui(args: argparse.Namespace) -> None:
         raise UsageError(
             f"meshplan ui: the web explorer needs the [web] extra: pip install 'meshplan[web]' ({exc})"
         ) from None
-    serve(host=args.host, port=args.port, open_browser=args.open)
+    serve(host=args.host, port=args.port, open_browser=args.open, allow_remote=args.allow_remote)
 
 
 def _cmd_check(args: argparse.Namespace) -> dict[str, Any]:

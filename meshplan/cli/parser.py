@@ -316,5 +316,6 @@ def _tool_commands(command: Command) -> None:
 
     p = command("ui", "the web explorer: the engine's answers as interactive pages in a local browser")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--allow-remote", action="store_true", help="allow a --host other machines can reach")
     p.add_argument("--port", type=_port, default=0, help="port to listen on (default: a free one)")
     p.add_argument("--open", action="store_true", help="open the explorer in the default browser")

@@ -13,6 +13,7 @@ from meshplan.core.serving.search import Candidate, Objective, SearchResult, Tar
 from meshplan.core.serving.shape import Hardware, Quant, ReplicaShape, ServeLayout, default_quant, replica_shape
 from meshplan.reports.inputs import choice
 from meshplan.reports.serve import DEFAULT_ENGINE, calibration, serving_band_text
+from meshplan.search.limits import check_deadline
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
@@ -65,6 +66,14 @@ def layouts(model: ModelSpec, gpu: GPU, *, gpus: int, dtypes: list[str] | None) 
                         )
 
 
+def _within_time_limit(items: Iterator[ServeLayout]) -> Iterator[ServeLayout]:
+    """``items``, stopping with SearchTimeout once the caller's time limit (search.rank.time_limit) has passed or
+    its search was cancelled: how the HTTP API bounds a serving search. Without a limit (the CLI) a no-op."""
+    for item in items:
+        check_deadline()
+        yield item
+
+
 def layout_dict(lay: ServeLayout) -> dict[str, Any]:
     return {
         "tp": lay.tp,
@@ -114,7 +123,7 @@ def serve_plan_report(
     result = _search(
         spec,
         gpu_spec,
-        layouts(spec, gpu_spec, gpus=gpus, dtypes=dtypes),
+        _within_time_limit(layouts(spec, gpu_spec, gpus=gpus, dtypes=dtypes)),
         gpus=gpus,
         input_len=input_len,
         output_len=output_len,

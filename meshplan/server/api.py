@@ -414,33 +414,3 @@ def serve(
         model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, ep=ep, gpu_memory_utilization=gpu_memory_utilization, **load
     )
     return json_dict(report)
-
-
-@router.get(
-    "/serve-plan",
-    summary="Serving layouts ranked under TTFT/TPOT targets (meshplan serve-plan)",
-    responses=ok(sm.ServePlanReport),
-    response_model=None,
-)
-def serve_plan(
-    model: ModelArg, gpu: GpuArg, gpus: Gpus, plan: ServePlanArg, top: Annotated[int, one("top")] = 5
-) -> dict[str, Any]:
-    from meshplan.reports.serve_plan import serve_plan_report
-
-    dtypes = plan.pop("weights_dtypes")
-    report = serve_plan_report(
-        model,
-        gpu=gpu,
-        gpus=gpus,
-        input_len=plan["input_len"],
-        output_len=plan["output_len"],
-        ttft_p99_s=plan["ttft_p99"],
-        tpot_p99_s=plan["tpot_p99"],
-        objective=plan["serve_objective"],
-        concurrency=plan["concurrency"],
-        engine=plan["engine"],
-        dtypes=None if not dtypes else [field("weights_dtype").parse(d) for d in dtypes.split(",")],
-        top=top,
-        disaggregate=plan["search_disaggregated"],
-    )
-    return json_dict(report)

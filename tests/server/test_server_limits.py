@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 WEB_EXTRA = "the web explorer needs the [web] extra: pip install 'meshplan[web]'"
+JSON = {"content-type": "application/json"}
 HOSTILE_UPLOADS = {
     "2e8 layers": {
         "model_type": "qwen2_moe",
@@ -43,7 +44,7 @@ HOSTILE_UPLOADS = {
 @pytest.mark.parametrize("name", HOSTILE_UPLOADS)
 def test_hostile_uploads_are_400_at_once(client: Any, name: str) -> None:
     start = time.perf_counter()
-    r = client.post("/api/model", content=json.dumps(HOSTILE_UPLOADS[name]))
+    r = client.post("/api/model", content=json.dumps(HOSTILE_UPLOADS[name]), headers=JSON)
     assert r.status_code == 400, r.text
     assert time.perf_counter() - start < 2.0
 
@@ -54,7 +55,7 @@ def test_hostile_uploads_are_400_at_once(client: Any, name: str) -> None:
     ids=["nested arrays", "nested objects", "float past the range"],
 )
 def test_hostile_json_bodies(client: Any, body: bytes) -> None:
-    r = client.post("/api/model", content=body)
+    r = client.post("/api/model", content=body, headers=JSON)
     assert r.status_code in (400, 413), r.text
     assert "error" in r.json()
 
@@ -129,7 +130,7 @@ def test_half_sent_requests_are_dropped(impatient_server: int) -> None:
         conn.sendall(b"GET /api/tiers HTTP/1.1\r\nHost: x\r\n")  # the head never ends
         stuck.append(conn)
     with socket.create_connection(("127.0.0.1", impatient_server)) as ok:
-        ok.sendall(b"GET /api/tiers HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        ok.sendall(b"GET /api/tiers HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         ok.settimeout(10)
         assert ok.recv(12) == b"HTTP/1.1 200"  # served while the others hang
     time.sleep(1.5)  # between one and two timeouts
@@ -150,7 +151,8 @@ def test_a_key_error_is_a_500_not_a_400(monkeypatch: pytest.MonkeyPatch) -> None
         raise KeyError("seq")
 
     monkeypatch.setattr(api, "params_report", broken)
-    r = TestClient(create_app(), raise_server_exceptions=False).get("/api/params", params={"model": "llama-3.2-1b"})
+    app = TestClient(create_app(), base_url="http://127.0.0.1", raise_server_exceptions=False)
+    r = app.get("/api/params", params={"model": "llama-3.2-1b"})
     assert r.status_code == 500 and "KeyError" in r.json()["error"]
 
 
