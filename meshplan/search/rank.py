@@ -33,9 +33,7 @@ from meshplan.core.placement import DEFAULT_ORDER, place
 from meshplan.core.plan import mesh_sizes
 from meshplan.core.time.step_time import StepTime, step_time
 from meshplan.core.training import peak_bill
-from meshplan.search.limits import SearchTimeout as SearchTimeout
 from meshplan.search.limits import check_deadline, progress_report
-from meshplan.search.limits import time_limit as time_limit
 from meshplan.search.order import Objective, pareto_front, rank
 from meshplan.search.space import LayoutBatch, SearchSpace, layout_chunks
 from meshplan.spec.cluster import Cluster, GpuCalibration

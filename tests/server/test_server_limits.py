@@ -160,7 +160,7 @@ def test_a_search_stops_when_its_client_leaves() -> None:
     """The planner's worker thread sees the cancel flag at its next chunk once the client has disconnected."""
     import asyncio
 
-    from meshplan.search.rank import SearchTimeout, check_deadline, time_limit
+    from meshplan.search.limits import SearchTimeout, check_deadline, time_limit
     from meshplan.server.planner import run_while_connected
 
     class Gone:
@@ -192,7 +192,8 @@ def test_a_search_stops_when_its_client_leaves() -> None:
 def test_a_search_past_its_time_limit_stops() -> None:
     from meshplan import io
     from meshplan.reports.inputs import resolve_cluster
-    from meshplan.search.rank import SearchTimeout, search, time_limit
+    from meshplan.search.limits import SearchTimeout, time_limit
+    from meshplan.search.rank import search
     from meshplan.spec.workload import Workload
 
     cluster = resolve_cluster(gpu="h100-sxm", gpus=64)

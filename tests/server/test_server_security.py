@@ -171,7 +171,7 @@ def test_a_search_stuck_past_its_limit_is_killed() -> None:
     """A search that never reaches a deadline check (here: a sleep) is killed GRACE_S after its limit."""
     import functools
 
-    from meshplan.search.rank import SearchTimeout
+    from meshplan.search.limits import SearchTimeout
     from meshplan.server.worker import SearchProcess
 
     searches = SearchProcess(grace_s=0.2)
