@@ -161,6 +161,7 @@ class EstimateReport(MemoryReport):
     time_to_train: NotRequired[TimeToTrainJSON]
     step_time_s_p10: float
     step_time_s_p90: float
+    step_time_band_sources: int | None
     uncertainty: str
 
 

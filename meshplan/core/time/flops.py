@@ -180,6 +180,32 @@ def megatron_flops(
     return 12 * batch * seq * layers * hidden**2 * (attention + mlp + vocab / (2 * layers * hidden))
 
 
+def megatron_core_flops(model: ModelSpec, *, batch: Num, seq: Num) -> Num:
+    """Megatron-Core's model FLOPs per iteration (``num_floating_point_operations`` in megatron/training/training.py,
+    2025), the count behind the TFLOP/s per GPU it logs: B s times the sum, per token, of
+
+    - attention, per layer 12 h q (1 + g/a + s / 2h) for a query width q = a d_head: QKV and the output projection,
+      and the causal half of the score and value products;
+    - MLP, per layer 12 h x the width a token passes through (x 1.5 gated): the dense MLP's, or on a MoE layer the
+      routed experts' (expert width x top-k) and the shared experts';
+    - the logits, 6 h V.
+
+    No router, norms or recompute. MLA and MTP terms are not written out: a model with either is refused.
+    """
+    if model.mla is not None or model.mtp_layers:
+        raise ValueError(f"{model.name}: Megatron-Core's count is written here for GQA models without MTP only")
+    h = model.hidden
+    gated = 1.5 if model.mlp is MlpKind.GATED else 1.0
+    mlp = model.ffn_hidden * gated * (model.num_layers - model.num_moe_layers)
+    if model.moe is not None:
+        moe = model.moe
+        width = moe.expert_ffn_hidden * moe.experts_per_token + moe.shared_hidden * moe.num_shared_experts
+        mlp += width * gated * model.num_moe_layers
+    q = model.num_heads * model.head_dim
+    attention = 12 * model.num_layers * h * q * (1 + model.num_kv_heads / model.num_heads + seq / (2 * h))
+    return batch * seq * (12 * h * mlp + attention + 6 * h * model.vocab_size)
+
+
 def six_nd(params: float, tokens: float) -> float:
     """The back-of-envelope 6 N D training FLOPs (Kaplan et al. 2020)."""
     return 6.0 * params * tokens
