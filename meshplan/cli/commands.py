@@ -229,6 +229,7 @@ def _export_training(args: argparse.Namespace) -> dict[str, Any]:
             global_batch=saved["global_batch"],
             precision=args.precision,
             model_path=args.model_path,
+            conditions=saved["conditions"],
         )
     if not (args.model and args.gpu and args.gpus):
         raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and layout flags, or --from-plan")
@@ -339,6 +340,7 @@ def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
         precision=args.precision,
         headroom=args.headroom,
         kernels=args.kernels,
+        conditions={"stack": args.stack},
     )
 
 

@@ -244,6 +244,7 @@ def _search_commands(command: Command) -> None:
     _add_layout(p)
     add_fields(p, *EXPORT_CONDITIONS)
     p.set_defaults(tp=None)  # unset: 1 for a trainer, a server's TP fills one scale-up domain at most
+    p.set_defaults(precision=None)  # unset: the stack's (the engine's, or the saved plan's)
     _add_group(p, "serving")
 
     p = command(
@@ -253,7 +254,9 @@ def _search_commands(command: Command) -> None:
     )
     p.add_argument("model")
     _add_fleet(p)
-    add_fields(p, "dtype", "seq", "precision", "headroom", "kernels")
+    add_fields(p, "dtype", "seq", "headroom")
+    add_fields(p, "precision", "kernels", default=None)  # None: the stack's
+    add_fields(p, "stack")
     _add_finetune(p)
 
 

@@ -102,14 +102,16 @@ def fit_report(
     dtype: str = "bf16",
     finetune: FinetuneRequest | None = None,
     seq: int = 4096,
-    precision: str = "bf16",
+    precision: str | None = None,
     headroom: float = 0.10,
-    kernels: str = "fused",
+    kernels: str | None = None,
+    conditions: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``meshplan fit``: the weights-split playground, weights spread evenly over ``gpus``.
 
     The verdict keeps ``headroom`` of HBM free, as the planner does. Under QLoRA the weights are NF4 (the base
-    is quantized whatever ``dtype`` says).
+    is quantized whatever ``dtype`` says). The training state and the fine-tuning bills are the stack's
+    (``conditions``: ``stack`` and the conditions as given; precision and kernels left None are the stack's).
 
     With ``finetune``, also the largest micro-batch at ``seq`` and the longest sequence at micro-batch 1 that
     fit, with and without full recompute, on FSDP over every GPU (ZeRO-3 over the frozen base, the common
@@ -123,7 +125,8 @@ def fit_report(
     total = weights_bytes_total(spec, choice(DType, dtype, "dtype"))
     per_gpu = total / gpus
     budget = gpu_spec.hbm_bytes * (1 - headroom)
-    per_param = state_bytes_per_param(spec, resolve_workload(layout=Layout(), seq=seq, precision=precision))
+    set_by, shown = workload_kwargs(conditions, precision=precision, attention=None, kernels=kernels)
+    per_param = state_bytes_per_param(spec, resolve_workload(layout=Layout(), seq=seq, **set_by))
     state = count_params(spec).total * per_param
     out: dict[str, Any] = {
         "model": spec.name,
@@ -142,11 +145,11 @@ def fit_report(
         "training_state_bytes_per_param": per_param,
         "training_state_bytes_total": state,
         "min_gpus_for_training": min_gpus(state, budget),
+        "precision": set_by["precision"],
+        **shown,
     }
     if finetune is not None:
-        out |= _fit_finetune(
-            spec, gpu_spec, gpus=gpus, req=finetune, seq=seq, precision=precision, budget=budget, kernels=kernels
-        )
+        out |= _fit_finetune(spec, gpu_spec, gpus=gpus, req=finetune, seq=seq, set_by=set_by, budget=budget)
     return out
 
 
@@ -175,9 +178,8 @@ def _fit_finetune(
     gpus: int,
     req: FinetuneRequest,
     seq: int,
-    precision: str,
+    set_by: Mapping[str, Any],
     budget: float,
-    kernels: str = "fused",
 ) -> dict[str, Any]:
     ft = resolve_finetune(req, spec)
     zero = 3 if gpus > 1 else 0
@@ -185,9 +187,7 @@ def _fit_finetune(
 
     def fits(mb: int, s: int, recompute: str) -> bool:
         lay = resolve_layout(LayoutRequest(zero=zero, recompute=recompute, micro_batch=mb), gpus=gpus)
-        work = resolve_workload(
-            layout=lay, seq=s, global_batch=mb * lay.dp, precision=precision, finetune=ft, kernels=kernels
-        )
+        work = resolve_workload(layout=lay, seq=s, global_batch=mb * lay.dp, finetune=ft, **set_by)
         return bool(training_memory(spec, lay, work, gpu=gpu).per_gpu.total_bytes <= budget)
 
     for recompute, suffix in (("none", ""), ("full", "_with_recompute")):
@@ -196,9 +196,7 @@ def _fit_finetune(
         )
         out[f"max_seq_len{suffix}"] = _largest(functools.partial(fits, 1, recompute=recompute), LIMIT_SEQ)
     if out["max_micro_batch_with_recompute"] == 0:
-        out["nothing_fits"] = _fit_what_would(
-            spec, gpu, gpus=gpus, ft=ft, seq=seq, precision=precision, budget=budget, kernels=kernels
-        )
+        out["nothing_fits"] = _fit_what_would(spec, gpu, gpus=gpus, ft=ft, seq=seq, set_by=set_by, budget=budget)
     return out
 
 
@@ -209,18 +207,15 @@ def _fit_what_would(
     gpus: int,
     ft: Finetune,
     seq: int,
-    precision: str,
+    set_by: Mapping[str, Any],
     budget: float,
-    kernels: str = "fused",
 ) -> dict[str, Any]:
     """When not even one sequence fits with full recompute: the fewest GPUs (FSDP, doubling) for one, and the
     LoRA / QLoRA variants that fit on these GPUs."""
 
     def one_fits(n: int, tuning: Finetune) -> bool:
         lay = resolve_layout(LayoutRequest(zero=3 if n > 1 else 0, recompute="full"), gpus=n)
-        work = resolve_workload(
-            layout=lay, seq=seq, global_batch=lay.dp, precision=precision, finetune=tuning, kernels=kernels
-        )
+        work = resolve_workload(layout=lay, seq=seq, global_batch=lay.dp, finetune=tuning, **set_by)
         return bool(training_memory(spec, lay, work, gpu=gpu).per_gpu.total_bytes <= budget)
 
     fewest = next((n for n in (gpus * 2**k for k in range(1, 7)) if one_fits(n, ft)), None)

@@ -11,6 +11,7 @@ from meshplan.core.memory.terms import explain
 from meshplan.core.placement import AxisPlacement
 from meshplan.core.plan import Plan, evaluate
 from meshplan.core.time.compute import resolved_attention
+from meshplan.core.time.flops import MFU_CONVENTION
 from meshplan.render import jsonable
 from meshplan.reports.conditions import workload_kwargs
 from meshplan.reports.inputs import (
@@ -111,6 +112,8 @@ def evaluated_plan_dict(plan: Plan, *, tokens: float | None = None) -> dict[str,
         "step_time_s": float(step.step_time_s),
         "mfu": float(step.mfu),
         "hfu": float(step.hfu),
+        "mfu_fp8_peak": None if step.mfu_fp8_peak is None else float(step.mfu_fp8_peak),
+        "mfu_convention": MFU_CONVENTION,
         "tokens_per_s_per_gpu": float(step.tokens_per_s_per_gpu),
         "attention_kernel": resolved_attention(plan.workload, plan.cluster.gpu.calibration),
         "breakdown": {

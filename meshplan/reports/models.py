@@ -75,13 +75,21 @@ class ConditionJSON(TypedDict):
     source: str
 
 
-class TrainsJSON(TypedDict):
+class StackJSON(TypedDict):
+    """The training stack a report's numbers assume and how it differs from the stack's own defaults."""
+
+    stack: str
+    stack_source: str
+    """flag, engine or default"""
+    conditions: dict[str, ConditionJSON]
+    differs_from_stack: list[str]
+
+
+class TrainsJSON(StackJSON):
     """What trains and how the run was set up: every training report carries these."""
 
     finetune: str
     trainable_params: int
-    stack: str | None
-    conditions: dict[str, ConditionJSON]
     lora_train_embeddings: NotRequired[bool]
     lora_rank: NotRequired[int]
     lora_targets: NotRequired[list[str]]
@@ -151,6 +159,8 @@ class EstimateReport(MemoryReport):
     step_time_s: float
     mfu: float
     hfu: float
+    mfu_fp8_peak: float | None
+    mfu_convention: str
     tokens_per_s_per_gpu: float
     attention_kernel: str
     breakdown: BreakdownJSON
@@ -202,11 +212,12 @@ class FitLayoutJSON(TypedDict):
     zero: int
 
 
-class FitReport(TypedDict):
+class FitReport(StackJSON):
     model: str
     gpu: str
     gpus: int
     dtype: str
+    precision: str
     weights_bytes_total: float
     weights_bytes_per_gpu_even_split: float
     hbm_bytes_per_gpu: float
@@ -239,6 +250,8 @@ class PlanItemJSON(TypedDict):
     step_time_s_p10: float
     step_time_s_p90: float
     mfu: float
+    hfu: float
+    mfu_fp8_peak: float | None
     tokens_per_s_per_gpu: float
     per_gpu: BillJSON
     free_bytes_per_gpu: float
@@ -299,6 +312,7 @@ class PlanReport(TrainsJSON):
     global_batch_tokens: int
     objective: str
     engine: str | None
+    mfu_convention: str
     headroom_fraction: float
     evaluated: int
     feasible: int

@@ -14,6 +14,7 @@ from meshplan import io
 from meshplan.core.memory.bill import TERMS
 from meshplan.core.placement import place
 from meshplan.core.plan import mesh_sizes
+from meshplan.core.time.flops import MFU_CONVENTION
 from meshplan.render import jsonable
 from meshplan.reports.conditions import workload_kwargs
 from meshplan.reports.estimate import placement_dict, uncertainty
@@ -57,6 +58,8 @@ def _candidate(
         "step_time_s_p10": band["step_time_s_p10"],
         "step_time_s_p90": band["step_time_s_p90"],
         "mfu": float(np.asarray(step.mfu)[i]),
+        "hfu": float(np.asarray(step.hfu)[i]),
+        "mfu_fp8_peak": None if step.mfu_fp8_peak is None else float(np.asarray(step.mfu_fp8_peak)[i]),
         "tokens_per_s_per_gpu": float(np.asarray(step.tokens_per_s_per_gpu)[i]),
         "per_gpu": per_gpu,
         "free_bytes_per_gpu": cluster.gpu.hbm_bytes - per_gpu["total_bytes"],
@@ -209,15 +212,17 @@ def plan_report(
     """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for.
 
     ``pins`` keeps layouts with the fields it sets; ``training_engine`` those its export accepts (``export
-    --from-plan`` runs what was picked); ``max_gpus`` bounds the fewest-gpus objective's fleets; ``fleet_args``:
-    ``resolve_cluster``'s."""
+    --from-plan`` runs what was picked), scored under that engine's stack unless ``conditions`` names one;
+    ``max_gpus`` bounds the fewest-gpus objective's fleets; ``fleet_args``: ``resolve_cluster``'s."""
     spec = io.load_model(model) if isinstance(model, str) else model
     ft = resolve_finetune(finetune, spec) if finetune else None
     _check_numbers(
         seq=seq, global_batch_tokens=global_batch_tokens, headroom=headroom, tokens=tokens, days=days, top=top
     )
     order = resolve_order(axis_order)
-    set_by, shown = workload_kwargs(conditions, precision=precision, attention=attention, kernels=kernels)
+    set_by, shown = workload_kwargs(
+        conditions, precision=precision, attention=attention, kernels=kernels, engine=training_engine
+    )
     work = _workload(seq, global_batch_tokens // seq, set_by, ft)
     fleet = functools.partial(resolve_cluster, gpu=gpu, **fleet_args)
     rules: dict[str, Any] = dict(headroom=headroom, allow_cross_node_tp=allow_cross_node_tp, order=order)
@@ -238,6 +243,7 @@ def plan_report(
         **_run_fields(spec, cluster, work, global_batch_tokens),
         "objective": "fewest-gpus" if fewest else str(obj),
         "engine": training_engine,
+        "mfu_convention": MFU_CONVENTION,
         "headroom_fraction": headroom,
         **finetune_fields(spec, work.finetune),
         **shown,

@@ -272,9 +272,12 @@ def fit(
     finetune: FinetuneArg,
     dtype: Annotated[Literal[SERVING_DTYPES], one("dtype")] = "bf16",  # type: ignore[valid-type]
     seq: Seq = 4096,
-    precision: Annotated[Literal[field("precision").choices], one("precision")] = "bf16",  # type: ignore[valid-type]
+    precision: Annotated[
+        Literal[field("precision").choices] | None, one("precision")  # type: ignore[valid-type]
+    ] = None,
     headroom: Annotated[float, one("headroom")] = 0.10,
-    kernels: Annotated[Literal[field("kernels").choices], one("kernels")] = "fused",  # type: ignore[valid-type]
+    kernels: Annotated[Literal[field("kernels").choices] | None, one("kernels")] = None,  # type: ignore[valid-type]
+    stack: Annotated[Literal[field("stack").choices] | None, one("stack")] = None,  # type: ignore[valid-type]
 ) -> dict[str, Any]:
     report = fit_report(
         model,
@@ -286,6 +289,7 @@ def fit(
         precision=precision,
         headroom=headroom,
         kernels=kernels,
+        conditions={"stack": stack},
     )
     return json_dict(report)
 

@@ -355,7 +355,8 @@ SEARCH_FIELDS: tuple[Field, ...] = (
         default=None,
         group=_S,
         choices=("torchtitan", "megatron", "deepspeed"),
-        help="keep only layouts this engine runs (what meshplan export ENGINE --from-plan accepts)",
+        help="keep only layouts this engine runs (what meshplan export ENGINE --from-plan accepts), scored under "
+        "its stack (megatron-core, torchtitan, deepspeed) unless --stack names one",
     ),
     Field(
         name="allow_cross_node_tp",
