@@ -32,6 +32,12 @@ def _workload_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return workload_kwargs(vars(args))
 
 
+def _cost_request(args: argparse.Namespace) -> Any:
+    from meshplan.reports.cost import cost_request
+
+    return cost_request(vars(args))
+
+
 def _cmd_params(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.params import params_report
 
@@ -136,6 +142,7 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
         pins={name: getattr(args, name) for name in PIN_FIELDS},
         training_engine=args.training_engine,
         conditions=_conditions(args),
+        cost=_cost_request(args),
     )
     if args.save:
         save_json(args, result)
@@ -378,6 +385,7 @@ def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
         concurrency=args.concurrency,
         rate=args.rate,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        price_per_gpu_hour=args.price_per_gpu_hour,
         **{k: getattr(args, k) for k in SERVE_KEYS},
     )
 

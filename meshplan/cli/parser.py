@@ -167,6 +167,7 @@ def _training_commands(command: Command) -> None:
     _add_group(p, "conditions")
     _add_fleet_shape(p)
     add_fields(p, "tokens")
+    _add_group(p, "cost and goodput")
 
     p = command("collectives", "the bandwidth wall: one all-reduce timed over NVLink, InfiniBand, Ethernet")
     p.add_argument(
@@ -224,6 +225,7 @@ def _search_commands(command: Command) -> None:
     add_fields(pins, *PIN_FIELDS, default=None)
     add_fields(pins, "training_engine")
     _add_group(p, "conditions")
+    _add_group(p, "cost and goodput")
 
     p = command("recipe", "published recipes: evaluated, and ranked against the planner's search")
     p.add_argument("name", nargs="?", default=None, help="recipe name (meshplan recipe --list)")
@@ -274,7 +276,7 @@ def _serving_commands(command: Command) -> None:
     p.add_argument("model")
     _add_fleet(p)
     _add_serve_flags(p)
-    add_fields(p, "replicas", "disaggregate")
+    add_fields(p, "replicas", "disaggregate", "price_per_gpu_hour")
     load = p.add_mutually_exclusive_group(required=True)
     add_fields(load, "concurrency", "rate", "num_requests")
 

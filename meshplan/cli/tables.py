@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from meshplan.cli.tables_cost import cost_lines, plan_cost_lines, with_cost_columns
 from meshplan.cli.tables_serving import serve_plan_table, serve_table, serving_table
 from meshplan.cli.tables_validation import calibrate_table, validate_table
 from meshplan.render import count, gb, percent, seconds, table
@@ -183,6 +184,7 @@ def _estimate(r: dict[str, Any]) -> str:
         head.append(
             f"{count(t['tokens_total'])} tokens: {t['wall_time_days']:.1f} days, {t['gpu_hours_total']:,.0f} GPU-hours"
         )
+    head += cost_lines(r)
     place = [(axis, p["size"], p["inside_domain"], p["domains"], p["link"]) for axis, p in r["placement"].items()]
     calls = [
         (
@@ -298,6 +300,7 @@ def _plan(r: dict[str, Any]) -> str:
         )
         for i, p in enumerate(r["plans"])
     ]
+    rows, columns, align = with_cost_columns(r, rows, PLAN_COLUMNS, "rlrrrrrl")
     out = [
         f"{r['model']} on {r['gpus']} x {r['gpu']}, seq {r['seq']}, {r['global_batch_tokens']:,} tokens per step",
         f"searched {r['evaluated']:,} layouts in {r['elapsed_s']:.2f} s: {r['feasible']:,} fit "
@@ -312,14 +315,11 @@ def _plan(r: dict[str, Any]) -> str:
             if "fewest_gpus" in r
             else []
         ),
+        *plan_cost_lines(r),
         *(
             [
                 "",
-                table(
-                    rows,
-                    ["#", "layout", "step", "MFU", "tok/s/GPU", "memory", "free", "across fabric"],
-                    align="rlrrrrrl",
-                ),
+                table(rows, columns, align=align),
             ]
             if rows
             else []

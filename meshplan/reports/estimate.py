@@ -14,6 +14,7 @@ from meshplan.core.time.compute import resolved_attention
 from meshplan.core.time.flops import MFU_CONVENTION
 from meshplan.render import jsonable
 from meshplan.reports.conditions import workload_kwargs
+from meshplan.reports.cost import CostRequest, estimate_costs, never_finishes_warning
 from meshplan.reports.inputs import (
     FinetuneRequest,
     LayoutRequest,
@@ -168,9 +169,11 @@ def estimate_report(
     nics_per_node: int | None = None,
     oversubscription: float | None = None,
     profile: str | None = None,
+    cost: CostRequest | None = None,
 ) -> dict[str, Any]:
     """``meshplan estimate``: memory, collectives, placement and step time of one layout (``conditions``: the
-    stack and condition fields as given, None where unset; see ``memory_report``)."""
+    stack and condition fields as given, None where unset; see ``memory_report``; ``cost``: the price, checkpoint
+    and failure fields, whose keys reports/cost.py adds)."""
     spec = io.load_model(model) if isinstance(model, str) else model
     cluster = resolve_cluster(
         gpu=gpu,
@@ -195,7 +198,9 @@ def estimate_report(
     )
     plan = evaluate(spec, cluster, lay, work, order=resolve_order(axis_order))
     out = evaluated_plan_dict(plan, tokens=tokens) | shown
+    out |= estimate_costs(spec, work, cluster, out, tokens=tokens, req=cost)
     out["warnings"] = [*out["warnings"], *band_warning(lay.cp, lay.ep), *gpu_warning(cluster.gpu.name, profile)]
+    out["warnings"] += never_finishes_warning(out)
     return out | uncertainty(float(plan.step.step_time_s), profile, cp=lay.cp, ep=lay.ep, gpu=cluster.gpu.name)
 
 

@@ -14,6 +14,7 @@ from typing import (
 
 from typing_extensions import TypedDict
 
+from meshplan.reports.cost_models import CheapestFleetJSON, CheckpointJSON, CostJSON, GoodputJSON
 from meshplan.reports.serve_models import ServePlanReport, ServeReport, ServingReport
 
 
@@ -169,6 +170,9 @@ class EstimateReport(MemoryReport):
     axis_order: list[str]
     warnings: list[str]
     time_to_train: NotRequired[TimeToTrainJSON]
+    cost: NotRequired[CostJSON]
+    checkpoint: NotRequired[CheckpointJSON]
+    goodput: NotRequired[GoodputJSON]
     step_time_s_p10: float
     step_time_s_p90: float
     step_time_band_sources: int | None
@@ -258,6 +262,9 @@ class PlanItemJSON(TypedDict):
     breakdown: dict[str, float]
     placement: dict[str, AxisPlacementJSON]
     time_to_train_days: NotRequired[float]
+    gpu_hours_total: NotRequired[float]
+    cost: NotRequired[CostJSON]
+    goodput: NotRequired[GoodputJSON]
 
 
 class ParetoPointJSON(TypedDict):
@@ -324,6 +331,8 @@ class PlanReport(TrainsJSON):
     fewest_gpus: NotRequired[FewestJSON]
     explain: NotRequired[list[ExplainJSON]]
     nothing_fits: NotRequired[NothingFitsJSON]
+    cheapest_fleet: NotRequired[CheapestFleetJSON]
+    checkpoint: NotRequired[CheckpointJSON]
 
 
 class LinkRaceJSON(TypedDict):

@@ -17,6 +17,7 @@ from meshplan.core.plan import mesh_sizes
 from meshplan.core.time.flops import MFU_CONVENTION
 from meshplan.render import jsonable
 from meshplan.reports.conditions import workload_kwargs
+from meshplan.reports.cost import CostRequest, checkpoint_dict
 from meshplan.reports.estimate import placement_dict, uncertainty
 from meshplan.reports.inputs import (
     FinetuneRequest,
@@ -29,6 +30,7 @@ from meshplan.reports.inputs import (
     resolve_order,
     resolve_workload,
 )
+from meshplan.reports.plan_cost import cheapest_fleet, plan_costs
 from meshplan.reports.plan_explain import STEP_TERMS, explanations
 from meshplan.search.order import Objective
 from meshplan.search.rank import SearchResult, search
@@ -207,13 +209,15 @@ def plan_report(
     training_engine: str | None = None,
     max_gpus: int = MAX_GPUS,
     conditions: Mapping[str, Any] | None = None,
+    cost: CostRequest | None = None,
     **fleet_args: Unpack[FleetArgs],
 ) -> dict[str, Any]:
     """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for.
 
     ``pins`` keeps layouts with the fields it sets; ``training_engine`` those its export accepts (``export
     --from-plan`` runs what was picked), scored under that engine's stack unless ``conditions`` names one;
-    ``max_gpus`` bounds the fewest-gpus objective's fleets; ``fleet_args``: ``resolve_cluster``'s."""
+    ``max_gpus`` bounds the fewest-gpus objective's fleets; ``cost``: the price, checkpoint and failure fields
+    (reports/plan_cost.py; the cost objective searches halvings of the fleet); ``fleet_args``: ``resolve_cluster``'s."""
     spec = io.load_model(model) if isinstance(model, str) else model
     ft = resolve_finetune(finetune, spec) if finetune else None
     _check_numbers(
@@ -227,6 +231,17 @@ def plan_report(
     fleet = functools.partial(resolve_cluster, gpu=gpu, **fleet_args)
     rules: dict[str, Any] = dict(headroom=headroom, allow_cross_node_tp=allow_cross_node_tp, order=order)
     obj, fewest, gpus = _fleet_size(spec, fleet, work, gpus, objective, tokens, days, rules, max_gpus)
+    cheapest, cost = None, cost or CostRequest()
+    if obj is Objective.COST:  # the fleet first: the one given or a halving, whichever trains the tokens cheapest
+        kw = dict(top=1, objective=obj, pins=pins, engine=training_engine, profile=fleet_args.get("profile"), **rules)
+        gpus, cheapest = cheapest_fleet(
+            lambda n: next(iter(run_search(spec, fleet(gpus=n), work, **kw)[1]), None),
+            lambda n: checkpoint_dict(spec, work, fleet(gpus=n), cost),
+            start=gpus,
+            tokens=tokens,
+            days=days,
+            req=cost,
+        )
     cluster = fleet(gpus=gpus)
     result, plans = run_search(
         spec,
@@ -260,6 +275,7 @@ def plan_report(
             spec, cluster, work, result, headroom=headroom, allow=allow_cross_node_tp, order=order, tuning=ft
         )
     _time_to_train(plans, tokens, cluster.num_gpus)
+    plan_costs(out, plans, spec=spec, cluster=cluster, work=work, tokens=tokens, req=cost, cheapest=cheapest)
     if explain or compare:
         out["explain"] = explanations(spec, cluster, work, plans, order, compare)
     data: dict[str, Any] = jsonable(out)

@@ -17,6 +17,7 @@ from meshplan.render import jsonable
 from meshplan.reports import LayoutRequest, fit_report, memory_report, params_report, serving_report
 from meshplan.reports import models as m
 from meshplan.reports import serve_models as sm
+from meshplan.reports.cost import CostRequest, cost_request
 from meshplan.reports.estimate import collectives_report, estimate_report
 from meshplan.reports.inputs import FinetuneRequest
 from meshplan.server import parse
@@ -218,6 +219,7 @@ WorkloadArg = Annotated[dict[str, Any], Depends(workload_arg)]
 FinetuneArg = Annotated[FinetuneRequest | None, Depends(finetune_arg)]
 FleetShapeArg = Annotated[dict[str, Any], Depends(fleet_shape_arg)]
 ServingArg = Annotated[dict[str, Any], Depends(dependency(fields_of(Group.SERVING), dict, "serving_arg"))]
+CostArg = Annotated[CostRequest, Depends(dependency(fields_of(Group.COST), cost_request, "cost_arg"))]
 
 
 @cache
@@ -343,6 +345,7 @@ def estimate(
     finetune: FinetuneArg,
     shape: FleetShapeArg,
     conditions: ConditionsArg,
+    cost: CostArg,
     tokens: Annotated[Tokens | None, _query(field("tokens"), bounded=False)] = None,
 ) -> dict[str, Any]:
     report = estimate_report(
@@ -351,6 +354,7 @@ def estimate(
         gpus=gpus,
         layout=layout,
         tokens=tokens,
+        cost=cost,
         finetune=finetune,
         conditions=conditions,
         **shape,
@@ -411,10 +415,19 @@ def serve(
     pp: Degree = 1,
     ep: Degree = 1,
     gpu_memory_utilization: Annotated[float | None, one("gpu_memory_utilization")] = None,
+    price_per_gpu_hour: Annotated[float | None, one("price_per_gpu_hour")] = None,
 ) -> dict[str, Any]:
     from meshplan.reports.serve import serve_report
 
     report = serve_report(
-        model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, ep=ep, gpu_memory_utilization=gpu_memory_utilization, **load
+        model,
+        gpu=gpu,
+        gpus=gpus,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        gpu_memory_utilization=gpu_memory_utilization,
+        price_per_gpu_hour=price_per_gpu_hour,
+        **load,
     )
     return json_dict(report)

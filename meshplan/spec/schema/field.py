@@ -45,6 +45,9 @@ class Group(StrEnum):
     """How the run was set up: its training stack and the conditions the stack sets (each overridable)."""
     SEARCH = "search"
     """What the planner searches for and how it ranks."""
+    COST = "cost and goodput"
+    """What a GPU-hour costs, how checkpoints are written and how often GPUs fail: time to train in dollars and
+    with failures paid."""
     SERVING = "serving"
     """How a served model is stored and how much of HBM the engine may take."""
     SERVE = "serving load"
