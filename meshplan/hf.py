@@ -97,8 +97,12 @@ def _sliding(c: _HfConfig, num_layers: int, *, every_layer: bool) -> dict[str, i
     window = c.get("sliding_window")
     if not every_layer and not c.flag("use_sliding_window", False):
         window = None
-    if c.get("layer_types") is not None:
-        count = sum(kind == "sliding_attention" for kind in c.get("layer_types"))
+    kinds = c.get("layer_types")
+    if kinds is not None:
+        if not isinstance(kinds, list) or len(kinds) != num_layers or not all(isinstance(k, str) for k in kinds):
+            got = f"a list of {len(kinds)}" if isinstance(kinds, list) else type(kinds).__name__
+            raise ValueError(f"'layer_types' must be a list of {num_layers} strings (one per layer), got {got}")
+        count = sum(kind == "sliding_attention" for kind in kinds)
     elif window is None:
         count = 0
     else:

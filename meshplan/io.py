@@ -1,7 +1,8 @@
 """Specs in and out of files: the TOML catalog, Hugging Face ``config.json``, and TOML text.
 
 Standard library only (tomllib, json), so the CLI starts fast. Unknown keys are errors, and every
-user error is a one-line ``ValueError`` that names the file and the key.
+user error is a one-line ``ValueError`` that names the file and the key. Every file a user names is read by
+files.py's one guarded reader (``read_text_file``, ``parse_json``, ``parse_toml``, re-exported here).
 """
 
 from __future__ import annotations
@@ -9,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import stat
+import re
 import tomllib
 from collections.abc import Mapping
 from functools import cache
@@ -19,6 +19,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
+from meshplan.files import MAX_DEPTH, MAX_FILE_BYTES, parse_json, parse_toml, read_text_file
 from meshplan.spec.cluster import GPU, GpuCalibration, Link, LinkKind, LinkTier
 from meshplan.spec.conditions import Stack
 from meshplan.spec.model import MLASpec, MlpKind, ModelSpec, MoESpec, NormKind
@@ -27,10 +28,6 @@ from meshplan.units import DType
 _ENUMS: dict[str, type[Any]] = {"MlpKind": MlpKind, "NormKind": NormKind, "LinkKind": LinkKind, "LinkTier": LinkTier}
 _TABLES: dict[str, type[Any]] = {"MoESpec | None": MoESpec, "MLASpec | None": MLASpec, "GpuCalibration": GpuCalibration}
 _SINGULAR = {"models": "model", "gpus": "gpu", "links": "link", "stacks": "stack"}
-MAX_FILE_BYTES = 4 * 1024 * 1024
-"""Largest input file read (a config.json is a few KB; a saved plan a few hundred KB)."""
-MAX_DEPTH = 64
-"""Deepest nesting of tables and arrays accepted in a JSON or TOML input."""
 
 
 # --- the catalog -------------------------------------------------------------------------------------------------
@@ -61,6 +58,21 @@ class UnknownName(ValueError):
     """A name given by the user that the catalog does not hold (a ValueError: bad input, one line)."""
 
 
+MAX_ECHO_CHARS = 80
+"""Longest run of a user's value an error message quotes back; past it the run is cut with an ellipsis."""
+MAX_ERROR_CHARS = 2_000
+"""Longest error message printed (CLI) or answered (API), whatever it quotes."""
+_RUN = re.compile(rf"[^\s'\"]{{{MAX_ECHO_CHARS + 1},}}")
+
+
+def bounded_message(text: str) -> str:
+    """An error message fit to show: every unbroken run (a name, a number, a path) of over MAX_ECHO_CHARS
+    characters cut to that many plus "...", and the whole to MAX_ERROR_CHARS. The one place the CLI and the
+    API bound what a refusal echoes, so a 100 KB name is never quoted back whole."""
+    text = _RUN.sub(lambda m: m.group()[:MAX_ECHO_CHARS] + "...", text)
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
 def list_stacks() -> list[str]:
     """Names of the catalog training stacks."""
     return sorted(_catalog("stacks"))
@@ -73,86 +85,6 @@ def _unknown_name(kind: str, name: str) -> UnknownName:
     close = difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.5)
     hint = f"closest: {', '.join(close)}" if close else f"known: {', '.join(names)}"
     return UnknownName(f"unknown {_SINGULAR[kind]} '{name}' ({hint})")
-
-
-def _depth(value: Any) -> int:
-    """Nesting depth of parsed JSON/TOML data, without recursion (1 for a scalar)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        deepest = max(deepest, level)
-        if isinstance(item, dict):
-            stack.extend((v, level + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, level + 1) for v in item)
-    return deepest
-
-
-def _shallow(data: Any, label: str) -> Any:
-    if _depth(data) > MAX_DEPTH:
-        raise ValueError(f"{label} nests tables or arrays more than {MAX_DEPTH} deep")
-    return data
-
-
-def parse_json(text: str, label: str) -> Any:
-    """JSON text parsed, with a depth limit and one-line errors naming ``label``."""
-    try:
-        data = json.loads(text, parse_constant=_no_constant)
-    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, integers of over 4,300 digits
-        raise ValueError(f"malformed JSON in {label}: {str(exc).splitlines()[0]}") from None
-    except RecursionError:
-        raise ValueError(f"{label} nests arrays or objects too deeply") from None
-    return _shallow(data, label)
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-def parse_toml(text: str, label: str) -> dict[str, Any]:
-    """TOML text parsed, with a depth limit and one-line errors naming ``label``."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"malformed TOML in {label}: {exc}") from None
-    except RecursionError:
-        raise ValueError(f"{label} nests tables or arrays too deeply") from None
-    return dict(_shallow(data, label))
-
-
-def read_text_file(path: Path | str, *, what: str = "file", limit: int = MAX_FILE_BYTES) -> str:
-    """The UTF-8 text of a regular file of at most ``limit`` bytes; ValueError otherwise (FIFOs, devices, folders).
-
-    The file is opened without blocking, checked on its open descriptor, and read no further than the limit,
-    so a FIFO, ``/dev/zero`` or a symlink to either costs nothing.
-    """
-    path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise ValueError(f"no such {what}: {path}") from None
-    except IsADirectoryError:
-        raise ValueError(f"{what} {path} is a folder, not a file") from None
-    except OSError as exc:
-        raise ValueError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    info = os.fstat(fd)  # before fdopen, which refuses a folder with an OSError of its own
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-        raise ValueError(f"{what} {path} is {kind}")
-    with os.fdopen(fd, "rb") as f:
-        if info.st_size > limit:
-            raise ValueError(f"{what} {path} is {info.st_size:,} bytes; the limit is {limit:,}")
-        try:
-            data = f.read(limit + 1)
-        except OSError as exc:
-            raise ValueError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    if len(data) > limit:
-        raise ValueError(f"{what} {path} is over {limit:,} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{what} {path} is not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x})") from None
 
 
 def _looks_like_path(text: str) -> bool:
@@ -391,8 +323,11 @@ def model_to_toml(spec: ModelSpec, *, meta: Mapping[str, Any] | None = None) -> 
 
 __all__ = [
     "MAX_DEPTH",
+    "MAX_ECHO_CHARS",
+    "MAX_ERROR_CHARS",
     "MAX_FILE_BYTES",
     "UnknownName",
+    "bounded_message",
     "list_gpus",
     "list_links",
     "list_models",

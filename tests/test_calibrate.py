@@ -90,7 +90,7 @@ def test_report_writes_a_profile_file(tmp_path: Path, measured: list[MeasuredRun
         ({"args": ["x"]}, "list of runs"),
         ([{"args": ["llama-3.1-8b"], "step_time_s": 1, "tokens_per_s_per_gpu": 2}], "exactly one"),
         ([{"args": ["llama-3.1-8b"], "step_time_s": -1}], "step_time_s must be"),
-        ([{"args": ["llama-3.1-8b"], "step_time_s": float("inf")}], "step_time_s must be"),
+        ([{"args": ["llama-3.1-8b"], "step_time_s": float("inf")}], "step_time_s' is not a finite number"),
         ([{"args": ["llama-3.1-8b"], "step_time_s": 1e300}], "step_time_s must be"),
         ([{"args": ["llama-3.1-8b"], "tokens_per_s_per_gpu": 1e-300}], "tokens_per_s_per_gpu must be"),
         ([{"args": ["llama-3.1-8b", "--help"], "step_time_s": 1}], "help"),

@@ -195,33 +195,33 @@ def test_disaggregated_splits_are_searched_and_kept_apart() -> None:
     assert split["points_evaluated"] > plain["points_evaluated"]
 
 
-SPLIT_BEST = {
-    "layout": {"tp": 2, "pp": 1, "ep": 1, "dp_attention": False, "weights_dtype": "fp8", "kv_dtype": "fp8"},
-    "replicas": 4,
-    "prefill_replicas": 1,
-    "batch_cap_per_replica": 96,
-    **{k: 0.5 for k in ("ttft_s_p99", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user")},
-}
+SPLIT_ARGV = ["serve-plan", "llama-3.1-70b", "--gpu", "h100-sxm", "--gpus", "8", "--input-len", "8000",
+              "--output-len", "300", "--tpot-p99", "0.03", "--weights-dtypes", "fp8",
+              "--search-disaggregated"]  # fmt: skip
 
 
 def _split_plan(tmp_path: Path) -> Path:
+    """A saved plan that splits 4 TP2 replicas of Llama-3.1-70B into 3 prefill and 1 decode (long prompts)."""
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"best": SPLIT_BEST, "model": "llama-3.1-70b", "input_len": 8000, "output_len": 300}))
+    assert main([*SPLIT_ARGV, "--save", str(plan), "--json"]) == 0
+    best = json.loads(plan.read_text())["best"]
+    assert (best["layout"]["tp"], best["replicas"], best["prefill_replicas"]) == (2, 4, 3)
     return plan
 
 
 def test_export_of_a_split_plan_launches_both_pools(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """1 prefill + 3 decode replicas of TP2: SGLang gets a prefill server, a decode server and its PD router;
+    """3 prefill + 1 decode replicas of TP2: SGLang gets a prefill server, a decode server and its PD router;
     vLLM two servers joined by the NixlConnector; each pool its own GPUs of the node."""
     plan = _split_plan(tmp_path)
+    capsys.readouterr()
     assert main(["export", "sglang", "--from-plan", str(plan), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     files = out["files"]
     assert set(files) == {"serve_sglang_prefill.sh", "serve_sglang_decode.sh", "serve_sglang_router.sh"}
     prefill, decode = files["serve_sglang_prefill.sh"], files["serve_sglang_decode.sh"]
     assert "--disaggregation-mode prefill" in prefill and "--disaggregation-bootstrap-port 8998" in prefill
-    assert "--disaggregation-mode decode" in decode and "--dp-size 3" in decode and "--dp-size 1" in prefill
-    assert "CUDA_VISIBLE_DEVICES=0,1" in prefill and "CUDA_VISIBLE_DEVICES=2,3,4,5,6,7" in decode
+    assert "--disaggregation-mode decode" in decode and "--dp-size 1" in decode and "--dp-size 3" in prefill
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5" in prefill and "CUDA_VISIBLE_DEVICES=6,7" in decode
     assert "--pd-disaggregation" in files["serve_sglang_router.sh"] and "8998" in files["serve_sglang_router.sh"]
     assert (
         out["command"]
@@ -230,7 +230,7 @@ def test_export_of_a_split_plan_launches_both_pools(tmp_path: Path, capsys: pyte
     assert main(["export", "vllm", "--from-plan", str(plan), "--json"]) == 0
     files = json.loads(capsys.readouterr().out)["files"]
     assert set(files) == {"serve_vllm_prefill.sh", "serve_vllm_decode.sh"}
-    for role, dp in (("prefill", "1"), ("decode", "3")):
+    for role, dp in (("prefill", "3"), ("decode", "1")):
         text = files[f"serve_vllm_{role}.sh"]
         assert '\'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\'' in text
         assert f"--data-parallel-size {dp}" in text and "--tensor-parallel-size 2" in text

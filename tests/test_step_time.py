@@ -327,6 +327,10 @@ def test_a_context_parallel_estimate_takes_the_cp_runs_band_and_warns(capsys: py
         said = [w for w in out["warnings"] if w.startswith("context parallelism")]
         assert bool(said) == (cp > 1)
         assert ("with context parallelism" in out["uncertainty"]) == (cp > 1)
+        # how many sources stand behind the band, beside it (JSON and text), and whether they make its promise
+        sources = int(band["cp_sources" if cp > 1 else "sources"])
+        assert out["step_time_band_sources"] == sources and f"of {sources} sources" in out["uncertainty"]
+        assert ("too few sources" in out["uncertainty"]) == (not band["cp_promised" if cp > 1 else "promised"])
 
 
 def test_an_expert_parallel_estimate_takes_the_ep_runs_band_and_warns(capsys: pytest.CaptureFixture[str]) -> None:

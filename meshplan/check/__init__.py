@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["DENSE", "LAYOUTS", "MOE", "Measurement", "TinyConfig", "run_check"]
 
-_SOURCES = {"TinyConfig": "meshplan.check.model"}
+_SOURCES = {"TinyConfig": "meshplan.check.shapes", "DENSE": "meshplan.check.shapes", "MOE": "meshplan.check.shapes"}
 
 
 def __getattr__(name: str) -> Any:

@@ -9,45 +9,17 @@ E = experts, t = experts per token.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from meshplan.check.shapes import TinyConfig
+
 # attention_fn(q, k, v) with q: (b, a, s, d), k and v: (b, k, s, d) -> (b, a, s, d)
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 # moe_fn(moe_module, x: (T, h), expert_ids: (T, t), gate_weights: (T, t)) -> (T, h)
 MoEFn = Callable[["MoE", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TinyConfig:
-    """Shape of the tiny model and of one training micro-batch."""
-
-    num_layers: int = 4
-    hidden: int = 32
-    num_heads: int = 8
-    num_kv_heads: int = 4
-    head_dim: int = 4
-    ffn_hidden: int = 64
-    vocab_size: int = 50
-    seq_len: int = 16
-    micro_batch: int = 2
-    num_experts: int = 0
-    """Routed experts per layer (0: dense SwiGLU MLP in every layer)."""
-    experts_per_token: int = 2
-    expert_ffn_hidden: int = 32
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-
-    def __post_init__(self) -> None:
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
-        if self.num_experts and self.experts_per_token > self.num_experts:
-            raise ValueError(f"experts_per_token={self.experts_per_token} exceeds num_experts={self.num_experts}")
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

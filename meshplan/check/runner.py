@@ -15,7 +15,7 @@ import socket
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -44,69 +44,53 @@ from meshplan.check.measure import (
     held_grads_bytes,
     state_bytes,
 )
-from meshplan.check.model import TinyConfig
 from meshplan.check.pipeline import pipeline_phase, pp_builder
-
-DENSE = TinyConfig()
-MOE = TinyConfig(num_experts=8, experts_per_token=2, expert_ffn_hidden=32)
-
-
-def _divisible(cfg: TinyConfig, n: int, *fields: str) -> list[str]:
-    return [f"{f}={getattr(cfg, f)} is not divisible by {n}" for f in fields if getattr(cfg, f) % n]
-
-
-def _tp_rules(cfg: TinyConfig, n: int) -> list[str]:
-    return _divisible(cfg, n, "num_heads", "num_kv_heads", "ffn_hidden")
-
-
-def _sp_rules(cfg: TinyConfig, n: int) -> list[str]:
-    return _tp_rules(cfg, n) + _divisible(cfg, n, "seq_len")
+from meshplan.check.shapes import DENSE, FITS, MOE, LayoutFit, TinyConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayoutRecipe:
     build: Builder
-    moe: bool = False
-    """Runs on the MoE variant of the model."""
-    min_world_size: int = 2
-    rules: Callable[[TinyConfig, int], list[str]] = lambda cfg, n: []
-    """Broken shape rules for a world size (empty when the layout fits)."""
+    fit: LayoutFit
+    """What it needs of the shapes and the world size (shapes.FITS, read before torch is imported)."""
     buffers_visible: bool = False
     """Every communication buffer of the peak is a tensor the probe sees (FSDP2 with reshard-after-forward off:
     the gathered units and one reduce-scatter input), so comm_buffers_bytes is measured."""
 
+    @property
+    def moe(self) -> bool:
+        return self.fit.moe
+
+
+def _recipe(name: str, build: Builder, *, buffers_visible: bool = False) -> LayoutRecipe:
+    return LayoutRecipe(build=build, fit=FITS[name], buffers_visible=buffers_visible)
+
 
 LAYOUTS: dict[str, LayoutRecipe] = {
-    "ddp": LayoutRecipe(build=build_ddp),
-    "fsdp": LayoutRecipe(build=fsdp_builder()),
-    "fsdp_reshard_root": LayoutRecipe(build=fsdp_builder(reshard_after_forward=True)),
-    "fsdp_no_reshard": LayoutRecipe(build=fsdp_builder(reshard_after_forward=False), buffers_visible=True),
-    "fsdp_no_sync": LayoutRecipe(build=build_fsdp_no_sync),
-    "fsdp_sac_op": LayoutRecipe(build=build_fsdp_op_sac),
-    "fsdp_bf16": LayoutRecipe(
-        build=fsdp_builder(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    "ddp": _recipe("ddp", build_ddp),
+    "fsdp": _recipe("fsdp", fsdp_builder()),
+    "fsdp_reshard_root": _recipe("fsdp_reshard_root", fsdp_builder(reshard_after_forward=True)),
+    "fsdp_no_reshard": _recipe("fsdp_no_reshard", fsdp_builder(reshard_after_forward=False), buffers_visible=True),
+    "fsdp_no_sync": _recipe("fsdp_no_sync", build_fsdp_no_sync),
+    "fsdp_sac_op": _recipe("fsdp_sac_op", build_fsdp_op_sac),
+    "fsdp_bf16": _recipe(
+        "fsdp_bf16",
+        fsdp_builder(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)),
     ),
-    "fsdp_bf16_reduce_bf16": LayoutRecipe(
-        build=fsdp_builder(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    "fsdp_bf16_reduce_bf16": _recipe(
+        "fsdp_bf16_reduce_bf16", fsdp_builder(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
     ),
-    "tp": LayoutRecipe(build=tp_builder(sequence_parallel=False), rules=_tp_rules),
-    "sp": LayoutRecipe(build=tp_builder(sequence_parallel=True), rules=_sp_rules),
-    "tp_sac_op": LayoutRecipe(build=tp_op_sac_builder(sequence_parallel=False), rules=_tp_rules),
-    "sp_sac_op": LayoutRecipe(build=tp_op_sac_builder(sequence_parallel=True), rules=_sp_rules),
-    "fsdp_tp": LayoutRecipe(
-        build=build_fsdp_tp,
-        min_world_size=4,
-        rules=lambda cfg, n: ([f"world size {n} is odd"] if n % 2 else []) + _sp_rules(cfg, 2),
-    ),
-    "pp_gpipe": LayoutRecipe(build=pp_builder("gpipe"), rules=lambda cfg, n: _divisible(cfg, n, "num_layers")),
-    "pp_1f1b": LayoutRecipe(build=pp_builder("1f1b"), rules=lambda cfg, n: _divisible(cfg, n, "num_layers")),
-    "ep": LayoutRecipe(
-        build=build_ep,
-        moe=True,
-        rules=lambda cfg, n: _divisible(cfg, n, "num_experts") if cfg.num_experts else ["num_experts is 0"],
-    ),
-    "cp": LayoutRecipe(build=build_cp, rules=lambda cfg, n: _divisible(cfg, n, "seq_len")),
+    "tp": _recipe("tp", tp_builder(sequence_parallel=False)),
+    "sp": _recipe("sp", tp_builder(sequence_parallel=True)),
+    "tp_sac_op": _recipe("tp_sac_op", tp_op_sac_builder(sequence_parallel=False)),
+    "sp_sac_op": _recipe("sp_sac_op", tp_op_sac_builder(sequence_parallel=True)),
+    "fsdp_tp": _recipe("fsdp_tp", build_fsdp_tp),
+    "pp_gpipe": _recipe("pp_gpipe", pp_builder("gpipe")),
+    "pp_1f1b": _recipe("pp_1f1b", pp_builder("1f1b")),
+    "ep": _recipe("ep", build_ep),
+    "cp": _recipe("cp", build_cp),
 }
+"""Each harness layout: how it is built (torch), and what it needs (shapes.FITS)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -253,10 +237,7 @@ def _free_port() -> int:
 
 
 def _broken_rules(name: str, world_size: int, *, dense: TinyConfig, moe: TinyConfig) -> list[str]:
-    recipe = LAYOUTS[name]
-    if world_size < recipe.min_world_size:
-        return [f"needs world size >= {recipe.min_world_size}, got {world_size}"]
-    return recipe.rules(moe if recipe.moe else dense, world_size)
+    return LAYOUTS[name].fit.broken(world_size, dense=dense, moe=moe)
 
 
 def run_check(

@@ -42,10 +42,10 @@ def _main(argv: Sequence[str] | None) -> int:
             return 0
         text = None if args.json else _render(args.command, result)
     except UsageError as exc:
-        print(f"{exc}", file=sys.stderr)
+        print(_bounded(f"{exc}"), file=sys.stderr)
         return 2
     except (ValueError, OSError) as exc:  # ValueError: a refused input; OSError: a file we were told to use
-        print(f"meshplan: error: {error_line(exc)}", file=sys.stderr)
+        print(_bounded(f"meshplan: error: {error_line(exc)}"), file=sys.stderr)
         return 2
     if text is None:
         from meshplan.render import to_json
@@ -56,6 +56,12 @@ def _main(argv: Sequence[str] | None) -> int:
     except BrokenPipeError:  # the reader (head, less) closed the pipe: not an error of ours
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
     return exit_code(args.command, result)
+
+
+def _bounded(line: str) -> str:
+    from meshplan.io import bounded_message
+
+    return bounded_message(line)
 
 
 def _render(command: str, result: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from meshplan.cli.parser import EXPORT_CONDITIONS, PIN_FIELDS
-from meshplan.cli.support import UsageError, save_json, search_progress
+from meshplan.cli.support import UsageError, check_output, input_words, save_json, search_progress
 
 
 def _finetune_request(args: argparse.Namespace) -> Any:
@@ -30,6 +30,12 @@ def _workload_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.typed import workload_kwargs
 
     return workload_kwargs(vars(args))
+
+
+def _cost_request(args: argparse.Namespace) -> Any:
+    from meshplan.reports.cost import cost_request
+
+    return cost_request(vars(args))
 
 
 def _cmd_params(args: argparse.Namespace) -> dict[str, Any]:
@@ -96,10 +102,11 @@ def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.validation.calibrate import calibrate_report
 
-    return calibrate_report(args.runs, out=args.out)
+    return calibrate_report(args.runs, out=args.out, force=args.force)
 
 
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
+    check_output(args, "save", "--save")
     with search_progress(args):
         return _plan(args)
 
@@ -135,9 +142,10 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
         pins={name: getattr(args, name) for name in PIN_FIELDS},
         training_engine=args.training_engine,
         conditions=_conditions(args),
+        cost=_cost_request(args),
     )
     if args.save:
-        save_json(args.save, result, command="plan")
+        save_json(args, result)
     return result
 
 
@@ -162,14 +170,14 @@ SERVING_ENGINES = ("vllm", "sglang", "trtllm")
 SERVING_FLAGS = ("dtype", "kv_dtype", "context", "gpu_memory_utilization")
 
 
-SHARED_FLAGS = ("model", "gpu", "gpus", "from_plan", "out", "model_path", "tp", "pp", "ep", "json")
+SHARED_FLAGS = ("model", "gpu", "gpus", "from_plan", "out", "force", "model_path", "tp", "pp", "ep", "json")
 
 
 EXPORT_IGNORES = ("optimizer", "optimizer_bytes", "attention")
 """Workload flags export takes (they come with the layout flags) but no engine configuration carries."""
 
 
-FROM_PLAN_KEEPS = ("engine", "from_plan", "out", "model_path", "precision", "json", "command")
+FROM_PLAN_KEEPS = ("engine", "from_plan", "out", "force", "model_path", "precision", "json", "command")
 """What ``export --from-plan`` still reads from the command line: the rest comes from the saved plan."""
 
 
@@ -228,6 +236,7 @@ def _export_training(args: argparse.Namespace) -> dict[str, Any]:
             global_batch=saved["global_batch"],
             precision=args.precision,
             model_path=args.model_path,
+            conditions=saved["conditions"],
         )
     if not (args.model and args.gpu and args.gpus):
         raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and layout flags, or --from-plan")
@@ -261,20 +270,31 @@ def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     else:
         result = _export_training(args)
     if args.out:
-        result["written"] = _write_export(result, args.out)
+        result["written"] = _write_export(result, args)
     return result
 
 
-def _write_export(result: dict[str, Any], out: str) -> list[str]:
-    """The export's files and a launch.sh in folder ``out``; the names written."""
+def _write_export(result: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """The export's files and a launch.sh in folder ``--out``, each through files.py's safe writer, all checked
+    before any is written; the names written."""
     from pathlib import Path
 
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in result["files"].items():
-        (folder / name).write_text(text, encoding="utf-8")
-    (folder / "launch.sh").write_text("#!/bin/sh\n" + result["command"] + "\n", encoding="utf-8")
-    return sorted([*result["files"], "launch.sh"])
+    from meshplan.files import writable, write_text_safely
+
+    folder, inputs = Path(args.out), input_words(args)
+    files = {**result["files"], "launch.sh": "#!/bin/sh\n" + result["command"] + "\n"}
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"meshplan export: --out {args.out} is not a folder")
+    if folder.is_dir():
+        for name in files:
+            writable(folder / name, what="--out", inputs=inputs, force=args.force)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"meshplan export: --out {args.out}: {exc.strerror or exc}") from None
+    for name, text in files.items():
+        write_text_safely(folder / name, text, what="--out", inputs=inputs, force=args.force)
+    return sorted(files)
 
 
 def _cmd_ui(args: argparse.Namespace) -> None:
@@ -284,7 +304,7 @@ def _cmd_ui(args: argparse.Namespace) -> None:
         raise UsageError(
             f"meshplan ui: the web explorer needs the [web] extra: pip install 'meshplan[web]' ({exc})"
         ) from None
-    serve(host=args.host, port=args.port, open_browser=args.open)
+    serve(host=args.host, port=args.port, open_browser=args.open, allow_remote=args.allow_remote)
 
 
 def _cmd_check(args: argparse.Namespace) -> dict[str, Any]:
@@ -327,6 +347,7 @@ def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
         precision=args.precision,
         headroom=args.headroom,
         kernels=args.kernels,
+        conditions={"stack": args.stack},
     )
 
 
@@ -364,6 +385,7 @@ def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
         concurrency=args.concurrency,
         rate=args.rate,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        price_per_gpu_hour=args.price_per_gpu_hour,
         **{k: getattr(args, k) for k in SERVE_KEYS},
     )
 
@@ -371,6 +393,7 @@ def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.serve_plan import serve_plan_report
 
+    check_output(args, "save", "--save")
     result = serve_plan_report(
         args.model,
         gpu=args.gpu,
@@ -387,10 +410,7 @@ def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
         disaggregate=args.search_disaggregated,
     )
     if args.save:
-        import json
-        from pathlib import Path
-
-        Path(args.save).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        save_json(args, result)
     return result
 
 

@@ -22,6 +22,10 @@ PIN_FIELDS: tuple[str, ...] = ("tp", "pp", "vpp", "cp", "ep", "dp_shard", "dp_re
 PIN_FIELDS += ("expert_tp", "schedule", "cp_kind", "micro_batch")
 
 
+def _add_force(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true", help="replace an existing output file (never an input or a link)")
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -122,11 +126,11 @@ Command = Callable[[str, str], argparse.ArgumentParser]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="meshplan", description="Plan how a transformer is split across GPUs.")
+    parser = _Parser(prog="meshplan", description="Plan how a transformer is split across GPUs.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def command(name: str, text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=text, description=text)
+    def command(name: str, text: str) -> argparse.ArgumentParser:  # allow_abbrev: --hel is unknown, not --help
+        p = sub.add_parser(name, help=text, description=text, allow_abbrev=False)
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
         return p
 
@@ -163,6 +167,7 @@ def _training_commands(command: Command) -> None:
     _add_group(p, "conditions")
     _add_fleet_shape(p)
     add_fields(p, "tokens")
+    _add_group(p, "cost and goodput")
 
     p = command("collectives", "the bandwidth wall: one all-reduce timed over NVLink, InfiniBand, Ethernet")
     p.add_argument(
@@ -197,6 +202,7 @@ def _training_commands(command: Command) -> None:
         "peak_memory_bytes (optional)}",
     )
     p.add_argument("--out", default=None, help="write the profile TOML to this file (for --profile)")
+    _add_force(p)
 
 
 def _search_commands(command: Command) -> None:
@@ -211,6 +217,7 @@ def _search_commands(command: Command) -> None:
         "--compare", default=None, help="also compare with a named layout, e.g. tp=8,pp=16,dp=128 (layout flags' names)"
     )
     p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
+    _add_force(p)
     add_fields(p, "precision", "attention", "kernels", default=None)  # None: the stack's, else the default
     _add_fleet_shape(p)
     _add_finetune(p)
@@ -218,6 +225,7 @@ def _search_commands(command: Command) -> None:
     add_fields(pins, *PIN_FIELDS, default=None)
     add_fields(pins, "training_engine")
     _add_group(p, "conditions")
+    _add_group(p, "cost and goodput")
 
     p = command("recipe", "published recipes: evaluated, and ranked against the planner's search")
     p.add_argument("name", nargs="?", default=None, help="recipe name (meshplan recipe --list)")
@@ -233,10 +241,12 @@ def _search_commands(command: Command) -> None:
     add_fields(p, "gpu", "gpus")
     p.add_argument("--from-plan", default=None, help="a file written by meshplan plan --save (serve-plan for servers)")
     p.add_argument("--out", default=None, help="write the files and launch.sh into this folder")
+    _add_force(p)
     p.add_argument("--model-path", default=None, help="checkpoint or Hugging Face path to put in the config")
     _add_layout(p)
     add_fields(p, *EXPORT_CONDITIONS)
     p.set_defaults(tp=None)  # unset: 1 for a trainer, a server's TP fills one scale-up domain at most
+    p.set_defaults(precision=None)  # unset: the stack's (the engine's, or the saved plan's)
     _add_group(p, "serving")
 
     p = command(
@@ -246,7 +256,9 @@ def _search_commands(command: Command) -> None:
     )
     p.add_argument("model")
     _add_fleet(p)
-    add_fields(p, "dtype", "seq", "precision", "headroom", "kernels")
+    add_fields(p, "dtype", "seq", "headroom")
+    add_fields(p, "precision", "kernels", default=None)  # None: the stack's
+    add_fields(p, "stack")
     _add_finetune(p)
 
 
@@ -264,7 +276,7 @@ def _serving_commands(command: Command) -> None:
     p.add_argument("model")
     _add_fleet(p)
     _add_serve_flags(p)
-    add_fields(p, "replicas", "disaggregate")
+    add_fields(p, "replicas", "disaggregate", "price_per_gpu_hour")
     load = p.add_mutually_exclusive_group(required=True)
     add_fields(load, "concurrency", "rate", "num_requests")
 
@@ -274,6 +286,7 @@ def _serving_commands(command: Command) -> None:
     add_fields(p, "input_len", "output_len", required=True)
     add_fields(p, "ttft_p99", "tpot_p99", "serve_objective", "concurrency", "engine", "weights_dtypes", "top")
     p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
+    _add_force(p)
     add_fields(p, "search_disaggregated")
 
 
@@ -308,5 +321,6 @@ def _tool_commands(command: Command) -> None:
 
     p = command("ui", "the web explorer: the engine's answers as interactive pages in a local browser")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--allow-remote", action="store_true", help="allow a --host other machines can reach")
     p.add_argument("--port", type=_port, default=0, help="port to listen on (default: a free one)")
     p.add_argument("--open", action="store_true", help="open the explorer in the default browser")

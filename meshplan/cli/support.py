@@ -54,18 +54,34 @@ def error_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text.strip() else type(exc).__name__
 
 
-def save_json(path: str, result: dict[str, Any], *, command: str) -> None:
-    """``result`` as JSON in ``path``; a missing folder or an unwritable file is a UsageError naming them."""
-    import json
-    from pathlib import Path
+READ_FLAGS = ("model", "gpu", "scale_out", "stack", "profile", "from_plan", "runs")
+"""The flags (dests) that may name a file a command reads: MODEL (a config.json, a model TOML or a folder), --gpu,
+--scale-out and --stack (TOML files), --profile FILE, export's --from-plan and calibrate's RUNS.json."""
 
-    target = Path(path)
-    if not target.parent.is_dir():
-        raise UsageError(f"meshplan {command}: --save {path}: the folder {target.parent} does not exist")
-    try:
-        target.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"meshplan {command}: --save {path}: {exc.strerror or exc}") from None
+
+def input_words(args: argparse.Namespace) -> list[str]:
+    """The values of the command's READ_FLAGS: the files it reads are among them, and no output may overwrite one
+    (a catalog name or an inline profile names no file, and drops out where the writer compares files)."""
+    return [v for k, v in vars(args).items() if k in READ_FLAGS and isinstance(v, str)]
+
+
+def check_output(args: argparse.Namespace, dest: str, flag: str) -> None:
+    """Refuse at once, before any work, an output file files.py's safe writer would refuse (a folder that does
+    not exist, a link, an input of the command, an existing file without --force)."""
+    from meshplan.files import writable
+
+    if getattr(args, dest):
+        writable(getattr(args, dest), what=flag, inputs=input_words(args), force=args.force)
+
+
+def save_json(args: argparse.Namespace, result: dict[str, Any], *, dest: str = "save", flag: str = "--save") -> None:
+    """``result`` as JSON in the file flag ``dest`` names, through files.py's one safe writer."""
+    import json
+
+    from meshplan.files import write_text_safely
+
+    text = json.dumps(result, indent=2) + "\n"
+    write_text_safely(getattr(args, dest), text, what=flag, inputs=input_words(args), force=args.force)
 
 
 class _Progress:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from meshplan.cli.tables_cost import cost_lines, plan_cost_lines, with_cost_columns
 from meshplan.cli.tables_serving import serve_plan_table, serve_table, serving_table
 from meshplan.cli.tables_validation import calibrate_table, validate_table
 from meshplan.render import count, gb, percent, seconds, table
@@ -62,6 +63,7 @@ def _memory(r: dict[str, Any]) -> str:
     head = [
         f"{r['model']} on {r['gpus']} x {r['gpu']}: {_layout_line(r['layout'])}",
         f"seq {r['seq']}, global batch {r['global_batch']} sequences, precision {r['precision']}",
+        *_stack_line(r),
         *_finetune_line(r),
     ]
     if len(r["stages"]) > 1:
@@ -74,15 +76,30 @@ def _memory(r: dict[str, Any]) -> str:
     return "\n".join([*head, "", body, "", peaks, tail, "", _conditions_lines(r)])
 
 
+def _shown(v: Any) -> str:
+    return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+
 def _conditions_lines(r: dict[str, Any]) -> str:
     """The conditions the bill assumed and where each came from (flag, stack or default)."""
-    stack = r.get("stack") or "none"
+    rows = [(name, _shown(c["value"]), c["source"]) for name, c in r["conditions"].items()]
+    return f"conditions (stack: {r['stack']})\n" + table(rows, ["condition", "value", "from"], align="lll")
 
-    def shown(v: Any) -> str:
-        return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
 
-    rows = [(name, shown(c["value"]), c["source"]) for name, c in r["conditions"].items()]
-    return f"conditions (stack: {stack})\n" + table(rows, ["condition", "value", "from"], align="lll")
+STACK_SOURCES = {"flag": "--stack", "engine": "the engine's", "default": "the default; --stack names another"}
+
+
+def _stack_line(r: dict[str, Any]) -> list[str]:
+    """Which training stack the numbers assume, where it came from, and each condition that differs from it."""
+    if "stack" not in r:
+        return []
+    line = f"stack: {r['stack']} ({STACK_SOURCES[r['stack_source']]})"
+    differs = r.get("differs_from_stack") or []
+    if differs:
+        values = r.get("conditions", {})
+        named = [f"{k}={_shown(values[k]['value'])}" if k in values else k for k in differs]
+        line += "; differs from it: " + ", ".join(named)
+    return [line]
 
 
 def _stacks(r: dict[str, Any]) -> str:
@@ -133,6 +150,7 @@ def _fit(r: dict[str, Any]) -> str:
     weights = r["min_gpus_for_weights"]
     return "\n".join(
         [
+            *_stack_line(r),
             f"{r['model']} weights in {r['dtype']}: {gb(r['weights_bytes_total'])}",
             f"split over {r['gpus']} x {r['gpu']}: {gb(r['weights_bytes_per_gpu_even_split'])} per GPU evenly "
             f"({percent(r['hbm_fraction_per_gpu'])} of {gb(r['hbm_bytes_per_gpu'])}); the lightest split"
@@ -168,13 +186,16 @@ def _estimate(r: dict[str, Any]) -> str:
         f"{r['model']} on {r['gpus']} x {r['gpu']}: {_layout_line(r['layout'])}",
         f"seq {r['seq']}, global batch {r['global_batch']} sequences, precision {r['precision']}"
         + (f", attention kernel {r['attention_kernel']}" if "attention_kernel" in r else ""),
+        *_stack_line(r),
         "",
         table(rows, ["step time", ""]),
         "",
         f"step time P10-P90 {seconds(r['step_time_s_p10'])} - {seconds(r['step_time_s_p90'])} ({r['uncertainty']})"
         if "step_time_s_p10" in r
         else "",
-        f"MFU {percent(r['mfu'])}, HFU {percent(r['hfu'])}, {r['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU; "
+        f"MFU {percent(r['mfu'])} (causal attention, of the dense bf16 peak), HFU {percent(r['hfu'])}"
+        + (f", {percent(r['mfu_fp8_peak'])} of the FP8 peak" if r.get("mfu_fp8_peak") is not None else "")
+        + f", {r['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU; "
         f"memory {gb(r['per_gpu']['total_bytes'])} of {gb(r['hbm_bytes_per_gpu'])} "
         f"({'fits' if r['fits'] else 'does NOT fit'})",
     ]
@@ -183,6 +204,7 @@ def _estimate(r: dict[str, Any]) -> str:
         head.append(
             f"{count(t['tokens_total'])} tokens: {t['wall_time_days']:.1f} days, {t['gpu_hours_total']:,.0f} GPU-hours"
         )
+    head += cost_lines(r)
     place = [(axis, p["size"], p["inside_domain"], p["domains"], p["link"]) for axis, p in r["placement"].items()]
     calls = [
         (
@@ -305,11 +327,13 @@ def _plan(r: dict[str, Any]) -> str:
         )
         for i, p in enumerate(r["plans"])
     ]
+    rows, columns, align = with_cost_columns(r, rows, PLAN_COLUMNS, "rlrrrrrl")
     out = [
         f"{r['model']} on {r['gpus']} x {r['gpu']}, seq {r['seq']}, {r['global_batch_tokens']:,} tokens per step",
         f"searched {r['evaluated']:,} layouts in {r['elapsed_s']:.2f} s: {r['feasible']:,} fit "
         f"with {percent(r['headroom_fraction'])} of HBM kept free"
         + (f"; only layouts {r['engine']} runs are shown" if r.get("engine") else ""),
+        *_stack_line(r),
         *(
             [
                 f"fewest GPUs that train {r['fewest_gpus']['tokens']:.3g} tokens within {r['fewest_gpus']['days']:g} "
@@ -323,14 +347,11 @@ def _plan(r: dict[str, Any]) -> str:
             if "fewest_gpus" in r
             else []
         ),
+        *plan_cost_lines(r),
         *(
             [
                 "",
-                table(
-                    rows,
-                    ["#", "layout", "step", "MFU", "tok/s/GPU", "memory", "free", "across fabric"],
-                    align="rlrrrrrl",
-                ),
+                table(rows, columns, align=align),
             ]
             if rows
             else []
@@ -382,11 +403,12 @@ def _recipe(r: dict[str, Any]) -> str:
         return table(rows, ["recipe", "", "GPUs", "factors"], align="llrl")
     p = r["published"]
     figure = {
-        "mfu": ("MFU", lambda v: percent(v)),
+        "mfu": ("MFU (attention over the whole context)", lambda v: percent(v)),
         "tokens_per_s_per_gpu": ("tokens/s per GPU", lambda v: f"{v:,.0f}"),
         "iteration_time_s": ("step time", seconds),
         "tflops_per_gpu_eq3": ("TFLOP/s per GPU (Eq. 3)", lambda v: f"{v:.0f}"),
         "tflops_per_gpu_megatron": ("TFLOP/s per GPU", lambda v: f"{v:.0f}"),
+        "tflops_per_gpu_mcore": ("TFLOP/s per GPU (Megatron-Core's count)", lambda v: f"{v:.0f}"),
     }
     label, show = figure.get(p["metric"], (p["metric"], lambda v: f"{v:g}"))
     published = (
@@ -413,7 +435,7 @@ def _recipe(r: dict[str, Any]) -> str:
 
 
 def _export(r: dict[str, Any]) -> str:
-    out = [f"# {r['engine']} {r['engine_version']}", f"$ {r['command']}"]
+    out = [f"# {r['engine']} {r['engine_version']}", *(f"# {line}" for line in _stack_line(r)), f"$ {r['command']}"]
     for name, text in r["files"].items():
         out += ["", f"--- {name}", text.rstrip()]
     out += [f"note: {n}" for n in r["notes"]]

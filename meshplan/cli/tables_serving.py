@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshplan.cli.tables_cost import serve_cost_line
 from meshplan.render import gb, seconds, table
 
 
@@ -70,7 +71,8 @@ def serve_table(r: dict[str, Any]) -> str:
         ]  # fmt: skip
     steps = [(k.removesuffix("_s").replace("_", " "), seconds(v)) for k, v in r["step_s"].items()]
     main = table(rows, ["", "value", "P10 - P90"])
-    blocks = [head, "", main, f"({r['uncertainty']})", "", "one step", table(steps, ["term", "time"])]
+    blocks = [head, "", main, f"({r['uncertainty']})", *serve_cost_line(r), "", "one step"]
+    blocks.append(table(steps, ["term", "time"]))
     return "\n".join([*blocks, "", "one GPU's memory", table(_serve_memory(r), ["term", "bytes"])])
 
 

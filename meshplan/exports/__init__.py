@@ -11,7 +11,15 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Protocol
 
-from meshplan.exports.common import DisaggregatedPlan, Engine, Export, ServingPlan, UnsupportedByEngine
+from meshplan.exports.common import (
+    DisaggregatedPlan,
+    Engine,
+    Export,
+    ServingPlan,
+    UnsupportedByEngine,
+    check_model_path,
+    model_path_error,
+)
 from meshplan.exports.deepspeed import export_deepspeed
 from meshplan.exports.megatron import export_megatron
 from meshplan.exports.sglang import export_sglang, export_sglang_disaggregated
@@ -68,6 +76,7 @@ __all__ = [
     "ServingPlan",
     "TrainingExporter",
     "UnsupportedByEngine",
+    "check_model_path",
     "export_deepspeed",
     "export_megatron",
     "export_sglang",
@@ -76,4 +85,5 @@ __all__ = [
     "export_trtllm",
     "export_vllm",
     "export_vllm_disaggregated",
+    "model_path_error",
 ]

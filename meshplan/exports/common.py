@@ -59,18 +59,69 @@ class Export:
     """What the user still has to do or should know (data, checkpoints, engine-side caveats)."""
 
 
+def one_line(text: str) -> str:
+    """``text`` with every character that is not printable (newline, carriage return, other control and format
+    characters, line separators) written as its escape, so it stays on one line of a script or a config."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def comment(text: str, *, prefix: str = "# ") -> str:
+    """One comment line of a shell or Python file: whatever ``text`` holds cannot end the comment."""
+    return prefix + one_line(text)
+
+
 def predicted_lines(predicted: Mapping[str, float] | None, *, prefix: str = "# ") -> list[str]:
     """The numbers meshplan predicted for the plan, one comment line each (units are in the key names)."""
     if not predicted:
         return []
-    lines = [f"{prefix}meshplan predicted:"]
-    lines += [f"{prefix}  {key} = {value:.6g}" for key, value in predicted.items()]
+    lines = [comment("meshplan predicted:", prefix=prefix)]
+    lines += [comment(f"  {key} = {float(value):.6g}", prefix=prefix) for key, value in predicted.items()]
     return lines
 
 
+MAX_MODEL_PATH_CHARS = 1024
+_MODEL_PATH_PUNCTUATION = frozenset("._-/~+@:=, ")
+
+
+def model_path_error(text: object) -> str | None:
+    """Why ``text`` cannot be a model path (a Hugging Face repository id or a checkpoint folder), or None.
+
+    A model path holds letters, digits, spaces and ``. _ - / ~ + @ : = ,`` only: no control character (a
+    newline would end a launcher's comment and start a command), no quote, ``$``, backtick or other shell
+    syntax, and it does not start with ``-`` (an engine would read it as an option).
+    """
+    if not isinstance(text, str):
+        return f"must be a string, got {type(text).__name__}"
+    if not text.strip():
+        return "is empty"
+    if len(text) > MAX_MODEL_PATH_CHARS:
+        return f"is {len(text):,} characters; the limit is {MAX_MODEL_PATH_CHARS:,}"
+    shown = repr(text) if len(text) <= 80 else repr(text[:77]) + "..."
+    for ch in text:
+        if not (ch.isalnum() or ch in _MODEL_PATH_PUNCTUATION) or not ch.isprintable():
+            return (
+                f"{shown} holds {ch!r} (U+{ord(ch):04X}); a model path holds letters, digits, spaces "
+                "and . _ - / ~ + @ : = , only"
+            )
+    if text.startswith("-"):
+        return f"{shown} starts with '-', which an engine reads as an option"
+    return None
+
+
+def check_model_path(text: object, *, what: str = "model path") -> str:
+    """``text`` if it can be a model path (see :func:`model_path_error`); a one-line ValueError otherwise."""
+    error = model_path_error(text)
+    if error is not None:
+        raise ValueError(f"{what} {error}")
+    assert isinstance(text, str)
+    return text
+
+
 def effective_zero(layout: Layout) -> ZeroStage:
-    """The ZeRO stage that really shards something: with dp_shard = 1 there is nothing to shard."""
-    return layout.zero if layout.dp_shard > 1 else ZeroStage.NONE
+    """The ZeRO stage that really shards something: the state is sharded over dp_shard x cp (the group the bill
+    shards over: Megatron's distributed optimizer and FSDP's mesh both take the context-parallel ranks), so with
+    both 1 there is nothing to shard."""
+    return layout.zero if layout.dp_shard * layout.cp > 1 else ZeroStage.NONE
 
 
 def grad_accumulation_steps(layout: Layout, workload: Workload) -> int:
@@ -123,6 +174,7 @@ class ServingPlan:
     """Attention data-parallel over the tp ranks of a replica, experts over all of them (MoE)."""
 
     def __post_init__(self) -> None:
+        check_model_path(self.model_path, what="model_path")
         counts = {
             "tp": self.tp,
             "pp": self.pp,
@@ -134,7 +186,7 @@ class ServingPlan:
         for name, value in counts.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not 0 < self.gpu_memory_utilization <= 1:
+        if not isinstance(self.gpu_memory_utilization, int | float) or not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
     @property
@@ -183,12 +235,38 @@ def nodes(num_gpus: int, gpus_per_node: int) -> tuple[int, int]:
     return num_gpus // gpus_per_node, gpus_per_node
 
 
-_PLAIN = re.compile(r"^[\w@%+=:,./${}-]+$")
+class ShellExpansion(str):
+    """A token the shell must expand, such as ``${MASTER_ADDR}:${MASTER_PORT}``: written unquoted.
+
+    Only ``${NAME}`` references and characters shlex leaves unquoted may appear in one; every other token of a
+    command line is quoted with shlex.quote, whatever it holds.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, text: str) -> ShellExpansion:
+        if not _EXPANSION.fullmatch(text):
+            raise ValueError(f"{text!r} is not a plain ${{NAME}} expansion")
+        return super().__new__(cls, text)
+
+
+_EXPANSION = re.compile(r"(?:\$\{[A-Z_][A-Z0-9_]*\}|[A-Za-z0-9_@%+=:,./-])+", re.ASCII)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+RENDEZVOUS_ENDPOINT = ShellExpansion("${MASTER_ADDR}:${MASTER_PORT}")
+"""torchrun's --rdzv-endpoint on more than one node: the variables each node sets."""
+
+
+def shell_word(token: str | int | float) -> str:
+    """One token as the shell must read it: quoted unless it is a :class:`ShellExpansion`."""
+    text = str(token)
+    if "\0" in text:
+        raise ValueError(f"{text[:40]!r} holds a NUL character, which no command-line argument can")
+    return text if isinstance(token, ShellExpansion) else shlex.quote(text)
 
 
 def shell_join(tokens: Iterable[str | int | float]) -> str:
-    """A command line; tokens with ${VAR} stay unquoted so the shell expands them."""
-    return " ".join(text if _PLAIN.match(text) else shlex.quote(text) for text in map(str, tokens))
+    """A command line: every token quoted with shlex.quote except ShellExpansion ones, which the shell expands."""
+    return " ".join(map(shell_word, tokens))
 
 
 def _wrapped(tokens: list[str]) -> str:
@@ -205,9 +283,15 @@ def _wrapped(tokens: list[str]) -> str:
 def shell_script(
     *, title: str, predicted: Mapping[str, float] | None, env: Mapping[str, str], tokens: list[str]
 ) -> str:
-    """A bash launcher: a header comment, the predictions, exported variables, then the command."""
-    lines = ["#!/usr/bin/env bash", f"# {title}", *predicted_lines(predicted), "set -euo pipefail"]
-    lines += [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
+    """A bash launcher: a header comment, the predictions, exported variables, then the command.
+
+    Safe by construction: the title and the predictions are comment lines that cannot hold a newline, each
+    value is quoted with shlex.quote, and each token too unless it is a ShellExpansion."""
+    lines = ["#!/usr/bin/env bash", comment(title), *predicted_lines(predicted), "set -euo pipefail"]
+    for key, value in env.items():
+        if not _ENV_NAME.fullmatch(key):
+            raise ValueError(f"{key!r} is not an environment variable name")
+        lines.append(f"export {key}={shell_word(value)}")
     return "\n".join([*lines, _wrapped(tokens), ""])
 
 
@@ -276,6 +360,6 @@ def pools_export(
         engine=engine,
         engine_version=engine_version,
         files=files,
-        command=" & ".join(f"bash {name}" for name in files) + " & wait",
+        command=" & ".join(shell_join(["bash", name]) for name in files) + " & wait",
         notes=(*notes, *extra),
     )

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 
 from meshplan.core.pipeline import stage_layers
 from meshplan.exports.common import (
+    RENDEZVOUS_ENDPOINT,
     Engine,
     Export,
     UnsupportedByEngine,
@@ -279,7 +280,7 @@ def export_megatron(
     num_nodes, per_node = nodes(layout.num_gpus, gpus_per_node)
     launcher = ["torchrun", *_flag("--nnodes", num_nodes), *_flag("--nproc-per-node", per_node)]
     if num_nodes > 1:
-        launcher += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "${MASTER_ADDR}:${MASTER_PORT}"]
+        launcher += ["--rdzv-backend", "c10d", "--rdzv-endpoint", RENDEZVOUS_ENDPOINT]
     tokens = [*launcher, "pretrain_gpt.py", *args]
     fsdp = effective_zero(layout) in _FSDP_STRATEGY
     # TP/SP/CP overlap wants one CUDA connection on Hopper; Megatron-FSDP refuses exactly that.

@@ -9,7 +9,8 @@ decides, so the recipe's optimizer, data and checkpoint settings stay as torchti
 How the plan maps (torchtitan/config/configs.py, distributed/fsdp.py, parallel_dims.py):
 - dp_replicate / dp_shard -> data_parallel_replicate_degree / data_parallel_shard_degree (HSDP);
   ZeRO-3 is FSDP2 with fsdp_reshard_after_forward="always", ZeRO-2 is "never" (parameters stay
-  gathered from forward to backward). FSDP2 always shards gradients, so ZeRO-1 has no equivalent.
+  gathered from forward to backward). FSDP2 always shards gradients, so ZeRO-1 has no equivalent. FSDP2
+  shards over dp_shard x cp (its dp_shard_cp mesh), so a layout with CP > 1 is ZeRO-2 or 3 there.
 - vpp -> pipeline_parallel_layers_per_stage, chosen so the stage count is pp * vpp (embedding and
   output count as one layer each unless that breaks the split).
 - CP all-gathers keys and values (distributed/context_parallel); EP borrows ranks from dp_shard x cp x tp.
@@ -21,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from meshplan.exports.common import (
+    RENDEZVOUS_ENDPOINT,
     Engine,
     Export,
     UnsupportedByEngine,
@@ -28,6 +30,7 @@ from meshplan.exports.common import (
     effective_zero,
     grad_accumulation_steps,
     nodes,
+    one_line,
     predicted_lines,
     shell_join,
     shell_script,
@@ -118,6 +121,13 @@ def _check(model: ModelSpec, layout: Layout, workload: Workload) -> None:
             "shard only the optimizer state (ZeRO-1): FSDP2 shards gradients too",
             'zero=2 (fsdp_reshard_after_forward="never")',
         )
+    if layout.cp > 1 and layout.zero is ZeroStage.NONE:
+        raise UnsupportedByEngine(
+            ENGINE,
+            f"keep the training state whole over dp_shard*cp = {layout.dp_shard * layout.cp} ranks: it applies "
+            "FSDP2 over the data and context-parallel ranks together",
+            "zero=2 or zero=3",
+        )
     if layout.pp > 1 and layout.schedule not in SCHEDULES:
         raise UnsupportedByEngine(
             ENGINE,
@@ -198,6 +208,11 @@ def _model_lines(recipe: Recipe, workload: Workload) -> tuple[list[str], list[st
     return imports, [f"    config.model_spec = model_registry({recipe.flavor!r}, converters=[{converter}])"]
 
 
+def _docstring_text(text: str) -> str:
+    """``text`` as it may stand in a triple-quoted docstring: on one line, its backslashes and quotes escaped."""
+    return one_line(text).replace("\\", "\\\\").replace('"', '\\"')
+
+
 def config_module(
     model: ModelSpec,
     layout: Layout,
@@ -212,8 +227,9 @@ def config_module(
     recipe = recipe_for(model)
     model_imports, model_body = _model_lines(recipe, workload)
     policy = _CHECKPOINTING.get(layout.recompute)
+    name = _docstring_text(model.name)
     head = [
-        f'"""torchtitan {ENGINE_VERSION} config from meshplan: {model.name} on {layout.num_gpus} GPUs.',
+        f'"""torchtitan {ENGINE_VERSION} config from meshplan: {name} on {layout.num_gpus} GPUs.',
         "",
         f"Launch: torchrun ... -m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION}",
         '"""',
@@ -250,7 +266,7 @@ def export_torchtitan(
     num_nodes, per_node = nodes(layout.num_gpus, gpus_per_node)
     tokens = ["torchrun", "--nnodes", str(num_nodes), "--nproc-per-node", str(per_node)]
     if num_nodes > 1:
-        tokens += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "${MASTER_ADDR}:${MASTER_PORT}"]
+        tokens += ["--rdzv-backend", "c10d", "--rdzv-endpoint", RENDEZVOUS_ENDPOINT]
     tokens += ["-m", "torchtitan.train", "--module", CONFIG_MODULE, "--config", CONFIG_FUNCTION]
     title = f"torchtitan {ENGINE_VERSION} launcher from meshplan: {model.name} on {layout.num_gpus} GPUs"
     notes = [f"keep {CONFIG_MODULE}.py beside the script (it is put on PYTHONPATH)"]

@@ -106,14 +106,16 @@ def fit_report(
     dtype: str = "bf16",
     finetune: FinetuneRequest | None = None,
     seq: int = 4096,
-    precision: str = "bf16",
+    precision: str | None = None,
     headroom: float = 0.10,
-    kernels: str = "fused",
+    kernels: str | None = None,
+    conditions: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``meshplan fit``: the weights-split playground, weights spread evenly over ``gpus``.
 
     The verdict keeps ``headroom`` of HBM free, as the planner does. Under QLoRA the weights are NF4 (the base
-    is quantized whatever ``dtype`` says).
+    is quantized whatever ``dtype`` says). The training state and the fine-tuning bills are the stack's
+    (``conditions``: ``stack`` and the conditions as given; precision and kernels left None are the stack's).
 
     With ``finetune``, also the largest micro-batch at ``seq`` and the longest sequence at micro-batch 1 that
     fit, with and without full recompute, on FSDP over every GPU (ZeRO-3 over the frozen base, the common
@@ -128,7 +130,8 @@ def fit_report(
     total = weights_bytes_total(spec, weight_dtype)
     per_gpu = total / gpus
     budget = gpu_spec.hbm_bytes * (1 - headroom)
-    per_param = state_bytes_per_param(spec, resolve_workload(layout=Layout(), seq=seq, precision=precision))
+    set_by, shown = workload_kwargs(conditions, precision=precision, attention=None, kernels=kernels)
+    per_param = state_bytes_per_param(spec, resolve_workload(layout=Layout(), seq=seq, **set_by))
     state = count_params(spec).total * per_param
     here = lightest_weight_split(spec, gpus, weight_dtype)
     fewest = fewest_weight_split(spec, weight_dtype, budget)
@@ -151,14 +154,12 @@ def fit_report(
         "min_gpus_for_weights_split": _split_dict(fewest),
         "training_state_bytes_per_param": per_param,
         "training_state_bytes_total": state,
-        **_fit_training(
-            spec, gpu, gpus=gpus, req=finetune, seq=seq, precision=precision, headroom=headroom, kernels=kernels
-        ),
+        **_fit_training(spec, gpu, gpus=gpus, req=finetune, seq=seq, set_by=set_by, headroom=headroom),
+        "precision": set_by["precision"],
+        **shown,
     }
     if finetune is not None:
-        out |= _fit_finetune(
-            spec, gpu_spec, gpus=gpus, req=finetune, seq=seq, precision=precision, budget=budget, kernels=kernels
-        )
+        out |= _fit_finetune(spec, gpu_spec, gpus=gpus, req=finetune, seq=seq, set_by=set_by, budget=budget)
         if out["max_micro_batch_with_recompute"] == 0:
             out["nothing_fits"] = {
                 "fewest_gpus_that_fit": out["min_gpus_for_training"],
@@ -185,14 +186,13 @@ def _fit_training(
     gpus: int,
     req: FinetuneRequest | None,
     seq: int,
-    precision: str,
+    set_by: Mapping[str, Any],
     headroom: float,
-    kernels: str,
 ) -> dict[str, Any]:
     """Training on these GPUs by the planner's own search (``plan_fleet``, one source for ``plan`` and ``fit``):
     whether a layout fits, the fewest GPUs on which one does (one sequence of ``seq`` a GPU per step) with the
-    sizes tried, and where nothing fits here, the variants that do (LoRA, QLoRA, no HBM kept free)."""
-    set_by, _ = workload_kwargs(None, precision=precision, attention=None, kernels=kernels)
+    sizes tried, and where nothing fits here, the variants that do (LoRA, QLoRA, no HBM kept free). ``set_by``:
+    the stack's conditions, as for the rest of ``fit``."""
     ft = resolve_finetune(req, spec) if req is not None else None
     work = resolve_workload(layout=Layout(), seq=seq, global_batch=gpus, finetune=ft, **set_by)
     rules = SearchRules(headroom=headroom)
@@ -235,9 +235,8 @@ def _fit_finetune(
     gpus: int,
     req: FinetuneRequest,
     seq: int,
-    precision: str,
+    set_by: Mapping[str, Any],
     budget: float,
-    kernels: str = "fused",
 ) -> dict[str, Any]:
     ft = resolve_finetune(req, spec)
     zero = 3 if gpus > 1 else 0
@@ -245,9 +244,7 @@ def _fit_finetune(
 
     def fits(mb: int, s: int, recompute: str) -> bool:
         lay = resolve_layout(LayoutRequest(zero=zero, recompute=recompute, micro_batch=mb), gpus=gpus)
-        work = resolve_workload(
-            layout=lay, seq=s, global_batch=mb * lay.dp, precision=precision, finetune=ft, kernels=kernels
-        )
+        work = resolve_workload(layout=lay, seq=s, global_batch=mb * lay.dp, finetune=ft, **set_by)
         return bool(training_memory(spec, lay, work, gpu=gpu).per_gpu.total_bytes <= budget)
 
     for recompute, suffix in (("none", ""), ("full", "_with_recompute")):

@@ -1,7 +1,8 @@
 """The check report: real torch.distributed runs of a tiny model held against meshplan's predictions.
 
 Layouts are named as the report names them (``fsdp_tp``, ``pp_1f1b``); ``pp`` runs both pipeline schedules.
-Shapes left unset keep the harness's tiny model. Bad input raises ValueError before any process starts.
+Shapes left unset keep the harness's tiny model. Bad input raises ValueError before torch is imported (every
+check of the flags uses meshplan.check.shapes, which does not import it) and before any process starts.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ HARNESS_LAYOUTS = (
     "ep",
     "cp",
 )
-"""The harness's layouts (meshplan.check.runner.LAYOUTS, which imports torch), by the names reports use."""
+"""The harness's layouts (meshplan.check.shapes.FITS, and runner.LAYOUTS, which imports torch), by the names
+reports use."""
 LAYOUT_NAMES: dict[str, tuple[str, ...]] = {name: (name,) for name in HARNESS_LAYOUTS} | {"pp": ("pp_gpipe", "pp_1f1b")}
 """Command-line layout -> the harness layouts it runs: each by its own name, ``pp`` for both schedules."""
 DEFAULT_LAYOUTS = ("ddp", "fsdp", "tp", "sp", "fsdp_tp", "pp", "ep", "cp")
@@ -126,7 +128,7 @@ def tiny_configs(
             raise ValueError(f"{name} must be a positive integer, got {value}")
         if value is not None and value > LIMITS[name]:
             raise ValueError(f"--{name.replace('_', '-')} {value} is above the check's limit of {LIMITS[name]:,}")
-    from meshplan.check.runner import DENSE, MOE  # imports torch: only once the flags are known to be sane
+    from meshplan.check.shapes import DENSE, MOE  # no torch: every flag is checked before torch is imported
 
     if hidden is not None or heads is not None:
         h, a = hidden or DENSE.hidden, heads or DENSE.num_heads
@@ -144,13 +146,10 @@ def plan_layouts(
     names: tuple[str, ...] | None, world_size: int, dense: Any, moe: Any
 ) -> tuple[list[str], list[dict[str, str]]]:
     """(harness layouts to run, skipped default layouts with the reason)."""
-    from meshplan.check.runner import LAYOUTS
+    from meshplan.check.shapes import FITS  # no torch: a layout that cannot run is refused before torch loads
 
     def broken(harness: str) -> list[str]:
-        recipe = LAYOUTS[harness]
-        if world_size < recipe.min_world_size:
-            return [f"needs world size >= {recipe.min_world_size}"]
-        return list(recipe.rules(moe if recipe.moe else dense, world_size))
+        return FITS[harness].broken(world_size, dense=dense, moe=moe)
 
     run: list[str] = []
     skipped: list[dict[str, str]] = []
@@ -184,15 +183,15 @@ def check_report(
         raise ValueError(f"world size must be at least 2, got {world_size}")
     if world_size > max_world_size():
         raise ValueError(f"world size {world_size} is above {max_world_size()} local processes on this machine")
-    if importlib.util.find_spec("torch") is None:
-        raise ValueError(TORCH_MISSING)
-    dense, moe = tiny_configs(  # checks the flags before torch is imported
+    dense, moe = tiny_configs(  # the shapes checked against each other, without torch
         hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, seq=seq, micro_batch=micro_batch
     )
     check_limits(world_size, dense)
-    from meshplan.check.runner import run_check
-
     run, skipped = plan_layouts(names, world_size, dense, moe)
+    if importlib.util.find_spec("torch") is None:
+        raise ValueError(TORCH_MISSING)
+    from meshplan.check.runner import run_check  # imports torch (seconds): only once every flag is known to run
+
     measured = run_check(world_size, run, dense=dense, moe=moe)
     return assemble_report(world_size, run, skipped, measured, dense, moe)
 

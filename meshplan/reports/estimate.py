@@ -11,8 +11,10 @@ from meshplan.core.memory.terms import explain
 from meshplan.core.placement import AxisPlacement
 from meshplan.core.plan import Plan, evaluate
 from meshplan.core.time.compute import resolved_attention
+from meshplan.core.time.flops import MFU_CONVENTION
 from meshplan.render import jsonable
 from meshplan.reports.conditions import workload_kwargs
+from meshplan.reports.cost import CostRequest, estimate_costs, never_finishes_warning
 from meshplan.reports.inputs import (
     FinetuneRequest,
     LayoutRequest,
@@ -111,6 +113,8 @@ def evaluated_plan_dict(plan: Plan, *, tokens: float | None = None) -> dict[str,
         "step_time_s": float(step.step_time_s),
         "mfu": float(step.mfu),
         "hfu": float(step.hfu),
+        "mfu_fp8_peak": None if step.mfu_fp8_peak is None else float(step.mfu_fp8_peak),
+        "mfu_convention": MFU_CONVENTION,
         "tokens_per_s_per_gpu": float(step.tokens_per_s_per_gpu),
         "attention_kernel": resolved_attention(plan.workload, plan.cluster.gpu.calibration),
         "breakdown": {
@@ -165,9 +169,11 @@ def estimate_report(
     nics_per_node: int | None = None,
     oversubscription: float | None = None,
     profile: str | None = None,
+    cost: CostRequest | None = None,
 ) -> dict[str, Any]:
     """``meshplan estimate``: memory, collectives, placement and step time of one layout (``conditions``: the
-    stack and condition fields as given, None where unset; see ``memory_report``)."""
+    stack and condition fields as given, None where unset; see ``memory_report``; ``cost``: the price, checkpoint
+    and failure fields, whose keys reports/cost.py adds)."""
     spec = io.load_model(model) if isinstance(model, str) else model
     cluster = resolve_cluster(
         gpu=gpu,
@@ -192,7 +198,9 @@ def estimate_report(
     )
     plan = evaluate(spec, cluster, lay, work, order=resolve_order(axis_order))
     out = evaluated_plan_dict(plan, tokens=tokens) | shown
+    out |= estimate_costs(spec, work, cluster, out, tokens=tokens, req=cost)
     out["warnings"] = [*out["warnings"], *band_warning(lay.cp, lay.ep), *gpu_warning(cluster.gpu.name, profile)]
+    out["warnings"] += never_finishes_warning(out)
     return out | uncertainty(float(plan.step.step_time_s), profile, cp=lay.cp, ep=lay.ep, gpu=cluster.gpu.name)
 
 
@@ -219,6 +227,7 @@ def uncertainty(
         return {
             "step_time_s_p10": own.p10 * step_time_s,
             "step_time_s_p90": own.p90 * step_time_s,
+            "step_time_band_sources": None,
             "uncertainty": f"P10-P90 of measured over predicted step time on the profile's {own.runs} runs, each "
             "predicted with the profile fitted without it",
         }
@@ -227,14 +236,17 @@ def uncertainty(
     if axis is not None and f"{axis}_runs" not in band:
         axis = None
     key = f"{axis}_time_ratio" if axis else "time_ratio"
-    runs = int(band[f"{axis}_runs" if axis else "runs"])
+    prefix = f"{axis}_" if axis else ""
+    runs, sources = int(band[f"{prefix}runs"]), int(band[f"{prefix}sources"])
     lo, hi = band[f"{key}_p10"] * step_time_s, band[f"{key}_p90"] * step_time_s
     which = f"{runs} published runs with {BAND_CLASSES[axis]}" if axis else f"{runs} published runs"
     return {
         "step_time_s_p10": lo,
         "step_time_s_p90": hi,
-        "uncertainty": f"P10-P90 of measured over predicted step time on {which}, each "
-        "predicted with constants fitted without its source"
+        "step_time_band_sources": sources,
+        "uncertainty": f"P10-P90 for a source never seen, from measured over predicted step time on {which} of "
+        f"{sources} sources, each source weighing the same and predicted with constants fitted without it"
+        + ("" if band[f"{prefix}promised"] else "; too few sources for that promise: the range of their runs")
         + ("; the profile has no band of its own (meshplan calibrate writes one in its file)" if profile else "")
         + (f"; none of them ran on {gpu}" if gpu is not None and gpu not in io.published_runs_by_gpu() else ""),
     }
@@ -256,16 +268,18 @@ def gpu_warning(gpu: str, profile: str | None = None) -> list[str]:
 
 
 def band_warning(cp: int, ep: int = 1) -> list[str]:
-    """What the held-out runs say of a layout with context (or expert) parallelism: the model has run fast on
-    them."""
+    """What the held-out runs say of a layout with context (or expert) parallelism: whether the model has run fast
+    (median ratio above 1) or slow on them."""
     band = io.held_out_band()
     axis = band_class(cp=cp, ep=ep)
     if axis is None or f"{axis}_runs" not in band:
         return []
     return [
         f"{BAND_CLASSES[axis]}: held out, the {int(band[f'{axis}_runs'])} published runs with "
-        f"{axis.upper()} took a median {band[f'{axis}_time_ratio_p50']:.2f}x their predicted step time (P90 "
-        f"{band[f'{axis}_time_ratio_p90']:.2f}x): this step time is likely optimistic, and its band is theirs"
+        f"{axis.upper()} ({int(band[f'{axis}_sources'])} sources) took a median "
+        f"{band[f'{axis}_time_ratio_p50']:.2f}x their predicted step time (P90 "
+        f"{band[f'{axis}_time_ratio_p90']:.2f}x): this step time is likely "
+        f"{'optimistic' if band[f'{axis}_time_ratio_p50'] > 1 else 'pessimistic'}, and its band is theirs"
     ]
 
 

@@ -15,10 +15,13 @@ from meshplan.exports import (
     Engine,
     Export,
     ServingPlan,
+    check_model_path,
 )
 from meshplan.reports.bills import serving_report
-from meshplan.reports.conditions import workload_kwargs
+from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, workload_kwargs
 from meshplan.reports.inputs import LayoutRequest, choice, resolve_cluster, resolve_layout, resolve_workload
+from meshplan.reports.serve_plan_file import SavedServingPlan, load_serving_plan
+from meshplan.spec import requests
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
 
@@ -77,7 +80,28 @@ def load_saved_plan(path: str) -> dict[str, Any]:
         "seq": _field(data, "seq", int, label),
         "global_batch": _field(data, "global_batch", int, label),
         "layout": request,
+        "conditions": saved_conditions(data, label),
     }
+
+
+def saved_conditions(data: dict[str, Any], label: str) -> dict[str, Any]:
+    """What a saved plan states of its run, by schema field name: its stack when a flag named it (a stack taken
+    from the default or from ``--engine`` is left to the exporting engine) and each condition a flag set (precision,
+    attention and kernels among them), parsed by the schema."""
+    raw: dict[str, Any] = {}
+    if data.get("stack") is not None and data.get("stack_source", "flag") == "flag":
+        raw["stack"] = data["stack"]
+    shown = data.get("conditions") or {}
+    if not isinstance(shown, dict):
+        raise ValueError(f"'conditions' in {label} must be a JSON object, got {type(shown).__name__}")
+    for name, entry in shown.items():
+        if isinstance(entry, dict) and entry.get("source") == "flag" and entry.get("value") is not None:
+            raw[name] = entry["value"]
+    allowed = [requests.field(name) for name in ("stack", *condition_names())]
+    try:
+        return requests.parse_values(raw, allowed=allowed, what="condition")
+    except ValueError as exc:
+        raise ValueError(f"the conditions of {label}: {exc}") from None
 
 
 def export_training(
@@ -89,13 +113,17 @@ def export_training(
     layout: LayoutRequest,
     seq: int,
     global_batch: int | None,
-    precision: str = "bf16",
+    precision: str | None = None,
     model_path: str | None = None,
     conditions: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A training plan as ``engine``'s configuration, with meshplan's predictions as comments; ``conditions``:
-    the run conditions the export carries (the stated first/last stage layers)."""
+    the stack and run conditions as given (the stated first/last stage layers, a saved plan's flags). The run
+    takes the engine's stack unless ``conditions`` names one; precision, attention and kernels left unset (None)
+    come from the stack."""
     eng = _engine(engine)
+    if model_path is not None:
+        check_model_path(model_path, what="--model-path")
     if eng not in TRAINING_EXPORTERS:
         raise ValueError(
             f"{eng.value} serves models; give serving flags (--context, --dtype) instead of a training layout"
@@ -103,7 +131,15 @@ def export_training(
     spec = io.load_model(model) if isinstance(model, str) else model
     cluster = resolve_cluster(gpu=gpu, gpus=gpus)
     lay = resolve_layout(layout, gpus=gpus)
-    kwargs, _ = workload_kwargs(conditions, precision=precision, attention=None, kernels=None)
+    given = dict(conditions or {})
+    stated = {k: given.pop(k, None) for k in WORKLOAD_SET_BY_STACK}
+    kwargs, shown = workload_kwargs(
+        given,
+        precision=precision or stated["precision"],
+        attention=stated["attention"],
+        kernels=stated["kernels"],
+        engine=eng.value,
+    )
     work = resolve_workload(layout=lay, seq=seq, global_batch=global_batch, **kwargs)
     plan = evaluate(spec, cluster, lay, work)
     predicted = {
@@ -115,7 +151,7 @@ def export_training(
     export = TRAINING_EXPORTERS[eng](
         spec, lay, work, model_path=model_path, predicted=predicted, gpus_per_node=cluster.gpu.gpus_per_node
     )
-    return _export_dict(export) | {"predicted": predicted}
+    return _export_dict(export) | {"predicted": predicted} | {k: v for k, v in shown.items() if k != "conditions"}
 
 
 def export_serving(
@@ -135,6 +171,8 @@ def export_serving(
 ) -> dict[str, Any]:
     """A serving plan as ``engine``'s server flags; max_num_seqs comes from the KV capacity."""
     eng = _engine(engine)
+    served = check_model_path(model_path, what="--model-path") if model_path is not None else model
+    check_model_path(served, what="the served model (MODEL, or give --model-path)")
     if eng not in SERVING_EXPORTERS:
         raise ValueError(f"{eng.value} trains models; give a training layout (--tp, --pp, --zero, ...) instead")
     bill = serving_report(
@@ -162,7 +200,7 @@ def export_serving(
         "weights_bytes_per_gpu": float(bill["weights_bytes_per_gpu"]),
     }
     plan = ServingPlan(
-        model_path=model_path or model,
+        model_path=served,
         tp=bill["tp"],
         pp=bill["pp"],
         ep=ep,
@@ -185,18 +223,19 @@ SERVE_PLAN_QUANTIZATION = {"fp8": "fp8", "int4": "awq", "int8": "compressed-tens
 
 def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) -> dict[str, Any]:
     """The best plan of a ``meshplan serve-plan --save`` file as ``engine``'s server flags; a plan with split
-    prefill and decode pools becomes one launcher per pool where the engine can express it."""
+    prefill and decode pools becomes one launcher per pool where the engine can express it.
+
+    The file is checked field by field and its plan computed again (reports.serve_plan_file): the export takes
+    the recomputed batch cap and predictions, never the file's."""
     eng = _engine(engine)
     if eng not in SERVING_EXPORTERS:
         raise ValueError(f"{eng.value} trains models; a serving plan exports to vllm, sglang or trtllm")
-    data = io.parse_json(io.read_text_file(path, what="plan file"), f"plan file {path}")
-    best = data.get("best") if isinstance(data, dict) else None
-    if not best:
-        raise ValueError(f"plan file {path} holds no serving plan (write one with meshplan serve-plan --save FILE)")
-    predicted = {k: float(best[k]) for k in ("ttft_s_p99", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user")}
-    split = int(best.get("prefill_replicas") or 0)
-    if not split:
-        export = SERVING_EXPORTERS[eng](_pool_plan(data, best, best["replicas"], model_path), predicted=predicted)
+    if model_path is not None:
+        check_model_path(model_path, what="--model-path")
+    saved = load_serving_plan(path)
+    predicted = dict(saved.predicted)
+    if not saved.prefill_replicas:
+        export = SERVING_EXPORTERS[eng](_pool_plan(saved, saved.replicas, model_path), predicted=predicted)
         return _export_dict(export) | {"predicted": predicted}
     if eng not in DISAGGREGATED_EXPORTERS:
         raise ValueError(
@@ -204,27 +243,26 @@ def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) 
             f"only (its disaggregated server's context/generation YAML is not written): export vllm or sglang"
         )
     pools = DisaggregatedPlan(
-        prefill=_pool_plan(data, best, split, model_path),
-        decode=_pool_plan(data, best, best["replicas"] - split, model_path),
+        prefill=_pool_plan(saved, saved.prefill_replicas, model_path),
+        decode=_pool_plan(saved, saved.replicas - saved.prefill_replicas, model_path),
     )
     export = DISAGGREGATED_EXPORTERS[eng](pools, predicted=predicted)
     return _export_dict(export) | {"predicted": predicted}
 
 
-def _pool_plan(data: dict[str, Any], best: dict[str, Any], replicas: int, model_path: str | None) -> ServingPlan:
+def _pool_plan(saved: SavedServingPlan, replicas: int, model_path: str | None) -> ServingPlan:
     """``replicas`` replicas of the saved plan's layout, dtypes and batch cap (per attention-DP rank)."""
-    lay = best["layout"]
-    kv = choice(DType, lay["kv_dtype"], "kv dtype")
+    lay = saved.layout
     return ServingPlan(
-        model_path=model_path or data["model"],
-        tp=lay["tp"],
-        pp=lay["pp"],
-        ep=lay["ep"],
+        model_path=model_path or saved.model,
+        tp=lay.tp,
+        pp=lay.pp,
+        ep=lay.ep,
         dp=replicas,
-        dp_attention=lay["dp_attention"],
-        max_model_len=data["input_len"] + data["output_len"],
+        dp_attention=lay.dp_attention,
+        max_model_len=saved.max_model_len,
         gpu_memory_utilization=0.9,
-        max_num_seqs=best["batch_cap_per_replica"] // (lay["tp"] if lay["dp_attention"] else 1) or 1,
-        kv_cache_dtype=None if kv is DType.BF16 else kv,
-        quantization=SERVE_PLAN_QUANTIZATION.get(lay["weights_dtype"]),
+        max_num_seqs=saved.batch_cap_per_replica // (lay.tp if lay.dp_attention else 1) or 1,
+        kv_cache_dtype=None if lay.kv_dtype is DType.BF16 else lay.kv_dtype,
+        quantization=SERVE_PLAN_QUANTIZATION.get(lay.weights_dtype.value),
     )

@@ -14,6 +14,7 @@ from typing import (
 
 from typing_extensions import TypedDict
 
+from meshplan.reports.cost_models import CheapestFleetJSON, CheckpointJSON, CostJSON, GoodputJSON
 from meshplan.reports.serve_models import ServePlanReport, ServeReport, ServingReport
 
 
@@ -75,13 +76,21 @@ class ConditionJSON(TypedDict):
     source: str
 
 
-class TrainsJSON(TypedDict):
+class StackJSON(TypedDict):
+    """The training stack a report's numbers assume and how it differs from the stack's own defaults."""
+
+    stack: str
+    stack_source: str
+    """flag, engine or default"""
+    conditions: dict[str, ConditionJSON]
+    differs_from_stack: list[str]
+
+
+class TrainsJSON(StackJSON):
     """What trains and how the run was set up: every training report carries these."""
 
     finetune: str
     trainable_params: int
-    stack: str | None
-    conditions: dict[str, ConditionJSON]
     lora_train_embeddings: NotRequired[bool]
     lora_rank: NotRequired[int]
     lora_targets: NotRequired[list[str]]
@@ -151,6 +160,8 @@ class EstimateReport(MemoryReport):
     step_time_s: float
     mfu: float
     hfu: float
+    mfu_fp8_peak: float | None
+    mfu_convention: str
     tokens_per_s_per_gpu: float
     attention_kernel: str
     breakdown: BreakdownJSON
@@ -159,8 +170,12 @@ class EstimateReport(MemoryReport):
     axis_order: list[str]
     warnings: list[str]
     time_to_train: NotRequired[TimeToTrainJSON]
+    cost: NotRequired[CostJSON]
+    checkpoint: NotRequired[CheckpointJSON]
+    goodput: NotRequired[GoodputJSON]
     step_time_s_p10: float
     step_time_s_p90: float
+    step_time_band_sources: int | None
     uncertainty: str
 
 
@@ -218,11 +233,12 @@ class FitLayoutJSON(TypedDict):
     zero: int
 
 
-class FitReport(TypedDict):
+class FitReport(StackJSON):
     model: str
     gpu: str
     gpus: int
     dtype: str
+    precision: str
     weights_bytes_total: float
     weights_bytes_per_gpu_even_split: float
     hbm_bytes_per_gpu: float
@@ -260,12 +276,17 @@ class PlanItemJSON(TypedDict):
     step_time_s_p10: float
     step_time_s_p90: float
     mfu: float
+    hfu: float
+    mfu_fp8_peak: float | None
     tokens_per_s_per_gpu: float
     per_gpu: BillJSON
     free_bytes_per_gpu: float
     breakdown: dict[str, float]
     placement: dict[str, AxisPlacementJSON]
     time_to_train_days: NotRequired[float]
+    gpu_hours_total: NotRequired[float]
+    cost: NotRequired[CostJSON]
+    goodput: NotRequired[GoodputJSON]
 
 
 class ParetoPointJSON(TypedDict):
@@ -326,6 +347,7 @@ class PlanReport(TrainsJSON):
     global_batch_tokens: int
     objective: str
     engine: str | None
+    mfu_convention: str
     headroom_fraction: float
     evaluated: int
     feasible: int
@@ -338,6 +360,8 @@ class PlanReport(TrainsJSON):
     fewest_gpus: NotRequired[FewestJSON]
     explain: NotRequired[list[ExplainJSON]]
     nothing_fits: NotRequired[NothingFitsJSON]
+    cheapest_fleet: NotRequired[CheapestFleetJSON]
+    checkpoint: NotRequired[CheckpointJSON]
 
 
 class LinkRaceJSON(TypedDict):

@@ -13,8 +13,10 @@ from meshplan import io
 from meshplan.core.memory.bill import TERMS
 from meshplan.core.placement import place
 from meshplan.core.plan import mesh_sizes
+from meshplan.core.time.flops import MFU_CONVENTION
 from meshplan.render import jsonable
 from meshplan.reports.conditions import workload_kwargs
+from meshplan.reports.cost import CostRequest, checkpoint_dict
 from meshplan.reports.estimate import placement_dict, uncertainty
 from meshplan.reports.inputs import (
     FinetuneRequest,
@@ -27,6 +29,7 @@ from meshplan.reports.inputs import (
     resolve_workload,
 )
 from meshplan.reports.pins import pinned_space, refuse_pins
+from meshplan.reports.plan_cost import cheapest_fleet, plan_costs
 from meshplan.reports.plan_explain import STEP_TERMS, explanations
 from meshplan.reports.plan_fleet import Deadline, SearchRules, fewest_for_deadline, tried_json, what_would_fit
 from meshplan.search.order import Objective
@@ -57,6 +60,8 @@ def _candidate(
         "step_time_s_p10": band["step_time_s_p10"],
         "step_time_s_p90": band["step_time_s_p90"],
         "mfu": float(np.asarray(step.mfu)[i]),
+        "hfu": float(np.asarray(step.hfu)[i]),
+        "mfu_fp8_peak": None if step.mfu_fp8_peak is None else float(np.asarray(step.mfu_fp8_peak)[i]),
         "tokens_per_s_per_gpu": float(np.asarray(step.tokens_per_s_per_gpu)[i]),
         "per_gpu": per_gpu,
         "free_bytes_per_gpu": cluster.gpu.hbm_bytes - per_gpu["total_bytes"],
@@ -80,11 +85,13 @@ def run_search(
     objective: Objective,
     engine: str | None = None,
     profile: str | None = None,
+    refuse: bool = True,
 ) -> tuple[SearchResult, list[dict[str, Any]]]:
     """The search's result and its best distinct plans as JSON (``profile``: the ``--profile`` text whose band, if
-    it carries one, the plans' step times take). Pins that no layout of the fleet can have are refused."""
+    it carries one, the plans' step times take). Pins that no layout of the fleet can have are refused (unless
+    ``refuse`` is False: the cost objective's halvings, where a smaller fleet holding none is not an error)."""
     result = rules.search(spec, cluster, work, objective=objective)
-    if not result.valid and pinned_space(rules.pins)[0] is not None:  # pins no layout of the fleet has
+    if refuse and not result.valid and pinned_space(rules.pins)[0] is not None:  # pins no layout of the fleet has
         refuse_pins(spec, work, cluster, rules.pins, allow_cross_node_tp=rules.allow_cross_node_tp)
     accept = None if engine is None else _runs_on(engine, spec, work)
     plans = [_candidate(result, i, cluster, rules.order, profile) for i in distinct(result, top, accept=accept)]
@@ -157,24 +164,41 @@ def plan_report(
     training_engine: str | None = None,
     max_gpus: int = MAX_GPUS,
     conditions: Mapping[str, Any] | None = None,
+    cost: CostRequest | None = None,
     **fleet_args: Unpack[FleetArgs],
 ) -> dict[str, Any]:
     """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for.
 
     ``pins`` keeps layouts with the fields it sets; ``training_engine`` those its export accepts (``export
-    --from-plan`` runs what was picked); ``max_gpus`` bounds the fewest-gpus objective's fleets; ``fleet_args``:
-    ``resolve_cluster``'s."""
+    --from-plan`` runs what was picked), scored under that engine's stack unless ``conditions`` names one;
+    ``max_gpus`` bounds the fewest-gpus objective's fleets; ``cost``: the price, checkpoint and failure fields
+    (reports/plan_cost.py; the cost objective searches halvings of the fleet); ``fleet_args``: ``resolve_cluster``'s."""
     spec = io.load_model(model) if isinstance(model, str) else model
     ft = resolve_finetune(finetune, spec) if finetune else None
     _check_numbers(
         seq=seq, global_batch_tokens=global_batch_tokens, headroom=headroom, tokens=tokens, days=days, top=top
     )
     order = resolve_order(axis_order)
-    set_by, shown = workload_kwargs(conditions, precision=precision, attention=attention, kernels=kernels)
+    set_by, shown = workload_kwargs(
+        conditions, precision=precision, attention=attention, kernels=kernels, engine=training_engine
+    )
     work = _workload(seq, global_batch_tokens // seq, set_by, ft)
     fleet = functools.partial(resolve_cluster, gpu=gpu, **fleet_args)
     rules = SearchRules(headroom=headroom, allow_cross_node_tp=allow_cross_node_tp, order=order, pins=pins)
     obj, fewest, gpus = _fleet_size(spec, fleet, work, gpus, objective, tokens, days, rules, max_gpus)
+    cheapest, cost = None, cost or CostRequest()
+    if obj is Objective.COST:  # the fleet first: the one given or a halving, whichever trains the tokens cheapest
+        kw = dict(
+            top=1, rules=rules, objective=obj, engine=training_engine, profile=fleet_args.get("profile"), refuse=False
+        )
+        gpus, cheapest = cheapest_fleet(
+            lambda n: next(iter(run_search(spec, fleet(gpus=n), work, **kw)[1]), None),
+            lambda n: checkpoint_dict(spec, work, fleet(gpus=n), cost),
+            start=gpus,
+            tokens=tokens,
+            days=days,
+            req=cost,
+        )
     cluster = fleet(gpus=gpus)
     result, plans = run_search(
         spec,
@@ -190,6 +214,7 @@ def plan_report(
         **_run_fields(spec, cluster, work, global_batch_tokens),
         "objective": "fewest-gpus" if fewest else str(obj),
         "engine": training_engine,
+        "mfu_convention": MFU_CONVENTION,
         "headroom_fraction": headroom,
         **finetune_fields(spec, work.finetune),
         **shown,
@@ -205,6 +230,7 @@ def plan_report(
     if not plans:
         out["nothing_fits"] = what_would_fit(spec, fleet, cluster, work, result, rules, finetune=ft, max_gpus=max_gpus)
     _time_to_train(plans, tokens, cluster.num_gpus)
+    plan_costs(out, plans, spec=spec, cluster=cluster, work=work, tokens=tokens, req=cost, cheapest=cheapest)
     if explain or compare:
         out["explain"] = explanations(spec, cluster, work, plans, rules, compare)
     data: dict[str, Any] = jsonable(out)

@@ -65,6 +65,12 @@ def _recipe(name: str) -> dict[str, Any]:
 
 
 def evaluate_recipe(name: str) -> Plan:
+    """The recipe's published layout evaluated."""
+    return _evaluated(name)[0]
+
+
+def _evaluated(name: str) -> tuple[Plan, dict[str, Any]]:
+    """The recipe's published layout evaluated, and the report's stack and conditions fields."""
     r = _recipe(name)
     model = io.load_model(r["model"])
     if r.get("model_overrides"):
@@ -73,11 +79,11 @@ def evaluate_recipe(name: str) -> Plan:
     layout = resolve_layout(LayoutRequest.parse(r["layout"]), gpus=r["gpus"])
     named = [name for name in ("stack", *condition_names()) if name not in WORKLOAD_SET_BY_STACK]
     conditions = requests.parse_values({k: r[k] for k in named if k in r}, allowed=requests.FIELDS, what="recipe")
-    kwargs, _ = workload_kwargs(
+    kwargs, shown = workload_kwargs(
         conditions, precision=r.get("precision"), attention=r.get("attention"), kernels=r.get("kernels")
     )
     work = resolve_workload(layout=layout, seq=r["seq"], global_batch=r["global_batch"], **kwargs)
-    return evaluate(model, cluster, layout, work, order=resolve_order(r.get("axis_order")))
+    return evaluate(model, cluster, layout, work, order=resolve_order(r.get("axis_order"))), shown
 
 
 def published_figure(name: str, plan: Plan) -> dict[str, Any]:
@@ -137,11 +143,11 @@ def list_report() -> dict[str, Any]:
 def recipe_report(name: str, *, rank: bool = True) -> dict[str, Any]:
     """``meshplan recipe NAME``: the published layout evaluated, and where the planner ranks it."""
     r = _recipe(name)
-    plan = evaluate_recipe(name)
+    plan, shown = _evaluated(name)
     band = uncertainty(
         float(plan.step.step_time_s), None, cp=int(plan.layout.cp), ep=int(plan.layout.ep), gpu=plan.cluster.gpu.name
     )
-    out = evaluated_plan_dict(plan) | band
+    out = evaluated_plan_dict(plan) | shown | band
     out.update({"recipe": name, "title": r["title"], "source": r["source"], "why": r["why"], "factors": factors(name)})
     out["published"] = published_figure(name, plan)
     if rank:

@@ -27,6 +27,7 @@ from meshplan.core.serving.shape import (
     kv_dtype_bytes,
     replica_shape,
 )
+from meshplan.reports.cost import serve_cost
 from meshplan.reports.inputs import choice
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
@@ -243,11 +244,12 @@ def serve_report(
     cuda_graph_padding: bool = False,
     gpu_memory_utilization: float | None = None,
     disaggregate: str | None = None,
+    price_per_gpu_hour: float | None = None,
 ) -> dict[str, Any]:
     """``meshplan serve``: TTFT, TPOT, throughput per GPU and per user, and where a step's time goes.
 
     ``disaggregate`` = "P:D" splits the GPUs into a prefill pool of P and a decode pool of D, each made of
-    replicas of the given layout."""
+    replicas of the given layout; ``price_per_gpu_hour`` adds the cost per million output tokens."""
     setup = resolve(
         model,
         gpu=gpu,
@@ -288,12 +290,12 @@ def serve_report(
         if num_requests is not None:
             raise ValueError("--num-requests times one colocated layout; drop --disaggregate")
         out = head | _disaggregated(setup, req, disaggregate)
-        return out | serving_band(out, moe=moe)
+        return out | serving_band(out, moe=moe) | serve_cost(out, price_per_gpu_hour)
     pt = load_point(setup.model, setup.shape, setup.hw, setup.layout, req)
     out = head | point_dict(setup, req, pt) | {"calibration_source": setup.hw.cal.source}
     if num_requests is not None:
         out["offline"] = offline_dict(setup, req, pt, num_requests=num_requests)
-    return out | serving_band(out, moe=moe)
+    return out | serving_band(out, moe=moe) | serve_cost(out, price_per_gpu_hour)
 
 
 def serving_band(point: dict[str, Any], *, moe: bool) -> dict[str, Any]:

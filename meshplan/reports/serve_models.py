@@ -8,6 +8,8 @@ from typing import (
 
 from typing_extensions import TypedDict
 
+from meshplan.reports.cost_models import ServeCostJSON
+
 
 class ServingReport(TypedDict):
     model: str
@@ -130,6 +132,7 @@ class ServeReport(TypedDict):
     uncertainty: str
     disaggregated: NotRequired[dict[str, Any]]
     offline: NotRequired[OfflineRunJSON]
+    cost: NotRequired[ServeCostJSON]
 
 
 class ServePlanItemJSON(TypedDict):

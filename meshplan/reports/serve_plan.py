@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from meshplan import io
 from meshplan.core.serving.load import Requests
-from meshplan.core.serving.search import Objective, SearchResult, Targets, search
+from meshplan.core.serving.search import Candidate, Objective, SearchResult, Targets, search
 from meshplan.core.serving.shape import Hardware, Quant, ReplicaShape, ServeLayout, default_quant, replica_shape
 from meshplan.reports.inputs import choice
 from meshplan.reports.serve import DEFAULT_ENGINE, calibration, serving_band_text
+from meshplan.search.limits import check_deadline
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
@@ -65,6 +66,14 @@ def layouts(model: ModelSpec, gpu: GPU, *, gpus: int, dtypes: list[str] | None) 
                         )
 
 
+def _within_time_limit(items: Iterator[ServeLayout]) -> Iterator[ServeLayout]:
+    """``items``, stopping with SearchTimeout once the caller's time limit (search.rank.time_limit) has passed or
+    its search was cancelled: how the HTTP API bounds a serving search. Without a limit (the CLI) a no-op."""
+    for item in items:
+        check_deadline()
+        yield item
+
+
 def layout_dict(lay: ServeLayout) -> dict[str, Any]:
     return {
         "tp": lay.tp,
@@ -111,27 +120,17 @@ def serve_plan_report(
         raise ValueError("--objective fewest-gpus needs --concurrency (the users to serve)")
     for d in dtypes or []:
         choice(DType, d, "weights dtype")
-    hw = Hardware(
-        gpu=gpu_spec,
-        scale_up=io.load_link(gpu_spec.scale_up_link),
-        scale_out=io.load_link(gpu_spec.scale_out_link),
-        cal=calibration(engine, gpu_spec.name),
-    )
-    req = Requests(input_len=input_len, output_len=output_len, concurrency=float(gpus * 1e6))
-
-    def shape_of(lay: ServeLayout) -> ReplicaShape:
-        return replica_shape(spec, hw, lay, context=input_len + output_len)
-
-    result = search(
+    result = _search(
         spec,
-        hw,
-        layouts(spec, gpu_spec, gpus=gpus, dtypes=dtypes),
-        shape_of,
-        req,
+        gpu_spec,
+        _within_time_limit(layouts(spec, gpu_spec, gpus=gpus, dtypes=dtypes)),
         gpus=gpus,
+        input_len=input_len,
+        output_len=output_len,
         targets=Targets(ttft_p99_s=ttft_p99_s, tpot_p99_s=tpot_p99_s),
         objective=obj,
         concurrency=concurrency,
+        engine=engine,
         disaggregate=disaggregate,
         keep_splits=top,
     )
@@ -145,14 +144,98 @@ def serve_plan_report(
     }
 
 
+def _search(
+    spec: ModelSpec,
+    gpu: GPU,
+    candidates: Iterator[ServeLayout],
+    *,
+    gpus: int,
+    input_len: int,
+    output_len: int,
+    targets: Targets,
+    objective: Objective,
+    concurrency: float | None,
+    engine: str,
+    disaggregate: bool,
+    keep_splits: int = 5,
+    splits: Collection[int] | None = None,
+) -> SearchResult:
+    hw = Hardware(
+        gpu=gpu,
+        scale_up=io.load_link(gpu.scale_up_link),
+        scale_out=io.load_link(gpu.scale_out_link),
+        cal=calibration(engine, gpu.name),
+    )
+    req = Requests(input_len=input_len, output_len=output_len, concurrency=float(gpus * 1e6))
+
+    def shape_of(lay: ServeLayout) -> ReplicaShape:
+        return replica_shape(spec, hw, lay, context=input_len + output_len)
+
+    return search(
+        spec,
+        hw,
+        candidates,
+        shape_of,
+        req,
+        gpus=gpus,
+        targets=targets,
+        objective=objective,
+        concurrency=concurrency,
+        disaggregate=disaggregate,
+        keep_splits=keep_splits,
+        splits=splits,
+    )
+
+
+def candidate_dict(c: Candidate) -> dict[str, Any]:
+    """A ranked plan as ``best`` and ``top[]`` hold it."""
+    return {"layout": layout_dict(c.layout)} | {
+        JSON_KEYS.get(k, k): v for k, v in dataclasses.asdict(c).items() if k != "layout"
+    }
+
+
+def plan_of_layout(
+    spec: ModelSpec,
+    gpu: GPU,
+    layout: ServeLayout,
+    *,
+    gpus: int,
+    input_len: int,
+    output_len: int,
+    targets: Targets,
+    objective: Objective,
+    concurrency: float | None,
+    engine: str,
+    prefill_replicas: int,
+) -> dict[str, Any]:
+    """The plan serve-plan ranks for one layout (split into ``prefill_replicas`` prefill replicas and the rest
+    decode, when above 0), as ``best`` holds it; ValueError with the reason when the layout yields none."""
+    result = _search(
+        spec,
+        gpu,
+        iter([layout]),
+        gpus=gpus,
+        input_len=input_len,
+        output_len=output_len,
+        targets=targets,
+        objective=objective,
+        concurrency=concurrency,
+        engine=engine,
+        disaggregate=prefill_replicas > 0,
+        splits=(prefill_replicas,),
+    )
+    for c in result.ranked:
+        if c.prefill_replicas == prefill_replicas:
+            return candidate_dict(c)
+    if result.rejected:
+        raise ValueError(result.rejected[0].reason)
+    raise ValueError(f"no split of its replicas into {prefill_replicas} prefill replicas meets the targets")
+
+
 def _answer(
     spec: ModelSpec, gpu: GPU, result: SearchResult, *, gpus: int, engine: str, obj: Objective, top: int, start: float
 ) -> dict[str, Any]:
-    ranked = [
-        {"layout": layout_dict(c.layout)}
-        | {JSON_KEYS.get(k, k): v for k, v in dataclasses.asdict(c).items() if k != "layout"}
-        for c in result.ranked[:top]
-    ]
+    ranked = [candidate_dict(c) for c in result.ranked[:top]]
     pareto = [
         {
             "layout": layout_dict(p.layout),

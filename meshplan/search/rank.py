@@ -25,9 +25,7 @@ from meshplan.core.placement import DEFAULT_ORDER
 from meshplan.core.time.step_time import StepTime
 from meshplan.search.bills import fitting_bill as fitting_bill
 from meshplan.search.lightest import Lightest
-from meshplan.search.limits import SearchTimeout as SearchTimeout
 from meshplan.search.limits import check_deadline, progress_report
-from meshplan.search.limits import time_limit as time_limit
 from meshplan.search.order import Objective, pareto_front, rank
 from meshplan.search.passes import OOM as OOM
 from meshplan.search.passes import Part, all_gathered, larger_micro_batches, timed

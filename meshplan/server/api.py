@@ -17,6 +17,7 @@ from meshplan.render import jsonable
 from meshplan.reports import LayoutRequest, fit_report, memory_report, params_report, serving_report
 from meshplan.reports import models as m
 from meshplan.reports import serve_models as sm
+from meshplan.reports.cost import CostRequest, cost_request
 from meshplan.reports.estimate import collectives_report, estimate_report
 from meshplan.reports.inputs import FinetuneRequest
 from meshplan.server import parse
@@ -218,6 +219,7 @@ WorkloadArg = Annotated[dict[str, Any], Depends(workload_arg)]
 FinetuneArg = Annotated[FinetuneRequest | None, Depends(finetune_arg)]
 FleetShapeArg = Annotated[dict[str, Any], Depends(fleet_shape_arg)]
 ServingArg = Annotated[dict[str, Any], Depends(dependency(fields_of(Group.SERVING), dict, "serving_arg"))]
+CostArg = Annotated[CostRequest, Depends(dependency(fields_of(Group.COST), cost_request, "cost_arg"))]
 
 
 @cache
@@ -272,9 +274,12 @@ def fit(
     finetune: FinetuneArg,
     dtype: Annotated[Literal[SERVING_DTYPES], one("dtype")] = "bf16",  # type: ignore[valid-type]
     seq: Seq = 4096,
-    precision: Annotated[Literal[field("precision").choices], one("precision")] = "bf16",  # type: ignore[valid-type]
+    precision: Annotated[
+        Literal[field("precision").choices] | None, one("precision")  # type: ignore[valid-type]
+    ] = None,
     headroom: Annotated[float, one("headroom")] = 0.10,
-    kernels: Annotated[Literal[field("kernels").choices], one("kernels")] = "fused",  # type: ignore[valid-type]
+    kernels: Annotated[Literal[field("kernels").choices] | None, one("kernels")] = None,  # type: ignore[valid-type]
+    stack: Annotated[Literal[field("stack").choices] | None, one("stack")] = None,  # type: ignore[valid-type]
 ) -> dict[str, Any]:
     report = fit_report(
         model,
@@ -286,6 +291,7 @@ def fit(
         precision=precision,
         headroom=headroom,
         kernels=kernels,
+        conditions={"stack": stack},
     )
     return json_dict(report)
 
@@ -339,6 +345,7 @@ def estimate(
     finetune: FinetuneArg,
     shape: FleetShapeArg,
     conditions: ConditionsArg,
+    cost: CostArg,
     tokens: Annotated[Tokens | None, _query(field("tokens"), bounded=False)] = None,
 ) -> dict[str, Any]:
     report = estimate_report(
@@ -347,6 +354,7 @@ def estimate(
         gpus=gpus,
         layout=layout,
         tokens=tokens,
+        cost=cost,
         finetune=finetune,
         conditions=conditions,
         **shape,
@@ -407,40 +415,19 @@ def serve(
     pp: Degree = 1,
     ep: Degree = 1,
     gpu_memory_utilization: Annotated[float | None, one("gpu_memory_utilization")] = None,
+    price_per_gpu_hour: Annotated[float | None, one("price_per_gpu_hour")] = None,
 ) -> dict[str, Any]:
     from meshplan.reports.serve import serve_report
 
     report = serve_report(
-        model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, ep=ep, gpu_memory_utilization=gpu_memory_utilization, **load
-    )
-    return json_dict(report)
-
-
-@router.get(
-    "/serve-plan",
-    summary="Serving layouts ranked under TTFT/TPOT targets (meshplan serve-plan)",
-    responses=ok(sm.ServePlanReport),
-    response_model=None,
-)
-def serve_plan(
-    model: ModelArg, gpu: GpuArg, gpus: Gpus, plan: ServePlanArg, top: Annotated[int, one("top")] = 5
-) -> dict[str, Any]:
-    from meshplan.reports.serve_plan import serve_plan_report
-
-    dtypes = plan.pop("weights_dtypes")
-    report = serve_plan_report(
         model,
         gpu=gpu,
         gpus=gpus,
-        input_len=plan["input_len"],
-        output_len=plan["output_len"],
-        ttft_p99_s=plan["ttft_p99"],
-        tpot_p99_s=plan["tpot_p99"],
-        objective=plan["serve_objective"],
-        concurrency=plan["concurrency"],
-        engine=plan["engine"],
-        dtypes=None if not dtypes else [field("weights_dtype").parse(d) for d in dtypes.split(",")],
-        top=top,
-        disaggregate=plan["search_disaggregated"],
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        gpu_memory_utilization=gpu_memory_utilization,
+        price_per_gpu_hour=price_per_gpu_hour,
+        **load,
     )
     return json_dict(report)

@@ -4,13 +4,14 @@ The API only parses inputs and calls the report functions the CLI prints, so
 every number a page shows is the engine's. Errors are JSON ``{"error": ...}``
 with a 4xx status: 422 for malformed inputs, 400 for inputs the engine
 refuses, 404 for unknown names in paths, 413/414 for oversized requests, 429
-while a search is running. The pages (static/) are plain files that work
+when a search waited too long for the one running, 503 when the search queue
+is full or a search ran past its time limit; 421/403/415 for requests from
+other sites (guard.py). The pages (static/) are plain files that work
 offline; the schema is at /openapi.json.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import threading
 import webbrowser
@@ -22,12 +23,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshplan.render import to_json
 from meshplan.search.limits import SearchTimeout
 from meshplan.server import api, explorer, exports, parse, planner
+from meshplan.server.guard import Binding, RequestGuard, check_bind, is_loopback, refusal
 from meshplan.server.uploads import ModelStore
+from meshplan.server.worker import SEARCHES
 
 STATIC = Path(__file__).resolve().parent / "static"
 SECURITY_HEADERS = {
@@ -39,7 +43,7 @@ SECURITY_HEADERS = {
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+    return refusal(status, message)  # {"error": message}, the message bounded (io.bounded_message)
 
 
 class RequestLimits:
@@ -95,6 +99,9 @@ def _install_errors(app: FastAPI) -> None:
     async def timed_out(_: Request, exc: Exception) -> JSONResponse:
         return _error(503, str(exc))
 
+    async def left(_: Request, exc: Exception) -> JSONResponse:  # nobody reads it: the client is gone
+        return _error(400, "the client disconnected before sending the whole request")
+
     async def internal(_: Request, exc: Exception) -> JSONResponse:
         return _error(500, f"internal error ({type(exc).__name__}); please report it with the request")
 
@@ -103,6 +110,7 @@ def _install_errors(app: FastAPI) -> None:
     app.add_exception_handler(ValueError, refused)
     app.add_exception_handler(SearchTimeout, timed_out)
     app.add_exception_handler(explorer.BodyTooLarge, too_large)
+    app.add_exception_handler(ClientDisconnect, left)
     app.add_exception_handler(Exception, internal)
 
 
@@ -113,8 +121,9 @@ class ReportResponse(JSONResponse):
         return to_json(content).encode("utf-8")
 
 
-def create_app() -> FastAPI:
-    """The API under /api, the schema at /openapi.json, the explorer at /."""
+def create_app(binding: Binding | None = None) -> FastAPI:
+    """The API under /api, the schema at /openapi.json, the explorer at /; requests are served only for the
+    Host names of ``binding`` (default: loopback names, any port)."""
     app = FastAPI(
         default_response_class=ReportResponse,
         title="meshplan",
@@ -140,6 +149,7 @@ def create_app() -> FastAPI:
         return FileResponse(STATIC / "index.html")
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.add_middleware(RequestGuard, binding=binding)
     app.add_middleware(RequestLimits)
     return app
 
@@ -151,12 +161,15 @@ ERROR_SCHEMA: dict[str, Any] = {
 }
 ERROR_RESPONSES = {
     400: "The engine refused the inputs (e.g. degrees that do not divide the GPUs)",
+    403: "A request from another site (its Origin is not this server's)",
     404: "Unknown path or recipe",
     413: "Request body too large",
     414: "Query string too long",
+    415: "A request body not declared application/json",
+    421: "A Host this server does not answer for (DNS rebinding)",
     422: "A malformed or out-of-range input",
-    429: "A search is already running",
-    503: "A search ran past its time limit",
+    429: "A search waited too long for the one running",
+    503: "The search queue is full, a search ran past its time limit, or the server is at its connection limit",
 }
 
 
@@ -176,8 +189,12 @@ def free_socket(host: str, port: int | None) -> socket.socket:
     return sock
 
 
-def serve(host: str = "127.0.0.1", port: int | None = None, open_browser: bool = False) -> None:
-    """Run the explorer until Ctrl-C: bound to ``host`` (loopback by default), on ``port`` or a free one."""
+def serve(
+    host: str = "127.0.0.1", port: int | None = None, open_browser: bool = False, *, allow_remote: bool = False
+) -> None:
+    """Run the explorer until Ctrl-C: bound to ``host`` (loopback by default; any other address only with
+    ``allow_remote``), on ``port`` or a free one."""
+    check_bind(host, allow_remote=allow_remote)
     try:
         import uvicorn
     except ImportError:
@@ -186,27 +203,31 @@ def serve(host: str = "127.0.0.1", port: int | None = None, open_browser: bool =
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{bound}/"
-    if not _is_loopback(host):
+    if not is_loopback(host):
         print(f"meshplan: warning: listening on {host}, reachable from other machines", flush=True)
     print(f"meshplan explorer at {url}  (Ctrl-C to stop)", flush=True)
     if open_browser:
         threading.Timer(0.5, webbrowser.open, args=(url,)).start()
-    server = uvicorn.Server(server_config(create_app()))
+    SEARCHES.start()  # the search process imports the engine while the server starts
+    server = uvicorn.Server(server_config(create_app(Binding(host, bound, allow_remote))))
     server.run(sockets=[sock])
 
 
-def server_config(app: ASGIApp, *, header_timeout_s: float | None = None) -> Any:
-    """The uvicorn configuration ``serve`` runs: a header-read timeout, keep-alive of 5 s, bounded connections."""
+def server_config(app: ASGIApp, *, header_timeout_s: float | None = None, body_timeout_s: float | None = None) -> Any:
+    """The uvicorn configuration ``serve`` runs: header and body read timeouts, keep-alive of 5 s, bounded
+    connections (the timeouts can be shortened for tests)."""
     import uvicorn
 
-    from meshplan.server.protocol import HEADER_TIMEOUT_S, TimedH11Protocol
+    from meshplan.server.protocol import TimedH11Protocol
 
     protocol = TimedH11Protocol
-    if header_timeout_s is not None and header_timeout_s != HEADER_TIMEOUT_S:
-        timeout = header_timeout_s
+    if header_timeout_s is not None or body_timeout_s is not None:
+        head = header_timeout_s or TimedH11Protocol.header_timeout_s
+        body = body_timeout_s or TimedH11Protocol.body_timeout_s
 
         class Impatient(TimedH11Protocol):
-            header_timeout_s = timeout
+            header_timeout_s = head
+            body_timeout_s = body
 
         protocol = Impatient
     files = _raise_fd_limit()
@@ -247,10 +268,3 @@ def _version() -> str:
         return version("meshplan")
     except PackageNotFoundError:
         return "0+unknown"
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"

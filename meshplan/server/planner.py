@@ -1,10 +1,15 @@
-"""Search endpoints: the planner and the published recipes.
+"""Search endpoints: the planner, the serving planner and the published recipes ranked.
 
 A search takes from a fraction of a second to tens of seconds and a few GB of
-memory on a large MoE fleet, so one runs at a time, each in a worker thread: a
-second request waits for the running one (and is answered from the cache when
-it asked the same), and gets 429 if the wait passes ``wait_s``. The last
-answers are kept so that asking again is instant.
+memory on a large MoE fleet, so every search endpoint goes through one gate
+(``SearchGate``): one search runs at a time, in the search process (worker.py,
+so that it never holds the server's GIL), under one time limit
+(``parse.SEARCH_TIME_LIMIT_S``, then 503), and stops when its client
+disconnects (``run_while_connected``). A second request waits for the running
+one (and is answered from the cache when it asked the same), and gets 429 if the
+wait passes ``wait_s``; past ``max_waiting`` waiting requests the gate is full
+and a new one gets 503 at once. The last answers are kept so that asking again
+is instant.
 """
 
 from __future__ import annotations
@@ -20,23 +25,27 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
+from meshplan.reports import serve_models as sm
 from meshplan.reports.models import PlanReport
 from meshplan.reports.plan import plan_report
 from meshplan.reports.recipes import list_report, recipe_report, recipes
-from meshplan.search.limits import time_limit
 from meshplan.server import parse
 from meshplan.server.api import (
     ConditionsArg,
+    CostArg,
     FinetuneArg,
     FleetShapeArg,
     GpuArg,
     Gpus,
     ModelArg,
     Seq,
+    ServePlanArg,
     dependency,
     json_dict,
     ok,
+    one,
 )
+from meshplan.server.worker import SEARCHES
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.requests import Group, field
 from meshplan.spec.requests import group as fields_of
@@ -44,17 +53,22 @@ from meshplan.spec.requests import group as fields_of
 router = APIRouter(prefix="/api")
 CACHE_SIZE = 16
 WAIT_S = 30.0
+MAX_WAITING = 8
+"""Searches that may wait behind the running one; past it the gate is full (503). Each waits in a worker thread,
+so this also keeps the thread pool free for the cheap endpoints."""
 
 
 class SearchGate:
-    """One search at a time, and an LRU of finished answers keyed by their inputs."""
+    """One search at a time, at most ``max_waiting`` more waiting, and an LRU of answers keyed by their inputs."""
 
-    def __init__(self, size: int = CACHE_SIZE, wait_s: float = WAIT_S) -> None:
+    def __init__(self, size: int = CACHE_SIZE, wait_s: float = WAIT_S, max_waiting: int = MAX_WAITING) -> None:
         self._lock = threading.Lock()
         self._cache_lock = threading.Lock()
         self._answers: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
         self._size = size
+        self._inside = 0  # searches running or waiting for the lock
         self.wait_s = wait_s
+        self.max_waiting = max_waiting
 
     def _cached(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
         with self._cache_lock:
@@ -67,8 +81,21 @@ class SearchGate:
         answer = self._cached(key)
         if answer is not None:
             return answer
+        with self._cache_lock:
+            if self._inside > self.max_waiting:
+                queued = f"{self._inside} searches are running or waiting"
+                raise HTTPException(503, f"the search queue is full ({queued}); try again later", {"Retry-After": "10"})
+            self._inside += 1
+        try:
+            return self._run_in_turn(key, compute)
+        finally:
+            with self._cache_lock:
+                self._inside -= 1
+
+    def _run_in_turn(self, key: tuple[Any, ...], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         if not self._lock.acquire(timeout=self.wait_s):
-            raise HTTPException(429, f"another search has been running for over {self.wait_s:.0f} s; try again later")
+            waited = f"waited {self.wait_s:.0f} s behind the one running (and any queued before it)"
+            raise HTTPException(429, f"the search {waited}; try again later")
         try:
             answer = self._cached(key)  # the search we waited for may have been this one
             if answer is None:
@@ -111,10 +138,12 @@ async def plan(
     shape: FleetShapeArg,
     pins: PinsArg,
     conditions: ConditionsArg,
+    cost: CostArg,
     compare: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="e.g. tp=8,pp=4")] = None,
 ) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "conditions": conditions,
+        "cost": cost,
         "gpu": gpu,
         "gpus": gpus,
         "seq": seq,
@@ -148,32 +177,48 @@ async def recipe(request: Request, name: str, rank: bool = False) -> dict[str, A
     )
 
 
-def _limited(compute: Callable[[], dict[str, Any]], cancel: threading.Event) -> dict[str, Any]:
-    """A search run under the API's time limit (SearchTimeout past it, or once cancelled: 503), as JSON data."""
-    try:
-        with time_limit(parse.SEARCH_TIME_LIMIT_S, cancel=cancel):
-            return json_dict(compute())
-    finally:
-        give_memory_back()
+@router.get(
+    "/serve-plan",
+    summary="Serving layouts ranked under TTFT/TPOT targets (meshplan serve-plan)",
+    responses=ok(sm.ServePlanReport),
+    response_model=None,
+)
+async def serve_plan(
+    request: Request,
+    model: ModelArg,
+    gpu: GpuArg,
+    gpus: Gpus,
+    plan: ServePlanArg,
+    top: Annotated[int, one("top")] = 5,
+) -> dict[str, Any]:
+    from meshplan.reports.serve_plan import serve_plan_report
+
+    dtypes = plan["weights_dtypes"]
+    kwargs: dict[str, Any] = {
+        "gpu": gpu,
+        "gpus": gpus,
+        "input_len": plan["input_len"],
+        "output_len": plan["output_len"],
+        "ttft_p99_s": plan["ttft_p99"],
+        "tpot_p99_s": plan["tpot_p99"],
+        "objective": plan["serve_objective"],
+        "concurrency": plan["concurrency"],
+        "engine": plan["engine"],
+        "dtypes": None if not dtypes else [field("weights_dtype").parse(d) for d in dtypes.split(",")],
+        "top": top,
+        "disaggregate": plan["search_disaggregated"],
+    }
+    key = ("serve-plan", _model_key(model), *sorted((k, repr(v)) for k, v in kwargs.items()))
+    gate: SearchGate = request.app.state.searches
+    work = functools.partial(serve_plan_report, model, **kwargs)
+    return await run_while_connected(request, lambda cancel: gate.run(key, lambda: _limited(work, cancel)))
 
 
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        import ctypes
-
-        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
-        return trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-def give_memory_back() -> None:
-    """Return the heap a search freed to the system (glibc keeps it otherwise: 300 MB after a 4,096-GPU
-    DeepSeek-V3 search, 33 MB after the trim)."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+def _limited(compute: Callable[[], Any], cancel: threading.Event) -> dict[str, Any]:
+    """A search run in the search process under the API's time limit (SearchTimeout past it, or once cancelled:
+    503), as JSON data."""
+    answer: dict[str, Any] = SEARCHES.run(compute, seconds=parse.SEARCH_TIME_LIMIT_S, cancel=cancel)
+    return answer
 
 
 POLL_S = 0.25

@@ -11,16 +11,26 @@ the catalog's physics, and adds the host-side time each of its steps pays.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from meshplan.files import load_toml_file
 from meshplan.spec.cluster import Cluster, Link
 
 MAX_EFFICIENCY = 1.0
 MAX_STEP_OVERHEAD_S = 600.0
 """A profile's host time per step is at most ten minutes: more is a typo, not a training loop."""
+MAX_BAND_RATIO = 100.0
+"""Widest band of measured over predicted step time a profile may state: its P90 at most 100 times its P10, and
+each end within 100 times of 1 either way. The profile's own scales are bounded to [0.05, 20] (a 400x range
+together), and a fitted profile is chosen to bring its runs' ratios near 1: runs whose held-out ratios still
+spread over two orders of magnitude, or sit two orders away from their prediction, disagree with each other or
+with the catalog beyond anything a set of shared constants describes (a unit slip, runs of another cluster or
+model), and a step time quoted "between 1 us and 100 days" is no answer. Such a band is refused, where it is
+fitted (``meshplan calibrate``) and where it is read (``--profile FILE``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,9 +123,14 @@ def apply_profile(cluster: Cluster, profile: Profile) -> Cluster:
     )
 
 
+def _read(path: str | Path) -> dict[str, Any]:
+    """A profile file through the one guarded reader (files.py): a regular file under 4 MB, finite numbers."""
+    return load_toml_file(path, what="profile")
+
+
 def load_profile(path: str | Path) -> Profile:
     """A profile TOML file as ``meshplan calibrate`` writes it; unknown keys are errors."""
-    data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    data = _read(path)
     known = {f.name for f in dataclasses.fields(Profile)}
     unknown = sorted(set(data) - known - {"fit"})
     if unknown:
@@ -126,7 +141,10 @@ def load_profile(path: str | Path) -> Profile:
             raise ValueError(f"profile {path}: {name} must be a number, got {value!r:.40}")
     if not isinstance(data.get("source", ""), str):
         raise ValueError(f"profile {path}: source must be a string")
-    return Profile(**{k: v for k, v in data.items() if k in known})
+    try:
+        return Profile(**{k: v for k, v in data.items() if k in known})
+    except ValueError as exc:
+        raise ValueError(f"profile {path}: {str(exc).removeprefix('profile ')}") from None
 
 
 def parse_profile(text: str | None, *, files: bool = True) -> Profile:
@@ -169,19 +187,35 @@ class Band:
     runs: int
 
 
+def band_problem(p10: float, p90: float) -> str | None:
+    """Why a band of measured over predicted step time (P10, P90) says nothing (None: it is a band): not finite,
+    not ordered, or wider than ``MAX_BAND_RATIO`` allows."""
+    if not (math.isfinite(p10) and math.isfinite(p90) and 0 < p10 <= p90):
+        return f"the band {p10:.3g}-{p90:.3g} is not two finite ratios with 0 < P10 <= P90"
+    if p10 < 1 / MAX_BAND_RATIO or p90 > MAX_BAND_RATIO or p90 / p10 > MAX_BAND_RATIO:
+        return (
+            f"the band of measured over predicted step time, {p10:.3g}-{p90:.3g}, spans more than "
+            f"{MAX_BAND_RATIO:g}x or lies over {MAX_BAND_RATIO:g}x from the prediction"
+        )
+    return None
+
+
 def fitted_band(text: str | None) -> Band | None:
     """The band of the profile file ``--profile`` names, or None: no profile, an inline one, or a file whose [fit]
     table has none (written by hand, or by an older calibrate)."""
     if text is None or not text.strip() or _inline(text.strip()):
         return None
     path = text.strip()
-    fit = tomllib.loads(Path(path).read_text(encoding="utf-8")).get("fit", {})
+    fit = _read(path).get("fit", {})
     if not isinstance(fit, dict) or not {"time_ratio_p10", "time_ratio_p90", "runs"} <= set(fit):
         return None
     p10, p90, runs = fit["time_ratio_p10"], fit["time_ratio_p90"], fit["runs"]
     numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (p10, p90, runs))
-    if not numbers or not 0 < p10 <= p90 < float("inf") or runs < 1:
+    if not numbers or not 0 < p10 <= p90 < float("inf") or runs < 1 or runs != int(runs):
         raise ValueError(f"profile {path}: [fit] needs 0 < time_ratio_p10 <= time_ratio_p90 and runs >= 1")
+    problem = band_problem(float(p10), float(p90))
+    if problem is not None:
+        raise ValueError(f"profile {path}: {problem}: refit it from runs that agree (meshplan calibrate)")
     return Band(p10=float(p10), p90=float(p90), runs=int(runs))
 
 

@@ -17,7 +17,6 @@ that leave-one-run-out error of the choice made.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -26,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from meshplan.spec.profile import CONSTANTS, IDENTITY, Profile, dump_profile
+from meshplan.files import load_json_file, writable, write_text_safely
+from meshplan.spec.profile import CONSTANTS, IDENTITY, Profile, band_problem, dump_profile
 from meshplan.validation import fit as profile_fit
 
 MIN_RUNS = 3
@@ -53,7 +53,7 @@ class MeasuredRun:
 
 def load_runs(path: str | Path) -> list[MeasuredRun]:
     """RUNS.json as MeasuredRun, with one-line errors naming the run."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    data = load_json_file(path, what="runs file")  # the one guarded reader: a regular file, finite numbers
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a list of runs, got {type(data).__name__}")
     return [_run(i, item) for i, item in enumerate(data)]
@@ -141,6 +141,7 @@ def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
     held = held_by_choice[best]
     p10, p90 = prediction_band([r.measured / p for r, p in zip(sens, predicted_by_choice[best], strict=True)])
     fitted = profile_fit.fit(sens, free=free)
+    _check_fit(fitted.profile, free, p10, p90)
     before = [abs(_error(run, p)) for run, p in zip(runs, predict(runs, IDENTITY), strict=True)]
     after = [abs(_error(run, p)) for run, p in zip(runs, predict(runs, fitted.profile), strict=True)]
     profile = dataclasses.replace(
@@ -161,6 +162,28 @@ def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
         "time_ratio_p90": float(p90),
     }
     return profile, {"identified": which, "fitted": free, **numbers}
+
+
+def _check_fit(profile: Profile, free: list[str], p10: float, p90: float) -> None:
+    """Refuse a fit that says nothing. Each fitted constant must be finite and on its grid (validation/fit.py
+    GRIDS: the range each constant can physically take; a grid search cannot leave it, so this guards the fit
+    itself). A fit may well sit at an end of its grid, and is not refused for it: published runs do (a draw of
+    ten of llm-foundry's A100 runs in benchmarks/calibrate_sources.py takes the memory-bound scale to 1.25, the
+    HBM bandwidth itself), and the band below then says how far the runs still are. The band of held-out ratios
+    must be finite and within what a profile may state (spec/profile.py ``band_problem``, at most 100x wide and
+    within 100x of 1): beyond, the runs disagree with each other or with the catalog by two orders of magnitude
+    (a unit slip, runs of another setup), and no constant explains them."""
+    for name in free:
+        grid, value = profile_fit.GRIDS[name], float(getattr(profile, name))
+        low, high = float(grid[0]), float(grid[-1])
+        if not (math.isfinite(value) and low <= value <= high):
+            raise ValueError(f"the fit of {name} gave {value!r}, outside its range [{low:g}, {high:g}]")
+    problem = band_problem(p10, p90)
+    if problem is not None:
+        raise ValueError(
+            f"these runs fit no profile: {problem}; they disagree with each other or with the catalog (check each "
+            "run's arguments and units)"
+        )
 
 
 T_90 = (
@@ -223,13 +246,19 @@ def _held_out(sens: list[profile_fit.Sensitivity], free: list[str]) -> list[floa
     ]
 
 
-def calibrate_report(path: str, *, out: str | None = None) -> dict[str, Any]:
-    """``meshplan calibrate``: the fitted profile, the errors before, fitted and held out, per run and overall."""
+def calibrate_report(path: str, *, out: str | None = None, force: bool = False) -> dict[str, Any]:
+    """``meshplan calibrate``: the fitted profile, the errors before, fitted and held out, per run and overall.
+
+    ``out``: the profile TOML's file, written by files.py's one safe writer: never over RUNS.json or a file a run
+    reads, never through a link, never over an existing file unless ``force``."""
     runs = load_runs(path)
+    inputs = [path, *(word for run in runs for word in run.args)]
+    if out:
+        writable(out, what="--out", inputs=inputs, force=force)  # refused before the fit, not after
     profile, numbers = fit_runs(runs)
     text = dump_profile(profile, {k: v for k, v in numbers.items() if isinstance(v, int | float)})
     if out:
-        Path(out).write_text(text, encoding="utf-8")
+        write_text_safely(out, text, what="--out", inputs=inputs, force=force)
     before, after = predict(runs, IDENTITY), predict(runs, profile)
     rows = []
     for run, b, a in zip(runs, before, after, strict=True):

@@ -27,6 +27,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+LOCAL = "http://127.0.0.1:8000"
+"""The in-process client's address: the server answers only for loopback names (guard.py)."""
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,7 @@ def client() -> Iterator[Any]:
 
     from meshplan.server.app import create_app
 
-    with TestClient(create_app()) as c:
+    with TestClient(create_app(), base_url=LOCAL) as c:
         yield c
 
 

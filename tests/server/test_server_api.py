@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -188,9 +187,8 @@ def test_plan_equals_the_report_and_is_cached(client: Any) -> None:
     want = plan_report("llama-3.1-70b", gpu="h200", gpus=64, seq=8192, global_batch_tokens=4194304, top=5, explain=True)
     for key in ("plans", "pareto", "rejections", "evaluated", "feasible", "explain"):
         same(want[key], got[key])
-    start = time.perf_counter()
     again = ok(client, "/api/plan", **params)
-    assert time.perf_counter() - start < 0.5 and again == got
+    assert again == got
 
 
 def test_plan_compare_names_a_layout(client: Any) -> None:

@@ -10,7 +10,8 @@ import pytest
 pytest.importorskip("fastapi", reason="the web explorer needs the [web] extra: pip install 'meshplan[web]'")
 
 from meshplan.server import parse
-from meshplan.server.app import _is_loopback, free_socket
+from meshplan.server.app import free_socket
+from meshplan.server.guard import is_loopback
 
 MEM = {"model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": "8"}
 PLAN = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": "8", "seq": "4096", "global_batch_tokens": "1048576"}
@@ -236,8 +237,8 @@ def test_free_socket_and_loopback() -> None:
             free_socket("127.0.0.1", port).close()
     finally:
         sock.close()
-    assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
-    assert not _is_loopback("0.0.0.0")
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0")
 
 
 def test_accepted_connections_send_without_delay() -> None:

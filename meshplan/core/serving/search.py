@@ -13,7 +13,7 @@ reason: out of memory, or the TTFT / TPOT it reaches at batch 1 against the targ
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -139,9 +139,11 @@ def search(
     concurrency: float | None = None,
     disaggregate: bool = False,
     keep_splits: int = 5,
+    splits: Collection[int] | None = None,
 ) -> SearchResult:
     """Every layout evaluated at every batch cap; the best batch of each ranked by ``objective``. With
-    ``disaggregate``, each layout's prefill/decode splits too: its ``keep_splits`` best (``_splits``)."""
+    ``disaggregate``, each layout's prefill/decode splits too: its ``keep_splits`` best (``_splits``), or only the
+    prefill replica counts in ``splits`` (how a saved plan's own split is evaluated again)."""
     ranked, pareto, rejected = [], [], []
     layouts_seen = points = 0
     for layout in layouts:
@@ -173,7 +175,7 @@ def search(
         if disaggregate and objective is not Objective.FEWEST_GPUS:
             terms = split_terms(model, shape, hw, layout, req, batches=batches)
             split_ranked, split_pareto, split_points = _splits(
-                layout, terms, kv, targets, objective, replicas=replicas, keep=keep_splits
+                layout, terms, kv, targets, objective, replicas=replicas, keep=keep_splits, only=splits
             )
             ranked += split_ranked
             pareto += split_pareto
@@ -201,13 +203,17 @@ def _splits(
     *,
     replicas: int,
     keep: int,
+    only: Collection[int] | None = None,
 ) -> tuple[list[Candidate], list[ParetoPoint], int]:
-    """The ranked splits of ``replicas`` into prefill and decode pools, their Pareto points, the points computed."""
+    """The ranked splits of ``replicas`` into prefill and decode pools, their Pareto points, the points computed
+    (``only``: just these prefill replica counts, each evaluated whole)."""
     ranked, pareto, points = [], [], 0
     batches = terms.batches
-    every = replicas - 1 <= EVERY_SPLIT_UP_TO
-    if every:
-        choices: Iterable[int] = range(1, replicas)
+    every = only is not None or replicas - 1 <= EVERY_SPLIT_UP_TO
+    if only is not None:
+        choices: Iterable[int] = sorted(p for p in set(only) if 0 < p < replicas)
+    elif every:
+        choices = range(1, replicas)
     else:
         usable = np.ones(batches.size, dtype=bool)
         if targets.ttft_p99_s is not None:

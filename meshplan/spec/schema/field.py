@@ -45,6 +45,9 @@ class Group(StrEnum):
     """How the run was set up: its training stack and the conditions the stack sets (each overridable)."""
     SEARCH = "search"
     """What the planner searches for and how it ranks."""
+    COST = "cost and goodput"
+    """What a GPU-hour costs, how checkpoints are written and how often GPUs fail: time to train in dollars and
+    with failures paid."""
     SERVING = "serving"
     """How a served model is stored and how much of HBM the engine may take."""
     SERVE = "serving load"
@@ -158,7 +161,14 @@ def _number(f: Field, text: str | int | float | bool) -> int | float:
 
 
 def _number_text(f: Field, text: str) -> int | float:
+    """A number as the CLI and the API both spell it: ASCII digits, sign, '.', 'e', '_' and the field's suffixes
+    (Python's int() and float() also read other scripts' digits, '٨' as 8: the API's own parsing does not)."""
     value = text.strip().lower().replace("_", "")
+    if not value.isascii():
+        raise ValueError(
+            f"{f.flag}: expected {'an integer' if f.type is int else 'a number'} in ASCII digits, "
+            f"got {text.strip()[:80]!r}"
+        )
     scale: float = 1
     table = _BINARY if f.type is int else _DECIMAL
     if f.suffixes and value and value[-1] in table:

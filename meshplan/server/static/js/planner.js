@@ -127,6 +127,8 @@ function render() {
     ` fit with ${fmtPct(r.headroom_fraction)} of HBM kept free. ${r.global_batch} sequences of ${fmtInt(r.seq)} tokens per step, objective ${r.objective}.`,
     r.fewest_gpus ? el("span", { id: "pl-fewest", "data-value": r.fewest_gpus.gpus,
       text: ` The fewest GPUs that train ${Number(r.fewest_gpus.tokens).toExponential(2)} tokens in ${r.fewest_gpus.days} days: ${fmtInt(r.fewest_gpus.gpus)} (the search began at ${fmtInt(r.fewest_gpus.searched_from)}).` }) : "",
+    r.cheapest_fleet ? el("span", { id: "pl-cheapest", "data-value": r.cheapest_fleet.gpus,
+      text: ` The fleet that trains ${Number(r.cheapest_fleet.tokens).toExponential(2)} tokens for the fewest GPU-hours: ${fmtInt(r.cheapest_fleet.gpus)} GPUs (of ${fmtInt(r.cheapest_fleet.searched_from)} and its halvings).` }) : "",
   );
   table();
   $("#pl-band").textContent = `P10-P90: ${r.uncertainty}.`;
@@ -143,6 +145,7 @@ const METRICS = {
   "fewest-gpus": ["step time", (p) => p.step_time_s, (x) => fmtSeconds(x), -1],
   "tokens-per-gpu": ["tokens/s per GPU", (p) => p.tokens_per_s_per_gpu, (x) => fmtInt(x), 1],
   headroom: ["headroom", (p) => p.free_bytes_per_gpu, (x) => fmtBytes(x), 1],
+  cost: ["GPU-hours to train", (p) => (p.goodput ? p.goodput.gpu_hours_total : p.gpu_hours_total), (x) => fmtInt(x), -1],
 };
 
 // Say when the best plans are too close to call, and when nothing fits, what would.

@@ -1,0 +1,234 @@
+"""``export vllm|sglang|trtllm --from-plan``: a serving plan file is checked field by field and recomputed.
+
+Two plans saved by serve-plan (colocated replicas; split prefill and decode pools) are tampered field by field
+(tampered_plans.py): every copy is refused with one line. A newline in the model path is refused through each
+way in: --model-path, the plan file's model, the API's model_path=.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tampered_plans import EVIL, tampered
+
+from meshplan.cli import main
+from meshplan.reports.export import export_serve_plan
+from meshplan.reports.serve_plan import serve_plan_report
+from meshplan.reports.serve_plan_file import FILE_KEYS, LAYOUT_KEYS, PLAN_KEYS, load_serving_plan
+
+BASES: dict[str, dict[str, Any]] = {
+    "colocated": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": 8, "input_len": 1024, "output_len": 256},
+    "split": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": 8, "input_len": 8000, "output_len": 300,
+              "tpot_p99_s": 0.02, "dtypes": ["fp8"], "disaggregate": True},
+}  # fmt: skip
+FLAGS = ["llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8"]
+SERVING_ENGINES = ("vllm", "sglang", "trtllm")
+
+
+@pytest.fixture(scope="module")
+def cases(saved: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """base -> tampered copies of its saved plan: name -> file text."""
+    return {base: tampered(plan) for base, plan in saved.items()}
+
+
+@pytest.fixture(scope="module")
+def saved() -> dict[str, dict[str, Any]]:
+    """Each base plan as serve-plan --save writes it (the JSON round trip included)."""
+    plans = {}
+    for name, kwargs in BASES.items():
+        args = dict(kwargs)
+        plans[name] = json.loads(json.dumps(serve_plan_report(args.pop("model"), **args)))
+    assert plans["split"]["best"]["prefill_replicas"] > 0 == plans["colocated"]["best"]["prefill_replicas"]
+    return plans
+
+
+def _write(folder: Path, text: str, name: str = "plan.json") -> str:
+    path = folder / name
+    path.write_text(text)
+    return str(path)
+
+
+def refused(capsys: pytest.CaptureFixture[str], argv: list[str], out: Path | None = None) -> str:
+    """The CLI in-process: exit 2, one line on stderr, no traceback, nothing on stdout, nothing written."""
+    if out is not None:
+        argv = [*argv, "--out", str(out)]
+    code = main(argv)
+    stdout, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert code == 2, (argv, code, err)
+    assert len(lines) == 1 and "Traceback" not in err and stdout == "", err
+    assert out is None or not out.exists()
+    return lines[0]
+
+
+def test_the_reader_knows_exactly_the_keys_serve_plan_writes(saved: dict[str, dict[str, Any]]) -> None:
+    plan = saved["colocated"]
+    assert (
+        tuple(plan) == FILE_KEYS and tuple(plan["best"]) == PLAN_KEYS and tuple(plan["best"]["layout"]) == LAYOUT_KEYS
+    )
+
+
+@pytest.mark.parametrize("base", list(BASES))
+def test_a_saved_plan_exports_with_its_numbers_recomputed(
+    base: str, saved: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    path = _write(tmp_path, json.dumps(saved[base]))
+    best = saved[base]["best"]
+    plan = load_serving_plan(path)
+    assert plan.batch_cap_per_replica == best["batch_cap_per_replica"] and plan.replicas == best["replicas"]
+    assert dict(plan.predicted) == {k: best[k] for k in ("ttft_s_p99", "tpot_s", "tokens_per_s_per_gpu",
+                                                          "tokens_per_s_per_user")}  # fmt: skip
+    for engine in SERVING_ENGINES:
+        if engine == "trtllm" and best["prefill_replicas"]:
+            with pytest.raises(ValueError, match="splits prefill and decode pools"):
+                export_serve_plan(engine, path)
+            continue
+        out = export_serve_plan(engine, path, model_path="meta-llama/Llama-3.1-8B-Instruct")
+        assert out["predicted"] == plan.predicted
+        scripts = [text for name, text in out["files"].items() if name.endswith(".sh") and "router" not in name]
+        assert scripts and all("meta-llama/Llama-3.1-8B-Instruct" in text for text in scripts)
+
+
+@pytest.mark.parametrize("base", list(BASES))
+def test_every_tampered_plan_is_refused_with_one_line(
+    base: str, cases: dict[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """Each field mutated in turn (wrong type, negative, zero, huge, NaN/inf, a newline, missing, an extra key, TP
+    that does not divide the heads, a swapped model, numbers that are not the plan's): none exports."""
+    assert len(cases[base]) > 400
+    through, crashed = [], []
+    for name, text in cases[base].items():
+        path = _write(tmp_path, text)
+        try:
+            export_serve_plan("vllm", path)
+        except ValueError as exc:
+            message = str(exc)
+            if len(message.splitlines()) != 1 or not message.strip():
+                crashed.append(f"{name}: {message!r}")
+        except Exception as exc:  # a traceback on the command line
+            crashed.append(f"{name}: {type(exc).__name__}: {exc}")
+        else:
+            through.append(name)
+    assert through == [] and crashed == []
+
+
+CLI_CASES = [
+    "model newline",
+    "model cr",
+    "model swapped to llama-3.1-70b",
+    "model path",
+    "best.layout.tp huge",
+    "tp 3",
+    "tp 64",
+    "tp 3 with the GPUs to match",
+    "tp 64 with the GPUs to match",
+    "best.tpot_s negative",
+    "best.tokens_per_s_per_gpu nan",
+    "best.ttft_s_p99 inf",
+    "best.batch_cap_per_replica text",
+    "best.layout.kv_dtype null",
+    "best.layout missing",
+    "input_len newline",
+    "extra key in best.layout",
+    "batch cap doubled",
+    "a list",
+    "1e999 for a prediction",
+    "duplicate model key",
+]
+"""Tampered plans sent through the whole command line too (the rest go through the same reader above)."""
+
+
+@pytest.mark.parametrize("i", range(len(CLI_CASES)), ids=CLI_CASES)
+def test_tampered_plans_exit_2_through_the_cli_and_write_nothing(
+    i: int, cases: dict[str, dict[str, str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = "split" if i % 2 else "colocated"
+    engine = ("vllm", "sglang")[i // 2 % 2] if base == "split" else SERVING_ENGINES[i // 2 % 3]
+    path = _write(tmp_path, cases[base][CLI_CASES[i]])
+    line = refused(capsys, ["export", engine, "--from-plan", path], out=tmp_path / "out")
+    assert line.startswith("meshplan: error: ") and "\n" not in line
+
+
+def test_tp_that_does_not_divide_the_heads_is_refused_as_serve_refuses_it(
+    cases: dict[str, dict[str, str]], tmp_path: Path
+) -> None:
+    for tp in (3, 64):
+        path = _write(tmp_path, cases["colocated"][f"tp {tp} with the GPUs to match"])
+        with pytest.raises(ValueError, match=f"tp={tp} does not divide the 32 attention heads|not a layout serve-plan"):
+            load_serving_plan(path)
+    path = _write(tmp_path, cases["colocated"]["tp 3"])
+    with pytest.raises(ValueError, match=r"best.gpus = 8 is not replicas x tp x pp = 8 x 3 x 1"):
+        load_serving_plan(path)
+
+
+def test_edited_numbers_are_refused_naming_the_field_and_the_recomputed_value(
+    saved: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    plan = json.loads(json.dumps(saved["colocated"]))
+    true = plan["best"]["tpot_s"]
+    plan["best"]["tpot_s"] = plan["top"][0]["tpot_s"] = true * (1 + 1e-6)
+    with pytest.raises(ValueError, match=rf"best.tpot_s is .* but serve-plan computes {true!r} .* save it again"):
+        load_serving_plan(_write(tmp_path, json.dumps(plan)))
+    plan["model"] = "llama-3.1-70b"
+    plan["best"]["tpot_s"] = plan["top"][0]["tpot_s"] = true
+    with pytest.raises(ValueError, match=r"best.batch_cap_per_replica is \d+, but serve-plan computes \d+"):
+        load_serving_plan(_write(tmp_path, json.dumps(plan)))
+
+
+# --- a newline in the model path, through each way in ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("evil", [EVIL, "m\rid", "m\x1b[2K", "$(id)", "-m"])
+def test_model_path_flag_with_control_characters_or_shell_syntax_exits_2(
+    evil: str, saved: dict[str, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = _write(tmp_path, json.dumps(saved["colocated"]))
+    for engine in SERVING_ENGINES:
+        line = refused(capsys, ["export", engine, *FLAGS, f"--model-path={evil}"], out=tmp_path / "out")
+        assert "--model-path" in line
+        line = refused(capsys, ["export", engine, "--from-plan", plan, f"--model-path={evil}"], out=tmp_path / "out")
+        assert "--model-path" in line
+    for engine in ("torchtitan", "megatron", "deepspeed"):
+        argv = ["export", engine, *FLAGS, "--dp-shard", "8", "--zero", "3", "--seq", "4096", "--global-batch", "64"]
+        assert "--model-path" in refused(capsys, [*argv, f"--model-path={evil}"], out=tmp_path / "out")
+
+
+def test_plan_file_model_with_a_newline_exits_2(
+    cases: dict[str, dict[str, str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for base in BASES:
+        path = _write(tmp_path, cases[base]["model newline"])
+        for engine in SERVING_ENGINES:
+            line = refused(capsys, ["export", engine, "--from-plan", path], out=tmp_path / "out")
+            assert line.endswith("model holds the control character '\\n'; a plan file holds none")
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Any]:
+    pytest.importorskip("fastapi", reason="the API needs the [web] extra")
+    if importlib.util.find_spec("httpx2") is None and importlib.util.find_spec("httpx") is None:
+        pytest.skip("the API tests need an HTTP client for TestClient: pip install httpx2")
+    from fastapi.testclient import TestClient
+
+    from meshplan.server.app import create_app
+
+    with TestClient(create_app(), base_url="http://127.0.0.1") as c:  # the server answers its own address only
+        yield c
+
+
+@pytest.mark.parametrize("evil", [EVIL, "m\rid", "$(id)", "-m", "m'; id; '"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "torchtitan"])
+def test_api_model_path_with_control_characters_or_shell_syntax_is_a_400(client: Any, evil: str, engine: str) -> None:
+    query = {"to": engine, "model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": 8, "model_path": evil}
+    if engine == "torchtitan":
+        query |= {"dp_shard": 8, "zero": 3, "seq": 4096, "global_batch": 64}
+    r = client.get("/api/export", params=query)
+    assert r.status_code == 400 and set(r.json()) == {"error"}, r.text
+    assert r.json()["error"].startswith("--model-path ") and "\n" not in r.json()["error"]
+    ok = client.get("/api/export", params=query | {"model_path": "meta-llama/Llama-3.1-8B"})
+    assert ok.status_code == 200, ok.text
