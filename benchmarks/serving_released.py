@@ -6,6 +6,7 @@ python benchmarks/serving_released.py                       # today's serve, tod
 python benchmarks/serving_released.py --kv-dtype bf16 --band OLD.toml
                                                             # serve's earlier bf16 KV default, an earlier band
                                                             # (git show REV:meshplan/catalog/serving/held_out.toml)
+python benchmarks/serving_released.py --without-own-source  # each source against the band built without it
 
 Each row is typed with serve's own flags and only what its source states (validation/serving_typed.py); the error
 is serve's raw prediction (no correction), and a row is inside the band when its measured over predicted time (a
@@ -20,7 +21,8 @@ import tomllib
 from pathlib import Path
 
 from meshplan import io
-from meshplan.validation.serving import Row, best_efficiency_error, reference_rows, typed_rows
+from meshplan.validation.serving import Row, best_efficiency_error, predict_rows, reference_rows, typed_rows
+from meshplan.validation.serving_band import band_without
 
 RELEASED = ("splitwise_perf_csv", "nim_bench_llm")
 
@@ -36,7 +38,8 @@ def inside(r: Row, band: dict[str, float]) -> bool:
     return band[f"{key}_time_ratio_p10"] <= time_ratio(r) <= band[f"{key}_time_ratio_p90"]
 
 
-def table(rows: list[Row], band: dict[str, float]) -> list[str]:
+def table(rows: list[Row], band: dict[str, float], bands: dict[str, dict[str, float]] | None = None) -> list[str]:
+    """Per source and class (then all released rows per class); ``bands``: a band per source, else ``band``."""
     out = [
         "| source | metric class | rows | mean abs error | max | too fast | best single constant | inside band |",
         "|---|---|---|---|---|---|---|---|",
@@ -49,7 +52,7 @@ def table(rows: list[Row], band: dict[str, float]) -> list[str]:
     for (source, cls), members in sorted(groups.items(), key=lambda g: (g[0][0] == "all released", g[0])):
         errors = [r.error for r in members if r.error is not None]
         fast = sum(1 for r in members if time_ratio(r) > 1)
-        inside_n = sum(inside(r, band) for r in members)
+        inside_n = sum(inside(r, (bands or {}).get(r.source, band)) for r in members)
         out.append(
             f"| {source} | {cls} | {len(members)} | {100 * statistics.mean(abs(e) for e in errors):.1f}% "
             f"| {100 * max(abs(e) for e in errors):.1f}% | {fast} of {len(members)} "
@@ -63,10 +66,15 @@ def main() -> None:
     parser.add_argument("--kv-dtype", default=None, help="force serve's KV dtype (default: serve's own default)")
     parser.add_argument("--band", default=None, help="a serving held_out.toml (default: the catalog's)")
     parser.add_argument("--rows", action="store_true", help="also list every row")
+    parser.add_argument("--without-own-source", action="store_true", help="each source against the band without it")
     args = parser.parse_args()
     band = tomllib.loads(Path(args.band).read_text()) if args.band else io.serving_held_out_band()
     rows = [p for r in reference_rows() if r["source"]["id"] in RELEASED for p in typed_rows(r, kv_dtype=args.kv_dtype)]
-    print("\n".join(table(rows, band)))
+    bands = None
+    if args.without_own_source:  # the band as validation builds it, from every source but the row's own
+        every = [p for r in reference_rows() for p in predict_rows(r)]
+        bands = {s: band_without(every, s) for s in RELEASED}
+    print("\n".join(table(rows, band, bands)))
     if args.rows:
         print("\n| row | metric | published | predicted | error | measured / predicted time | inside band |")
         print("|---|---|---|---|---|---|---|")
@@ -74,7 +82,7 @@ def main() -> None:
             assert r.error is not None
             print(
                 f"| {r.case} | {r.metric} | {r.measured:.4g} | {r.predicted:.4g} | {100 * r.error:+.1f}% "
-                f"| {time_ratio(r):.3f} | {'yes' if inside(r, band) else 'no'} |"
+                f"| {time_ratio(r):.3f} | {'yes' if inside(r, (bands or {}).get(r.source, band)) else 'no'} |"
             )
 
 

@@ -169,14 +169,21 @@ def serving_band(point: dict[str, Any], *, moe: bool) -> dict[str, Any]:
     rate = point["tokens_per_s_per_gpu"]
     out["tokens_per_s_per_gpu_p10"] = rate / band[f"{kind}_time_ratio_p90"]  # the slow end of the rate
     out["tokens_per_s_per_gpu_p90"] = rate / band[f"{kind}_time_ratio_p10"]
-    n = {cls: int(band[f"{cls}_runs"]) for cls in ("decode", "prefill", kind)}
     out["uncertainty"] = (
-        f"P10-P90 of measured over predicted on published serving measurements, each predicted with the "
-        f"correction fitted without its source: TPOT from {n['decode']} decode runs, unloaded TTFT from "
-        f"{n['prefill']} prefill runs, tokens/s per GPU from {n[kind]} offline {'MoE' if moe else 'dense'} "
-        "throughput runs at the engine's own batch"
+        "P10-P90 of measured over predicted on published serving measurements, each predicted with the correction "
+        f"fitted without its source, each source weighing the same, widened where few sources stand behind it: "
+        f"TPOT from {_runs(band, 'decode')}, TTFT from {_runs(band, 'prefill')}, tokens/s per GPU from "
+        f"{_runs(band, kind)} of {'MoE' if moe else 'dense'} throughput"
     )
     return out
+
+
+def _runs(band: dict[str, float], cls: str) -> str:
+    """'32 runs of 4 sources' (or of one source, its band borrowed from its sibling class's)."""
+    runs, sources = int(band[f"{cls}_runs"]), int(band.get(f"{cls}_sources", 0))
+    if sources == 1:
+        return f"{runs} runs of 1 source (widened as the classes of several sources)"
+    return f"{runs} runs of {sources} sources"
 
 
 def serving_band_text(*, moe: bool) -> str:
@@ -190,10 +197,9 @@ def serving_band_text(*, moe: bool) -> str:
 
     return (
         f"measured over predicted on published serving measurements held out by source, P10-P90: TPOT "
-        f"{factors('decode')} ({int(band['decode_runs'])} decode runs), TTFT unloaded {factors('prefill')} "
-        f"({int(band['prefill_runs'])} prefill runs), tokens/s per GPU {factors(kind, rate=True)} "
-        f"({int(band[f'{kind}_runs'])} offline {'MoE' if moe else 'dense'} throughput runs): a plan within those "
-        "factors of a target may miss it"
+        f"{factors('decode')} ({_runs(band, 'decode')}), TTFT {factors('prefill')} ({_runs(band, 'prefill')}), "
+        f"tokens/s per GPU {factors(kind, rate=True)} ({_runs(band, kind)}): a plan within those factors of a "
+        "target may miss it"
     )
 
 

@@ -44,7 +44,7 @@ def row_model(row: dict[str, Any]) -> str | None:
 def model_class(spec: ModelSpec) -> str:
     """The serving class of a model: dense or MoE, with its attention where the decode kernels differ (MLA, sliding
     windows)."""
-    base = "MoE" if spec.moe is not None else "dense"
+    base = "MoE model" if spec.moe is not None else "dense model"
     if spec.mla is not None:
         return f"{base} with MLA"
     if spec.sliding_window:
@@ -92,8 +92,8 @@ def coverage_warnings(spec: ModelSpec, gpu: str) -> list[str]:
     cls = model_class(spec)
     if cls not in by_class:
         out.append(
-            f"{spec.name} is a {cls} model: none of the {total} published serving measurements meshplan is checked "
-            f"against ran one (they ran {', '.join(by_class)} models): its kernels are priced with the shares set on "
+            f"{spec.name} is a {cls}: none of the {total} published serving measurements meshplan is checked "
+            f"against ran one (they ran a {', a '.join(by_class)}): its kernels are priced with the shares set on "
             "those, unchecked on its own runs, and the serving band is the errors of those classes, not its own"
         )
     return out

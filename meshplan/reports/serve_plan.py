@@ -201,18 +201,23 @@ def serve_plan_report(
         "concurrency_total": concurrency,
         "uncertainty": serving_band_text(moe=spec.moe is not None),
         "weights_dtypes_searched": searched,
-        "warnings": coverage_warnings(spec, gpu_spec.name) + _quality_note(model, allow_quantization, searched),
+        "warnings": [
+            *coverage_warnings(spec, gpu_spec.name),
+            *_quality_note(model, gpu_spec, allow_quantization, searched),
+        ],
     }
 
 
-def _quality_note(model: ModelSpec | str, allow_quantization: bool, searched: list[str]) -> list[str]:
-    if allow_quantization:
-        return []
+def _quality_note(model: ModelSpec | str, gpu: GPU, allow_quantization: bool, searched: list[str]) -> list[str]:
+    """What a search at the model's published quality left out (the quantized weights this GPU runs)."""
     native = published_dtype(model).value
+    lower = [w.value for w, _ in _weight_options(gpu, None) if w.value not in searched and w is not DType.BF16]
+    if allow_quantization or not lower:
+        return []
     return [
         f"weights searched in {', '.join(searched)} only, the quality the model is published at ({native}), each "
-        "with the engine's default KV cache: --allow-quantization also searches fp8, int8, int4 and fp4 weights and "
-        "an fp8 KV cache, which change it"
+        f"with the engine's default KV cache: --allow-quantization also searches {', '.join(lower)} weights and an "
+        "fp8 KV cache, which change it"
     ]
 
 

@@ -37,8 +37,11 @@ def test_serve_plan_answers(client: Any) -> None:
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["best"]["layout"]["tp"] * body["best"]["replicas"] == 8 and body["pareto"]
-    only = client.get("/api/serve-plan", params=params | {"weights_dtypes": "bf16,int4"}).json()
-    assert {p["layout"]["weights_dtype"] for p in only["top"]} <= {"bf16", "int4"}
+    assert {p["layout"]["weights_dtype"] for p in body["top"]} == {"bf16"}  # the model's quality unless allowed
+    refused = client.get("/api/serve-plan", params=params | {"weights_dtypes": "bf16,int4"})
+    assert refused.status_code == 400 and "--allow-quantization" in refused.json()["error"]
+    only = client.get("/api/serve-plan", params=params | {"weights_dtypes": "bf16,int4", "allow_quantization": True})
+    assert {p["layout"]["weights_dtype"] for p in only.json()["top"]} <= {"bf16", "int4"}
 
 
 @pytest.mark.parametrize(
