@@ -59,7 +59,7 @@ def add_fields(p: argparse.ArgumentParser | Any, *names: str, required: bool = F
     for name in names:
         f = field(name)
         value = f.default if default is _UNSET else default
-        text = f.describe(value)
+        text = f.describe(value, unset=default is None and f.default is not None)
         if f.type is bool:
             p.add_argument(f.flag, dest=f.name, action="store_true", default=False, help=text)
             continue

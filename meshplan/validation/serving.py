@@ -1,11 +1,12 @@
 """Published serving measurements against meshplan's serving model (``meshplan validate --serving``).
 
-The 47 rows of ../shared/reference/serving_runs.json (TensorRT-LLM performance tables, gpt-fast batch-1
-decode, SGLang disaggregated DeepSeek-V3) are predicted with the engine family's constants. Rows that
-break physics (faster than the HBM bandwidth allows even with ideal kernels) are flagged, not fitted.
-Per source, three errors: the model's, the model's after a per-metric correction fitted on the other
-sources only (leave-one-source-out), and the best single efficiency constant on a bare roofline fitted
-on the source's own answers (the bar to beat).
+The 68 rows of ../shared/reference/serving_runs.json (TensorRT-LLM performance tables, gpt-fast batch-1
+decode, SGLang disaggregated DeepSeek-V3, and the released Splitwise profiles and NIM sweep, these typed as
+``serve``'s flags: validation/serving_typed.py) and the 16 MoE rows of runs_moe.json are predicted with the engine
+family's constants. Rows that break physics (faster than the HBM bandwidth allows even with ideal kernels) are
+flagged, not fitted. Per source, three errors: the model's, the model's after a per-metric correction fitted on the
+other sources only (leave-one-source-out, each source weighing the same: validation/serving_band.py), and the best
+single efficiency constant on a bare roofline fitted on the source's own answers (the bar to beat).
 """
 
 from __future__ import annotations

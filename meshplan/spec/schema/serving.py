@@ -20,7 +20,8 @@ SERVING_FIELDS: tuple[Field, ...] = (
         default="bf16",
         group=Group.SERVING,
         choices=("bf16", "fp16", "fp8"),
-        help="KV-cache dtype (serve: the engine's default for the weights when left out)",
+        help="KV-cache dtype (serve, left out: the engine's default for the weights, FP8 with FP8/FP4 weights in "
+        "TensorRT-LLM, else the model's 16-bit dtype)",
     ),
     Field(
         name="context",
@@ -123,8 +124,11 @@ SERVE_FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_V,
-        choices=("weight-only", "w-a"),
-        help="weight-only or weight-and-activation quantization (default: W-A where the GPU computes in the dtype)",
+        choices=("weight-only", "w-a", "none"),
+        help=(
+            "weight-only or weight-and-activation quantization, none for 16-bit weights (the quant serve-plan writes "
+            "in a layout) (default: W-A where the GPU computes in the dtype)"
+        ),
     ),
     Field(
         name="engine",
