@@ -83,8 +83,15 @@ def write_serving_band() -> None:
     path.write_text(
         "# Written by benchmarks/validation_table.py --write-band: measured over predicted time (a latency's ratio,\n"
         "# a rate's inverse), P10, median and P90 per metric class over the published serving measurements\n"
-        "# (meshplan validate --serving), each predicted with the correction fitted without its source.\n"
-        + "".join(_class_band(band, cls) for cls in SERVING_BAND_CLASSES),
+        "# (meshplan validate --serving), each predicted with the correction fitted without its source, each source\n"
+        "# weighing the same; widened by t_0.90(k - 1) sqrt(1 + 1/k) / z_0.90 for k sources, a class of one source\n"
+        "# borrowing its sibling class's spread (meshplan/validation/serving_band.py); _sources: the sources behind.\n"
+        + "".join(
+            _class_band(band, cls)
+            + f"{cls}_sources = {int(band[f'{cls}_sources'])}\n"
+            + f"{cls}_widening = {band[f'{cls}_widening']:.4f}\n"
+            for cls in SERVING_BAND_CLASSES
+        ),
         encoding="utf-8",
     )
 

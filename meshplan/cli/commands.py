@@ -371,6 +371,7 @@ def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
 
 SERVE_KEYS: tuple[str, ...] = ("tp", "pp", "ep", "dp_attention", "replicas", "weights_dtype", "kv_dtype", "quant")
 SERVE_KEYS += ("engine", "max_batch", "max_num_tokens", "num_requests", "cuda_graph_padding", "disaggregate")
+SERVE_KEYS += ("batch", "int4_group_size")
 
 
 def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
@@ -408,6 +409,7 @@ def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
         dtypes=args.weights_dtypes.split(",") if args.weights_dtypes else None,
         top=args.top,
         disaggregate=args.search_disaggregated,
+        allow_quantization=args.allow_quantization,
     )
     if args.save:
         save_json(args, result)

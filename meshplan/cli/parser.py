@@ -59,7 +59,7 @@ def add_fields(p: argparse.ArgumentParser | Any, *names: str, required: bool = F
     for name in names:
         f = field(name)
         value = f.default if default is _UNSET else default
-        text = f.describe(value)
+        text = f.describe(value, unset=default is None and f.default is not None)
         if f.type is bool:
             p.add_argument(f.flag, dest=f.name, action="store_true", default=False, help=text)
             continue
@@ -98,7 +98,9 @@ def _add_fleet_shape(p: argparse.ArgumentParser) -> None:
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_fields(p, "input_len", "output_len", required=True)
     add_fields(p, "tp", default=None)
-    add_fields(p, "pp", "ep", "dp_attention", "weights_dtype", "kv_dtype", "quant", "engine")
+    add_fields(p, "pp", "ep", "dp_attention", "weights_dtype")
+    add_fields(p, "kv_dtype", default=None)  # unset: the engine's default for the weights
+    add_fields(p, "quant", "int4_group_size", "engine")
     add_fields(p, "max_batch", "max_num_tokens", "cuda_graph_padding")
     add_fields(p, "gpu_memory_utilization", default=None)
 
@@ -278,13 +280,14 @@ def _serving_commands(command: Command) -> None:
     _add_serve_flags(p)
     add_fields(p, "replicas", "disaggregate", "price_per_gpu_hour")
     load = p.add_mutually_exclusive_group(required=True)
-    add_fields(load, "concurrency", "rate", "num_requests")
+    add_fields(load, "concurrency", "rate", "num_requests", "batch")
 
     p = command("serve-plan", "every serving layout, dtype and batch cap ranked under TTFT/TPOT targets")
     p.add_argument("model")
     _add_fleet(p)
     add_fields(p, "input_len", "output_len", required=True)
     add_fields(p, "ttft_p99", "tpot_p99", "serve_objective", "concurrency", "engine", "weights_dtypes", "top")
+    add_fields(p, "allow_quantization")
     p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
     _add_force(p)
     add_fields(p, "search_disaggregated")

@@ -7,6 +7,8 @@ from typing import Any
 from meshplan.render import gb, percent, table
 from meshplan.spec.profile import CONSTANTS
 
+SERVING_CLASS_HEAD = ["metric", "cases", "mean |err|", "max", "LOSO mean", "sources", "LOSO by source", "target"]
+
 
 def _validate_serving(r: dict[str, Any]) -> str:
     def err(x: float | None) -> str:
@@ -42,6 +44,8 @@ def _validate_serving(r: dict[str, Any]) -> str:
             percent(c["mean_abs_error"]),
             percent(c["max_abs_error"]),
             percent(c["loso_mean_abs_error"]),
+            c["sources"],
+            percent(c["loso_source_mean_abs_error"]),
             percent(c["target_mean"]),
             percent(c["best_constant_mean_abs_error"]),
             "ok" if c["ok"] else "FAIL",
@@ -54,6 +58,8 @@ def _validate_serving(r: dict[str, Any]) -> str:
         (
             c["metric_class"],
             int(band[f"{(key := c['metric_class'].replace('-', '_'))}_runs"]),
+            int(band[f"{key}_sources"]),
+            f"{band[f'{key}_widening']:.2f}" if band[f"{key}_sources"] >= 2 else "borrowed",
             f"{band[f'{key}_time_ratio_p10']:.3f}",
             f"{band[f'{key}_time_ratio_p50']:.3f}",
             f"{band[f'{key}_time_ratio_p90']:.3f}",
@@ -66,10 +72,14 @@ def _validate_serving(r: dict[str, Any]) -> str:
             "",
             table(sources, ["source", "metric", "cases", "mean |err|", "max", "LOSO mean", "best constant"]),
             "",
-            table(classes, ["metric", "cases", "mean |err|", "max", "LOSO mean", "target", "best constant", ""]),
+            table(
+                classes,
+                [*SERVING_CLASS_HEAD, "best constant", ""],
+            ),
             "",
-            "measured over predicted time, held out by source (the band `serve` prints):",
-            table(bands, ["metric", "cases", "P10", "median", "P90"]),
+            "measured over predicted time, held out by source, each source weighing the same, widened for few "
+            "sources (the band `serve` prints):",
+            table(bands, ["metric", "cases", "sources", "widened", "P10", "median", "P90"]),
             "",
             "not fitted:",
             *notes,

@@ -387,13 +387,22 @@ def collectives(
 
 SERVE: tuple[str, ...] = ("input_len", "output_len", "concurrency", "rate", "dp_attention", "replicas")
 SERVE += ("weights_dtype", "kv_dtype", "quant", "engine", "max_batch", "max_num_tokens", "num_requests")
-SERVE += ("cuda_graph_padding", "disaggregate")
+SERVE += ("cuda_graph_padding", "disaggregate", "batch", "int4_group_size")
 SERVE_PLAN: tuple[str, ...] = ("input_len", "output_len", "ttft_p99", "tpot_p99", "serve_objective", "concurrency")
-SERVE_PLAN += ("engine", "weights_dtypes", "search_disaggregated")
+SERVE_PLAN += ("engine", "weights_dtypes", "search_disaggregated", "allow_quantization")
+_ENGINE_SET = ("kv_dtype",)  # unset: the engine's default for the weights (as the CLI)
 LENGTHS = ("input_len", "output_len")
 """Required on the API as on the CLI: a request without its lengths has nothing to time."""
 ServeArg = Annotated[
-    dict[str, Any], Depends(dependency([field(n) for n in SERVE], dict, "serve_arg", required=LENGTHS))
+    dict[str, Any],
+    Depends(
+        dependency(
+            [dataclasses.replace(field(n), default=None) if n in _ENGINE_SET else field(n) for n in SERVE],
+            dict,
+            "serve_arg",
+            required=LENGTHS,
+        )
+    ),
 ]
 ServePlanArg = Annotated[
     dict[str, Any], Depends(dependency([field(n) for n in SERVE_PLAN], dict, "serve_plan_arg", required=LENGTHS))

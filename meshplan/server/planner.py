@@ -207,6 +207,7 @@ async def serve_plan(
         "dtypes": None if not dtypes else [field("weights_dtype").parse(d) for d in dtypes.split(",")],
         "top": top,
         "disaggregate": plan["search_disaggregated"],
+        "allow_quantization": plan["allow_quantization"],
     }
     key = ("serve-plan", _model_key(model), *sorted((k, repr(v)) for k, v in kwargs.items()))
     gate: SearchGate = request.app.state.searches

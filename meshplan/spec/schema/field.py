@@ -84,9 +84,10 @@ class Field:
     def flag(self) -> str:
         return "--" + self.key.replace("_", "-")
 
-    def describe(self, default: Any = None) -> str:
-        """The help line with its unit, range and default, as the CLI and the OpenAPI show it."""
-        default = self.default if default is None else default
+    def describe(self, default: Any = None, *, unset: bool = False) -> str:
+        """The help line with its unit, range and default, as the CLI and the OpenAPI show it (``unset``: a command
+        where leaving the field out means something else than its default, said in its help)."""
+        default = None if unset else self.default if default is None else default
         parts = [self.help]
         if self.unit:
             parts.append(f"[{self.unit}]")
