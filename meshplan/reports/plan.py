@@ -32,6 +32,7 @@ from meshplan.reports.pins import pinned_space, refuse_pins
 from meshplan.reports.plan_cost import cheapest_fleet, plan_costs
 from meshplan.reports.plan_explain import STEP_TERMS, explanations
 from meshplan.reports.plan_fleet import Deadline, SearchRules, fewest_for_deadline, tried_json, what_would_fit
+from meshplan.reports.published_range import mark_plans
 from meshplan.search.order import Objective
 from meshplan.search.rank import SearchResult
 from meshplan.search.space import SearchSpace
@@ -230,6 +231,7 @@ def plan_report(
     if not plans:
         out["nothing_fits"] = what_would_fit(spec, fleet, cluster, work, result, rules, finetune=ft, max_gpus=max_gpus)
     _time_to_train(plans, tokens, cluster.num_gpus)
+    out |= mark_plans(plans, gpu=cluster.gpu.name, moe=spec.moe is not None, dtype=work.precision.compute)
     plan_costs(out, plans, spec=spec, cluster=cluster, work=work, tokens=tokens, req=cost, cheapest=cheapest)
     if explain or compare:
         out["explain"] = explanations(spec, cluster, work, plans, rules, compare)
