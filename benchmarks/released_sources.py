@@ -119,10 +119,12 @@ def _read(points: list[tuple[float, float]], level: float, *, below: bool) -> fl
 def inside(name: str, band: dict[str, float]) -> int:
     """How many of a source's runs, as a user gets them (the catalog's constants), lie inside ``band``."""
     count = 0
-    for r in results(name):
-        axis = band_class(cp=r.layout.get("cp", 1), ep=r.layout.get("ep", 1))
-        key = f"{axis}_time_ratio" if axis and f"{axis}_time_ratio_p10" in band else "time_ratio"
-        count += band[f"{key}_p10"] <= ratio(r.metric, r.error) <= band[f"{key}_p90"]
+    for r in results(name):  # a layout takes its classes' bands, one with CP and EP the band covering both
+        degrees = {"cp": r.layout.get("cp", 1), "ep": r.layout.get("ep", 1)}
+        keys = [f"{a}_time_ratio" for a in BAND_CLASSES if degrees[a] > 1 and f"{a}_time_ratio_p10" in band]
+        keys = keys or ["time_ratio"]
+        lo, hi = min(band[f"{k}_p10"] for k in keys), max(band[f"{k}_p90"] for k in keys)
+        count += lo <= ratio(r.metric, r.error) <= hi
     return count
 
 

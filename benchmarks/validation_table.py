@@ -1,13 +1,16 @@
 """The validation tables of docs/validation.md, as Markdown, from `meshplan validate`.
 
 python benchmarks/validation_table.py > /tmp/validation.md
-python benchmarks/validation_table.py --write-band   # also refresh meshplan/catalog/held_out.toml and
+python benchmarks/validation_table.py --write-band   # also refresh meshplan/catalog/held_out.toml,
+                                                     # meshplan/catalog/published_mfu.toml and
                                                      # meshplan/catalog/serving/held_out.toml
 
 The band is measured over predicted step time on the published runs, each source held out of the fit and weighing
 the same (validation/band.py states the rule); `meshplan estimate` prints it beside every step time with the number
-of sources behind it. The serving band is the same over the
-published serving measurements, per metric class (`meshplan validate --serving`); `meshplan serve` prints it.
+of sources behind it. The published MFU range is the lowest and highest MFU the published runs measured, per GPU
+kind, class of layout and matmul kind (validation/mfu_range.py); `meshplan estimate`, `recipe` and `plan` warn above
+it. The serving band is the same over the published serving measurements, per metric class (`meshplan validate
+--serving`); `meshplan serve` prints it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import sys
 from pathlib import Path
 
 from meshplan.validation.band import conformal_rank
+from meshplan.validation.mfu_range import published_mfu_range, range_toml
 from meshplan.validation.serving import validate_serving
 from meshplan.validation.training import held_out_band, validate
 
@@ -73,6 +77,8 @@ def main() -> None:
             + _class_band(band, "ep", sources=True),
             encoding="utf-8",
         )
+        mfu = path.parent / "published_mfu.toml"
+        mfu.write_text(range_toml(published_mfu_range(report)), encoding="utf-8")
         write_serving_band()
 
 

@@ -325,6 +325,8 @@ def _plan(r: dict[str, Any]) -> str:
             else []
         ),
         *([f"step times: P10-P90 {_band(r['plans'][0])} for plan 1 ({r['uncertainty']})"] if rows else []),
+        *([r["ties"]] if r.get("ties") else []),
+        *(f"WARNING: {w}" for w in r.get("warnings", [])),
         "",
         "rejected: " + ("; ".join(f"{k} {v:,}" for k, v in r["rejections"].items()) or "none"),
         *_nothing_fits(r),

@@ -156,6 +156,18 @@ class TimeToTrainJSON(TypedDict):
     gpu_hours_total: float
 
 
+class PublishedMfuJSON(TypedDict):
+    gpu: str
+    layout_class: str
+    matmul: str
+    runs: int
+    sources: int
+    mfu_min: float | None
+    mfu_max: float | None
+    highest_run: str | None
+    above: bool | None
+
+
 class EstimateReport(MemoryReport):
     step_time_s: float
     mfu: float
@@ -169,6 +181,7 @@ class EstimateReport(MemoryReport):
     placement: dict[str, AxisPlacementJSON]
     axis_order: list[str]
     warnings: list[str]
+    published_mfu: PublishedMfuJSON
     time_to_train: NotRequired[TimeToTrainJSON]
     cost: NotRequired[CostJSON]
     checkpoint: NotRequired[CheckpointJSON]
@@ -261,6 +274,8 @@ class PlanItemJSON(TypedDict):
     free_bytes_per_gpu: float
     breakdown: dict[str, float]
     placement: dict[str, AxisPlacementJSON]
+    ties_with_best: bool
+    published_mfu: PublishedMfuJSON
     time_to_train_days: NotRequired[float]
     gpu_hours_total: NotRequired[float]
     cost: NotRequired[CostJSON]
@@ -328,6 +343,8 @@ class PlanReport(TrainsJSON):
     pareto: list[ParetoPointJSON]
     rejections: dict[str, int]
     uncertainty: str
+    ties: str | None
+    warnings: list[str]
     fewest_gpus: NotRequired[FewestJSON]
     explain: NotRequired[list[ExplainJSON]]
     nothing_fits: NotRequired[NothingFitsJSON]

@@ -32,6 +32,7 @@ from meshplan.reports.inputs import (
 )
 from meshplan.reports.plan_cost import cheapest_fleet, plan_costs
 from meshplan.reports.plan_explain import STEP_TERMS, explanations
+from meshplan.reports.published_range import mark_plans
 from meshplan.search.order import Objective
 from meshplan.search.rank import SearchResult, search
 from meshplan.search.space import SearchSpace
@@ -275,6 +276,7 @@ def plan_report(
             spec, cluster, work, result, headroom=headroom, allow=allow_cross_node_tp, order=order, tuning=ft
         )
     _time_to_train(plans, tokens, cluster.num_gpus)
+    out |= mark_plans(plans, gpu=cluster.gpu.name, moe=spec.moe is not None, dtype=work.precision.compute)
     plan_costs(out, plans, spec=spec, cluster=cluster, work=work, tokens=tokens, req=cost, cheapest=cheapest)
     if explain or compare:
         out["explain"] = explanations(spec, cluster, work, plans, order, compare)

@@ -24,6 +24,9 @@ expert parallelism and none of context parallelism: ``reports.estimate.BAND_CLAS
 
 The median (``_p50``) is that of every run of the class, each source weighing the same: what the class's runs say
 of the model's bias (``band_warning``).
+
+A published run counts in one class (a run with both CP and EP is a CP run); a layout to predict with both takes
+the band covering the CP and the EP bands, the lower P10 and the higher P90 (reports/estimate.py ``uncertainty``).
 """
 
 from __future__ import annotations

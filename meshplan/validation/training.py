@@ -27,6 +27,7 @@ from meshplan.reports.inputs import (
     resolve_order,
     resolve_workload,
 )
+from meshplan.reports.published_range import matmul_kind
 from meshplan.reports.typed import estimate_defaults, finetune_request
 from meshplan.spec import requests
 from meshplan.spec.argv import flag_args
@@ -58,6 +59,22 @@ class RunResult:
     memory_bytes_per_gpu: float
     fits: bool
     delta_from: str | None
+    gpu: str
+    """The GPU kind the run ran on (its catalog name)."""
+    mfu: float
+    """The predicted run's MFU in the reports' convention (core/time/flops.py ``MFU_CONVENTION``: causal attention
+    over the dense bf16 peak), whatever the source's metric (``measured_mfu``: the run's own, so counted)."""
+    moe: bool
+    """Whether the run's model routes tokens to experts."""
+    matmul: str
+    """Its matmuls' dtype as the published MFU range splits runs (reports/published_range.py ``matmul_kind``)."""
+
+    @property
+    def measured_mfu(self) -> float:
+        """The MFU the run measured, in the reports' convention: the predicted MFU times predicted over measured
+        step time (a rate's measured over predicted value), the model's FLOPs and the peak being the same."""
+        ratio = self.predicted / self.measured if self.metric.endswith("_s") else self.measured / self.predicted
+        return self.mfu * ratio
 
     @property
     def error(self) -> float:
@@ -227,6 +244,10 @@ def run_case(source: str, case: dict[str, Any], metric: str, profile: Profile = 
         memory_bytes_per_gpu=float(plan.memory.per_gpu.total_bytes),
         fits=plan.memory.fits,
         delta_from=case.get("delta_from"),
+        gpu=plan.cluster.gpu.name,
+        mfu=float(plan.step.mfu),
+        moe=plan.model.moe is not None,
+        matmul=matmul_kind(plan.workload.precision.compute),
     )
 
 
@@ -451,7 +472,7 @@ def validate(only: str | None = None, *, held_out: bool = True, profile: str | N
     runs, summaries = [], []
     for name in names:
         results = run_source(name, scales)
-        runs += [dict(dataclasses.asdict(r), error=r.error) for r in results]
+        runs += [dict(dataclasses.asdict(r), error=r.error, measured_mfu=r.measured_mfu) for r in results]
         summaries.append(summarize(name, results))
     out: dict[str, Any] = {"runs": runs, "sources": summaries, "all_ok": all(s["ok"] for s in summaries)}
     if only is None and held_out and scales.is_identity:

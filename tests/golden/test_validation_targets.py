@@ -202,6 +202,49 @@ def test_the_stored_band_is_the_current_one(report: dict) -> None:
     assert stored["time_ratio_p10"] < 0.9 and stored["time_ratio_p90"] > 1.2
 
 
+def test_the_stored_mfu_range_is_the_published_runs_measured_mfu(report: dict) -> None:
+    """catalog/published_mfu.toml (what estimate, recipe and plan hold their MFU to) re-derived from today's validate
+    run: each run's measured MFU is its predicted MFU times predicted over measured step time (a rate's measured
+    over predicted value), and, per GPU kind, class and matmul kind, the lowest, the highest, the runs, the sources
+    and the run that measured the highest are the stored ones."""
+    import tomllib
+    from importlib import resources
+
+    from meshplan.validation import training as v
+    from meshplan.validation.mfu_range import published_mfu_range
+
+    text = (resources.files("meshplan") / "catalog" / "published_mfu.toml").read_text(encoding="utf-8")
+    stored = tomllib.loads(text)
+    cells: dict[tuple[str, str, str], list[tuple[float, str, str]]] = {}
+    for r in report["runs"]:
+        ratio = r["predicted"] / r["measured"] if r["metric"].endswith("_s") else r["measured"] / r["predicted"]
+        assert r["measured_mfu"] == pytest.approx(r["mfu"] * ratio, rel=1e-12)
+        cp, ep = r["layout"].get("cp", 1), r["layout"].get("ep", 1)
+        classes = [c for c, member in (("cp", cp > 1), ("ep", ep > 1), ("cp_ep", cp > 1 or ep > 1)) if member]
+        for cls in classes or ["moe" if r["moe"] else "dense"]:
+            cells.setdefault((r["gpu"], cls, r["matmul"]), []).append((r["mfu"] * ratio, r["source"], r["case"]))
+    assert sum(len(kinds) for classes in stored.values() for kinds in classes.values()) == len(cells)
+    for (gpu, cls, matmul), members in cells.items():
+        cell = stored[gpu][cls][matmul]
+        top = max(members)
+        assert cell["mfu_max"] == pytest.approx(top[0], abs=5e-5) and cell["highest"] == f"{top[1]}: {top[2]}"
+        assert cell["mfu_min"] == pytest.approx(min(m[0] for m in members), abs=5e-5)
+        assert (cell["runs"], cell["sources"]) == (len(members), len({m[1] for m in members}))
+    derived = published_mfu_range(report)
+    assert {(g, c, m) for g in derived for c in derived[g] for m in derived[g][c]} == set(cells)
+    for (gpu, cls, matmul), members in cells.items():
+        assert derived[gpu][cls][matmul]["mfu_max"] == pytest.approx(max(members)[0], rel=1e-12)
+    # one measured MFU from its FLOPs: Korthikanti et al.'s first row, a published iteration time
+    data = v.sources()["korthikanti2022"]
+    case = {**data.get("defaults", {}), **data["case"][0]}
+    run = next(r for r in report["runs"] if r["source"] == "korthikanti2022" and r["case"] == case["id"])
+    step = v._evaluate(case, run["layout"]).step
+    measured = step.model_flops_per_step / (run["measured"] * step.num_gpus * step.bf16_peak_flops)
+    assert run["measured_mfu"] == pytest.approx(float(measured), rel=1e-9)
+    # the 70B-on-A100 warning's bound: no published A100 run measured above 65% in the reports' convention
+    assert stored["a100-80gb"]["dense"]["16-bit"]["mfu_max"] < 0.65
+
+
 RELEASED_RUNS = {
     "fms_fsdp": 8,
     "kempnerforge_mfu": 11,
