@@ -79,10 +79,14 @@ def test_model_loads_and_round_trips(name: str, tmp_path: Path) -> None:
 def test_model_meta_names_a_source(name: str) -> None:
     meta = model_meta(name)
     assert meta["source"]
-    assert set(meta) <= {"source", "published_total_params", "params_source", "notes"}
+    known = {"source", "published_total_params", "params_source", "notes"}
+    known |= {"published_weights_dtype", "published_weights_source"}  # a model released quantized (serve-plan)
+    assert set(meta) <= known
     if "published_total_params" in meta:
         assert isinstance(meta["published_total_params"], int)
         assert meta["params_source"]
+    if "published_weights_dtype" in meta:
+        assert meta["published_weights_source"]
 
 
 def test_sliding_and_moe_shapes() -> None:
