@@ -87,6 +87,15 @@ def test_stated_first_and_last_stage_layers(num_layers: int, data: st.DataObject
         assert np.broadcast_to(got, (2,)).tolist() == [owner, owner]
 
 
+def test_stated_ends_that_hold_every_layer() -> None:
+    """Two stages whose stated layers are all the model's (no evenly split part): each layer's stage is found
+    without dividing by the empty part's layers per stage (a ZeroDivisionError before)."""
+    split = StageSplit(first=1, last=1)
+    assert [int(layer_stage(2, pp=2, layer=layer, split=split)) for layer in (0, 1)] == [0, 1]
+    split = StageSplit(first=40, last=40)
+    assert [int(layer_stage(80, pp=2, layer=layer, split=split)) for layer in (0, 39, 40, 79)] == [0, 0, 1, 1]
+
+
 def test_stated_stage_layers_golden_bill_and_time() -> None:
     """Llama 3.1 8B on pp 4 with 6 layers stated first and 10 last: 6, 8, 8, 10. Stage 3's bf16 weights by hand:
     a layer is 4096 (4096 + 2 x 1024) + 4096^2 (attention) + 3 x 4096 x 14336 (SwiGLU) + 2 x 4096 (norms)

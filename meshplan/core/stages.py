@@ -94,7 +94,7 @@ def _even_layer_stage(num_layers: Num, *, pp: Num, layer: Num) -> Num:
     head_layers = short_first * (base - 1)
     middle_stages = pp - short_first - short_last
     after_head = layer - head_layers
-    in_middle = short_first + after_head // base
+    in_middle = short_first + after_head // maximum(base, 1)  # base is 0 only when stated ends hold every layer
     in_tail = short_first + middle_stages + (after_head - middle_stages * base) // short
     return where(
         layer < head_layers,
