@@ -70,6 +70,10 @@ def test_a_stack_bills_each_stage_as_the_cli_and_survives_a_reload(page: Any, br
     # the report's conditions, each with where its value came from
     page.wait_for_selector("#mem-conditions [data-condition='loss'][data-source='flag']", state="attached")
     assert page.get_attribute("#mem-conditions [data-condition='loss_parallel']", "data-source") == "stack"
+    # the stack, where it came from and what differs from it: what the CLI's report says
+    assert cli["stack_source"] == "flag" and cli["differs_from_stack"] == ["loss"]
+    summary = page.inner_text("#mem-stack")
+    assert "stack torchtitan (as asked); differs from it: loss=fused" in summary
     page.click("#mem-conditions summary")
     shot(page, "memory-conditions")
 
@@ -121,6 +125,9 @@ def test_the_planner_sends_the_stack_and_keeps_it_in_the_address_and_command(pag
         page.click("#pl-json")
     shown = json.loads(Path(got.value.path()).read_text())
     assert shown["stack"] == "megatron-core" and shown["conditions"]["grad_sync"] == {"value": "off", "source": "flag"}
+    stack_text = page.inner_text("#pl-stack")  # the summary names the stack the plans were scored under
+    assert "stack megatron-core (as asked)" in stack_text
+    assert all(f"{name}=" in stack_text for name in shown["differs_from_stack"])
     # the copied command, run as the CLI, finds the same best plan
     cli = cli_json(shlex.split(page.inner_text("#pl-command"))[1:])
     assert cli["plans"][0]["layout"] == shown["plans"][0]["layout"]

@@ -71,9 +71,18 @@ export function conditionsList(report) {
   const entries = Object.entries(report.conditions || {});
   if (!entries.length) return el("p", { class: "note", id: "mem-conditions-empty", text: "No run conditions reported." });
   return el("details", { class: "conditions", id: "mem-conditions" },
-    el("summary", { text: `Run conditions${report.stack ? ` (stack ${report.stack})` : " (no stack)"}` }),
+    el("summary", { id: "mem-stack", text: `Run conditions: ${stackLine(report)}` }),
     el("dl", { class: "facts" }, ...entries.flatMap(([name, c]) => [
       el("dt", { text: name }),
       el("dd", { "data-condition": name, "data-source": c.source }, el("code", { text: c.value === null ? "none" : String(c.value) }), ` (${c.source})`),
     ])));
+}
+
+// The stack a report ran under, where it came from, and what the run sets otherwise (the CLI's "stack:" line).
+export function stackLine(report) {
+  if (!report.stack) return "no stack";
+  const from = { default: "the default", flag: "as asked", engine: "the engine's" }[report.stack_source] || report.stack_source || "";
+  const value = (name) => { const c = (report.conditions || {})[name]; return c && c.value !== undefined ? `${name}=${c.value}` : name; };
+  const differs = (report.differs_from_stack || []).map(value);
+  return `stack ${report.stack}${from ? ` (${from})` : ""}` + (differs.length ? `; differs from it: ${differs.join(", ")}` : "; nothing differs from it");
 }

@@ -1,7 +1,7 @@
 // View 7: the planner: search, a sortable table of the best plans, the Pareto plot, rejections, a comparison.
 
 import { extra, setExtra } from "./state.js";
-import { CONDITION_LABELS, conditionFlags, conditionParams } from "./conditions.js";
+import { CONDITION_LABELS, conditionFlags, conditionParams, stackLine } from "./conditions.js";
 import { TRAINING_ENGINES, cliCommand, cliModel, layoutQuery, takeaway } from "./takeaway.js";
 import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtPct, fmtSeconds, formValues, keepFocus, markResults, onResize, pressable, showError, svg, ticks } from "./util.js";
 
@@ -124,7 +124,8 @@ function render() {
     "Evaluated ", el("strong", { id: "pl-evaluated", "data-value": r.evaluated, text: fmtInt(r.evaluated) }),
     " layouts in ", el("span", { text: fmtSeconds(r.elapsed_s) }), "; ",
     el("strong", { id: "pl-feasible", "data-value": r.feasible, text: fmtInt(r.feasible) }),
-    ` fit with ${fmtPct(r.headroom_fraction)} of HBM kept free. ${r.global_batch} sequences of ${fmtInt(r.seq)} tokens per step, objective ${r.objective}.`,
+    ` fit with ${fmtPct(r.headroom_fraction)} of HBM kept free. ${r.global_batch} sequences of ${fmtInt(r.seq)} tokens per step, objective ${r.objective}. `,
+    el("span", { id: "pl-stack", text: `Scored under ${stackLine(r)}.` }),
     r.fewest_gpus ? el("span", { id: "pl-fewest", "data-value": r.fewest_gpus.gpus,
       text: ` The fewest GPUs that train ${Number(r.fewest_gpus.tokens).toExponential(2)} tokens in ${r.fewest_gpus.days} days: ${fmtInt(r.fewest_gpus.gpus)} (the search began at ${fmtInt(r.fewest_gpus.searched_from)}).` }) : "",
     r.cheapest_fleet ? el("span", { id: "pl-cheapest", "data-value": r.cheapest_fleet.gpus,
