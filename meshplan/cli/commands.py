@@ -182,7 +182,7 @@ def _ignored_flags(args: argparse.Namespace) -> list[str]:
     defaults = vars(build_parser().parse_args(["export", args.engine]))
     serving = args.engine in SERVING_ENGINES
     given = [k for k, v in vars(args).items() if k in defaults and v != defaults[k]]
-    if args.from_plan and not serving:
+    if args.from_plan:
         ignored = [k for k in given if k not in FROM_PLAN_KEEPS]
     else:
         ignored = [
@@ -229,6 +229,7 @@ def _export_training(args: argparse.Namespace) -> dict[str, Any]:
             global_batch=saved["global_batch"],
             precision=args.precision,
             model_path=args.model_path,
+            plan_file=args.from_plan,
         )
     if not (args.model and args.gpu and args.gpus):
         raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and layout flags, or --from-plan")
@@ -246,13 +247,52 @@ def _export_training(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def _replan_advice(args: argparse.Namespace, ignored: list[str]) -> str:
+    """What to run to get what the flags ``--from-plan`` overrides ask for: the planner for this engine, with
+    the fleet, sequence and batch given and every other flag the planner takes (pins) added."""
+    from meshplan.cli.parser import build_parser
+    from meshplan.reports.export import load_saved_plan, replan_command
+
+    saved = load_saved_plan(args.from_plan)
+    plan_argv = ["plan", "m", "--gpu", "g", "--gpus", "1", "--seq", "1", "--global-batch-tokens", "1"]
+    plan_dests = vars(build_parser().parse_args(plan_argv))
+    fleet = {k: getattr(args, k) if "--" + k in ignored else saved[k] for k in ("gpu", "gpus", "seq")}
+    batch = args.global_batch if "--global-batch" in ignored else saved["global_batch"]
+    pins: list[str] = []
+    for flag in ignored:
+        dest = flag.removeprefix("--").replace("-", "_")
+        if flag == "MODEL" or dest in ("gpu", "gpus", "seq", "global_batch") or dest not in plan_dests:
+            continue
+        value = getattr(args, dest)
+        pins += [flag] if value is True else [] if value is False else [flag, str(value)]
+    command = replan_command(
+        args.engine,
+        args.model if "MODEL" in ignored else saved["model"],
+        gpu=fleet["gpu"],
+        gpus=fleet["gpus"],
+        seq=fleet["seq"],
+        global_batch_tokens=batch * fleet["seq"],
+        precision=args.precision,
+        pins=tuple(pins),
+    )
+    return f"drop them, or plan again with them: {command}"
+
+
 def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     ignored = _ignored_flags(args)
     if ignored and args.from_plan and args.engine not in SERVING_ENGINES:
-        raise UsageError(f"meshplan export {args.engine}: --from-plan sets what {', '.join(ignored)} would; drop them")
+        raise UsageError(
+            f"meshplan export {args.engine}: --from-plan sets what {', '.join(ignored)} would; "
+            + _replan_advice(args, ignored)
+        )
+    if ignored and args.from_plan:
+        raise UsageError(
+            f"meshplan export {args.engine}: --from-plan sets what {', '.join(ignored)} would; drop them, or give "
+            "MODEL --gpu --gpus and the serving flags without --from-plan"
+        )
     if ignored:
         kind = "a serving" if args.engine in SERVING_ENGINES else "a training"
-        raise UsageError(f"meshplan export {args.engine}: {kind} engine ignores {', '.join(ignored)}")
+        raise UsageError(f"meshplan export {args.engine}: {kind} engine ignores {', '.join(ignored)}; drop them")
     if args.engine in SERVING_ENGINES and args.from_plan:
         from meshplan.reports.export import export_serve_plan
 
