@@ -251,7 +251,8 @@ def _replan_advice(args: argparse.Namespace, ignored: list[str]) -> str:
     """What to run to get what the flags ``--from-plan`` overrides ask for: the planner for this engine, with
     the fleet, sequence and batch given and every other flag the planner takes (pins) added."""
     from meshplan.cli.parser import build_parser
-    from meshplan.reports.export import load_saved_plan, replan_command
+    from meshplan.reports.export import load_saved_plan
+    from meshplan.reports.export_advice import replan_command
 
     saved = load_saved_plan(args.from_plan)
     plan_argv = ["plan", "m", "--gpu", "g", "--gpus", "1", "--seq", "1", "--global-batch-tokens", "1"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,12 +20,10 @@ from meshplan.exports import (
 )
 from meshplan.reports.bills import serving_report
 from meshplan.reports.conditions import workload_kwargs
+from meshplan.reports.export_advice import serve_with_advice, served_checkpoint, training_refusal
 from meshplan.reports.inputs import LayoutRequest, choice, resolve_cluster, resolve_layout, resolve_workload
 from meshplan.reports.serve_plan_file import SavedServingPlan, load_serving_plan
-from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
-from meshplan.spec.requests import BY_NAME
-from meshplan.spec.workload import Workload
 from meshplan.units import DType
 
 
@@ -131,87 +127,8 @@ def export_training(
     except UnsupportedByEngine as exc:
         word = model if isinstance(model, str) else spec.name
         where = (word, gpu, gpus, precision)
-        raise _training_refusal(exc, eng, spec, lay, work, where=where, plan_file=plan_file) from None
+        raise training_refusal(exc, eng, spec, lay, work, where=where, plan_file=plan_file) from None
     return _export_dict(export) | {"predicted": predicted}
-
-
-def replan_command(
-    engine: str,
-    model: str,
-    *,
-    gpu: str,
-    gpus: int,
-    seq: int,
-    global_batch_tokens: int,
-    precision: str | None = None,
-    pins: tuple[str, ...] = (),
-) -> str:
-    """The ``meshplan plan ... --engine ENGINE --save`` command (``pins``: more plan flags) and the export of
-    its file: what a refusal tells a user to run to get a layout ``engine`` accepts."""
-    out = f"{engine}-plan.json"
-    words = ["meshplan", "plan", model, "--gpu", gpu, "--gpus", str(gpus), "--seq", str(seq)]
-    words += ["--global-batch-tokens", str(global_batch_tokens)]
-    words += ["--precision", precision] if precision and precision != "bf16" else []
-    words += [*pins, "--engine", engine, "--save", out]
-    return f"`{shlex.join(words)}`, then `meshplan export {engine} --from-plan {out}`"
-
-
-_ASSIGNMENT = re.compile(r"\b([a-z_]+)=([\w.-]+)")
-
-
-def as_flags(text: str) -> str:
-    """An exporter's ``closest`` (``zero=2``, ``sp=False``, ``kv_cache_dtype fp8``) in the flags that ask for it."""
-    for word, flag in (("kv_cache_dtype ", "--kv-dtype "), ("quantization=None", "--weights-dtype bf16")):
-        text = text.replace(word, flag)
-    text = re.sub(r"^precision ", "--precision ", text)
-
-    def flag(m: re.Match[str]) -> str:
-        name, value = m.groups()
-        f = BY_NAME.get(name)
-        if f is None:
-            return m.group()
-        if f.type is bool:
-            return f.flag if value.lower() in ("true", "1", "on") else f"no {f.flag}"
-        return f"{f.flag} {value}"
-
-    return _ASSIGNMENT.sub(flag, text)
-
-
-def _runs(engine: Engine, spec: ModelSpec, lay: Layout, work: Workload) -> bool:
-    try:
-        TRAINING_EXPORTERS[engine](spec, lay, work)
-    except ValueError:
-        return False
-    return True
-
-
-def _training_refusal(
-    exc: UnsupportedByEngine,
-    eng: Engine,
-    spec: ModelSpec,
-    lay: Layout,
-    work: Workload,
-    *,
-    where: tuple[str, str, int, str],
-    plan_file: str | None,
-) -> UnsupportedByEngine:
-    """The refusal with advice that works: where a layout of the engine's would run (the engine takes the plain
-    single-GPU layout with this workload), the planner's command for one (``--engine``); other engines that run
-    the plan as it is."""
-    others = [e.value for e in TRAINING_EXPORTERS if e is not eng and _runs(e, spec, lay, work)]
-    elsewhere = f"; {' and '.join(others)} {'runs' if len(others) == 1 else 'run'} it as it is" if others else ""
-    if plan_file is not None and others:
-        elsewhere += f": `meshplan export {others[0]} --from-plan {shlex.quote(plan_file)}`"
-    if not _runs(eng, spec, Layout(), work):  # the workload or the model, not the layout: no layout helps
-        return exc.with_advice(f"closest: {as_flags(exc.closest)}{elsewhere}")
-    model, gpu, gpus, precision = where
-    replan = replan_command(
-        eng.value, model, gpu=gpu, gpus=gpus, seq=work.seq_len, global_batch_tokens=work.tokens_per_step,
-        precision=precision,
-    )  # fmt: skip
-    if plan_file is not None:
-        return exc.with_advice(f"the plan in {plan_file} asks for it; re-plan for {eng.value}: {replan}{elsewhere}")
-    return exc.with_advice(f"closest: {as_flags(exc.closest)}; or let the planner pick a layout: {replan}{elsewhere}")
 
 
 def export_serving(
@@ -231,10 +148,9 @@ def export_serving(
 ) -> dict[str, Any]:
     """A serving plan as ``engine``'s server flags; max_num_seqs comes from the KV capacity."""
     eng = _engine(engine)
-    served = check_model_path(model_path, what="--model-path") if model_path is not None else model
-    check_model_path(served, what="the served model (MODEL, or give --model-path)")
     if eng not in SERVING_EXPORTERS:
         raise ValueError(f"{eng.value} trains models; give a training layout (--tp, --pp, --zero, ...) instead")
+    served, source = served_checkpoint(model, model_path)
     bill = serving_report(
         model,
         gpu=gpu,
@@ -271,9 +187,9 @@ def export_serving(
         kv_cache_dtype=None if kv is DType.BF16 else kv,
         quantization=quant,
     )
-    export = _serve(eng, plan, predicted, plan_file=None)
+    export = serve_with_advice(eng, plan, predicted, plan_file=None)
     out = _export_dict(export) | {"predicted": predicted}
-    out["notes"] = [*out["notes"], *(f"warning: {w}" for w in bill["warnings"])]
+    out["notes"] = [*out["notes"], *([source] if source else []), *(f"warning: {w}" for w in bill["warnings"])]
     return out
 
 
@@ -293,10 +209,11 @@ def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) 
     if model_path is not None:
         check_model_path(model_path, what="--model-path")
     saved = load_serving_plan(path)
+    model_path, source = served_checkpoint(saved.model, model_path)
     predicted = dict(saved.predicted)
     if not saved.prefill_replicas:
-        export = _serve(eng, _pool_plan(saved, saved.replicas, model_path), predicted, plan_file=path)
-        return _export_dict(export) | {"predicted": predicted}
+        export = serve_with_advice(eng, _pool_plan(saved, saved.replicas, model_path), predicted, plan_file=path)
+        return _with_note(_export_dict(export) | {"predicted": predicted}, source)
     if eng not in DISAGGREGATED_EXPORTERS:
         raise ValueError(
             f"plan file {path} splits prefill and decode pools; the {eng.value} export launches colocated replicas "
@@ -307,38 +224,18 @@ def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) 
         decode=_pool_plan(saved, saved.replicas - saved.prefill_replicas, model_path),
     )
     export = DISAGGREGATED_EXPORTERS[eng](pools, predicted=predicted)
-    return _export_dict(export) | {"predicted": predicted}
+    return _with_note(_export_dict(export) | {"predicted": predicted}, source)
 
 
-def _serve(eng: Engine, plan: ServingPlan, predicted: Mapping[str, float], *, plan_file: str | None) -> Export:
-    """``eng``'s launcher for ``plan``; a refusal names the flags of the closest plan the engine runs and the
-    serving engines that run this one as it is."""
-    try:
-        return SERVING_EXPORTERS[eng](plan, predicted=predicted)
-    except UnsupportedByEngine as exc:
-        others = [e.value for e, export in SERVING_EXPORTERS.items() if e is not eng and _serves(export, plan)]
-        verb = "runs" if len(others) == 1 else "run"
-        if plan_file is not None:
-            how = f": `meshplan export {others[0]} --from-plan {shlex.quote(plan_file)}`" if others else ""
-            elsewhere = f"; {' and '.join(others)} {verb} this plan as it is{how}" if others else ""
-            raise exc.with_advice(f"closest: {exc.closest}{elsewhere}") from None
-        elsewhere = f"; {' and '.join(others)} {verb} it with the same flags" if others else ""
-        raise exc.with_advice(f"closest: {as_flags(exc.closest)}{elsewhere}") from None
+def _with_note(out: dict[str, Any], note: str | None) -> dict[str, Any]:
+    return out | {"notes": [*out["notes"], note]} if note else out
 
 
-def _serves(export: Any, plan: ServingPlan) -> bool:
-    try:
-        export(plan)
-    except ValueError:
-        return False
-    return True
-
-
-def _pool_plan(saved: SavedServingPlan, replicas: int, model_path: str | None) -> ServingPlan:
+def _pool_plan(saved: SavedServingPlan, replicas: int, model_path: str) -> ServingPlan:
     """``replicas`` replicas of the saved plan's layout, dtypes and batch cap (per attention-DP rank)."""
     lay = saved.layout
     return ServingPlan(
-        model_path=model_path or saved.model,
+        model_path=model_path,
         tp=lay.tp,
         pp=lay.pp,
         ep=lay.ep,
