@@ -11,7 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 from meshplan.cli.parser import EXPORT_CONDITIONS, PIN_FIELDS
-from meshplan.cli.support import UsageError, check_output, input_words, save_json, search_progress
+from meshplan.cli.support import (
+    UsageError,
+    check_output,
+    input_words,
+    save_json,
+    search_progress,
+    validate_progress,
+)
 
 
 def _finetune_request(args: argparse.Namespace) -> Any:
@@ -90,7 +97,8 @@ def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
         return validate_serving()
     from meshplan.validation.training import validate
 
-    return validate(args.source, profile=args.profile)
+    with validate_progress(args):
+        return validate(args.source, profile=args.profile)
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
@@ -160,7 +168,7 @@ def _cmd_recipe(args: argparse.Namespace) -> dict[str, Any]:
 SERVING_ENGINES = ("vllm", "sglang", "trtllm")
 
 
-SERVING_FLAGS = ("dtype", "kv_dtype", "context", "gpu_memory_utilization")
+SERVING_FLAGS = ("weights_dtype", "kv_dtype", "context", "gpu_memory_utilization")
 
 
 SHARED_FLAGS = ("model", "gpu", "gpus", "from_plan", "out", "force", "model_path", "tp", "pp", "ep", "json")
@@ -205,7 +213,7 @@ def _export_serving(args: argparse.Namespace) -> dict[str, Any]:
         tp=args.tp,
         pp=args.pp,
         ep=args.ep,
-        dtype=args.dtype,
+        dtype=args.weights_dtype,
         kv_dtype=args.kv_dtype,
         context=args.context,
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -374,7 +382,7 @@ def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
         args.model,
         gpu=args.gpu,
         gpus=args.gpus,
-        dtype=args.dtype,
+        dtype=args.weights_dtype,
         finetune=_finetune_request(args),
         seq=args.seq,
         precision=args.precision,
@@ -393,7 +401,7 @@ def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
         tp=args.tp,
         pp=args.pp,
         ep=args.ep,
-        dtype=args.dtype,
+        dtype=args.weights_dtype,
         kv_dtype=args.kv_dtype,
         context=args.context,
         gpu_memory_utilization=args.gpu_memory_utilization,

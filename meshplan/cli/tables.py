@@ -7,7 +7,7 @@ from typing import Any
 
 from meshplan.cli.tables_serving import serve_plan_table, serve_table, serving_table
 from meshplan.cli.tables_validation import calibrate_table, validate_table
-from meshplan.render import count, gb, percent, seconds, table
+from meshplan.render import WIDTH, count, fit_width, gb, percent, seconds, table
 
 
 def _params(r: dict[str, Any]) -> str:
@@ -81,8 +81,17 @@ def _conditions_lines(r: dict[str, Any]) -> str:
     def shown(v: Any) -> str:
         return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
 
-    rows = [(name, shown(c["value"]), c["source"]) for name, c in r["conditions"].items()]
-    return f"conditions (stack: {stack})\n" + table(rows, ["condition", "value", "from"], align="lll")
+    conditions = r["conditions"].items()
+    rows = [(name, shown(c["value"]), c["source"]) for name, c in conditions if _stated(c)]
+    rest = len(r["conditions"]) - len(rows)
+    unset = f"; {rest} more unset, at their defaults: --json lists all" if rest else ""
+    head = f"conditions (stack: {stack}{unset})"
+    return head + ("\n" + table(rows, ["condition", "value", "from"], align="lll") if rows else "")
+
+
+def _stated(condition: dict[str, Any]) -> bool:
+    """Whether a condition row says something: a value a flag or the stack set, or a default that is a value."""
+    return condition["source"] != "default" or condition["value"] is not None
 
 
 def _stacks(r: dict[str, Any]) -> str:
@@ -363,10 +372,12 @@ def _recipe(r: dict[str, Any]) -> str:
 
 
 def _export(r: dict[str, Any]) -> str:
-    out = [f"# {r['engine']} {r['engine_version']}", f"$ {r['command']}"]
+    """The command (continued over lines with a backslash, so it pastes whole), each file as written (its lines
+    are the engine's), and the notes."""
+    out = [f"# {r['engine']} {r['engine_version']}", shell_lines(f"$ {r['command']}")]
     for name, text in r["files"].items():
         out += ["", f"--- {name}", text.rstrip()]
-    out += [f"note: {n}" for n in r["notes"]]
+    out += [fit_width(f"note: {n}") for n in r["notes"]]
     if "written" in r:
         out.append("written: " + ", ".join(r["written"]))
     return "\n".join(out)
@@ -418,4 +429,28 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
 
 
 def render_table(command: str, result: dict[str, Any]) -> str:
-    return RENDERERS[command](result)
+    """The report as text, every line within render.WIDTH columns but an export's files (printed as written)."""
+    text = RENDERERS[command](result)
+    return text if command == "export" else fit_width(text)
+
+
+def shell_lines(command: str, width: int = WIDTH) -> str:
+    """A shell command over lines of at most ``width`` columns, each but the last ending in `` \\``: broken at
+    spaces outside quotes only, so it runs as one line does."""
+    words, word, quote = [], "", ""
+    for ch in command:
+        if ch == " " and not quote:
+            words += [word] if word else []
+            word = ""
+            continue
+        quote = "" if ch == quote else ch if not quote and ch in "'\"" else quote
+        word += ch
+    words += [word] if word else []
+    lines, line = [], ""
+    for w in words:
+        if line and len(line) + 1 + len(w) > width - 2:
+            lines.append(line + " \\")
+            line = "    " + w
+        else:
+            line = f"{line} {w}" if line else w
+    return "\n".join([*lines, line])

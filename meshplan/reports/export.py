@@ -106,7 +106,7 @@ def export_training(
         check_model_path(model_path, what="--model-path")
     if eng not in TRAINING_EXPORTERS:
         raise ValueError(
-            f"{eng.value} serves models; give serving flags (--context, --dtype) instead of a training layout"
+            f"{eng.value} serves models; give serving flags (--context, --weights-dtype) instead of a training layout"
         )
     spec = io.load_model(model) if isinstance(model, str) else model
     cluster = resolve_cluster(gpu=gpu, gpus=gpus)
