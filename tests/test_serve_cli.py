@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 
@@ -64,7 +65,8 @@ def test_serve_bad_input_exits_2(capsys: pytest.CaptureFixture[str], extra: list
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
-def test_validate_serving_json(capsys: pytest.CaptureFixture[str]) -> None:
+def test_validate_serving_json(capsys: pytest.CaptureFixture[str], shared_validation: Callable[[str], None]) -> None:
+    shared_validation("serving")  # the session's report, computed once
     code = main(["validate", "--serving", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == (0 if out["all_ok"] else 1)
