@@ -66,6 +66,11 @@ def load_saved_plan(path: str) -> dict[str, Any]:
     data = io.parse_json(io.read_text_file(path, what="plan file"), label)
     if not isinstance(data, dict):
         raise ValueError(f"{label} must hold a JSON object, got {type(data).__name__}")
+    if "plans" not in data and "best" in data:
+        raise ValueError(
+            f"{label} is a serving plan (serve-plan --save): export it to vllm, sglang or trtllm, or write a "
+            "training plan with meshplan plan ... --save FILE"
+        )
     plans = _field(data, "plans", list, label)
     if not plans:
         raise ValueError(f"{label} holds no plans (write one with meshplan plan --save FILE)")

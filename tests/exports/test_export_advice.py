@@ -113,3 +113,15 @@ def test_a_serving_refusal_names_flags_and_engines_that_run_it(capsys: pytest.Ca
     assert _run(["export", "sglang", *SERVING, "--kv-dtype", "fp8"], capsys)[0] == 0
     for engine in ("vllm", "trtllm"):
         assert _run(["export", engine, *SERVING, "--kv-dtype", "fp16"], capsys)[0] == 0
+
+
+def test_a_serving_plan_given_to_a_trainer_names_the_engines_that_take_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "s.json"
+    argv = ["serve-plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "1", "--input-len", "1k", "--output-len", "99"]
+    assert main([*argv, "--save", str(path), "--json"]) == 0
+    capsys.readouterr()
+    message = _refused(["export", "torchtitan", "--from-plan", str(path)], capsys)
+    assert "is a serving plan" in message and "vllm, sglang or trtllm" in message
+    assert _run(["export", "vllm", "--from-plan", str(path)], capsys)[0] == 0
