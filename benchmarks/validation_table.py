@@ -1,12 +1,16 @@
 """The validation tables of docs/validation.md, as Markdown, from `meshplan validate`.
 
 python benchmarks/validation_table.py > /tmp/validation.md
-python benchmarks/validation_table.py --write-band   # also refresh meshplan/catalog/held_out.toml and
+python benchmarks/validation_table.py --write-band   # also refresh meshplan/catalog/held_out.toml,
+                                                     # meshplan/catalog/published_mfu.toml and
                                                      # meshplan/catalog/serving/held_out.toml
 
-The band is the P10-P90 of measured over predicted step time over every run held out of the fit (leave one
-source out); `meshplan estimate` prints it beside every step time. The serving band is the same over the
-published serving measurements, per metric class (`meshplan validate --serving`); `meshplan serve` prints it.
+The band is measured over predicted step time on the published runs, each source held out of the fit and weighing
+the same (validation/band.py states the rule); `meshplan estimate` prints it beside every step time with the number
+of sources behind it. The published MFU range is the lowest and highest MFU the published runs measured, per GPU
+kind, class of layout and matmul kind (validation/mfu_range.py); `meshplan estimate`, `recipe` and `plan` warn above
+it. The serving band is the same over the published serving measurements, per metric class (`meshplan validate
+--serving`); `meshplan serve` prints it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from meshplan.validation.band import conformal_rank
+from meshplan.validation.mfu_range import published_mfu_range, range_toml
 from meshplan.validation.serving import validate_serving
 from meshplan.validation.training import held_out_band, validate
 
@@ -23,6 +29,7 @@ UNITS = {
     "iteration_time_s": ("iteration time", "s", 1.0),
     "tflops_per_gpu_eq3": ("TFLOP/s per GPU", "", 1.0),
     "tflops_per_gpu_megatron": ("TFLOP/s per GPU (Megatron's count)", "", 1.0),
+    "tflops_per_gpu_mcore": ("TFLOP/s per GPU (Megatron-Core's 2025 count)", "", 1.0),
     "mfu": ("MFU", "%", 100.0),
     "tokens_per_s_per_gpu": ("tokens/s per GPU", "", 1.0),
 }
@@ -51,19 +58,27 @@ def main() -> None:
     held_out(report)
     if "--write-band" in sys.argv:
         band = held_out_band(report)
+        rank = conformal_rank(int(band["sources"]))
         path = Path(__file__).parent.parent / "meshplan" / "catalog" / "held_out.toml"
         path.write_text(
-            "# Written by benchmarks/validation_table.py --write-band: measured over predicted step time, P10 and P90\n"
-            "# over every published run of catalog/runs held out of the shared-scale fit (leave one source out).\n"
+            "# Written by benchmarks/validation_table.py --write-band: measured over predicted step time, the band\n"
+            "# a never-seen source's runs fall in four times in five (validation/band.py): over every published\n"
+            "# source of catalog/runs, each held out of the shared-scale fit and weighing the same, the k-th smallest\n"
+            f"# of the sources' P10 and the k-th largest of their P90 (the split-conformal rank: k = {rank}).\n"
             f"time_ratio_p10 = {band['time_ratio_p10']:.4f}\n"
             f"time_ratio_p90 = {band['time_ratio_p90']:.4f}\n"
             f"runs = {int(band['runs'])}\n"
-            "# The same, with the median, over the runs whose layout uses context parallelism (cp > 1): their band.\n"
-            + _class_band(band, "cp")
+            f"sources = {int(band['sources'])}\n"
+            f"promised = {int(band['promised'])}\n"
+            "# The same over the runs whose layout uses context parallelism (cp > 1), with their median; under 9\n"
+            "# sources (promised = 0) the band is the widest of their runs and the every-run band.\n"
+            + _class_band(band, "cp", sources=True)
             + "# And over the runs with expert parallelism (ep > 1) but none of context parallelism.\n"
-            + _class_band(band, "ep"),
+            + _class_band(band, "ep", sources=True),
             encoding="utf-8",
         )
+        mfu = path.parent / "published_mfu.toml"
+        mfu.write_text(range_toml(published_mfu_range(report)), encoding="utf-8")
         write_serving_band()
 
 
@@ -74,16 +89,26 @@ def write_serving_band() -> None:
     path.write_text(
         "# Written by benchmarks/validation_table.py --write-band: measured over predicted time (a latency's ratio,\n"
         "# a rate's inverse), P10, median and P90 per metric class over the published serving measurements\n"
-        "# (meshplan validate --serving), each predicted with the correction fitted without its source.\n"
-        + "".join(_class_band(band, cls) for cls in SERVING_BAND_CLASSES),
+        "# (meshplan validate --serving), each predicted with the correction fitted without its source, each source\n"
+        "# weighing the same; widened by t_0.90(k - 1) sqrt(1 + 1/k) / z_0.90 for k sources, a class of one source\n"
+        "# borrowing its sibling class's spread (meshplan/validation/serving_band.py); _sources: the sources behind.\n"
+        + "".join(
+            _class_band(band, cls)
+            + f"{cls}_sources = {int(band[f'{cls}_sources'])}\n"
+            + f"{cls}_widening = {band[f'{cls}_widening']:.4f}\n"
+            for cls in SERVING_BAND_CLASSES
+        ),
         encoding="utf-8",
     )
 
 
-def _class_band(band: dict, axis: str) -> str:
-    return "".join(f"{axis}_time_ratio_{q} = {band[f'{axis}_time_ratio_{q}']:.4f}\n" for q in ("p10", "p50", "p90")) + (
+def _class_band(band: dict, axis: str, *, sources: bool = False) -> str:
+    out = "".join(f"{axis}_time_ratio_{q} = {band[f'{axis}_time_ratio_{q}']:.4f}\n" for q in ("p10", "p50", "p90")) + (
         f"{axis}_runs = {int(band[f'{axis}_runs'])}\n"
     )
+    if sources:  # the step-time band's: how many sources stand behind it, and whether they make the promise
+        out += f"{axis}_sources = {int(band[f'{axis}_sources'])}\n{axis}_promised = {int(band[f'{axis}_promised'])}\n"
+    return out
 
 
 def held_out(report: dict) -> None:

@@ -80,13 +80,17 @@ def test_model_loads_and_round_trips(name: str, tmp_path: Path) -> None:
 def test_model_meta_names_a_source(name: str) -> None:
     meta = model_meta(name)
     assert meta["source"]
-    assert set(meta) <= {"source", "hf_repo", "published_total_params", "params_source", "notes"}
+    known = {"source", "hf_repo", "published_total_params", "params_source", "notes"}
+    known |= {"published_weights_dtype", "published_weights_source"}  # a model released quantized (serve-plan)
+    assert set(meta) <= known
     if "hf_repo" in meta:  # only the repository whose config.json the entry was read from (the source says so)
         assert f"HF {meta['hf_repo']} config.json" in meta["source"]
         assert check_model_path(meta["hf_repo"]) and meta["hf_repo"].count("/") == 1
     if "published_total_params" in meta:
         assert isinstance(meta["published_total_params"], int)
         assert meta["params_source"]
+    if "published_weights_dtype" in meta:
+        assert meta["published_weights_source"]
 
 
 def test_sliding_and_moe_shapes() -> None:
@@ -190,14 +194,16 @@ def test_run_and_recipe_files_hold_only_schema_keys() -> None:
 
     schema = {f.name for f in requests.FIELDS}
     cases = [{**data.get("defaults", {}), **case} for data in sources().values() for case in data["case"]]
-    assert len(cases) == 212
+    assert len(cases) == 258  # 212 in-house runs and the 46 of the released sources (published_runs_3.json)
     for case in cases:
         assert set(case) - set(RUN_KEYS) <= schema, case["id"]
         case_values(case)  # parsed and bounded by the schema
         LayoutRequest.parse(case["layout"])
     for name, recipe in recipes().items():
-        extra = set(recipe) - schema - {"title", "source", "why", "model", "model_overrides", "layout"}
+        extra = set(recipe) - schema - {"title", "source", "why", "model", "model_overrides", "layout", "published"}
         assert not extra, name
+        run = sources()[recipe["published"]["run"]]  # every recipe names the catalog run that measured it
+        assert [c["id"] for c in run["case"]].count(recipe["published"]["case"]) == 1, name
     with pytest.raises(ValueError, match="unknown run key 'overlap'"):
         case_values({"id": "x", "overlap": {"dp": False}})
 

@@ -63,7 +63,19 @@ def test_fit_keys_match_the_seed_example(capsys: pytest.CaptureFixture[str]) -> 
     assert out["free_bytes_per_gpu"] == pytest.approx(hbm - out["weights_bytes_per_gpu_even_split"])
     budget = 0.9 * hbm  # fit keeps the planner's 10% of HBM free
     assert out["min_gpus_for_weights"] == 2  # 141.1 GB of weights over 0.9 x 150.75e9 bytes
-    assert out["min_gpus_for_training"] == 9 == -(-16 * 70_553_706_496 // budget)  # 16 bytes x 70.55B = 1.13 TB
+    assert out["min_gpus_for_weights_split"]["weights_bytes_per_gpu"] <= budget
+    # megatron-core's bf16 with fp32 main gradients: 18 bytes x 70.55B = 1.27 TB
+    assert out["stack"] == "megatron-core" and out["precision"] == "bf16-fp32-grads"
+    assert out["training_state_bytes_total"] == 18 * 70_553_706_496
+    # the state alone needs 10 GPUs (1.27 TB over 0.9 x 150.75e9 bytes); with activations, nothing fits on one
+    # node of 8, and the planner's fewest is whole nodes past one: 2 nodes
+    assert -(-out["training_state_bytes_total"] // budget) == 10 and not out["training_fits"]
+    assert out["min_gpus_for_training"] == 16
+    assert [t["gpus"] for t in out["min_gpus_for_training_tried"]] == [1, 2, 4, 8, 16]
+    bf16 = run_json(capsys, "fit", "llama-3.3-70b", "--gpu", "h200", "--gpus", "8", "--precision", "bf16")
+    assert bf16["training_state_bytes_total"] == 16 * 70_553_706_496  # 16 bytes: 1.13 TB
+    assert -(-bf16["training_state_bytes_total"] // budget) == 9  # the state alone: 9 GPUs
+    assert bf16["differs_from_stack"] == ["precision"]
 
 
 def test_serving_keys(capsys: pytest.CaptureFixture[str]) -> None:

@@ -143,7 +143,7 @@ def test_memory_lists_only_the_conditions_that_are_set(capsys: pytest.CaptureFix
     text = _text(argv, capsys)
     block = text[text.index("conditions (") :].splitlines()
     unset = [name for name, c in every.items() if c["value"] is None and c["source"] == "default"]
-    assert len(every) > 40 and len(unset) > 30
+    assert len(every) > 40 and len(unset) > 15  # the default stack (megatron-core) sets the others
     assert f"{len(unset)} more unset" in block[0] and len(block) == 3 + len(every) - len(unset)
     shown = {line.split()[0] for line in block[3:]}
     assert shown == set(every) - set(unset) and {"precision", "kernels", "attention"} <= shown

@@ -11,13 +11,17 @@ from meshplan.spec.layout import Schedule
 
 
 def test_model_flops_equal_korthikanti_eq_7_for_a_gpt_model() -> None:
+    """Eq. 7 counts the attention over the whole context; the causal count (MFU's) halves its s/6h term."""
     model = io.load_model("megatron-530b")
     s, batch = 2048, 280
-    ours = model_flops_per_token(model, seq_len=s) * s * batch
+    ours = model_flops_per_token(model, seq_len=s, causal=False) * s * batch
     paper = korthikanti_model_flops(
         batch=batch, layers=model.num_layers, seq=s, hidden=model.hidden, vocab=model.vocab_size
     )
     assert ours == pytest.approx(paper, rel=2e-4)  # the paper drops biases (13h per layer)
+    causal = model_flops_per_token(model, seq_len=s) * s * batch
+    h, layers = model.hidden, model.num_layers
+    assert ours - causal == pytest.approx(72 * batch * layers * s * h**2 * s / (6 * h) / 2, rel=1e-12)
 
 
 def test_narayanan_eq_3_is_four_thirds_of_the_model_flops_plus_the_head() -> None:

@@ -24,18 +24,9 @@ SERVE_PLAN = ("serve-plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", 
 SERVE_PLAN += ("--output-len", "100")
 EXPORT = ("export", "megatron", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8")
 RUN = ["llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8"]
+from test_hostile_inputs import refused  # noqa: E402  (tests/ is on the path, as pytest puts it)
+
 GPU_TOML = (ROOT / "meshplan" / "catalog" / "gpus" / "h100-sxm.toml").read_text()
-
-
-def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """Run the CLI in-process; assert exit 2, one line on stderr, nothing on stdout; return the line."""
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    lines = err.strip().splitlines()
-    assert code == 2, (argv, code, err)
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert out == ""
-    return lines[0]
 
 
 def runs_file(tmp_path: Path, measured: tuple[float, ...] = (0.5, 0.52, 0.55)) -> Path:

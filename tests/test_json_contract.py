@@ -22,14 +22,15 @@ RUNS = {
     "fit": ["fit", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "1", "--finetune", "lora"],
     "serving": ["serving", "llama-3.1-70b", "--gpu", "h100-sxm", "--gpus", "8"],
     "estimate": ["estimate", "llama-3.1-70b", "--gpu", "h100-sxm", "--gpus", "64", "--tp", "8", "--pp", "2",
-                 "--tokens", "1e12"],
+                 "--tokens", "1e12", "--price-per-gpu-hour", "2", "--checkpoint-bandwidth", "1",
+                 "--mtbf-gpu-hours", "45566"],
     "collectives": ["collectives"],
     "plan": ["plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "16", "--seq", "4096", "--global-batch-tokens",
              "1048576", "--explain", "--compare", "tp=2", "--objective", "fewest-gpus", "--tokens", "1e11",
-             "--days", "30"],
+             "--days", "30", "--price-per-gpu-hour", "2", "--checkpoint-bandwidth", "1", "--mtbf-gpu-hours", "45566"],
     "list": ["list", "models"],
     "serve": ["serve", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--input-len", "1000", "--output-len",
-              "200", "--concurrency", "32"],
+              "200", "--concurrency", "32", "--price-per-gpu-hour", "2"],
     "serve-plan": ["serve-plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--input-len", "1000",
                    "--output-len", "200", "--ttft-p99", "2", "--tpot-p99", "0.2"],
     "recipe": ["recipe", "llama3-405b-8k", "--no-rank"],
@@ -83,10 +84,11 @@ API = {
                                "freeze": "layers=2"}),
     "fit": ("/api/fit", {"model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": 1, "finetune": "lora"}),
     "estimate": ("/api/estimate", {"model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": 64, "tp": 8, "pp": 2,
-                                   "tokens": 1e12}),
+                                   "tokens": 1e12, "price_per_gpu_hour": 2, "checkpoint_bandwidth": 1,
+                                   "mtbf_gpu_hours": 45566}),
     "collectives": ("/api/collectives", {}),
     "serve": ("/api/serve", {"model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": 8, "input_len": 1000,
-                             "output_len": 200, "concurrency": 32}),
+                             "output_len": 200, "concurrency": 32, "price_per_gpu_hour": 2}),
 }  # fmt: skip
 
 
@@ -153,6 +155,17 @@ def conforms(value: Any, annotation: Any, where: str) -> list[str]:
 def test_every_report_matches_its_model(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     data = json.loads(cli_json(RUNS[command], capsys))
     assert conforms(data, REPORTS[command], command) == []
+
+
+def test_the_cost_objective_is_documented_and_typed(capsys: pytest.CaptureFixture[str]) -> None:
+    """``plan --objective cost`` with every cost flag: its ``cheapest_fleet`` and the plans' cost keys."""
+    argv = ["plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "16", "--seq", "4096", "--global-batch-tokens",
+            "1M", "--objective", "cost", "--tokens", "1T", "--days", "100", "--price-per-gpu-hour", "2",
+            "--checkpoint-bandwidth", "1", "--mtbf-gpu-hours", "45566"]  # fmt: skip
+    data = json.loads(cli_json(argv, capsys))
+    assert {"cheapest_fleet", "checkpoint"} <= set(data) and {"cost", "goodput"} <= set(data["plans"][0])
+    assert sorted(k for k in keys(data) if k not in DOCUMENTED) == []
+    assert conforms(data, REPORTS["plan"], "plan") == []
 
 
 def test_models_catch_drift() -> None:

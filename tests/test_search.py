@@ -44,7 +44,12 @@ def brute_force(n: int, *, layers: int, experts: int, batch: int, space: SearchS
                     for mb, rc, sp in itertools.product(mbs, space.recompute_choices, (False, True)):
                         if (sp and tp == 1) or (etp != tp and not sp):
                             continue
-                        out.add((tp, cp, pp, ep, etp, shard, dp // shard, vpp, mb, zero, rc, sp))
+                        row = (tp, cp, pp, ep, etp, shard, dp // shard, vpp, mb, zero, rc, sp)
+                        out.add((*row, 2 if vpp > 1 else 1))
+                        # DualPipe: an even pipeline, no virtual stages, an even count of >= 2 pp micro-batches
+                        m, rest = divmod(batch, mb * dp)
+                        if space.dualpipe and vpp == 1 and pp % 2 == 0 and not rest and m % 2 == 0 and m >= 2 * pp:
+                            out.add((*row, 4))
     return out
 
 
@@ -62,6 +67,7 @@ def as_set(batch: LayoutBatch) -> set[tuple]:
         batch.zero,
         batch.recompute,
         batch.sp,
+        batch.schedule,
     ]
     return {tuple(int(c[i]) for c in cols) for i in range(len(batch))}
 

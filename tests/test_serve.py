@@ -12,7 +12,7 @@ from meshplan.core.serving.phases import decode_step, prefill
 from meshplan.core.serving.shape import replica_shape
 from meshplan.reports.serve import Setup, resolve
 from meshplan.units import DType
-from meshplan.validation.serving import _ideal
+from meshplan.validation.serving_typed import ideal_setup as _ideal
 
 
 def setup(model: str = "llama-3.1-8b", gpu: str = "h100-sxm", **kw: object) -> Setup:

@@ -55,7 +55,8 @@ def test_serve_table(capsys: pytest.CaptureFixture[str]) -> None:
         (["--weights-dtype", "fp4", "--rate", "1"], "fp4"),
         (["--ep", "2", "--rate", "1"], "needs a MoE model"),
         (["--concurrency", "0"], "--concurrency: 0 is outside (0, 1e+07]"),
-        ([], "one of the arguments --concurrency --rate --num-requests is required"),
+        ([], "one of the arguments --concurrency --rate --num-requests --batch is required"),
+        (["--batch", "4", "--concurrency", "2"], "not allowed with"),
         (["--rate", "1", "--concurrency", "2"], "not allowed with"),
     ],
 )
@@ -70,13 +71,15 @@ def test_validate_serving_json(capsys: pytest.CaptureFixture[str], shared_valida
     code = main(["validate", "--serving", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == (0 if out["all_ok"] else 1)
-    assert sum(r["shared"] for r in out["runs"]) == 47 and len(out["runs"]) == 47 + 16
+    # 68 shared rows, the Splitwise and NIM ones with every metric (14 x 2, 7 x 3), and the 16 MoE rows
+    assert len({r["case"] for r in out["runs"] if r["shared"]}) == 68
+    assert sum(r["shared"] for r in out["runs"]) == 47 + 14 * 2 + 7 * 3 and len(out["runs"]) == 96 + 16
     assert {c["metric_class"] for c in out["classes"]} >= {"decode", "prefill", "throughput-dense", "throughput-moe"}
     assert main(["validate", "--serving"]) == code
     text = capsys.readouterr().out
     band = out["band"]
-    row = f"decode               11  {band['decode_time_ratio_p10']:.3f}   {band['decode_time_ratio_p50']:.3f}"
-    assert "held out by source (the band `serve` prints)" in text and row in text
+    row = f"decode               32        4      1.43  {band['decode_time_ratio_p10']:.3f}"
+    assert "widened for few sources (the band `serve` prints)" in " ".join(text.split()) and row in text
 
 
 @pytest.mark.parametrize(
@@ -112,7 +115,7 @@ def test_serve_prints_the_held_out_band_of_each_figure(capsys: pytest.CaptureFix
         rate = out["tokens_per_s_per_gpu"]
         assert out["tokens_per_s_per_gpu_p10"] == pytest.approx(rate / band[f"{kind}_time_ratio_p90"], rel=1e-12)
         assert out["tokens_per_s_per_gpu_p90"] == pytest.approx(rate / band[f"{kind}_time_ratio_p10"], rel=1e-12)
-        assert f"from {int(band[f'{kind}_runs'])} offline" in out["uncertainty"]
+        assert f"tokens/s per GPU from {int(band[f'{kind}_runs'])} runs of " in out["uncertainty"]
     assert main([*SERVE, "--tp", "2", "--concurrency", "64", "--disaggregate", "4:4"]) == 0
     text = capsys.readouterr().out
     assert "P10 - P90" in text and "P10-P90 of measured over predicted on published serving" in text

@@ -27,11 +27,12 @@ def _shape(plan: dict) -> tuple[int, int, int, str]:
 )
 def test_llama2_70b_mlperf_layouts(gpu: str, expected: tuple[int, int, int, str], share: float) -> None:
     """MLPerf Inference Llama-2-70B server (TTFT p99 <= 2 s, TPOT p99 <= 200 ms): submitters ran 4 x TP2 on
-    8 H100 and 8 x TP1 on 8 H200, in FP8; the planner ranks that layout within ``share`` of the first.
+    8 H100 and 8 x TP1 on 8 H200, in FP8 (quantized weights: searched with --allow-quantization); the planner
+    ranks that layout within ``share`` of the first.
 
     Since HBM is the driver's total (85.5e9 bytes on an H100), 8 x TP1 fits 70 GB of fp8 weights on an H100
     and ranks 8% above 4 x TP2: the serving model's small-batch decode is not recalibrated for it yet."""
-    r = serve_plan_report("llama-2-70b", gpu=gpu, gpus=8, **MLPERF, top=50)  # type: ignore[arg-type]
+    r = serve_plan_report("llama-2-70b", gpu=gpu, gpus=8, **MLPERF, top=50, allow_quantization=True)  # type: ignore[arg-type]
     best = r["top"][0]
     match = [p for p in r["top"] if _shape(p) == expected]
     assert match and match[0]["tokens_per_s_per_gpu"] >= share * best["tokens_per_s_per_gpu"]
@@ -75,6 +76,7 @@ def test_fewest_gpus_for_405b_at_32k_context() -> None:
         objective="fewest-gpus",
         concurrency=64,
         dtypes=["fp8"],
+        allow_quantization=True,
     )
     best = r["best"]
     assert best is not None and best["replicas"] * best["batch_cap_per_replica"] >= 64
@@ -185,7 +187,7 @@ def test_disaggregated_splits_are_searched_and_kept_apart() -> None:
     """Long prompts under a tight TPOT: pool splits enter the ranking, each a whole number of replicas, and
     never hold back a decode pool the prefill pool cannot feed (TTFT includes the KV hand-over)."""
     common = {"gpu": "h100-sxm", "gpus": 16, "input_len": 8000, "output_len": 300, "ttft_p99_s": 2.0,
-              "tpot_p99_s": 0.03, "dtypes": ["fp8"], "top": 100}  # fmt: skip
+              "tpot_p99_s": 0.03, "dtypes": ["fp8"], "top": 100, "allow_quantization": True}  # fmt: skip
     plain = serve_plan_report("llama-3.1-70b", **common)  # type: ignore[arg-type]
     split = serve_plan_report("llama-3.1-70b", **common, disaggregate=True)  # type: ignore[arg-type]
     pools = [p for p in split["top"] if p["prefill_replicas"]]
@@ -196,7 +198,7 @@ def test_disaggregated_splits_are_searched_and_kept_apart() -> None:
 
 
 SPLIT_ARGV = ["serve-plan", "llama-3.1-70b", "--gpu", "h100-sxm", "--gpus", "8", "--input-len", "8000",
-              "--output-len", "300", "--tpot-p99", "0.03", "--weights-dtypes", "fp8",
+              "--output-len", "300", "--tpot-p99", "0.03", "--weights-dtypes", "fp8", "--allow-quantization",
               "--search-disaggregated"]  # fmt: skip
 
 
@@ -254,6 +256,7 @@ def test_the_ranking_states_the_models_held_out_error_as_factors() -> None:
     for model, kind in (("llama-3.1-8b", "throughput_dense"), ("mixtral-8x7b", "throughput_moe")):
         text = serve_plan_report(model, gpu="h100-sxm", gpus=8, input_len=512, output_len=128, top=1)["uncertainty"]
         lo, hi = band["decode_time_ratio_p10"], band["decode_time_ratio_p90"]
-        assert f"TPOT x{lo:.2f}-{hi:.2f} ({int(band['decode_runs'])} decode runs)" in text
+        runs = f"{int(band['decode_runs'])} runs of {int(band['decode_sources'])} sources"
+        assert f"TPOT x{lo:.2f}-{hi:.2f} ({runs})" in text
         lo, hi = band[f"{kind}_time_ratio_p10"], band[f"{kind}_time_ratio_p90"]
-        assert f"tokens/s per GPU x{1 / hi:.2f}-{1 / lo:.2f} ({int(band[f'{kind}_runs'])} offline" in text
+        assert f"tokens/s per GPU x{1 / hi:.2f}-{1 / lo:.2f} ({int(band[f'{kind}_runs'])} runs of " in text

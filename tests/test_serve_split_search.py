@@ -60,7 +60,9 @@ def test_kept_splits_are_the_best_of_every_split(seed: int, first_usable: bool) 
 
 def _plan(model: str, gpus: int, every: int, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> dict[str, Any]:
     monkeypatch.setattr(serve_search, "EVERY_SPLIT_UP_TO", every)
-    return serve_plan_report(model, gpu="h100-sxm", gpus=gpus, disaggregate=True, dtypes=["fp8"], **kw)
+    return serve_plan_report(
+        model, gpu="h100-sxm", gpus=gpus, disaggregate=True, dtypes=["fp8"], allow_quantization=True, **kw
+    )
 
 
 CASES = [
@@ -98,7 +100,7 @@ def test_the_largest_fleet_is_searched_in_bounded_work() -> None:
     """10^7 GPUs (the most the CLI and API take): splits of millions of replicas ranked from a few thousand
     points per layout, not one row per split."""
     r = serve_plan_report("llama-3.1-70b", gpu="h100-sxm", gpus=MAX_GPUS, input_len=2048, output_len=256,
-                          disaggregate=True, dtypes=["fp8"])  # fmt: skip
+                          disaggregate=True, dtypes=["fp8"], allow_quantization=True)  # fmt: skip
     splits = [p for p in r["top"] if p["prefill_replicas"]]
     assert splits and all(0 < p["prefill_replicas"] < p["replicas"] and p["replicas"] >= 10**6 for p in splits)
     assert r["points_evaluated"] < 100_000 * r["layouts_evaluated"]

@@ -6,6 +6,7 @@ model that makes a metric worse fails here.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import pytest
@@ -32,7 +33,18 @@ BOUNDS = {
     "throughput-dense": (0.115, 0.34),
     "throughput-moe": (0.08, 0.195),
 }
-"""The MoE rows (catalog/serving/runs_moe.json) are held out: 0.076 mean, 0.192 max, under the 25% target."""
+"""On the rows of the sources before the released ones (the MoE rows, catalog/serving/runs_moe.json, are held out:
+0.076 mean, 0.192 max, under the 25% target). Adding the released sources moved none of these rows."""
+RELEASED = ("splitwise_perf_csv", "nim_bench_llm")
+"""The released sources added to the catalog (Splitwise's profiles, NIM's sweep), typed as serve's flags."""
+ALL_BOUNDS = {
+    "decode": (0.205, 0.56),
+    "prefill": (0.165, 0.50),
+    "throughput-dense": (0.12, 0.33),
+    "throughput-moe": (0.065, 0.175),
+}
+"""Every counted row, the released sources included (decode 20.0% / 55.7%, prefill 16.1% / 49.3% with the prompt
+queue, dense throughput 11.7% / 32.1%, MoE 6.4% / 17.4%)."""
 
 
 @pytest.fixture
@@ -41,17 +53,45 @@ def result(serving_validation_report: dict[str, Any]) -> dict[str, Any]:
     return serving_validation_report
 
 
+@cache
+def rows() -> list[Any]:
+    from meshplan.validation.serving import predict_rows, reference_rows
+
+    return [p for r in reference_rows() for p in predict_rows(r)]
+
+
+@cache
+def old_summary() -> dict[str, Any]:
+    """The summary over the sources before the released ones, each held out with the others of them only."""
+    from meshplan.validation.serving import summarize
+
+    return summarize([r for r in rows() if r.source not in RELEASED])
+
+
+def _class(summary: dict[str, Any], cls: str) -> dict[str, Any]:
+    (row,) = [c for c in summary["classes"] if c["metric_class"] == cls]
+    return row
+
+
 @pytest.mark.parametrize("cls", sorted(BOUNDS))
-def test_error_bounds(cls: str, result: dict[str, Any]) -> None:
-    (row,) = [c for c in result["classes"] if c["metric_class"] == cls]
+def test_error_bounds(cls: str) -> None:
+    row = _class(old_summary(), cls)
     mean, worst = BOUNDS[cls]
     assert row["mean_abs_error"] <= mean and row["max_abs_error"] <= worst
 
 
+@pytest.mark.parametrize("cls", sorted(ALL_BOUNDS))
+def test_error_bounds_with_the_released_sources(cls: str, result: dict[str, Any]) -> None:
+    row = _class(result, cls)
+    mean, worst = ALL_BOUNDS[cls]
+    assert row["mean_abs_error"] <= mean and row["max_abs_error"] <= worst
+
+
 @pytest.mark.parametrize("cls", sorted(BOUNDS))
-def test_beats_three_quarters_of_the_best_single_efficiency_constant(cls: str, result: dict[str, Any]) -> None:
-    """The issue's bar: every metric below 0.75 x the best single constant fitted on its own answers."""
-    (row,) = [c for c in result["classes"] if c["metric_class"] == cls]
+def test_beats_three_quarters_of_the_best_single_efficiency_constant(cls: str) -> None:
+    """The issue's bar: every metric below 0.75 x the best single constant fitted on its own answers (on the sources
+    the constants were set on; with the released sources decode and prefill miss it, and the report says so)."""
+    row = _class(old_summary(), cls)
     assert row["mean_abs_error"] < 0.75 * row["best_constant_mean_abs_error"]
 
 
@@ -60,24 +100,30 @@ LOSO_BOUNDS = {"decode": 0.05, "prefill": 0.085, "throughput-dense": 0.13, "thro
 throughput 0.144 -> 0.128 and MoE 0.090 -> 0.076 with trtllm-bench's caps, offline runs and graph padding). The
 GEMM shape law: prefill 0.093 -> 0.078, MoE 0.078 -> 0.064, and decode 0.091 -> 0.110, above its 10% target: the
 ten gpt-fast rows are held out by the correction of the one SGLang row, which the law moved from -7.4% to -9.4%.
-MLA's decode attention at FlashMLA's published rates on Hopper: that row -9.4% -> -2.5%, decode 0.110 -> 0.045."""
+MLA's decode attention at FlashMLA's published rates on Hopper: that row -9.4% -> -2.5%, decode 0.110 -> 0.045.
+The correction averaged per source (each source weighing the same): dense 0.129 -> 0.127, the others unchanged."""
+ALL_LOSO_BOUNDS = {"decode": 0.255, "prefill": 0.195, "throughput-dense": 0.13, "throughput-moe": 0.07}
+"""With the released sources (decode 0.252, prefill 0.190, dense 0.125, MoE 0.064): the gpt-fast and SGLang decode
+rows held out by corrections the Splitwise and NIM rows now pull, and the other way round."""
 
 
 @pytest.mark.parametrize("cls", sorted(LOSO_BOUNDS))
 def test_held_out_errors_do_not_regress(cls: str, result: dict[str, Any]) -> None:
-    (row,) = [c for c in result["classes"] if c["metric_class"] == cls]
-    assert row["loso_mean_abs_error"] <= LOSO_BOUNDS[cls]
+    assert _class(old_summary(), cls)["loso_mean_abs_error"] <= LOSO_BOUNDS[cls]
+    assert _class(result, cls)["loso_mean_abs_error"] <= ALL_LOSO_BOUNDS[cls]
 
 
 def test_targets_met_are_reported_as_met(result: dict[str, Any]) -> None:
     """A class is ok when its mean and its leave-one-source-out mean are both within the target (decode's held-out
     mean was 13.2%, reported as FAIL, until SGLang's two-batch overlap was modelled; 11.0%, FAIL again, once the
-    GEMM shape law moved the SGLang row the gpt-fast rows are held out by; 4.5% with MLA's decode kernel priced)."""
-    rows = {c["metric_class"]: c for c in result["classes"]}
-    ok = {name: c["ok"] for name, c in rows.items()}
+    GEMM shape law moved the SGLang row the gpt-fast rows are held out by; 4.5% with MLA's decode kernel priced).
+    With the released sources, decode (Splitwise's unknown engine 35% slower than the model) and prefill miss their
+    targets, and the report says so."""
+    ok = {c["metric_class"]: c["ok"] for c in old_summary()["classes"]}
     assert ok == {"decode": True, "prefill": True, "throughput-dense": True, "throughput-moe": True}
-    assert all(c["loso_mean_abs_error"] <= c["target_mean"] for c in rows.values())
-    assert result["all_ok"]
+    ok = {c["metric_class"]: c["ok"] for c in result["classes"]}
+    assert ok == {"decode": False, "prefill": False, "throughput-dense": True, "throughput-moe": True}
+    assert not result["all_ok"]
 
 
 def test_the_row_the_engine_warns_about_is_shown_not_counted(result: dict[str, Any]) -> None:
@@ -204,29 +250,56 @@ def test_prefill_two_batch_overlap_share_follows_the_blogs_ablation() -> None:
 
 
 def test_the_stored_band_is_todays_held_out_rows_re_derived(result: dict[str, Any]) -> None:
-    """catalog/serving/held_out.toml (what `meshplan serve` prints) is today's band, and the band is re-derived
-    here: each counted row's time ratio with its prediction corrected by the geometric-mean speed ratio of the other
-    sources' rows of its class (prefill mixes TTFTs and prefill rates: a rate's speed ratio is measured over
-    predicted, a latency's the inverse; a time ratio the other way round)."""
+    """catalog/serving/held_out.toml (what `meshplan serve` prints) is today's band, re-derived here: each counted
+    row's time ratio with its prediction corrected by the other sources' speed ratio (each source's mean log, then
+    their mean: each source weighing the same; a rate's speed ratio is measured over predicted, a latency's the
+    inverse), the P10 / median / P90 with each source's rows weighing 1 / its rows (each at the middle of its weight,
+    interpolated), the distances from the median widened by t_0.90(k-1) sqrt(1 + 1/k) / z_0.90 for k sources (4:
+    1.428, 5: 1.310); the one-source MoE class takes dense throughput's distances where they are wider."""
     import math
     import statistics
+
+    import numpy as np
 
     from meshplan import io
 
     stored, runs = io.serving_held_out_band(), [x for x in result["runs"] if x["status"] == "ok"]
     assert stored == pytest.approx(result["band"], abs=1e-4)
-    for cls in BOUNDS:
+    expected = {"decode": (32, 4), "prefill": (28, 4), "throughput-dense": (29, 5), "throughput-moe": (16, 1)}
+    widening = {4: 1.4279, 5: 1.3103}
+    spread = {}
+    for cls, (n, k) in expected.items():
         mine = [x for x in runs if x["metric_class"] == cls]
-        ratios = []
+        logs, weights = [], []
         for x in mine:
-            speed = [(y["measured"] / y["predicted"]) ** (-1 if y["metric"].endswith("_ms") else 1) for y in mine]
-            logs = [math.log(v) for v, y in zip(speed, mine, strict=True) if y["source"] != x["source"]]
-            k = math.exp(statistics.mean(logs)) if logs else 1.0
+            per: dict[str, list[float]] = {}
+            for y in mine:
+                if y["source"] != x["source"]:
+                    ratio = y["measured"] / y["predicted"]
+                    per.setdefault(y["source"], []).append(
+                        -math.log(ratio) if y["metric"].endswith("_ms") else math.log(ratio)
+                    )
+            k_speed = math.exp(statistics.mean(statistics.mean(v) for v in per.values())) if per else 1.0
             latency = x["metric"].endswith("_ms")
-            ratios.append(k * x["measured"] / x["predicted"] if latency else x["predicted"] * k / x["measured"])
+            ratio = k_speed * x["measured"] / x["predicted"] if latency else x["predicted"] * k_speed / x["measured"]
+            logs.append(math.log(ratio))
+            weights.append(1 / sum(1 for y in mine if y["source"] == x["source"]))
+        order = np.argsort(logs)
+        v, w = np.asarray(logs)[order], np.asarray(weights)[order]
+        at = (np.cumsum(w) - w / 2) / w.sum()
+        lo, mid, hi = (float(np.interp(q, at, v)) for q in (0.1, 0.5, 0.9))
         key = cls.replace("-", "_")
-        tenths = statistics.quantiles(ratios, n=10, method="inclusive")
-        assert stored[f"{key}_runs"] == len(ratios) >= 7
-        assert stored[f"{key}_time_ratio_p10"] == pytest.approx(tenths[0], abs=1e-4)
-        assert stored[f"{key}_time_ratio_p90"] == pytest.approx(tenths[-1], abs=1e-4)
+        assert (
+            (stored[f"{key}_runs"], stored[f"{key}_sources"]) == (n, k) == (len(mine), len({x["source"] for x in mine}))
+        )
+        if k >= 2:
+            f = widening[k]
+            spread[cls] = (f * (mid - lo), f * (hi - mid))
+            assert stored[f"{key}_widening"] == pytest.approx(f, abs=1e-4)
+        else:
+            dense = spread["throughput-dense"]
+            spread[cls] = (max(mid - lo, dense[0]), max(hi - mid, dense[1]))
+        assert stored[f"{key}_time_ratio_p50"] == pytest.approx(math.exp(mid), abs=1e-4)
+        assert stored[f"{key}_time_ratio_p10"] == pytest.approx(math.exp(mid - spread[cls][0]), abs=1e-4)
+        assert stored[f"{key}_time_ratio_p90"] == pytest.approx(math.exp(mid + spread[cls][1]), abs=1e-4)
         assert stored[f"{key}_time_ratio_p10"] < 1 < stored[f"{key}_time_ratio_p90"]

@@ -327,25 +327,45 @@ def test_a_context_parallel_estimate_takes_the_cp_runs_band_and_warns(capsys: py
         said = [w for w in out["warnings"] if w.startswith("context parallelism")]
         assert bool(said) == (cp > 1)
         assert ("with context parallelism" in out["uncertainty"]) == (cp > 1)
+        # how many sources stand behind the band, beside it (JSON and text), and whether they make its promise
+        sources = int(band["cp_sources" if cp > 1 else "sources"])
+        assert out["step_time_band_sources"] == sources and f"of {sources} sources" in out["uncertainty"]
+        assert ("too few sources" in out["uncertainty"]) == (not band["cp_promised" if cp > 1 else "promised"])
 
 
 def test_an_expert_parallel_estimate_takes_the_ep_runs_band_and_warns(capsys: pytest.CaptureFixture[str]) -> None:
-    """The published runs with expert parallelism (and no CP) have a band of their own too; context parallelism
-    takes precedence when a layout has both."""
+    """The published runs with expert parallelism (and no CP) have a band of their own too; a layout with both CP
+    and EP takes the band covering the two classes' bands (the lower P10, the higher P90), never the narrower, and
+    warns with both classes' medians."""
     import json
 
     from meshplan.cli import main
 
     band = io.held_out_band()
     args = ["estimate", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "16", "--seq", "8192", "--json", "--zero", "1"]
-    layouts = ((["--ep", "8", "--dp-shard", "16"], "ep"), (["--ep", "8", "--cp", "2", "--dp-shard", "8"], "cp"))
-    for extra, key in layouts:
+    layouts = (
+        (["--ep", "8", "--dp-shard", "16"], ("ep",)),
+        (["--ep", "8", "--cp", "2", "--dp-shard", "8"], ("cp", "ep")),
+    )
+    for extra, keys in layouts:
         assert main([*args, *extra]) == 0
         out = json.loads(capsys.readouterr().out)
-        assert out["step_time_s_p90"] == pytest.approx(band[f"{key}_time_ratio_p90"] * out["step_time_s"], rel=1e-9)
-        name = {"ep": "expert parallelism", "cp": "context parallelism"}[key]
-        assert [w for w in out["warnings"] if w.startswith(name)]
-        assert f"with {name}" in out["uncertainty"]
+        lo = min(band[f"{key}_time_ratio_p10"] for key in keys)
+        hi = max(band[f"{key}_time_ratio_p90"] for key in keys)
+        assert out["step_time_s_p10"] == pytest.approx(lo * out["step_time_s"], rel=1e-9)
+        assert out["step_time_s_p90"] == pytest.approx(hi * out["step_time_s"], rel=1e-9)
+        assert out["step_time_band_sources"] == min(int(band[f"{key}_sources"]) for key in keys)
+        for key in keys:
+            name = {"ep": "expert parallelism", "cp": "context parallelism"}[key]
+            assert [w for w in out["warnings"] if w.startswith(name)]
+            assert f"with {name}" in out["uncertainty"]
+            # never narrower than either class's own band
+            assert out["step_time_s_p10"] <= band[f"{key}_time_ratio_p10"] * out["step_time_s"] * (1 + 1e-12)
+            assert out["step_time_s_p90"] >= band[f"{key}_time_ratio_p90"] * out["step_time_s"] * (1 - 1e-12)
+    # today the EP band holds the CP band, so the layout with both is strictly wider than the CP band it took before
+    assert (
+        band["ep_time_ratio_p10"] < band["cp_time_ratio_p10"] and band["ep_time_ratio_p90"] > band["cp_time_ratio_p90"]
+    )
 
 
 def test_the_published_runs_per_gpu_kind_are_the_run_files_cases_and_the_bands_runs() -> None:

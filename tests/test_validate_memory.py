@@ -32,11 +32,31 @@ def test_error_bounds(source: str, result: dict[str, Any]) -> None:
     assert row["mean_abs_error"] < row["best_constant_error"]
 
 
+RELEASED = {"kempnerforge_mfu": 11, "kempnerforge_weak": 11, "qwen_lora": 8, "torchtitan_h200": 2}
+"""The released sources (published_runs_3.json) and their cases: reported, held to no target."""
+
+
 def test_targets_hold(result: dict[str, Any]) -> None:
     r = result
-    assert r["summary"]["mean_abs_error"] <= 0.08 and r["summary"]["max_abs_error"] <= 0.20
+    summary = r["summary"]
+    assert summary["targeted_mean_abs_error"] <= 0.08 and summary["targeted_max_abs_error"] <= 0.20
     assert r["all_ok"]
-    assert {s["source"] for s in r["sources"]} == set(BOUNDS)
+    targeted = {s["source"] for s in r["sources"] if s["targets"]}
+    assert targeted == set(BOUNDS)
+    assert summary["targeted_cases"] == sum(s["cases"] for s in r["sources"] if s["targets"]) == 30
+
+
+def test_released_sources_load_and_are_reported_without_targets(result: dict[str, Any]) -> None:
+    """Each released source's memory cases load, are billed, and count in the all-cases mean, which is re-derived
+    here; they carry no target (their errors are reported in docs/validation.md, never fitted)."""
+    r = result
+    released = {s["source"]: s for s in r["sources"] if not s["targets"]}
+    assert {name: s["cases"] for name, s in released.items()} == RELEASED
+    assert all(s["ok"] for s in released.values())
+    errors = [abs(x["error"]) for x in r["runs"]]
+    assert len(errors) == 30 + sum(RELEASED.values())
+    assert r["summary"]["mean_abs_error"] == pytest.approx(sum(errors) / len(errors), rel=1e-12)
+    assert all(x["predicted_gib"] > 0 and x["command"].startswith("meshplan memory ") for x in r["runs"])
 
 
 def test_korthikanti_figure_1_activations_within_2_percent(result: dict[str, Any]) -> None:
@@ -82,18 +102,28 @@ def test_best_constant_by_hand() -> None:
     assert best_constant_error([1.0, 2.0, 4.0]) == pytest.approx(1.25 / 3)
 
 
-@pytest.mark.parametrize("index", [12, 18, 29])
+@pytest.mark.parametrize(
+    ("source", "index"),
+    [
+        ("torchtitan_h100", 0),
+        ("torchtitan_h100", 6),
+        ("torchtitan_h100", 17),
+        ("kempnerforge_weak", 5),
+        ("qwen_lora", 7),
+    ],
+)
 def test_a_case_command_typed_into_the_cli_bills_what_validate_billed(
-    index: int, capsys: pytest.CaptureFixture[str], result: dict[str, Any]
+    source: str, index: int, capsys: pytest.CaptureFixture[str], result: dict[str, Any]
 ) -> None:
     """The command each case prints (schema values as flags, spec.argv.flag_args) is the case: run through
-    `meshplan memory`, it bills the heaviest stage validate billed (FSDP, TP x FSDP x PP, CP x TP x PP cases)."""
+    `meshplan memory`, it bills the heaviest stage validate billed (FSDP, TP x FSDP x PP, CP x TP x PP cases; a
+    released source's TP x FSDP with bf16 state and unsynced gradients, and its Q-LoRA fine-tuning)."""
     import json
     import shlex
 
     from meshplan.cli import main
 
-    row = result["runs"][index]
+    row = [x for x in result["runs"] if x["source"] == source][index]
     assert main([*shlex.split(row["command"])[1:], "--json"]) in (0, None)
     typed = json.loads(capsys.readouterr().out)
     assert typed["per_gpu"]["total_bytes"] == pytest.approx(row["memory_bytes_per_gpu"], rel=1e-12)

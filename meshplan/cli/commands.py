@@ -39,6 +39,12 @@ def _workload_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return workload_kwargs(vars(args))
 
 
+def _cost_request(args: argparse.Namespace) -> Any:
+    from meshplan.reports.cost import cost_request
+
+    return cost_request(vars(args))
+
+
 def _cmd_params(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.params import params_report
 
@@ -144,6 +150,7 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
         pins={name: getattr(args, name) for name in PIN_FIELDS},
         training_engine=args.training_engine,
         conditions=_conditions(args),
+        cost=_cost_request(args),
     )
     if args.save:
         save_json(args, result)
@@ -237,6 +244,7 @@ def _export_training(args: argparse.Namespace) -> dict[str, Any]:
             global_batch=saved["global_batch"],
             precision=args.precision,
             model_path=args.model_path,
+            conditions=saved["conditions"],
             plan_file=args.from_plan,
         )
     if not (args.model and args.gpu and args.gpus):
@@ -388,6 +396,7 @@ def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
         precision=args.precision,
         headroom=args.headroom,
         kernels=args.kernels,
+        conditions={"stack": args.stack},
     )
 
 
@@ -411,6 +420,7 @@ def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
 
 SERVE_KEYS: tuple[str, ...] = ("tp", "pp", "ep", "dp_attention", "replicas", "weights_dtype", "kv_dtype", "quant")
 SERVE_KEYS += ("engine", "max_batch", "max_num_tokens", "num_requests", "cuda_graph_padding", "disaggregate")
+SERVE_KEYS += ("batch", "int4_group_size")
 
 
 def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
@@ -425,6 +435,7 @@ def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
         concurrency=args.concurrency,
         rate=args.rate,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        price_per_gpu_hour=args.price_per_gpu_hour,
         **{k: getattr(args, k) for k in SERVE_KEYS},
     )
 
@@ -447,6 +458,7 @@ def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
         dtypes=args.weights_dtypes.split(",") if args.weights_dtypes else None,
         top=args.top,
         disaggregate=args.search_disaggregated,
+        allow_quantization=args.allow_quantization,
     )
     if args.save:
         save_json(args, result)

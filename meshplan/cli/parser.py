@@ -67,7 +67,7 @@ def add_fields(
     for name in names:
         f = field(name)
         value = f.default if default is _UNSET else default
-        text = f.describe(value, default_text=default_text)
+        text = f.describe(value, unset=default is None and f.default is not None, default_text=default_text)
         flags = [f.flag, *(["--" + f.deprecated.replace("_", "-")] if f.deprecated else [])]
         if f.type is bool:
             p.add_argument(*flags, dest=f.name, action="store_true", default=False, help=text)
@@ -117,7 +117,9 @@ def _add_fleet_shape(p: argparse.ArgumentParser) -> None:
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_fields(p, "input_len", "output_len", required=True)
     add_fields(p, "tp", default=None, default_text=SERVE_TP)
-    add_fields(p, "pp", "ep", "dp_attention", "weights_dtype", "kv_dtype", "quant", "engine")
+    add_fields(p, "pp", "ep", "dp_attention", "weights_dtype")
+    add_fields(p, "kv_dtype", default=None)  # unset: the engine's default for the weights
+    add_fields(p, "quant", "int4_group_size", "engine")
     add_fields(p, "max_batch", "max_num_tokens", "cuda_graph_padding")
     add_fields(p, "gpu_memory_utilization", default=None, default_text="the --engine's own")
 
@@ -259,6 +261,7 @@ def _training_commands(command: Command) -> None:
     _add_group(p, "conditions")
     _add_fleet_shape(p)
     add_fields(p, "tokens")
+    _add_group(p, "cost and goodput")
 
     p = command("collectives", "the bandwidth wall: one all-reduce timed over NVLink, InfiniBand, Ethernet")
     p.add_argument(
@@ -317,6 +320,7 @@ def _search_commands(command: Command) -> None:
     add_fields(pins, *PIN_FIELDS, default=None, default_text=PINNED)
     add_fields(pins, "training_engine")
     _add_group(p, "conditions")
+    _add_group(p, "cost and goodput")
 
     p = command("recipe", "published recipes: evaluated, and ranked against the planner's search")
     p.add_argument("name", nargs="?", default=None, help="recipe name (meshplan recipe --list)")
@@ -335,8 +339,10 @@ def _search_commands(command: Command) -> None:
     _add_force(p)
     p.add_argument("--model-path", default=None, help="checkpoint or Hugging Face path to put in the config")
     _add_group(p, "layout", {"tp": f"1 for a trainer; for a server, {SERVING_TP}"}, tp=None)
-    _add_group(p, "workload")
+    _add_group(p, "workload", {"precision": "the stack's: the engine's, or the saved plan's"}, precision=None)
     add_fields(p, *EXPORT_CONDITIONS)
+    p.set_defaults(tp=None)  # unset: 1 for a trainer, a server's TP fills one scale-up domain at most
+    p.set_defaults(precision=None)  # unset: the stack's (the engine's, or the saved plan's)
     _add_group(p, "serving")
 
     p = command(
@@ -346,7 +352,10 @@ def _search_commands(command: Command) -> None:
     )
     p.add_argument("model")
     _add_fleet(p)
-    add_fields(p, "weights_dtype", "seq", "precision", "headroom", "kernels")
+    add_fields(p, "weights_dtype", "seq", "headroom")
+    for name, text in _stack_set("precision", "kernels").items():
+        add_fields(p, name, default=None, default_text=text)  # None: the stack's
+    add_fields(p, "stack")
     _add_finetune(p)
 
 
@@ -364,15 +373,16 @@ def _serving_commands(command: Command) -> None:
     p.add_argument("model")
     _add_fleet(p)
     _add_serve_flags(p)
-    add_fields(p, "replicas", "disaggregate")
+    add_fields(p, "replicas", "disaggregate", "price_per_gpu_hour")
     load = p.add_mutually_exclusive_group(required=True)
-    add_fields(load, "concurrency", "rate", "num_requests")
+    add_fields(load, "concurrency", "rate", "num_requests", "batch")
 
     p = command("serve-plan", "every serving layout, dtype and batch cap ranked under TTFT/TPOT targets")
     p.add_argument("model")
     _add_fleet(p)
     add_fields(p, "input_len", "output_len", required=True)
     add_fields(p, "ttft_p99", "tpot_p99", "serve_objective", "concurrency", "engine", "weights_dtypes", "top")
+    add_fields(p, "allow_quantization")
     p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
     _add_force(p)
     add_fields(p, "search_disaggregated")

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from meshplan.cli.tables_conditions import conditions_lines, stack_line
+from meshplan.cli.tables_cost import cost_lines, plan_cost_lines, with_cost_columns
+from meshplan.cli.tables_export import export_table
 from meshplan.cli.tables_serving import serve_plan_table, serve_table, serving_table
 from meshplan.cli.tables_validation import calibrate_table, validate_table
-from meshplan.render import WIDTH, count, fit_width, gb, percent, seconds, table
+from meshplan.render import count, fit_width, gb, percent, seconds, table
 
 
 def _params(r: dict[str, Any]) -> str:
@@ -62,6 +65,7 @@ def _memory(r: dict[str, Any]) -> str:
     head = [
         f"{r['model']} on {r['gpus']} x {r['gpu']}: {_layout_line(r['layout'])}",
         f"seq {r['seq']}, global batch {r['global_batch']} sequences, precision {r['precision']}",
+        *stack_line(r),
         *_finetune_line(r),
     ]
     if len(r["stages"]) > 1:
@@ -71,27 +75,7 @@ def _memory(r: dict[str, Any]) -> str:
     tail += "free)" if r["fits"] else "over)"
     peaks = f"allocator peaks: {gb(bill['allocated_bytes'])} allocated, {gb(bill['reserved_bytes'])} reserved"
     body = table(rows, ["term", "per GPU", "formula"], align="lrl")
-    return "\n".join([*head, "", body, "", peaks, tail, "", _conditions_lines(r)])
-
-
-def _conditions_lines(r: dict[str, Any]) -> str:
-    """The conditions the bill assumed and where each came from (flag, stack or default)."""
-    stack = r.get("stack") or "none"
-
-    def shown(v: Any) -> str:
-        return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
-
-    conditions = r["conditions"].items()
-    rows = [(name, shown(c["value"]), c["source"]) for name, c in conditions if _stated(c)]
-    rest = len(r["conditions"]) - len(rows)
-    unset = f"; {rest} more unset, at their defaults: --json lists all" if rest else ""
-    head = f"conditions (stack: {stack}{unset})"
-    return head + ("\n" + table(rows, ["condition", "value", "from"], align="lll") if rows else "")
-
-
-def _stated(condition: dict[str, Any]) -> bool:
-    """Whether a condition row says something: a value a flag or the stack set, or a default that is a value."""
-    return condition["source"] != "default" or condition["value"] is not None
+    return "\n".join([*head, "", body, "", peaks, tail, "", conditions_lines(r)])
 
 
 def _stacks(r: dict[str, Any]) -> str:
@@ -100,6 +84,16 @@ def _stacks(r: dict[str, Any]) -> str:
         settings = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in s["defaults"].items())
         out += [f"{s['name']}: {s['description']} (reports {s['reports']} bytes)", f"  {settings}"]
     return "\n".join(out)
+
+
+def _split(split: dict[str, Any] | None) -> str:
+    return (
+        "" if split is None else f" (tp {split['tp']} x pp {split['pp']}: {gb(split['weights_bytes_per_gpu'])} a GPU)"
+    )
+
+
+def _tried(tried: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{t['gpus']:,}" for t in tried)
 
 
 def _fit(r: dict[str, Any]) -> str:
@@ -116,23 +110,34 @@ def _fit(r: dict[str, Any]) -> str:
             f"({r['max_seq_len_with_recompute']:,} with full recompute)",
         ]
         if "nothing_fits" in r:
-            n = r["nothing_fits"]
-            fewest = n["fewest_gpus_that_fit"]
-            tune.append(
-                f"not one sequence of {r['seq']:,} tokens fits; "
-                + (f"{fewest} GPUs would (FSDP, full recompute)" if fewest else "no fleet up to 64 times larger would")
-            )
-            tune += [f"fits on these GPUs with {v}" for v in n["variants"]]
+            tune.append(f"not one sequence of {r['seq']:,} tokens fits on {sharded}")
+    fewest = r["min_gpus_for_training"]
+    training = [
+        f"training (seq {r['seq']:,}, the planner's layouts, {percent(r['headroom_fraction'])} of HBM kept "
+        f"free): {'fits' if r['training_fits'] else 'does NOT fit'} on {r['gpus']:,} GPU{'s' * (r['gpus'] != 1)}; "
+        "fewest GPUs that fit: "
+        + (f"{fewest:,}" if fewest else "none")
+        + f" (searched {_tried(r['min_gpus_for_training_tried'])})",
+        *(
+            f"fits on these GPUs with {v['change']}: {_layout_short(v['layout'])}, {seconds(v['step_time_s'])} per step"
+            for v in r["training_variants"]
+        ),
+    ]
+    weights = r["min_gpus_for_weights"]
     return "\n".join(
         [
+            *stack_line(r),
             f"{r['model']} weights in {r['dtype']}: {gb(r['weights_bytes_total'])}",
-            f"split over {r['gpus']} x {r['gpu']}: {gb(r['weights_bytes_per_gpu_even_split'])} per GPU "
-            f"({percent(r['hbm_fraction_per_gpu'])} of {gb(r['hbm_bytes_per_gpu'])}) - {verdict}",
+            f"split over {r['gpus']} x {r['gpu']}: {gb(r['weights_bytes_per_gpu_even_split'])} per GPU evenly "
+            f"({percent(r['hbm_fraction_per_gpu'])} of {gb(r['hbm_bytes_per_gpu'])}); the lightest split"
+            f"{_split(r['weights_split']) or ' (none of these GPUs)'} - {verdict}",
             f"free: {gb(r['free_bytes_per_gpu'])} per GPU, {gb(r['free_bytes_total'])} in total, "
             "for the KV cache and activations",
-            f"fewest GPUs for the weights alone: {r['min_gpus_for_weights']}; "
-            f"for the training state ({gb(r['training_state_bytes_total'])}, "
-            f"{r['training_state_bytes_per_param']:g} bytes/param): {r['min_gpus_for_training']}",
+            "fewest GPUs for the weights alone: "
+            + (f"{weights}{_split(r['min_gpus_for_weights_split'])}" if weights else "no split holds them")
+            + f"; the training state is {gb(r['training_state_bytes_total'])} "
+            f"({r['training_state_bytes_per_param']:g} bytes/param)",
+            *training,
             *tune,
         ]
     )
@@ -157,13 +162,16 @@ def _estimate(r: dict[str, Any]) -> str:
         f"{r['model']} on {r['gpus']} x {r['gpu']}: {_layout_line(r['layout'])}",
         f"seq {r['seq']}, global batch {r['global_batch']} sequences, precision {r['precision']}"
         + (f", attention kernel {r['attention_kernel']}" if "attention_kernel" in r else ""),
+        *stack_line(r),
         "",
         table(rows, ["step time", ""]),
         "",
         f"step time P10-P90 {seconds(r['step_time_s_p10'])} - {seconds(r['step_time_s_p90'])} ({r['uncertainty']})"
         if "step_time_s_p10" in r
         else "",
-        f"MFU {percent(r['mfu'])}, HFU {percent(r['hfu'])}, {r['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU; "
+        f"MFU {percent(r['mfu'])} (causal attention, of the dense bf16 peak), HFU {percent(r['hfu'])}"
+        + (f", {percent(r['mfu_fp8_peak'])} of the FP8 peak" if r.get("mfu_fp8_peak") is not None else "")
+        + f", {r['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU; "
         f"memory {gb(r['per_gpu']['total_bytes'])} of {gb(r['hbm_bytes_per_gpu'])} "
         f"({'fits' if r['fits'] else 'does NOT fit'})",
     ]
@@ -172,6 +180,7 @@ def _estimate(r: dict[str, Any]) -> str:
         head.append(
             f"{count(t['tokens_total'])} tokens: {t['wall_time_days']:.1f} days, {t['gpu_hours_total']:,.0f} GPU-hours"
         )
+    head += cost_lines(r)
     place = [(axis, p["size"], p["inside_domain"], p["domains"], p["link"]) for axis, p in r["placement"].items()]
     calls = [
         (
@@ -235,7 +244,11 @@ def _layout_short(lay: dict[str, Any]) -> str:
     if lay["cp"] > 1:
         parts.append(f"CP {lay['cp']}" + (" (K/V all-gathered)" if lay.get("cp_kind") == "all-gather" else ""))
     if lay["pp"] > 1:
-        parts.append(f"PP {lay['pp']}" + (f" ({lay['vpp']} virtual)" if lay["vpp"] > 1 else ""))
+        named = {"dualpipe": " (DualPipe)", "zero-bubble": " (zero-bubble)", "gpipe": " (GPipe)"}
+        parts.append(
+            f"PP {lay['pp']}"
+            + (f" ({lay['vpp']} virtual)" if lay["vpp"] > 1 else named.get(lay.get("schedule", ""), ""))
+        )
     if lay["ep"] > 1:
         etp = lay.get("expert_tp", lay["tp"])
         parts.append(f"EP {lay['ep']}" + (f" (expert TP {etp})" if etp != lay["tp"] else ""))
@@ -263,7 +276,10 @@ def _nothing_fits(r: dict[str, Any]) -> list[str]:
             f"per GPU, over the {gb(n['budget_bytes_per_gpu'])} budget"
         )
     fewest = n["fewest_gpus_that_fit"]
-    out.append(f"fewest GPUs that fit: {fewest:,}" if fewest else "no fleet up to 64 times larger fits either")
+    tried = f" (searched {_tried(n['fleet_sizes_tried'])} GPUs)"
+    out.append(
+        (f"fewest GPUs that fit: {fewest:,}" if fewest else "no fleet up to 64 times larger fits either") + tried
+    )
     for v in n["variants"]:
         out.append(f"fits with {v['change']}: {_layout_short(v['layout'])}, {seconds(v['step_time_s'])} per step")
     return out
@@ -287,32 +303,38 @@ def _plan(r: dict[str, Any]) -> str:
         )
         for i, p in enumerate(r["plans"])
     ]
+    rows, columns, align = with_cost_columns(r, rows, PLAN_COLUMNS, "rlrrrrrl")
     out = [
         f"{r['model']} on {r['gpus']} x {r['gpu']}, seq {r['seq']}, {r['global_batch_tokens']:,} tokens per step",
         f"searched {r['evaluated']:,} layouts in {r['elapsed_s']:.2f} s: {r['feasible']:,} fit "
         f"with {percent(r['headroom_fraction'])} of HBM kept free"
         + (f"; only layouts {r['engine']} runs are shown" if r.get("engine") else ""),
+        *stack_line(r),
         *(
             [
                 f"fewest GPUs that train {r['fewest_gpus']['tokens']:.3g} tokens within {r['fewest_gpus']['days']:g} "
-                f"days: {r['gpus']:,} (fleets from {r['fewest_gpus']['searched_from']:,} GPUs, doubling)"
+                f"days: {r['gpus']:,} (searched "
+                + ", ".join(
+                    f"{t['gpus']:,}" + ("" if t["days"] is None else f" in {t['days']:.1f} d")
+                    for t in r["fewest_gpus"]["tried"]
+                )
+                + ")"
             ]
             if "fewest_gpus" in r
             else []
         ),
+        *plan_cost_lines(r),
         *(
             [
                 "",
-                table(
-                    rows,
-                    ["#", "layout", "step", "MFU", "tok/s/GPU", "memory", "free", "across fabric"],
-                    align="rlrrrrrl",
-                ),
+                table(rows, columns, align=align),
             ]
             if rows
             else []
         ),
         *([f"step times: P10-P90 {_band(r['plans'][0])} for plan 1 ({r['uncertainty']})"] if rows else []),
+        *([r["ties"]] if r.get("ties") else []),
+        *(f"WARNING: {w}" for w in r.get("warnings", [])),
         "",
         "rejected: " + ("; ".join(f"{k} {v:,}" for k, v in r["rejections"].items()) or "none"),
         *_nothing_fits(r),
@@ -329,9 +351,14 @@ def _plan(r: dict[str, Any]) -> str:
             for x in e["rows"]
             if x["value_a"] or x["value_b"]
         ]
-        out += ["", f"{e['a']} vs {e['b']}: {e['why']}", table(term_rows, ["term", e["a"], e["b"], "difference"])]
+        out += ["", f"{e['a']} vs {e['b']}: {e['why']}"]
+        if "filled" in e:
+            filled = ", ".join(f"{k}={v}" for k, v in e["filled"].items()) or "none"
+            out.append(f"fields not given, filled with {e['filled_with']} of those given: {filled}")
+        out.append(table(term_rows, ["term", e["a"], e["b"], "difference"]))
         for w in e.get("named", {}).get("warnings", []):
             out.append(f"  note: {w}")
+    out.append("not searched: " + "; ".join(r["not_searched"]))
     return "\n".join(out)
 
 
@@ -352,7 +379,21 @@ def _recipe(r: dict[str, Any]) -> str:
             for x in r["recipes"]
         ]
         return table(rows, ["recipe", "", "GPUs", "factors"], align="llrl")
-    out = [f"{r['title']} ({r['source']})", r["why"], "", _estimate(r)]
+    p = r["published"]
+    figure = {
+        "mfu": ("MFU (attention over the whole context)", lambda v: percent(v)),
+        "tokens_per_s_per_gpu": ("tokens/s per GPU", lambda v: f"{v:,.0f}"),
+        "iteration_time_s": ("step time", seconds),
+        "tflops_per_gpu_eq3": ("TFLOP/s per GPU (Eq. 3)", lambda v: f"{v:.0f}"),
+        "tflops_per_gpu_megatron": ("TFLOP/s per GPU", lambda v: f"{v:.0f}"),
+        "tflops_per_gpu_mcore": ("TFLOP/s per GPU (Megatron-Core's count)", lambda v: f"{v:.0f}"),
+    }
+    label, show = figure.get(p["metric"], (p["metric"], lambda v: f"{v:g}"))
+    published = (
+        f"published {label}: {show(p['value'])} ({p['source']}, {p['locator']}); predicted {show(p['predicted'])} "
+        f"({p['error']:+.1%}) under the conditions `meshplan validate` runs it with ({p['run']}: {p['case']})"
+    )
+    out = [f"{r['title']} ({r['source']})", r["why"], published, "", _estimate(r)]
     if "search" in r:
         s = r["search"]
         rank, kept = f"{s['rank_of_published']:,}", f"{s['feasible']:,}"
@@ -368,18 +409,6 @@ def _recipe(r: dict[str, Any]) -> str:
             f"planner: the published layout {where}; best found {seconds(s['best_step_time_s'])} per step vs "
             f"{seconds(s['published_step_time_s'])}: {_layout_short(s['best_layout'])}",
         ]
-    return "\n".join(out)
-
-
-def _export(r: dict[str, Any]) -> str:
-    """The command (continued over lines with a backslash, so it pastes whole), each file as written (its lines
-    are the engine's), and the notes."""
-    out = [f"# {r['engine']} {r['engine_version']}", shell_lines(f"$ {r['command']}")]
-    for name, text in r["files"].items():
-        out += ["", f"--- {name}", text.rstrip()]
-    out += [fit_width(f"note: {n}") for n in r["notes"]]
-    if "written" in r:
-        out.append("written: " + ", ".join(r["written"]))
     return "\n".join(out)
 
 
@@ -415,7 +444,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "check": _check,
     "plan": _plan,
     "recipe": _recipe,
-    "export": _export,
+    "export": export_table,
     "estimate": _estimate,
     "collectives": _collectives,
     "validate": validate_table,
@@ -432,25 +461,3 @@ def render_table(command: str, result: dict[str, Any]) -> str:
     """The report as text, every line within render.WIDTH columns but an export's files (printed as written)."""
     text = RENDERERS[command](result)
     return text if command == "export" else fit_width(text)
-
-
-def shell_lines(command: str, width: int = WIDTH) -> str:
-    """A shell command over lines of at most ``width`` columns, each but the last ending in `` \\``: broken at
-    spaces outside quotes only, so it runs as one line does."""
-    words, word, quote = [], "", ""
-    for ch in command:
-        if ch == " " and not quote:
-            words += [word] if word else []
-            word = ""
-            continue
-        quote = "" if ch == quote else ch if not quote and ch in "'\"" else quote
-        word += ch
-    words += [word] if word else []
-    lines, line = [], ""
-    for w in words:
-        if line and len(line) + 1 + len(w) > width - 2:
-            lines.append(line + " \\")
-            line = "    " + w
-        else:
-            line = f"{line} {w}" if line else w
-    return "\n".join([*lines, line])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshplan.cli.tables_cost import serve_cost_line
 from meshplan.render import gb, seconds, table
 
 
@@ -59,6 +60,14 @@ def serve_table(r: dict[str, Any]) -> str:
         ),
         ("knee (90% of max)", f"{r.get('knee_batch_per_replica', 0):,} sequences", ""),
     ]
+    if "static_batch" in r:
+        sb = r["static_batch"]
+        rows[0] = ("TTFT (the batch's prefill)", seconds(sb["ttft_s"]), _band(sb, "ttft_s"))
+        rows.pop()  # no knee: one batch, in and out together
+        rows += [
+            ("prefill forwards", f"{sb['prefill_forwards']:,} of at most {_default(r, 'max_num_tokens')} tokens", ""),
+            ("decode / whole batch", f"{seconds(sb['decode_s'])} / {seconds(sb['run_s'])}", ""),
+        ]
     if "disaggregated" in r:
         d = r["disaggregated"]
         rows.pop()  # no knee: the decode pool's batch is set by the prefill pool's output
@@ -70,8 +79,18 @@ def serve_table(r: dict[str, Any]) -> str:
         ]  # fmt: skip
     steps = [(k.removesuffix("_s").replace("_", " "), seconds(v)) for k, v in r["step_s"].items()]
     main = table(rows, ["", "value", "P10 - P90"])
-    blocks = [head, "", main, f"({r['uncertainty']})", "", "one step", table(steps, ["term", "time"])]
-    return "\n".join([*blocks, "", "one GPU's memory", table(_serve_memory(r), ["term", "bytes"])])
+    blocks = [head, "", main, f"({r['uncertainty']})", *serve_cost_line(r), "", "one step"]
+    blocks.append(table(steps, ["term", "time"]))
+    blocks += ["", "one GPU's memory", table(_serve_memory(r), ["term", "bytes"])]
+    defaults = [(d["setting"].replace("_", "-"), d["value"], d["source"]) for d in r.get("defaults_applied", [])]
+    if defaults:
+        blocks += ["", "defaults applied (not typed)", table(defaults, ["setting", "value", "from"])]
+    return "\n".join([*blocks, *(f"WARNING: {w}" for w in r.get("warnings", []))])
+
+
+def _default(r: dict[str, Any], setting: str) -> str:
+    values = [d["value"] for d in r.get("defaults_applied", []) if d["setting"] == setting]
+    return f"{int(values[0]):,}" if values else "the typed number of"
 
 
 def _band(r: dict[str, Any], key: str) -> str:
@@ -149,5 +168,6 @@ def serve_plan_table(r: dict[str, Any]) -> str:
             table(front, ["layout", "batch", "tok/s/GPU", "tok/s/user"]),
             "",
             "rejected: " + ", ".join(f"{n} x {k}" for k, n in reasons.items()),
+            *(f"WARNING: {w}" for w in r.get("warnings", [])),
         ]
     )

@@ -7,6 +7,8 @@ from typing import Any
 from meshplan.render import gb, percent, table
 from meshplan.spec.profile import CONSTANTS
 
+SERVING_CLASS_HEAD = ["metric", "cases", "mean |err|", "max", "LOSO mean", "sources", "LOSO by source", "target"]
+
 
 def _validate_serving(r: dict[str, Any]) -> str:
     def err(x: float | None) -> str:
@@ -42,6 +44,8 @@ def _validate_serving(r: dict[str, Any]) -> str:
             percent(c["mean_abs_error"]),
             percent(c["max_abs_error"]),
             percent(c["loso_mean_abs_error"]),
+            c["sources"],
+            percent(c["loso_source_mean_abs_error"]),
             percent(c["target_mean"]),
             percent(c["best_constant_mean_abs_error"]),
             "ok" if c["ok"] else "FAIL",
@@ -54,6 +58,8 @@ def _validate_serving(r: dict[str, Any]) -> str:
         (
             c["metric_class"],
             int(band[f"{(key := c['metric_class'].replace('-', '_'))}_runs"]),
+            int(band[f"{key}_sources"]),
+            f"{band[f'{key}_widening']:.2f}" if band[f"{key}_sources"] >= 2 else "borrowed",
             f"{band[f'{key}_time_ratio_p10']:.3f}",
             f"{band[f'{key}_time_ratio_p50']:.3f}",
             f"{band[f'{key}_time_ratio_p90']:.3f}",
@@ -66,10 +72,14 @@ def _validate_serving(r: dict[str, Any]) -> str:
             "",
             table(sources, ["source", "metric", "cases", "mean |err|", "max", "LOSO mean", "best constant"]),
             "",
-            table(classes, ["metric", "cases", "mean |err|", "max", "LOSO mean", "target", "best constant", ""]),
+            table(
+                classes,
+                [*SERVING_CLASS_HEAD, "best constant", ""],
+            ),
             "",
-            "measured over predicted time, held out by source (the band `serve` prints):",
-            table(bands, ["metric", "cases", "P10", "median", "P90"]),
+            "measured over predicted time, held out by source, each source weighing the same, widened for few "
+            "sources (the band `serve` prints):",
+            table(bands, ["metric", "cases", "sources", "widened", "P10", "median", "P90"]),
             "",
             "not fitted:",
             *notes,
@@ -88,6 +98,7 @@ def _validate(r: dict[str, Any]) -> str:
             "mfu": "",
             "tflops_per_gpu_eq3": "TFLOP/s",
             "tflops_per_gpu_megatron": "TFLOP/s",
+            "tflops_per_gpu_mcore": "TFLOP/s",
             "tokens_per_s_per_gpu": "tok/s",
         }[src["metric"]]
         rows = [
@@ -133,6 +144,7 @@ def _held_out(r: dict[str, Any]) -> list[str]:
         "Held out: each source predicted with the shared scales fitted on all the other sources",
         table(rows, ["source", "runs", "model", "held out", "best constant", "compute / comm scale"]),
         f"fit on all sources: compute scale {fit['compute_scale']:.3f}, comm scale {fit['comm_scale']:.3f}",
+        *_band_lines(r.get("band")),
         "goals (reported, not yet part of the checks):",
     ]
     lines += [
@@ -159,6 +171,25 @@ def _held_out(r: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _band_lines(band: dict[str, float] | None) -> list[str]:
+    """The step-time band the held-out errors make (catalog/held_out.toml), with the sources behind each."""
+    if not band:
+        return []
+    lines = [
+        f"step-time band (measured over predicted, held out, each source weighing alike): P10-P90 "
+        f"{band['time_ratio_p10']:.3f}-{band['time_ratio_p90']:.3f} over {int(band['runs'])} runs from "
+        f"{int(band['sources'])} sources"
+    ]
+    for axis, what in (("cp", "context parallelism"), ("ep", "expert parallelism")):
+        if f"{axis}_runs" in band:
+            lines.append(
+                f"  with {what}: {band[f'{axis}_time_ratio_p10']:.3f}-{band[f'{axis}_time_ratio_p90']:.3f} "
+                f"(median {band[f'{axis}_time_ratio_p50']:.3f}) over {int(band[f'{axis}_runs'])} runs from "
+                f"{int(band[f'{axis}_sources'])} sources"
+            )
+    return lines
+
+
 def _validate_memory(r: dict[str, Any]) -> str:
     from meshplan.render import percent
 
@@ -182,7 +213,7 @@ def _validate_memory(r: dict[str, Any]) -> str:
             percent(s["mean_abs_error"]),
             percent(s["max_abs_error"]),
             percent(s["best_constant_error"]),
-            "ok" if s["ok"] else "MISSED",
+            ("ok" if s["ok"] else "MISSED") if s["targets"] else "none (released)",
         ]
         for s in r["sources"]
     ]
@@ -190,8 +221,10 @@ def _validate_memory(r: dict[str, Any]) -> str:
     out += [table(srcs, head, align="llrrrrl"), ""]
     summary = r["summary"]
     out.append(
-        f"all cases: mean |error| {percent(summary['mean_abs_error'])} (target {percent(summary['target_mean'])}), "
-        f"max {percent(summary['max_abs_error'])} (target {percent(summary['target_max'])})"
+        f"all cases: mean |error| {percent(summary['mean_abs_error'])}, max {percent(summary['max_abs_error'])}; "
+        f"the {summary['targeted_cases']} cases of sources with targets: mean "
+        f"{percent(summary['targeted_mean_abs_error'])} (target {percent(summary['target_mean'])}), "
+        f"max {percent(summary['targeted_max_abs_error'])} (target {percent(summary['target_max'])})"
     )
     for v in r["verdicts"]:
         verdict = "fits" if v["fits"] else f"billed {gb(v['over_bytes_per_gpu'])} over HBM"

@@ -124,8 +124,10 @@ def check_model_path(text: object, *, what: str = "model path") -> str:
 
 
 def effective_zero(layout: Layout) -> ZeroStage:
-    """The ZeRO stage that really shards something: with dp_shard = 1 there is nothing to shard."""
-    return layout.zero if layout.dp_shard > 1 else ZeroStage.NONE
+    """The ZeRO stage that really shards something: the state is sharded over dp_shard x cp (the group the bill
+    shards over: Megatron's distributed optimizer and FSDP's mesh both take the context-parallel ranks), so with
+    both 1 there is nothing to shard."""
+    return layout.zero if layout.dp_shard * layout.cp > 1 else ZeroStage.NONE
 
 
 def grad_accumulation_steps(layout: Layout, workload: Workload) -> int:

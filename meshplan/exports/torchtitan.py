@@ -9,7 +9,8 @@ decides, so the recipe's optimizer, data and checkpoint settings stay as torchti
 How the plan maps (torchtitan/config/configs.py, distributed/fsdp.py, parallel_dims.py):
 - dp_replicate / dp_shard -> data_parallel_replicate_degree / data_parallel_shard_degree (HSDP);
   ZeRO-3 is FSDP2 with fsdp_reshard_after_forward="always", ZeRO-2 is "never" (parameters stay
-  gathered from forward to backward). FSDP2 always shards gradients, so ZeRO-1 has no equivalent.
+  gathered from forward to backward). FSDP2 always shards gradients, so ZeRO-1 has no equivalent. FSDP2
+  shards over dp_shard x cp (its dp_shard_cp mesh), so a layout with CP > 1 is ZeRO-2 or 3 there.
 - vpp -> pipeline_parallel_layers_per_stage, chosen so the stage count is pp * vpp (embedding and
   output count as one layer each unless that breaks the split).
 - CP all-gathers keys and values (distributed/context_parallel); EP borrows ranks from dp_shard x cp x tp.
@@ -119,6 +120,13 @@ def _check(model: ModelSpec, layout: Layout, workload: Workload) -> None:
             ENGINE,
             "shard only the optimizer state (ZeRO-1): FSDP2 shards gradients too",
             'zero=2 (fsdp_reshard_after_forward="never")',
+        )
+    if layout.cp > 1 and layout.zero is ZeroStage.NONE:
+        raise UnsupportedByEngine(
+            ENGINE,
+            f"keep the training state whole over dp_shard*cp = {layout.dp_shard * layout.cp} ranks: it applies "
+            "FSDP2 over the data and context-parallel ranks together",
+            "zero=2 or zero=3",
         )
     if layout.pp > 1 and layout.schedule not in SCHEDULES:
         raise UnsupportedByEngine(

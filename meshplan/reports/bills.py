@@ -14,9 +14,12 @@ from meshplan.core.params import count_params
 from meshplan.core.serving.bill import (
     EngineMemory,
     ServingBill,
+    WeightSplit,
+    fewest_weight_split,
     kv_bytes_per_token_total,
-    min_gpus,
+    lightest_weight_split,
     serving_bill,
+    serving_tp_ok,
     weights_bytes_total,
 )
 from meshplan.core.training import training_memory
@@ -28,12 +31,13 @@ from meshplan.reports.inputs import (
     choice,
     finetune_fields,
     layout_dict,
+    resolve_cluster,
     resolve_finetune,
     resolve_layout,
     resolve_workload,
 )
+from meshplan.reports.plan_fleet import SearchRules, fewest_that_fit, fits_on, tried_json, variants
 from meshplan.spec.cluster import GPU, check_gpus
-from meshplan.spec.finetune import Finetune, FinetuneMode
 from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
@@ -102,14 +106,16 @@ def fit_report(
     dtype: str = "bf16",
     finetune: FinetuneRequest | None = None,
     seq: int = 4096,
-    precision: str = "bf16",
+    precision: str | None = None,
     headroom: float = 0.10,
-    kernels: str = "fused",
+    kernels: str | None = None,
+    conditions: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``meshplan fit``: the weights-split playground, weights spread evenly over ``gpus``.
 
     The verdict keeps ``headroom`` of HBM free, as the planner does. Under QLoRA the weights are NF4 (the base
-    is quantized whatever ``dtype`` says).
+    is quantized whatever ``dtype`` says). The training state and the fine-tuning bills are the stack's
+    (``conditions``: ``stack`` and the conditions as given; precision and kernels left None are the stack's).
 
     With ``finetune``, also the largest micro-batch at ``seq`` and the longest sequence at micro-batch 1 that
     fit, with and without full recompute, on FSDP over every GPU (ZeRO-3 over the frozen base, the common
@@ -120,11 +126,15 @@ def fit_report(
     check_gpus(gpus)
     if finetune is not None and finetune.mode == "qlora":
         dtype = "nf4"
-    total = weights_bytes_total(spec, choice(DType, dtype, "dtype"))
+    weight_dtype = choice(DType, dtype, "dtype")
+    total = weights_bytes_total(spec, weight_dtype)
     per_gpu = total / gpus
     budget = gpu_spec.hbm_bytes * (1 - headroom)
-    per_param = state_bytes_per_param(spec, resolve_workload(layout=Layout(), seq=seq, precision=precision))
+    set_by, shown = workload_kwargs(conditions, precision=precision, attention=None, kernels=kernels)
+    per_param = state_bytes_per_param(spec, resolve_workload(layout=Layout(), seq=seq, **set_by))
     state = count_params(spec).total * per_param
+    here = lightest_weight_split(spec, gpus, weight_dtype)
+    fewest = fewest_weight_split(spec, weight_dtype, budget)
     out: dict[str, Any] = {
         "model": spec.name,
         "gpu": gpu_spec.name,
@@ -137,17 +147,67 @@ def fit_report(
         "free_bytes_per_gpu": gpu_spec.hbm_bytes - per_gpu,
         "free_bytes_total": gpus * (gpu_spec.hbm_bytes - per_gpu),
         "headroom_fraction": headroom,
-        "fits": per_gpu <= budget,
-        "min_gpus_for_weights": min_gpus(total, budget),
+        "seq": seq,
+        "fits": here is not None and here.weights_bytes <= budget,
+        "weights_split": _split_dict(here),
+        "min_gpus_for_weights": fewest.gpus if fewest is not None else None,
+        "min_gpus_for_weights_split": _split_dict(fewest),
         "training_state_bytes_per_param": per_param,
         "training_state_bytes_total": state,
-        "min_gpus_for_training": min_gpus(state, budget),
+        **_fit_training(spec, gpu, gpus=gpus, req=finetune, seq=seq, set_by=set_by, headroom=headroom),
+        "precision": set_by["precision"],
+        **shown,
     }
     if finetune is not None:
-        out |= _fit_finetune(
-            spec, gpu_spec, gpus=gpus, req=finetune, seq=seq, precision=precision, budget=budget, kernels=kernels
-        )
+        out |= _fit_finetune(spec, gpu_spec, gpus=gpus, req=finetune, seq=seq, set_by=set_by, budget=budget)
+        if out["max_micro_batch_with_recompute"] == 0:
+            out["nothing_fits"] = {
+                "fewest_gpus_that_fit": out["min_gpus_for_training"],
+                "variants": [v["change"] for v in out["training_variants"]],
+            }
     return out
+
+
+def _split_dict(split: WeightSplit | None) -> dict[str, Any] | None:
+    if split is None:
+        return None
+    return {"tp": split.tp, "pp": split.pp, "weights_bytes_per_gpu": split.weights_bytes}
+
+
+TRAINING_FLEET_LIMIT = 131_072
+"""The largest fleet ``fit`` searches for the fewest GPUs that train (the API's cap on the planner's fewest-gpus
+search): past it, each search would run over millions of GPUs."""
+
+
+def _fit_training(
+    spec: ModelSpec,
+    gpu: str,
+    *,
+    gpus: int,
+    req: FinetuneRequest | None,
+    seq: int,
+    set_by: Mapping[str, Any],
+    headroom: float,
+) -> dict[str, Any]:
+    """Training on these GPUs by the planner's own search (``plan_fleet``, one source for ``plan`` and ``fit``):
+    whether a layout fits, the fewest GPUs on which one does (one sequence of ``seq`` a GPU per step) with the
+    sizes tried, and where nothing fits here, the variants that do (LoRA, QLoRA, no HBM kept free). ``set_by``:
+    the stack's conditions, as for the rest of ``fit``."""
+    ft = resolve_finetune(req, spec) if req is not None else None
+    work = resolve_workload(layout=Layout(), seq=seq, global_batch=gpus, finetune=ft, **set_by)
+    rules = SearchRules(headroom=headroom)
+    fleet = functools.partial(resolve_cluster, gpu=gpu)
+    found = fewest_that_fit(
+        spec, fleet, work, rules, start=1, include_start=True, high=TRAINING_FLEET_LIMIT, batch_free=True
+    )
+    fits = fits_on(spec, fleet, work, rules, gpus=gpus, found=found)
+    here = fleet(gpus=gpus)
+    return {
+        "training_fits": fits,
+        "min_gpus_for_training": found.gpus,
+        "min_gpus_for_training_tried": tried_json(found),
+        "training_variants": [] if fits else variants(spec, here, work, rules, finetune=ft),
+    }
 
 
 LIMIT_MICRO_BATCH = 4096
@@ -175,9 +235,8 @@ def _fit_finetune(
     gpus: int,
     req: FinetuneRequest,
     seq: int,
-    precision: str,
+    set_by: Mapping[str, Any],
     budget: float,
-    kernels: str = "fused",
 ) -> dict[str, Any]:
     ft = resolve_finetune(req, spec)
     zero = 3 if gpus > 1 else 0
@@ -185,9 +244,7 @@ def _fit_finetune(
 
     def fits(mb: int, s: int, recompute: str) -> bool:
         lay = resolve_layout(LayoutRequest(zero=zero, recompute=recompute, micro_batch=mb), gpus=gpus)
-        work = resolve_workload(
-            layout=lay, seq=s, global_batch=mb * lay.dp, precision=precision, finetune=ft, kernels=kernels
-        )
+        work = resolve_workload(layout=lay, seq=s, global_batch=mb * lay.dp, finetune=ft, **set_by)
         return bool(training_memory(spec, lay, work, gpu=gpu).per_gpu.total_bytes <= budget)
 
     for recompute, suffix in (("none", ""), ("full", "_with_recompute")):
@@ -195,41 +252,7 @@ def _fit_finetune(
             functools.partial(fits, s=seq, recompute=recompute), LIMIT_MICRO_BATCH
         )
         out[f"max_seq_len{suffix}"] = _largest(functools.partial(fits, 1, recompute=recompute), LIMIT_SEQ)
-    if out["max_micro_batch_with_recompute"] == 0:
-        out["nothing_fits"] = _fit_what_would(
-            spec, gpu, gpus=gpus, ft=ft, seq=seq, precision=precision, budget=budget, kernels=kernels
-        )
     return out
-
-
-def _fit_what_would(
-    spec: ModelSpec,
-    gpu: GPU,
-    *,
-    gpus: int,
-    ft: Finetune,
-    seq: int,
-    precision: str,
-    budget: float,
-    kernels: str = "fused",
-) -> dict[str, Any]:
-    """When not even one sequence fits with full recompute: the fewest GPUs (FSDP, doubling) for one, and the
-    LoRA / QLoRA variants that fit on these GPUs."""
-
-    def one_fits(n: int, tuning: Finetune) -> bool:
-        lay = resolve_layout(LayoutRequest(zero=3 if n > 1 else 0, recompute="full"), gpus=n)
-        work = resolve_workload(
-            layout=lay, seq=seq, global_batch=lay.dp, precision=precision, finetune=tuning, kernels=kernels
-        )
-        return bool(training_memory(spec, lay, work, gpu=gpu).per_gpu.total_bytes <= budget)
-
-    fewest = next((n for n in (gpus * 2**k for k in range(1, 7)) if one_fits(n, ft)), None)
-    variants = [
-        f"--finetune {mode.value}"
-        for mode in (FinetuneMode.LORA, FinetuneMode.QLORA)
-        if not ft.adapted and one_fits(gpus, Finetune(mode=mode))
-    ]
-    return {"fewest_gpus_that_fit": fewest, "variants": variants}
 
 
 def check_serving_tp(spec: ModelSpec, tp: int) -> None:
@@ -239,12 +262,12 @@ def check_serving_tp(spec: ModelSpec, tp: int) -> None:
     """
     heads, kv = spec.num_heads, spec.num_kv_heads
     if heads % tp:
-        fine = [t for t in (1, 2, 4, 8, 16, 32, 64) if heads % t == 0 and (kv % t == 0 or t % kv == 0)]
+        fine = [t for t in (1, 2, 4, 8, 16, 32, 64) if serving_tp_ok(spec, t)]
         raise ValueError(
             f"tp={tp} does not divide the {heads} attention heads of {spec.name} (give --tp, e.g. one of "
             f"{', '.join(map(str, fine))}; the other GPUs serve as replicas)"
         )
-    if kv % tp and tp % kv:
+    if not serving_tp_ok(spec, tp):
         raise ValueError(f"tp={tp} and the {kv} KV heads of {spec.name}: neither divides the other")
 
 

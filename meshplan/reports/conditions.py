@@ -1,7 +1,10 @@
 """Conditions as a user states them (flags, query parameters, run files) resolved against a training stack.
 
-Each condition's value comes from its flag when given, else from the stack's defaults, else from the
-schema's default; every report names which (``conditions`` in docs/json.md).
+Every run has a stack: the one given (``--stack``), else the stack of the engine the run is planned for
+(``--engine``), else ``DEFAULT_STACK``. Each condition's value comes from its flag when given, else from the
+stack's defaults, else from the schema's default; every report names the stack, where it came from, where each
+value came from, and which values differ from the stack's own (``stack``, ``stack_source``, ``conditions`` and
+``differs_from_stack`` in docs/json.md).
 """
 
 from __future__ import annotations
@@ -25,6 +28,13 @@ from meshplan.spec.conditions import (
 from meshplan.spec.workload import PRECISIONS, Overlap, PrecisionPolicy
 from meshplan.units import DType
 
+DEFAULT_STACK = "megatron-core"
+"""The stack of a run that names none: Megatron-Core as NVIDIA ships it (distributed optimizer, fp32 main gradients,
+Transformer Engine kernels, overlapped data-parallel traffic), each condition at Megatron-LM's own default
+(arguments.py). Of the real stacks it is the nearest to what a stackless run assumed before (Megatron's tensors,
+fused kernels, the framework's loss), so only what matched no framework moved (README, "The default stack")."""
+ENGINE_STACKS = {"megatron": "megatron-core", "torchtitan": "torchtitan", "deepspeed": "deepspeed"}
+"""The stack a training engine runs (``plan --engine E`` and ``export E`` take it unless a stack is given)."""
 WORKLOAD_SET_BY_STACK = ("precision", "kernels", "attention")
 """Workload fields a stack fixes besides its conditions."""
 OVERLAP_AXES = {
@@ -46,26 +56,45 @@ def condition_names() -> tuple[str, ...]:
     return WORKLOAD_SET_BY_STACK + own
 
 
-def resolve(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(resolved values by field name, the report's ``conditions`` block) from raw values (None: unset)."""
-    name = values.get("stack")
-    stack = io.load_stack(name) if name else None
+def stack_of(stack: str | None, engine: str | None = None) -> tuple[str, str]:
+    """(the run's stack, where it came from): the one given ("flag"), else the engine's ("engine"), else the
+    default ("default")."""
+    if stack:
+        return stack, "flag"
+    if engine:
+        if engine not in ENGINE_STACKS:
+            raise ValueError(f"unknown training engine {engine!r} (engines: {', '.join(ENGINE_STACKS)})")
+        return ENGINE_STACKS[engine], "engine"
+    return DEFAULT_STACK, "default"
+
+
+def resolve(values: Mapping[str, Any], *, engine: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(resolved values by field name, the report's ``conditions`` block) from raw values (None: unset);
+    ``engine``: the training engine whose stack the run takes when ``values`` names none."""
+    name, stack_source = stack_of(values.get("stack"), engine)
+    stack = io.load_stack(name)
     resolved: dict[str, Any] = {}
     shown: dict[str, Any] = {}
+    differs: list[str] = []
     for key in condition_names():
+        own = stack.defaults.get(key, requests.field(key).default)
         given = values.get(key)
         if given is not None:
             value, source = given, "flag"
-        elif stack is not None and key in stack.defaults:
-            value, source = stack.defaults[key], "stack"
+            if given != own:
+                differs.append(key)
+        elif key in stack.defaults:
+            value, source = own, "stack"
         else:
-            value, source = requests.field(key).default, "default"
+            value, source = own, "default"
         resolved[key] = value
         shown[key] = {"value": value, "source": source}
     block = {
-        "stack": stack.name if stack else None,
-        "reports": stack.reports if stack else None,
+        "stack": stack.name,
+        "stack_source": stack_source,
+        "reports": stack.reports,
         "values": shown,
+        "differs_from_stack": differs,
     }
     return resolved, block
 
@@ -141,12 +170,18 @@ def precision_of(name: str, resolved: Mapping[str, Any]) -> PrecisionPolicy:
 
 
 def workload_kwargs(
-    conditions: Mapping[str, Any] | None, *, precision: str | None, attention: str | None, kernels: str | None
+    conditions: Mapping[str, Any] | None,
+    *,
+    precision: str | None,
+    attention: str | None,
+    kernels: str | None,
+    engine: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(keyword arguments of ``resolve_workload`` the conditions decide, the report's ``stack`` and
-    ``conditions``): precision, attention and kernels left None come from the stack, else the defaults."""
+    """(keyword arguments of ``resolve_workload`` the conditions decide, the report's ``stack``,
+    ``stack_source``, ``conditions`` and ``differs_from_stack``): precision, attention and kernels left None come
+    from the stack, else the defaults; ``engine``: the training engine whose stack the run takes if none is given."""
     given = dict(conditions or {}) | {"precision": precision, "attention": attention, "kernels": kernels}
-    resolved, block = resolve(given)
+    resolved, block = resolve(given, engine=engine)
     kwargs = {
         "precision": resolved["precision"],
         "attention": resolved["attention"],
@@ -156,4 +191,14 @@ def workload_kwargs(
         "overlap": overlap_of(resolved),
         "policy": precision_of(resolved["precision"], resolved),
     }
-    return kwargs, {"stack": block["stack"], "conditions": block["values"]}
+    return kwargs, report_fields(block)
+
+
+def report_fields(block: Mapping[str, Any]) -> dict[str, Any]:
+    """What every training report says of its stack and conditions (from ``resolve``'s block)."""
+    return {
+        "stack": block["stack"],
+        "stack_source": block["stack_source"],
+        "conditions": block["values"],
+        "differs_from_stack": block["differs_from_stack"],
+    }

@@ -11,8 +11,10 @@ from meshplan.core.memory.terms import explain
 from meshplan.core.placement import AxisPlacement
 from meshplan.core.plan import Plan, evaluate
 from meshplan.core.time.compute import resolved_attention
+from meshplan.core.time.flops import MFU_CONVENTION
 from meshplan.render import jsonable
 from meshplan.reports.conditions import workload_kwargs
+from meshplan.reports.cost import CostRequest, estimate_costs, never_finishes_warning
 from meshplan.reports.inputs import (
     FinetuneRequest,
     LayoutRequest,
@@ -24,6 +26,8 @@ from meshplan.reports.inputs import (
     resolve_order,
     resolve_workload,
 )
+from meshplan.reports.published_range import mfu_check
+from meshplan.reports.routing_note import routing_note
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.profile import fitted_band
@@ -111,6 +115,8 @@ def evaluated_plan_dict(plan: Plan, *, tokens: float | None = None) -> dict[str,
         "step_time_s": float(step.step_time_s),
         "mfu": float(step.mfu),
         "hfu": float(step.hfu),
+        "mfu_fp8_peak": None if step.mfu_fp8_peak is None else float(step.mfu_fp8_peak),
+        "mfu_convention": MFU_CONVENTION,
         "tokens_per_s_per_gpu": float(step.tokens_per_s_per_gpu),
         "attention_kernel": resolved_attention(plan.workload, plan.cluster.gpu.calibration),
         "breakdown": {
@@ -130,6 +136,11 @@ def evaluated_plan_dict(plan: Plan, *, tokens: float | None = None) -> dict[str,
         "axis_order": list(plan.order),
         "warnings": plan.warnings(),
     }
+    moe = plan.model.moe is not None
+    dtype = plan.workload.precision.compute
+    lay = plan.layout
+    out["published_mfu"], beyond = mfu_check(out["mfu"], gpu=out["gpu"], cp=lay.cp, ep=lay.ep, moe=moe, dtype=dtype)
+    out["warnings"] += beyond + routing_note(plan)
     if tokens is not None and not 1 <= tokens <= 1e16:  # also refuses NaN and infinities
         raise ValueError(f"tokens must be between 1 and 1e16, got {tokens:g}")
     if tokens:
@@ -165,9 +176,11 @@ def estimate_report(
     nics_per_node: int | None = None,
     oversubscription: float | None = None,
     profile: str | None = None,
+    cost: CostRequest | None = None,
 ) -> dict[str, Any]:
     """``meshplan estimate``: memory, collectives, placement and step time of one layout (``conditions``: the
-    stack and condition fields as given, None where unset; see ``memory_report``)."""
+    stack and condition fields as given, None where unset; see ``memory_report``; ``cost``: the price, checkpoint
+    and failure fields, whose keys reports/cost.py adds)."""
     spec = io.load_model(model) if isinstance(model, str) else model
     cluster = resolve_cluster(
         gpu=gpu,
@@ -192,19 +205,32 @@ def estimate_report(
     )
     plan = evaluate(spec, cluster, lay, work, order=resolve_order(axis_order))
     out = evaluated_plan_dict(plan, tokens=tokens) | shown
+    out |= estimate_costs(spec, work, cluster, out, tokens=tokens, req=cost)
     out["warnings"] = [*out["warnings"], *band_warning(lay.cp, lay.ep), *gpu_warning(cluster.gpu.name, profile)]
+    out["warnings"] += never_finishes_warning(out)
     return out | uncertainty(float(plan.step.step_time_s), profile, cp=lay.cp, ep=lay.ep, gpu=cluster.gpu.name)
 
 
 BAND_CLASSES = {"cp": "context parallelism", "ep": "expert parallelism"}
 """Layouts whose held-out runs have a bias of their own, each with its own band (catalog/held_out.toml's
-``<axis>_`` keys), in order: a layout belongs to the first whose degree is above 1; and how the reports name them."""
+``<axis>_`` keys), and how the reports name them. A published run counts in the first whose degree is above 1
+(``band_class``: a run with both is one of the CP runs); a layout to predict takes the band of every class it
+belongs to (``band_classes``), and one with both CP and EP the band covering both classes' bands: from the lower of
+the two P10 to the higher of the two P90 (the wider of the two where one holds the other, as the EP band of
+catalog/held_out.toml holds the CP band), so that neither class's runs fall outside it more often than outside
+their own band."""
 
 
 def band_class(*, cp: int, ep: int) -> str | None:
-    """The band class of a layout of these degrees (``BAND_CLASSES``), or None."""
+    """The band class a published run of these degrees counts in (``BAND_CLASSES``), or None."""
     degrees = {"cp": cp, "ep": ep}
     return next((axis for axis in BAND_CLASSES if int(degrees[axis]) > 1), None)
+
+
+def band_classes(*, cp: int, ep: int) -> tuple[str, ...]:
+    """Every band class a layout of these degrees belongs to and that catalog/held_out.toml has runs of."""
+    degrees, band = {"cp": cp, "ep": ep}, io.held_out_band()
+    return tuple(axis for axis in BAND_CLASSES if int(degrees[axis]) > 1 and f"{axis}_runs" in band)
 
 
 def uncertainty(
@@ -212,29 +238,47 @@ def uncertainty(
 ) -> dict[str, Any]:
     """The step time's P10-P90 band: a fitted profile's own (its runs each predicted with the profile fitted on
     the others), else the held-out errors of the published runs (catalog/held_out.toml), where a layout with
-    context parallelism (``cp`` > 1), else expert parallelism (``ep`` > 1), takes the band of the published runs
-    of its kind; on a ``gpu`` kind none of them ran on, the band says so."""
+    context parallelism (``cp`` > 1) or expert parallelism (``ep`` > 1) takes the band of the published runs of
+    its kind, and one with both the band covering the two (``BAND_CLASSES``; ``step_time_band_sources`` is then
+    the fewer of their sources); on a ``gpu`` kind none of them ran on, the band says so."""
     own = fitted_band(profile)
     if own is not None:
         return {
             "step_time_s_p10": own.p10 * step_time_s,
             "step_time_s_p90": own.p90 * step_time_s,
+            "step_time_band_sources": None,
             "uncertainty": f"P10-P90 of measured over predicted step time on the profile's {own.runs} runs, each "
             "predicted with the profile fitted without it",
         }
     band = io.held_out_band()
-    axis = band_class(cp=cp, ep=ep)
-    if axis is not None and f"{axis}_runs" not in band:
-        axis = None
-    key = f"{axis}_time_ratio" if axis else "time_ratio"
-    runs = int(band[f"{axis}_runs" if axis else "runs"])
-    lo, hi = band[f"{key}_p10"] * step_time_s, band[f"{key}_p90"] * step_time_s
-    which = f"{runs} published runs with {BAND_CLASSES[axis]}" if axis else f"{runs} published runs"
+    axes: tuple[str | None, ...] = band_classes(cp=cp, ep=ep) or (None,)
+    prefixes = [f"{axis}_" if axis else "" for axis in axes]
+    lo = min(band[f"{prefix}time_ratio_p10"] for prefix in prefixes) * step_time_s
+    hi = max(band[f"{prefix}time_ratio_p90"] for prefix in prefixes) * step_time_s
+    sources = min(int(band[f"{prefix}sources"]) for prefix in prefixes)
+    which = " and on ".join(
+        f"{int(band[f'{prefix}runs'])} published runs"
+        + (f" with {BAND_CLASSES[axis]}" if axis else "")
+        + (f" of {int(band[f'{prefix}sources'])} sources" if len(axes) > 1 else "")
+        for axis, prefix in zip(axes, prefixes, strict=True)
+    )
     return {
         "step_time_s_p10": lo,
         "step_time_s_p90": hi,
-        "uncertainty": f"P10-P90 of measured over predicted step time on {which}, each "
-        "predicted with constants fitted without its source"
+        "step_time_band_sources": sources,
+        "uncertainty": (
+            f"P10-P90 for a source never seen, from measured over predicted step time on {which} of "
+            f"{sources} sources, each source weighing the same and predicted with constants fitted without it"
+            if len(axes) == 1
+            else "P10-P90 for a source never seen, covering two bands (the lower of their P10, the higher of their "
+            f"P90), from measured over predicted step time on {which}, each source weighing the same and predicted "
+            "with constants fitted without it"
+        )
+        + (
+            ""
+            if all(band[f"{prefix}promised"] for prefix in prefixes)
+            else "; too few sources for that promise: the range of their runs"
+        )
         + ("; the profile has no band of its own (meshplan calibrate writes one in its file)" if profile else "")
         + (f"; none of them ran on {gpu}" if gpu is not None and gpu not in io.published_runs_by_gpu() else ""),
     }
@@ -256,16 +300,17 @@ def gpu_warning(gpu: str, profile: str | None = None) -> list[str]:
 
 
 def band_warning(cp: int, ep: int = 1) -> list[str]:
-    """What the held-out runs say of a layout with context (or expert) parallelism: the model has run fast on
-    them."""
-    band = io.held_out_band()
-    axis = band_class(cp=cp, ep=ep)
-    if axis is None or f"{axis}_runs" not in band:
-        return []
+    """What the held-out runs say of a layout with context (or expert) parallelism, for each class it belongs to:
+    whether the model has run fast (median ratio above 1) or slow on them."""
+    band, axes = io.held_out_band(), band_classes(cp=cp, ep=ep)
+    whose = "theirs" if len(axes) == 1 else "the one covering the CP and the EP runs' bands"
     return [
         f"{BAND_CLASSES[axis]}: held out, the {int(band[f'{axis}_runs'])} published runs with "
-        f"{axis.upper()} took a median {band[f'{axis}_time_ratio_p50']:.2f}x their predicted step time (P90 "
-        f"{band[f'{axis}_time_ratio_p90']:.2f}x): this step time is likely optimistic, and its band is theirs"
+        f"{axis.upper()} ({int(band[f'{axis}_sources'])} sources) took a median "
+        f"{band[f'{axis}_time_ratio_p50']:.2f}x their predicted step time (P90 "
+        f"{band[f'{axis}_time_ratio_p90']:.2f}x): this step time is likely "
+        f"{'optimistic' if band[f'{axis}_time_ratio_p50'] > 1 else 'pessimistic'}, and its band is {whose}"
+        for axis in axes
     ]
 
 

@@ -19,10 +19,11 @@ from meshplan.exports import (
     check_model_path,
 )
 from meshplan.reports.bills import serving_report
-from meshplan.reports.conditions import workload_kwargs
+from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, workload_kwargs
 from meshplan.reports.export_advice import serve_with_advice, served_checkpoint, training_refusal
 from meshplan.reports.inputs import LayoutRequest, choice, resolve_cluster, resolve_layout, resolve_workload
 from meshplan.reports.serve_plan_file import SavedServingPlan, load_serving_plan
+from meshplan.spec import requests
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
 
@@ -86,7 +87,28 @@ def load_saved_plan(path: str) -> dict[str, Any]:
         "seq": _field(data, "seq", int, label),
         "global_batch": _field(data, "global_batch", int, label),
         "layout": request,
+        "conditions": saved_conditions(data, label),
     }
+
+
+def saved_conditions(data: dict[str, Any], label: str) -> dict[str, Any]:
+    """What a saved plan states of its run, by schema field name: its stack when a flag named it (a stack taken
+    from the default or from ``--engine`` is left to the exporting engine) and each condition a flag set (precision,
+    attention and kernels among them), parsed by the schema."""
+    raw: dict[str, Any] = {}
+    if data.get("stack") is not None and data.get("stack_source", "flag") == "flag":
+        raw["stack"] = data["stack"]
+    shown = data.get("conditions") or {}
+    if not isinstance(shown, dict):
+        raise ValueError(f"'conditions' in {label} must be a JSON object, got {type(shown).__name__}")
+    for name, entry in shown.items():
+        if isinstance(entry, dict) and entry.get("source") == "flag" and entry.get("value") is not None:
+            raw[name] = entry["value"]
+    allowed = [requests.field(name) for name in ("stack", *condition_names())]
+    try:
+        return requests.parse_values(raw, allowed=allowed, what="condition")
+    except ValueError as exc:
+        raise ValueError(f"the conditions of {label}: {exc}") from None
 
 
 def export_training(
@@ -98,14 +120,16 @@ def export_training(
     layout: LayoutRequest,
     seq: int,
     global_batch: int | None,
-    precision: str = "bf16",
+    precision: str | None = None,
     model_path: str | None = None,
     conditions: Mapping[str, Any] | None = None,
     plan_file: str | None = None,
 ) -> dict[str, Any]:
     """A training plan as ``engine``'s configuration, with meshplan's predictions as comments; ``conditions``:
-    the run conditions the export carries (the stated first/last stage layers); ``plan_file``: the saved plan
-    the layout came from (a refusal then says to plan again for the engine)."""
+    the stack and run conditions as given (the stated first/last stage layers, a saved plan's flags). The run
+    takes the engine's stack unless ``conditions`` names one; precision, attention and kernels left unset (None)
+    come from the stack. ``plan_file``: the saved plan the layout came from (a refusal then says to plan again
+    for the engine)."""
     eng = _engine(engine)
     if model_path is not None:
         check_model_path(model_path, what="--model-path")
@@ -116,7 +140,15 @@ def export_training(
     spec = io.load_model(model) if isinstance(model, str) else model
     cluster = resolve_cluster(gpu=gpu, gpus=gpus)
     lay = resolve_layout(layout, gpus=gpus)
-    kwargs, _ = workload_kwargs(conditions, precision=precision, attention=None, kernels=None)
+    given = dict(conditions or {})
+    stated = {k: given.pop(k, None) for k in WORKLOAD_SET_BY_STACK}
+    kwargs, shown = workload_kwargs(
+        given,
+        precision=precision or stated["precision"],
+        attention=stated["attention"],
+        kernels=stated["kernels"],
+        engine=eng.value,
+    )
     work = resolve_workload(layout=lay, seq=seq, global_batch=global_batch, **kwargs)
     plan = evaluate(spec, cluster, lay, work)
     predicted = {
@@ -131,9 +163,9 @@ def export_training(
         )
     except UnsupportedByEngine as exc:
         word = model if isinstance(model, str) else spec.name
-        where = (word, gpu, gpus, precision)
+        where = (word, gpu, gpus, precision or stated["precision"])
         raise training_refusal(exc, eng, spec, lay, work, where=where, plan_file=plan_file) from None
-    return _export_dict(export) | {"predicted": predicted}
+    return _export_dict(export) | {"predicted": predicted} | {k: v for k, v in shown.items() if k != "conditions"}
 
 
 def export_serving(

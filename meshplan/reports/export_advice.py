@@ -109,7 +109,7 @@ def training_refusal(
     lay: Layout,
     work: Workload,
     *,
-    where: tuple[str, str, int, str],
+    where: tuple[str, str, int, str | None],
     plan_file: str | None,
 ) -> UnsupportedByEngine:
     """The refusal with advice that works: where a layout of the engine's would run (the engine takes the plain

@@ -14,6 +14,7 @@ from typing import (
 
 from typing_extensions import TypedDict
 
+from meshplan.reports.cost_models import CheapestFleetJSON, CheckpointJSON, CostJSON, GoodputJSON
 from meshplan.reports.serve_models import ServePlanReport, ServeReport, ServingReport
 
 
@@ -75,13 +76,21 @@ class ConditionJSON(TypedDict):
     source: str
 
 
-class TrainsJSON(TypedDict):
+class StackJSON(TypedDict):
+    """The training stack a report's numbers assume and how it differs from the stack's own defaults."""
+
+    stack: str
+    stack_source: str
+    """flag, engine or default"""
+    conditions: dict[str, ConditionJSON]
+    differs_from_stack: list[str]
+
+
+class TrainsJSON(StackJSON):
     """What trains and how the run was set up: every training report carries these."""
 
     finetune: str
     trainable_params: int
-    stack: str | None
-    conditions: dict[str, ConditionJSON]
     lora_train_embeddings: NotRequired[bool]
     lora_rank: NotRequired[int]
     lora_targets: NotRequired[list[str]]
@@ -147,10 +156,24 @@ class TimeToTrainJSON(TypedDict):
     gpu_hours_total: float
 
 
+class PublishedMfuJSON(TypedDict):
+    gpu: str
+    layout_class: str
+    matmul: str
+    runs: int
+    sources: int
+    mfu_min: float | None
+    mfu_max: float | None
+    highest_run: str | None
+    above: bool | None
+
+
 class EstimateReport(MemoryReport):
     step_time_s: float
     mfu: float
     hfu: float
+    mfu_fp8_peak: float | None
+    mfu_convention: str
     tokens_per_s_per_gpu: float
     attention_kernel: str
     breakdown: BreakdownJSON
@@ -158,9 +181,14 @@ class EstimateReport(MemoryReport):
     placement: dict[str, AxisPlacementJSON]
     axis_order: list[str]
     warnings: list[str]
+    published_mfu: PublishedMfuJSON
     time_to_train: NotRequired[TimeToTrainJSON]
+    cost: NotRequired[CostJSON]
+    checkpoint: NotRequired[CheckpointJSON]
+    goodput: NotRequired[GoodputJSON]
     step_time_s_p10: float
     step_time_s_p90: float
+    step_time_band_sources: int | None
     uncertainty: str
 
 
@@ -191,9 +219,26 @@ class ParamsReport(TypedDict):
     frozen: NotRequired[FrozenJSON]
 
 
+class VariantJSON(TypedDict):
+    change: str
+    layout: LayoutJSON
+    step_time_s: float
+
+
 class FitNothingJSON(TypedDict):
     fewest_gpus_that_fit: int | None
     variants: list[str]
+
+
+class WeightSplitJSON(TypedDict):
+    tp: int
+    pp: int
+    weights_bytes_per_gpu: float
+
+
+class FitTriedJSON(TypedDict):
+    gpus: int
+    fits: bool
 
 
 class FitLayoutJSON(TypedDict):
@@ -201,11 +246,12 @@ class FitLayoutJSON(TypedDict):
     zero: int
 
 
-class FitReport(TypedDict):
+class FitReport(StackJSON):
     model: str
     gpu: str
     gpus: int
     dtype: str
+    precision: str
     weights_bytes_total: float
     weights_bytes_per_gpu_even_split: float
     hbm_bytes_per_gpu: float
@@ -213,17 +259,22 @@ class FitReport(TypedDict):
     free_bytes_per_gpu: float
     free_bytes_total: float
     headroom_fraction: float
+    seq: int
     fits: bool
-    min_gpus_for_weights: int
+    weights_split: WeightSplitJSON | None
+    min_gpus_for_weights: int | None
+    min_gpus_for_weights_split: WeightSplitJSON | None
     training_state_bytes_per_param: float
     training_state_bytes_total: float
-    min_gpus_for_training: int
+    training_fits: bool
+    min_gpus_for_training: int | None
+    min_gpus_for_training_tried: list[FitTriedJSON]
+    training_variants: list[VariantJSON]
     finetune: NotRequired[str]
     trainable_params: NotRequired[int]
     lora_rank: NotRequired[int]
     lora_targets: NotRequired[list[str]]
     frozen: NotRequired[FrozenJSON]
-    seq: NotRequired[int]
     layout: NotRequired[FitLayoutJSON]
     max_micro_batch: NotRequired[int]
     max_seq_len: NotRequired[int]
@@ -238,12 +289,19 @@ class PlanItemJSON(TypedDict):
     step_time_s_p10: float
     step_time_s_p90: float
     mfu: float
+    hfu: float
+    mfu_fp8_peak: float | None
     tokens_per_s_per_gpu: float
     per_gpu: BillJSON
     free_bytes_per_gpu: float
     breakdown: dict[str, float]
     placement: dict[str, AxisPlacementJSON]
+    ties_with_best: bool
+    published_mfu: PublishedMfuJSON
     time_to_train_days: NotRequired[float]
+    gpu_hours_total: NotRequired[float]
+    cost: NotRequired[CostJSON]
+    goodput: NotRequired[GoodputJSON]
 
 
 class ParetoPointJSON(TypedDict):
@@ -266,6 +324,14 @@ class ExplainJSON(TypedDict):
     rows: list[ExplainRowJSON]
     why: str
     named: NotRequired[dict[str, Any]]
+    filled: NotRequired[dict[str, Any]]
+    filled_with: NotRequired[str]
+
+
+class DeadlineTriedJSON(TypedDict):
+    gpus: int
+    meets_deadline: bool
+    days: float | None
 
 
 class FewestJSON(TypedDict):
@@ -273,12 +339,9 @@ class FewestJSON(TypedDict):
     searched_from: int
     tokens: float
     days: float
-
-
-class VariantJSON(TypedDict):
-    change: str
-    layout: LayoutJSON
-    step_time_s: float
+    tried: list[DeadlineTriedJSON]
+    sizes_in_bracket: int
+    sizes_untried_below: int
 
 
 class NothingFitsJSON(TypedDict):
@@ -286,6 +349,7 @@ class NothingFitsJSON(TypedDict):
     lightest_bytes_per_gpu: float
     budget_bytes_per_gpu: float
     fewest_gpus_that_fit: int | None
+    fleet_sizes_tried: list[FitTriedJSON]
     variants: list[VariantJSON]
 
 
@@ -298,6 +362,7 @@ class PlanReport(TrainsJSON):
     global_batch_tokens: int
     objective: str
     engine: str | None
+    mfu_convention: str
     headroom_fraction: float
     evaluated: int
     feasible: int
@@ -306,9 +371,14 @@ class PlanReport(TrainsJSON):
     pareto: list[ParetoPointJSON]
     rejections: dict[str, int]
     uncertainty: str
+    not_searched: list[str]
+    ties: str | None
+    warnings: list[str]
     fewest_gpus: NotRequired[FewestJSON]
     explain: NotRequired[list[ExplainJSON]]
     nothing_fits: NotRequired[NothingFitsJSON]
+    cheapest_fleet: NotRequired[CheapestFleetJSON]
+    checkpoint: NotRequired[CheckpointJSON]
 
 
 class LinkRaceJSON(TypedDict):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Unpack
 
 import numpy as np
@@ -14,13 +13,14 @@ from meshplan import io
 from meshplan.core.memory.bill import TERMS
 from meshplan.core.placement import place
 from meshplan.core.plan import mesh_sizes
+from meshplan.core.time.flops import MFU_CONVENTION
 from meshplan.render import jsonable
 from meshplan.reports.conditions import workload_kwargs
+from meshplan.reports.cost import CostRequest, checkpoint_dict
 from meshplan.reports.estimate import placement_dict, uncertainty
 from meshplan.reports.inputs import (
     FinetuneRequest,
     FleetArgs,
-    choice,
     finetune_fields,
     layout_dict,
     resolve_cluster,
@@ -28,13 +28,17 @@ from meshplan.reports.inputs import (
     resolve_order,
     resolve_workload,
 )
+from meshplan.reports.pins import pinned_space, refuse_pins
+from meshplan.reports.plan_cost import cheapest_fleet, plan_costs
 from meshplan.reports.plan_explain import STEP_TERMS, explanations
+from meshplan.reports.plan_fleet import Deadline, SearchRules, fewest_for_deadline, tried_json, what_would_fit
+from meshplan.reports.published_range import mark_plans
 from meshplan.search.order import Objective
-from meshplan.search.rank import SearchResult, search
+from meshplan.search.rank import SearchResult
 from meshplan.search.space import SearchSpace
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.finetune import Finetune, FinetuneMode
-from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule
+from meshplan.spec.finetune import Finetune
+from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.requests import MAX_GPUS
 from meshplan.spec.workload import Workload
@@ -57,6 +61,8 @@ def _candidate(
         "step_time_s_p10": band["step_time_s_p10"],
         "step_time_s_p90": band["step_time_s_p90"],
         "mfu": float(np.asarray(step.mfu)[i]),
+        "hfu": float(np.asarray(step.hfu)[i]),
+        "mfu_fp8_peak": None if step.mfu_fp8_peak is None else float(np.asarray(step.mfu_fp8_peak)[i]),
         "tokens_per_s_per_gpu": float(np.asarray(step.tokens_per_s_per_gpu)[i]),
         "per_gpu": per_gpu,
         "free_bytes_per_gpu": cluster.gpu.hbm_bytes - per_gpu["total_bytes"],
@@ -76,66 +82,21 @@ def run_search(
     work: Workload,
     *,
     top: int,
-    headroom: float,
-    allow_cross_node_tp: bool,
-    order: tuple[str, ...],
+    rules: SearchRules,
     objective: Objective,
-    pins: Mapping[str, Any] | None = None,
     engine: str | None = None,
     profile: str | None = None,
+    refuse: bool = True,
 ) -> tuple[SearchResult, list[dict[str, Any]]]:
     """The search's result and its best distinct plans as JSON (``profile``: the ``--profile`` text whose band, if
-    it carries one, the plans' step times take)."""
-    space, columns = pinned_space(pins)
-    result = search(
-        spec,
-        cluster,
-        work,
-        space=space,
-        headroom=headroom,
-        allow_cross_node_tp=allow_cross_node_tp,
-        order=order,
-        objective=objective,
-        pins=columns,
-    )
+    it carries one, the plans' step times take). Pins that no layout of the fleet can have are refused (unless
+    ``refuse`` is False: the cost objective's halvings, where a smaller fleet holding none is not an error)."""
+    result = rules.search(spec, cluster, work, objective=objective)
+    if refuse and not result.valid and pinned_space(rules.pins)[0] is not None:  # pins no layout of the fleet has
+        refuse_pins(spec, work, cluster, rules.pins, allow_cross_node_tp=rules.allow_cross_node_tp)
     accept = None if engine is None else _runs_on(engine, spec, work)
-    plans = [_candidate(result, i, cluster, order, profile) for i in distinct(result, top, accept=accept)]
+    plans = [_candidate(result, i, cluster, rules.order, profile) for i in distinct(result, top, accept=accept)]
     return result, plans
-
-
-def pinned_space(pins: Mapping[str, Any] | None) -> tuple[SearchSpace | None, dict[str, int]]:
-    """The search space and column filters that keep only layouts with the pinned layout fields (schema names,
-    values as parsed; None or a False ``sp`` pins nothing)."""
-    given = {k: v for k, v in (pins or {}).items() if v is not None and not (k == "sp" and v is False)}
-    if not given:
-        return None, {}
-    space, columns = SearchSpace(), {}
-    for name, value in given.items():
-        if name == "vpp":
-            space = dataclasses.replace(space, vpp_choices=(value,))
-        elif name == "micro_batch":
-            space = dataclasses.replace(space, micro_batch_choices=(value,))
-        elif name == "zero":
-            space = dataclasses.replace(space, zero_choices=(value,))
-        elif name == "recompute":
-            space = dataclasses.replace(space, recompute_choices=(int(choice(Recompute, value, "recompute")),))
-        elif name == "cp_kind":
-            space = dataclasses.replace(space, cp_kind=choice(ContextParallel, value, "cp kind"), cp_all_gather=False)
-        elif name == "schedule":
-            schedule = choice(Schedule, value, "schedule")
-            if schedule in (Schedule.GPIPE, Schedule.DUALPIPE):
-                raise ValueError(
-                    f"the planner does not search the {value} schedule; pin 1f1b, interleaved or zero-bubble"
-                )
-            space = dataclasses.replace(space, zero_bubble=schedule is Schedule.ZERO_BUBBLE)
-            columns["schedule"] = int(schedule)
-        elif name == "dp":
-            continue  # derived from the fleet: pinning tp, pp and cp pins it
-        elif name == "expert_tp":
-            columns["etp"] = int(value)  # the search's resolved column
-        else:
-            columns[name] = int(value)
-    return space, columns
 
 
 def _runs_on(engine: str, spec: ModelSpec, work: Workload) -> Callable[[Layout], bool]:
@@ -204,40 +165,57 @@ def plan_report(
     training_engine: str | None = None,
     max_gpus: int = MAX_GPUS,
     conditions: Mapping[str, Any] | None = None,
+    cost: CostRequest | None = None,
     **fleet_args: Unpack[FleetArgs],
 ) -> dict[str, Any]:
     """``meshplan plan``: the fastest layouts that fit, why they win, and what every rejection was for.
 
     ``pins`` keeps layouts with the fields it sets; ``training_engine`` those its export accepts (``export
-    --from-plan`` runs what was picked); ``max_gpus`` bounds the fewest-gpus objective's fleets; ``fleet_args``:
-    ``resolve_cluster``'s."""
+    --from-plan`` runs what was picked), scored under that engine's stack unless ``conditions`` names one;
+    ``max_gpus`` bounds the fewest-gpus objective's fleets; ``cost``: the price, checkpoint and failure fields
+    (reports/plan_cost.py; the cost objective searches halvings of the fleet); ``fleet_args``: ``resolve_cluster``'s."""
     spec = io.load_model(model) if isinstance(model, str) else model
     ft = resolve_finetune(finetune, spec) if finetune else None
     _check_numbers(
         seq=seq, global_batch_tokens=global_batch_tokens, headroom=headroom, tokens=tokens, days=days, top=top
     )
     order = resolve_order(axis_order)
-    set_by, shown = workload_kwargs(conditions, precision=precision, attention=attention, kernels=kernels)
+    set_by, shown = workload_kwargs(
+        conditions, precision=precision, attention=attention, kernels=kernels, engine=training_engine
+    )
     work = _workload(seq, global_batch_tokens // seq, set_by, ft)
     fleet = functools.partial(resolve_cluster, gpu=gpu, **fleet_args)
-    rules: dict[str, Any] = dict(headroom=headroom, allow_cross_node_tp=allow_cross_node_tp, order=order)
+    rules = SearchRules(headroom=headroom, allow_cross_node_tp=allow_cross_node_tp, order=order, pins=pins)
     obj, fewest, gpus = _fleet_size(spec, fleet, work, gpus, objective, tokens, days, rules, max_gpus)
+    cheapest, cost = None, cost or CostRequest()
+    if obj is Objective.COST:  # the fleet first: the one given or a halving, whichever trains the tokens cheapest
+        kw = dict(
+            top=1, rules=rules, objective=obj, engine=training_engine, profile=fleet_args.get("profile"), refuse=False
+        )
+        gpus, cheapest = cheapest_fleet(
+            lambda n: next(iter(run_search(spec, fleet(gpus=n), work, **kw)[1]), None),
+            lambda n: checkpoint_dict(spec, work, fleet(gpus=n), cost),
+            start=gpus,
+            tokens=tokens,
+            days=days,
+            req=cost,
+        )
     cluster = fleet(gpus=gpus)
     result, plans = run_search(
         spec,
         cluster,
         work,
         top=top,
+        rules=rules,
         objective=obj,
-        pins=pins,
         engine=training_engine,
         profile=fleet_args.get("profile"),
-        **rules,
     )
     out: dict[str, Any] = {
         **_run_fields(spec, cluster, work, global_batch_tokens),
         "objective": "fewest-gpus" if fewest else str(obj),
         "engine": training_engine,
+        "mfu_convention": MFU_CONVENTION,
         "headroom_fraction": headroom,
         **finetune_fields(spec, work.finetune),
         **shown,
@@ -248,14 +226,15 @@ def plan_report(
             "uncertainty"
         ],
         **({"fewest_gpus": fewest} if fewest else {}),
+        "not_searched": _not_searched(rules),
     }
     if not plans:
-        out["nothing_fits"] = _what_would_fit(
-            spec, cluster, work, result, headroom=headroom, allow=allow_cross_node_tp, order=order, tuning=ft
-        )
+        out["nothing_fits"] = what_would_fit(spec, fleet, cluster, work, result, rules, finetune=ft, max_gpus=max_gpus)
     _time_to_train(plans, tokens, cluster.num_gpus)
+    out |= mark_plans(plans, gpu=cluster.gpu.name, moe=spec.moe is not None, dtype=work.precision.compute)
+    plan_costs(out, plans, spec=spec, cluster=cluster, work=work, tokens=tokens, req=cost, cheapest=cheapest)
     if explain or compare:
-        out["explain"] = explanations(spec, cluster, work, plans, order, compare)
+        out["explain"] = explanations(spec, cluster, work, plans, rules, compare)
     data: dict[str, Any] = jsonable(out)
     return data
 
@@ -286,26 +265,39 @@ def _fleet_size(
     objective: str,
     tokens: float | None,
     days: float | None,
-    rules: dict[str, Any],
+    rules: SearchRules,
     max_gpus: int,
 ) -> tuple[Objective, dict[str, Any] | None, int]:
     """The objective to rank by and the fleet to search: ``fewest-gpus`` first finds the smallest fleet that
-    trains ``tokens`` within ``days`` and then ranks its layouts by step time."""
+    trains ``tokens`` within ``days`` (``plan_fleet.fewest_for_deadline``) and then ranks its layouts by step
+    time."""
     obj = _objective(objective, tokens=tokens, days=days)
     if isinstance(obj, Objective):
         return obj, None, gpus
     assert tokens is not None and days is not None
-    found = _fewest_gpus(
-        spec,
-        fleet,
-        start=gpus,
-        work=work,
-        deadline=Deadline(tokens=tokens, days=days),
-        search_kw=rules,
-        max_gpus=max_gpus,
+    found = fewest_for_deadline(
+        spec, fleet, work, rules, start=gpus, deadline=Deadline(tokens=tokens, days=days), high=max_gpus
     )
-    fewest = {"gpus": found, "searched_from": gpus, "tokens": tokens, "days": days}
-    return Objective.STEP_TIME, fewest, found
+    assert found.gpus is not None
+    fewest = {
+        "gpus": found.gpus,
+        "searched_from": gpus,
+        "tokens": tokens,
+        "days": days,
+        "tried": tried_json(found, deadline=True),
+        "sizes_in_bracket": found.sizes_in_bracket,
+        "sizes_untried_below": found.untried_below,
+    }
+    return Objective.STEP_TIME, fewest, found.gpus
+
+
+def _not_searched(rules: SearchRules) -> list[str]:
+    """What the search leaves out, in words."""
+    space, _ = pinned_space(rules.pins)
+    out = (space or SearchSpace()).left_out()
+    if not rules.allow_cross_node_tp:
+        out.append("TP across the scale-up domain (add --allow-cross-node-tp to search it)")
+    return out
 
 
 def _search_fields(result: SearchResult, plans: list[dict[str, Any]]) -> dict[str, Any]:
@@ -363,99 +355,3 @@ def _workload(seq: int, batch: int, set_by: Mapping[str, Any], finetune: Finetun
     from meshplan.spec.layout import Layout
 
     return resolve_workload(layout=Layout(), seq=seq, global_batch=batch, finetune=finetune, **set_by)
-
-
-GROWTH_STEPS = 6
-"""Fleet doublings tried (up to 64x) when nothing fits."""
-
-
-def _what_would_fit(
-    spec: ModelSpec,
-    cluster: Cluster,
-    work: Workload,
-    result: SearchResult,
-    *,
-    headroom: float,
-    allow: bool,
-    order: tuple[str, ...],
-    tuning: Finetune | None,
-) -> dict[str, Any]:
-    """When no layout fits: the lightest bill found, the fewest GPUs (doubling the fleet) that fit, and the
-    nearest variants on this fleet (no HBM kept free; LoRA or QLoRA when fine-tuning)."""
-    budget = cluster.gpu.hbm_bytes * (1 - headroom)
-    out: dict[str, Any] = {
-        "lightest_layout": layout_dict(result.lightest) if result.lightest is not None else None,
-        "lightest_bytes_per_gpu": result.lightest_bytes,
-        "budget_bytes_per_gpu": budget,
-        "fewest_gpus_that_fit": None,
-        "variants": [],
-    }
-
-    def best(c: Cluster, w: Workload, room: float) -> SearchResult | None:
-        found = search(spec, c, w, headroom=room, allow_cross_node_tp=allow, order=order)
-        return found if found.feasible else None
-
-    n = cluster.num_gpus
-    for _ in range(GROWTH_STEPS):
-        n *= 2
-        if n > MAX_GPUS:
-            break
-        bigger = dataclasses.replace(cluster, num_gpus=n)
-        if best(bigger, work, headroom) is not None:
-            out["fewest_gpus_that_fit"] = n
-            break
-    variants: list[tuple[str, Workload, float]] = []
-    if headroom > 0:
-        variants.append(("--headroom 0 (keep no HBM free)", work, 0.0))
-    if tuning is not None and not tuning.adapted:
-        for mode in (FinetuneMode.LORA, FinetuneMode.QLORA):
-            variants.append(
-                (f"--finetune {mode.value}", dataclasses.replace(work, finetune=Finetune(mode=mode)), headroom)
-            )
-    for change, w, room in variants:
-        found = best(cluster, w, room)
-        if found is not None:
-            first = found.candidates.layout(0)
-            out["variants"].append(
-                {
-                    "change": change,
-                    "layout": layout_dict(first),
-                    "step_time_s": float(np.asarray(found.step.step_time_s)[0]),
-                }
-            )
-    return out
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Deadline:
-    """Train ``tokens`` within ``days`` (the fewest-gpus objective)."""
-
-    tokens: float
-    days: float
-
-
-def _fewest_gpus(
-    spec: ModelSpec,
-    fleet: Callable[..., Cluster],
-    *,
-    start: int,
-    work: Workload,
-    deadline: Deadline,
-    search_kw: dict[str, Any],
-    max_gpus: int = MAX_GPUS,
-) -> int:
-    """The smallest fleet (powers of two times the node, from ``start``) whose best plan meets the deadline."""
-    if start > max_gpus:
-        raise ValueError(f"gpus={start:,} is above the limit of {max_gpus:,} for the fewest-gpus search")
-    n = max(start, 1)
-    while n <= max_gpus:
-        result = search(spec, fleet(gpus=n), work, **search_kw)
-        if result.feasible:
-            rate = float(np.asarray(result.step.tokens_per_s_per_gpu)[0]) * n
-            if deadline.tokens / rate / 86400 <= deadline.days:
-                return n
-        n *= 2
-    raise ValueError(
-        f"no fleet of up to {max_gpus:,} {fleet(gpus=1).gpu.name} trains {deadline.tokens:.3g} tokens within "
-        f"{deadline.days} days"
-    )

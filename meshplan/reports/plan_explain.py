@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from meshplan.core.memory.bill import TERMS
 from meshplan.core.plan import Plan, evaluate
 from meshplan.reports.estimate import evaluated_plan_dict
-from meshplan.reports.inputs import LayoutRequest, resolve_layout
+from meshplan.reports.inputs import LAYOUT_ALIASES, LayoutRequest, layout_dict
+from meshplan.reports.pins import refuse_pins
+from meshplan.reports.plan_fleet import SearchRules
+from meshplan.spec import requests
 from meshplan.spec.cluster import Cluster
+from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
 
@@ -37,15 +42,54 @@ STEP_LABELS = {
 }
 
 
-def parse_compare(text: str) -> LayoutRequest:
-    """A layout from 'tp=8,pp=16,dp=128': any layout field of the schema (mb for micro_batch), none dropped."""
+def compare_fields(text: str) -> dict[str, Any]:
+    """The fields 'tp=8,pp=16,dp=128' states, parsed by the schema (any layout field; mb for micro_batch)."""
     raw: dict[str, str] = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         if "=" not in item:
             raise ValueError(f"layout item {item!r} must look like key=value (e.g. tp=8,pp=16,dp=128)")
         key, value = (x.strip() for x in item.split("=", 1))
         raw[key.lower().replace("-", "_")] = value
-    return LayoutRequest.parse(raw)
+    layout = requests.group(requests.Group.LAYOUT)
+    return requests.parse_values(raw, allowed=layout, what="layout", aliases=LAYOUT_ALIASES)
+
+
+def parse_compare(text: str) -> LayoutRequest:
+    """A layout from 'tp=8,pp=16,dp=128', the fields it does not state at their defaults."""
+    return LayoutRequest(**compare_fields(text))
+
+
+MESH = ("tp", "pp", "cp", "dp")
+
+
+def named_layout(
+    spec: ModelSpec, cluster: Cluster, work: Workload, rules: SearchRules, text: str
+) -> tuple[Layout, dict[str, Any], str]:
+    """The layout ``--compare`` names: its stated fields, the others filled as the planner would fill them (the
+    best layout with the stated fields that fits, or the lightest where none fits); the fields filled and
+    how. Stated fields no layout of the fleet can have are refused."""
+    stated = compare_fields(text)
+    pins = {k: int(v) if k == "sp" else v for k, v in stated.items()}  # an explicit sp=false pins sp off too
+    cross = rules.allow_cross_node_tp or int(stated.get("tp", 1)) > cluster.domain_size
+    named_rules = dataclasses.replace(rules, pins=pins, allow_cross_node_tp=cross)
+    found = named_rules.search(spec, cluster, work)
+    if found.feasible:
+        layout, how = found.candidates.layout(0), "the fastest that fits"
+    elif found.lightest is not None:
+        layout, how = found.lightest, "the lightest (none with the stated fields fits)"
+    else:
+        refuse_pins(spec, work, cluster, pins, allow_cross_node_tp=cross)
+    given = set(stated)
+    implied = set(MESH) - given if len(set(MESH) & given) == 3 else set()  # three of the mesh's four set the last
+    dp_known = "dp" in given or {"tp", "pp", "cp"} <= given
+    if dp_known and {"dp_shard", "dp_replicate"} & given:
+        implied |= {"dp_shard", "dp_replicate"}
+    if spec.moe is None:
+        implied |= {"ep", "expert_tp"}  # no experts: nothing to choose
+    if layout.cp == 1:
+        implied.add("cp_kind")
+    filled = {k: v for k, v in layout_dict(layout).items() if k not in stated and k not in implied}
+    return layout, filled, how
 
 
 def _plan_as_candidate(plan: Plan) -> dict[str, Any]:
@@ -106,17 +150,18 @@ def explanations(
     cluster: Cluster,
     work: Workload,
     plans: list[dict[str, Any]],
-    order: tuple[str, ...],
+    rules: SearchRules,
     compare: str | None,
 ) -> list[dict[str, Any]]:
     out = []
     if len(plans) >= 2:
         out.append(_explain(plans[0], plans[1], "best", "runner-up"))
     if compare and plans:
-        req = parse_compare(compare)
-        lay = resolve_layout(req, gpus=cluster.num_gpus)
-        named = _plan_as_candidate(evaluate(spec, cluster, lay, work, order=order))
+        lay, filled, how = named_layout(spec, cluster, work, rules, compare)
+        named = _plan_as_candidate(evaluate(spec, cluster, lay, work, order=rules.order))
         item = _explain(plans[0], named, "best", compare)
         item["named"] = named
+        item["filled"] = filled
+        item["filled_with"] = how
         out.append(item)
     return out

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from meshplan import io
-from meshplan.core.plan import Plan, evaluate
+from meshplan.core.plan import Plan, evaluate, metric_value
 from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, workload_kwargs
 from meshplan.reports.estimate import evaluated_plan_dict, uncertainty
 from meshplan.reports.inputs import (
@@ -36,11 +36,14 @@ FIELDS = {
     "global_batch",
     "precision",
     "attention",
+    "kernels",
     "axis_order",
     "layout",
+    "published",
 } | {f.name for f in requests.group(requests.Group.CONDITIONS)}
-"""A recipe's keys: what it is, the model and fleet, and schema fields as a user types them (the overlap of each
-axis and the other conditions among them)."""
+"""A recipe's keys: what it is, the model and fleet, schema fields as a user types them (the overlap of each
+axis and the other conditions among them), and ``published``: the catalog run (``run``, a catalog/runs file,
+and ``case``, its id) that measured it, whose conditions the recipe states."""
 
 
 @cache
@@ -62,6 +65,12 @@ def _recipe(name: str) -> dict[str, Any]:
 
 
 def evaluate_recipe(name: str) -> Plan:
+    """The recipe's published layout evaluated."""
+    return _evaluated(name)[0]
+
+
+def _evaluated(name: str) -> tuple[Plan, dict[str, Any]]:
+    """The recipe's published layout evaluated, and the report's stack and conditions fields."""
     r = _recipe(name)
     model = io.load_model(r["model"])
     if r.get("model_overrides"):
@@ -70,9 +79,38 @@ def evaluate_recipe(name: str) -> Plan:
     layout = resolve_layout(LayoutRequest.parse(r["layout"]), gpus=r["gpus"])
     named = [name for name in ("stack", *condition_names()) if name not in WORKLOAD_SET_BY_STACK]
     conditions = requests.parse_values({k: r[k] for k in named if k in r}, allowed=requests.FIELDS, what="recipe")
-    kwargs, _ = workload_kwargs(conditions, precision=r.get("precision"), attention=r.get("attention"), kernels=None)
+    kwargs, shown = workload_kwargs(
+        conditions, precision=r.get("precision"), attention=r.get("attention"), kernels=r.get("kernels")
+    )
     work = resolve_workload(layout=layout, seq=r["seq"], global_batch=r["global_batch"], **kwargs)
-    return evaluate(model, cluster, layout, work, order=resolve_order(r.get("axis_order")))
+    return evaluate(model, cluster, layout, work, order=resolve_order(r.get("axis_order"))), shown
+
+
+def published_figure(name: str, plan: Plan) -> dict[str, Any]:
+    """What the recipe's catalog run measured, where it was published, and meshplan's prediction of it in the
+    same unit (``core.plan.metric_value``, as ``meshplan validate`` predicts it: the recipe states that run's
+    conditions)."""
+    ref = _recipe(name)["published"]
+    runs = io.run_sources()
+    if ref["run"] not in runs:
+        raise ValueError(f"recipe {name}: no catalog run {ref['run']!r}")
+    source = runs[ref["run"]]["source"]
+    cases = [c for c in runs[ref["run"]]["case"] if c["id"] == ref["case"]]
+    if not cases:
+        raise ValueError(f"recipe {name}: no case {ref['case']!r} in catalog/runs/{ref['run']}.toml")
+    measured, metric = float(cases[0]["measured"]), source["metric"]
+    predicted = metric_value(plan, metric)
+    return {
+        "metric": metric,
+        "value": measured,
+        "predicted": predicted,
+        "error": predicted / measured - 1,
+        "source": source["title"],
+        "locator": source.get("locator"),
+        "url": source.get("url"),
+        "run": ref["run"],
+        "case": ref["case"],
+    }
 
 
 def factors(name: str) -> dict[str, int]:
@@ -105,12 +143,13 @@ def list_report() -> dict[str, Any]:
 def recipe_report(name: str, *, rank: bool = True) -> dict[str, Any]:
     """``meshplan recipe NAME``: the published layout evaluated, and where the planner ranks it."""
     r = _recipe(name)
-    plan = evaluate_recipe(name)
+    plan, shown = _evaluated(name)
     band = uncertainty(
         float(plan.step.step_time_s), None, cp=int(plan.layout.cp), ep=int(plan.layout.ep), gpu=plan.cluster.gpu.name
     )
-    out = evaluated_plan_dict(plan) | band
+    out = evaluated_plan_dict(plan) | shown | band
     out.update({"recipe": name, "title": r["title"], "source": r["source"], "why": r["why"], "factors": factors(name)})
+    out["published"] = published_figure(name, plan)
     if rank:
         found = search(plan.model, plan.cluster, plan.workload, order=plan.order)
         times = np.asarray(found.step.step_time_s) * np.ones(found.feasible)

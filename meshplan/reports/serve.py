@@ -4,167 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
-from dataclasses import dataclass, fields
-from functools import cache
-from importlib import resources
 from typing import Any
 
 from meshplan import io
-from meshplan.core.serving.bill import QUANT_GROUP, MemoryFraction
+from meshplan.core.serving.bill import fewest_weight_split
 from meshplan.core.serving.disagg import Pools, disaggregated_point
 from meshplan.core.serving.load import LoadPoint, Requests, load_point
 from meshplan.core.serving.offline import offline_run
 from meshplan.core.serving.phases import pipeline_factor
-from meshplan.core.serving.shape import (
-    AllReduceKernel,
-    Hardware,
-    Quant,
-    ReplicaShape,
-    ServeCalibration,
-    ServeLayout,
-    default_quant,
-    kv_dtype_bytes,
-    replica_shape,
-)
-from meshplan.reports.inputs import choice
-from meshplan.spec.cluster import GPU
+from meshplan.core.serving.static import static_batch
+from meshplan.reports.cost import serve_cost
+from meshplan.reports.serve_coverage import coverage_warnings
+from meshplan.reports.serve_setup import DEFAULT_ENGINE as DEFAULT_ENGINE
+from meshplan.reports.serve_setup import ENGINES as ENGINES
+from meshplan.reports.serve_setup import Setup as Setup
+from meshplan.reports.serve_setup import calibration as calibration
+from meshplan.reports.serve_setup import engine_defaults as engine_defaults
+from meshplan.reports.serve_setup import resolve as resolve
 from meshplan.spec.model import ModelSpec
-from meshplan.units import DType
-
-ENGINES = ("trtllm", "vllm", "sglang", "gpt-fast")
-DEFAULT_ENGINE = "trtllm"
-
-
-@cache
-def _engines() -> dict[str, Any]:
-    text = (resources.files("meshplan") / "catalog" / "serving" / "engines.toml").read_text(encoding="utf-8")
-    return dict(tomllib.loads(text)["engine"])
-
-
-def calibration(engine: str, gpu: str) -> ServeCalibration:
-    """The engine family's constants, with the GPU kind's overrides."""
-    table = _engines()
-    if engine not in table:
-        raise ValueError(f"unknown engine {engine!r} (choose from {', '.join(table)})")
-    data = {k: v for k, v in table[engine].items() if k != "gpu"}
-    data |= table[engine].get("gpu", {}).get(gpu, {})
-    known = {f.name for f in fields(ServeCalibration)}
-    unknown = set(data) - known
-    assert not unknown, f"engines.toml [{engine}]: unknown keys {sorted(unknown)}"
-    data["memory_fraction_of"] = MemoryFraction(data["memory_fraction_of"])
-    data["allreduce"] = AllReduceKernel(data["allreduce"])
-    return ServeCalibration(engine=engine, **{k: v for k, v in data.items() if k != "engine"})
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Setup:
-    """A resolved serving question: model, hardware, replica layout and how many replicas."""
-
-    model: ModelSpec
-    hw: Hardware
-    layout: ServeLayout
-    replicas: int
-    shape: ReplicaShape
-
-
-def resolve(
-    model: ModelSpec | str,
-    *,
-    gpu: str,
-    gpus: int,
-    tp: int | None = None,
-    pp: int = 1,
-    ep: int = 1,
-    dp_attention: bool = False,
-    replicas: int | None = None,
-    weights_dtype: str = "bf16",
-    kv_dtype: str = "bf16",
-    quant: str | None = None,
-    quant_group: int = QUANT_GROUP,
-    engine: str = DEFAULT_ENGINE,
-    context: int,
-    gpu_memory_utilization: float | None = None,
-    max_num_tokens: int | None = None,
-    cuda_graph_padding: bool = False,
-) -> Setup:
-    """Check and resolve the inputs: TP defaults to what the replicas leave (within one scale-up domain),
-    replicas to what TP x PP leaves."""
-    spec = io.load_model(model) if isinstance(model, str) else model
-    gpu_spec = io.load_gpu(gpu)
-    tp, replicas = _degrees(gpus, tp=tp, pp=pp, replicas=replicas, domain=gpu_spec.scale_up_domain)
-    _check_experts(spec, tp=tp, ep=ep, dp_attention=dp_attention)
-    w, kv, q = _dtypes(gpu_spec, weights_dtype=weights_dtype, kv_dtype=kv_dtype, quant=quant)
-    layout = ServeLayout(
-        tp=tp, pp=pp, ep=ep, dp_attention=dp_attention, weights_dtype=w, kv_dtype=kv, quant=q, quant_group=quant_group
-    )
-    cal = calibration(engine, gpu_spec.name)
-    if gpu_memory_utilization is not None:  # the engine's own knob, read as that engine reads it
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        cal = dataclasses.replace(cal, memory_fraction=gpu_memory_utilization)
-    if max_num_tokens is not None:  # the run's own tokens-per-step cap (its prefill chunk and activations too)
-        if max_num_tokens < 1:
-            raise ValueError(f"max_num_tokens must be >= 1, got {max_num_tokens}")
-        cal = dataclasses.replace(cal, max_num_tokens=max_num_tokens)
-    if cuda_graph_padding:
-        cal = dataclasses.replace(cal, cuda_graph_padding=True)
-    hw = Hardware(
-        gpu=gpu_spec,
-        scale_up=io.load_link(gpu_spec.scale_up_link),
-        scale_out=io.load_link(gpu_spec.scale_out_link),
-        cal=cal,
-    )
-    shape = replica_shape(spec, hw, layout, context=context)
-    return Setup(model=spec, hw=hw, layout=layout, replicas=replicas, shape=shape)
-
-
-def _degrees(gpus: int, *, tp: int | None, pp: int, replicas: int | None, domain: int) -> tuple[int, int]:
-    """(tp, replicas): TP left unset fills what the replicas leave, up to one scale-up domain."""
-    if gpus < 1:
-        raise ValueError(f"gpus must be >= 1, got {gpus}")
-    if pp > gpus:
-        raise ValueError(f"pp={pp} exceeds gpus={gpus}")
-    if tp is None:
-        room = max(gpus // (pp * (replicas or 1)), 1)
-        tp = room if replicas else max(d for d in range(1, min(room, domain) + 1) if room % d == 0)
-    if tp < 1 or gpus % (tp * pp):
-        raise ValueError(f"tp x pp = {tp} x {pp} must divide gpus = {gpus}")
-    replicas = replicas if replicas is not None else gpus // (tp * pp)
-    if replicas * tp * pp != gpus:
-        raise ValueError(f"replicas x tp x pp = {replicas} x {tp} x {pp} must equal gpus = {gpus}")
-    return tp, replicas
-
-
-def _check_experts(spec: ModelSpec, *, tp: int, ep: int, dp_attention: bool) -> None:
-    if dp_attention and spec.moe is None:
-        raise ValueError("--dp-attention needs a MoE model (dense layers would replicate every weight)")
-    if dp_attention and ep != tp:
-        raise ValueError(f"--dp-attention spreads the experts over the whole TP group: give --ep {tp} (got {ep})")
-    if ep > 1 and spec.moe is None:
-        raise ValueError(f"ep={ep} needs a MoE model; {spec.name} is dense")
-
-
-def _dtypes(gpu: GPU, *, weights_dtype: str, kv_dtype: str, quant: str | None) -> tuple[DType, DType, Quant]:
-    """Weight and KV dtypes and the quantization, refused where the GPU cannot run them."""
-    w = choice(DType, weights_dtype, "weights dtype")
-    kv = choice(DType, kv_dtype, "kv dtype")
-    kv_dtype_bytes(kv)
-    if w is DType.FP4 and DType.FP4 not in gpu.peak_flops:
-        raise ValueError(f"fp4 weights need fp4 tensor cores (Blackwell); {gpu.name} has none")
-    q = default_quant(w, gpu) if quant is None else _quant(quant)
-    if q is Quant.WEIGHT_ACTIVATION and w not in gpu.peak_flops:
-        raise ValueError(f"{gpu.name} has no {w} tensor cores: use weight-only quantization")
-    if (q is Quant.NONE) != (w in (DType.BF16, DType.FP16)):
-        raise ValueError(f"quantization {q} does not suit {w} weights")
-    return w, kv, q
-
-
-def _quant(text: str) -> Quant:
-    try:
-        return Quant(text.strip().lower())
-    except ValueError:
-        raise ValueError(f"unknown quantization {text!r} (choose from {', '.join(q.value for q in Quant)})") from None
 
 
 def _seconds(x: float | None) -> float | None:
@@ -199,6 +56,26 @@ def point_dict(setup: Setup, req: Requests, pt: LoadPoint) -> dict[str, Any]:
     }
 
 
+def _check_weights_fit(setup: Setup) -> None:
+    """Refuse, naming the weights, a replica whose weights alone leave no room in what the engine takes of HBM
+    (the KV cache is not to blame there), with the fewest GPUs a replica needs to hold them."""
+    bill, lay = setup.shape.bill, setup.layout
+    room = bill.usable_bytes - bill.activations_bytes - bill.runtime_reserve_bytes
+    if bill.weights_bytes < room:
+        return
+    fewest = fewest_weight_split(setup.model, lay.weights_dtype, room)
+    hint = (
+        f"a replica needs {fewest.gpus} GPUs or more to hold them (e.g. --tp {fewest.tp} --pp {fewest.pp})"
+        if fewest is not None
+        else "no split of the model holds them on this GPU"
+    )
+    raise ValueError(
+        f"the weights alone are {bill.weights_bytes / 1e9:.1f} GB per GPU at tp={lay.tp} pp={lay.pp}, "
+        f"{bill.weights_bytes / bill.hbm_bytes:.1f}x the {bill.hbm_bytes / 1e9:.1f} GB of HBM "
+        f"({room / 1e9:.1f} GB left beside activations and the runtime): {hint}"
+    )
+
+
 def serve_report(
     model: ModelSpec | str,
     *,
@@ -214,20 +91,31 @@ def serve_report(
     dp_attention: bool = False,
     replicas: int | None = None,
     weights_dtype: str = "bf16",
-    kv_dtype: str = "bf16",
+    kv_dtype: str | None = None,
     quant: str | None = None,
+    int4_group_size: int | None = None,
     engine: str = DEFAULT_ENGINE,
     max_batch: int | None = None,
     max_num_tokens: int | None = None,
     num_requests: int | None = None,
+    batch: int | None = None,
     cuda_graph_padding: bool = False,
     gpu_memory_utilization: float | None = None,
     disaggregate: str | None = None,
+    price_per_gpu_hour: float | None = None,
 ) -> dict[str, Any]:
     """``meshplan serve``: TTFT, TPOT, throughput per GPU and per user, and where a step's time goes.
 
     ``disaggregate`` = "P:D" splits the GPUs into a prefill pool of P and a decode pool of D, each made of
-    replicas of the given layout."""
+    replicas of the given layout. ``batch`` = N times a static batch of N prompts instead of a load
+    (core/serving/static.py); ``kv_dtype`` and ``int4_group_size`` left out are the engine's, and the report lists
+    every default it applied; ``price_per_gpu_hour`` adds the cost per million output tokens."""
+    loads = {"--concurrency": concurrency, "--rate": rate, "--num-requests": num_requests, "--batch": batch}
+    given = [flag for flag, value in loads.items() if value is not None]
+    if batch is not None and len(given) > 1:
+        raise ValueError(f"--batch is a load of its own (one static batch): drop {', '.join(given[:-1])}")
+    if batch is not None and disaggregate is not None:
+        raise ValueError("--batch times one static batch on colocated replicas; drop --disaggregate")
     setup = resolve(
         model,
         gpu=gpu,
@@ -240,19 +128,29 @@ def serve_report(
         weights_dtype=weights_dtype,
         kv_dtype=kv_dtype,
         quant=quant,
+        quant_group=int4_group_size,
         engine=engine,
         context=input_len + output_len,
         gpu_memory_utilization=gpu_memory_utilization,
         max_num_tokens=max_num_tokens,
         cuda_graph_padding=cuda_graph_padding,
     )
+    if max_batch is None:
+        cap = ("max_batch", str(setup.hw.cal.max_batch), f"{engine}'s cap on sequences per step")
+        setup = dataclasses.replace(setup, defaults=(*setup.defaults, cap))
+    head = _head(setup, engine, input_len, output_len, concurrency, rate)
+    head["warnings"] = coverage_warnings(setup.model, setup.hw.gpu.name)
+    if batch is not None:
+        concurrency = float(batch)  # the batch cap and the knee beside the batch: those of N users
     if num_requests is not None and concurrency is None and rate is None:
         concurrency = float(num_requests)  # all of them queued at once
     if (concurrency is None) == (rate is None):
-        raise ValueError("give exactly one of --concurrency and --rate")
+        raise ValueError("give exactly one load: --concurrency, --rate, --num-requests or --batch")
     if disaggregate is not None and replicas is not None:
         raise ValueError("--disaggregate P:D sets the replicas of both pools; drop --replicas")
-    head = _head(setup, engine, input_len, output_len, concurrency, rate)
+    _check_weights_fit(setup)
+    if num_requests is not None and head["concurrency_total"] is None and rate is None:
+        head["concurrency_total"] = float(num_requests)
     # colocated: the load is split evenly over the replicas; disaggregated: the pools share the fleet's load
     share = 1 if disaggregate is not None else setup.replicas
     req = Requests(
@@ -267,12 +165,14 @@ def serve_report(
         if num_requests is not None:
             raise ValueError("--num-requests times one colocated layout; drop --disaggregate")
         out = head | _disaggregated(setup, req, disaggregate)
-        return out | serving_band(out, moe=moe)
+        return out | serving_band(out, moe=moe) | serve_cost(out, price_per_gpu_hour)
     pt = load_point(setup.model, setup.shape, setup.hw, setup.layout, req)
     out = head | point_dict(setup, req, pt) | {"calibration_source": setup.hw.cal.source}
     if num_requests is not None:
         out["offline"] = offline_dict(setup, req, pt, num_requests=num_requests)
-    return out | serving_band(out, moe=moe)
+    if batch is not None:
+        out |= static_dict(setup, req, pt, batch=batch, max_batch=max_batch)
+    return out | serving_band(out, moe=moe) | serve_cost(out, price_per_gpu_hour)
 
 
 def serving_band(point: dict[str, Any], *, moe: bool) -> dict[str, Any]:
@@ -285,17 +185,29 @@ def serving_band(point: dict[str, Any], *, moe: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, cls in (("tpot_s", "decode"), ("ttft_s_unloaded", "prefill")):
         out |= {f"{key}_{q}": point[key] * band[f"{cls}_time_ratio_{q}"] for q in ("p10", "p90")}
+    if "static_batch" in point:  # the batch's TTFT is a prefill: the prefill class's band
+        ttft = point["static_batch"]["ttft_s"]
+        out["static_batch"] = point["static_batch"] | {
+            f"ttft_s_{q}": ttft * band[f"prefill_time_ratio_{q}"] for q in ("p10", "p90")
+        }
     rate = point["tokens_per_s_per_gpu"]
     out["tokens_per_s_per_gpu_p10"] = rate / band[f"{kind}_time_ratio_p90"]  # the slow end of the rate
     out["tokens_per_s_per_gpu_p90"] = rate / band[f"{kind}_time_ratio_p10"]
-    n = {cls: int(band[f"{cls}_runs"]) for cls in ("decode", "prefill", kind)}
     out["uncertainty"] = (
-        f"P10-P90 of measured over predicted on published serving measurements, each predicted with the "
-        f"correction fitted without its source: TPOT from {n['decode']} decode runs, unloaded TTFT from "
-        f"{n['prefill']} prefill runs, tokens/s per GPU from {n[kind]} offline {'MoE' if moe else 'dense'} "
-        "throughput runs at the engine's own batch"
+        "P10-P90 of measured over predicted on published serving measurements, each predicted with the correction "
+        f"fitted without its source, each source weighing the same, widened where few sources stand behind it: "
+        f"TPOT from {_runs(band, 'decode')}, TTFT from {_runs(band, 'prefill')}, tokens/s per GPU from "
+        f"{_runs(band, kind)} of {'MoE' if moe else 'dense'} throughput"
     )
     return out
+
+
+def _runs(band: dict[str, float], cls: str) -> str:
+    """'32 runs of 4 sources' (or of one source, its band borrowed from its sibling class's)."""
+    runs, sources = int(band[f"{cls}_runs"]), int(band.get(f"{cls}_sources", 0))
+    if sources == 1:
+        return f"{runs} runs of 1 source (widened as the classes of several sources)"
+    return f"{runs} runs of {sources} sources"
 
 
 def serving_band_text(*, moe: bool) -> str:
@@ -309,11 +221,56 @@ def serving_band_text(*, moe: bool) -> str:
 
     return (
         f"measured over predicted on published serving measurements held out by source, P10-P90: TPOT "
-        f"{factors('decode')} ({int(band['decode_runs'])} decode runs), TTFT unloaded {factors('prefill')} "
-        f"({int(band['prefill_runs'])} prefill runs), tokens/s per GPU {factors(kind, rate=True)} "
-        f"({int(band[f'{kind}_runs'])} offline {'MoE' if moe else 'dense'} throughput runs): a plan within those "
-        "factors of a target may miss it"
+        f"{factors('decode')} ({_runs(band, 'decode')}), TTFT {factors('prefill')} ({_runs(band, 'prefill')}), "
+        f"tokens/s per GPU {factors(kind, rate=True)} ({_runs(band, kind)}): a plan within those factors of a "
+        "target may miss it"
     )
+
+
+def static_dict(setup: Setup, req: Requests, pt: LoadPoint, *, batch: int, max_batch: int | None) -> dict[str, Any]:
+    """A static batch of ``batch`` prompts split evenly over the replicas (the largest share sets the times): its
+    TTFT (the whole batch's prefill), TPOT and tokens/s replace the steady state's (core/serving/static.py)."""
+    per_replica = math.ceil(batch / setup.replicas)
+    cal, lay = setup.hw.cal, setup.layout
+    ranks = lay.tp if lay.dp_attention else 1
+    caps = [
+        (pt.capacity.kv_sequences, f"{pt.capacity.kv_sequences:,} sequences of {req.input_len + req.output_len:,} "
+         "tokens fit in the KV cache"),
+        (cal.max_batch * ranks, f"{cal.engine} runs at most {cal.max_batch * ranks:,} sequences a step"),
+    ]  # fmt: skip
+    if max_batch is not None:
+        caps.append((max_batch, f"--max-batch {max_batch:,}"))
+    for cap, why in caps:
+        if per_replica > cap:
+            raise ValueError(f"--batch {batch:,}: {per_replica:,} sequences per replica, but {why}")
+    sb = static_batch(
+        setup.model, setup.shape, setup.hw, lay, batch=per_replica, input_len=req.input_len, output_len=req.output_len
+    )
+    gpus = lay.gpus_per_replica
+    return {
+        "ttft_s_p50": sb.ttft_s,
+        "ttft_s_p99": sb.ttft_s,
+        "queue_s_p50": 0.0,
+        "queue_s_p99": 0.0,
+        "tpot_s": sb.tpot_s,
+        "itl_s": sb.tpot_s,
+        "tokens_per_s_per_gpu": sb.output_tokens_per_s / gpus,
+        "tokens_per_s_per_user": 1.0 / sb.tpot_s,
+        "tokens_per_s_total": sb.output_tokens_per_s * setup.replicas,
+        "requests_per_s_total": per_replica / sb.run_s * setup.replicas,
+        "batch_per_replica": float(per_replica),
+        "batch_limit": "load",
+        "saturated": False,
+        "step_s": {k: float(v) * pipeline_factor(setup.hw, lay) for k, v in sb.step.breakdown().items()},
+        "static_batch": {
+            "batch": batch,
+            "batch_per_replica": per_replica,
+            "prefill_forwards": sb.prefill_forwards,
+            "ttft_s": sb.ttft_s,
+            "decode_s": sb.decode_s,
+            "run_s": sb.run_s,
+        },
+    }
 
 
 def offline_dict(setup: Setup, req: Requests, pt: LoadPoint, *, num_requests: int) -> dict[str, Any]:
@@ -365,6 +322,7 @@ def _head(
         "concurrency_total": concurrency,
         "rate_per_s_total": rate,
         **memory_dict(setup),
+        "defaults_applied": [{"setting": k, "value": v, "source": why} for k, v, why in setup.defaults],
     }
 
 

@@ -8,6 +8,8 @@ from typing import (
 
 from typing_extensions import TypedDict
 
+from meshplan.reports.cost_models import ServeCostJSON
+
 
 class ServingReport(TypedDict):
     model: str
@@ -80,6 +82,23 @@ class OfflineRunJSON(TypedDict):
     decode_only_share: float
 
 
+class StaticBatchJSON(TypedDict):
+    batch: int
+    batch_per_replica: int
+    prefill_forwards: int
+    ttft_s: float
+    ttft_s_p10: float
+    ttft_s_p90: float
+    decode_s: float
+    run_s: float
+
+
+class DefaultAppliedJSON(TypedDict):
+    setting: str
+    value: str
+    source: str
+
+
 class ServeReport(TypedDict):
     model: str
     gpu: str
@@ -128,8 +147,12 @@ class ServeReport(TypedDict):
     tokens_per_s_per_gpu_p10: float
     tokens_per_s_per_gpu_p90: float
     uncertainty: str
+    defaults_applied: list[DefaultAppliedJSON]
+    warnings: list[str]
     disaggregated: NotRequired[dict[str, Any]]
     offline: NotRequired[OfflineRunJSON]
+    cost: NotRequired[ServeCostJSON]
+    static_batch: NotRequired[StaticBatchJSON]
 
 
 class ServePlanItemJSON(TypedDict):
@@ -183,4 +206,6 @@ class ServePlanReport(TypedDict):
     disaggregate_searched: bool
     concurrency_total: float | None
     uncertainty: str
+    weights_dtypes_searched: list[str]
+    warnings: list[str]
     fewest_gpus: NotRequired[dict[str, Any]]

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from meshplan import io
 from meshplan.core.serving.load import Requests
 from meshplan.core.serving.search import Candidate, Objective, SearchResult, Targets, search
-from meshplan.core.serving.shape import Hardware, Quant, ReplicaShape, ServeLayout, default_quant, replica_shape
+from meshplan.core.serving.shape import (
+    Hardware,
+    Quant,
+    ReplicaShape,
+    ServeCalibration,
+    ServeLayout,
+    default_quant,
+    replica_shape,
+)
 from meshplan.reports.inputs import choice
-from meshplan.reports.serve import DEFAULT_ENGINE, calibration, serving_band_text
+from meshplan.reports.serve import DEFAULT_ENGINE, calibration, engine_defaults, serving_band_text
+from meshplan.reports.serve_coverage import coverage_warnings
 from meshplan.search.limits import check_deadline
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
@@ -46,8 +55,16 @@ def _weight_options(gpu: GPU, only: list[str] | None) -> list[tuple[DType, Quant
     return out
 
 
-def layouts(model: ModelSpec, gpu: GPU, *, gpus: int, dtypes: list[str] | None) -> Iterator[ServeLayout]:
-    """Every replica layout: TP within the scale-up domain (attention-DP groups may span it), PP, experts."""
+def layouts(
+    model: ModelSpec,
+    gpu: GPU,
+    *,
+    gpus: int,
+    dtypes: list[str] | None,
+    kv_of: Callable[[DType], tuple[DType, ...]] | None = None,
+) -> Iterator[ServeLayout]:
+    """Every replica layout: TP within the scale-up domain (attention-DP groups may span it), PP, experts; the KV
+    dtypes of each weight dtype ``kv_of`` gives (default: every one)."""
     tps = [t for t in (1, 2, 4, 8, 16, 32, 64, 72) if t <= gpus]
     for tp in tps:
         for pp in PP_DEGREES:
@@ -60,7 +77,7 @@ def layouts(model: ModelSpec, gpu: GPU, *, gpus: int, dtypes: list[str] | None) 
                 if tp > gpu.scale_up_domain and not dp_attention:
                     continue  # plain TP across the fabric: all-reduces on the NICs
                 for w, q in _weight_options(gpu, dtypes):
-                    for kv in KV_DTYPES:
+                    for kv in KV_DTYPES if kv_of is None else kv_of(w):
                         yield ServeLayout(
                             tp=tp, pp=pp, ep=ep, dp_attention=dp_attention, weights_dtype=w, kv_dtype=kv, quant=q
                         )
@@ -93,6 +110,45 @@ def _spread(points: list[Any], n: int) -> list[Any]:
     return [points[round(i * step)] for i in range(n)]
 
 
+def published_dtype(model: ModelSpec | str) -> DType:
+    """The dtype a model's weights are published in: a catalog model's ``[meta] published_weights_dtype`` (FP8 for
+    DeepSeek-V3, trained and released in FP8), else bf16."""
+    if isinstance(model, str) and model in io.list_models():
+        return choice(DType, str(io.model_meta(model).get("published_weights_dtype", "bf16")), "weights dtype")
+    return DType.BF16
+
+
+def engine_kv(cal: ServeCalibration) -> Callable[[DType], tuple[DType, ...]]:
+    """The KV dtype the engine keeps with each weight dtype when left to it (``serve.engine_defaults``): the only one
+    serve-plan searches without --allow-quantization."""
+
+    def kv_of(weights: DType) -> tuple[DType, ...]:
+        kv, _, _ = engine_defaults(cal, weights_dtype=weights.value, kv_dtype=None, quant_group=None)
+        return (DType(kv),)
+
+    return kv_of
+
+
+def searched_dtypes(model: ModelSpec | str, dtypes: list[str] | None, *, allow_quantization: bool) -> list[str] | None:
+    """The weight dtypes serve-plan searches: every one (None) or the user's list with ``allow_quantization``, else
+    those that keep the model's quality (16-bit and the dtype it is published in); a quantized dtype asked for
+    without ``allow_quantization`` is refused, never dropped."""
+    for d in dtypes or []:
+        choice(DType, d, "weights dtype")
+    if allow_quantization:
+        return dtypes
+    native = published_dtype(model)
+    keeps = [DType.BF16.value, DType.FP16.value, native.value]
+    lowered = [d for d in dtypes or [] if d not in keeps]
+    if lowered:
+        name = model if isinstance(model, str) else model.name
+        raise ValueError(
+            f"--weights-dtypes {','.join(lowered)}: quantizes {name}'s {native.value} weights, which changes the "
+            "model's quality: add --allow-quantization to search them"
+        )
+    return dtypes if dtypes else [d.value for d in WEIGHT_DTYPES if d.value in keeps]
+
+
 def serve_plan_report(
     model: ModelSpec | str,
     *,
@@ -108,9 +164,12 @@ def serve_plan_report(
     dtypes: list[str] | None = None,
     top: int = 5,
     disaggregate: bool = False,
+    allow_quantization: bool = False,
 ) -> dict[str, Any]:
-    """Search, rank and explain: the best plans, the Pareto front, and why every other layout lost."""
+    """Search, rank and explain: the best plans, the Pareto front, and why every other layout lost. Weights are
+    searched below the model's published dtype only with ``allow_quantization`` (``searched_dtypes``)."""
     start = time.perf_counter()
+    dtypes = searched_dtypes(model, dtypes, allow_quantization=allow_quantization)
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
     if gpus < 1:
@@ -118,12 +177,11 @@ def serve_plan_report(
     obj = choice(Objective, objective, "objective")
     if obj is Objective.FEWEST_GPUS and concurrency is None:
         raise ValueError("--objective fewest-gpus needs --concurrency (the users to serve)")
-    for d in dtypes or []:
-        choice(DType, d, "weights dtype")
+    kv_of = None if allow_quantization else engine_kv(calibration(engine, gpu_spec.name))
     result = _search(
         spec,
         gpu_spec,
-        _within_time_limit(layouts(spec, gpu_spec, gpus=gpus, dtypes=dtypes)),
+        _within_time_limit(layouts(spec, gpu_spec, gpus=gpus, dtypes=dtypes, kv_of=kv_of)),
         gpus=gpus,
         input_len=input_len,
         output_len=output_len,
@@ -134,6 +192,7 @@ def serve_plan_report(
         disaggregate=disaggregate,
         keep_splits=top,
     )
+    searched = [w.value for w, _ in _weight_options(gpu_spec, dtypes)]
     return _answer(spec, gpu_spec, result, gpus=gpus, engine=engine, obj=obj, top=top, start=start) | {
         "input_len": input_len,
         "output_len": output_len,
@@ -141,7 +200,25 @@ def serve_plan_report(
         "disaggregate_searched": disaggregate,
         "concurrency_total": concurrency,
         "uncertainty": serving_band_text(moe=spec.moe is not None),
+        "weights_dtypes_searched": searched,
+        "warnings": [
+            *coverage_warnings(spec, gpu_spec.name),
+            *_quality_note(model, gpu_spec, allow_quantization, searched),
+        ],
     }
+
+
+def _quality_note(model: ModelSpec | str, gpu: GPU, allow_quantization: bool, searched: list[str]) -> list[str]:
+    """What a search at the model's published quality left out (the quantized weights this GPU runs)."""
+    native = published_dtype(model).value
+    lower = [w.value for w, _ in _weight_options(gpu, None) if w.value not in searched and w is not DType.BF16]
+    if allow_quantization or not lower:
+        return []
+    return [
+        f"weights searched in {', '.join(searched)} only, the quality the model is published at ({native}), each "
+        f"with the engine's default KV cache: --allow-quantization also searches {', '.join(lower)} weights and an "
+        "fp8 KV cache, which change it"
+    ]
 
 
 def _search(

@@ -20,7 +20,7 @@ from meshplan.core.serving.search import Objective, Targets
 from meshplan.core.serving.shape import Quant, ServeLayout
 from meshplan.exports import check_model_path
 from meshplan.reports.serve import resolve, serving_band_text
-from meshplan.reports.serve_plan import PARETO_SHOWN, layouts, plan_of_layout
+from meshplan.reports.serve_plan import PARETO_SHOWN, WEIGHT_DTYPES, layouts, plan_of_layout
 from meshplan.spec import requests
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
@@ -46,8 +46,11 @@ FILE_KEYS = (
     "disaggregate_searched",
     "concurrency_total",
     "uncertainty",
+    "weights_dtypes_searched",
+    "warnings",
 )
 """The keys ``serve-plan --save`` writes, no more and no fewer."""
+MAX_WARNINGS = 16
 LAYOUT_KEYS = ("tp", "pp", "ep", "dp_attention", "weights_dtype", "kv_dtype", "quant")
 PLAN_KEYS = (
     "layout",
@@ -213,7 +216,27 @@ def load_serving_plan(path: str) -> SavedServingPlan:
     plan = _recomputed(r, data, best, spec=spec, gpu=gpu, request=request)
     if not isinstance(data["uncertainty"], str) or data["uncertainty"] != serving_band_text(moe=spec.moe is not None):
         raise r.fail("uncertainty", "is not the serving band serve-plan states for this model")
+    _searched(r, data, best)
     return plan
+
+
+def _searched(r: _Reader, data: dict[str, Any], best: dict[str, Any]) -> None:
+    """The weight dtypes the search took (the winner's among them) and the warnings beside it: strings only."""
+    searched = r.array(data["weights_dtypes_searched"], "weights_dtypes_searched", limit=8)
+    for i, dtype in enumerate(searched):
+        r.schema("weights_dtype", dtype, f"weights_dtypes_searched[{i}]")
+    order = [d.value for d in WEIGHT_DTYPES]
+    if searched != sorted(set(searched), key=lambda d: order.index(d) if d in order else len(order)):
+        raise r.fail("weights_dtypes_searched", "is not a list of distinct dtypes in serve-plan's order")
+    listed = [("best", best), *((f"top[{i}]", p) for i, p in enumerate(data["top"]))]
+    listed += [(f"pareto[{i}]", p) for i, p in enumerate(data["pareto"])]
+    listed += [(f"rejected[{i}]", p) for i, p in enumerate(data["rejected"])]
+    for where, entry in listed:
+        if entry["layout"]["weights_dtype"] not in searched:
+            raise r.fail(f"{where}.layout.weights_dtype", "is not one of weights_dtypes_searched")
+    for i, text in enumerate(r.array(data["warnings"], "warnings", limit=MAX_WARNINGS)):
+        if not isinstance(text, str):
+            raise r.fail(f"warnings[{i}]", f"must be a string, got {_shown(text)}")
 
 
 def _fleet(r: _Reader, data: dict[str, Any]) -> tuple[ModelSpec, GPU]:

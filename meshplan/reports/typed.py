@@ -23,7 +23,7 @@ STACK_DEFAULTED = ("precision", "attention", "kernels")
 
 def estimate_fields() -> tuple[Field, ...]:
     """Every field ``meshplan estimate`` takes, in the order its help lists them."""
-    return (*(f for g in ESTIMATE_GROUPS for f in group(g)), field("tokens"))
+    return (*(f for g in ESTIMATE_GROUPS for f in group(g)), field("tokens"), *group(Group.COST))
 
 
 def estimate_defaults() -> dict[str, Any]:
@@ -65,6 +65,7 @@ def conditions(values: Mapping[str, Any]) -> dict[str, Any]:
 
 def estimate_from_values(values: Mapping[str, Any]) -> dict[str, Any]:
     """``estimate_report`` for the values of every field ``estimate`` takes, and the model."""
+    from meshplan.reports.cost import cost_request
     from meshplan.reports.estimate import estimate_report
 
     return estimate_report(
@@ -82,5 +83,6 @@ def estimate_from_values(values: Mapping[str, Any]) -> dict[str, Any]:
         tokens=values["tokens"],
         conditions=conditions(values),
         profile=values["profile"],
+        cost=cost_request(values),
         **workload_kwargs(values),
     )

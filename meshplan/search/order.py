@@ -18,6 +18,10 @@ class Objective(StrEnum):
     """Most tokens per second per GPU (equal to step time on a fixed fleet)."""
     HEADROOM = "headroom"
     """Most free memory per GPU among layouts within 5% of the fastest."""
+    COST = "cost"
+    """Fewest GPU-hours per token trained, GPUs x step time / tokens per step: on one fleet every layout uses
+    every GPU, so this is the step-time order; the plan report searches halvings of the fleet too and keeps the
+    fleet that trains a token budget cheapest (reports/plan_cost.py)."""
 
 
 def _dense_rank(x: npt.NDArray[Any]) -> npt.NDArray[np.int64]:

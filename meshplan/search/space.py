@@ -8,6 +8,7 @@ count per reason.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
@@ -143,6 +144,47 @@ class SearchSpace:
     the CP kind is pinned."""
     zero_bubble: bool = False
     """Also try the ZB-H1 schedule for pipelines without interleaving."""
+    dualpipe: bool = True
+    """Also try DeepSeek's DualPipe where it runs (``dualpipe_runs``): an even pipeline without interleaving, an
+    even number of micro-batches, at least two per stage."""
+    micro_batch_ladder: bool = True
+    """Past the largest of ``micro_batch_choices``, double the micro-batch of the layouts that fit with it, within
+    30% of the fastest, while they still fit (``search.rank``), up to ``MAX_MICRO_BATCH``: larger micro-batches
+    are tried only where memory allows them. Off when the micro-batch is pinned."""
+
+    def left_out(self) -> list[str]:
+        """What this space does not enumerate, in words (the planner prints it beside its plans)."""
+        out = ["the GPipe schedule (the bubble of 1F1B with every micro-batch's activations held: never faster)"]
+        if not self.zero_bubble:
+            out.append("the zero-bubble schedule (ZB-H1; pin --schedule zero-bubble to search it)")
+        if not self.dualpipe:
+            out.append("the DualPipe schedule")
+        top = self.micro_batch_choices[-1]
+        if self.micro_batch_ladder:
+            out.append(
+                f"micro-batches above {top}, but where {top} fits within 30% of the fastest (doubled while they fit, "
+                f"up to {MAX_MICRO_BATCH})"
+            )
+        else:
+            out.append(f"micro-batches other than {', '.join(map(str, self.micro_batch_choices))}")
+        out.append(f"virtual stages other than {', '.join(map(str, self.vpp_choices))}")
+        out.append(f"context parallelism above {self.max_cp}")
+        return out
+
+
+MAX_MICRO_BATCH = 1024
+"""The micro-batch ladder's top rung (``SearchSpace.micro_batch_ladder``)."""
+
+
+def dualpipe_runs(batch: LayoutBatch, global_batch: int) -> npt.NDArray[np.bool_]:
+    """Which layouts DeepSeek's DualPipe runs: an even pipeline without virtual stages, and an even number of
+    micro-batches, at least twice the stages (``DualPipe.step`` asserts ``num_ranks % 2 == 0`` and
+    ``num_chunks % 2 == 0 and num_chunks >= num_ranks * 2``, deepseek-ai/DualPipe dualpipe/dualpipe.py)."""
+    per_step = batch.micro_batch * batch.dp
+    m = global_batch // per_step
+    whole = global_batch % per_step == 0
+    runs = (batch.vpp == 1) & (batch.pp >= 2) & (batch.pp % 2 == 0) & whole & (m % 2 == 0) & (m >= 2 * batch.pp)
+    return np.asarray(runs, dtype=np.bool_)
 
 
 def _mesh_shapes(num_gpus: int, model: ModelSpec, max_tp: int, max_cp: int) -> list[tuple[int, int, int, int]]:
@@ -196,11 +238,13 @@ MAX_CANDIDATES = 200_000_000
 
 
 def _inner_count(space: SearchSpace) -> int:
-    sizes = (space.vpp_choices, space.micro_batch_choices, space.zero_choices, space.recompute_choices, (0, 1))
+    """Inner rows per outer row at most: every (vpp, micro-batch, zero, recompute, sp) choice, and the rows
+    without virtual stages again for each extra schedule searched."""
+    sizes = (space.micro_batch_choices, space.zero_choices, space.recompute_choices, (0, 1))
     count = 1
     for values in sizes:
         count *= len(values)
-    return count * (2 if space.zero_bubble else 1)
+    return count * (len(space.vpp_choices) + int(space.zero_bubble) + int(space.dualpipe))
 
 
 def layout_chunks(
@@ -308,10 +352,14 @@ def _expand(
     merged = {k: np.concatenate(v) for k, v in cols.items() if v}
     merged["schedule"] = np.where(merged["vpp"] > 1, int(Schedule.INTERLEAVED), int(Schedule.ONE_F_ONE_B))
     merged["cp_kind"] = np.full(len(merged["tp"]), int(space.cp_kind), dtype=np.int64)
-    if space.zero_bubble:
-        zb = (merged["vpp"] == 1) & (merged["pp"] > 1)
-        extra = {k: v[zb] for k, v in merged.items()}
-        extra["schedule"] = np.full(int(zb.sum()), int(Schedule.ZERO_BUBBLE), dtype=np.int64)
-        merged = {k: np.concatenate([merged[k], extra[k]]) for k in merged}
     merged["sp"] = merged["sp"].astype(np.bool_)
-    return _from_columns({k: merged[k] for k in names})
+    out = _from_columns({k: merged[k] for k in names})
+    extra = []
+    if space.zero_bubble:
+        extra.append((out.take((out.vpp == 1) & (out.pp > 1)), Schedule.ZERO_BUBBLE))
+    if space.dualpipe:
+        extra.append((out.take(dualpipe_runs(out, global_batch)), Schedule.DUALPIPE))
+    if not extra:
+        return out
+    parts = [out] + [dataclasses.replace(b, schedule=np.full(len(b), int(s), dtype=np.int64)) for b, s in extra]
+    return _from_columns({k: np.concatenate([getattr(b, k) for b in parts]) for k in names})

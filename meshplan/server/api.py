@@ -17,6 +17,7 @@ from meshplan.render import jsonable
 from meshplan.reports import LayoutRequest, fit_report, memory_report, params_report, serving_report
 from meshplan.reports import models as m
 from meshplan.reports import serve_models as sm
+from meshplan.reports.cost import CostRequest, cost_request
 from meshplan.reports.estimate import collectives_report, estimate_report
 from meshplan.reports.inputs import FinetuneRequest
 from meshplan.server import parse
@@ -235,6 +236,7 @@ ServingArg = Annotated[
     Depends(dependency(fields_of(Group.SERVING), lambda v: _renamed(v, weights_dtype="dtype"), "serving_arg")),
 ]
 """The serving fields as the serving reports' keywords (their weights' dtype is ``dtype``)."""
+CostArg = Annotated[CostRequest, Depends(dependency(fields_of(Group.COST), cost_request, "cost_arg"))]
 WeightsArg = Annotated[str, Depends(dependency([field("weights_dtype")], lambda v: v["weights_dtype"], "weights_arg"))]
 
 
@@ -294,9 +296,12 @@ def fit(
     finetune: FinetuneArg,
     weights_dtype: WeightsArg,
     seq: Seq = 4096,
-    precision: Annotated[Literal[field("precision").choices], one("precision")] = "bf16",  # type: ignore[valid-type]
+    precision: Annotated[
+        Literal[field("precision").choices] | None, one("precision")  # type: ignore[valid-type]
+    ] = None,
     headroom: Annotated[float, one("headroom")] = 0.10,
-    kernels: Annotated[Literal[field("kernels").choices], one("kernels")] = "fused",  # type: ignore[valid-type]
+    kernels: Annotated[Literal[field("kernels").choices] | None, one("kernels")] = None,  # type: ignore[valid-type]
+    stack: Annotated[Literal[field("stack").choices] | None, one("stack")] = None,  # type: ignore[valid-type]
 ) -> dict[str, Any]:
     report = fit_report(
         model,
@@ -308,6 +313,7 @@ def fit(
         precision=precision,
         headroom=headroom,
         kernels=kernels,
+        conditions={"stack": stack},
     )
     return json_dict(report)
 
@@ -361,6 +367,7 @@ def estimate(
     finetune: FinetuneArg,
     shape: FleetShapeArg,
     conditions: ConditionsArg,
+    cost: CostArg,
     tokens: Annotated[Tokens | None, _query(field("tokens"), bounded=False)] = None,
 ) -> dict[str, Any]:
     report = estimate_report(
@@ -369,6 +376,7 @@ def estimate(
         gpus=gpus,
         layout=layout,
         tokens=tokens,
+        cost=cost,
         finetune=finetune,
         conditions=conditions,
         **shape,
@@ -401,13 +409,22 @@ def collectives(
 
 SERVE: tuple[str, ...] = ("input_len", "output_len", "concurrency", "rate", "dp_attention", "replicas")
 SERVE += ("weights_dtype", "kv_dtype", "quant", "engine", "max_batch", "max_num_tokens", "num_requests")
-SERVE += ("cuda_graph_padding", "disaggregate")
+SERVE += ("cuda_graph_padding", "disaggregate", "batch", "int4_group_size")
 SERVE_PLAN: tuple[str, ...] = ("input_len", "output_len", "ttft_p99", "tpot_p99", "serve_objective", "concurrency")
-SERVE_PLAN += ("engine", "weights_dtypes", "search_disaggregated")
+SERVE_PLAN += ("engine", "weights_dtypes", "search_disaggregated", "allow_quantization")
+_ENGINE_SET = ("kv_dtype",)  # unset: the engine's default for the weights (as the CLI)
 LENGTHS = ("input_len", "output_len")
 """Required on the API as on the CLI: a request without its lengths has nothing to time."""
 ServeArg = Annotated[
-    dict[str, Any], Depends(dependency([field(n) for n in SERVE], dict, "serve_arg", required=LENGTHS))
+    dict[str, Any],
+    Depends(
+        dependency(
+            [dataclasses.replace(field(n), default=None) if n in _ENGINE_SET else field(n) for n in SERVE],
+            dict,
+            "serve_arg",
+            required=LENGTHS,
+        )
+    ),
 ]
 ServePlanArg = Annotated[
     dict[str, Any], Depends(dependency([field(n) for n in SERVE_PLAN], dict, "serve_plan_arg", required=LENGTHS))
@@ -429,10 +446,19 @@ def serve(
     pp: Degree = 1,
     ep: Degree = 1,
     gpu_memory_utilization: Annotated[float | None, one("gpu_memory_utilization")] = None,
+    price_per_gpu_hour: Annotated[float | None, one("price_per_gpu_hour")] = None,
 ) -> dict[str, Any]:
     from meshplan.reports.serve import serve_report
 
     report = serve_report(
-        model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, ep=ep, gpu_memory_utilization=gpu_memory_utilization, **load
+        model,
+        gpu=gpu,
+        gpus=gpus,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        gpu_memory_utilization=gpu_memory_utilization,
+        price_per_gpu_hour=price_per_gpu_hour,
+        **load,
     )
     return json_dict(report)

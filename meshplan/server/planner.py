@@ -32,6 +32,7 @@ from meshplan.reports.recipes import list_report, recipe_report, recipes
 from meshplan.server import parse
 from meshplan.server.api import (
     ConditionsArg,
+    CostArg,
     FinetuneArg,
     FleetShapeArg,
     GpuArg,
@@ -137,10 +138,12 @@ async def plan(
     shape: FleetShapeArg,
     pins: PinsArg,
     conditions: ConditionsArg,
+    cost: CostArg,
     compare: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="e.g. tp=8,pp=4")] = None,
 ) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "conditions": conditions,
+        "cost": cost,
         "gpu": gpu,
         "gpus": gpus,
         "seq": seq,
@@ -204,6 +207,7 @@ async def serve_plan(
         "dtypes": None if not dtypes else [field("weights_dtype").parse(d) for d in dtypes.split(",")],
         "top": top,
         "disaggregate": plan["search_disaggregated"],
+        "allow_quantization": plan["allow_quantization"],
     }
     key = ("serve-plan", _model_key(model), *sorted((k, repr(v)) for k, v in kwargs.items()))
     gate: SearchGate = request.app.state.searches

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from meshplan.spec.schema.conditions import CONDITION_FIELDS, STACKS
+from meshplan.spec.schema.cost import COST_FIELDS
 from meshplan.spec.schema.field import (
     MAX_BATCH,
     MAX_CONTEXT,
@@ -54,7 +55,7 @@ __all__ = [
     "parse_values",
 ]
 
-FIELDS: tuple[Field, ...] = RUN_FIELDS + CONDITION_FIELDS + SEARCH_FIELDS + SERVING_FIELDS + SERVE_FIELDS
+FIELDS: tuple[Field, ...] = RUN_FIELDS + CONDITION_FIELDS + SEARCH_FIELDS + COST_FIELDS + SERVING_FIELDS + SERVE_FIELDS
 """The one table, in the order the CLI's help, the API's parameters and the reports list the fields."""
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 

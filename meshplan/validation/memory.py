@@ -3,7 +3,9 @@
 Each case in catalog/memory_runs/*.toml is a command line a user could type (schema field names only) with
 the figure it reproduces: the allocator's ``reserved`` or ``allocated`` peak, or one term (``model_state``,
 ``activations``) where the source gives terms. Errors are relative; each source is also compared with the
-best single constant (the one GiB figure that, guessed for every case of the source, errs least).
+best single constant (the one GiB figure that, guessed for every case of the source, errs least). A source whose
+[source] table says ``targets = false`` (the released sources of published_runs_3.json, never used to set the
+bill) is reported beside the others but held to no target: the targets apply to the sources with targets.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from meshplan.reports.bills import memory_report
 from meshplan.reports.conditions import condition_names, conditions_of, precision_of
 from meshplan.reports.conditions import resolve as resolve_conditions
 from meshplan.reports.inputs import LayoutRequest, resolve_layout, resolve_workload
+from meshplan.reports.typed import estimate_defaults, finetune_request
 from meshplan.spec import requests
 from meshplan.spec.argv import flag_args
 from meshplan.spec.layout import Recompute
@@ -63,6 +66,9 @@ def _report(values: Mapping[str, Any]) -> dict[str, Any]:
         precision=values.get("precision"),
         attention=values.get("attention"),
         kernels=values.get("kernels"),
+        optimizer=values.get("optimizer") or "adamw",
+        optimizer_bytes=values.get("optimizer_bytes"),
+        finetune=finetune_request(estimate_defaults() | dict(values)),
         conditions={k: v for k, v in values.items() if k in condition_names},
     )
 
@@ -118,6 +124,7 @@ def validate_memory() -> dict[str, Any]:
         errors = [abs(r["error"]) for r in rows]
         mean = sum(errors) / len(errors)
         constant = best_constant_error([r["measured_gib"] for r in rows])
+        targeted = bool(src.get("targets", True))
         sources.append(
             {
                 "source": name,
@@ -127,13 +134,22 @@ def validate_memory() -> dict[str, Any]:
                 "mean_abs_error": mean,
                 "max_abs_error": max(errors),
                 "best_constant_error": constant,
-                "ok": mean <= TARGET_MEAN and max(errors) <= TARGET_MAX and mean < constant,
+                "targets": targeted,
+                "ok": not targeted or (mean <= TARGET_MEAN and max(errors) <= TARGET_MAX and mean < constant),
             }
         )
         runs += rows
     errors = [abs(r["error"]) for r in runs]
-    summary = {"mean_abs_error": sum(errors) / len(errors), "max_abs_error": max(errors)}
-    ok = summary["mean_abs_error"] <= TARGET_MEAN and summary["max_abs_error"] <= TARGET_MAX
+    held = {s["source"] for s in sources if s["targets"]}
+    kept = [abs(r["error"]) for r in runs if r["source"] in held]
+    summary = {
+        "mean_abs_error": sum(errors) / len(errors),
+        "max_abs_error": max(errors),
+        "targeted_cases": len(kept),
+        "targeted_mean_abs_error": sum(kept) / len(kept),
+        "targeted_max_abs_error": max(kept),
+    }
+    ok = summary["targeted_mean_abs_error"] <= TARGET_MEAN and summary["targeted_max_abs_error"] <= TARGET_MAX
     return {
         "runs": runs,
         "sources": sources,
@@ -209,6 +225,11 @@ RUNS_OVER_HBM: tuple[tuple[str, str], ...] = (
     ("megatron_bridge", "25.11 Llama 3.1 405B FP8-CS, 256 GB200, TP 4 PP 16 VP 4"),
     ("megatron_bridge", "25.11 DeepSeek-V3 BF16, 256 GB200, PP 4 VP 4 EP 64"),
     ("narayanan2021_zero3", "530B on 640 GPUs"),
+    ("kempnerforge_weak", "70B, 8 GPUs, TP 4 x FSDP 2"),
+    ("megatron_moe_zoo", "Long context 16K: TP 4 CP 1 EP 8 PP 8 VP 4, forced balance"),
+    ("megatron_moe_zoo", "Long context 32K: TP 4 CP 2 EP 8 PP 8 VP 4, forced balance"),
+    ("megatron_moe_zoo", "Long context 64K: TP 4 CP 4 EP 8 PP 8 VP 4, forced balance"),
+    ("megatron_moe_zoo", "Long context 128K: TP 4 CP 8 EP 8 PP 8 VP 4, forced balance"),
 )
 """Throughput runs of catalog/runs (source, case) whose stated layout the bill puts over HBM although it trained:
 their verdicts name the saving that would close the gap. tests/golden/test_validation_targets.py checks that every

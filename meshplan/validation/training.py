@@ -19,17 +19,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshplan import io
-from meshplan.core.plan import Plan, evaluate
-from meshplan.core.time.flops import megatron_flops, narayanan_flops
+from meshplan.core.plan import Plan, evaluate, metric_value
 from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, workload_kwargs
-from meshplan.reports.estimate import BAND_CLASSES, band_class
-from meshplan.reports.inputs import LayoutRequest, resolve_cluster, resolve_layout, resolve_order, resolve_workload
+from meshplan.reports.inputs import (
+    LayoutRequest,
+    resolve_cluster,
+    resolve_finetune,
+    resolve_layout,
+    resolve_order,
+    resolve_workload,
+)
+from meshplan.reports.published_range import matmul_kind
+from meshplan.reports.typed import estimate_defaults, finetune_request
 from meshplan.spec import requests
 from meshplan.spec.argv import flag_args
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.model import MlpKind, ModelSpec
+from meshplan.spec.model import ModelSpec
 from meshplan.spec.profile import IDENTITY, Profile, apply_profile, parse_profile
 from meshplan.validation import fit as profile_fit
+from meshplan.validation.band import held_out_band
 
 TUNABLE = {"micro_batch": (1, 2, 4, 8, 16, 32), "vpp": (1, 2, 3, 4, 5, 6, 8)}
 VPP_CHUNKS = ("whole-layers", "any")
@@ -53,6 +61,22 @@ class RunResult:
     memory_bytes_per_gpu: float
     fits: bool
     delta_from: str | None
+    gpu: str
+    """The GPU kind the run ran on (its catalog name)."""
+    mfu: float
+    """The predicted run's MFU in the reports' convention (core/time/flops.py ``MFU_CONVENTION``: causal attention
+    over the dense bf16 peak), whatever the source's metric (``measured_mfu``: the run's own, so counted)."""
+    moe: bool
+    """Whether the run's model routes tokens to experts."""
+    matmul: str
+    """Its matmuls' dtype as the published MFU range splits runs (reports/published_range.py ``matmul_kind``)."""
+
+    @property
+    def measured_mfu(self) -> float:
+        """The MFU the run measured, in the reports' convention: the predicted MFU times predicted over measured
+        step time (a rate's measured over predicted value), the model's FLOPs and the peak being the same."""
+        ratio = self.predicted / self.measured if self.metric.endswith("_s") else self.measured / self.predicted
+        return self.mfu * ratio
 
     @property
     def error(self) -> float:
@@ -111,39 +135,21 @@ def _evaluate(case: dict[str, Any], layout: dict[str, Any], profile: Profile = I
         attention=values.get("attention"),
         kernels=values.get("kernels"),
     )
-    work = resolve_workload(layout=lay, seq=values["seq"], global_batch=values["global_batch"], **kwargs)
+    tuning = finetune_request(estimate_defaults() | values)  # fine-tuning and the optimizer, as estimate takes them
+    work = resolve_workload(
+        layout=lay,
+        seq=values["seq"],
+        global_batch=values["global_batch"],
+        optimizer=values.get("optimizer") or "adamw",
+        optimizer_bytes=values.get("optimizer_bytes"),
+        finetune=resolve_finetune(tuning, model) if tuning else None,
+        **kwargs,
+    )
     return evaluate(model, cluster, lay, work, order=resolve_order(values.get("axis_order")))
 
 
 def _metric(plan: Plan, metric: str) -> float:
-    step = plan.step
-    if metric == "iteration_time_s":
-        return float(step.step_time_s)
-    if metric == "mfu":
-        return float(step.mfu)
-    if metric == "tokens_per_s_per_gpu":
-        return float(step.tokens_per_s_per_gpu)
-    if metric == "tflops_per_gpu_eq3":
-        m, w = plan.model, plan.workload
-        flops = narayanan_flops(
-            batch=w.global_batch, layers=m.num_layers, seq=w.seq_len, hidden=m.hidden, vocab=m.vocab_size
-        )
-        return float(flops / (step.step_time_s * plan.cluster.num_gpus) / 1e12)
-    if metric == "tflops_per_gpu_megatron":
-        m, w = plan.model, plan.workload
-        flops = megatron_flops(
-            batch=w.global_batch,
-            layers=m.num_layers,
-            seq=w.seq_len,
-            hidden=m.hidden,
-            vocab=m.vocab_size,
-            ffn_hidden=m.ffn_hidden,
-            kv_heads=m.num_kv_heads,
-            heads=m.num_heads,
-            gated=m.mlp is MlpKind.GATED,
-        )
-        return float(flops / (step.step_time_s * plan.cluster.num_gpus) / 1e12)
-    raise ValueError(f"unknown metric {metric!r}")
+    return metric_value(plan, metric)  # one definition, shared with the recipes' published figures
 
 
 def _better(metric: str, a: float, b: float) -> bool:
@@ -198,6 +204,10 @@ def run_case(source: str, case: dict[str, Any], metric: str, profile: Profile = 
         memory_bytes_per_gpu=float(plan.memory.per_gpu.total_bytes),
         fits=plan.memory.fits,
         delta_from=case.get("delta_from"),
+        gpu=plan.cluster.gpu.name,
+        mfu=float(plan.step.mfu),
+        moe=plan.model.moe is not None,
+        matmul=matmul_kind(plan.workload.precision.compute),
     )
 
 
@@ -331,34 +341,9 @@ def leave_one_source_out(names: list[str] | None = None) -> dict[str, Any]:
     }
 
 
-def held_out_band(report: dict[str, Any]) -> dict[str, float]:
-    """P10 and P90 of measured over predicted step time, over every run held out (leave one source out), and
-    the P10, median and P90 of the runs of each band class (``cp_``, ``ep_`` keys: layouts with context, else
-    expert parallelism), which have their own bias.
-
-    A rate's error e (predicted / measured - 1) is a time ratio of 1 + e; a time's, 1 / (1 + e).
-    """
-    metric = {s["source"]: s["metric"] for s in report["sources"]}
-    layouts: dict[str, list[dict[str, Any]]] = {}
-    for run in report["runs"]:
-        layouts.setdefault(run["source"], []).append(run["layout"])
-    ratios: list[float] = []
-    by_class: dict[str, list[float]] = {axis: [] for axis in BAND_CLASSES}
-    for s in report["held_out"]["sources"]:
-        for e, layout in zip(s["loso_residuals"], layouts[s["source"]], strict=True):
-            ratio = 1 / (1 + e) if metric[s["source"]].endswith("_s") else 1 + e
-            ratios.append(ratio)
-            if (axis := band_class(cp=layout.get("cp", 1), ep=layout.get("ep", 1))) is not None:
-                by_class[axis].append(ratio)
-    deciles = statistics.quantiles(sorted(ratios), n=10, method="inclusive")
-    out = {"time_ratio_p10": deciles[0], "time_ratio_p90": deciles[-1], "runs": float(len(ratios))}
-    for axis, mine in by_class.items():
-        out |= class_band(axis, mine)
-    return out
-
-
 def class_band(prefix: str, ratios: list[float]) -> dict[str, float]:
-    """``{prefix}_time_ratio_p10``, ``_p50``, ``_p90`` and ``{prefix}_runs`` of a class's time ratios."""
+    """``{prefix}_time_ratio_p10``, ``_p50``, ``_p90`` and ``{prefix}_runs`` of a class's time ratios, each run
+    weighing the same (the serving band's rule; the step-time band is validation/band.py's)."""
     tenths = statistics.quantiles(sorted(ratios), n=10, method="inclusive")
     return {
         f"{prefix}_time_ratio_p10": tenths[0],
@@ -452,8 +437,9 @@ def goals(runs: list[dict[str, Any]], loso: dict[str, Any]) -> list[dict[str, An
 def validate(only: str | None = None, *, held_out: bool = True, profile: str | None = None) -> dict[str, Any]:
     """Every published run, predicted; per-source error summaries and whether all targets hold.
 
-    Over all sources (``only`` None) and with ``held_out``, also each source's leave-one-source-out error
-    and the issue's generalization goals (reported, not part of ``all_ok``). With a cluster ``profile``
+    Over all sources (``only`` None) and with ``held_out``, also each source's leave-one-source-out error,
+    the issue's generalization goals (reported, not part of ``all_ok``) and the step-time band those held-out
+    errors make (validation/band.py; catalog/held_out.toml stores it). With a cluster ``profile``
     (``--profile``) every run is predicted with its scales, and no held-out fit is made.
     """
     scales = parse_profile(profile)
@@ -465,7 +451,7 @@ def validate(only: str | None = None, *, held_out: bool = True, profile: str | N
     runs, summaries = [], []
     for name in names:
         results = run_source(name, scales)
-        runs += [dict(dataclasses.asdict(r), error=r.error) for r in results]
+        runs += [dict(dataclasses.asdict(r), error=r.error, measured_mfu=r.measured_mfu) for r in results]
         summaries.append(summarize(name, results))
     out: dict[str, Any] = {"runs": runs, "sources": summaries, "all_ok": all(s["ok"] for s in summaries)}
     if only is None and held_out and scales.is_identity:
@@ -473,4 +459,5 @@ def validate(only: str | None = None, *, held_out: bool = True, profile: str | N
         out["held_out"] = loso
         out["goals"] = goals(runs, loso)
         out["scaling"] = scaling_series(runs)
+        out["band"] = held_out_band(out)
     return out

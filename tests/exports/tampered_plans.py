@@ -92,6 +92,8 @@ FIELD_BAD: dict[Path, dict[str, Any]] = {
     ("layouts_meeting_targets",): COUNT_BAD,
     ("elapsed_s",): ELAPSED_BAD,
     ("uncertainty",): STR_BAD,
+    ("weights_dtypes_searched",): LIST_BAD | {"unknown": ["fp3"], "number": [8], "twice": ["fp8", "fp8"]},
+    ("warnings",): LIST_BAD,
 }
 """Each field of a saved plan and the wrong values it is given in turn (those a field may hold are left out:
 zero prefill replicas, a null target)."""
@@ -202,6 +204,9 @@ def _semantic(plan: dict[str, Any]) -> Iterator[tuple[str, Callable[[dict[str, A
     yield "best is not top[0]", _set(("best", "tpot_s"), best["tpot_s"] * 2)
     yield "best null", _set(("best",), None)
     yield "uncertainty changed", _set(("uncertainty",), "none")
+    others = [d for d in plan["weights_dtypes_searched"] if d != lay["weights_dtype"]]
+    yield "the winner's weights not among those searched", _set(("weights_dtypes_searched",), others)
+    yield "a warning that is no text", _set(("warnings",), [8])
     yield "fewer layouts meeting targets than shown", _set(("layouts_meeting_targets",), 0)
     yield "a model given as a relative path", _set(("model",), "../../../../etc/hostname")
 

@@ -22,9 +22,10 @@ from meshplan.reports.serve_plan import serve_plan_report
 from meshplan.reports.serve_plan_file import FILE_KEYS, LAYOUT_KEYS, PLAN_KEYS, load_serving_plan
 
 BASES: dict[str, dict[str, Any]] = {
-    "colocated": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": 8, "input_len": 1024, "output_len": 256},
+    "colocated": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": 8, "input_len": 1024, "output_len": 256,
+                  "allow_quantization": True},
     "split": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": 8, "input_len": 8000, "output_len": 300,
-              "tpot_p99_s": 0.02, "dtypes": ["fp8"], "disaggregate": True},
+              "tpot_p99_s": 0.02, "dtypes": ["fp8"], "allow_quantization": True, "disaggregate": True},
 }  # fmt: skip
 FLAGS = ["llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8"]
 SERVING_ENGINES = ("vllm", "sglang", "trtllm")
@@ -217,7 +218,7 @@ def client() -> Iterator[Any]:
 
     from meshplan.server.app import create_app
 
-    with TestClient(create_app(), base_url="http://127.0.0.1") as c:
+    with TestClient(create_app(), base_url="http://127.0.0.1") as c:  # the server answers its own address only
         yield c
 
 

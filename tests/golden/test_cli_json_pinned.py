@@ -35,7 +35,7 @@ def _run(args: list[str]) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.chdir(ROOT):
         code = main([*args, "--json"])
-    assert code == 0, (args, code)
+    assert code == 0 or (args[0] == "validate" and code == 1), (args, code)  # validate: 1 when a target fails
     return out.getvalue()
 
 

@@ -23,6 +23,19 @@ def test_serve_equals_the_report(client: Any) -> None:
     assert json.loads(json.dumps(want)) == r.json()
 
 
+def test_a_static_batch_and_the_engines_kv_default_through_the_api(client: Any) -> None:
+    """``batch`` is one load among concurrency, rate and num_requests; the KV dtype left out is the engine's (FP8
+    with FP8 weights in TensorRT-LLM), as on the command line."""
+    r = client.get("/api/serve", params=SERVE | {"tp": 2, "weights_dtype": "fp8", "batch": 16})
+    assert r.status_code == 200, r.text
+    want = serve_report("llama-3.1-70b", gpu="h100-sxm", gpus=8, input_len=1000, output_len=200, tp=2,
+                        weights_dtype="fp8", batch=16)  # fmt: skip
+    assert json.loads(json.dumps(want)) == r.json() and r.json()["kv_dtype"] == "fp8"
+    assert r.json()["static_batch"]["batch_per_replica"] == 4
+    both = client.get("/api/serve", params=SERVE | {"batch": 16, "concurrency": 4})
+    assert both.status_code == 400 and "--batch is a load of its own" in both.json()["error"]
+
+
 def test_serve_disaggregated(client: Any) -> None:
     params = SERVE | {"gpus": 16, "tp": 4, "rate": 2, "disaggregate": "8:8"}
     r = client.get("/api/serve", params=params)
@@ -37,8 +50,11 @@ def test_serve_plan_answers(client: Any) -> None:
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["best"]["layout"]["tp"] * body["best"]["replicas"] == 8 and body["pareto"]
-    only = client.get("/api/serve-plan", params=params | {"weights_dtypes": "bf16,int4"}).json()
-    assert {p["layout"]["weights_dtype"] for p in only["top"]} <= {"bf16", "int4"}
+    assert {p["layout"]["weights_dtype"] for p in body["top"]} == {"bf16"}  # the model's quality unless allowed
+    refused = client.get("/api/serve-plan", params=params | {"weights_dtypes": "bf16,int4"})
+    assert refused.status_code == 400 and "--allow-quantization" in refused.json()["error"]
+    only = client.get("/api/serve-plan", params=params | {"weights_dtypes": "bf16,int4", "allow_quantization": True})
+    assert {p["layout"]["weights_dtype"] for p in only.json()["top"]} <= {"bf16", "int4"}
 
 
 @pytest.mark.parametrize(

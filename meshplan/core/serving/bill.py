@@ -63,11 +63,14 @@ def weights_bytes_total(model: ModelSpec, dtype: DType) -> float:
     double-quantized block scales (4.127 bits per weight)."""
     params = count_params(model)
     plain = _unquantized_params(params)
+    return (params.total - plain) * _matmul_bytes_per_param(model, dtype) + plain * 2.0
+
+
+def _matmul_bytes_per_param(model: ModelSpec, dtype: DType) -> float:
+    """Bytes a quantized matmul weight takes: QLoRA's double-quantized NF4, or a serving dtype's."""
     if dtype is DType.NF4:
-        per_param = nf4_bytes_per_param(double_quant=True)
-    else:
-        per_param = weight_bytes_per_param(dtype, hidden=model.hidden)
-    return (params.total - plain) * per_param + plain * 2.0
+        return nf4_bytes_per_param(double_quant=True)
+    return weight_bytes_per_param(dtype, hidden=model.hidden)
 
 
 class MemoryFraction(StrEnum):
@@ -248,3 +251,49 @@ def _heaviest_stage(model: ModelSpec, *, tp: int, pp: int, ep: int, per_param: f
 def min_gpus(total_bytes: float, hbm_bytes: float) -> int:
     """Fewest GPUs whose HBM holds ``total_bytes`` split evenly (nothing else counted)."""
     return max(1, math.ceil(total_bytes / hbm_bytes))
+
+
+def serving_tp_ok(model: ModelSpec, tp: int) -> bool:
+    """Whether serving engines split the attention over ``tp`` ranks: TP divides the heads, and one of TP and the
+    KV heads divides the other (vLLM and SGLang refuse the rest; KV heads fewer than the ranks are copied)."""
+    kv = model.num_kv_heads
+    return tp >= 1 and model.num_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightSplit:
+    """A serving split of the weights over tp x pp GPUs, and the weight bytes of its heaviest GPU."""
+
+    tp: int
+    pp: int
+    weights_bytes: float
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+
+def lightest_weight_split(model: ModelSpec, gpus: int, dtype: DType) -> WeightSplit | None:
+    """Of the splits tp x pp dividing ``gpus`` that engines run (``serving_tp_ok``, no more stages than layers; the
+    other GPUs hold replicas), the one whose heaviest GPU holds the fewest weight bytes, every stage looked at
+    (uneven stages and the embedding count): for each TP, its longest pipeline. None when no split exists."""
+    per_param = _matmul_bytes_per_param(model, dtype)
+    best: WeightSplit | None = None
+    for tp in (t for t in range(1, min(gpus, model.num_heads) + 1) if gpus % t == 0 and serving_tp_ok(model, t)):
+        pp = max(p for p in range(1, min(gpus // tp, model.num_layers) + 1) if (gpus // tp) % p == 0)
+        held, _ = _heaviest_stage(model, tp=tp, pp=pp, ep=1, per_param=per_param)
+        if best is None or held < best.weights_bytes:
+            best = WeightSplit(tp=tp, pp=pp, weights_bytes=held)
+    return best
+
+
+def fewest_weight_split(model: ModelSpec, dtype: DType, budget_bytes: float) -> WeightSplit | None:
+    """The fewest GPUs whose lightest split (``lightest_weight_split``) holds the weights within ``budget_bytes``
+    a GPU: from the even split's bound up, every count tried (so the split found spans them all: one over fewer
+    would have been found first); None when no split of the model does."""
+    most = max(t for t in range(1, model.num_heads + 1) if serving_tp_ok(model, t)) * model.num_layers
+    for gpus in range(min_gpus(weights_bytes_total(model, dtype), budget_bytes), most + 1):
+        split = lightest_weight_split(model, gpus, dtype)
+        if split is not None and split.weights_bytes <= budget_bytes:
+            return split
+    return None

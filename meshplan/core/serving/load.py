@@ -125,18 +125,24 @@ def capacity(
     return Capacity(sequences=max(seqs, 0), limit=limit, kv_sequences=kv, per_forward=layout.pp * ranks)
 
 
-def step_at(
-    model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests, *, batch: object
-) -> MixedStep:
-    """The average steady-state forward with ``batch`` sequences per replica (arrays broadcast): new prompts
-    arrive at b I / O tokens per step and ride in chunks of min(max(I, b I / O), N_step - b) tokens, so a share
-    b I / O / chunk of the steps carries one."""
+def _chunks(hw: Hardware, layout: ServeLayout, req: Requests, batch: object) -> tuple[Num, Num, Num]:
+    """(sequences per forward, prompt tokens a carrying step carries, share of the steps that carry them)."""
     arr = np.asarray(batch, dtype=np.float64) / (layout.pp * (layout.tp if layout.dp_attention else 1))
     demand = arr * req.input_len / req.output_len
     budget = np.maximum(hw.cal.max_num_tokens - arr, 0.0)
     chunk = np.minimum(np.maximum(float(req.input_len), demand), budget)
     share = np.where(chunk > 0, np.minimum(demand / np.maximum(chunk, 1e-9), 1.0), 0.0)
     b, c, f = (x.item() if np.ndim(x) == 0 else x for x in (arr, chunk, share))
+    return b, c, f
+
+
+def step_at(
+    model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests, *, batch: object
+) -> MixedStep:
+    """The average steady-state forward with ``batch`` sequences per replica (arrays broadcast): new prompts
+    arrive at b I / O tokens per step and ride in chunks of min(max(I, b I / O), N_step - b) tokens, so a share
+    b I / O / chunk of the steps carries one."""
+    b, c, f = _chunks(hw, layout, req, batch)
     context = req.input_len + req.output_len / 2
     rows = graph_batch(b) if hw.cal.cuda_graph_padding else b  # decode-only steps replay a padded graph
     plain = decode_step(model, shape, hw, layout, batch=b, context=context, rows=rows)
@@ -158,6 +164,44 @@ def ttft_s(
     beside = decode_step(model, shape, hw, layout, batch=b, context=context, prefill_tokens=chunk).total_s
     out = chunks * pipeline_factor(hw, layout) * np.where(b < 1, alone, beside)
     return float(out) if out.ndim == 0 else out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptQueue:
+    """The wait of a prompt for the step budget that prompts ahead of it hold (mean and p99), and the budget's
+    utilization (arrays where the batch is one)."""
+
+    utilization: Num
+    wait_s_p50: Num
+    wait_s_p99: Num
+
+
+def prompt_queue(
+    hw: Hardware, layout: ServeLayout, req: Requests, step: MixedStep, *, batch: object, users: object = None
+) -> PromptQueue:
+    """Prompts queue for the tokens a step may carry, first come first served: TensorRT-LLM's micro-batch scheduler
+    admits a context request only when its tokens fit in what is left of max_num_tokens and stops at the first
+    that does not (cpp/tensorrt_llm/batch_manager/microBatchScheduler.cpp: 'if (maxNumTokensRuntime &&
+    batchNumTokens + reqNumTokens > maxNumTokensRuntime.value()) break;', chunked context off by default); the
+    chunked-prefill engines (vLLM, SGLang) fill the same budget in arrival order. The budget is a server busy for
+    the carrying steps: utilization rho = share x t_carrying / t (< 1 while the steps are not all carrying), one
+    prompt holding it for S = t_carrying x I / chunk. Arrivals taken as Poisson: M/D/1, mean wait
+    rho S / (2 (1 - rho)), p99 from the exponential tail (P(wait) = rho); a closed loop of C users never holds more
+    than C - 1 prompts ahead (a saturated budget: rho = 1). Arrays of batches (and users) broadcast."""
+    _, chunk, share = _chunks(hw, layout, req, batch)
+    carrying, mean = np.asarray(step.carrying.total_s, dtype=np.float64), np.asarray(step.total_s, dtype=np.float64)
+    busy = np.asarray(share, dtype=np.float64) * carrying
+    rho = np.where(mean > 0, np.minimum(busy / np.maximum(mean, 1e-30), 1.0), 0.0)
+    tokens = np.maximum(np.asarray(chunk, dtype=np.float64), 1e-9)
+    service = pipeline_factor(hw, layout) * carrying * np.minimum(req.input_len / tokens, 1.0)
+    cap = np.inf if users is None else np.maximum(np.asarray(users, dtype=np.float64) - 1, 0.0) * service
+    free = np.maximum(1 - rho, 1e-12)
+    mean_wait = np.where(rho < 1, rho * service / (2 * free), np.inf)
+    tail = np.where(rho > P99_TAIL, service / (2 * free) * np.log(np.maximum(rho, P99_TAIL) / P99_TAIL), 0.0)
+    tail = np.where(rho < 1, tail, np.inf)
+    p50, p99 = np.minimum(mean_wait, cap), np.minimum(tail, cap)
+    u, w50, w99 = (x.item() if np.ndim(x) == 0 else x for x in (rho, p50, p99))
+    return PromptQueue(utilization=u, wait_s_p50=w50, wait_s_p99=w99)
 
 
 def erlang_c(servers: int, offered: float) -> float:
@@ -257,16 +301,18 @@ def load_point(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: Serv
         return float(ttft_s(model, shape, hw, layout, req, batch=b))
 
     steady = (_closed_loop if req.concurrency is not None else _open_loop)(req, cap, tpot, first)
-    saturated = math.isinf(steady.wait_s_p50)
+    step = step_at(model, shape, hw, layout, req, batch=steady.batch)
+    prompts = prompt_queue(hw, layout, req, step, batch=steady.batch, users=req.concurrency)
+    saturated = math.isinf(steady.wait_s_p50) or math.isinf(float(prompts.wait_s_p50))
     t = steady.tpot_s
     return LoadPoint(
         batch=steady.batch,
         limit=steady.limit,
         capacity=cap,
-        step=step_at(model, shape, hw, layout, req, batch=steady.batch),
+        step=step,
         tpot_s=t,
-        ttft_s_p50=None if saturated else steady.prefill_s + t / 2 + steady.wait_s_p50,
-        ttft_s_p99=None if saturated else steady.prefill_s + t + steady.wait_s_p99,
+        ttft_s_p50=None if saturated else steady.prefill_s + t / 2 + steady.wait_s_p50 + float(prompts.wait_s_p50),
+        ttft_s_p99=None if saturated else steady.prefill_s + t + steady.wait_s_p99 + float(prompts.wait_s_p99),
         ttft_unloaded_s=first(0.0),
         queue_s_p50=steady.wait_s_p50,
         queue_s_p99=steady.wait_s_p99,

@@ -20,7 +20,7 @@ from enum import StrEnum
 import numpy as np
 
 from meshplan.core.serving.disagg import SplitTerms, split_terms
-from meshplan.core.serving.load import Requests, capacity, step_at, ttft_s
+from meshplan.core.serving.load import Requests, capacity, prompt_queue, step_at, ttft_s
 from meshplan.core.serving.phases import pipeline_factor
 from meshplan.core.serving.shape import Hardware, ReplicaShape, ServeLayout
 from meshplan.core.serving.splits import kept_splits
@@ -112,8 +112,10 @@ def _curve(
     batches = batch_grid(max(cap.sequences, 0))
     if batches.size == 0:
         return batches, batches, batches, cap.kv_sequences
-    tpot = pipeline_factor(hw, layout) * np.asarray(step_at(model, shape, hw, layout, req, batch=batches).total_s)
-    ttft = np.asarray(ttft_s(model, shape, hw, layout, req, batch=batches - 1)) + tpot
+    step = step_at(model, shape, hw, layout, req, batch=batches)
+    tpot = pipeline_factor(hw, layout) * np.asarray(step.total_s)
+    wait = prompt_queue(hw, layout, req, step, batch=batches, users=batches).wait_s_p99  # prompts ahead of it
+    ttft = np.asarray(ttft_s(model, shape, hw, layout, req, batch=batches - 1)) + tpot + np.asarray(wait)
     return batches, tpot, ttft, cap.kv_sequences
 
 

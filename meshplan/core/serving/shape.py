@@ -124,6 +124,13 @@ class ServeCalibration:
     cuda_graph_padding: bool = False
     """Whether decode-only steps run as CUDA graphs padded up to the captured batch sizes (CUDA_GRAPH_BATCH_SIZES):
     the padded rows pass through every GEMM, all-reduce and memory-bound op, not through the KV cache."""
+    fp8_kv_with: tuple[str, ...] = ()
+    """Weight dtypes with which the engine keeps an FP8 KV cache when the user leaves its KV dtype to it (the model's
+    16-bit dtype otherwise)."""
+    int4_group_size: int = QUANT_GROUP
+    """Weights per int4 scale group of the engine's usual int4 checkpoints (a 16-bit scale and zero each)."""
+    defaults_source: str = ""
+    """Where the engine's KV dtype and int4 group size defaults come from."""
 
     def memory(self) -> EngineMemory:
         return EngineMemory(

@@ -3,9 +3,12 @@
 Conventions: a matmul of (M x K) by (K x N) is 2MNK FLOPs; backward is
 twice forward for weight matmuls (input and weight gradients). Model FLOPs
 per token (for MFU) are 6 x the matmul parameters a token touches plus the
-attention score and value products over the full context, 6 L a (d_qk + d_v) s
-(PaLM, Chowdhery et al. 2022, App. B); this equals Korthikanti et al.
-2022 Eq. 7 for GPT models: 72 B L s h^2 (1 + s/6h + V/(12 h L)).
+attention score and value products under the causal mask, 6 L a (d_qk + d_v) s / 2:
+PaLM's count (Chowdhery et al. 2022, App. B: 6N + 12 L H Q T with d_qk = d_v = Q)
+with each query reaching s / 2 keys on average, as Megatron-LM's
+``num_floating_point_operations`` halves it. Over the whole context (no halving)
+the count equals Korthikanti et al. 2022 Eq. 7 for GPT models,
+72 B L s h^2 (1 + s/6h + V/(12 h L)), and torchtitan's logged MFU.
 """
 
 from __future__ import annotations
@@ -114,16 +117,30 @@ def windowed_keys_share(*, seq_len: Num, window: int) -> Num:
     return sliding_keys(window=window, cached=0.0, chunk=s) / (s / 2)
 
 
-def model_flops_per_token(model: ModelSpec, *, seq_len: int, finetune: Finetune | None = None) -> float:
-    """Model FLOPs per trained token: 6 N_matmul + 6 L a (d_qk + d_v) s (no recompute, full attention).
+MFU_CONVENTION = (
+    "mfu: model FLOPs per step (6 x the matmul parameters a token touches + 6 L a (d_qk + d_v) s / 2 per token: the "
+    "attention under the causal mask, no recompute; PaLM App. B with Megatron-LM's causal halving) over step time "
+    "x GPUs x the dense bf16 peak, whatever the matmuls' dtype; hfu: the FLOPs the kernels execute (recompute "
+    "included; a fused attention kernel skips the masked half, an unfused one computes the whole product) over the "
+    "same bf16 peak; mfu_fp8_peak: mfu's FLOPs over the dense FP8 peak, for runs with FP8 matmuls (null otherwise)"
+)
+"""How the reports count MFU and HFU (their ``mfu_convention``)."""
+
+
+def model_flops_per_token(
+    model: ModelSpec, *, seq_len: int, finetune: Finetune | None = None, causal: bool = True
+) -> float:
+    """Model FLOPs per trained token: 6 N_matmul + 6 L a (d_qk + d_v) s / 2 (no recompute, causal attention;
+    ``causal`` False: over the whole context, 6 L a (d_qk + d_v) s).
 
     Fine-tuning counts what the step must compute: a frozen matmul needs its forward and its input
     gradient (4 N), an adapter 6 N; a frozen prefix behind a frozen embedding needs its forward only (2 N).
     """
-    total = _training_flops_per_token(model, seq_len=seq_len)
+    attention = attention_flops_per_token(model, seq_len=seq_len, causal=causal)
+    total = matmul_flops_per_token(model) + attention
     if finetune is None or (not finetune.adapted and not finetune.freeze_layers):
         return total
-    matmul = (total - _attention_flops_per_token(model, seq_len=seq_len)) / 6
+    matmul = (total - attention) / 6
     if finetune.adapted:
         adapters = trainable_params(model, finetune).adapters
         return total - 2 * matmul + 6 * adapters
@@ -134,18 +151,36 @@ def model_flops_per_token(model: ModelSpec, *, seq_len: int, finetune: Finetune 
     return total - spared * frozen
 
 
-def _attention_flops_per_token(model: ModelSpec, *, seq_len: int) -> float:
-    return 6 * model.num_layers * model.num_heads * model.score_value_width * seq_len
+def attention_flops_per_token(model: ModelSpec, *, seq_len: int, causal: bool = True) -> float:
+    """Attention score and value products per trained token, forward and backward: 6 L a (d_qk + d_v) s over the
+    whole context, half of it under the causal mask (a query reaches s / 2 keys on average)."""
+    full = 6.0 * model.num_layers * model.num_heads * model.score_value_width * seq_len
+    return full / 2 if causal else full
 
 
-def _training_flops_per_token(model: ModelSpec, *, seq_len: int) -> float:
+def executed_attention_flops_per_token(model: ModelSpec, *, seq_len: int, fused: bool) -> float:
+    """The attention FLOPs per trained token the kernels execute, forward and backward: a fused kernel skips the
+    masked blocks (the causal half; a sliding-window layer's queries reach their window, ``windowed_keys_share``),
+    an unfused one computes the whole s x s product (``attention_core_flops``)."""
+    if not fused:
+        return attention_flops_per_token(model, seq_len=seq_len, causal=False)
+    causal = attention_flops_per_token(model, seq_len=seq_len, causal=True)
+    if not model.sliding_window:
+        return causal
+    window = float(windowed_keys_share(seq_len=seq_len, window=model.sliding_window))
+    return causal * (1 - model.sliding_share + model.sliding_share * window)
+
+
+def matmul_flops_per_token(model: ModelSpec) -> float:
+    """6 x the matmul parameters a trained token touches (the output head included, the input lookup and the
+    norms not)."""
     p = count_params(model)
     matmul = p.active_per_token - p.embedding  # the input lookup does no math; the head (or tied table) does
     if model.tied_embeddings:
         matmul += model.vocab_size * model.hidden
     norms = p.dense_layer.norms * p.num_dense_layers + p.moe_layer.norms * p.num_moe_layers + p.final_norm
     matmul -= norms
-    return 6.0 * matmul + _attention_flops_per_token(model, seq_len=seq_len)
+    return 6.0 * matmul
 
 
 def korthikanti_model_flops(*, batch: Num, layers: Num, seq: Num, hidden: Num, vocab: Num) -> Num:
@@ -178,6 +213,32 @@ def megatron_flops(
     attention = 1 + kv_heads / heads + seq / hidden
     mlp = ffn_hidden / hidden * (1.5 if gated else 1.0)
     return 12 * batch * seq * layers * hidden**2 * (attention + mlp + vocab / (2 * layers * hidden))
+
+
+def megatron_core_flops(model: ModelSpec, *, batch: Num, seq: Num) -> Num:
+    """Megatron-Core's model FLOPs per iteration (``num_floating_point_operations`` in megatron/training/training.py,
+    2025), the count behind the TFLOP/s per GPU it logs: B s times the sum, per token, of
+
+    - attention, per layer 12 h q (1 + g/a + s / 2h) for a query width q = a d_head: QKV and the output projection,
+      and the causal half of the score and value products;
+    - MLP, per layer 12 h x the width a token passes through (x 1.5 gated): the dense MLP's, or on a MoE layer the
+      routed experts' (expert width x top-k) and the shared experts';
+    - the logits, 6 h V.
+
+    No router, norms or recompute. MLA and MTP terms are not written out: a model with either is refused.
+    """
+    if model.mla is not None or model.mtp_layers:
+        raise ValueError(f"{model.name}: Megatron-Core's count is written here for GQA models without MTP only")
+    h = model.hidden
+    gated = 1.5 if model.mlp is MlpKind.GATED else 1.0
+    mlp = model.ffn_hidden * gated * (model.num_layers - model.num_moe_layers)
+    if model.moe is not None:
+        moe = model.moe
+        width = moe.expert_ffn_hidden * moe.experts_per_token + moe.shared_hidden * moe.num_shared_experts
+        mlp += width * gated * model.num_moe_layers
+    q = model.num_heads * model.head_dim
+    attention = 12 * model.num_layers * h * q * (1 + model.num_kv_heads / model.num_heads + seq / (2 * h))
+    return batch * seq * (12 * h * mlp + attention + 6 * h * model.vocab_size)
 
 
 def six_nd(params: float, tokens: float) -> float:

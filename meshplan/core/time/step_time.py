@@ -32,7 +32,12 @@ from meshplan.core.memory.stage_params import StageParams, layout_stage_params
 from meshplan.core.num import Num, like, maximum, minimum, to_float, where
 from meshplan.core.params import ParamCount
 from meshplan.core.placement import AxisPlacement
-from meshplan.core.time.flops import model_flops_per_token
+from meshplan.core.time.flops import (
+    attention_flops_per_token,
+    executed_attention_flops_per_token,
+    matmul_flops_per_token,
+    model_flops_per_token,
+)
 from meshplan.core.time.stage_time import StageTimes, fsdp_shards, stage_times
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
@@ -57,10 +62,15 @@ class StepTime:
     exposed_pp_s: Num
     exposed_dp_s: Num
     model_flops_per_step: Num
+    """6 N + the causal attention per token, no recompute (``flops.MFU_CONVENTION``)."""
     hardware_flops_per_step: Num
+    """What the kernels execute: recompute included, the attention as the kernel runs it."""
     tokens_per_step: Num
     num_gpus: Num
-    peak_flops: float
+    bf16_peak_flops: float
+    """The GPU's dense bf16 peak: MFU's and HFU's denominator whatever the matmuls' dtype."""
+    fp8_peak_flops: float | None = None
+    """The GPU's dense FP8 peak, for a run with FP8 matmuls (None otherwise)."""
 
     @property
     def step_time_s(self) -> Num:
@@ -68,13 +78,20 @@ class StepTime:
 
     @property
     def mfu(self) -> Num:
-        """Model FLOPs per second over the fleet's dense peak (6N plus attention, no recompute)."""
-        return self.model_flops_per_step / (self.step_time_s * self.num_gpus * self.peak_flops)
+        """Model FLOPs per second (6N plus causal attention, no recompute) over the fleet's dense bf16 peak."""
+        return self.model_flops_per_step / (self.step_time_s * self.num_gpus * self.bf16_peak_flops)
 
     @property
     def hfu(self) -> Num:
-        """Hardware FLOPs (recompute included) per second over the fleet's dense peak."""
-        return self.hardware_flops_per_step / (self.step_time_s * self.num_gpus * self.peak_flops)
+        """Hardware FLOPs (recompute included, attention as executed) per second over the fleet's dense bf16 peak."""
+        return self.hardware_flops_per_step / (self.step_time_s * self.num_gpus * self.bf16_peak_flops)
+
+    @property
+    def mfu_fp8_peak(self) -> Num | None:
+        """Model FLOPs per second over the fleet's dense FP8 peak, for FP8 matmuls (None otherwise)."""
+        if self.fp8_peak_flops is None:
+            return None
+        return self.model_flops_per_step / (self.step_time_s * self.num_gpus * self.fp8_peak_flops)
 
     @property
     def tokens_per_s_per_gpu(self) -> Num:
@@ -409,19 +426,22 @@ def _optimizer_time(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: 
     return n * per_param / (gpu.hbm_bandwidth_bytes_per_s * gpu.calibration.hbm_efficiency)
 
 
-def _recompute_factor(model: ModelSpec, recompute: Num, work: Workload) -> Num:
-    """Hardware over model FLOPs: full recompute adds a forward (1/3 of full training's FLOPs, 1/2 of a frozen
-    base's), less the dense MLPs' down projections under PyTorch's early stop; selective the attention scores'
-    forward."""
-    per_token = model_flops_per_token(model, seq_len=work.attention_span, finetune=work.finetune)
-    forward = model_flops_per_token(model, seq_len=work.attention_span) / 3
+def _hardware_flops_per_token(model: ModelSpec, recompute: Num, work: Workload) -> Num:
+    """The FLOPs the kernels execute per trained token: the model's, with the attention as its kernel runs it
+    (``executed_attention_flops_per_token``), plus what recompute repeats: full recompute a forward (the matmuls'
+    2 N, less the dense MLPs' down projections under PyTorch's early stop, and the attention's), selective the
+    attention's forward."""
+    span = work.attention_span
+    executed = executed_attention_flops_per_token(model, seq_len=span, fused=work.attention.fused)
+    model_flops = model_flops_per_token(model, seq_len=span, finetune=work.finetune)
+    base = model_flops - attention_flops_per_token(model, seq_len=span) + executed
+    forward = matmul_flops_per_token(model) / 3 + executed / 3
     if work.conditions.recompute_early_stop:
         forward = forward - 2 * model.hidden * model.ffn_hidden * model.num_dense_mlp_layers
-    attention_fwd = 2 * model.num_layers * model.num_heads * model.score_value_width * work.attention_span
-    return where(
+    return base + where(
         recompute == Recompute.FULL,
-        1 + forward / per_token,
-        where(recompute == Recompute.SELECTIVE, 1 + attention_fwd / per_token, 1.0),
+        forward,
+        where(recompute == Recompute.SELECTIVE, executed / 3, 0.0),
     )
 
 
@@ -459,9 +479,10 @@ def step_time(
         exposed_pp_s=to_float(st.pp_s),
         exposed_dp_s=to_float(st.dp_s),
         model_flops_per_step=model_flops,
-        hardware_flops_per_step=to_float(model_flops * _recompute_factor(model, lay.recompute, work)),
+        hardware_flops_per_step=to_float(_hardware_flops_per_token(model, lay.recompute, work) * tokens),
         tokens_per_step=tokens,
         num_gpus=gpus,
-        peak_flops=cluster.gpu.peak(work.precision.compute),
+        bf16_peak_flops=cluster.gpu.peak(DType.BF16),
+        fp8_peak_flops=cluster.gpu.peak(DType.FP8) if work.precision.compute is DType.FP8 else None,
     )
     return step, st.calls

@@ -23,7 +23,8 @@ CONDITION_FIELDS: tuple[Field, ...] = (
         default=None,
         group=_C,
         choices=STACKS,
-        help="training stack whose defaults set every condition below (meshplan stacks lists them)",
+        help="training stack whose defaults set every condition below (meshplan stacks lists them); unset: the "
+        "engine's (plan --engine, export) or megatron-core",
     ),
     Field(
         name="framework",

@@ -48,6 +48,9 @@ class Group(StrEnum):
     """How the run was set up: its training stack and the conditions the stack sets (each overridable)."""
     SEARCH = "search"
     """What the planner searches for and how it ranks."""
+    COST = "cost and goodput"
+    """What a GPU-hour costs, how checkpoints are written and how often GPUs fail: time to train in dollars and
+    with failures paid."""
     SERVING = "serving"
     """How a served model is stored and how much of HBM the engine may take."""
     SERVE = "serving load"
@@ -92,10 +95,11 @@ class Field:
     def flag(self) -> str:
         return "--" + self.key.replace("_", "-")
 
-    def describe(self, default: Any = None, *, default_text: str | None = None) -> str:
-        """The help line with its unit, range and default, as the CLI and the OpenAPI show it; ``default_text``
+    def describe(self, default: Any = None, *, unset: bool = False, default_text: str | None = None) -> str:
+        """The help line with its unit, range and default, as the CLI and the OpenAPI show it (``unset``: a command
+        where leaving the field out means something else than its default, said in its help); ``default_text``
         says in words what happens when the field is not given (it replaces any default the help names)."""
-        default = self.default if default is None else default
+        default = None if unset else self.default if default is None else default
         parts = [self.bare_help if default_text else self.help]
         if self.unit:
             parts.append(f"[{self.unit}]")

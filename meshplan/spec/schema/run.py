@@ -18,7 +18,7 @@ from meshplan.spec.schema.field import (
 
 PRECISION_CHOICES = ("bf16", "bf16-fp32-grads", "fp16", "fsdp2-bf16", "fp8", "deepseek-fp8", "fp32")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble", "dualpipe")
-OBJECTIVES = ("step-time", "tokens-per-gpu", "headroom", "fewest-gpus")
+OBJECTIVES = ("step-time", "tokens-per-gpu", "headroom", "fewest-gpus", "cost")
 _L, _W, _F, _S = Group.LAYOUT, Group.WORKLOAD, Group.FINETUNE, Group.SEARCH
 
 
@@ -355,7 +355,8 @@ SEARCH_FIELDS: tuple[Field, ...] = (
         default=None,
         group=_S,
         choices=("torchtitan", "megatron", "deepspeed"),
-        help="keep only layouts this engine runs (what meshplan export ENGINE --from-plan accepts)",
+        help="keep only layouts this engine runs (what meshplan export ENGINE --from-plan accepts), scored under "
+        "its stack (megatron-core, torchtitan, deepspeed) unless --stack names one",
     ),
     Field(
         name="allow_cross_node_tp",

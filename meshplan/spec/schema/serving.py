@@ -21,7 +21,8 @@ SERVING_FIELDS: tuple[Field, ...] = (
         default="bf16",
         group=Group.SERVING,
         choices=("bf16", "fp16", "fp8"),
-        help="KV-cache dtype",
+        help="KV-cache dtype (serve, left out: the engine's default for the weights, FP8 with FP8/FP4 weights in "
+        "TensorRT-LLM, else the model's 16-bit dtype)",
     ),
     Field(
         name="context",
@@ -116,8 +117,11 @@ SERVE_FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_V,
-        choices=("weight-only", "w-a"),
-        help="weight-only or weight-and-activation quantization (default: W-A where the GPU computes in the dtype)",
+        choices=("weight-only", "w-a", "none"),
+        help=(
+            "weight-only or weight-and-activation quantization, none for 16-bit weights (the quant serve-plan writes "
+            "in a layout) (default: W-A where the GPU computes in the dtype)"
+        ),
     ),
     Field(
         name="engine",
@@ -159,6 +163,43 @@ SERVE_FIELDS: tuple[Field, ...] = (
         help=(
             "serve: an offline run of this many identical requests queued at once (trtllm-bench throughput): "
             "the steady state at that concurrency, and the whole run, ramp and drain included"
+        ),
+    ),
+    Field(
+        name="batch",
+        type=int,
+        default=None,
+        group=_V,
+        unit="sequences",
+        lo=1,
+        hi=MAX_BATCH,
+        help=(
+            "serve: a static batch of this many identical prompts (over all replicas), prefilled together in the "
+            "engine's tokens-per-step chunks and then decoded together, as benchmark scripts and profilers run "
+            "them: TTFT is the whole batch's prefill, TPOT the decode step at that batch"
+        ),
+    ),
+    Field(
+        name="int4_group_size",
+        type=int,
+        default=None,
+        group=_V,
+        unit="weights",
+        lo=1,
+        hi=1 << 20,
+        help=(
+            "int4 weights: weights per quantization group, each with a 16-bit scale and zero (AWQ/GPTQ and "
+            "TensorRT-LLM's int4_awq: 128; gpt-fast's quantize.py: 32; default: the engine's)"
+        ),
+    ),
+    Field(
+        name="allow_quantization",
+        type=bool,
+        default=False,
+        group=_V,
+        help=(
+            "serve-plan: also search weights quantized below the model's published dtype (fp8, int8, int4, fp4), "
+            "which changes the model's quality"
         ),
     ),
     Field(

@@ -32,7 +32,7 @@ export function build(catalog) {
   const specs = Object.fromEntries((catalog.conditions || []).map((c) => [c.name, c]));
   for (const box of document.querySelectorAll("[data-conditions]")) {
     const stack = el("select", { name: "stack", "data-default": "" },
-      el("option", { value: "", text: "none (the schema's defaults)" }),
+      el("option", { value: "", text: "default (megatron-core, or the engine's)" }),
       ...(catalog.stacks || []).map((s) => el("option", { value: s.name, text: s.name, title: s.description })));
     const fields = SHOWN.filter((name) => specs[name]).map((name) => field(specs[name]));
     box.replaceChildren(

@@ -127,6 +127,8 @@ function render() {
     ` fit with ${fmtPct(r.headroom_fraction)} of HBM kept free. ${r.global_batch} sequences of ${fmtInt(r.seq)} tokens per step, objective ${r.objective}.`,
     r.fewest_gpus ? el("span", { id: "pl-fewest", "data-value": r.fewest_gpus.gpus,
       text: ` The fewest GPUs that train ${Number(r.fewest_gpus.tokens).toExponential(2)} tokens in ${r.fewest_gpus.days} days: ${fmtInt(r.fewest_gpus.gpus)} (the search began at ${fmtInt(r.fewest_gpus.searched_from)}).` }) : "",
+    r.cheapest_fleet ? el("span", { id: "pl-cheapest", "data-value": r.cheapest_fleet.gpus,
+      text: ` The fleet that trains ${Number(r.cheapest_fleet.tokens).toExponential(2)} tokens for the fewest GPU-hours: ${fmtInt(r.cheapest_fleet.gpus)} GPUs (of ${fmtInt(r.cheapest_fleet.searched_from)} and its halvings).` }) : "",
   );
   table();
   $("#pl-band").textContent = `P10-P90: ${r.uncertainty}.`;
@@ -143,6 +145,7 @@ const METRICS = {
   "fewest-gpus": ["step time", (p) => p.step_time_s, (x) => fmtSeconds(x), -1],
   "tokens-per-gpu": ["tokens/s per GPU", (p) => p.tokens_per_s_per_gpu, (x) => fmtInt(x), 1],
   headroom: ["headroom", (p) => p.free_bytes_per_gpu, (x) => fmtBytes(x), 1],
+  cost: ["GPU-hours to train", (p) => (p.goodput ? p.goodput.gpu_hours_total : p.gpu_hours_total), (x) => fmtInt(x), -1],
 };
 
 // Say when the best plans are too close to call, and when nothing fits, what would.
@@ -160,7 +163,7 @@ function verdict() {
 }
 
 // Nothing fits on this fleet: the engine's answer (the plan report's nothing_fits) says what would, the lightest
-// layout it found, the fewest GPUs (doubling the fleet) on which one fits, and the variants that fit here; each
+// layout it found, the fewest GPUs (of the fleet sizes searched) on which one fits, and the variants that fit here; each
 // way out comes with a button that searches it.
 function nothingFits() {
   const r = result, node = $("#pl-verdict"), nf = r.nothing_fits;
@@ -181,9 +184,9 @@ function nothingFits() {
   }
   const n = nf.fewest_gpus_that_fit;
   out.push(n
-    ? el("span", { class: "block" }, "A larger fleet: the smallest, doubling from yours, on which a layout fits is ",
+    ? el("span", { class: "block" }, `A larger fleet: the smallest of those searched (${nf.fleet_sizes_tried.map((t) => fmtInt(t.gpus)).join(", ")} GPUs) on which a layout fits is `,
         el("strong", { id: "pl-fits-at", "data-value": n, text: `${fmtInt(n)} × ${r.gpu}` }), ". ", retry(`Search on ${fmtInt(n)} GPUs`, { gpus: n }))
-    : el("span", { class: "block", text: "A larger fleet: none of the fleets the engine tried by doubling this one fits." }));
+    : el("span", { class: "block", text: "A larger fleet: none of the fleets searched, up to 64 times this one, fits." }));
   const change = (c) => (c.startsWith("--headroom 0") ? { headroom: "0" } : c.startsWith("--finetune ") ? { finetune: c.split(" ")[1] } : null);
   for (const v of nf.variants) {
     const set = change(v.change);
