@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from meshplan.exports import check_model_path
 from meshplan.io import (
     list_gpus,
     list_links,
@@ -79,9 +80,12 @@ def test_model_loads_and_round_trips(name: str, tmp_path: Path) -> None:
 def test_model_meta_names_a_source(name: str) -> None:
     meta = model_meta(name)
     assert meta["source"]
-    known = {"source", "published_total_params", "params_source", "notes"}
+    known = {"source", "hf_repo", "published_total_params", "params_source", "notes"}
     known |= {"published_weights_dtype", "published_weights_source"}  # a model released quantized (serve-plan)
     assert set(meta) <= known
+    if "hf_repo" in meta:  # only the repository whose config.json the entry was read from (the source says so)
+        assert f"HF {meta['hf_repo']} config.json" in meta["source"]
+        assert check_model_path(meta["hf_repo"]) and meta["hf_repo"].count("/") == 1
     if "published_total_params" in meta:
         assert isinstance(meta["published_total_params"], int)
         assert meta["params_source"]

@@ -123,7 +123,10 @@ def _check_plan(result: dict[str, Any]) -> None:
         assert used == result["gpus"], (lay, result["gpus"])
 
 
-@settings(max_examples=250, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(  # five times the profile's budget: 100 command lines by default, 500 thorough (tests/conftest.py)
+    max_examples=5 * settings.default.max_examples,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 @given(argv=command_lines)
 @example(argv=["estimate", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus=8", "--expert-tp=2"])
 def test_generated_command_lines(argv: list[str]) -> None:

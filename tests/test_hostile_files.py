@@ -29,8 +29,6 @@ from test_hostile_inputs import refused  # noqa: E402  (tests/ is on the path, a
 GPU_TOML = (ROOT / "meshplan" / "catalog" / "gpus" / "h100-sxm.toml").read_text()
 
 
-
-
 def runs_file(tmp_path: Path, measured: tuple[float, ...] = (0.5, 0.52, 0.55)) -> Path:
     path = tmp_path / "runs.json"
     path.write_text(json.dumps([{"args": RUN, "step_time_s": value} for value in measured]))

@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-from meshplan.validation.serving import validate_serving
-
 # metric class: (mean |error| at most, max |error| at most)
 # Set when the steady step became a mix of decode-only and chunk-carrying steps, paged KV reads kept 0.81 of the
 # streaming bandwidth, TensorRT-LLM's grouped expert GEMMs streamed their weights at the same 0.75 share as their
@@ -49,9 +47,10 @@ ALL_BOUNDS = {
 queue, dense throughput 11.7% / 32.1%, MoE 6.4% / 17.4%)."""
 
 
-@cache
-def result() -> dict[str, Any]:
-    return validate_serving()
+@pytest.fixture
+def result(serving_validation_report: dict[str, Any]) -> dict[str, Any]:
+    """The session's report (tests/conftest.py): computed once for every test that reads it."""
+    return serving_validation_report
 
 
 @cache
@@ -82,8 +81,8 @@ def test_error_bounds(cls: str) -> None:
 
 
 @pytest.mark.parametrize("cls", sorted(ALL_BOUNDS))
-def test_error_bounds_with_the_released_sources(cls: str) -> None:
-    row = _class(result(), cls)
+def test_error_bounds_with_the_released_sources(cls: str, result: dict[str, Any]) -> None:
+    row = _class(result, cls)
     mean, worst = ALL_BOUNDS[cls]
     assert row["mean_abs_error"] <= mean and row["max_abs_error"] <= worst
 
@@ -109,12 +108,12 @@ rows held out by corrections the Splitwise and NIM rows now pull, and the other 
 
 
 @pytest.mark.parametrize("cls", sorted(LOSO_BOUNDS))
-def test_held_out_errors_do_not_regress(cls: str) -> None:
+def test_held_out_errors_do_not_regress(cls: str, result: dict[str, Any]) -> None:
     assert _class(old_summary(), cls)["loso_mean_abs_error"] <= LOSO_BOUNDS[cls]
-    assert _class(result(), cls)["loso_mean_abs_error"] <= ALL_LOSO_BOUNDS[cls]
+    assert _class(result, cls)["loso_mean_abs_error"] <= ALL_LOSO_BOUNDS[cls]
 
 
-def test_targets_met_are_reported_as_met() -> None:
+def test_targets_met_are_reported_as_met(result: dict[str, Any]) -> None:
     """A class is ok when its mean and its leave-one-source-out mean are both within the target (decode's held-out
     mean was 13.2%, reported as FAIL, until SGLang's two-batch overlap was modelled; 11.0%, FAIL again, once the
     GEMM shape law moved the SGLang row the gpt-fast rows are held out by; 4.5% with MLA's decode kernel priced).
@@ -122,39 +121,39 @@ def test_targets_met_are_reported_as_met() -> None:
     targets, and the report says so."""
     ok = {c["metric_class"]: c["ok"] for c in old_summary()["classes"]}
     assert ok == {"decode": True, "prefill": True, "throughput-dense": True, "throughput-moe": True}
-    ok = {c["metric_class"]: c["ok"] for c in result()["classes"]}
+    ok = {c["metric_class"]: c["ok"] for c in result["classes"]}
     assert ok == {"decode": False, "prefill": False, "throughput-dense": True, "throughput-moe": True}
-    assert not result()["all_ok"]
+    assert not result["all_ok"]
 
 
-def test_the_row_the_engine_warns_about_is_shown_not_counted() -> None:
+def test_the_row_the_engine_warns_about_is_shown_not_counted(result: dict[str, Any]) -> None:
     """Llama-3.1-70B FP8 on one H100: the bill leaves 8.4 GB of KV cache, under trtllm-bench's own 10 GB warning;
     it is the only such row, shown with its prediction and not counted."""
-    warned = [r for r in result()["runs"] if r["status"] == "warned"]
+    warned = [r for r in result["runs"] if r["status"] == "warned"]
     assert [r["case"] for r in warned] == ["trt014_h100_l31-70b_fp8_tp1_1000_1000"]
     (row,) = warned
     assert row["predicted"] > row["measured"] and "trtllm-bench warns" in row["reason"]
 
 
-def test_the_row_above_the_hbm_limit_is_flagged_not_fitted() -> None:
-    runs = {r["case"]: r for r in result()["runs"]}
+def test_the_row_above_the_hbm_limit_is_flagged_not_fitted(result: dict[str, Any]) -> None:
+    runs = {r["case"]: r for r in result["runs"]}
     mixtral = runs["trt09_a100_mixtral_tp2_bs32_2048_2048"]
     assert mixtral["status"] == "physics" and mixtral["measured"] > mixtral["roofline"]
-    flagged = [r["case"] for r in result()["runs"] if r["status"] == "physics"]
+    flagged = [r["case"] for r in result["runs"] if r["status"] == "physics"]
     assert flagged == ["trt09_a100_mixtral_tp2_bs32_2048_2048"]
 
 
-def test_no_clean_row_beats_its_ideal_roofline() -> None:
-    for r in result()["runs"]:
+def test_no_clean_row_beats_its_ideal_roofline(result: dict[str, Any]) -> None:
+    for r in result["runs"]:
         if r["status"] == "ok":
             faster = r["measured"] < r["roofline"] if r["metric"].endswith("_ms") else r["measured"] > r["roofline"]
             assert not faster, r["case"]
 
 
-def test_tp_trend_follows_the_measurements() -> None:
+def test_tp_trend_follows_the_measurements(result: dict[str, Any]) -> None:
     """TensorRT-LLM 0.14, Llama-3.1-70B FP8 on H200: per-GPU throughput falls from TP1 to TP8 (a
     communication-free roofline gets this backwards); the model's per-GPU ratio is within 15 points."""
-    runs = {r["case"]: r for r in result()["runs"]}
+    runs = {r["case"]: r for r in result["runs"]}
     tp1 = runs["trt014_h200_l31-70b_fp8_tp1_1000_1000"]
     tp8 = runs["trt014_h200_l31-70b_fp8_tp8_1000_1000"]
     measured = (tp8["measured"] / 8) / tp1["measured"]
@@ -163,9 +162,9 @@ def test_tp_trend_follows_the_measurements() -> None:
     assert abs(predicted - measured) <= 0.15
 
 
-def test_int8_and_int4_speedups_follow_the_measurements() -> None:
+def test_int8_and_int4_speedups_follow_the_measurements(result: dict[str, Any]) -> None:
     """gpt-fast Llama-2-7B batch-1 decode: INT8 and INT4 speed-ups over BF16 within 15 points."""
-    runs = {r["case"]: r for r in result()["runs"]}
+    runs = {r["case"]: r for r in result["runs"]}
     base = runs["gptfast_a100_l2-7b_bf16_tp1"]
     for q in ("int8", "int4"):
         r = runs[f"gptfast_a100_l2-7b_{q}_tp1"]
@@ -173,15 +172,15 @@ def test_int8_and_int4_speedups_follow_the_measurements() -> None:
         assert predicted > 1 and abs(predicted - measured) <= 0.15, q
 
 
-def test_moe_throughput_is_its_own_metric_on_held_out_rows() -> None:
+def test_moe_throughput_is_its_own_metric_on_held_out_rows(result: dict[str, Any]) -> None:
     """The 16 Mixtral rows of TensorRT-LLM 0.14 are counted under throughput-moe, not dense, and meet the
     issue's 25% target; the only MoE throughput row of the shared set is flagged (beyond its roofline)."""
-    moe = [r for r in result()["runs"] if r["metric_class"] == "throughput-moe" and r["status"] == "ok"]
+    moe = [r for r in result["runs"] if r["metric_class"] == "throughput-moe" and r["status"] == "ok"]
     assert len(moe) == 16 and not any(r["shared"] for r in moe)
     assert all(r["case"].startswith("trt014_") and "mixtral" in r["case"] for r in moe)
-    (row,) = [c for c in result()["classes"] if c["metric_class"] == "throughput-moe"]
+    (row,) = [c for c in result["classes"] if c["metric_class"] == "throughput-moe"]
     assert row["cases"] == 16 and row["mean_abs_error"] <= row["target_mean"] == 0.25
-    dense = [r for r in result()["runs"] if r["metric_class"] == "throughput-dense"]
+    dense = [r for r in result["runs"] if r["metric_class"] == "throughput-dense"]
     assert not any("mixtral" in r["case"] or "qwen3" in r["case"] for r in dense)
 
 
@@ -250,7 +249,7 @@ def test_prefill_two_batch_overlap_share_follows_the_blogs_ablation() -> None:
         assert 1.25 <= t_off / t_on <= 1.37
 
 
-def test_the_stored_band_is_todays_held_out_rows_re_derived() -> None:
+def test_the_stored_band_is_todays_held_out_rows_re_derived(result: dict[str, Any]) -> None:
     """catalog/serving/held_out.toml (what `meshplan serve` prints) is today's band, re-derived here: each counted
     row's time ratio with its prediction corrected by the other sources' speed ratio (each source's mean log, then
     their mean: each source weighing the same; a rate's speed ratio is measured over predicted, a latency's the
@@ -264,8 +263,8 @@ def test_the_stored_band_is_todays_held_out_rows_re_derived() -> None:
 
     from meshplan import io
 
-    stored, runs = io.serving_held_out_band(), [x for x in result()["runs"] if x["status"] == "ok"]
-    assert stored == pytest.approx(result()["band"], abs=1e-4)
+    stored, runs = io.serving_held_out_band(), [x for x in result["runs"] if x["status"] == "ok"]
+    assert stored == pytest.approx(result["band"], abs=1e-4)
     expected = {"decode": (32, 4), "prefill": (28, 4), "throughput-dense": (29, 5), "throughput-moe": (16, 1)}
     widening = {4: 1.4279, 5: 1.3103}
     spread = {}

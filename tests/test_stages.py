@@ -212,7 +212,7 @@ def layouts(draw: Any) -> tuple[ModelSpec, Any, Workload, str]:
     return model, layout, Workload(seq_len=seq, global_batch=gpus * 2, finetune=finetune, conditions=conditions), name
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=settings.default.max_examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layouts())
 def test_candidate_stages_hold_every_maximum(case: tuple[ModelSpec, Any, Workload, str]) -> None:
     """Every term of the bill and of the stage compute time: its maximum over all stages is on a candidate."""
@@ -231,7 +231,7 @@ def test_candidate_stages_hold_every_maximum(case: tuple[ModelSpec, Any, Workloa
     assert dataclasses.asdict(on_candidates) == pytest.approx(dataclasses.asdict(everywhere), rel=1e-12)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=settings.default.max_examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layouts())
 def test_scalar_and_vectorized_paths_agree(case: tuple[ModelSpec, Any, Workload, str]) -> None:
     """evaluate() bills every stage; the search's array path bills the candidates: same peak, verdict, time."""

@@ -6,27 +6,27 @@ worse fails here. The issue's targets: mean <= 8%, max <= 20%, each source below
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 import pytest
 
 from meshplan import io
 from meshplan.spec import requests
-from meshplan.validation.memory import best_constant_error, case_values, validate_memory
+from meshplan.validation.memory import best_constant_error, case_values
 
 # source: (mean |error| at most, max |error| at most)
 BOUNDS = {"korthikanti2022_figure1": (0.012, 0.03), "torchtitan_h100": (0.055, 0.13)}
 
 
-@cache
-def result() -> dict[str, Any]:
-    return validate_memory()
+@pytest.fixture
+def result(memory_validation_report: dict[str, Any]) -> dict[str, Any]:
+    """The session's report (tests/conftest.py): computed once for every test that reads it."""
+    return memory_validation_report
 
 
 @pytest.mark.parametrize("source", sorted(BOUNDS))
-def test_error_bounds(source: str) -> None:
-    (row,) = [s for s in result()["sources"] if s["source"] == source]
+def test_error_bounds(source: str, result: dict[str, Any]) -> None:
+    (row,) = [s for s in result["sources"] if s["source"] == source]
     mean, worst = BOUNDS[source]
     assert row["mean_abs_error"] <= mean and row["max_abs_error"] <= worst
     assert row["mean_abs_error"] < row["best_constant_error"]
@@ -36,8 +36,8 @@ RELEASED = {"kempnerforge_mfu": 11, "kempnerforge_weak": 11, "qwen_lora": 8, "to
 """The released sources (published_runs_3.json) and their cases: reported, held to no target."""
 
 
-def test_targets_hold() -> None:
-    r = result()
+def test_targets_hold(result: dict[str, Any]) -> None:
+    r = result
     summary = r["summary"]
     assert summary["targeted_mean_abs_error"] <= 0.08 and summary["targeted_max_abs_error"] <= 0.20
     assert r["all_ok"]
@@ -46,10 +46,10 @@ def test_targets_hold() -> None:
     assert summary["targeted_cases"] == sum(s["cases"] for s in r["sources"] if s["targets"]) == 30
 
 
-def test_released_sources_load_and_are_reported_without_targets() -> None:
+def test_released_sources_load_and_are_reported_without_targets(result: dict[str, Any]) -> None:
     """Each released source's memory cases load, are billed, and count in the all-cases mean, which is re-derived
     here; they carry no target (their errors are reported in docs/validation.md, never fitted)."""
-    r = result()
+    r = result
     released = {s["source"]: s for s in r["sources"] if not s["targets"]}
     assert {name: s["cases"] for name, s in released.items()} == RELEASED
     assert all(s["ok"] for s in released.values())
@@ -59,14 +59,14 @@ def test_released_sources_load_and_are_reported_without_targets() -> None:
     assert all(x["predicted_gib"] > 0 and x["command"].startswith("meshplan memory ") for x in r["runs"])
 
 
-def test_korthikanti_figure_1_activations_within_2_percent() -> None:
-    rows = [x for x in result()["runs"] if x["source"] == "korthikanti2022_figure1" and x["metric"] == "activations"]
+def test_korthikanti_figure_1_activations_within_2_percent(result: dict[str, Any]) -> None:
+    rows = [x for x in result["runs"] if x["source"] == "korthikanti2022_figure1" and x["metric"] == "activations"]
     assert len(rows) == 8 and all(abs(x["error"]) <= 0.025 for x in rows)
 
 
-def test_llama3_405b_8k_names_the_saving_it_needs() -> None:
+def test_llama3_405b_8k_names_the_saving_it_needs(result: dict[str, Any]) -> None:
     """Billed over 85.5e9 bytes under Megatron accounting with N = 16; the report names what closes the gap."""
-    v16k, v8k, deepseek, *runs = result()["verdicts"]
+    v16k, v8k, deepseek, *runs = result["verdicts"]
     assert not v16k["fits"] and 5e9 < v16k["over_bytes_per_gpu"] < 12e9
     assert any(s["closes_gap"] and "SwiGLU" in s["saving"] for s in v16k["savings"])
     assert any(s["closes_gap"] and s["saving"] == "both of the above" for s in v8k["savings"])
@@ -78,18 +78,18 @@ def test_llama3_405b_8k_names_the_saving_it_needs() -> None:
     assert runs and all(not v["fits"] and any(s["closes_gap"] for s in v["savings"]) for v in runs)
 
 
-def test_a_full_recompute_gelu_run_is_offered_only_savings_that_apply() -> None:
+def test_a_full_recompute_gelu_run_is_offered_only_savings_that_apply(result: dict[str, Any]) -> None:
     """Narayanan's ZeRO-3 530B rows recompute every layer of a GELU model: no SwiGLU product or norm output is
     kept to save, only the layer inputs (in FP8, or on the host)."""
-    zero3 = next(v for v in result()["verdicts"] if "530B on 640 GPUs" in v["case"])
+    zero3 = next(v for v in result["verdicts"] if "530B on 640 GPUs" in v["case"])
     names = [s["saving"] for s in zero3["savings"]]
     assert len(names) == 2 and "FP8" in names[0] and "host memory" in names[1]
 
 
-def test_cases_use_schema_names_only() -> None:
+def test_cases_use_schema_names_only(result: dict[str, Any]) -> None:
     keys = {f.name for f in requests.FIELDS}
     for name in ("torchtitan_h100", "korthikanti2022_figure1"):
-        for row in [x for x in result()["runs"] if x["source"] == name]:
+        for row in [x for x in result["runs"] if x["source"] == name]:
             assert row["command"].startswith("meshplan memory ")
     assert case_values({"gpu": "h100-sxm"}, {"model": "llama-3.1-8b", "gpus": 8, "id": "x"})["gpus"] == 8
     with pytest.raises(ValueError, match="unknown memory run key"):
@@ -113,7 +113,7 @@ def test_best_constant_by_hand() -> None:
     ],
 )
 def test_a_case_command_typed_into_the_cli_bills_what_validate_billed(
-    source: str, index: int, capsys: pytest.CaptureFixture[str]
+    source: str, index: int, capsys: pytest.CaptureFixture[str], result: dict[str, Any]
 ) -> None:
     """The command each case prints (schema values as flags, spec.argv.flag_args) is the case: run through
     `meshplan memory`, it bills the heaviest stage validate billed (FSDP, TP x FSDP x PP, CP x TP x PP cases; a
@@ -123,7 +123,7 @@ def test_a_case_command_typed_into_the_cli_bills_what_validate_billed(
 
     from meshplan.cli import main
 
-    row = [x for x in result()["runs"] if x["source"] == source][index]
+    row = [x for x in result["runs"] if x["source"] == source][index]
     assert main([*shlex.split(row["command"])[1:], "--json"]) in (0, None)
     typed = json.loads(capsys.readouterr().out)
     assert typed["per_gpu"]["total_bytes"] == pytest.approx(row["memory_bytes_per_gpu"], rel=1e-12)

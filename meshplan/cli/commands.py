@@ -11,7 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 from meshplan.cli.parser import EXPORT_CONDITIONS, PIN_FIELDS
-from meshplan.cli.support import UsageError, check_output, input_words, save_json, search_progress
+from meshplan.cli.support import (
+    UsageError,
+    check_output,
+    input_words,
+    save_json,
+    search_progress,
+    validate_progress,
+)
 
 
 def _finetune_request(args: argparse.Namespace) -> Any:
@@ -96,7 +103,8 @@ def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
         return validate_serving()
     from meshplan.validation.training import validate
 
-    return validate(args.source, profile=args.profile)
+    with validate_progress(args):
+        return validate(args.source, profile=args.profile)
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
@@ -167,7 +175,7 @@ def _cmd_recipe(args: argparse.Namespace) -> dict[str, Any]:
 SERVING_ENGINES = ("vllm", "sglang", "trtllm")
 
 
-SERVING_FLAGS = ("dtype", "kv_dtype", "context", "gpu_memory_utilization")
+SERVING_FLAGS = ("weights_dtype", "kv_dtype", "context", "gpu_memory_utilization")
 
 
 SHARED_FLAGS = ("model", "gpu", "gpus", "from_plan", "out", "force", "model_path", "tp", "pp", "ep", "json")
@@ -189,7 +197,7 @@ def _ignored_flags(args: argparse.Namespace) -> list[str]:
     defaults = vars(build_parser().parse_args(["export", args.engine]))
     serving = args.engine in SERVING_ENGINES
     given = [k for k, v in vars(args).items() if k in defaults and v != defaults[k]]
-    if args.from_plan and not serving:
+    if args.from_plan:
         ignored = [k for k in given if k not in FROM_PLAN_KEEPS]
     else:
         ignored = [
@@ -212,7 +220,7 @@ def _export_serving(args: argparse.Namespace) -> dict[str, Any]:
         tp=args.tp,
         pp=args.pp,
         ep=args.ep,
-        dtype=args.dtype,
+        dtype=args.weights_dtype,
         kv_dtype=args.kv_dtype,
         context=args.context,
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -237,6 +245,7 @@ def _export_training(args: argparse.Namespace) -> dict[str, Any]:
             precision=args.precision,
             model_path=args.model_path,
             conditions=saved["conditions"],
+            plan_file=args.from_plan,
         )
     if not (args.model and args.gpu and args.gpus):
         raise UsageError(f"meshplan export {args.engine}: give MODEL --gpu --gpus and layout flags, or --from-plan")
@@ -254,13 +263,53 @@ def _export_training(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def _replan_advice(args: argparse.Namespace, ignored: list[str]) -> str:
+    """What to run to get what the flags ``--from-plan`` overrides ask for: the planner for this engine, with
+    the fleet, sequence and batch given and every other flag the planner takes (pins) added."""
+    from meshplan.cli.parser import build_parser
+    from meshplan.reports.export import load_saved_plan
+    from meshplan.reports.export_advice import replan_command
+
+    saved = load_saved_plan(args.from_plan)
+    plan_argv = ["plan", "m", "--gpu", "g", "--gpus", "1", "--seq", "1", "--global-batch-tokens", "1"]
+    plan_dests = vars(build_parser().parse_args(plan_argv))
+    fleet = {k: getattr(args, k) if "--" + k in ignored else saved[k] for k in ("gpu", "gpus", "seq")}
+    batch = args.global_batch if "--global-batch" in ignored else saved["global_batch"]
+    pins: list[str] = []
+    for flag in ignored:
+        dest = flag.removeprefix("--").replace("-", "_")
+        if flag == "MODEL" or dest in ("gpu", "gpus", "seq", "global_batch") or dest not in plan_dests:
+            continue
+        value = getattr(args, dest)
+        pins += [flag] if value is True else [] if value is False else [flag, str(value)]
+    command = replan_command(
+        args.engine,
+        args.model if "MODEL" in ignored else saved["model"],
+        gpu=fleet["gpu"],
+        gpus=fleet["gpus"],
+        seq=fleet["seq"],
+        global_batch_tokens=batch * fleet["seq"],
+        precision=args.precision,
+        pins=tuple(pins),
+    )
+    return f"drop them, or plan again with them: {command}"
+
+
 def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     ignored = _ignored_flags(args)
     if ignored and args.from_plan and args.engine not in SERVING_ENGINES:
-        raise UsageError(f"meshplan export {args.engine}: --from-plan sets what {', '.join(ignored)} would; drop them")
+        raise UsageError(
+            f"meshplan export {args.engine}: --from-plan sets what {', '.join(ignored)} would; "
+            + _replan_advice(args, ignored)
+        )
+    if ignored and args.from_plan:
+        raise UsageError(
+            f"meshplan export {args.engine}: --from-plan sets what {', '.join(ignored)} would; drop them, or give "
+            "MODEL --gpu --gpus and the serving flags without --from-plan"
+        )
     if ignored:
         kind = "a serving" if args.engine in SERVING_ENGINES else "a training"
-        raise UsageError(f"meshplan export {args.engine}: {kind} engine ignores {', '.join(ignored)}")
+        raise UsageError(f"meshplan export {args.engine}: {kind} engine ignores {', '.join(ignored)}; drop them")
     if args.engine in SERVING_ENGINES and args.from_plan:
         from meshplan.reports.export import export_serve_plan
 
@@ -341,7 +390,7 @@ def _cmd_fit(args: argparse.Namespace) -> dict[str, Any]:
         args.model,
         gpu=args.gpu,
         gpus=args.gpus,
-        dtype=args.dtype,
+        dtype=args.weights_dtype,
         finetune=_finetune_request(args),
         seq=args.seq,
         precision=args.precision,
@@ -361,7 +410,7 @@ def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
         tp=args.tp,
         pp=args.pp,
         ep=args.ep,
-        dtype=args.dtype,
+        dtype=args.weights_dtype,
         kv_dtype=args.kv_dtype,
         context=args.context,
         gpu_memory_utilization=args.gpu_memory_utilization,

@@ -52,39 +52,58 @@ def _flag_type(name: str) -> Callable[[str], Any]:
     return parse
 
 
-def add_fields(p: argparse.ArgumentParser | Any, *names: str, required: bool = False, default: Any = _UNSET) -> None:
-    """Flags for schema fields (spec/requests.py): type, bounds, choices, unit and help come from there."""
+def add_fields(
+    p: argparse.ArgumentParser | Any,
+    *names: str,
+    required: bool = False,
+    default: Any = _UNSET,
+    default_text: str | None = None,
+) -> None:
+    """Flags for schema fields (spec/requests.py): type, bounds, choices, unit and help come from there;
+    ``default_text`` says what happens when the flag is not given, where the value alone would not (an unset TP
+    the report chooses, an unpinned layout field)."""
     from meshplan.spec.requests import field
 
     for name in names:
         f = field(name)
         value = f.default if default is _UNSET else default
-        text = f.describe(value, unset=default is None and f.default is not None)
+        text = f.describe(value, unset=default is None and f.default is not None, default_text=default_text)
+        flags = [f.flag, *(["--" + f.deprecated.replace("_", "-")] if f.deprecated else [])]
         if f.type is bool:
-            p.add_argument(f.flag, dest=f.name, action="store_true", default=False, help=text)
+            p.add_argument(*flags, dest=f.name, action="store_true", default=False, help=text)
             continue
         metavar = "{" + ",".join(f.choices) + "}" if f.choices else f.key.upper()
         p.add_argument(
-            f.flag, dest=f.name, type=_flag_type(name), default=value, required=required, help=text, metavar=metavar
+            *flags, dest=f.name, type=_flag_type(name), default=value, required=required, help=text, metavar=metavar
         )
 
 
-def _add_group(p: argparse.ArgumentParser, group: str, **defaults: Any) -> None:
+SERVING_TP = "the largest divisor of gpus / pp within one scale-up domain: 8 on 8 or more H100s"
+"""What an unset serving TP becomes (reports/bills.py): each replica's TP group fills one NVLink domain at most."""
+SERVE_TP = f"gpus / (pp x replicas) with --replicas, else {SERVING_TP}"
+PINNED = "unpinned"
+
+
+def _stack_set(*names: str) -> dict[str, str]:
+    """Help for workload flags a training stack sets when they are not given."""
+    from meshplan.spec.requests import field
+
+    return {name: f"the --stack's, else {field(name).default}" for name in names}
+
+
+def _add_group(p: argparse.ArgumentParser, group: str, texts: dict[str, str] | None = None, **defaults: Any) -> None:
+    """The group's fields as flags; ``defaults`` replaces a field's default, ``texts`` says it in words."""
     from meshplan.spec.requests import Group
     from meshplan.spec.requests import group as fields_of
 
     g = p.add_argument_group(group)
     for f in fields_of(Group(group)):
-        add_fields(g, f.name, **({"default": defaults[f.name]} if f.name in defaults else {}))
+        given = {"default": defaults[f.name]} if f.name in defaults else {}
+        add_fields(g, f.name, default_text=(texts or {}).get(f.name), **given)
 
 
 def _add_fleet(p: argparse.ArgumentParser) -> None:
     add_fields(p, "gpu", "gpus", required=True)
-
-
-def _add_layout(p: argparse.ArgumentParser) -> None:
-    _add_group(p, "layout")
-    _add_group(p, "workload")
 
 
 def _add_finetune(p: argparse.ArgumentParser) -> None:
@@ -97,12 +116,12 @@ def _add_fleet_shape(p: argparse.ArgumentParser) -> None:
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_fields(p, "input_len", "output_len", required=True)
-    add_fields(p, "tp", default=None)
+    add_fields(p, "tp", default=None, default_text=SERVE_TP)
     add_fields(p, "pp", "ep", "dp_attention", "weights_dtype")
     add_fields(p, "kv_dtype", default=None)  # unset: the engine's default for the weights
     add_fields(p, "quant", "int4_group_size", "engine")
     add_fields(p, "max_batch", "max_num_tokens", "cuda_graph_padding")
-    add_fields(p, "gpu_memory_utilization", default=None)
+    add_fields(p, "gpu_memory_utilization", default=None, default_text="the --engine's own")
 
 
 def _port(text: str) -> int:
@@ -127,12 +146,84 @@ Command = Callable[[str, str], argparse.ArgumentParser]
 """Adds one subcommand (name, one-line description) with its --json flag; cli/commands.py runs it by name."""
 
 
+README_PLAN = "llama-3.1-70b --gpu h200 --gpus 64 --seq 8k --global-batch-tokens 4M"
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "params": ("params llama-3.1-70b", "params deepseek-v3 --json", "params llama-3.1-8b --finetune lora"),
+    "memory": (
+        "memory llama-3.1-70b --gpu h100-sxm --gpus 64 --tp 8 --pp 4 --zero 1 --sp --seq 8192 --global-batch 128",
+        "memory llama-3.1-8b --gpu h200 --gpus 8 --dp-shard 8 --zero 3 --stack torchtitan --seq 8192",
+        "memory llama-3.1-70b --gpu h100-sxm --gpus 1 --finetune qlora --seq 4096",
+    ),
+    "estimate": (
+        "estimate llama-3.1-70b --gpu h100-sxm --gpus 64 --tp 8 --pp 2 --zero 1 --seq 8192 --global-batch 256",
+        "estimate llama-3.1-8b --gpu h100-sxm --gpus 8 --dp-shard 8 --zero 3 --stack torchtitan --tokens 15T",
+    ),
+    "validate": ("validate", "validate --source llama3", "validate --serving", "validate --memory"),
+    "calibrate": (
+        "calibrate runs.json --out cluster.toml",
+        "estimate llama-3.1-8b --gpu h100-sxm --gpus 8 --dp-shard 8 --zero 3 --profile cluster.toml",
+    ),
+    "plan": (
+        f"plan {README_PLAN} --explain",
+        f"plan {README_PLAN} --engine torchtitan --save p.json",
+        f"plan {README_PLAN} --zero 1 --compare tp=8,pp=8,dp=1",
+    ),
+    "recipe": ("recipe --list", "recipe llama3-405b-8k --no-rank"),
+    "export": (
+        "export torchtitan --from-plan p.json --out run/",
+        "export megatron llama-3.1-70b --gpu h100-sxm --gpus 64 --tp 8 --pp 4 --seq 4096 --global-batch 64",
+        "export vllm llama-3.1-70b --gpu h100-sxm --gpus 8 --model-path meta-llama/Llama-3.1-70B-Instruct",
+        "export sglang --from-plan s.json",
+    ),
+    "fit": ("fit llama-3.1-70b --gpu h100-sxm --gpus 8", "fit llama-3.1-8b --gpu a100-40gb --gpus 1 --finetune qlora"),
+    "serving": (
+        "serving llama-3.1-70b --gpu h100-sxm --gpus 8",
+        "serving deepseek-v3 --gpu h200 --gpus 8 --weights-dtype fp8 --context 32k",
+    ),
+    "serve": (
+        "serve llama-3.1-70b --gpu h100-sxm --gpus 8 --input-len 1000 --output-len 200 --concurrency 32",
+        "serve llama-3.1-8b --gpu h100-sxm --gpus 8 --tp 1 --input-len 2k --output-len 256 --rate 20",
+        "serve llama-3.1-70b --gpu h200 --gpus 8 --weights-dtype fp8 --input-len 1k --output-len 1k --num-requests 500",
+    ),
+    "serve-plan": (
+        "serve-plan llama-3.1-70b --gpu h100-sxm --gpus 8 --input-len 1000 --output-len 200 --tpot-p99 0.05",
+        "serve-plan llama-3.1-8b --gpu h100-sxm --gpus 8 --input-len 8k --output-len 300 --search-disaggregated",
+        "serve-plan llama-3.1-8b --gpu h100-sxm --gpus 8 --input-len 8k --output-len 300 --save s.json",
+    ),
+}
+"""Each main subcommand's examples, shown at the end of its --help (tests/test_cli_help.py parses every one)."""
+
+
+class _Examples(argparse.HelpFormatter):
+    """argparse's help, the examples epilog kept line by line (the description still wraps)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("examples:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def _epilog(name: str) -> str | None:
+    examples = EXAMPLES.get(name)
+    return "examples:\n" + "\n".join(f"  meshplan {e}" for e in examples) if examples else None
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from meshplan import __version__
+
     parser = _Parser(prog="meshplan", description="Plan how a transformer is split across GPUs.", allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"meshplan {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def command(name: str, text: str) -> argparse.ArgumentParser:  # allow_abbrev: --hel is unknown, not --help
-        p = sub.add_parser(name, help=text, description=text, allow_abbrev=False)
+        p = sub.add_parser(
+            name,
+            help=text,
+            description=text,
+            allow_abbrev=False,
+            epilog=_epilog(name),
+            formatter_class=_Examples,
+        )
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
         return p
 
@@ -154,7 +245,8 @@ def _training_commands(command: Command) -> None:
     p.add_argument("model")
     _add_fleet(p)
     _add_group(p, "layout")
-    _add_group(p, "workload", precision=None, attention=None, kernels=None)  # None: the stack's, else the default
+    stack_set = _stack_set("precision", "attention", "kernels")
+    _add_group(p, "workload", stack_set, precision=None, attention=None, kernels=None)  # None: the stack's
     _add_finetune(p)
     _add_group(p, "conditions")
 
@@ -164,7 +256,7 @@ def _training_commands(command: Command) -> None:
     p.add_argument("model")
     _add_fleet(p)
     _add_group(p, "layout")
-    _add_group(p, "workload", precision=None, attention=None, kernels=None)
+    _add_group(p, "workload", stack_set, precision=None, attention=None, kernels=None)
     _add_finetune(p)
     _add_group(p, "conditions")
     _add_fleet_shape(p)
@@ -220,11 +312,12 @@ def _search_commands(command: Command) -> None:
     )
     p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
     _add_force(p)
-    add_fields(p, "precision", "attention", "kernels", default=None)  # None: the stack's, else the default
+    for name, text in _stack_set("precision", "attention", "kernels").items():
+        add_fields(p, name, default=None, default_text=text)  # None: the stack's, else the default
     _add_fleet_shape(p)
     _add_finetune(p)
     pins = p.add_argument_group("pins: keep only layouts with these layout values (none by default)")
-    add_fields(pins, *PIN_FIELDS, default=None)
+    add_fields(pins, *PIN_FIELDS, default=None, default_text=PINNED)
     add_fields(pins, "training_engine")
     _add_group(p, "conditions")
     _add_group(p, "cost and goodput")
@@ -245,7 +338,8 @@ def _search_commands(command: Command) -> None:
     p.add_argument("--out", default=None, help="write the files and launch.sh into this folder")
     _add_force(p)
     p.add_argument("--model-path", default=None, help="checkpoint or Hugging Face path to put in the config")
-    _add_layout(p)
+    _add_group(p, "layout", {"tp": f"1 for a trainer; for a server, {SERVING_TP}"}, tp=None)
+    _add_group(p, "workload", {"precision": "the stack's: the engine's, or the saved plan's"}, precision=None)
     add_fields(p, *EXPORT_CONDITIONS)
     p.set_defaults(tp=None)  # unset: 1 for a trainer, a server's TP fills one scale-up domain at most
     p.set_defaults(precision=None)  # unset: the stack's (the engine's, or the saved plan's)
@@ -258,8 +352,9 @@ def _search_commands(command: Command) -> None:
     )
     p.add_argument("model")
     _add_fleet(p)
-    add_fields(p, "dtype", "seq", "headroom")
-    add_fields(p, "precision", "kernels", default=None)  # None: the stack's
+    add_fields(p, "weights_dtype", "seq", "headroom")
+    for name, text in _stack_set("precision", "kernels").items():
+        add_fields(p, name, default=None, default_text=text)  # None: the stack's
     add_fields(p, "stack")
     _add_finetune(p)
 
@@ -270,7 +365,7 @@ def _serving_commands(command: Command) -> None:
     p.add_argument("model")
     _add_fleet(p)
     add_fields(p, "node_size")
-    add_fields(p, "tp", default=None)
+    add_fields(p, "tp", default=None, default_text=SERVING_TP)
     add_fields(p, "pp", "ep")
     _add_group(p, "serving")
 

@@ -84,6 +84,10 @@ def save_json(args: argparse.Namespace, result: dict[str, Any], *, dest: str = "
     write_text_safely(getattr(args, dest), text, what=flag, inputs=input_words(args), force=args.force)
 
 
+SHOW_AFTER_S = 1.0
+"""Seconds a search or a validation runs before its progress line appears (a quick one shows none)."""
+
+
 class _Progress:
     """Layouts searched and time spent, on one stderr line that rewrites itself, once a search passes 1 s."""
 
@@ -91,15 +95,57 @@ class _Progress:
         self.shown = False
 
     def __call__(self, evaluated: int, share: float, elapsed_s: float) -> None:
-        if elapsed_s >= 1.0:
-            sys.stderr.write(f"\rsearching: {evaluated:,} layouts evaluated ({share:.0%}), {elapsed_s:.1f} s")
-            sys.stderr.flush()
-            self.shown = True
+        if elapsed_s >= SHOW_AFTER_S:
+            self.show(f"searching: {evaluated:,} layouts evaluated ({share:.0%}), {elapsed_s:.1f} s")
+
+    def show(self, line: str) -> None:
+        sys.stderr.write(f"\r{line}")
+        sys.stderr.flush()
+        self.shown = True
 
     def clear(self) -> None:
         if self.shown:
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()
+
+
+class _Runs(_Progress):
+    """Published runs predicted and time spent, for ``validate`` (every run, then each held-out fit's)."""
+
+    def __init__(self) -> None:
+        import time
+
+        super().__init__()
+        self.clock = time.monotonic
+        self.start, self.last, self.runs = self.clock(), -1.0, 0
+
+    def run(self) -> None:
+        self.runs += 1
+        now = self.clock() - self.start
+        if now >= SHOW_AFTER_S and now - self.last >= 0.1:
+            self.last = now
+            self.show(f"validating: {self.runs:,} predictions of published runs, {now:.1f} s")
+
+
+def validate_progress(args: argparse.Namespace) -> Any:
+    """A context that shows validate's progress on a terminal's stderr (never with --json or into a pipe)."""
+    import contextlib
+
+    if args.json or not sys.stderr.isatty():
+        return contextlib.nullcontext()
+    from meshplan.validation.training import progress
+
+    shown = _Runs()
+
+    @contextlib.contextmanager
+    def showing() -> Any:
+        try:
+            with progress(shown.run):
+                yield
+        finally:
+            shown.clear()
+
+    return showing()
 
 
 def search_progress(args: argparse.Namespace) -> Any:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from meshplan.cli.tables_conditions import conditions_lines, stack_line
 from meshplan.cli.tables_cost import cost_lines, plan_cost_lines, with_cost_columns
+from meshplan.cli.tables_export import export_table
 from meshplan.cli.tables_serving import serve_plan_table, serve_table, serving_table
 from meshplan.cli.tables_validation import calibrate_table, validate_table
-from meshplan.render import count, gb, percent, seconds, table
+from meshplan.render import count, fit_width, gb, percent, seconds, table
 
 
 def _params(r: dict[str, Any]) -> str:
@@ -63,7 +65,7 @@ def _memory(r: dict[str, Any]) -> str:
     head = [
         f"{r['model']} on {r['gpus']} x {r['gpu']}: {_layout_line(r['layout'])}",
         f"seq {r['seq']}, global batch {r['global_batch']} sequences, precision {r['precision']}",
-        *_stack_line(r),
+        *stack_line(r),
         *_finetune_line(r),
     ]
     if len(r["stages"]) > 1:
@@ -73,33 +75,7 @@ def _memory(r: dict[str, Any]) -> str:
     tail += "free)" if r["fits"] else "over)"
     peaks = f"allocator peaks: {gb(bill['allocated_bytes'])} allocated, {gb(bill['reserved_bytes'])} reserved"
     body = table(rows, ["term", "per GPU", "formula"], align="lrl")
-    return "\n".join([*head, "", body, "", peaks, tail, "", _conditions_lines(r)])
-
-
-def _shown(v: Any) -> str:
-    return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
-
-
-def _conditions_lines(r: dict[str, Any]) -> str:
-    """The conditions the bill assumed and where each came from (flag, stack or default)."""
-    rows = [(name, _shown(c["value"]), c["source"]) for name, c in r["conditions"].items()]
-    return f"conditions (stack: {r['stack']})\n" + table(rows, ["condition", "value", "from"], align="lll")
-
-
-STACK_SOURCES = {"flag": "--stack", "engine": "the engine's", "default": "the default; --stack names another"}
-
-
-def _stack_line(r: dict[str, Any]) -> list[str]:
-    """Which training stack the numbers assume, where it came from, and each condition that differs from it."""
-    if "stack" not in r:
-        return []
-    line = f"stack: {r['stack']} ({STACK_SOURCES[r['stack_source']]})"
-    differs = r.get("differs_from_stack") or []
-    if differs:
-        values = r.get("conditions", {})
-        named = [f"{k}={_shown(values[k]['value'])}" if k in values else k for k in differs]
-        line += "; differs from it: " + ", ".join(named)
-    return [line]
+    return "\n".join([*head, "", body, "", peaks, tail, "", conditions_lines(r)])
 
 
 def _stacks(r: dict[str, Any]) -> str:
@@ -150,7 +126,7 @@ def _fit(r: dict[str, Any]) -> str:
     weights = r["min_gpus_for_weights"]
     return "\n".join(
         [
-            *_stack_line(r),
+            *stack_line(r),
             f"{r['model']} weights in {r['dtype']}: {gb(r['weights_bytes_total'])}",
             f"split over {r['gpus']} x {r['gpu']}: {gb(r['weights_bytes_per_gpu_even_split'])} per GPU evenly "
             f"({percent(r['hbm_fraction_per_gpu'])} of {gb(r['hbm_bytes_per_gpu'])}); the lightest split"
@@ -186,7 +162,7 @@ def _estimate(r: dict[str, Any]) -> str:
         f"{r['model']} on {r['gpus']} x {r['gpu']}: {_layout_line(r['layout'])}",
         f"seq {r['seq']}, global batch {r['global_batch']} sequences, precision {r['precision']}"
         + (f", attention kernel {r['attention_kernel']}" if "attention_kernel" in r else ""),
-        *_stack_line(r),
+        *stack_line(r),
         "",
         table(rows, ["step time", ""]),
         "",
@@ -333,7 +309,7 @@ def _plan(r: dict[str, Any]) -> str:
         f"searched {r['evaluated']:,} layouts in {r['elapsed_s']:.2f} s: {r['feasible']:,} fit "
         f"with {percent(r['headroom_fraction'])} of HBM kept free"
         + (f"; only layouts {r['engine']} runs are shown" if r.get("engine") else ""),
-        *_stack_line(r),
+        *stack_line(r),
         *(
             [
                 f"fewest GPUs that train {r['fewest_gpus']['tokens']:.3g} tokens within {r['fewest_gpus']['days']:g} "
@@ -436,16 +412,6 @@ def _recipe(r: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _export(r: dict[str, Any]) -> str:
-    out = [f"# {r['engine']} {r['engine_version']}", *(f"# {line}" for line in _stack_line(r)), f"$ {r['command']}"]
-    for name, text in r["files"].items():
-        out += ["", f"--- {name}", text.rstrip()]
-    out += [f"note: {n}" for n in r["notes"]]
-    if "written" in r:
-        out.append("written: " + ", ".join(r["written"]))
-    return "\n".join(out)
-
-
 def _check(r: dict[str, Any]) -> str:
     from meshplan.check.render import render_check
 
@@ -478,7 +444,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "check": _check,
     "plan": _plan,
     "recipe": _recipe,
-    "export": _export,
+    "export": export_table,
     "estimate": _estimate,
     "collectives": _collectives,
     "validate": validate_table,
@@ -492,4 +458,6 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
 
 
 def render_table(command: str, result: dict[str, Any]) -> str:
-    return RENDERERS[command](result)
+    """The report as text, every line within render.WIDTH columns but an export's files (printed as written)."""
+    text = RENDERERS[command](result)
+    return text if command == "export" else fit_width(text)

@@ -37,11 +37,17 @@ class Engine(StrEnum):
 class UnsupportedByEngine(ValueError):
     """The plan uses something the engine cannot express; the message names the closest plan it can run."""
 
-    def __init__(self, engine: Engine, missing: str, closest: str) -> None:
+    def __init__(self, engine: Engine, missing: str, closest: str, *, advice: str = "") -> None:
         self.engine = engine
         self.missing = missing
         self.closest = closest
-        super().__init__(f"{engine} cannot {missing}; closest: {closest}")
+        self.advice = advice
+        """What to run instead, where the caller knows the command line (it replaces ``closest`` in the message)."""
+        super().__init__(f"{engine} cannot {missing}; {advice or f'closest: {closest}'}")
+
+    def with_advice(self, advice: str) -> UnsupportedByEngine:
+        """The same refusal, its message ending in ``advice`` (a command that works) instead of the closest plan."""
+        return UnsupportedByEngine(self.engine, self.missing, self.closest, advice=advice)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

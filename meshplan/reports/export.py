@@ -15,10 +15,12 @@ from meshplan.exports import (
     Engine,
     Export,
     ServingPlan,
+    UnsupportedByEngine,
     check_model_path,
 )
 from meshplan.reports.bills import serving_report
 from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, workload_kwargs
+from meshplan.reports.export_advice import serve_with_advice, served_checkpoint, training_refusal
 from meshplan.reports.inputs import LayoutRequest, choice, resolve_cluster, resolve_layout, resolve_workload
 from meshplan.reports.serve_plan_file import SavedServingPlan, load_serving_plan
 from meshplan.spec import requests
@@ -65,6 +67,11 @@ def load_saved_plan(path: str) -> dict[str, Any]:
     data = io.parse_json(io.read_text_file(path, what="plan file"), label)
     if not isinstance(data, dict):
         raise ValueError(f"{label} must hold a JSON object, got {type(data).__name__}")
+    if "plans" not in data and "best" in data:
+        raise ValueError(
+            f"{label} is a serving plan (serve-plan --save): export it to vllm, sglang or trtllm, or write a "
+            "training plan with meshplan plan ... --save FILE"
+        )
     plans = _field(data, "plans", list, label)
     if not plans:
         raise ValueError(f"{label} holds no plans (write one with meshplan plan --save FILE)")
@@ -116,17 +123,19 @@ def export_training(
     precision: str | None = None,
     model_path: str | None = None,
     conditions: Mapping[str, Any] | None = None,
+    plan_file: str | None = None,
 ) -> dict[str, Any]:
     """A training plan as ``engine``'s configuration, with meshplan's predictions as comments; ``conditions``:
     the stack and run conditions as given (the stated first/last stage layers, a saved plan's flags). The run
     takes the engine's stack unless ``conditions`` names one; precision, attention and kernels left unset (None)
-    come from the stack."""
+    come from the stack. ``plan_file``: the saved plan the layout came from (a refusal then says to plan again
+    for the engine)."""
     eng = _engine(engine)
     if model_path is not None:
         check_model_path(model_path, what="--model-path")
     if eng not in TRAINING_EXPORTERS:
         raise ValueError(
-            f"{eng.value} serves models; give serving flags (--context, --dtype) instead of a training layout"
+            f"{eng.value} serves models; give serving flags (--context, --weights-dtype) instead of a training layout"
         )
     spec = io.load_model(model) if isinstance(model, str) else model
     cluster = resolve_cluster(gpu=gpu, gpus=gpus)
@@ -148,9 +157,14 @@ def export_training(
         "tokens_per_s_per_gpu": float(plan.step.tokens_per_s_per_gpu),
         "memory_bytes_per_gpu": float(plan.memory.per_gpu.total_bytes),
     }
-    export = TRAINING_EXPORTERS[eng](
-        spec, lay, work, model_path=model_path, predicted=predicted, gpus_per_node=cluster.gpu.gpus_per_node
-    )
+    try:
+        export = TRAINING_EXPORTERS[eng](
+            spec, lay, work, model_path=model_path, predicted=predicted, gpus_per_node=cluster.gpu.gpus_per_node
+        )
+    except UnsupportedByEngine as exc:
+        word = model if isinstance(model, str) else spec.name
+        where = (word, gpu, gpus, precision or stated["precision"])
+        raise training_refusal(exc, eng, spec, lay, work, where=where, plan_file=plan_file) from None
     return _export_dict(export) | {"predicted": predicted} | {k: v for k, v in shown.items() if k != "conditions"}
 
 
@@ -171,10 +185,9 @@ def export_serving(
 ) -> dict[str, Any]:
     """A serving plan as ``engine``'s server flags; max_num_seqs comes from the KV capacity."""
     eng = _engine(engine)
-    served = check_model_path(model_path, what="--model-path") if model_path is not None else model
-    check_model_path(served, what="the served model (MODEL, or give --model-path)")
     if eng not in SERVING_EXPORTERS:
         raise ValueError(f"{eng.value} trains models; give a training layout (--tp, --pp, --zero, ...) instead")
+    served, source = served_checkpoint(model, model_path)
     bill = serving_report(
         model,
         gpu=gpu,
@@ -211,9 +224,9 @@ def export_serving(
         kv_cache_dtype=None if kv is DType.BF16 else kv,
         quantization=quant,
     )
-    export = SERVING_EXPORTERS[eng](plan, predicted=predicted)
+    export = serve_with_advice(eng, plan, predicted, plan_file=None)
     out = _export_dict(export) | {"predicted": predicted}
-    out["notes"] = [*out["notes"], *(f"warning: {w}" for w in bill["warnings"])]
+    out["notes"] = [*out["notes"], *([source] if source else []), *(f"warning: {w}" for w in bill["warnings"])]
     return out
 
 
@@ -233,10 +246,11 @@ def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) 
     if model_path is not None:
         check_model_path(model_path, what="--model-path")
     saved = load_serving_plan(path)
+    model_path, source = served_checkpoint(saved.model, model_path)
     predicted = dict(saved.predicted)
     if not saved.prefill_replicas:
-        export = SERVING_EXPORTERS[eng](_pool_plan(saved, saved.replicas, model_path), predicted=predicted)
-        return _export_dict(export) | {"predicted": predicted}
+        export = serve_with_advice(eng, _pool_plan(saved, saved.replicas, model_path), predicted, plan_file=path)
+        return _with_note(_export_dict(export) | {"predicted": predicted}, source)
     if eng not in DISAGGREGATED_EXPORTERS:
         raise ValueError(
             f"plan file {path} splits prefill and decode pools; the {eng.value} export launches colocated replicas "
@@ -247,14 +261,18 @@ def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) 
         decode=_pool_plan(saved, saved.replicas - saved.prefill_replicas, model_path),
     )
     export = DISAGGREGATED_EXPORTERS[eng](pools, predicted=predicted)
-    return _export_dict(export) | {"predicted": predicted}
+    return _with_note(_export_dict(export) | {"predicted": predicted}, source)
 
 
-def _pool_plan(saved: SavedServingPlan, replicas: int, model_path: str | None) -> ServingPlan:
+def _with_note(out: dict[str, Any], note: str | None) -> dict[str, Any]:
+    return out | {"notes": [*out["notes"], note]} if note else out
+
+
+def _pool_plan(saved: SavedServingPlan, replicas: int, model_path: str) -> ServingPlan:
     """``replicas`` replicas of the saved plan's layout, dtypes and batch cap (per attention-DP rank)."""
     lay = saved.layout
     return ServingPlan(
-        model_path=model_path or saved.model,
+        model_path=model_path,
         tp=lay.tp,
         pp=lay.pp,
         ep=lay.ep,

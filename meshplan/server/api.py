@@ -32,7 +32,6 @@ router = APIRouter(prefix="/api")
 
 Name = Annotated[str, Query(max_length=parse.MAX_NAME_CHARS)]
 
-SERVING_DTYPES = field("dtype").choices
 KV_DTYPES = field("kv_dtype").choices
 
 
@@ -133,11 +132,25 @@ def query_params(
     (``unset``: every default None, for filters that apply only when given; ``required``: no default at all)."""
     out = []
     for f in fields:
-        default = None if unset else f.default
+        default = None if unset or f.deprecated else f.default  # with an alias: None tells "not given"
         annotation: Any = Annotated[_annotation(f, default), _query(f, bounded=False)]  # inside: validators run
         given = inspect.Parameter.empty if f.name in required else default
         out.append(inspect.Parameter(f.key, inspect.Parameter.KEYWORD_ONLY, default=given, annotation=annotation))
+        if f.deprecated:
+            old: Any = Annotated[_annotation(f, None), Query(description=f"deprecated: {f.key}", deprecated=True)]
+            out.append(inspect.Parameter(f.deprecated, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=old))
     return out
+
+
+def _aliased(fields: Iterable[Field], values: dict[str, Any], *, unset: bool) -> dict[str, Any]:
+    """``values`` with each deprecated alias folded into its field (both given and different: a 400)."""
+    for f in fields:
+        if f.deprecated:
+            new, old = values[f.key], values.pop(f.deprecated)
+            if new is not None and old is not None and new != old:
+                raise ValueError(f"{f.key}={new} and its deprecated alias {f.deprecated}={old} differ: give {f.key}")
+            values[f.key] = new if new is not None else old if old is not None else None if unset else f.default
+    return values
 
 
 def one(name: str) -> Any:
@@ -174,7 +187,7 @@ def dependency(
     names = {f.key: f.name for f in fields}
 
     def dependency(**values: Any) -> Any:
-        return build({names[key]: value for key, value in values.items()})
+        return build({names[key]: value for key, value in _aliased(fields, values, unset=unset).items()})
 
     params = sorted(query_params(fields, unset=unset, required=required), key=lambda p: p.name not in required)
     dependency.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -218,8 +231,17 @@ LayoutArg = Annotated[LayoutRequest, Depends(layout_arg)]
 WorkloadArg = Annotated[dict[str, Any], Depends(workload_arg)]
 FinetuneArg = Annotated[FinetuneRequest | None, Depends(finetune_arg)]
 FleetShapeArg = Annotated[dict[str, Any], Depends(fleet_shape_arg)]
-ServingArg = Annotated[dict[str, Any], Depends(dependency(fields_of(Group.SERVING), dict, "serving_arg"))]
+ServingArg = Annotated[
+    dict[str, Any],
+    Depends(dependency(fields_of(Group.SERVING), lambda v: _renamed(v, weights_dtype="dtype"), "serving_arg")),
+]
+"""The serving fields as the serving reports' keywords (their weights' dtype is ``dtype``)."""
 CostArg = Annotated[CostRequest, Depends(dependency(fields_of(Group.COST), cost_request, "cost_arg"))]
+WeightsArg = Annotated[str, Depends(dependency([field("weights_dtype")], lambda v: v["weights_dtype"], "weights_arg"))]
+
+
+def _renamed(values: dict[str, Any], **names: str) -> dict[str, Any]:
+    return {names.get(k, k): v for k, v in values.items()}
 
 
 @cache
@@ -272,7 +294,7 @@ def fit(
     gpu: GpuArg,
     gpus: Gpus,
     finetune: FinetuneArg,
-    dtype: Annotated[Literal[SERVING_DTYPES], one("dtype")] = "bf16",  # type: ignore[valid-type]
+    weights_dtype: WeightsArg,
     seq: Seq = 4096,
     precision: Annotated[
         Literal[field("precision").choices] | None, one("precision")  # type: ignore[valid-type]
@@ -285,7 +307,7 @@ def fit(
         model,
         gpu=gpu,
         gpus=gpus,
-        dtype=dtype,
+        dtype=weights_dtype,
         finetune=finetune,
         seq=seq,
         precision=precision,

@@ -70,7 +70,7 @@ def catalog_dict() -> dict[str, Any]:
         "precisions": [{"name": p.name, "description": p.description} for p in PRECISIONS.values()],
         "optimizers": [o.value for o in OptimizerKind],
         "recompute": [r.name.lower() for r in Recompute],
-        "serving_dtypes": list(field("dtype").choices),
+        "serving_dtypes": list(field("weights_dtype").choices),
         "kv_dtypes": list(field("kv_dtype").choices),
         "objectives": list(field("objective").choices),
         "stacks": [

@@ -9,9 +9,12 @@ prediction among those that fit in memory is taken, as the authors did.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import itertools
 import statistics
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,12 +211,31 @@ def run_case(source: str, case: dict[str, Any], metric: str, profile: Profile = 
     )
 
 
+_PROGRESS: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("validate_progress", default=None)
+
+
+@contextlib.contextmanager
+def progress(report: Callable[[], None]) -> Iterator[None]:
+    """Inside, ``report()`` is called after each run predicted (the CLI's progress line on a terminal)."""
+    token = _PROGRESS.set(report)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
 def run_source(name: str, profile: Profile = IDENTITY) -> list[RunResult]:
     """Every run of one source, predicted with the catalog's constants scaled by ``profile``."""
     data = sources()[name]
     defaults = data.get("defaults", {})
     metric = data["source"]["metric"]
-    return [run_case(name, {**defaults, **case}, metric, profile) for case in data["case"]]
+    report = _PROGRESS.get()
+    out = []
+    for case in data["case"]:
+        out.append(run_case(name, {**defaults, **case}, metric, profile))
+        if report is not None:
+            report()
+    return out
 
 
 def best_constant_error(measured: list[float]) -> float:

@@ -233,3 +233,15 @@ def test_api_model_path_with_control_characters_or_shell_syntax_is_a_400(client:
     assert r.json()["error"].startswith("--model-path ") and "\n" not in r.json()["error"]
     ok = client.get("/api/export", params=query | {"model_path": "meta-llama/Llama-3.1-8B"})
     assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("base", list(BASES))
+def test_a_saved_plan_serves_the_catalogs_public_checkpoint(base: str, saved: dict[str, dict[str, Any]],
+                                                            tmp_path: Path) -> None:  # fmt: skip
+    """`vllm serve llama-3.1-8b` loads nothing: without --model-path a plan serves the model's public repository."""
+    path = _write(tmp_path, json.dumps(saved[base]))
+    for engine in ("vllm", "sglang") if saved[base]["best"]["prefill_replicas"] else SERVING_ENGINES:
+        out = export_serve_plan(engine, path)
+        scripts = [text for name, text in out["files"].items() if name.endswith(".sh") and "router" not in name]
+        assert scripts and all(" meta-llama/Llama-3.1-8B " in text.replace("\\\n", " ") for text in scripts)
+        assert "llama-3.1-8b " not in out["command"] and any("meta-llama/Llama-3.1-8B" in n for n in out["notes"])

@@ -7,6 +7,7 @@ Values are parsed here with one-line errors that name the field's flag; the limi
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -24,6 +25,8 @@ MAX_TOKENS = 1e16
 MAX_DAYS = 3650.0
 MAX_TOP = 50
 
+_DEFAULT_IN_HELP = re.compile(r" \(default: [^()]*\)|; default: [^;()]*(?=\))")
+"""A default the help text states itself, removed where the caller states it (``describe(default_text=...)``)."""
 _BINARY = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _DECIMAL = {"k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12}
 
@@ -74,6 +77,9 @@ class Field:
     """The lower bound itself is refused (a share above 0, a positive float)."""
     alias: str = ""
     """The flag and query name where the field's own would collide: serving's objective is ``--objective``."""
+    deprecated: str = ""
+    """An older name the field still answers to, as a flag and a query parameter (``--dtype`` for
+    ``--weights-dtype``); help says it is deprecated."""
 
     @property
     def key(self) -> str:
@@ -81,20 +87,30 @@ class Field:
         return self.alias or self.name
 
     @property
+    def bare_help(self) -> str:
+        """The help without the default it may state (where a command states its own)."""
+        return _DEFAULT_IN_HELP.sub("", self.help)
+
+    @property
     def flag(self) -> str:
         return "--" + self.key.replace("_", "-")
 
-    def describe(self, default: Any = None, *, unset: bool = False) -> str:
+    def describe(self, default: Any = None, *, unset: bool = False, default_text: str | None = None) -> str:
         """The help line with its unit, range and default, as the CLI and the OpenAPI show it (``unset``: a command
-        where leaving the field out means something else than its default, said in its help)."""
+        where leaving the field out means something else than its default, said in its help); ``default_text``
+        says in words what happens when the field is not given (it replaces any default the help names)."""
         default = None if unset else self.default if default is None else default
-        parts = [self.help]
+        parts = [self.bare_help if default_text else self.help]
         if self.unit:
             parts.append(f"[{self.unit}]")
         if self.suffixes:
             parts.append("(8k = 8192, 1M = 1048576)" if self.type is int else "(15T = 15e12, 2.5M = 2.5e6)")
-        if default is not None and self.type is not bool:
+        if default_text:
+            parts.append(f"(default: {default_text})")
+        elif default is not None and self.type is not bool:
             parts.append(f"(default: {default})")
+        if self.deprecated:
+            parts.append(f"(--{self.deprecated.replace('_', '-')}: a deprecated alias)")
         return " ".join(parts)
 
     def parse(self, text: str | int | float | bool) -> Any:

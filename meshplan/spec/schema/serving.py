@@ -7,7 +7,8 @@ from meshplan.spec.schema.field import MAX_BATCH, MAX_CONTEXT, MAX_GPUS, Field, 
 
 SERVING_FIELDS: tuple[Field, ...] = (
     Field(
-        name="dtype",
+        name="weights_dtype",
+        deprecated="dtype",
         type=str,
         default="bf16",
         group=Group.SERVING,
@@ -46,7 +47,7 @@ SERVING_FIELDS: tuple[Field, ...] = (
         help=(
             "the engine's memory fraction, read as the engine reads it: vLLM --gpu-memory-utilization (of HBM), "
             "TensorRT-LLM kv_cache_free_gpu_mem_fraction (of what is free after load), SGLang "
-            "--mem-fraction-static (of HBM, for weights and KV); serve's default: the engine's"
+            "--mem-fraction-static (of HBM, for weights and KV)"
         ),
     ),
 )
@@ -110,14 +111,6 @@ SERVE_FIELDS: tuple[Field, ...] = (
         lo=1,
         hi=MAX_GPUS,
         help="model replicas (default: gpus / (tp x pp))",
-    ),
-    Field(
-        name="weights_dtype",
-        type=str,
-        default="bf16",
-        group=_V,
-        choices=("bf16", "fp16", "fp8", "int8", "int4", "fp4"),
-        help="weight dtype",
     ),
     Field(
         name="quant",
