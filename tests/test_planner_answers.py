@@ -167,10 +167,10 @@ def test_the_lightest_layout_is_the_lightest_the_search_evaluated(model: str, gp
     assert result.lightest_bytes == pytest.approx(_lightest_by_brute_force(model, cluster, work), rel=1e-9)
 
 
-def test_plan_with_nothing_that_fits_says_so_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
-    """Nothing fitting is an answer (exit 0, as `memory` and `estimate` exit 0 on a layout that does not fit)."""
+def test_plan_with_nothing_that_fits_says_so_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing fitting is printed as an answer, with exit 1 so that a script stops before it launches anything."""
     argv = ["plan", "llama-3.1-405b", "--gpu", "h100-sxm", "--gpus", "8", "--seq", "8192"]
-    assert main([*argv, "--global-batch-tokens", "4194304"]) == 0
+    assert main([*argv, "--global-batch-tokens", "4194304"]) == 1
     out = capsys.readouterr().out
     assert "nothing fits." in out and "921.4 GB per GPU" in out  # megatron-core's bf16 with fp32 gradients
 

@@ -71,7 +71,10 @@ def _render(command: str, result: dict[str, Any]) -> str:
 
 
 def exit_code(command: str, result: dict[str, Any]) -> int:
-    """0, or 1 when a check the command runs did not hold (validate, check)."""
+    """0, or 1 when a check the command runs did not hold (validate, check) or a search found no layout that fits
+    (plan: its answer still says why, and what would fit), so a script can stop before it launches anything."""
     if command in ("validate", "check"):
         return 0 if result.get("all_ok") else 1
+    if command == "plan" and result.get("feasible") == 0:
+        return 1
     return 0
