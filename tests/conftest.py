@@ -81,3 +81,19 @@ def shared_validation(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
             monkeypatch.setattr(meshplan.validation.memory, "validate_memory", lambda: copy.deepcopy(memory))
 
     return use
+
+
+@pytest.fixture(scope="session")
+def ranked_recipe() -> Callable[[str], dict]:
+    """``ranked_recipe(name)``: ``recipe_report(name)`` with its ranking search, computed once a session (the
+    DeepSeek-V3 recipe's search is about 10 s on 2 cores); each caller gets its own copy."""
+    from meshplan.reports.recipes import recipe_report
+
+    done: dict[str, dict] = {}
+
+    def get(name: str) -> dict:
+        if name not in done:
+            done[name] = recipe_report(name)
+        return copy.deepcopy(done[name])
+
+    return get

@@ -2,6 +2,7 @@
 
 import itertools
 import json
+from collections.abc import Callable
 
 import pytest
 
@@ -147,8 +148,8 @@ def test_recipe_list_is_the_fleet_ruler() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(recipes()))
-def test_published_recipes_are_valid_and_ranked(name: str) -> None:
-    r = recipe_report(name)
+def test_published_recipes_are_valid_and_ranked(name: str, ranked_recipe: Callable[[str], dict]) -> None:
+    r = ranked_recipe(name)
     s = r["search"]
     assert s["feasible"] > 0 and s["rank_of_published"] >= 1
     if r["layout"]["schedule"] == "dualpipe":

@@ -38,8 +38,8 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", on_loopback(create_app(
 
 
 @schema.parametrize()
-@settings(  # per operation: half the profile's budget (10 by default, 50 thorough: tests/conftest.py)
-    max_examples=settings.default.max_examples // 2,
+@settings(  # per operation: a quarter of the profile's budget (5 by default, 25 thorough: tests/conftest.py)
+    max_examples=settings.default.max_examples // 4,
     derandomize=True,
     deadline=None,
     suppress_health_check=list(HealthCheck),
