@@ -19,7 +19,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-from meshplan.files import MAX_DEPTH, MAX_FILE_BYTES, parse_json, parse_toml, read_text_file
+from meshplan.files import parse_json, parse_toml, read_text_file
 from meshplan.spec.cluster import GPU, GpuCalibration, Link, LinkKind, LinkTier
 from meshplan.spec.conditions import Stack
 from meshplan.spec.model import MLASpec, MlpKind, ModelSpec, MoESpec, NormKind
@@ -322,10 +322,8 @@ def model_to_toml(spec: ModelSpec, *, meta: Mapping[str, Any] | None = None) -> 
 
 
 __all__ = [
-    "MAX_DEPTH",
     "MAX_ECHO_CHARS",
     "MAX_ERROR_CHARS",
-    "MAX_FILE_BYTES",
     "UnknownName",
     "bounded_message",
     "list_gpus",
@@ -336,7 +334,4 @@ __all__ = [
     "load_model",
     "model_meta",
     "model_to_toml",
-    "parse_json",
-    "parse_toml",
-    "read_text_file",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from meshplan import io
+from meshplan import files, io
 from meshplan.core.plan import evaluate
 from meshplan.exports import (
     DISAGGREGATED_EXPORTERS,
@@ -64,7 +64,7 @@ def _field(table: Any, key: str, kind: type | tuple[type, ...], where: str) -> A
 def load_saved_plan(path: str) -> dict[str, Any]:
     """The first plan of a file written by ``meshplan plan --save``; ValueError naming what is wrong otherwise."""
     label = f"plan file {path}"
-    data = io.parse_json(io.read_text_file(path, what="plan file"), label)
+    data = files.parse_json(files.read_text_file(path, what="plan file"), label, unique_keys=True)
     if not isinstance(data, dict):
         raise ValueError(f"{label} must hold a JSON object, got {type(data).__name__}")
     if "plans" not in data and "best" in data:

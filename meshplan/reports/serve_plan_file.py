@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshplan import io
+from meshplan import files, io
 from meshplan.core.serving.search import Objective, Targets
 from meshplan.core.serving.shape import Quant, ServeLayout
 from meshplan.exports import check_model_path
@@ -200,7 +200,7 @@ def _control_character(value: Any, where: str) -> tuple[str, str] | None:
 def load_serving_plan(path: str) -> SavedServingPlan:
     """The winning plan of ``path``, a ``serve-plan --save`` file, checked field by field and recomputed."""
     label = f"plan file {path}"
-    data = io.parse_json(io.read_text_file(path, what="plan file"), label, unique_keys=True)
+    data = files.parse_json(files.read_text_file(path, what="plan file"), label, unique_keys=True)
     if not isinstance(data, dict) or data.get("best") is None:
         raise ValueError(f"{label} holds no serving plan (write one with meshplan serve-plan --save FILE)")
     found = _control_character(data, "")

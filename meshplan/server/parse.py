@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
-from meshplan import io
+from meshplan import files, io
 from meshplan.spec.requests import (
     MAX_BATCH,
     MAX_DAYS,
@@ -110,7 +110,7 @@ def config_body(body: bytes) -> dict[str, Any]:
         text = body.decode(json.detect_encoding(body))  # UTF-8, or UTF-16/32 as json.loads reads bytes
     except UnicodeDecodeError as exc:
         raise ValueError(f"malformed JSON: not UTF-8/16/32 text (byte {exc.start})") from None
-    data = io.parse_json(text, "config.json")
+    data = files.parse_json(text, "config.json")
     if not isinstance(data, dict):
         raise ValueError(f"config.json must hold a JSON object, got {type(data).__name__}")
     return data
