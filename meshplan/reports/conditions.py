@@ -136,6 +136,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         cp_rotate=CpRotate(resolved.get("cp_rotate") or "alltoall"),
         fsdp_copies=_on(resolved.get("fsdp_copies"), False),
         pp_host_sync=_on(resolved.get("pp_host_sync"), True),
+        launch=resolved.get("launch"),
         loss_fusion=_on(resolved.get("loss_fusion"), True),
         grad_accum_fusion=_on(resolved.get("grad_accum_fusion"), True),
         pp_scatter_gather=None if resolved.get("pp_scatter_gather") is None else resolved["pp_scatter_gather"] == "on",

@@ -12,6 +12,7 @@ from meshplan.core.placement import AxisPlacement
 from meshplan.core.plan import Plan, evaluate
 from meshplan.core.time.compute import resolved_attention
 from meshplan.core.time.flops import MFU_CONVENTION
+from meshplan.core.time.host import launch_of
 from meshplan.render import jsonable
 from meshplan.reports.conditions import workload_kwargs
 from meshplan.reports.cost import CostRequest, estimate_costs, never_finishes_warning
@@ -131,6 +132,7 @@ def evaluated_plan_dict(plan: Plan, *, tokens: float | None = None) -> dict[str,
             "exposed_pp_s": float(step.exposed_pp_s),
             "exposed_dp_s": float(step.exposed_dp_s),
         },
+        "host": host_dict(plan),
         "collectives": _collectives(plan),
         "placement": placement_dict(plan.placement, plan.cluster),
         "axis_order": list(plan.order),
@@ -151,6 +153,18 @@ def evaluated_plan_dict(plan: Plan, *, tokens: float | None = None) -> dict[str,
             "gpu_hours_total": seconds * plan.cluster.num_gpus / SECONDS_PER_HOUR,
         }
     return out
+
+
+def host_dict(plan: Plan) -> dict[str, Any]:
+    """The host floor of the layout: how its layers' kernels are launched, the host's and the GPU's seconds for one
+    layer and micro-batch (all passes), and whether the host sets the pace (core/time/host.py)."""
+    step, work = plan.step, plan.workload
+    return {
+        "launch": launch_of(work.conditions.launch, kernels=work.kernels, framework=work.framework).value,
+        "bound": bool(step.host_bound),
+        "host_s_per_layer": float(step.host_layer_s),
+        "gpu_s_per_layer": float(step.gpu_layer_s),
+    }
 
 
 def estimate_report(

@@ -228,6 +228,9 @@ class Conditions:
     torch.cuda.synchronize, p2p_communication.py), which costs every chunk ``pipeline_step_overhead_s``; False:
     overlapped sends of the interleaved schedule only order CUDA streams (Megatron-Core with
     --overlap-p2p-comm, which turns batch_p2p_comm and its synchronize off). Blocking sends always sync."""
+    launch: str | None = None
+    """How the host issues each layer's kernels (core/time/host.py ``Launch``: eager, compile, cudagraph); None: the
+    stack's (``host.launch_of``)."""
 
     def __post_init__(self) -> None:
         if self.microbatch_group is not None and self.microbatch_group < 1:

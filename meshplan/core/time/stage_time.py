@@ -17,6 +17,7 @@ from meshplan.core.pytorch.shards import gather_bytes
 from meshplan.core.stages import StageRow, stage_row
 from meshplan.core.time.compute import LOSS_BYTES, MEGATRON_CE_BYTES, ComputeSetup, LayerTime, head_time, layer_time
 from meshplan.core.time.flops import Gemm
+from meshplan.core.time.host import HostLayer, host_layer, host_stall_s, launch_of
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.conditions import Fp8Recipe, LossKind, Selective
 from meshplan.spec.layout import ContextParallel, LayoutLike, Recompute, Schedule, ZeroStage
@@ -38,6 +39,11 @@ class StageTimes:
     attention_bwd_s: Num
     dense_layers: Num
     moe_layers: Num
+    host_layer_s: Num = 0.0
+    """Host seconds to issue one layer's kernels for one micro-batch (forward, backward, recompute), the stage's
+    costliest kind of layer (``core/time/host.py``)."""
+    gpu_layer_s: Num = 0.0
+    """GPU seconds of the same layer's work, before the host floor."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +56,9 @@ class LayerKinds:
     """A dense layer of a frozen prefix (no weight gradients)."""
     head_fwd_s: Num
     head_bwd_s: Num
+    host_dense: HostLayer
+    """Host seconds to issue a dense layer's kernels (core/time/host.py)."""
+    host_moe: HostLayer
     mtp_extra_fwd_s: Num = 0.0
     """One multi-token-prediction module beyond its transformer layer: the projection of the joined hidden
     state and next-token embedding (2h -> h) and the shared output head with its loss, again."""
@@ -120,7 +129,11 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
     # DeepSeek-V3 Sec. 2.2: each MTP module is a transformer layer (a MoE one), a projection M of [h; emb] from 2h
     # to h, and the shared output head; Megatron-Core trains it on the last pipeline stage
     proj = setup.gemm_s(Gemm(name="mtp_proj", m=tokens, n=model.hidden / lay.tp, k=2 * model.hidden), linear=True)
+    launch = launch_of(work.conditions.launch, kernels=work.kernels, framework=work.framework)
+    host = dict(kernels=work.kernels, launch=launch, framework=work.framework, tp=lay.tp, sp=lay.sp)
     return LayerKinds(
+        host_dense=host_layer(model, moe_layer=False, **host),
+        host_moe=host_layer(model, moe_layer=True, **host),
         mtp_extra_fwd_s=proj + head_f,
         mtp_extra_bwd_s=2 * proj + head_b,
         dense=dense,
@@ -236,9 +249,22 @@ def _stage_values(
         bwd = bwd - n_frozen * (dense.backward_s - kept)
         wgrad = wgrad - n_frozen * dense.weight_grad_s
     copies = copies + n_dense * dense.tp_copy_fwd_s + n_moe * moe.tp_copy_fwd_s
+    share = where(recompute == Recompute.FULL, full_share, 0.0)
+    floors = [_host_floor(lt, h, share) for lt, h in ((dense, kinds.host_dense), (moe, kinds.host_moe))]
+    (stall_f_d, stall_b_d, host_d, gpu_d), (stall_f_m, stall_b_m, host_m, gpu_m) = floors
+    moe_kind = n_moe > 0
     return {
-        "fwd_compute_s": fwd + copies + where(last, kinds.head_fwd_s, 0.0) + mtp * kinds.mtp_extra_fwd_s,
-        "bwd_compute_s": bwd
+        "host_layer_s": where(moe_kind, host_m, host_d),
+        "gpu_layer_s": where(moe_kind, gpu_m, gpu_d),
+        "fwd_compute_s": fwd
+        + copies
+        + n_dense * stall_f_d
+        + n_moe * stall_f_m
+        + where(last, kinds.head_fwd_s, 0.0)
+        + mtp * kinds.mtp_extra_fwd_s,
+        "bwd_compute_s": n_dense * stall_b_d
+        + n_moe * stall_b_m
+        + bwd
         + n_dense * (dense.shard_copy_bwd_s + dense.tp_copy_bwd_s)
         + n_moe * (moe.shard_copy_bwd_s + moe.tp_copy_bwd_s)
         + redo
@@ -250,6 +276,17 @@ def _stage_values(
         "dense_layers": n_dense,
         "moe_layers": n_moe,
     }
+
+
+def _host_floor(lt: LayerTime, host: HostLayer, recomputed: Num) -> tuple[Num, Num, Num, Num]:
+    """(forward stall, backward stall, host seconds, GPU seconds) of one layer and micro-batch under the host floor:
+    each phase takes max(GPU, host), the backward phase with the ``recomputed`` share of the forward it repeats."""
+    gpu_f = lt.forward_s + lt.shard_copy_fwd_s + lt.tp_copy_fwd_s
+    gpu_b = lt.backward_s + lt.shard_copy_bwd_s + lt.tp_copy_bwd_s + recomputed * lt.forward_s
+    host_b = host.backward_s + recomputed * host.forward_s
+    stall_f = host_stall_s(host_s=host.forward_s, gpu_s=gpu_f)
+    stall_b = host_stall_s(host_s=host_b, gpu_s=gpu_b)
+    return stall_f, stall_b, host.forward_s + host_b, gpu_f + gpu_b
 
 
 def stage_times(

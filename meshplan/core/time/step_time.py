@@ -71,6 +71,16 @@ class StepTime:
     """The GPU's dense bf16 peak: MFU's and HFU's denominator whatever the matmuls' dtype."""
     fp8_peak_flops: float | None = None
     """The GPU's dense FP8 peak, for a run with FP8 matmuls (None otherwise)."""
+    host_layer_s: Num = 0.0
+    """Host seconds to issue one layer's kernels for one micro-batch, all passes (core/time/host.py); the host floor
+    is in ``compute_s`` already."""
+    gpu_layer_s: Num = 0.0
+    """GPU seconds of that layer's work for one micro-batch, before the floor."""
+
+    @property
+    def host_bound(self) -> Num:
+        """The CPU issues a layer's kernels more slowly than the GPU runs them: the host floor sets the pace."""
+        return self.host_layer_s > self.gpu_layer_s
 
     @property
     def step_time_s(self) -> Num:
@@ -132,6 +142,8 @@ class StageStep:
     dp_s: Num
     optimizer_s: Num
     calls: list[CollectiveCall]
+    host_layer_s: Num = 0.0
+    gpu_layer_s: Num = 0.0
 
 
 def _stage_shape(
@@ -362,6 +374,8 @@ def _stage_step(
         dp_s=_dp_exposed(data, fwd_s=mp.fwd_s, bwd_s=mp.bwd_s, m=m, work=work, efficiency=eff),
         optimizer_s=_optimizer_time(model, lay, work, cluster, sharded),
         calls=mp.calls + data if calls else [],
+        host_layer_s=mp.times.host_layer_s,
+        gpu_layer_s=mp.times.gpu_layer_s,
     )
 
 
@@ -484,5 +498,7 @@ def step_time(
         num_gpus=gpus,
         bf16_peak_flops=cluster.gpu.peak(DType.BF16),
         fp8_peak_flops=cluster.gpu.peak(DType.FP8) if work.precision.compute is DType.FP8 else None,
+        host_layer_s=to_float(st.host_layer_s),
+        gpu_layer_s=to_float(st.gpu_layer_s),
     )
     return step, st.calls

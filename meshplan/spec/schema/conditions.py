@@ -128,6 +128,16 @@ CONDITION_FIELDS: tuple[Field, ...] = (
         "interleaved sends only order streams (Megatron-Core --overlap-p2p-comm)",
     ),
     Field(
+        name="launch",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("eager", "compile", "cudagraph"),
+        help="how the host issues each layer's kernels: op by op (eager PyTorch, Megatron), torch.compile's fused "
+        "kernels, or one CUDA graph per layer (Megatron --cuda-graph-impl); unset: compile for fused kernels "
+        "under a PyTorch-native stack, eager otherwise",
+    ),
+    Field(
         name="loss",
         type=str,
         default=None,
