@@ -31,7 +31,10 @@ def test_llama8b_batch1_decode_is_bounded_by_the_weight_read() -> None:
     step = decode_step(ideal.model, ideal.shape, ideal.hw, ideal.layout, batch=1, context=1)
     assert step.total_s == pytest.approx(bound_s, rel=0.01)  # the KV of one token and one query add < 1%
     real = decode_step(s.model, s.shape, s.hw, s.layout, batch=1, context=1)
-    assert bound_s < real.total_s < 1.5 * bound_s
+    # above the bound by the engine's HBM share and its fixed costs per step and per layer's kernels; published
+    # batch-1 decode sits 1.4-1.8x above it (NIM's Llama 3.3 70B FP8 on 2 H100 at concurrency 1: 18.58 ms per token
+    # where 70.6 GB / 2 / 3.35 TB/s is 10.5 ms)
+    assert 1.2 * bound_s < real.total_s < 1.8 * bound_s
 
 
 def test_prefill_flops_match_2_n_params_per_token() -> None:

@@ -69,33 +69,6 @@ FlashAttention 3); its rates replace the engine family's attention share and pag
 from GQA/MHA decode kernels. Prefill's attention is the non-absorbed kernel and keeps the family's share."""
 
 
-DENSE_LAYER_KERNELS = 11
-"""Kernels a dense layer's decode runs inside a CUDA graph, as the serving engines fuse them: the input norm, the
-QKV GEMM, rotary with the KV-cache write, the attention (2: split-KV and its combine), the output GEMM, the
-residual add with the second norm, the gate/up GEMM, the gated activation, the down GEMM, the residual add. The
-engine's ``layer_overhead_s`` is the fixed cost of these 11 (gpt-fast's measurement, engines.toml); a layer of
-other kernels pays it in proportion to its kernel count (``layer_kernels``)."""
-MOE_EXTRA_KERNELS = 5
-"""Kernels a MoE layer adds: the router GEMM, the top-k selection, the sort of tokens by expert (block alignment),
-a second grouped GEMM against the dense MLP's fused ones, and the weighted combine of the experts' outputs."""
-SHARED_EXPERT_KERNELS = 3
-"""Kernels the shared experts add beside the routed ones: their gate/up GEMM, activation and down GEMM."""
-MLA_EXTRA_KERNELS = 5
-"""Kernels Multi-head Latent Attention adds to a GQA layer's: the compressed query and KV projections and their
-two norms, and the absorbed up-projection of the attention output (DeepSeek-V3's decode path)."""
-
-
-def layer_kernels(model: ModelSpec) -> float:
-    """Kernels one decode layer runs, averaged over the model's layers (dense and MoE): ``DENSE_LAYER_KERNELS``
-    plus what MoE routing, shared experts and MLA add."""
-    mla = MLA_EXTRA_KERNELS if model.mla is not None else 0
-    moe = 0.0
-    if model.moe is not None:
-        per_moe = MOE_EXTRA_KERNELS + (SHARED_EXPERT_KERNELS if model.moe.num_shared_experts else 0)
-        moe = per_moe * model.num_moe_layers / model.num_layers
-    return DENSE_LAYER_KERNELS + mla + moe
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Forward:
     """One forward of the stage on one GPU: seconds by term (arrays where inputs are arrays)."""
@@ -257,9 +230,7 @@ def forward(
         tp_comm_s=tp_comm,
         ep_comm_s=_ep_comm_s(model, shape, hw, layout, new_tokens=new_tokens, per_node=ep_per_node, n_micro=n_micro),
         pp_comm_s=_pp_send_s(model, hw, layout, new_tokens=new_tokens),
-        overhead_s=cal.step_overhead_s
-        + layer_overhead_s * layer_kernels(model) / DENSE_LAYER_KERNELS * shape.layers
-        + 0.0 * new_tokens,
+        overhead_s=cal.step_overhead_s + layer_overhead_s * shape.layers + 0.0 * new_tokens,
     )
 
 
