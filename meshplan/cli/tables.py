@@ -181,6 +181,13 @@ def _estimate(r: dict[str, Any]) -> str:
             f"{count(t['tokens_total'])} tokens: {t['wall_time_days']:.1f} days, {t['gpu_hours_total']:,.0f} GPU-hours"
         )
     head += cost_lines(r)
+    if r.get("host", {}).get("bound"):
+        h = r["host"]
+        head.append(
+            f"host-bound: the CPU issues a layer's kernels in {seconds(h['host_s_per_layer'])} per micro-batch where "
+            f"the GPU runs them in {seconds(h['gpu_s_per_layer'])} (launch {h['launch']}; --launch cudagraph or a "
+            "larger micro-batch raises the GPU's share)"
+        )
     place = [(axis, p["size"], p["inside_domain"], p["domains"], p["link"]) for axis, p in r["placement"].items()]
     calls = [
         (

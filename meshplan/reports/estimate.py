@@ -161,7 +161,7 @@ def host_dict(plan: Plan) -> dict[str, Any]:
     step, work = plan.step, plan.workload
     return {
         "launch": launch_of(work.conditions.launch, kernels=work.kernels, framework=work.framework).value,
-        "bound": bool(step.host_bound),
+        "bound": bool(step.host_layer_s > step.gpu_layer_s),
         "host_s_per_layer": float(step.host_layer_s),
         "gpu_s_per_layer": float(step.gpu_layer_s),
     }

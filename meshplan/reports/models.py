@@ -168,6 +168,13 @@ class PublishedMfuJSON(TypedDict):
     above: bool | None
 
 
+class HostJSON(TypedDict):
+    launch: str
+    bound: bool
+    host_s_per_layer: float
+    gpu_s_per_layer: float
+
+
 class EstimateReport(MemoryReport):
     step_time_s: float
     mfu: float
@@ -177,6 +184,7 @@ class EstimateReport(MemoryReport):
     tokens_per_s_per_gpu: float
     attention_kernel: str
     breakdown: BreakdownJSON
+    host: HostJSON
     collectives: list[CollectiveJSON]
     placement: dict[str, AxisPlacementJSON]
     axis_order: list[str]

@@ -1,4 +1,4 @@
-"""Step time = compute + exposed communication + pipeline bubble + optimizer step + the host's step overhead.
+"""Step time = compute (at least the host's pace: host.py) + exposed communication + bubble + optimizer + host.
 
 Per micro-batch, a pipeline stage spends forward and backward compute
 (compute.py) plus the TP, CP and EP collectives that compute cannot hide:
@@ -72,15 +72,9 @@ class StepTime:
     fp8_peak_flops: float | None = None
     """The GPU's dense FP8 peak, for a run with FP8 matmuls (None otherwise)."""
     host_layer_s: Num = 0.0
-    """Host seconds to issue one layer's kernels for one micro-batch, all passes (core/time/host.py); the host floor
-    is in ``compute_s`` already."""
+    """Host seconds to issue a layer's kernels, one micro-batch, all passes (core/time/host.py; in ``compute_s``)."""
     gpu_layer_s: Num = 0.0
-    """GPU seconds of that layer's work for one micro-batch, before the floor."""
-
-    @property
-    def host_bound(self) -> Num:
-        """The CPU issues a layer's kernels more slowly than the GPU runs them: the host floor sets the pace."""
-        return self.host_layer_s > self.gpu_layer_s
+    """GPU seconds of that layer's work, before the floor: the step is host-bound where the host's are the more."""
 
     @property
     def step_time_s(self) -> Num:
