@@ -259,6 +259,7 @@ def calibrate_table(r: dict[str, Any]) -> str:
         f"profile: {', '.join(f'{name} {p[name]:.3f}' for name in CONSTANTS)} "
         f"(fitted: {', '.join(r['fitted']) or 'nothing: the catalog predicts the runs best'}; not identified: "
         f"{', '.join(k for k, ok in r['identified'].items() if not ok) or 'none'})",
+        *(f"{name} not fitted: {why}" for name, why in r.get("not_identified", {}).items()),
         "chosen by the least error held out: "
         + ", ".join(
             f"{' and '.join(c['scales']) or 'none'} {percent(c['mean_abs_error_held_out'])}"

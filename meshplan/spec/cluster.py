@@ -255,9 +255,15 @@ class Cluster:
     """Host-side seconds every training step pays that no GPU term prices (data loading, logging, metric syncs,
     the training loop's own Python): 0 in the catalog; a cluster profile fitted on measured runs sets it
     (``Profile.step_overhead_s``)."""
+    host_speed: float = 1.0
+    """How fast the hosts issue kernels over the catalog's per-launch-mode costs (core/time/host.py): their seconds
+    per kernel are divided by it; 1 in the catalog, a cluster profile fitted on host-bound runs sets it
+    (``Profile.host_scale``)."""
 
     def __post_init__(self) -> None:
         check_gpus(self.num_gpus)
+        if not 0 < self.host_speed < float("inf"):
+            raise ValueError(f"host_speed must be a finite number > 0, got {self.host_speed}")
         if self.domain_size < 1:
             raise ValueError(f"domain_size must be >= 1, got {self.domain_size}")
         if not self.oversubscription >= 1:

@@ -47,6 +47,9 @@ class Profile:
     memory_scale: float = 1.0
     """Multiplies the speed of the memory-bound kernels (the kind's share of HBM bandwidth, capped at the
     bandwidth) and divides the launch gap of every kernel: the part of compute that is not matmuls."""
+    host_scale: float = 1.0
+    """Multiplies the speed at which the hosts issue kernels (divides the host's seconds per kernel of every launch
+    mode, core/time/host.py): moves only the layers whose host floor binds."""
     step_overhead_s: float = 0.0
     """Seconds added to every training step (``Cluster.step_overhead_s``): what the cluster's host and stack
     spend per step beside the GPUs' work (data loading, logging, metric syncs, the training loop's Python),
@@ -74,7 +77,7 @@ class Profile:
         return ",".join(f"{name}={getattr(self, name)}" for name in CONSTANTS if getattr(self, name) != NEUTRAL[name])
 
 
-SCALES = ("compute_scale", "comm_scale", "attention_scale", "memory_scale")
+SCALES = ("compute_scale", "comm_scale", "attention_scale", "memory_scale", "host_scale")
 """The scales of a profile (multiplying catalog constants), in the order ``meshplan calibrate`` reports them."""
 OFFSETS = ("step_overhead_s",)
 """The profile's additive constants (seconds per step)."""
@@ -120,6 +123,7 @@ def apply_profile(cluster: Cluster, profile: Profile) -> Cluster:
         scale_up=_link(cluster.scale_up, profile.comm_scale),
         scale_out=_link(cluster.scale_out, profile.comm_scale),
         step_overhead_s=cluster.step_overhead_s + profile.step_overhead_s,
+        host_speed=cluster.host_speed * profile.host_scale,
     )
 
 

@@ -37,12 +37,15 @@ GRIDS = {
     "comm_scale": np.exp(np.linspace(math.log(0.25), math.log(1.25), 41)),
     "attention_scale": np.exp(np.linspace(math.log(0.5), math.log(2.0), 41)),
     "memory_scale": np.exp(np.linspace(math.log(0.4), math.log(1.25), 41)),
+    "host_scale": np.exp(np.linspace(math.log(0.25), math.log(4.0), 41)),
     "step_overhead_s": np.concatenate([[0.0], np.exp(np.linspace(math.log(0.002), math.log(5.0), 40))]),
 }
 """Each constant's candidates. Bandwidth up to 1.25: a collective never beats its link's nominal bandwidth, and the
 least efficient link of the catalog reaches 0.81 of it (NVLink 4 ring collectives), so no network is more than
 1/0.81 faster than modeled; memory-bound kernels likewise reach at most the HBM bandwidth (0.8 of it modeled). The
-host time from none through 2 ms to 5 s per step, never negative: a host adds time, it cannot take the GPUs' away."""
+host's speed issuing kernels from a quarter to four times the catalog's (its per-kernel costs come from one
+published measurement per launch mode, a host of its day: core/time/host.py). The host time from none through 2 ms
+to 5 s per step, never negative: a host adds time, it cannot take the GPUs' away."""
 GRID_POINTS = 40_000
 """Most grid points one fit evaluates: with more than two free scales each grid is thinned to keep to it."""
 IDENTIFIES = 0.01

@@ -99,13 +99,23 @@ def layer_kernels(model: ModelSpec, *, kernels: Kernels, tp: Num, sp: Num, moe_l
 
 
 def host_layer(
-    model: ModelSpec, *, kernels: Kernels, launch: Launch, framework: Framework, tp: Num, sp: Num, moe_layer: bool
+    model: ModelSpec,
+    *,
+    kernels: Kernels,
+    launch: Launch,
+    framework: Framework,
+    tp: Num,
+    sp: Num,
+    moe_layer: bool,
+    speed: float = 1.0,
 ) -> HostLayer:
-    """Host seconds of one layer's forward and backward (recompute issues the forward again)."""
+    """Host seconds of one layer's forward and backward (recompute issues the forward again), on hosts ``speed``
+    times as fast as the measurements behind the constants (``Cluster.host_speed``)."""
     if launch is Launch.CUDAGRAPH:
-        return HostLayer(forward_s=GRAPH_LAUNCH_S + 0.0 * tp, backward_s=GRAPH_LAUNCH_S + 0.0 * tp)
+        one = GRAPH_LAUNCH_S / speed + 0.0 * tp
+        return HostLayer(forward_s=one, backward_s=one)
     n = layer_kernels(model, kernels=kernels, tp=tp, sp=sp, moe_layer=moe_layer)
-    per_kernel = EAGER_HOST_S_PER_KERNEL if launch is Launch.EAGER else COMPILE_HOST_S_PER_KERNEL
+    per_kernel = (EAGER_HOST_S_PER_KERNEL if launch is Launch.EAGER else COMPILE_HOST_S_PER_KERNEL) / speed
     native = launch is Launch.EAGER and framework is Framework.TORCH
     backward_share = NATIVE_BACKWARD_SHARE if native else 1.0
     return HostLayer(forward_s=n * per_kernel, backward_s=BACKWARD_KERNELS * n * per_kernel * backward_share)

@@ -130,7 +130,9 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
     # to h, and the shared output head; Megatron-Core trains it on the last pipeline stage
     proj = setup.gemm_s(Gemm(name="mtp_proj", m=tokens, n=model.hidden / lay.tp, k=2 * model.hidden), linear=True)
     launch = launch_of(work.conditions.launch, kernels=work.kernels, framework=work.framework)
-    host = dict(kernels=work.kernels, launch=launch, framework=work.framework, tp=lay.tp, sp=lay.sp)
+    host = dict(
+        kernels=work.kernels, launch=launch, framework=work.framework, tp=lay.tp, sp=lay.sp, speed=cluster.host_speed
+    )
     return LayerKinds(
         host_dense=host_layer(model, moe_layer=False, **host),
         host_moe=host_layer(model, moe_layer=True, **host),
