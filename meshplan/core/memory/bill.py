@@ -344,9 +344,10 @@ def _torch_native_state(
     model: ModelSpec, lay: LayoutLike, workload: Workload, *, stage: Num
 ) -> tuple[Num, Num, Num, Num, Num]:
     """(weights, gradients, master, moments, gathered) of PyTorch-native training, tensor by tensor
-    (``pytorch.shards``): FSDP2 over dp_shard x cp from ZeRO-3, DDP's buckets below it."""
+    (``pytorch.shards``): FSDP2 over dp_shard x cp from ZeRO-2 (ZeRO-2 keeping every unit gathered from forward to
+    backward, as SHARD_GRAD_OP does), ZeroRedundancyOptimizer at ZeRO-1, DDP's buckets at ZeRO-0."""
     zero, cp = lay.zero, lay.cp
-    fsdp = where(zero >= ZeroStage.PARAMETERS, lay.dp_shard * cp, 1)
+    fsdp = where(zero >= ZeroStage.GRADIENTS, lay.dp_shard * cp, 1)
     state = shards.torch_state(
         model,
         shards.RankCoords(tp=lay.tp, ep=lay.ep, fsdp=fsdp, etp=lay.etp),

@@ -1,0 +1,61 @@
+"""Memory terms of PyTorch-native stacks and fine-tuning, each re-derived here from shapes and the stacks' code:
+ZeRO-1/2 under FSDP2 (SHARD_GRAD_OP), GPTQ int4 bases, ``--recompute-keep`` subsets, the edge of HBM."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from meshplan.core.memory.bill import stage_bill
+from meshplan.core.params import count_params
+from meshplan.spec.cluster import GpuCalibration
+from meshplan.spec.layout import Layout, ZeroStage
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.workload import PRECISIONS, Framework, Workload
+
+L, H, A, K, D, FF, V = 4, 32, 8, 4, 4, 64, 50
+TINY = ModelSpec(name="tiny", num_layers=L, hidden=H, num_heads=A, num_kv_heads=K, head_dim=D, ffn_hidden=FF,
+                 vocab_size=V)  # fmt: skip
+# (rows, elements per row) of every parameter: embedding, per layer attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2,
+# w3, then the final norm and the output projection (torchtitan's Llama order)
+LAYER = [(H, 1), (A * D, H), (K * D, H), (K * D, H), (H, A * D), (H, 1), (FF, H), (H, FF), (FF, H)]
+ROOT = [(V, H), (H, 1), (V, H)]
+TENSORS = ROOT + LAYER * L
+P = sum(r * c for r, c in TENSORS)
+NONE = GpuCalibration(framework_bytes=0.0, fragmentation=0.0)
+
+
+def _torch_bill(zero: int, n: int) -> dict[str, float]:
+    work = Workload(seq_len=16, global_batch=n, precision=PRECISIONS["fsdp2-bf16"], framework=Framework.TORCH)
+    lay = Layout(dp_shard=n, zero=ZeroStage(zero)) if zero else Layout(dp_replicate=n)
+    return stage_bill(TINY, count_params(TINY), lay, work, calibration=NONE, stage=0).as_dict()
+
+
+def _padded(n: int) -> int:
+    """Elements of rank 0's FSDP2 storage: every tensor's dim 0 padded to ceil(rows / n) rows."""
+    return sum(math.ceil(r / n) * c for r, c in TENSORS)
+
+
+def test_zero2_under_fsdp2_shards_gradients_and_moments() -> None:
+    n = 4
+    z2, z0 = _torch_bill(2, n), _torch_bill(0, n)
+    # fp32 shards (MixedPrecisionPolicy(param_dtype=bf16) over fp32 parameters): weights, gradients, 2 moments
+    assert z2["weights_bytes"] == pytest.approx(4 * _padded(n))
+    assert z2["gradients_bytes"] == pytest.approx(4 * _padded(n))
+    owned = sum(max(0, min(math.ceil(r / n), r)) * c for r, c in TENSORS)  # rank 0 owns a full chunk of each
+    steps = 4 * len(TENSORS)  # torch.optim's 0-dim fp32 step per parameter
+    assert z2["optimizer_moments_bytes"] == pytest.approx(8 * owned + steps)
+    # DDP (ZeRO-0) holds everything whole
+    assert z0["gradients_bytes"] == pytest.approx(4 * P)
+    assert z0["optimizer_moments_bytes"] == pytest.approx(8 * P + steps)
+    # SHARD_GRAD_OP keeps every unit gathered from forward to backward: the whole stage in bf16 at least
+    assert z2["comm_buffers_bytes"] >= 2 * P
+
+
+def test_zero1_under_torch_shards_the_optimizer_alone() -> None:
+    n = 4
+    z1, z0 = _torch_bill(1, n), _torch_bill(0, n)
+    assert z1["weights_bytes"] == z0["weights_bytes"]
+    assert z1["gradients_bytes"] == pytest.approx(4 * P)
+    assert z1["optimizer_moments_bytes"] == pytest.approx((8 * P + 4 * len(TENSORS)) / n)
