@@ -10,6 +10,7 @@ import pytest
 from meshplan.core.memory.bill import stage_bill
 from meshplan.core.params import count_params
 from meshplan.spec.cluster import GpuCalibration
+from meshplan.spec.finetune import Finetune, FinetuneMode, QuantBase
 from meshplan.spec.layout import Layout, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import PRECISIONS, Framework, Workload
@@ -59,3 +60,38 @@ def test_zero1_under_torch_shards_the_optimizer_alone() -> None:
     assert z1["weights_bytes"] == z0["weights_bytes"]
     assert z1["gradients_bytes"] == pytest.approx(4 * P)
     assert z1["optimizer_moments_bytes"] == pytest.approx((8 * P + 4 * len(TENSORS)) / n)
+
+
+# ---- GPTQ int4 under Q-LoRA --------------------------------------------------------------------------------------
+
+
+def test_gptq_int4_bytes_per_parameter() -> None:
+    from meshplan.core.finetune import base_bytes_per_param, gptq_bytes_per_param
+
+    # AutoGPTQ's QuantLinear: qweight int32 [in/8, out], scales fp16 [in/g, out], qzeros int32 [in/g, out/8]
+    d_in, d_out, g = 4096, 11008, 128
+    stored = (d_in // 8 * d_out) * 4 + (d_in // g * d_out) * 2 + (d_in // g * d_out // 8) * 4
+    assert gptq_bytes_per_param(group_size=g) == pytest.approx(stored / (d_in * d_out))
+    assert gptq_bytes_per_param(group_size=g) == pytest.approx(0.51953125)
+    assert gptq_bytes_per_param(group_size=32) > gptq_bytes_per_param(group_size=128)
+    nf4 = Finetune(mode=FinetuneMode.QLORA)
+    gptq = Finetune(mode=FinetuneMode.QLORA, base_quant=QuantBase.GPTQ_INT4, quant_group_size=64)
+    assert base_bytes_per_param(nf4) == pytest.approx((4 + 8 / 64 + 32 / (64 * 256)) / 8)
+    assert base_bytes_per_param(gptq) == pytest.approx((4 + 20 / 64) / 8)
+
+
+def test_gptq_base_bills_its_matmul_weights_at_its_bytes() -> None:
+    def weights(ft: Finetune) -> float:
+        work = Workload(seq_len=16, global_batch=1, finetune=ft)
+        return float(stage_bill(TINY, count_params(TINY), Layout(), work, calibration=NONE, stage=0).weights_bytes)
+
+    matmuls = L * (A * D * H + 2 * K * D * H + H * A * D + 3 * FF * H)  # every layer's projections, quantized
+    nf4 = Finetune(mode=FinetuneMode.QLORA)
+    gptq = Finetune(mode=FinetuneMode.QLORA, base_quant=QuantBase.GPTQ_INT4)
+    b_nf4 = (4 + 8 / 64 + 32 / (64 * 256)) / 8
+    assert weights(gptq) - weights(nf4) == pytest.approx(matmuls * ((4 + 20 / 128) / 8 - b_nf4))
+
+
+def test_gptq_is_refused_outside_qlora() -> None:
+    with pytest.raises(ValueError, match="qlora only"):
+        Finetune(mode=FinetuneMode.LORA, base_quant=QuantBase.GPTQ_INT4)

@@ -92,6 +92,8 @@ class TrainsJSON(StackJSON):
     finetune: str
     trainable_params: int
     lora_train_embeddings: NotRequired[bool]
+    qlora_base: NotRequired[str]
+    quant_group_size: NotRequired[int]
     lora_rank: NotRequired[int]
     lora_targets: NotRequired[list[str]]
     frozen: NotRequired[FrozenJSON]

@@ -215,9 +215,9 @@ def _model_state(
     ft = workload.finetune
     base = sharded(tr.base_dense, tr.base_experts, ZeroStage.PARAMETERS)
     if finetune.quantized_base(ft):
-        nf4 = finetune.nf4_bytes_per_param(double_quant=ft.double_quant)
+        quant = finetune.base_bytes_per_param(ft)  # NF4 or GPTQ int4 with their scales
         share = tr.quantized / maximum(tr.base_dense + tr.base_experts, 1.0)
-        weights = base * (share * nf4 + (1 - share) * DTYPE_BYTES[DType.BF16])
+        weights = base * (share * quant + (1 - share) * DTYPE_BYTES[DType.BF16])
     else:
         weights = base * prec.weight_bytes
     optimizer_held = sharded(tr.train_dense, tr.train_experts, ZeroStage.OPTIMIZER)
