@@ -7,11 +7,16 @@ import math
 
 import pytest
 
+from meshplan import io
 from meshplan.core.memory.bill import stage_bill
+from meshplan.core.memory.stage_activations import layer_activations
 from meshplan.core.params import count_params
+from meshplan.core.plan import evaluate
+from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.cluster import GpuCalibration
+from meshplan.spec.conditions import RECOMPUTE_KEEP, Conditions, Selective
 from meshplan.spec.finetune import Finetune, FinetuneMode, QuantBase
-from meshplan.spec.layout import Layout, ZeroStage
+from meshplan.spec.layout import Layout, Recompute, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import PRECISIONS, Framework, Workload
 
@@ -95,3 +100,39 @@ def test_gptq_base_bills_its_matmul_weights_at_its_bytes() -> None:
 def test_gptq_is_refused_outside_qlora() -> None:
     with pytest.raises(ValueError, match="qlora only"):
         Finetune(mode=FinetuneMode.LORA, base_quant=QuantBase.GPTQ_INT4)
+
+
+# ---- --recompute-keep ------------------------------------------------------------------------------------------
+
+CHAIN = ((), ("q",), ("q", "k", "v"), ("q", "k", "v", "attn"), ("q", "k", "v", "attn", "act"), RECOMPUTE_KEEP)
+
+
+def _keep_work(keep: tuple[str, ...], seq: int = 16) -> Workload:
+    cond = Conditions(selective=Selective.KEEP, recompute_keep=keep) if keep else Conditions()
+    return Workload(seq_len=seq, global_batch=1, conditions=cond)
+
+
+def test_recompute_keep_bills_the_layer_input_and_the_named_tensors() -> None:
+    seq, beta = 16, 2  # bf16
+    lay = Layout(recompute=Recompute.SELECTIVE)
+    la = layer_activations(TINY, lay, _keep_work(("q", "k", "v"), seq))
+    # the layer input h, Q (a d), K and V (k d each)
+    assert float(la.dense) == pytest.approx(seq * beta * (H + A * D + 2 * K * D))
+    la = layer_activations(TINY, lay, _keep_work(("attn", "act"), seq))
+    # the attention output (a d) and its fp32 log-sum-exp per head, and the down projection's input (f)
+    assert float(la.dense) == pytest.approx(seq * (beta * (H + A * D + FF) + 4 * A))
+
+
+def test_recompute_keep_subsets_are_monotone() -> None:
+    model = io.load_model("llama-3.1-8b")
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=8)
+    lay = Layout(tp=8, sp=True, recompute=Recompute.SELECTIVE)
+    acts, steps = [], []
+    for keep in CHAIN[1:]:
+        plan = evaluate(model, cluster, lay, _keep_work(keep, 8192))
+        acts.append(plan.memory.per_gpu.activations_bytes)
+        steps.append(plan.step.step_time_s)
+    assert all(a < b for a, b in zip(acts, acts[1:], strict=False))  # keeping more keeps more
+    assert all(a >= b for a, b in zip(steps, steps[1:], strict=False))  # and recomputes less
+    none = evaluate(model, cluster, Layout(tp=8, sp=True), _keep_work((), 8192))
+    assert acts[-1] <= none.memory.per_gpu.activations_bytes  # never more than keeping everything

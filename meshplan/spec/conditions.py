@@ -55,6 +55,10 @@ class Selective(StrEnum):
     """torchtitan's per-layer selective checkpointing (ac_freq 2): every second layer fully recomputed."""
     MODULES = "modules"
     """Megatron's --recompute-modules: the listed modules (``Conditions.recompute_modules``) are recomputed."""
+    KEEP = "keep"
+    """A save list (``Conditions.recompute_keep``): each layer keeps its input and the named tensors, and backward
+    reruns every other op of its forward (torch.utils.checkpoint with a selective policy that saves the named
+    ops' outputs and prefers to recompute the rest)."""
 
 
 class Fp8Recipe(StrEnum):
@@ -114,6 +118,11 @@ class CpRotate(StrEnum):
     (``_ContextParallelOptions.rotate_method``) and torchtitan's since its rotate option (Dec. 2024)."""
 
 
+RECOMPUTE_KEEP = ("norm", "q", "k", "v", "attn", "o", "gate", "up", "act", "down")
+"""Tensors ``--recompute-keep`` can name, per layer: both norms' outputs (the QKV and MLP inputs), the Q, K and V
+projections' outputs, the attention kernel's output (with its log-sum-exp), the output projection's, the MLP's gate
+and up projections' outputs, the activation's (act(gate) * up under SwiGLU, the GELU output otherwise: the down
+projection's input) and the down projection's output."""
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj")
 """Megatron-Core's --recompute-modules names."""
 
@@ -163,6 +172,8 @@ class Conditions:
     the routed experts' activations under EP > 1."""
     recompute_modules: tuple[str, ...] = ("core_attn",)
     """Modules recomputed under ``Selective.MODULES`` (Megatron's default list is core_attn)."""
+    recompute_keep: tuple[str, ...] = ()
+    """Tensors each layer keeps under ``Selective.KEEP`` (``RECOMPUTE_KEEP``); the rest is recomputed."""
     recompute_layers: int | None = None
     """Under full recompute, only the first k layers of each stage are recomputed and the rest keep everything
     (Megatron --recompute-method block --recompute-num-layers k); None: every layer."""
@@ -235,6 +246,14 @@ class Conditions:
         unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
         if unknown:
             raise ValueError(f"unknown recompute module {unknown[0]!r} (modules: {', '.join(RECOMPUTE_MODULES)})")
+        unknown = [m for m in self.recompute_keep if m not in RECOMPUTE_KEEP]
+        if unknown:
+            raise ValueError(f"unknown --recompute-keep tensor {unknown[0]!r} (tensors: {', '.join(RECOMPUTE_KEEP)})")
+        if self.selective is Selective.KEEP and not self.recompute_keep:
+            raise ValueError("--selective keep needs --recompute-keep (the tensors each layer keeps)")
+        if self.recompute_keep and self.selective is not Selective.KEEP:
+            raise ValueError(f"--recompute-keep is a selective policy of its own; --selective {self.selective.value} "
+                             "recomputes otherwise")  # fmt: skip
         if self.routing_imbalance < 1:
             raise ValueError(f"routing_imbalance must be >= 1, got {self.routing_imbalance}")
         if self.doc_tokens is not None and self.doc_tokens < 1:

@@ -12,6 +12,7 @@ import numpy as np
 
 from meshplan.core import finetune, pipeline
 from meshplan.core.memory import activations as act
+from meshplan.core.memory.recompute_keep import keep_per_token
 from meshplan.core.memory.stage_params import StageParams, layout_stage_params
 from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.params import ParamCount
@@ -228,6 +229,11 @@ def _selective_keeps(
     if policy is Selective.OP:
         dense_op = tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=False) + deltas[0]
         return dense_op, tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=True) + deltas[1]
+    if policy is Selective.KEEP:  # never more than keeping everything
+        lin = linear_inputs(workload)
+        dense_keep = tokens * keep_per_token(model, lay, workload, moe_layer=False, lin=lin) + deltas[0]
+        moe_keep = tokens * keep_per_token(model, lay, workload, moe_layer=True, lin=lin) + deltas[1]
+        return minimum(dense_keep, none[0]), minimum(moe_keep, none[1])
     return both(Recompute.SELECTIVE)
 
 

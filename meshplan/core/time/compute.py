@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from meshplan.core.num import Num, minimum, where
 from meshplan.core.pytorch.overheads import (
+    keep_gemm_share,
     op_sac_share,
 )
 from meshplan.core.pytorch.ring_merge import ring_merge_time
@@ -69,6 +70,9 @@ class LayerTime:
     """The weight-gradient matmuls of backward (the adapters' alone when the base is frozen)."""
     op_sac_gemm_s: Num
     """The matmuls torchtitan's per-op selective checkpointing recomputes (``pytorch.overheads.op_sac_share``)."""
+    keep_gemm_s: Num = 0.0
+    """The matmuls whose outputs ``--recompute-keep`` saves (``pytorch.overheads.keep_gemm_share``): what its
+    recompute does not repeat."""
     mla_up_gemm_s: Num = 0.0
     """MLA's query and key/value up-projections (q_up, kv_up), of ``gemm_s``: what Megatron's selective
     recompute of ``mla_up_proj`` repeats."""
@@ -248,6 +252,8 @@ class ComputeSetup:
     te_ring: bool = False
     """A ring over the CP ranks is Transformer Engine's (Megatron-Core), correcting each step's output and adding
     the gradients in bf16 (te_ring.py)."""
+    recompute_keep: tuple[str, ...] = ()
+    """The tensors ``--recompute-keep`` saves (``Conditions.recompute_keep``)."""
 
     def gemm_s(self, g: Gemm, *, linear: bool = False) -> Num:
         """A GEMM's time: the linear layers' at the compute dtype's peak, the others at bf16's."""
@@ -335,6 +341,8 @@ def layer_time(
     times = [setup.gemm_s(g, linear=True) for g in gemms]
     gemm_s = sum(times)
     op_sac = sum(t * op_sac_share(model, g, moe_layer=moe_layer) for g, t in zip(gemms, times, strict=True))
+    keep = setup.recompute_keep
+    kept = sum(t * keep_gemm_share(model, g, keep) for g, t in zip(gemms, times, strict=True)) if keep else 0.0
     weights = sum(g.n * g.k * g.count for g in gemms)
     adapted = finetune is not None and finetune.adapted
     cast_fwd, cast_bwd = _layer_casts(gemms, setup, frozen=frozen or adapted)
@@ -368,6 +376,7 @@ def layer_time(
         backward_s=backward,
         weight_grad_s=weight_grad,
         op_sac_gemm_s=op_sac,
+        keep_gemm_s=kept,
         mla_up_gemm_s=by_name.get("q_up", 0.0) + by_name.get("kv_up", 0.0),
         shared_gemm_s=by_name.get("shared_up", 0.0) + by_name.get("shared_down", 0.0),
         tail_gemm_s=by_name.get("mlp_down", 0.0),

@@ -177,9 +177,18 @@ CONDITION_FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_C,
-        choices=("core-attention", "layer", "modules", "op"),
+        choices=("core-attention", "layer", "modules", "op", "keep"),
         help="what --recompute selective recomputes: Megatron's core attention or its --recompute-modules list, "
-        "or torchtitan's per-op or every-second-layer checkpointing",
+        "torchtitan's per-op or every-second-layer checkpointing, or keep: the --recompute-keep tensors only",
+    ),
+    Field(
+        name="recompute_keep",
+        type=str,
+        default=None,
+        group=_C,
+        help="with --recompute selective (sets --selective keep): the tensors each layer keeps, comma-separated, "
+        "every other one recomputed in backward: norm, q, k, v, attn, o, gate, up, act, down (q,k,v: the Q/K/V "
+        "projections only)",
     ),
     Field(
         name="recompute_modules",
