@@ -3,6 +3,7 @@ ZeRO-1/2 under FSDP2 (SHARD_GRAD_OP), GPTQ int4 bases, ``--recompute-keep`` subs
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -132,7 +133,45 @@ def test_recompute_keep_subsets_are_monotone() -> None:
         plan = evaluate(model, cluster, lay, _keep_work(keep, 8192))
         acts.append(plan.memory.per_gpu.activations_bytes)
         steps.append(plan.step.step_time_s)
-    assert all(a < b for a, b in zip(acts, acts[1:], strict=False))  # keeping more keeps more
-    assert all(a >= b for a, b in zip(steps, steps[1:], strict=False))  # and recomputes less
+    assert all(a < b for a, b in itertools.pairwise(acts))  # keeping more keeps more
+    assert all(a >= b for a, b in itertools.pairwise(steps))  # and recomputes less
     none = evaluate(model, cluster, Layout(tp=8, sp=True), _keep_work((), 8192))
     assert acts[-1] <= none.memory.per_gpu.activations_bytes  # never more than keeping everything
+
+
+# ---- the edge of HBM ---------------------------------------------------------------------------------------------
+
+
+def test_pressure_is_the_share_of_hbm_and_widens_the_band_past_ninety_percent() -> None:
+    from meshplan.core.memory.pressure import PRESSURE_BAND_P90, PRESSURE_SHARE
+    from meshplan.reports.estimate import estimate_report, uncertainty
+    from meshplan.reports.inputs import LayoutRequest
+
+    assert (PRESSURE_SHARE, PRESSURE_BAND_P90) == (0.90, 1.25)
+    kw = dict(gpu="h100-sxm", gpus=8, seq=8192, global_batch=8)
+    tight = estimate_report("llama-3.1-8b", layout=LayoutRequest(cp=2, dp_shard=4, zero=1), **kw)
+    roomy = estimate_report("llama-3.1-8b", layout=LayoutRequest(cp=2, dp_shard=4, zero=3), **kw)
+    for out in (tight, roomy):
+        assert out["hbm_pressure"] == pytest.approx(out["per_gpu"]["total_bytes"] / out["hbm_bytes_per_gpu"])
+    assert 0.90 < tight["hbm_pressure"] <= 1 and roomy["hbm_pressure"] < 0.9
+    plain = uncertainty(tight["step_time_s"], None, cp=2, gpu="h100-sxm")
+    assert tight["step_time_s_p90"] == pytest.approx(1.25 * plain["step_time_s_p90"])
+    assert tight["step_time_s_p10"] == pytest.approx(plain["step_time_s_p10"])  # only the slow side moves
+    assert [w for w in tight["warnings"] if "cudaMalloc retries" in w]
+    plain = uncertainty(roomy["step_time_s"], None, cp=2, gpu="h100-sxm")
+    assert roomy["step_time_s_p90"] == pytest.approx(plain["step_time_s_p90"])
+    assert not [w for w in roomy["warnings"] if "cudaMalloc retries" in w]
+
+
+def test_the_planner_never_ranks_a_layout_near_capacity_first_without_saying_so() -> None:
+    from meshplan.reports.plan import plan_report
+
+    kw = dict(gpu="h100-sxm", gpus=8, seq=8192, global_batch_tokens=1 << 20, top=3)
+    tight = plan_report("llama-3.1-8b", headroom=0.0, **kw)
+    for p in tight["plans"]:
+        assert p["near_capacity"] == (0.90 < p["hbm_pressure"] <= 1)
+    assert tight["plans"][0]["near_capacity"]
+    assert [w for w in tight["warnings"] if w.startswith("plan 1:") and "cudaMalloc retries" in w]
+    default = plan_report("llama-3.1-8b", **kw)  # the default headroom keeps 10% free: none is flagged
+    assert not any(p["near_capacity"] for p in default["plans"])
+    assert not [w for w in default["warnings"] if "cudaMalloc" in w]

@@ -111,7 +111,9 @@ class MemoryReport(TrainsJSON):
     heaviest_stage: int
     hbm_bytes_per_gpu: float
     free_bytes_per_gpu: float
+    hbm_pressure: float
     fits: bool
+    warnings: list[str]
     stages: list[BillJSON]
     terms: list[TermJSON]
 
@@ -182,7 +184,6 @@ class EstimateReport(MemoryReport):
     collectives: list[CollectiveJSON]
     placement: dict[str, AxisPlacementJSON]
     axis_order: list[str]
-    warnings: list[str]
     published_mfu: PublishedMfuJSON
     time_to_train: NotRequired[TimeToTrainJSON]
     cost: NotRequired[CostJSON]
@@ -296,6 +297,8 @@ class PlanItemJSON(TypedDict):
     tokens_per_s_per_gpu: float
     per_gpu: BillJSON
     free_bytes_per_gpu: float
+    hbm_pressure: float
+    near_capacity: bool
     breakdown: dict[str, float]
     placement: dict[str, AxisPlacementJSON]
     ties_with_best: bool
