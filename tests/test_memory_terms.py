@@ -15,7 +15,7 @@ from meshplan.core.params import count_params
 from meshplan.core.plan import evaluate
 from meshplan.reports.inputs import resolve_cluster
 from meshplan.spec.cluster import GpuCalibration
-from meshplan.spec.conditions import RECOMPUTE_KEEP, Conditions, Selective
+from meshplan.spec.conditions import RECOMPUTE_KEEP, Conditions, LossKind, Selective
 from meshplan.spec.finetune import Finetune, FinetuneMode, QuantBase
 from meshplan.spec.layout import Layout, Recompute, ZeroStage
 from meshplan.spec.model import ModelSpec
@@ -175,3 +175,19 @@ def test_the_planner_never_ranks_a_layout_near_capacity_first_without_saying_so(
     default = plan_report("llama-3.1-8b", **kw)  # the default headroom keeps 10% free: none is flagged
     assert not any(p["near_capacity"] for p in default["plans"])
     assert not [w for w in default["warnings"] if "cudaMalloc" in w]
+
+
+def test_a_bf16_cross_entropy_keeps_eight_bytes_a_logit() -> None:
+    """F.cross_entropy on bf16 logits: the logits the caller holds, the saved log-probabilities and, in backward,
+    nll_loss's gradient of them and log_softmax's gradient of the logits, 2 bytes each (no fp32 copy)."""
+    from meshplan.core.memory.stage_activations import loss_peak_bytes
+
+    model = io.load_model("llama-3.1-8b")
+    tokens = 4 * 4096
+
+    def peak(loss: LossKind) -> float:
+        work = Workload(seq_len=4096, global_batch=4, framework=Framework.TORCH, conditions=Conditions(loss=loss))
+        return float(loss_peak_bytes(model, tokens=tokens, tp=1, workload=work))
+
+    assert peak(LossKind.BF16) == pytest.approx((2 + 2 + 2 + 2) * tokens * 128256)
+    assert peak(LossKind.COMPILED) < peak(LossKind.BF16) < peak(LossKind.UPCAST)

@@ -20,6 +20,10 @@ class LossKind(StrEnum):
     UPCAST = "upcast"
     """``cross_entropy(logits.float())`` in eager PyTorch: bf16 logits, their fp32 copy, the saved fp32
     log-probabilities and two fp32 gradients; 12 bytes per token and vocabulary entry at the backward peak."""
+    BF16 = "bf16"
+    """``cross_entropy(logits)`` on the bf16 logits in eager PyTorch, no upcast (KempnerForge's ``cross_entropy``
+    loss): the bf16 log-probabilities and two bf16 gradients, the caller keeping the logits through backward;
+    8 bytes per token and vocabulary entry at the backward peak (``BF16_LOSS_BYTES``)."""
     FUSED = "fused"
     """Chunked or fused linear cross-entropy (torchtune, Liger): the upcast loss on one of 8 token chunks at a time."""
     COMPILED = "compiled"
@@ -33,6 +37,11 @@ UPCAST_LOSS_BYTES = 12.0
 logits (2), their fp32 upcast (4) and the saved fp32 log-probabilities (4) make 10; in backward the saved
 log-probabilities (4), the fp32 gradient of the log-probabilities (4) and of the upcast logits (4) make 12, the
 bf16 logits being freed once the loop drops them (torchtitan's ``del pred``; 14 if the caller keeps them)."""
+BF16_LOSS_BYTES = 8.0
+"""Bytes per token per vocabulary entry at the peak of ``cross_entropy(logits)`` on bf16 logits (log_softmax
+and nll_loss in the logits' dtype): the logits the caller still holds (2: KempnerForge's loop keeps ``logits``
+until the micro-batch ends, kempnerforge/training/loop.py text_step), the saved log-probabilities (2), and in
+backward nll_loss's gradient of them (2) and log_softmax's gradient of the logits (2)."""
 COMPILED_LOSS_BYTES = 4.0
 """Bytes per token per vocabulary entry at the peak of the compiled loss: the bf16 logits its backward reads (2,
 kept by the compiled graph whatever the caller drops) and their bf16 gradient (2); no fp32 copy is made. On

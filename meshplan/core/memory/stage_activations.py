@@ -18,6 +18,7 @@ from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.params import ParamCount
 from meshplan.core.stages import stage_row
 from meshplan.spec.conditions import (
+    BF16_LOSS_BYTES,
     COMPILED_LOSS_BYTES,
     FUSED_LOSS_CHUNKS,
     UPCAST_LOSS_BYTES,
@@ -338,7 +339,8 @@ def loss_peak_bytes(model: ModelSpec, *, tokens: Num, tp: Num, workload: Workloa
 
     framework: the framework's own (Megatron: fp32 softmax of the vocab-parallel logits, 4sbV/t; PyTorch as
     ``check`` measures it, 4sbV). upcast: ``cross_entropy(logits.float())``, 14 bytes per token and vocabulary
-    entry at its backward (conditions.UPCAST_LOSS_BYTES); fused: the same on one of 8 token chunks; compiled: the
+    entry at its backward (conditions.UPCAST_LOSS_BYTES); bf16: without the upcast, 8 (conditions.BF16_LOSS_BYTES);
+    fused: the upcast on one of 8 token chunks; compiled: the
     bf16 logits and their gradient, 4 bytes (conditions.COMPILED_LOSS_BYTES). Under
     loss parallelism the vocabulary is split over the TP group.
     """
@@ -349,6 +351,8 @@ def loss_peak_bytes(model: ModelSpec, *, tokens: Num, tp: Num, workload: Workloa
         return FP32_BYTES * tokens * model.vocab_size / split + scalar
     if cond.loss is LossKind.COMPILED:
         return COMPILED_LOSS_BYTES * tokens * model.vocab_size / split
+    if cond.loss is LossKind.BF16:
+        return BF16_LOSS_BYTES * tokens * model.vocab_size / split
     chunks = FUSED_LOSS_CHUNKS if cond.loss is LossKind.FUSED else 1
     return UPCAST_LOSS_BYTES * tokens * model.vocab_size / split / chunks
 

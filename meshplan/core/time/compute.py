@@ -393,6 +393,7 @@ LOSS_BYTES = {
     LossKind.FRAMEWORK: (8.0, 8.0),
     LossKind.FUSED: (8.0, 8.0),
     LossKind.UPCAST: (22.0, 26.0),
+    LossKind.BF16: (8.0, 10.0),
     LossKind.COMPILED: (2.0, 4.0),
 }
 """(forward, backward) bytes per logit of the loss. A fused cross-entropy: about four fp32 passes over the logits,
@@ -402,7 +403,9 @@ maximum, again for the sum of exponentials and again to write the output (4 + 4 
 nll_loss's fp32 gradient written (4), log_softmax's backward reading it for the row sum (4), then it and the
 saved output to write the input gradient (4 + 4 + 4), and the downcast to bf16 (4 + 2): 26. The same loss under
 torch.compile: forward one read of the bf16 logits (Inductor's online softmax takes the maximum and the sum of
-exponentials in one pass), backward that read again and the bf16 gradient written: 2 and 4."""
+exponentials in one pass), backward that read again and the bf16 gradient written: 2 and 4. ``cross_entropy(logits)``
+on bf16 logits, eager: log_softmax's three passes in bf16 (2 + 2 + 2 + 2) forward, 8; backward nll_loss's bf16
+gradient (2) and log_softmax's backward (2 + 2 + 2 + 2), 10."""
 MEGATRON_CE_BYTES = (38.0, 14.0)
 """Megatron-Core's unfused vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py on ``logits.float()``,
 language_module.py), pass by pass per logit element. Forward: the upcast (read 2, write 4), the max (read 4),

@@ -132,9 +132,9 @@ CONDITION_FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_C,
-        choices=("framework", "upcast", "fused", "compiled"),
-        help="cross-entropy: the framework's own, eager fp32 upcast, chunked/fused, or the upcast under torch.compile "
-        "(torchtitan's with compile since 2025-04)",
+        choices=("framework", "upcast", "bf16", "fused", "compiled"),
+        help="cross-entropy: the framework's own, eager fp32 upcast, eager on the bf16 logits (no upcast), "
+        "chunked/fused, or the upcast under torch.compile (torchtitan's with compile since 2025-04)",
     ),
     _switch("loss_parallel", "compute the loss on vocabulary shards over the TP group"),
     _switch(
