@@ -25,6 +25,7 @@ FREE_TEXT = {
     "disaggregate": "4:4",
     "weights_dtypes": "fp8,bf16",
     "recompute_modules": "core_attn,mlp",
+    "recompute_keep": "q,k,v",
     "profile": "compute_scale=0.9,comm_scale=1.2",
 }
 

@@ -78,14 +78,14 @@ def test_recompute_only_adds_time() -> None:
 
 
 def test_an_estimate_near_capacity_warns_of_allocator_retries() -> None:
-    """Above 95% of HBM (and fitting) the estimate says the allocator may retry; at 72% it says nothing."""
+    """Above 90% of HBM (and fitting) the estimate says the allocator may retry; at 72% it says nothing."""
     model = io.load_model("llama-3.1-8b")
     cluster = resolve_cluster(gpu="h100-sxm", gpus=8)
     layout = Layout(dp_shard=8, zero=ZeroStage.PARAMETERS, micro_batch=1)
     tight = evaluate(model, cluster, layout, Workload(seq_len=12288, global_batch=8))
     roomy = evaluate(model, cluster, layout, Workload(seq_len=8192, global_batch=8))
     share = tight.memory.per_gpu.total_bytes / tight.memory.hbm_bytes
-    assert tight.memory.fits and 0.95 < share < 1
+    assert tight.memory.fits and 0.90 < share < 1
     assert [w for w in tight.warnings() if "cudaMalloc retries" in w and f"{share:.0%} of HBM" in w]
     assert roomy.memory.per_gpu.total_bytes / roomy.memory.hbm_bytes < 0.8
     assert not [w for w in roomy.warnings() if "retries" in w]
@@ -320,7 +320,8 @@ def test_a_context_parallel_estimate_takes_the_cp_runs_band_and_warns(capsys: py
     band = io.held_out_band()
     args = ["estimate", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--seq", "8192", "--json"]
     for cp, key in ((2, "cp_time_ratio"), (1, "time_ratio")):
-        assert main([*args, "--cp", str(cp), "--dp-shard", str(8 // cp), "--zero", "1"]) == 0
+        # ZeRO-3 leaves both layouts room (a layout past 90% of HBM has its P90 widened: test_memory_terms.py)
+        assert main([*args, "--cp", str(cp), "--dp-shard", str(8 // cp), "--zero", "3"]) == 0
         out = json.loads(capsys.readouterr().out)
         assert out["step_time_s_p10"] == pytest.approx(band[f"{key}_p10"] * out["step_time_s"], rel=1e-9)
         assert out["step_time_s_p90"] == pytest.approx(band[f"{key}_p90"] * out["step_time_s"], rel=1e-9)

@@ -78,6 +78,25 @@ def test_llama3_405b_8k_names_the_saving_it_needs(result: dict[str, Any]) -> Non
     assert runs and all(not v["fits"] and any(s["closes_gap"] for s in v["savings"]) for v in runs)
 
 
+def test_every_layout_billed_over_hbm_names_its_cause(result: dict[str, Any]) -> None:
+    """Each trained layout billed over HBM names the term that puts it over (the bill's largest) and the first
+    unstated condition listed that closes the gap alone."""
+    from meshplan.validation.memory import BILL_TERMS
+
+    over = [v for v in result["verdicts"] if not v["fits"]]
+    assert len(over) >= 10
+    for v in over:
+        cause = v["cause"]
+        assert f"{cause['term']}_bytes" in BILL_TERMS
+        assert cause["term_bytes_per_gpu"] / cause["term_share"] == pytest.approx(v["memory_bytes_per_gpu"])
+        assert cause["term_share"] > 1 / len(BILL_TERMS)  # the largest of the terms holds more than their mean
+        first = next(s["saving"] for s in v["savings"] if s["bytes"] >= v["over_bytes_per_gpu"])
+        assert cause["closed_by"] == first
+    # the save list keeping Q/K/V only is offered where layers do not already recompute in full
+    zoo = [v for v in over if "Qwen3-235B" in v["case"]]
+    assert zoo and all(v["cause"]["closed_by"].startswith("a save list keeping the Q/K/V") for v in zoo)
+
+
 def test_a_full_recompute_gelu_run_is_offered_only_savings_that_apply(result: dict[str, Any]) -> None:
     """Narayanan's ZeRO-3 530B rows recompute every layer of a GELU model: no SwiGLU product or norm output is
     kept to save, only the layer inputs (in FP8, or on the host)."""

@@ -72,10 +72,11 @@ def _memory(r: dict[str, Any]) -> str:
         head.append(f"heaviest pipeline stage: {r['heaviest_stage']} of {len(r['stages'])}")
     verdict = "fits" if r["fits"] else "does NOT fit"
     tail = f"{verdict}: {gb(bill['total_bytes'])} of {gb(r['hbm_bytes_per_gpu'])} ({gb(abs(r['free_bytes_per_gpu']))} "
-    tail += "free)" if r["fits"] else "over)"
+    tail += f"free, {r['hbm_pressure']:.0%} of HBM)" if r["fits"] else "over)"
     peaks = f"allocator peaks: {gb(bill['allocated_bytes'])} allocated, {gb(bill['reserved_bytes'])} reserved"
     body = table(rows, ["term", "per GPU", "formula"], align="lrl")
-    return "\n".join([*head, "", body, "", peaks, tail, "", conditions_lines(r)])
+    warned = [f"WARNING: {w}" for w in r.get("warnings", [])]
+    return "\n".join([*head, "", body, "", peaks, tail, *warned, "", conditions_lines(r)])
 
 
 def _stacks(r: dict[str, Any]) -> str:

@@ -232,6 +232,13 @@ def _validate_memory(r: dict[str, Any]) -> str:
         for s in v.get("savings", []):
             closes = "closes the gap" if s["closes_gap"] else "not enough alone"
             out.append(f"  unstated saving: {s['saving']}: {gb(s['bytes'])} ({closes})")
+        if "cause" in v:
+            c = v["cause"]
+            closer = c["closed_by"] or "no listed saving alone"
+            out.append(
+                f"  cause: the bill's largest term, {c['term'].replace('_', ' ')} ({gb(c['term_bytes_per_gpu'])}, "
+                f"{percent(c['term_share'])}), puts it over; closed by: {closer}"
+            )
     return "\n".join(out)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from meshplan.core.num import Num, maximum, minimum
 from meshplan.core.params import count_params
-from meshplan.spec.finetune import Finetune, FinetuneMode
+from meshplan.spec.finetune import Finetune, FinetuneMode, QuantBase
 from meshplan.spec.model import MlpKind, ModelSpec
 
 NF4_BLOCK = 64
@@ -27,6 +27,25 @@ def nf4_bytes_per_param(*, double_quant: bool) -> float:
     """Bytes of one NF4 weight with its share of the block scales."""
     scales_bits = 8 / NF4_BLOCK + 32 / (NF4_BLOCK * NF4_SCALE_BLOCK) if double_quant else 32 / NF4_BLOCK
     return (4 + scales_bits) / 8
+
+
+GPTQ_SCALE_BITS = 16
+"""GPTQ's per-group scale: fp16 (AutoGPTQ's QuantLinear ``scales``, float16, [in / group, out])."""
+GPTQ_ZERO_BITS = 4
+"""Its per-group zero point, packed eight to an int32 like the weights (``qzeros``, [in / group, out / 8])."""
+
+
+def gptq_bytes_per_param(*, group_size: int) -> float:
+    """Bytes of one GPTQ int4 weight with its share of the group's fp16 scale and 4-bit zero: (4 + 20 / g) / 8,
+    0.5195 at g = 128. The int32 ``g_idx`` per input row (4 / d_out bytes a weight) is left out."""
+    return (4 + (GPTQ_SCALE_BITS + GPTQ_ZERO_BITS) / group_size) / 8
+
+
+def base_bytes_per_param(finetune: Finetune) -> float:
+    """Bytes of one quantized base weight under QLoRA, as its format stores it."""
+    if finetune.base_quant is QuantBase.GPTQ_INT4:
+        return gptq_bytes_per_param(group_size=finetune.quant_group_size)
+    return nf4_bytes_per_param(double_quant=finetune.double_quant)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from meshplan.core.comm import CollectiveCall
 from meshplan.core.constraints import check_layout
+from meshplan.core.memory.pressure import hbm_pressure, pressure_warning
 from meshplan.core.params import count_params
 from meshplan.core.placement import DEFAULT_ORDER, AxisPlacement, place
 from meshplan.core.time.flops import megatron_core_flops, megatron_flops, model_flops_per_token, narayanan_flops
@@ -16,12 +17,6 @@ from meshplan.spec.conditions import Fp8Recipe
 from meshplan.spec.layout import Layout
 from meshplan.spec.model import MlpKind, ModelSpec
 from meshplan.spec.workload import Workload
-
-NEAR_CAPACITY_SHARE = 0.95
-"""Share of HBM above which an estimate warns of allocator retries: past it, a fragmented cache often has no free
-block of the size asked, and PyTorch frees its cached blocks and retries the cudaMalloc, synchronizing the device
-(llm-foundry's MPT configs warn that a kernel using more memory 'can trigger alloc retries which hurts
-performance', mosaicml/examples #125)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,13 +52,8 @@ class Plan:
             out.append(
                 f"seq {self.workload.seq_len:,} exceeds the model's maximum of {self.model.max_seq_len:,} tokens"
             )
-        share = self.memory.per_gpu.total_bytes / self.memory.hbm_bytes
-        if self.memory.fits and share > NEAR_CAPACITY_SHARE:
-            out.append(
-                f"{share:.0%} of HBM in use: this close to capacity fragmentation can make PyTorch's caching "
-                "allocator flush its cache and retry allocations (cudaMalloc retries), which slows steps; the step "
-                "time does not include that"
-            )
+        pressure = float(hbm_pressure(self.memory.per_gpu.total_bytes, self.memory.hbm_bytes))
+        out += pressure_warning(pressure, fits=self.memory.fits)
         if self.workload.conditions.fp8_recipe is Fp8Recipe.ROWWISE:
             out.append(
                 "rowwise FP8: its casts are priced, its rowwise-scaled GEMM kernels are not; on torchtitan's "

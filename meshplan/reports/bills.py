@@ -9,6 +9,7 @@ from typing import Any
 
 from meshplan import io
 from meshplan.core.memory.bill import state_bytes_per_param
+from meshplan.core.memory.pressure import hbm_pressure, pressure_warning
 from meshplan.core.memory.terms import explain
 from meshplan.core.params import count_params
 from meshplan.core.serving.bill import (
@@ -91,7 +92,9 @@ def memory_report(
         "heaviest_stage": mem.heaviest_stage,
         "hbm_bytes_per_gpu": gpu_spec.hbm_bytes,
         "free_bytes_per_gpu": mem.free_bytes,
+        "hbm_pressure": float(hbm_pressure(mem.per_gpu.total_bytes, gpu_spec.hbm_bytes)),
         "fits": mem.fits,
+        "warnings": pressure_warning(float(hbm_pressure(mem.per_gpu.total_bytes, gpu_spec.hbm_bytes)), fits=mem.fits),
         **shown,
         "stages": [jsonable(s.as_dict()) for s in mem.stages],
         "terms": explain(mem.per_gpu),

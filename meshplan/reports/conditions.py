@@ -112,15 +112,19 @@ def _on(value: str | None, default: bool) -> bool:
 def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
     """The core's Conditions from resolved values."""
     loss_parallel = resolved.get("loss_parallel")
+    keep = tuple(
+        dict.fromkeys(t.strip().lower() for t in (resolved.get("recompute_keep") or "").split(",") if t.strip())
+    )
     return Conditions(
         microbatch_group=resolved.get("microbatch_group"),
         grad_sync=_on(resolved.get("grad_sync"), True),
         reshard_after_forward=_on(resolved.get("reshard_after_forward"), True),
         runtime_reserve_bytes=float(resolved.get("runtime_reserve") or 0.0),
         loss=LossKind(resolved.get("loss") or "framework"),
-        selective=Selective(resolved.get("selective") or "core-attention"),
+        selective=Selective.KEEP if keep else Selective(resolved.get("selective") or "core-attention"),
         recompute_layers=resolved.get("recompute_layers"),
         recompute_modules=_modules(resolved.get("recompute_modules")),
+        recompute_keep=keep,
         routing_imbalance=float(resolved.get("routing_imbalance") or 1.0),
         loss_parallel=None if loss_parallel is None else loss_parallel == "on",
         stage_split=StageSplit(first=resolved.get("first_stage_layers"), last=resolved.get("last_stage_layers")),

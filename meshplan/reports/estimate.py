@@ -7,6 +7,7 @@ from typing import Any
 
 from meshplan import io
 from meshplan.core.comm.cost import BUS_FACTOR_DOC, Collective, bus_factor, ring_time
+from meshplan.core.memory.pressure import PRESSURE_BAND_P90, hbm_pressure, near_capacity
 from meshplan.core.memory.terms import explain
 from meshplan.core.placement import AxisPlacement
 from meshplan.core.plan import Plan, evaluate
@@ -110,6 +111,7 @@ def evaluated_plan_dict(plan: Plan, *, tokens: float | None = None) -> dict[str,
         "heaviest_stage": mem.heaviest_stage,
         "hbm_bytes_per_gpu": mem.hbm_bytes,
         "free_bytes_per_gpu": mem.free_bytes,
+        "hbm_pressure": float(hbm_pressure(mem.per_gpu.total_bytes, mem.hbm_bytes)),
         "fits": mem.fits,
         "stages": [jsonable(s.as_dict()) for s in mem.stages],
         "terms": explain(mem.per_gpu),
@@ -222,7 +224,20 @@ def estimate_report(
     out |= estimate_costs(spec, work, cluster, out, tokens=tokens, req=cost)
     out["warnings"] = [*out["warnings"], *band_warning(lay.cp, lay.ep), *gpu_warning(cluster.gpu.name, profile)]
     out["warnings"] += never_finishes_warning(out)
-    return out | uncertainty(float(plan.step.step_time_s), profile, cp=lay.cp, ep=lay.ep, gpu=cluster.gpu.name)
+    band = uncertainty(float(plan.step.step_time_s), profile, cp=lay.cp, ep=lay.ep, gpu=cluster.gpu.name)
+    return out | widen_for_pressure(band, out["hbm_pressure"])
+
+
+def widen_for_pressure(band: dict[str, Any], pressure: float) -> dict[str, Any]:
+    """The band of a layout past ``PRESSURE_SHARE`` of HBM, its P90 widened by ``PRESSURE_BAND_P90``: allocator
+    retries near capacity slow a step by an amount the bill cannot follow (core/memory/pressure.py)."""
+    if not near_capacity(pressure):
+        return band
+    return band | {
+        "step_time_s_p90": band["step_time_s_p90"] * PRESSURE_BAND_P90,
+        "uncertainty": f"{band['uncertainty']}; its P90 widened by {PRESSURE_BAND_P90 - 1:.0%} as the layout fills "
+        f"{pressure:.0%} of HBM (allocator retries near capacity)",
+    }
 
 
 BAND_CLASSES = {"cp": "context parallelism", "ep": "expert parallelism"}

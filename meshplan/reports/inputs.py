@@ -13,7 +13,7 @@ from meshplan.core.placement import DEFAULT_ORDER, parse_order
 from meshplan.spec import requests
 from meshplan.spec.cluster import Cluster, Link
 from meshplan.spec.conditions import Conditions
-from meshplan.spec.finetune import LORA_TARGETS, Finetune, FinetuneMode
+from meshplan.spec.finetune import LORA_TARGETS, Finetune, FinetuneMode, QuantBase
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.profile import apply_profile, parse_profile
@@ -166,6 +166,10 @@ class FinetuneRequest:
     """Comma-separated frozen parts: 'embeddings' and/or 'layers=N' (full fine-tuning)."""
     lora_train_embeddings: bool = False
     """LoRA / QLoRA: the embedding and the output head train too."""
+    qlora_base: str | None = None
+    """QLoRA's base format: nf4 (None) or gptq-int4."""
+    quant_group_size: int | None = None
+    """GPTQ int4: weights per scale and zero (None: 128)."""
 
 
 def resolve_finetune(req: FinetuneRequest, model: ModelSpec) -> Finetune:
@@ -198,7 +202,11 @@ def resolve_finetune(req: FinetuneRequest, model: ModelSpec) -> Finetune:
         freeze_embeddings=freeze_embeddings,
         freeze_layers=freeze_layers,
         train_embeddings=req.lora_train_embeddings,
+        base_quant=choice(QuantBase, req.qlora_base or "nf4", "QLoRA base format"),
+        quant_group_size=128 if req.quant_group_size is None else req.quant_group_size,
     )
+    if req.quant_group_size is not None and ft.base_quant is not QuantBase.GPTQ_INT4:
+        raise ValueError("--quant-group-size applies to --qlora-base gptq-int4 only")
     validate_finetune(model, ft)
     return ft
 
@@ -217,6 +225,8 @@ def finetune_fields(model: ModelSpec, ft: Finetune) -> dict[str, Any]:
     if ft.adapted:
         out |= {"lora_rank": ft.lora_rank, "lora_targets": list(ft.lora_targets)}
         out |= {"lora_train_embeddings": ft.train_embeddings} if ft.train_embeddings else {}
+        if ft.base_quant is QuantBase.GPTQ_INT4:
+            out |= {"qlora_base": ft.base_quant.value, "quant_group_size": ft.quant_group_size}
     elif ft.freeze_embeddings or ft.freeze_layers:
         out |= {"frozen": {"embeddings": ft.freeze_embeddings, "layers": ft.freeze_layers}}
     return out

@@ -92,6 +92,8 @@ class TrainsJSON(StackJSON):
     finetune: str
     trainable_params: int
     lora_train_embeddings: NotRequired[bool]
+    qlora_base: NotRequired[str]
+    quant_group_size: NotRequired[int]
     lora_rank: NotRequired[int]
     lora_targets: NotRequired[list[str]]
     frozen: NotRequired[FrozenJSON]
@@ -109,7 +111,9 @@ class MemoryReport(TrainsJSON):
     heaviest_stage: int
     hbm_bytes_per_gpu: float
     free_bytes_per_gpu: float
+    hbm_pressure: float
     fits: bool
+    warnings: list[str]
     stages: list[BillJSON]
     terms: list[TermJSON]
 
@@ -188,7 +192,6 @@ class EstimateReport(MemoryReport):
     collectives: list[CollectiveJSON]
     placement: dict[str, AxisPlacementJSON]
     axis_order: list[str]
-    warnings: list[str]
     published_mfu: PublishedMfuJSON
     time_to_train: NotRequired[TimeToTrainJSON]
     cost: NotRequired[CostJSON]
@@ -302,6 +305,8 @@ class PlanItemJSON(TypedDict):
     tokens_per_s_per_gpu: float
     per_gpu: BillJSON
     free_bytes_per_gpu: float
+    hbm_pressure: float
+    near_capacity: bool
     breakdown: dict[str, float]
     placement: dict[str, AxisPlacementJSON]
     ties_with_best: bool

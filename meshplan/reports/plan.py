@@ -11,13 +11,14 @@ import numpy as np
 
 from meshplan import io
 from meshplan.core.memory.bill import TERMS
+from meshplan.core.memory.pressure import hbm_pressure, near_capacity, pressure_warning
 from meshplan.core.placement import place
 from meshplan.core.plan import mesh_sizes
 from meshplan.core.time.flops import MFU_CONVENTION
 from meshplan.render import jsonable
 from meshplan.reports.conditions import workload_kwargs
 from meshplan.reports.cost import CostRequest, checkpoint_dict
-from meshplan.reports.estimate import placement_dict, uncertainty
+from meshplan.reports.estimate import placement_dict, uncertainty, widen_for_pressure
 from meshplan.reports.inputs import (
     FinetuneRequest,
     FleetArgs,
@@ -54,7 +55,10 @@ def _candidate(
     per_gpu["total_bytes"] = sum(per_gpu[name] for name in TERMS)
     breakdown = {name: float(np.asarray(getattr(step, name))[i]) for name in STEP_TERMS}
     step_time_s = float(np.asarray(step.step_time_s)[i])
-    band = uncertainty(step_time_s, profile, cp=int(lay.cp), ep=int(lay.ep), gpu=cluster.gpu.name)
+    pressure = float(hbm_pressure(per_gpu["total_bytes"], cluster.gpu.hbm_bytes))
+    band = widen_for_pressure(
+        uncertainty(step_time_s, profile, cp=int(lay.cp), ep=int(lay.ep), gpu=cluster.gpu.name), pressure
+    )
     return {
         "layout": layout_dict(lay),
         "step_time_s": step_time_s,
@@ -66,6 +70,8 @@ def _candidate(
         "tokens_per_s_per_gpu": float(np.asarray(step.tokens_per_s_per_gpu)[i]),
         "per_gpu": per_gpu,
         "free_bytes_per_gpu": cluster.gpu.hbm_bytes - per_gpu["total_bytes"],
+        "hbm_pressure": pressure,
+        "near_capacity": bool(near_capacity(pressure)),
         "breakdown": breakdown,
         "placement": placement_dict(place(mesh_sizes(lay), order=order, domain=cluster.domain_size), cluster),
     }
@@ -232,6 +238,8 @@ def plan_report(
         out["nothing_fits"] = what_would_fit(spec, fleet, cluster, work, result, rules, finetune=ft, max_gpus=max_gpus)
     _time_to_train(plans, tokens, cluster.num_gpus)
     out |= mark_plans(plans, gpu=cluster.gpu.name, moe=spec.moe is not None, dtype=work.precision.compute)
+    if plans and plans[0]["near_capacity"]:  # never ranked first without saying so
+        out["warnings"] = [*out["warnings"], f"plan 1: {pressure_warning(plans[0]['hbm_pressure'], fits=True)[0]}"]
     plan_costs(out, plans, spec=spec, cluster=cluster, work=work, tokens=tokens, req=cost, cheapest=cheapest)
     if explain or compare:
         out["explain"] = explanations(spec, cluster, work, plans, rules, compare)

@@ -34,6 +34,7 @@ def estimate_defaults() -> dict[str, Any]:
 def finetune_request(values: Mapping[str, Any]) -> FinetuneRequest | None:
     """None unless a fine-tuning field was given (so the default path loads nothing more)."""
     given = (values["finetune"], values["freeze"], values["lora_targets"], values["lora_rank"])
+    given += (values.get("qlora_base"), values.get("quant_group_size"))
     if all(x is None for x in given) and not values["lora_train_embeddings"]:
         return None
     from meshplan.reports.inputs import FinetuneRequest  # numpy and the core load only when needed
@@ -44,6 +45,8 @@ def finetune_request(values: Mapping[str, Any]) -> FinetuneRequest | None:
         lora_targets=values["lora_targets"],
         freeze=values["freeze"],
         lora_train_embeddings=values["lora_train_embeddings"],
+        qlora_base=values.get("qlora_base"),
+        quant_group_size=values.get("quant_group_size"),
     )
 
 

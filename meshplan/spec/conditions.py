@@ -20,6 +20,10 @@ class LossKind(StrEnum):
     UPCAST = "upcast"
     """``cross_entropy(logits.float())`` in eager PyTorch: bf16 logits, their fp32 copy, the saved fp32
     log-probabilities and two fp32 gradients; 12 bytes per token and vocabulary entry at the backward peak."""
+    BF16 = "bf16"
+    """``cross_entropy(logits)`` on the bf16 logits in eager PyTorch, no upcast (KempnerForge's ``cross_entropy``
+    loss): the bf16 log-probabilities and two bf16 gradients, the caller keeping the logits through backward;
+    8 bytes per token and vocabulary entry at the backward peak (``BF16_LOSS_BYTES``)."""
     FUSED = "fused"
     """Chunked or fused linear cross-entropy (torchtune, Liger): the upcast loss on one of 8 token chunks at a time."""
     COMPILED = "compiled"
@@ -33,6 +37,11 @@ UPCAST_LOSS_BYTES = 12.0
 logits (2), their fp32 upcast (4) and the saved fp32 log-probabilities (4) make 10; in backward the saved
 log-probabilities (4), the fp32 gradient of the log-probabilities (4) and of the upcast logits (4) make 12, the
 bf16 logits being freed once the loop drops them (torchtitan's ``del pred``; 14 if the caller keeps them)."""
+BF16_LOSS_BYTES = 8.0
+"""Bytes per token per vocabulary entry at the peak of ``cross_entropy(logits)`` on bf16 logits (log_softmax
+and nll_loss in the logits' dtype): the logits the caller still holds (2: KempnerForge's loop keeps ``logits``
+until the micro-batch ends, kempnerforge/training/loop.py text_step), the saved log-probabilities (2), and in
+backward nll_loss's gradient of them (2) and log_softmax's gradient of the logits (2)."""
 COMPILED_LOSS_BYTES = 4.0
 """Bytes per token per vocabulary entry at the peak of the compiled loss: the bf16 logits its backward reads (2,
 kept by the compiled graph whatever the caller drops) and their bf16 gradient (2); no fp32 copy is made. On
@@ -55,6 +64,10 @@ class Selective(StrEnum):
     """torchtitan's per-layer selective checkpointing (ac_freq 2): every second layer fully recomputed."""
     MODULES = "modules"
     """Megatron's --recompute-modules: the listed modules (``Conditions.recompute_modules``) are recomputed."""
+    KEEP = "keep"
+    """A save list (``Conditions.recompute_keep``): each layer keeps its input and the named tensors, and backward
+    reruns every other op of its forward (torch.utils.checkpoint with a selective policy that saves the named
+    ops' outputs and prefers to recompute the rest)."""
 
 
 class Fp8Recipe(StrEnum):
@@ -114,6 +127,11 @@ class CpRotate(StrEnum):
     (``_ContextParallelOptions.rotate_method``) and torchtitan's since its rotate option (Dec. 2024)."""
 
 
+RECOMPUTE_KEEP = ("norm", "q", "k", "v", "attn", "o", "gate", "up", "act", "down")
+"""Tensors ``--recompute-keep`` can name, per layer: both norms' outputs (the QKV and MLP inputs), the Q, K and V
+projections' outputs, the attention kernel's output (with its log-sum-exp), the output projection's, the MLP's gate
+and up projections' outputs, the activation's (act(gate) * up under SwiGLU, the GELU output otherwise: the down
+projection's input) and the down projection's output."""
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj")
 """Megatron-Core's --recompute-modules names."""
 
@@ -163,6 +181,8 @@ class Conditions:
     the routed experts' activations under EP > 1."""
     recompute_modules: tuple[str, ...] = ("core_attn",)
     """Modules recomputed under ``Selective.MODULES`` (Megatron's default list is core_attn)."""
+    recompute_keep: tuple[str, ...] = ()
+    """Tensors each layer keeps under ``Selective.KEEP`` (``RECOMPUTE_KEEP``); the rest is recomputed."""
     recompute_layers: int | None = None
     """Under full recompute, only the first k layers of each stage are recomputed and the rest keep everything
     (Megatron --recompute-method block --recompute-num-layers k); None: every layer."""
@@ -238,6 +258,14 @@ class Conditions:
         unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
         if unknown:
             raise ValueError(f"unknown recompute module {unknown[0]!r} (modules: {', '.join(RECOMPUTE_MODULES)})")
+        unknown = [m for m in self.recompute_keep if m not in RECOMPUTE_KEEP]
+        if unknown:
+            raise ValueError(f"unknown --recompute-keep tensor {unknown[0]!r} (tensors: {', '.join(RECOMPUTE_KEEP)})")
+        if self.selective is Selective.KEEP and not self.recompute_keep:
+            raise ValueError("--selective keep needs --recompute-keep (the tensors each layer keeps)")
+        if self.recompute_keep and self.selective is not Selective.KEEP:
+            raise ValueError(f"--recompute-keep is a selective policy of its own; --selective {self.selective.value} "
+                             "recomputes otherwise")  # fmt: skip
         if self.routing_imbalance < 1:
             raise ValueError(f"routing_imbalance must be >= 1, got {self.routing_imbalance}")
         if self.doc_tokens is not None and self.doc_tokens < 1:

@@ -297,6 +297,13 @@ def _savings(values: Mapping[str, Any], report: dict[str, Any]) -> list[dict[str
     kept = [
         {"saving": "normalizations that keep their output only (fused norm + matmul input, both norms)", "bytes": norms}
     ]
+    # a save list keeping the Q/K/V projections only (--recompute-keep), billed as the bill bills it
+    qkv_only = _report(dict(values) | {"recompute": "selective", "selective": None, "recompute_keep": "q,k,v"})
+    keep_qkv = {
+        "saving": "a save list keeping the Q/K/V projections only, the rest recomputed (--recompute selective "
+        "--recompute-keep q,k,v)",
+        "bytes": report["per_gpu"]["activations_bytes"] - qkv_only["per_gpu"]["activations_bytes"],
+    }
     if model.mlp is MlpKind.GATED:
         kept = [
             {
@@ -308,6 +315,7 @@ def _savings(values: Mapping[str, Any], report: dict[str, Any]) -> list[dict[str
         ]
     return [
         *kept,
+        keep_qkv,
         fp8_cache,
         {
             "saving": "full recompute on every layer",
@@ -332,7 +340,40 @@ def verdicts() -> list[dict[str, Any]]:
             "command": command_line(values),
         }
         if over > 0:
-            savings = _savings(values, report)
-            row["savings"] = [s | {"closes_gap": s["bytes"] >= over} for s in savings]
+            savings = [s | {"closes_gap": s["bytes"] >= over} for s in _savings(values, report)]
+            row["savings"] = savings
+            row["cause"] = _cause(report, savings)
         out.append(row)
     return out
+
+
+BILL_TERMS = (
+    "weights_bytes",
+    "adapter_weights_bytes",
+    "gradients_bytes",
+    "master_weights_bytes",
+    "optimizer_moments_bytes",
+    "activations_bytes",
+    "logits_bytes",
+    "activation_workspace_bytes",
+    "dequant_workspace_bytes",
+    "comm_buffers_bytes",
+    "framework_bytes",
+    "fragmentation_bytes",
+    "runtime_reserve_bytes",
+)
+"""The disjoint terms of a bill (core/memory/bill.py's TERMS, as a report names them)."""
+
+
+def _cause(report: dict[str, Any], savings: list[dict[str, Any]]) -> dict[str, Any]:
+    """Why a layout that trained is billed over HBM: the term that overflows (the largest of the bill) and the
+    first unstated condition, in the order listed (the least change first), that closes the gap alone."""
+    bill = report["per_gpu"]
+    term = max(BILL_TERMS, key=lambda name: bill[name])
+    closing = next((s["saving"] for s in savings if s["closes_gap"]), None)
+    return {
+        "term": term.removesuffix("_bytes"),
+        "term_bytes_per_gpu": bill[term],
+        "term_share": bill[term] / bill["total_bytes"],
+        "closed_by": closing,
+    }

@@ -145,7 +145,7 @@ def _gradient_calls(
     # natively, DDP's buckets carry the dense gradients, and the experts' too unless EP owns them; FSDP2's units
     # carry ZeRO-3's reduce-scatters (torch_calls.py)
     bucketed = native & ((ep == 1) | (part.strategy == "dp"))
-    whole_model_zero3 = where(native, zero != ZeroStage.PARAMETERS, True)
+    whole_model_zero3 = where(native, zero < ZeroStage.GRADIENTS, True)  # natively FSDP2's units carry ZeRO-2 too
     rs_count = where(zero == ZeroStage.OPTIMIZER, 1, where(every_mb & whole_model_zero3, m * part.units, 0))
     # DeepSpeed 0.3 without contiguous gradients all-reduces each bucket of ZeRO-3's gradients instead
     bucket_ar = work.conditions.zero3_grad_reduce is Zero3GradReduce.ALL_REDUCE
@@ -236,7 +236,9 @@ def _parameter_calls(
             # (Megatron's --fp8-param-gather: the distributed optimizer casts its shard and gathers 1 byte each)
             size=part.trained * gather_bytes(work.precision, fp8=work.conditions.fp8_all_gather),
             per_micro_batch=False,
-            count=part.issued * where((zero == ZeroStage.OPTIMIZER) | (zero == ZeroStage.GRADIENTS), 1, 0),
+            # natively ZeRO-2 is FSDP2 without resharding after forward: its units gather in forward (torch_calls)
+            count=part.issued
+            * where((zero == ZeroStage.OPTIMIZER) | ((zero == ZeroStage.GRADIENTS) & (not native)), 1, 0),
             **sharded,
         ),
         *(

@@ -215,9 +215,9 @@ def _model_state(
     ft = workload.finetune
     base = sharded(tr.base_dense, tr.base_experts, ZeroStage.PARAMETERS)
     if finetune.quantized_base(ft):
-        nf4 = finetune.nf4_bytes_per_param(double_quant=ft.double_quant)
+        quant = finetune.base_bytes_per_param(ft)  # NF4 or GPTQ int4 with their scales
         share = tr.quantized / maximum(tr.base_dense + tr.base_experts, 1.0)
-        weights = base * (share * nf4 + (1 - share) * DTYPE_BYTES[DType.BF16])
+        weights = base * (share * quant + (1 - share) * DTYPE_BYTES[DType.BF16])
     else:
         weights = base * prec.weight_bytes
     optimizer_held = sharded(tr.train_dense, tr.train_experts, ZeroStage.OPTIMIZER)
@@ -344,9 +344,10 @@ def _torch_native_state(
     model: ModelSpec, lay: LayoutLike, workload: Workload, *, stage: Num
 ) -> tuple[Num, Num, Num, Num, Num]:
     """(weights, gradients, master, moments, gathered) of PyTorch-native training, tensor by tensor
-    (``pytorch.shards``): FSDP2 over dp_shard x cp from ZeRO-3, DDP's buckets below it."""
+    (``pytorch.shards``): FSDP2 over dp_shard x cp from ZeRO-2 (ZeRO-2 keeping every unit gathered from forward to
+    backward, as SHARD_GRAD_OP does), ZeroRedundancyOptimizer at ZeRO-1, DDP's buckets at ZeRO-0."""
     zero, cp = lay.zero, lay.cp
-    fsdp = where(zero >= ZeroStage.PARAMETERS, lay.dp_shard * cp, 1)
+    fsdp = where(zero >= ZeroStage.GRADIENTS, lay.dp_shard * cp, 1)
     state = shards.torch_state(
         model,
         shards.RankCoords(tp=lay.tp, ep=lay.ep, fsdp=fsdp, etp=lay.etp),

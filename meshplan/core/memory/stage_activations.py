@@ -12,11 +12,13 @@ import numpy as np
 
 from meshplan.core import finetune, pipeline
 from meshplan.core.memory import activations as act
+from meshplan.core.memory.recompute_keep import keep_per_token
 from meshplan.core.memory.stage_params import StageParams, layout_stage_params
 from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.params import ParamCount
 from meshplan.core.stages import stage_row
 from meshplan.spec.conditions import (
+    BF16_LOSS_BYTES,
     COMPILED_LOSS_BYTES,
     FUSED_LOSS_CHUNKS,
     UPCAST_LOSS_BYTES,
@@ -228,6 +230,11 @@ def _selective_keeps(
     if policy is Selective.OP:
         dense_op = tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=False) + deltas[0]
         return dense_op, tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=True) + deltas[1]
+    if policy is Selective.KEEP:  # never more than keeping everything
+        lin = linear_inputs(workload)
+        dense_keep = tokens * keep_per_token(model, lay, workload, moe_layer=False, lin=lin) + deltas[0]
+        moe_keep = tokens * keep_per_token(model, lay, workload, moe_layer=True, lin=lin) + deltas[1]
+        return minimum(dense_keep, none[0]), minimum(moe_keep, none[1])
     return both(Recompute.SELECTIVE)
 
 
@@ -332,7 +339,8 @@ def loss_peak_bytes(model: ModelSpec, *, tokens: Num, tp: Num, workload: Workloa
 
     framework: the framework's own (Megatron: fp32 softmax of the vocab-parallel logits, 4sbV/t; PyTorch as
     ``check`` measures it, 4sbV). upcast: ``cross_entropy(logits.float())``, 14 bytes per token and vocabulary
-    entry at its backward (conditions.UPCAST_LOSS_BYTES); fused: the same on one of 8 token chunks; compiled: the
+    entry at its backward (conditions.UPCAST_LOSS_BYTES); bf16: without the upcast, 8 (conditions.BF16_LOSS_BYTES);
+    fused: the upcast on one of 8 token chunks; compiled: the
     bf16 logits and their gradient, 4 bytes (conditions.COMPILED_LOSS_BYTES). Under
     loss parallelism the vocabulary is split over the TP group.
     """
@@ -343,6 +351,8 @@ def loss_peak_bytes(model: ModelSpec, *, tokens: Num, tp: Num, workload: Workloa
         return FP32_BYTES * tokens * model.vocab_size / split + scalar
     if cond.loss is LossKind.COMPILED:
         return COMPILED_LOSS_BYTES * tokens * model.vocab_size / split
+    if cond.loss is LossKind.BF16:
+        return BF16_LOSS_BYTES * tokens * model.vocab_size / split
     chunks = FUSED_LOSS_CHUNKS if cond.loss is LossKind.FUSED else 1
     return UPCAST_LOSS_BYTES * tokens * model.vocab_size / split / chunks
 

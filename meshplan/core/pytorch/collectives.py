@@ -119,7 +119,8 @@ def fsdp_calls(
     inner: Num,
     reshard_root: Num = False,
 ) -> list[CollectiveCall]:
-    """FSDP2's all-gathers and reduce-scatters, unit by unit, over the shard group ``group``.
+    """FSDP2's all-gathers and reduce-scatters, unit by unit, over the shard group ``group``, under ZeRO-3 and
+    under ZeRO-2 (reshard-after-forward off: each unit gathered once per micro-batch, in forward).
 
     ``reshard_root``: ``fully_shard(..., reshard_after_forward=True)`` given explicitly, which reshards the root
     too (the default leaves it gathered), so backward gathers it again. Under ``work.conditions``: with
@@ -127,7 +128,9 @@ def fsdp_calls(
     gathers (FSDP2 still reshards after backward) but only the last one reduce-scatters.
     """
     at = RankCoords(tp=lay.tp, tp_rank=st.tp_rank, ep=lay.ep, fsdp=group, etp=lay.etp)  # type: ignore[attr-defined]
-    on = where(lay.zero == ZeroStage.PARAMETERS, 1, 0)  # type: ignore[attr-defined]
+    zero = lay.zero  # type: ignore[attr-defined]
+    on = where(zero >= ZeroStage.GRADIENTS, 1, 0)  # ZeRO-2: FSDP2 without resharding after forward (SHARD_GRAD_OP)
+    reshard = where(zero == ZeroStage.PARAMETERS, int(work.conditions.reshard_after_forward), 0)
     m, cond = st.micro_batches, work.conditions
     reductions = m if cond.grad_sync else 1
     reduce_bytes = work.precision.grad_bytes
@@ -135,7 +138,7 @@ def fsdp_calls(
     for unit, padded, count in fsdp_units(model, at, _units(st)):
         # FP8 all-gather converts the layers' Float8Linear weights; the root (embedding, head) stays bf16
         param_bytes = gather_bytes(work.precision, fp8=cond.fp8_all_gather and unit != "root")
-        regather = where(reshard_root, 1, 0) if unit == "root" else int(cond.reshard_after_forward)
+        regather = where(reshard_root, 1, 0) if unit == "root" else reshard
         gathers = [("forward", count), ("backward", count * regather)]
         calls += [
             make_call(

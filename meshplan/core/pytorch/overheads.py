@@ -75,6 +75,29 @@ def tp_chunk_cat_bytes(
     return forward, backward + full * forward
 
 
+def keep_gemm_share(model: ModelSpec, g: Gemm, keep: tuple[str, ...]) -> float:
+    """Share of ``g`` whose output ``--recompute-keep`` saves, so backward need not run it again: the fused Q/K/V
+    GEMM split by the widths of the kept projections, the gate/up GEMM by its halves; MLA's down projections and
+    the router, whose outputs are never named, are recomputed."""
+    kept = set(keep)
+    gated = model.mlp is MlpKind.GATED
+    if g.name == "qkv":
+        widths = {"q": model.q_width, "k": model.kv_width, "v": model.kv_width}
+        return sum(w for name, w in widths.items() if name in kept) / (model.q_width + 2 * model.kv_width)
+    if g.name in ("q", "q_up"):
+        return 1.0 if "q" in kept else 0.0
+    if g.name == "kv_up" and model.mla is not None:
+        nope, v = model.mla.qk_nope_head_dim, model.mla.v_head_dim
+        return (nope * ("k" in kept) + v * ("v" in kept)) / (nope + v)
+    if g.name == "attn_out":
+        return 1.0 if "o" in kept else 0.0
+    if g.name in ("mlp_up", "expert_up", "shared_up"):
+        return (("gate" in kept) + ("up" in kept)) / 2 if gated else float("up" in kept)
+    if g.name in ("mlp_down", "expert_down", "shared_down"):
+        return 1.0 if "down" in kept else 0.0
+    return 0.0
+
+
 def op_sac_share(model: ModelSpec, g: Gemm, *, moe_layer: bool) -> float:
     """Share of ``g`` torchtitan's per-op selective checkpointing recomputes: every second aten.mm of a block in
     call order, of wq, wk, wv, wo, w1, w3, w2 the 2nd, 4th and 6th (wk, wo, w3; without a gate, of wq, wk, wv, wo,

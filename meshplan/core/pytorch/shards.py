@@ -223,11 +223,18 @@ def torch_state(
 ) -> TorchState:
     """The state bill of one GPU; ``ddp_ranks`` is the group DDP averages gradients over (dp x cp).
 
+    ``zero`` picks PyTorch's form of each ZeRO stage: 3 is FSDP2 (``fully_shard``), 2 is FSDP2 with
+    ``reshard_after_forward=False`` (FSDP1's SHARD_GRAD_OP, torchtitan's ``fsdp_reshard_after_forward="never"``):
+    parameters, gradients and optimizer state stay sharded over ``at.fsdp`` at rest, and every unit stays gathered
+    from its forward to its backward; 1 shards the optimizer state alone over ``ddp_ranks``
+    (``ZeroRedundancyOptimizer``); 0 is DDP.
     ``reshard_after_forward`` False: every FSDP2 unit stays gathered between its forward and its backward
     (``fully_shard(..., reshard_after_forward=False)``), the root as by default. ``fp8_all_gather``: the layers'
     units gather in FP8 (the root, with the embedding and the output head that stay in bf16, does not)."""
     p = rank_params(model, at, units)
-    fsdp = (zero >= ZeroStage.PARAMETERS) & (at.fsdp > 1)
+    fsdp = (zero >= ZeroStage.GRADIENTS) & (at.fsdp > 1)
+    reshard_after_forward = reshard_after_forward & (zero >= ZeroStage.PARAMETERS)
+    optimizer_shards = where((zero == ZeroStage.OPTIMIZER) & (ddp_ranks > 1), ddp_ranks, 1)
     grads_extra = where(fsdp | (at.tp == 1), 0.0, p.vocab_rows_elsewhere)
     step = OPTIMIZER_STEP_BYTES.get(optimizer, 0.0)
     ddp = (zero == ZeroStage.NONE) & (ddp_ranks > 1)
@@ -241,8 +248,8 @@ def torch_state(
         params_storage_bytes=p.padded_numel * precision.weight_bytes,
         grads_bytes=(p.numel + grads_extra) * precision.grad_bytes,
         grads_storage_bytes=(where(fsdp, p.padded_numel, p.numel) + grads_extra) * precision.grad_bytes,
-        optimizer_bytes=p.numel * (moment_bytes + precision.master_bytes) + p.tensors * step,
-        master_bytes=p.numel * precision.master_bytes,
+        optimizer_bytes=(p.numel * (moment_bytes + precision.master_bytes) + p.tensors * step) / optimizer_shards,
+        master_bytes=p.numel * precision.master_bytes / optimizer_shards,
         ddp_bucket_bytes=where(ddp, reduced * precision.grad_bytes, 0.0),
         gathered_root_bytes=where(where(reshard_root, False, fsdp), kept * at.fsdp * gather_bytes(precision), 0.0),
         fsdp_transient_bytes=where(fsdp, transient, 0.0),

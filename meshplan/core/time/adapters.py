@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.core.finetune import adapted_matrices, nf4_bytes_per_param
+from meshplan.core.finetune import adapted_matrices, base_bytes_per_param
 from meshplan.core.num import Num
 from meshplan.core.time.flops import Gemm
 from meshplan.spec.finetune import Finetune, FinetuneMode
@@ -57,7 +57,9 @@ def adapter_time(
 ) -> AdapterTime:
     """An adapted layer's adapter passes, each the elements it reads and writes at HBM speed (``ADAPTER_FORWARD``,
     ``ADAPTER_WEIGHT_GRAD``, ``ADAPTER_INPUT_GRAD``). QLoRA dequantizes each NF4 matrix to bf16 before every use:
-    4.127 bits read, 16 written and read again."""
+    4.127 bits read, 16 written and read again; a GPTQ int4 base the same with its own bits (4.156 at groups of
+    128): AutoGPTQ's kernels rebuild the fp16 matrix for inputs of more than a few rows (exllama's
+    reconstruction) before a dense matmul, the same traffic."""
 
     def over(coefficients: tuple[int, int, int]) -> Num:
         elements = adapter_bytes_per_token(model, finetune, tp=tp, moe_layer=moe_layer, coefficients=coefficients)
@@ -66,7 +68,7 @@ def adapter_time(
     dequant: Num = 0.0
     if finetune.mode is FinetuneMode.QLORA:
         weights = sum(g.n * g.k * g.count for g in gemms)
-        dequant = weights * (nf4_bytes_per_param(double_quant=finetune.double_quant) + 4.0) / hbm
+        dequant = weights * (base_bytes_per_param(finetune) + 4.0) / hbm
     return AdapterTime(
         forward_s=over(ADAPTER_FORWARD),
         weight_grad_s=over(ADAPTER_WEIGHT_GRAD),

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from meshplan.core.num import Num, minimum, where
 from meshplan.core.pytorch.overheads import (
+    keep_gemm_share,
     op_sac_share,
 )
 from meshplan.core.pytorch.ring_merge import ring_merge_time
@@ -69,6 +70,9 @@ class LayerTime:
     """The weight-gradient matmuls of backward (the adapters' alone when the base is frozen)."""
     op_sac_gemm_s: Num
     """The matmuls torchtitan's per-op selective checkpointing recomputes (``pytorch.overheads.op_sac_share``)."""
+    keep_gemm_s: Num = 0.0
+    """The matmuls whose outputs ``--recompute-keep`` saves (``pytorch.overheads.keep_gemm_share``): what its
+    recompute does not repeat."""
     mla_up_gemm_s: Num = 0.0
     """MLA's query and key/value up-projections (q_up, kv_up), of ``gemm_s``: what Megatron's selective
     recompute of ``mla_up_proj`` repeats."""
@@ -248,6 +252,8 @@ class ComputeSetup:
     te_ring: bool = False
     """A ring over the CP ranks is Transformer Engine's (Megatron-Core), correcting each step's output and adding
     the gradients in bf16 (te_ring.py)."""
+    recompute_keep: tuple[str, ...] = ()
+    """The tensors ``--recompute-keep`` saves (``Conditions.recompute_keep``)."""
 
     def gemm_s(self, g: Gemm, *, linear: bool = False) -> Num:
         """A GEMM's time: the linear layers' at the compute dtype's peak, the others at bf16's."""
@@ -335,6 +341,8 @@ def layer_time(
     times = [setup.gemm_s(g, linear=True) for g in gemms]
     gemm_s = sum(times)
     op_sac = sum(t * op_sac_share(model, g, moe_layer=moe_layer) for g, t in zip(gemms, times, strict=True))
+    keep = setup.recompute_keep
+    kept = sum(t * keep_gemm_share(model, g, keep) for g, t in zip(gemms, times, strict=True)) if keep else 0.0
     weights = sum(g.n * g.k * g.count for g in gemms)
     adapted = finetune is not None and finetune.adapted
     cast_fwd, cast_bwd = _layer_casts(gemms, setup, frozen=frozen or adapted)
@@ -368,6 +376,7 @@ def layer_time(
         backward_s=backward,
         weight_grad_s=weight_grad,
         op_sac_gemm_s=op_sac,
+        keep_gemm_s=kept,
         mla_up_gemm_s=by_name.get("q_up", 0.0) + by_name.get("kv_up", 0.0),
         shared_gemm_s=by_name.get("shared_up", 0.0) + by_name.get("shared_down", 0.0),
         tail_gemm_s=by_name.get("mlp_down", 0.0),
@@ -384,6 +393,7 @@ LOSS_BYTES = {
     LossKind.FRAMEWORK: (8.0, 8.0),
     LossKind.FUSED: (8.0, 8.0),
     LossKind.UPCAST: (22.0, 26.0),
+    LossKind.BF16: (8.0, 10.0),
     LossKind.COMPILED: (2.0, 4.0),
 }
 """(forward, backward) bytes per logit of the loss. A fused cross-entropy: about four fp32 passes over the logits,
@@ -393,7 +403,9 @@ maximum, again for the sum of exponentials and again to write the output (4 + 4 
 nll_loss's fp32 gradient written (4), log_softmax's backward reading it for the row sum (4), then it and the
 saved output to write the input gradient (4 + 4 + 4), and the downcast to bf16 (4 + 2): 26. The same loss under
 torch.compile: forward one read of the bf16 logits (Inductor's online softmax takes the maximum and the sum of
-exponentials in one pass), backward that read again and the bf16 gradient written: 2 and 4."""
+exponentials in one pass), backward that read again and the bf16 gradient written: 2 and 4. ``cross_entropy(logits)``
+on bf16 logits, eager: log_softmax's three passes in bf16 (2 + 2 + 2 + 2) forward, 8; backward nll_loss's bf16
+gradient (2) and log_softmax's backward (2 + 2 + 2 + 2), 10."""
 MEGATRON_CE_BYTES = (38.0, 14.0)
 """Megatron-Core's unfused vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py on ``logits.float()``,
 language_module.py), pass by pass per logit element. Forward: the upcast (read 2, write 4), the max (read 4),

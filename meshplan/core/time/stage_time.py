@@ -94,6 +94,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         repeat_kv=work.conditions.repeat_kv,
         ring_merge=work.framework is Framework.TORCH,
         te_ring=work.framework is Framework.MEGATRON,
+        recompute_keep=work.conditions.recompute_keep if work.conditions.selective is Selective.KEEP else (),
     )
     span = work.attention_span  # the sequence, or its document when packed documents attend within themselves
     common = dict(
@@ -192,7 +193,9 @@ def _unfused_megatron_loss(work: Workload) -> bool:
     return work.framework is Framework.MEGATRON and cond.loss is LossKind.FRAMEWORK and not cond.loss_fusion
 
 
-def selective_redo_s(lt: LayerTime, policy: Selective, modules: tuple[str, ...], *, moe_layer: bool = False) -> Num:
+def selective_redo_s(
+    lt: LayerTime, policy: Selective, modules: tuple[str, ...], *, moe_layer: bool = False, keep: tuple[str, ...] = ()
+) -> Num:
     """Forward time one layer repeats in backward under ``--recompute selective``, as each stack defines it.
 
     Megatron: the attention core (Korthikanti et al. 2022 Sec. 5), or its --recompute-modules, module by module
@@ -203,7 +206,12 @@ def selective_redo_s(lt: LayerTime, policy: Selective, modules: tuple[str, ...],
     (``qkv_up_proj_and_rope_apply``: linear_q_up_proj and linear_kv_up_proj, the rotary part elementwise and
     left out). torchtitan's per-op policy recomputes every second matmul (wk, wo, w3) and all the elementwise
     work but saves the attention output; its per-layer policy (ac_freq 2) recomputes every second layer whole.
+    A save list (``--recompute-keep``) reruns the whole forward but the matmuls whose outputs it kept and, when it
+    kept the attention output, the attention kernel: torch.utils.checkpoint replays the layer's forward, and each
+    saved op hands back its output instead of running.
     """
+    if policy is Selective.KEEP:
+        return lt.forward_s - lt.keep_gemm_s - (lt.attention_core_fwd_s if "attn" in keep else 0.0)
     if policy is Selective.OP:
         return lt.op_sac_gemm_s + lt.memory_s
     if policy is Selective.LAYER:
@@ -234,9 +242,10 @@ def _stage_values(
     full_share = (
         1.0 if cond.recompute_layers is None else minimum(cond.recompute_layers, row.layers) / maximum(row.layers, 1)
     )
-    selective = n_dense * selective_redo_s(dense, cond.selective, cond.recompute_modules) + n_moe * selective_redo_s(
-        moe, cond.selective, cond.recompute_modules, moe_layer=True
-    )
+    keep = cond.recompute_keep
+    selective = n_dense * selective_redo_s(
+        dense, cond.selective, cond.recompute_modules, keep=keep
+    ) + n_moe * selective_redo_s(moe, cond.selective, cond.recompute_modules, moe_layer=True, keep=keep)
     # PyTorch's non-reentrant checkpoint stops before the block's last matmul (Conditions.recompute_early_stop)
     tail = n_dense * dense.tail_gemm_s + n_moe * moe.tail_gemm_s if cond.recompute_early_stop else 0.0
     recompute = lay.recompute

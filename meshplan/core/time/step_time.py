@@ -172,7 +172,7 @@ def _stage_shape(
         expert_params=most("base_experts"),
         trained_dense_params=most("train_dense"),
         trained_expert_params=most("train_experts"),
-        base_gather_bytes=finetune.nf4_bytes_per_param(double_quant=ft.double_quant)
+        base_gather_bytes=finetune.base_bytes_per_param(ft)
         if finetune.quantized_base(ft)
         else (DTYPE_BYTES[DType.FP8] if work.conditions.fp8_all_gather else None),
         embedding=True,  # the embedding's and the head's PyTorch-native collectives: an upper bound over stages

@@ -142,9 +142,9 @@ CONDITION_FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_C,
-        choices=("framework", "upcast", "fused", "compiled"),
-        help="cross-entropy: the framework's own, eager fp32 upcast, chunked/fused, or the upcast under torch.compile "
-        "(torchtitan's with compile since 2025-04)",
+        choices=("framework", "upcast", "bf16", "fused", "compiled"),
+        help="cross-entropy: the framework's own, eager fp32 upcast, eager on the bf16 logits (no upcast), "
+        "chunked/fused, or the upcast under torch.compile (torchtitan's with compile since 2025-04)",
     ),
     _switch("loss_parallel", "compute the loss on vocabulary shards over the TP group"),
     _switch(
@@ -187,9 +187,18 @@ CONDITION_FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_C,
-        choices=("core-attention", "layer", "modules", "op"),
+        choices=("core-attention", "layer", "modules", "op", "keep"),
         help="what --recompute selective recomputes: Megatron's core attention or its --recompute-modules list, "
-        "or torchtitan's per-op or every-second-layer checkpointing",
+        "torchtitan's per-op or every-second-layer checkpointing, or keep: the --recompute-keep tensors only",
+    ),
+    Field(
+        name="recompute_keep",
+        type=str,
+        default=None,
+        group=_C,
+        help="with --recompute selective (sets --selective keep): the tensors each layer keeps, comma-separated, "
+        "every other one recomputed in backward: norm, q, k, v, attn, o, gate, up, act, down (q,k,v: the Q/K/V "
+        "projections only)",
     ),
     Field(
         name="recompute_modules",

@@ -293,6 +293,25 @@ RUN_FIELDS: tuple[Field, ...] = (
         help="LoRA / QLoRA: the embedding and the output head train too (PEFT modules_to_save)",
     ),
     Field(
+        name="qlora_base",
+        type=str,
+        default=None,
+        group=_F,
+        choices=("nf4", "gptq-int4"),
+        help="qlora: how the frozen base is stored: bitsandbytes NF4 (default, blocks of 64, double-quantized "
+        "scales) or GPTQ int4 (4 bits with an fp16 scale and a 4-bit zero per group, as AutoGPTQ packs it)",
+    ),
+    Field(
+        name="quant_group_size",
+        type=int,
+        default=None,
+        group=_F,
+        lo=16,
+        hi=1 << 16,
+        unit="weights",
+        help="--qlora-base gptq-int4: weights per scale and zero along the input dimension (default 128)",
+    ),
+    Field(
         name="freeze",
         type=str,
         default=None,
