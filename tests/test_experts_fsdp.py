@@ -11,7 +11,7 @@ import pytest
 from meshplan import io
 from meshplan.cli import main
 from meshplan.core.comm.cost import Collective
-from meshplan.core.params import layer_tensors
+from meshplan.core.params import ParamTensor, layer_tensors
 from meshplan.core.pytorch.shards import RankCoords, expert_fsdp_group, fsdp_numel, fsdp_units
 from meshplan.core.stages import StageRow
 
@@ -70,3 +70,16 @@ def test_estimate_gathers_experts_over_dp_over_ep(capsys: pytest.CaptureFixture[
     # this EP rank's 16 experts, bf16, gathered whole: its slice of the 3 (E, h, f) matrices
     model = io.load_model("qwen3-30b-a3b")
     assert experts["size_bytes_per_call"] == 2 * 3 * 16 * model.hidden * model.moe.expert_ffn_hidden
+
+
+@pytest.mark.parametrize(
+    ("world", "ep", "experts", "measured"),
+    [(8, 2, 4, (2, 4, 24)), (8, 2, 8, (1, 16, 24))],
+)
+def test_expert_shards_as_fsdp2_stores_them(world: int, ep: int, experts: int, measured: tuple[int, ...]) -> None:
+    """The local shard of one (E, 16, 24) expert tensor as FSDP2 stored it, measured on CPU (torch 2.13, gloo, 8
+    ranks on a (world / ep, ep) mesh, ``fully_shard(experts, mesh=mesh["efsdp"])`` with torchtitan's Shard(1)
+    placement where world / ep x ep > E): E / ep = 2 experts over 4 ranks went to dim 1, 4 experts stayed on dim 0."""
+    tensor = ParamTensor(name="experts.w1", shape=(experts, 16, 24), expert=True)
+    owned, stored = fsdp_numel(tensor, RankCoords(fsdp=world, ep=ep))
+    assert owned == stored == math.prod(measured)
