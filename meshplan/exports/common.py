@@ -11,6 +11,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from meshplan.spec.conditions import EpDispatch
 from meshplan.spec.layout import Layout, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
@@ -141,10 +142,13 @@ def grad_accumulation_steps(layout: Layout, workload: Workload) -> int:
     return workload.global_batch // per_pass
 
 
-def check_experts(engine: Engine, model: ModelSpec, layout: Layout) -> None:
-    """Expert parallelism needs experts."""
+def check_experts(engine: Engine, model: ModelSpec, layout: Layout, workload: Workload | None = None) -> None:
+    """Expert parallelism needs experts; DeepEP's dispatcher, an engine that runs it (``workload``: None for one
+    that does)."""
     if layout.ep > 1 and model.moe is None:
         raise UnsupportedByEngine(engine, f"split experts (ep={layout.ep}) of the dense model {model.name}", "ep=1")
+    if workload is not None and workload.conditions.ep_dispatch is EpDispatch.DEEPEP and model.moe is not None:
+        raise UnsupportedByEngine(engine, "dispatch tokens through DeepEP", "ep_dispatch alltoall")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -40,7 +40,7 @@ Json = dict[str, object]
 
 
 def _check(model: ModelSpec, layout: Layout, workload: Workload) -> None:
-    check_experts(ENGINE, model, layout)
+    check_experts(ENGINE, model, layout, workload)
     if layout.pp > 1:
         raise UnsupportedByEngine(
             ENGINE,

@@ -38,7 +38,7 @@ from meshplan.exports.common import (
     shell_join,
     shell_script,
 )
-from meshplan.spec.conditions import Fp8Recipe, StageSplit
+from meshplan.spec.conditions import EpDispatch, Fp8Recipe, StageSplit
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import MlpKind, ModelSpec, NormKind
 from meshplan.spec.workload import Attention, OptimizerKind, Workload
@@ -217,7 +217,7 @@ def _attention_args(model: ModelSpec) -> Args:
     return args
 
 
-def _moe_args(model: ModelSpec) -> Args:
+def _moe_args(model: ModelSpec, workload: Workload) -> Args:
     moe = model.moe
     if moe is None:
         return []
@@ -230,7 +230,9 @@ def _moe_args(model: ModelSpec) -> Args:
         dense, sparse = moe.num_dense_layers, model.num_layers - moe.num_dense_layers
         args += _flag("--moe-layer-freq", f"([0]*{dense}+[1]*{sparse})")
     args += ["--moe-router-enable-expert-bias"] if moe.router_bias else []
-    return [*args, "--moe-grouped-gemm", *_flag("--moe-token-dispatcher-type", "alltoall")]
+    # DeepEP: the flex dispatcher, whose backend (--moe-flex-dispatcher-backend) defaults to deepep
+    dispatcher = "flex" if workload.conditions.ep_dispatch is EpDispatch.DEEPEP else "alltoall"
+    return [*args, "--moe-grouped-gemm", *_flag("--moe-token-dispatcher-type", dispatcher)]
 
 
 def _model_args(model: ModelSpec, workload: Workload) -> Args:
@@ -248,7 +250,7 @@ def _model_args(model: ModelSpec, workload: Workload) -> Args:
     if not model.dropout:
         args += _flag("--attention-dropout", 0.0) + _flag("--hidden-dropout", 0.0)
     args += _flag("--mtp-num-layers", model.mtp_layers) if model.mtp_layers else []
-    return args + _moe_args(model)
+    return args + _moe_args(model, workload)
 
 
 def megatron_args(model: ModelSpec, layout: Layout, workload: Workload, *, model_path: str | None = None) -> list[str]:

@@ -114,7 +114,7 @@ def _layers_per_stage(num_layers: int, layout: Layout) -> tuple[int, int]:
 
 
 def _check(model: ModelSpec, layout: Layout, workload: Workload) -> None:
-    check_experts(ENGINE, model, layout)
+    check_experts(ENGINE, model, layout, workload)
     if effective_zero(layout) is ZeroStage.OPTIMIZER:
         raise UnsupportedByEngine(
             ENGINE,

@@ -18,6 +18,7 @@ from meshplan.spec import requests
 from meshplan.spec.conditions import (
     Conditions,
     CpRotate,
+    EpDispatch,
     Fp8Recipe,
     LossKind,
     Selective,
@@ -138,6 +139,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         repeat_kv=_on(resolved.get("repeat_kv"), False),
         recompute_early_stop=_on(resolved.get("recompute_early_stop"), False),
         cp_rotate=CpRotate(resolved.get("cp_rotate") or "alltoall"),
+        ep_dispatch=EpDispatch(resolved.get("ep_dispatch") or "alltoall"),
         fsdp_copies=_on(resolved.get("fsdp_copies"), False),
         pp_host_sync=_on(resolved.get("pp_host_sync"), True),
         launch=resolved.get("launch"),

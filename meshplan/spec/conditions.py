@@ -114,6 +114,18 @@ class Zero3GradReduce(StrEnum):
     flatten the bucket, divide by the group size, all_reduce, copy back)."""
 
 
+class EpDispatch(StrEnum):
+    """How MoE tokens travel to their experts and back (Megatron-Core's --moe-token-dispatcher-type, and with
+    ``flex`` its DeepEP backend; torchtitan's expert parallelism)."""
+
+    ALLTOALL = "alltoall"
+    """NCCL all-to-all of one row per (token, expert) pair: k copies of a token, each on its own (Megatron-Core's
+    alltoall dispatcher, torchtitan's all_to_all_single)."""
+    DEEPEP = "deepep"
+    """DeepEP's normal kernels (Megatron-Core's flex dispatcher): a token goes once to each node holding one of its
+    experts over RDMA, then on by NVLink to each GPU holding one, with a fixed budget of SMs taken from compute."""
+
+
 class CpRotate(StrEnum):
     """How PyTorch's ring attention (torch.distributed.tensor.experimental context_parallel) moves the K/V blocks
     (its ``_cp_options.rotate_method``; torchtitan's --experimental.context_parallel_rotate_method)."""
@@ -224,6 +236,8 @@ class Conditions:
     backward needs is back, and autograd saves an op's inputs before it runs the op, so the block's last matmul
     (the MLP's down projection, whose inputs are the last tensors saved) is never recomputed. False: the whole
     forward is repeated (Megatron's reentrant checkpoint, the reentrant torch.utils.checkpoint)."""
+    ep_dispatch: EpDispatch = EpDispatch.ALLTOALL
+    """How MoE tokens reach their experts: NCCL all-to-all, or DeepEP's deduplicating kernels."""
     cp_rotate: CpRotate = CpRotate.ALLTOALL
     """How PyTorch's ring attention passes K/V blocks: block by block, or one all-gather after the first block
     (read only with the ring of PyTorch-native stacks; Megatron's ring is block by block)."""

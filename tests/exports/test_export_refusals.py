@@ -17,6 +17,7 @@ from meshplan.exports import (
     export_torchtitan,
     export_vllm,
 )
+from meshplan.spec.conditions import Conditions, EpDispatch
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import PRECISIONS, Optimizer, OptimizerKind, Workload
@@ -142,3 +143,18 @@ def test_user_errors_are_plain_value_errors() -> None:
         replace(SERVING, max_num_seqs=True)
     with pytest.raises(ValueError, match="do not fill whole nodes"):
         export_megatron(LLAMA_8B, Layout(dp_replicate=12), Workload(seq_len=4096, global_batch=48))
+
+
+def test_deepep_dispatch_exports_as_megatrons_flex_dispatcher_and_is_refused_elsewhere() -> None:
+    layout = Layout(dp_shard=8, ep=8, zero=ZeroStage.PARAMETERS)
+    deepep = replace(WORKLOAD, conditions=Conditions(ep_dispatch=EpDispatch.DEEPEP))
+
+    def dispatcher(workload: Workload) -> str:
+        words = export_megatron(QWEN3_30B_A3B, Layout(ep=8, dp_replicate=8), workload).command.split()
+        return words[words.index("--moe-token-dispatcher-type") + 1]
+
+    assert (dispatcher(WORKLOAD), dispatcher(deepep)) == ("alltoall", "flex")
+    for export in (export_torchtitan, export_deepspeed):
+        error = refusal(export, QWEN3_30B_A3B, layout, deepep)
+        assert "DeepEP" in error.missing and error.closest == "ep_dispatch alltoall"
+    export_torchtitan(LLAMA_8B, Layout(dp_shard=8, zero=ZeroStage.PARAMETERS), deepep)  # a dense model: nothing

@@ -99,6 +99,7 @@ def make_call(
     per_micro_batch: Num = True,
     overlappable: Num = True,
     leaving_share: Num = 1.0,
+    staying_share: Num = 1.0,
     host_s: Num = 0.0,
 ) -> CollectiveCall:
     """One collective's record; ``host_s`` is time per call the host adds beside the wire (copies it launches)."""
@@ -121,6 +122,7 @@ def make_call(
             inner_latency_s=cluster.scale_up.latency_s,
             outer_latency_s=cluster.scale_out.latency_s,
             leaving_share=on(leaving_share),
+            staying_share=on(staying_share),
         ) + on(host_s)
 
     t: Num = 0.0

@@ -181,12 +181,14 @@ def hierarchical_time(
     inner_latency_s: Num,
     outer_latency_s: Num,
     leaving_share: Num = 1.0,
+    staying_share: Num = 1.0,
 ) -> Num:
     """A collective over ``inner`` ranks per scale-up domain times ``outer`` domains.
 
     All-reduce, all-gather and reduce-scatter: ``nccl_time``. All-to-all: the (outer-1)/outer share of each
     buffer leaves the domain over the NICs while the rest stays on the scale-up link; ``leaving_share`` scales
-    the bytes that leave (node-limited MoE routing sends fewer copies across nodes). Broadcast: across the
+    the bytes that leave (node-limited MoE routing sends fewer copies across nodes), ``staying_share`` those on the
+    scale-up link (DeepEP: its deduplicated and forwarded copies, core/comm/ep.py). Broadcast: across the
     domains, then inside each. Send/recv: one message over the slower link it crosses.
     """
     n = inner * outer
@@ -196,7 +198,7 @@ def hierarchical_time(
 
     if op is Collective.ALL_TO_ALL:
         leaving = size_bytes * (n - inner) / n * leaving_share
-        staying = size_bytes * (inner - 1) / n
+        staying = size_bytes * (inner - 1) / n * staying_share
         t_out = where(outer > 1, leaving / outer_bytes_per_s + (outer - 1) * outer_latency_s, 0.0)
         t_in = where(inner > 1, staying / inner_bytes_per_s + (inner - 1) * inner_latency_s, 0.0)
         return maximum(t_out, t_in)

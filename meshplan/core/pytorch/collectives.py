@@ -18,7 +18,7 @@ from __future__ import annotations
 from meshplan.core.comm.call import CollectiveCall, StageShape, make_call
 from meshplan.core.comm.cost import Collective
 from meshplan.core.memory.activations import vocab_parallel_loss
-from meshplan.core.num import Num, ceil_div, where
+from meshplan.core.num import Num, ceil_div, gcd, maximum, minimum, where
 from meshplan.core.placement import AxisPlacement
 from meshplan.core.pytorch.shards import RankCoords, ddp_buckets, fsdp_units, gather_bytes, rank_params
 from meshplan.core.stages import StageRow
@@ -135,9 +135,12 @@ def fsdp_calls(
     reductions = m if cond.grad_sync else 1
     reduce_bytes = work.precision.grad_bytes
     calls: list[CollectiveCall] = []
-    for unit, padded, count in fsdp_units(model, at, _units(st)):
+    ep_inner = maximum(inner // gcd(inner, lay.ep), 1)  # type: ignore[attr-defined]
+    for unit, padded, count, on_group in fsdp_units(model, at, _units(st)):
         # FP8 all-gather converts the layers' Float8Linear weights; the root (embedding, head) stays bf16
         param_bytes = gather_bytes(work.precision, fp8=cond.fp8_all_gather and unit != "root")
+        # the experts' group: the shard group's ranks at one EP rank, strided by the EP group inside the domain
+        g, g_inner = (on_group, minimum(ep_inner, on_group)) if unit == "experts" else (group, inner)
         regather = where(reshard_root, 1, 0) if unit == "root" else reshard
         gathers = [("forward", count), ("backward", count * regather)]
         calls += [
@@ -147,10 +150,10 @@ def fsdp_calls(
                 place,
                 cl,
                 phase=phase,
-                size=group * padded * param_bytes,
+                size=g * padded * param_bytes,
                 count=on * m * n,
-                group=group,
-                inner=inner,
+                group=g,
+                inner=g_inner,
             )
             for phase, n in gathers
         ]
@@ -161,10 +164,10 @@ def fsdp_calls(
                 place,
                 cl,
                 phase="backward",
-                size=group * padded * reduce_bytes,
+                size=g * padded * reduce_bytes,
                 count=on * reductions * count,
-                group=group,
-                inner=inner,
+                group=g,
+                inner=g_inner,
             )
         )
     return calls

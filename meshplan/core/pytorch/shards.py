@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.core.num import Num, ceil_div, maximum, minimum, where
+from meshplan.core.num import Num, ceil_div, gcd, maximum, minimum, where
 from meshplan.core.params import ParamTensor, embedding_tensors, head_tensors, layer_tensors
 from meshplan.core.stages import StageRow
 from meshplan.spec.layout import ZeroStage
@@ -61,6 +61,24 @@ class RankCoords:
     fsdp_rank: Num = 0
     etp: Num = None
     """TP degree inside each routed expert (None: tp; 1 when EP folds over TP)."""
+    expert_fsdp: Num = None
+    """FSDP2's shard group of the routed experts (None: ``expert_fsdp_group`` of the degrees above)."""
+
+
+def expert_fsdp_group(at: RankCoords) -> Num:
+    """The ranks FSDP2 shards a routed expert over: those of its shard group outside the EP group.
+
+    Expert parallelism already gives each rank its own E / ep experts, so torchtitan wraps them in a unit of
+    their own on the ``dp_shard_mod_ep`` mesh, (dp_shard cp tp / etp) / ep ranks where EP borrows from the shard
+    group (and from the TP ranks an expert does not split); the rest of the layer stays on the whole shard group
+    (torchtitan parallelize.py apply_fsdp: ``fully_shard(transformer_block.moe.experts, mesh=dp_mod_ep_mesh)``;
+    ParallelDims: dp_shard_mod_ep = dp_shard cp tp / ep when etp = 1, dp_shard cp / ep when etp = tp). Without EP
+    the experts sit in their layer's unit, on the whole group."""
+    if at.expert_fsdp is not None:
+        return at.expert_fsdp
+    etp = at.tp if at.etp is None else at.etp
+    group = where(at.ep > 1, at.fsdp * at.tp // etp, at.fsdp)
+    return where(at.fsdp > 1, group // gcd(group, at.ep), 1)
 
 
 def local_dims(tensor: ParamTensor, at: RankCoords, *, padded: bool = False) -> tuple[Num, Num]:
@@ -69,6 +87,14 @@ def local_dims(tensor: ParamTensor, at: RankCoords, *, padded: bool = False) -> 
     ``padded``: the TP-split dim at its full chunk, as stored. ``distribute_tensor`` scatters padded chunks and
     hands the last ranks a narrowed view of theirs, so a short TP shard still occupies a whole chunk.
     """
+    dims = _local_shape(tensor, at, padded=padded)
+    numel: Num = 1
+    for d in dims:
+        numel = numel * d
+    return dims[0], numel
+
+
+def _local_shape(tensor: ParamTensor, at: RankCoords, *, padded: bool = False) -> list[Num]:
     dims: list[Num] = list(tensor.shape)
     if tensor.tp_dim is not None:
         size = dims[tensor.tp_dim]
@@ -77,21 +103,29 @@ def local_dims(tensor: ParamTensor, at: RankCoords, *, padded: bool = False) -> 
         dims[tensor.tp_dim] = ceil_div(size, split) if padded else chunk_rows(size, split, rank)
     if tensor.expert:
         dims[0] = chunk_rows(dims[0], at.ep, at.ep_rank)
-    numel: Num = 1
-    for d in dims:
-        numel = numel * d
-    return dims[0], numel
+    return dims
 
 
 def fsdp_numel(tensor: ParamTensor, at: RankCoords) -> tuple[Num, Num]:
     """(elements this rank owns, elements its storage holds) of ``tensor``.
 
     Under FSDP2 (``fsdp`` > 1) the storage is the padded shard of the TP-local tensor; without it, the TP chunk.
+    A routed expert is sharded over its own group (``expert_fsdp_group``), on dim 1 where the rank's experts are
+    fewer than that group (torchtitan's ``Shard(1)`` placement when efsdp x ep > the experts: no padded rows).
     """
     rows, numel = local_dims(tensor, at)
+    group = expert_fsdp_group(at) if tensor.expert else at.fsdp
+    rank = at.fsdp_rank % group
     per_row = numel / maximum(rows, 1)
-    stored = where(at.fsdp > 1, ceil_div(rows, at.fsdp) * per_row, local_dims(tensor, at, padded=True)[1])
-    return chunk_rows(rows, at.fsdp, at.fsdp_rank) * per_row, stored
+    by_row = ceil_div(rows, group) * per_row, chunk_rows(rows, group, rank) * per_row
+    if tensor.expert and len(tensor.shape) >= 2:
+        cols = _local_shape(tensor, at)[1]
+        per_col = numel / maximum(rows * cols, 1)
+        by_col = rows * ceil_div(cols, group) * per_col, rows * chunk_rows(cols, group, rank) * per_col
+        on_cols = rows < group
+        by_row = where(on_cols, by_col[0], by_row[0]), where(on_cols, by_col[1], by_row[1])
+    stored = where(group > 1, by_row[0], local_dims(tensor, at, padded=True)[1])
+    return where(group > 1, by_row[1], numel), stored
 
 
 def unit_padded_numel(tensors: tuple[ParamTensor, ...], at: RankCoords) -> Num:
@@ -141,15 +175,21 @@ def rank_params(model: ModelSpec, at: RankCoords, units: StageRow) -> RankParams
     )
 
 
-def fsdp_units(model: ModelSpec, at: RankCoords, units: StageRow) -> list[tuple[str, Num, Num]]:
-    """(unit, padded shard elements of one unit, units of that kind on the stage): FSDP2 wraps every layer and
-    then the stage's root (embedding, final norm, output head)."""
+def fsdp_units(model: ModelSpec, at: RankCoords, units: StageRow) -> list[tuple[str, Num, Num, Num]]:
+    """(unit, padded shard elements of one unit, units of that kind on the stage, its shard group): FSDP2 wraps
+    every layer and then the stage's root (embedding, final norm, output head); under EP a MoE layer's routed
+    experts are a unit of their own on their group (``expert_fsdp_group``), the rest of the layer on ``fsdp``."""
     root = units.embedding * unit_padded_numel(embedding_tensors(model), at)
     root = root + units.head * unit_padded_numel(head_tensors(model), at)
-    out = [("root", root, where(root > 0, 1, 0))]
-    out.append(("layer", unit_padded_numel(layer_tensors(model, moe_layer=False), at), units.dense_layers))
+    out = [("root", root, where(root > 0, 1, 0), at.fsdp)]
+    out.append(("layer", unit_padded_numel(layer_tensors(model, moe_layer=False), at), units.dense_layers, at.fsdp))
     if model.moe is not None:
-        out.append(("moe-layer", unit_padded_numel(layer_tensors(model, moe_layer=True), at), units.moe_layers))
+        tensors = layer_tensors(model, moe_layer=True)
+        experts = unit_padded_numel(tuple(t for t in tensors if t.expert), at)
+        own_unit = at.ep > 1
+        rest = unit_padded_numel(tuple(t for t in tensors if not t.expert), at) + where(own_unit, 0.0, experts)
+        out.append(("moe-layer", rest, units.moe_layers, at.fsdp))
+        out.append(("experts", experts, where(own_unit, units.moe_layers, 0), expert_fsdp_group(at)))
     return out
 
 
@@ -240,9 +280,13 @@ def torch_state(
     ddp = (zero == ZeroStage.NONE) & (ddp_ranks > 1)
     reduced = p.numel - where(at.ep > 1, p.expert_numel, 0.0)
     sizes = fsdp_units(model, at, units)
-    kept = sizes[0][1] + where(reshard_after_forward, 0.0, sum((padded * n for _, padded, n in sizes[1:]), 0.0))
-    largest = sizes[1][1] if len(sizes) == 2 else maximum(sizes[1][1], sizes[2][1])
-    transient = at.fsdp * largest * (2 * gather_bytes(precision, fp8=fp8_all_gather) + precision.grad_bytes)
+    # gathered elements: each unit's padded shard times its group
+    layers = sum((padded * n * g for _, padded, n, g in sizes[1:]), 0.0)
+    kept = sizes[0][1] * at.fsdp + where(reshard_after_forward, 0.0, layers)
+    largest = sizes[1][1] * sizes[1][3]
+    if len(sizes) > 2:  # a MoE layer: its unit and, under EP, its experts' unit, gathered together
+        largest = maximum(largest, sizes[2][1] * sizes[2][3] + where(sizes[3][2] > 0, sizes[3][1] * sizes[3][3], 0.0))
+    transient = largest * (2 * gather_bytes(precision, fp8=fp8_all_gather) + precision.grad_bytes)
     return TorchState(
         params_bytes=p.numel * precision.weight_bytes,
         params_storage_bytes=p.padded_numel * precision.weight_bytes,
@@ -251,6 +295,6 @@ def torch_state(
         optimizer_bytes=(p.numel * (moment_bytes + precision.master_bytes) + p.tensors * step) / optimizer_shards,
         master_bytes=p.numel * precision.master_bytes / optimizer_shards,
         ddp_bucket_bytes=where(ddp, reduced * precision.grad_bytes, 0.0),
-        gathered_root_bytes=where(where(reshard_root, False, fsdp), kept * at.fsdp * gather_bytes(precision), 0.0),
+        gathered_root_bytes=where(where(reshard_root, False, fsdp), kept * gather_bytes(precision), 0.0),
         fsdp_transient_bytes=where(fsdp, transient, 0.0),
     )

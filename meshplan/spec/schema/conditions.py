@@ -269,6 +269,16 @@ CONDITION_FIELDS: tuple[Field, ...] = (
         "its backward saved is back: the block's last matmul (the MLP's down projection) is not recomputed",
     ),
     Field(
+        name="ep_dispatch",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("alltoall", "deepep"),
+        help="MoE token dispatcher: NCCL all-to-all, a row per token and expert (alltoall; Megatron-Core's "
+        "--moe-token-dispatcher-type alltoall, torchtitan) or DeepEP's kernels, each token once per node over RDMA "
+        "and on by NVLink, 20 SMs taken from compute (deepep; Megatron's flex dispatcher)",
+    ),
+    Field(
         name="cp_rotate",
         type=str,
         default=None,
