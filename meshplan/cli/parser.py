@@ -374,6 +374,7 @@ def _serving_commands(command: Command) -> None:
     _add_fleet(p)
     _add_serve_flags(p)
     add_fields(p, "replicas", "disaggregate", "price_per_gpu_hour")
+    add_fields(p, "speculative", "spec_acceptance", "draft_model", "prefix_hit_rate")
     load = p.add_mutually_exclusive_group(required=True)
     add_fields(load, "concurrency", "rate", "num_requests", "batch")
 

@@ -38,6 +38,7 @@ JSON_KEYS = {
     "batch_cap": "batch_cap_per_replica",
     "kv_sequences": "kv_sequences_per_replica",
     "ttft_p99_s": "ttft_s_p99",
+    "tpot_p99_s": "tpot_s_p99",
 }
 """Candidate fields as the JSON contract names them: quantity, unit, then scope (docs/json.md)."""
 

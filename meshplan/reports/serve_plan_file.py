@@ -58,13 +58,14 @@ PLAN_KEYS = (
     "kv_sequences_per_replica",
     "ttft_s_p99",
     "tpot_s",
+    "tpot_s_p99",
     "tokens_per_s_per_gpu",
     "tokens_per_s_per_user",
     "gpus",
     "replicas",
     "prefill_replicas",
 )
-PREDICTED_KEYS = ("ttft_s_p99", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user")
+PREDICTED_KEYS = ("ttft_s_p99", "tpot_s", "tpot_s_p99", "tokens_per_s_per_gpu", "tokens_per_s_per_user")
 """The plan's predictions an export writes as comments."""
 PARETO_KEYS = ("layout", "batch_cap_per_replica", "tokens_per_s_per_gpu", "tokens_per_s_per_user")
 TARGET_KEYS = ("ttft_s_p99", "tpot_s_p99")

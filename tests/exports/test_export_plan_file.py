@@ -82,7 +82,7 @@ def test_a_saved_plan_exports_with_its_numbers_recomputed(
     best = saved[base]["best"]
     plan = load_serving_plan(path)
     assert plan.batch_cap_per_replica == best["batch_cap_per_replica"] and plan.replicas == best["replicas"]
-    assert dict(plan.predicted) == {k: best[k] for k in ("ttft_s_p99", "tpot_s", "tokens_per_s_per_gpu",
+    assert dict(plan.predicted) == {k: best[k] for k in ("ttft_s_p99", "tpot_s", "tpot_s_p99", "tokens_per_s_per_gpu",
                                                           "tokens_per_s_per_user")}  # fmt: skip
     for engine in SERVING_ENGINES:
         if engine == "trtllm" and best["prefill_replicas"]:
