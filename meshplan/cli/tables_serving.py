@@ -52,7 +52,7 @@ def serve_table(r: dict[str, Any]) -> str:
         ("TPOT mean", seconds(r["tpot_s"]), _band(r, "tpot_s")),
     ]
     if "tpot_s_p99" in r:
-        rows[0] = ("TTFT p50 / p99 / mean", rows[0][1] + f" / {_opt_s(r['ttft_s_mean'])}", "")
+        rows[0] = ("TTFT p50/p99/mean", rows[0][1] + f" / {_opt_s(r['ttft_s_mean'])}", "")
         rows += [
             ("TPOT p50 / p99", f"{seconds(r['tpot_s_p50'])} / {seconds(r['tpot_s_p99'])}", ""),
             ("ITL p99 (one token)", seconds(r["itl_s_p99"]), ""),
@@ -71,14 +71,14 @@ def serve_table(r: dict[str, Any]) -> str:
     if "speculative" in r:
         sp = r["speculative"]
         rows += [
-            (f"speculative {sp['method']}:{sp['draft_tokens']} at a={sp['acceptance']:g}",
-             f"{sp['tokens_per_step']:.2f} tokens a step: verify {seconds(sp['verify_s'])} + draft "
-             f"{seconds(sp['draft_s'])} (plain step {seconds(sp['decode_step_s_without'])}, "
-             f"x{sp['decode_speedup']:.2f})", ""),
+            ("speculative", f"{sp['method']}:{sp['draft_tokens']}, a={sp['acceptance']:g}: "
+             f"{sp['tokens_per_step']:.2f} tokens a step", ""),
+            ("verify + draft", f"{seconds(sp['verify_s'])} + {seconds(sp['draft_s'])} (plain step "
+             f"{seconds(sp['decode_step_s_without'])}: x{sp['decode_speedup']:.2f})", ""),
         ]  # fmt: skip
     if "prefix_cache" in r:
         pc = r["prefix_cache"]
-        rows.append(("prefix cache", f"{pc['cached_tokens']:,} tokens cached, {pc['prefill_tokens']:,} prefilled", ""))
+        rows.append(("prefix cache", f"{pc['cached_tokens']:,} cached, {pc['prefill_tokens']:,} prefilled", ""))
     if "static_batch" in r:
         sb = r["static_batch"]
         rows[0] = ("TTFT (the batch's prefill)", seconds(sb["ttft_s"]), _band(sb, "ttft_s"))
@@ -182,9 +182,7 @@ def serve_plan_table(r: dict[str, Any]) -> str:
             f"{r['layouts_evaluated']} layouts, {r['points_evaluated']:,} batch caps in {seconds(r['elapsed_s'])};"
             f" {r['layouts_meeting_targets']} meet the targets",
             "",
-            table(rows, PLAN_COLUMNS)
-            if rows
-            else "no layout meets the targets",
+            table(rows, PLAN_COLUMNS) if rows else "no layout meets the targets",
             f"model error: {r['uncertainty']}",
             "",
             f"Pareto front ({r['pareto_points_total']:,} points, {len(front)} shown)",
