@@ -160,3 +160,23 @@ def test_every_method_runs_on_a_model_that_has_it() -> None:
     for k in itertools.islice((1, 2, 3), 2):
         r = serve_report("deepseek-v3", **kw, speculative=f"mtp:{k}", spec_acceptance=0.8)  # type: ignore[arg-type]
         assert r["speculative"]["method"] == "mtp" and r["speculative"]["decode_speedup"] > 1
+
+
+def test_forwards_in_sequence_keep_their_own_rooflines() -> None:
+    """A memory-bound decode step then a compute-bound prefill: the total is the sum of the totals (not the roofline
+    of the summed terms), and the breakdown the sum of the breakdowns; the speculative step likewise."""
+    from meshplan.core.serving.speculative import add_forwards, draft_s, spec_step
+
+    s = resolve("llama-3.1-8b", gpu="h100-sxm", gpus=1, context=1200)
+    dec = decode_step(s.model, s.shape, s.hw, s.layout, batch=4.0, context=1100.0)
+    pre = prefill(s.model, s.shape, s.hw, s.layout, tokens=4000.0)
+    both = add_forwards(dec, pre)
+    assert dec.weights_read_s > dec.gemm_compute_s and pre.gemm_compute_s > pre.weights_read_s
+    assert both.total_s == pytest.approx(dec.total_s + pre.total_s, rel=1e-12)
+    for key, value in both.breakdown().items():
+        assert value == pytest.approx(dec.breakdown()[key] + pre.breakdown()[key], rel=1e-12, abs=1e-15)
+    spec = Speculation(method=SpecMethod.EAGLE, k=3, acceptance=0.6)
+    step = spec_step(s.model, s.shape, s.hw, s.layout, spec, batch=4.0, context=1100.0)
+    verify = verify_step(s.model, s.shape, s.hw, s.layout, batch=4.0, context=1100.0, k=3)
+    drafts = draft_s(s.model, s.shape, s.hw, s.layout, spec, batch=4.0, context=1100.0)
+    assert step.total_s == pytest.approx(verify.total_s + drafts.total_s, rel=1e-12)

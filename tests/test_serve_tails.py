@@ -122,3 +122,22 @@ def test_serve_plan_holds_tpot_p99_to_the_target() -> None:
     tighter = serve_plan_report("llama-3.1-8b", tpot_p99_s=(best["tpot_s"] + best["tpot_s_p99"]) / 2, **kw)  # type: ignore[arg-type]
     same = [p for p in tighter["top"] if p["layout"] == best["layout"]]
     assert same and same[0]["batch_cap_per_replica"] < best["batch_cap_per_replica"]
+
+
+def test_sglang_runs_a_prompt_as_a_forward_of_its_own() -> None:
+    """SGLang without --enable-mixed-chunk: a step that takes a prompt is the prompt's prefill forward and then the
+    decode step (re-derived from phases.prefill and decode_step); vLLM puts both in one forward."""
+    from meshplan.core.serving.phases import decode_step, prefill
+
+    for engine in ("sglang", "vllm"):
+        s = resolve("llama-3.1-8b", gpu="h100-sxm", gpus=1, context=1200, engine=engine)
+        req = Requests(input_len=1000, output_len=200, concurrency=64.0)
+        step = step_at(s.model, s.shape, s.hw, s.layout, req, batch=64.0)
+        decode = decode_step(s.model, s.shape, s.hw, s.layout, batch=64.0, context=1100.0)
+        chunk = max(1000.0, 64 * 1000 / 200)  # sglang's budget does not count the running decodes
+        alone = prefill(s.model, s.shape, s.hw, s.layout, tokens=chunk, sequences=chunk / 1000)
+        separate = float(alone.total_s) + float(decode.total_s)
+        if engine == "sglang":
+            assert float(step.carrying.total_s) == pytest.approx(separate, rel=1e-12)
+        else:
+            assert float(step.carrying.total_s) < separate

@@ -25,10 +25,16 @@ import numpy as np
 from meshplan.core.num import Num
 from meshplan.core.serving.phases import Forward, MixedStep, decode_step, pipeline_factor, prefill
 from meshplan.core.serving.shape import Hardware, ReplicaShape, ServeLayout, graph_batch
-from meshplan.core.serving.speculative import Speculation, spec_step
+from meshplan.core.serving.speculative import Speculation, add_forwards, spec_step
 from meshplan.core.serving.tails import P99, Z99, batch_high, tpot_tails, wait_quantile
 from meshplan.spec.model import ModelSpec
 
+SEPARATE_PREFILL_ENGINES = ("sglang",)
+"""Engines that run a batch of new prompts as a forward of its own, the decoding sequences waiting for it: SGLang's
+scheduler mixes prompt chunks into the decode batch only with --enable-mixed-chunk (server_args.py:
+enable_mixed_chunk False; scheduler.py, get_new_batch_prefill: 'Mixed-style chunked prefill' only where
+is_mixed_chunk), and its prefill budget does not count the running decodes then. vLLM (V1, chunked prefill
+always on) and TensorRT-LLM (in-flight batching) put both in one forward."""
 KNEE_SHARE = 0.9
 """The knee: the smallest batch whose throughput reaches this share of the throughput at the cap."""
 P99_TAIL = 0.01
@@ -164,7 +170,8 @@ def _chunks(hw: Hardware, layout: ServeLayout, req: Requests, batch: object) -> 
     """(sequences per forward, prompt tokens a carrying step carries, share of the steps that carry them)."""
     arr = np.asarray(batch, dtype=np.float64) / (layout.pp * (layout.tp if layout.dp_attention else 1))
     demand = arr * req.prompt_tokens * req.tokens_per_step / req.output_len
-    budget = np.maximum(hw.cal.max_num_tokens - arr * req.step_tokens, 0.0)
+    decoding = 0.0 if hw.cal.engine in SEPARATE_PREFILL_ENGINES else arr * req.step_tokens
+    budget = np.maximum(hw.cal.max_num_tokens - decoding, 0.0)
     chunk = np.minimum(np.maximum(float(req.prompt_tokens), demand), budget)
     share = np.where(chunk > 0, np.minimum(demand / np.maximum(chunk, 1e-9), 1.0), 0.0)
     b, c, f = (x.item() if np.ndim(x) == 0 else x for x in (arr, chunk, share))
@@ -182,8 +189,36 @@ def step_at(
     context = req.input_len + req.output_len / 2
     rows = graph_batch(b) if hw.cal.cuda_graph_padding else b  # decode-only steps replay a padded graph
     plain = _decode(model, shape, hw, layout, req, batch=b, context=context, rows=rows)
-    carrying = _decode(model, shape, hw, layout, req, batch=b, context=context, prefill_tokens=c)
+    carrying = _carrying(model, shape, hw, layout, req, batch=b, context=context, chunk=c)
     return MixedStep(plain=plain, carrying=carrying, share=f)
+
+
+def _carrying(
+    model: ModelSpec,
+    shape: ReplicaShape,
+    hw: Hardware,
+    layout: ServeLayout,
+    req: Requests,
+    *,
+    batch: Num,
+    context: Num,
+    chunk: Num,
+) -> Forward:
+    """A decode step with a prompt chunk: in the same forward, or (SEPARATE_PREFILL_ENGINES) the chunk's own
+    prefill forward and then the decode step, which the decoding sequences wait through."""
+    if hw.cal.engine not in SEPARATE_PREFILL_ENGINES:
+        return _decode(model, shape, hw, layout, req, batch=batch, context=context, prefill_tokens=chunk)
+    p = float(req.prompt_tokens)
+    alone = prefill(
+        model,
+        shape,
+        hw,
+        layout,
+        tokens=chunk,
+        cached=req.cached_tokens + np.maximum(p - chunk, 0.0) / 2,
+        sequences=np.maximum(chunk / p, 1.0),
+    )
+    return add_forwards(alone, _decode(model, shape, hw, layout, req, batch=batch, context=context))
 
 
 def _decode(
@@ -224,11 +259,12 @@ def ttft_s(
     ranks = layout.tp if layout.dp_attention else 1
     b = np.asarray(batch, dtype=np.float64) / (layout.pp * ranks)
     p = float(req.prompt_tokens)
-    chunk = np.minimum(p, np.maximum(hw.cal.max_num_tokens - b * req.step_tokens, 1.0))
+    decoding = 0.0 if hw.cal.engine in SEPARATE_PREFILL_ENGINES else b * req.step_tokens
+    chunk = np.minimum(p, np.maximum(hw.cal.max_num_tokens - decoding, 1.0))
     chunks = np.ceil(p / chunk)
     alone = prefill(model, shape, hw, layout, tokens=chunk, cached=req.cached_tokens + (p - chunk) / 2).total_s
     context = req.input_len + req.output_len / 2
-    beside = _decode(model, shape, hw, layout, req, batch=b, context=context, prefill_tokens=chunk).total_s
+    beside = _carrying(model, shape, hw, layout, req, batch=b, context=context, chunk=chunk).total_s
     out = chunks * pipeline_factor(hw, layout) * np.where(b < 1, alone, beside)
     return float(out) if out.ndim == 0 else out
 
@@ -454,25 +490,3 @@ def load_point(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: Serv
         tpot_s_p99=float(tails.p99_s),
         itl_s_p99=float(tails.itl_p99_s),
     )
-
-
-def static_batch_s(
-    model: ModelSpec,
-    shape: ReplicaShape,
-    hw: Hardware,
-    layout: ServeLayout,
-    *,
-    batch: int,
-    input_len: int,
-    output_len: int,
-) -> tuple[float, float]:
-    """(prefill, decode) seconds of a static batch: all prompts prefilled at once, then O - 1 decode steps
-    at the mean context (the KV read is linear in context, so the mean step is the step at the mean)."""
-    b = batch / layout.pp
-    pre = pipeline_factor(hw, layout) * prefill(model, shape, hw, layout, tokens=b * input_len, sequences=b).total_s
-    steps = max(output_len - 1, 0)
-    dec = (
-        pipeline_factor(hw, layout)
-        * decode_step(model, shape, hw, layout, batch=b, context=input_len + output_len / 2).total_s
-    )
-    return float(pre), float(steps * dec)

@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
 
-from meshplan.core.num import Num
+from meshplan.core.num import Num, where
 from meshplan.core.serving.phases import Forward, decode_step, forward
 from meshplan.core.serving.shape import Hardware, ReplicaShape, ServeLayout, sliding_context
 from meshplan.spec.model import ModelSpec
@@ -162,7 +162,7 @@ def spec_step(
     verify = verify_step(
         model, shape, hw, layout, batch=batch, context=context, k=spec.k, prefill_tokens=prefill_tokens, rows=rows
     )
-    return _plus(verify, draft_s(model, shape, hw, layout, spec, batch=batch, context=context))
+    return add_forwards(verify, draft_s(model, shape, hw, layout, spec, batch=batch, context=context))
 
 
 def _one_layer(model: ModelSpec, shape: ReplicaShape) -> ReplicaShape:
@@ -190,8 +190,30 @@ def _lm_head_bytes(shape: ReplicaShape) -> float:
     return min(shape.lm_head_params * per_param, shape.dense_weight_bytes)
 
 
-def _plus(a: Forward, b: Forward) -> Forward:
-    return Forward(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in dataclasses.fields(Forward)})
+def add_forwards(a: Forward, b: Forward) -> Forward:
+    """Two forwards run one after the other. Each keeps its own rooflines: the time of each side that binds is
+    kept (a memory-bound GEMM's weight read, a compute-bound one's math, likewise attention), the math moved
+    among the always-added terms, so the total is the sum of the two totals and the breakdown each one's."""
+    parts = (a, b)
+    weights = sum(where(f.weights_read_s >= f.gemm_compute_s, f.weights_read_s, 0.0) for f in parts)
+    kv = sum(where(f.kv_read_s >= f.attention_compute_s, f.kv_read_s, 0.0) for f in parts)
+    math = sum(
+        where(f.weights_read_s >= f.gemm_compute_s, 0.0, f.gemm_compute_s)
+        + where(f.kv_read_s >= f.attention_compute_s, 0.0, f.attention_compute_s)
+        + f.memory_ops_s
+        for f in parts
+    )
+    return Forward(
+        weights_read_s=weights,
+        kv_read_s=kv,
+        gemm_compute_s=0.0 * weights,
+        attention_compute_s=0.0 * kv,
+        memory_ops_s=math,
+        tp_comm_s=a.tp_comm_s + b.tp_comm_s,
+        ep_comm_s=a.ep_comm_s + b.ep_comm_s,
+        pp_comm_s=a.pp_comm_s + b.pp_comm_s,
+        overhead_s=a.overhead_s + b.overhead_s,
+    )
 
 
 def _scaled(a: Forward, k: float) -> Forward:
