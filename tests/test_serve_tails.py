@@ -141,3 +141,28 @@ def test_sglang_runs_a_prompt_as_a_forward_of_its_own() -> None:
             assert float(step.carrying.total_s) == pytest.approx(separate, rel=1e-12)
         else:
             assert float(step.carrying.total_s) < separate
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    load=st.sampled_from(["rate", "concurrency"]),
+    amount=st.floats(0.05, 500.0),
+    k=st.integers(1, 8),
+    a=st.floats(0.0, 1.0),
+    hit=st.floats(0.0, 1.0),
+    spec=st.booleans(),
+    engine=st.sampled_from(["trtllm", "vllm", "sglang"]),
+)
+def test_percentiles_hold_their_order_under_any_load(
+    load: str, amount: float, k: int, a: float, hit: float, spec: bool, engine: str
+) -> None:
+    """Whatever the load, drafting and prefix hits: p99 >= p50 >= 0 for TTFT (unless saturated) and TPOT, and the
+    throughput is the batch over the mean TPOT."""
+    kw = {"speculative": f"eagle:{k}", "spec_acceptance": a} if spec else {}
+    r = serve_report("llama-3.1-8b", **SERVE, engine=engine, prefix_hit_rate=hit, **{load: amount}, **kw)  # type: ignore[arg-type]
+    assert r["tpot_s_p99"] >= r["tpot_s_p50"] > 0 and r["itl_s_p99"] > 0
+    if r["ttft_s_p99"] is not None:
+        assert r["ttft_s_p99"] >= r["ttft_s_p50"] >= 0 and r["ttft_s_mean"] >= 0
+    else:
+        assert r["saturated"]
+    assert r["tokens_per_s_per_gpu"] == pytest.approx(r["batch_per_replica"] / r["tpot_s"], rel=1e-9)
