@@ -214,5 +214,8 @@ class ServePlanReport(TypedDict):
     concurrency_total: float | None
     uncertainty: str
     weights_dtypes_searched: list[str]
+    prefix_hit_rate: float | None
+    speculative: str | None
+    spec_acceptance: float | None
     warnings: list[str]
     fewest_gpus: NotRequired[dict[str, Any]]

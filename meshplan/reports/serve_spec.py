@@ -15,21 +15,8 @@ from meshplan.reports.serve_setup import Setup
 from meshplan.spec.model import ModelSpec
 
 
-def speculation(
-    setup: Setup,
-    text: str | None,
-    *,
-    acceptance: float | None,
-    draft_model: ModelSpec | str | None,
-    context: int,
-) -> Speculation | None:
-    """The drafter of ``--speculative METHOD:K``: refused without a stated acceptance rate, a draft model only
-    with draft:K, MTP only for a model that has an MTP layer."""
-    if text is None:
-        if acceptance is not None or draft_model is not None:
-            given = "--spec-acceptance" if acceptance is not None else "--draft-model"
-            raise ValueError(f"{given} goes with --speculative METHOD:K; give it or drop {given}")
-        return None
+def parse_speculative(text: str, acceptance: float | None) -> tuple[SpecMethod, int, float]:
+    """(method, K, a) of ``--speculative METHOD:K`` and ``--spec-acceptance a``, refused without a stated rate."""
     methods = ", ".join(m.value for m in SpecMethod)
     method_text, _, k_text = text.partition(":")
     try:
@@ -45,6 +32,44 @@ def speculation(
             "--speculative needs --spec-acceptance A, the chance a drafted token is accepted: it depends on the "
             "drafter, the model and the data, and meshplan assumes none"
         )
+    if not 0.0 <= acceptance <= 1.0:
+        raise ValueError(f"--spec-acceptance is a probability (0..1), got {acceptance}")
+    return method, k, acceptance
+
+
+def head_speculation(model: ModelSpec, text: str | None, acceptance: float | None) -> Speculation | None:
+    """The drafting head of ``serve-plan --speculative`` (eagle:K or mtp:K: the same on every layout searched)."""
+    if text is None:
+        if acceptance is not None:
+            raise ValueError("--spec-acceptance goes with --speculative METHOD:K; give it or drop --spec-acceptance")
+        return None
+    method, k, a = parse_speculative(text, acceptance)
+    if method is SpecMethod.DRAFT:
+        raise ValueError(
+            "serve-plan searches eagle:K and mtp:K; a draft model's own split follows each layout: time a layout "
+            "with it in meshplan serve --speculative draft:K --draft-model M"
+        )
+    if method is SpecMethod.MTP and model.mtp_layers < 1:
+        raise ValueError(f"{model.name} has no multi-token-prediction layer: use eagle:K")
+    return Speculation(method=method, k=k, acceptance=a)
+
+
+def speculation(
+    setup: Setup,
+    text: str | None,
+    *,
+    acceptance: float | None,
+    draft_model: ModelSpec | str | None,
+    context: int,
+) -> Speculation | None:
+    """The drafter of ``--speculative METHOD:K``: refused without a stated acceptance rate, a draft model only
+    with draft:K, MTP only for a model that has an MTP layer."""
+    if text is None:
+        if acceptance is not None or draft_model is not None:
+            given = "--spec-acceptance" if acceptance is not None else "--draft-model"
+            raise ValueError(f"{given} goes with --speculative METHOD:K; give it or drop {given}")
+        return None
+    method, k, acceptance = parse_speculative(text, acceptance)
     if method is not SpecMethod.DRAFT:
         if draft_model is not None:
             raise ValueError(f"--draft-model goes with draft:K, not {method.value}:K; drop it")
