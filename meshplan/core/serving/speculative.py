@@ -139,7 +139,10 @@ def draft_s(
     """The K draft forwards of one step at ``batch`` sequences, by term (module docstring)."""
     if spec.draft_model is not None:
         assert spec.draft_shape is not None and spec.draft_layout is not None
-        one = decode_step(spec.draft_model, spec.draft_shape, hw, spec.draft_layout, batch=batch, context=context)
+        group = layout.tp if layout.dp_attention else 1  # the draft model runs plain TP over the group's sequences
+        one = decode_step(
+            spec.draft_model, spec.draft_shape, hw, spec.draft_layout, batch=batch * group, context=context
+        )
     else:
         one = decode_step(model, _one_layer(model, shape), hw, layout, batch=batch, context=context)
     one = dataclasses.replace(one, overhead_s=one.overhead_s - hw.cal.step_overhead_s)
