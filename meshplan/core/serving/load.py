@@ -338,10 +338,6 @@ class _Steady:
     wait_scale_s: float
     requests_per_s: float
 
-    @property
-    def mean_wait_s(self) -> float:
-        return self.fixed_s + self.wait_share * self.wait_scale_s
-
 
 def _closed_loop(
     req: Requests, cap: Capacity, tpot: Callable[[float], float], first: Callable[[float], float]
