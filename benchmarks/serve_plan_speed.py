@@ -13,8 +13,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from meshplan.reports.serve_plan import serve_plan_report
 
+MLPERF = {"input_len": 1024, "output_len": 256, "ttft_p99_s": 2.0, "tpot_p99_s": 0.2}
 CASES = [
-    ("llama-2-70b", "h100-sxm", 8, {"input_len": 1024, "output_len": 256, "ttft_p99_s": 2.0, "tpot_p99_s": 0.2}),
+    ("llama-2-70b", "h100-sxm", 8, MLPERF),
+    ("llama-2-70b", "h100-sxm", 8, MLPERF | {"allow_quantization": True}),
+    ("llama-2-70b", "h200", 8, MLPERF | {"allow_quantization": True}),
     (
         "llama-3.1-405b",
         "h200",

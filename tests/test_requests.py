@@ -23,6 +23,8 @@ FREE_TEXT = {
     "lora_targets": "q,v",
     "freeze": "layers=2",
     "disaggregate": "4:4",
+    "speculative": "eagle:3",
+    "draft_model": "llama-3.2-1b",
     "weights_dtypes": "fp8,bf16",
     "recompute_modules": "core_attn,mlp",
     "recompute_keep": "q,k,v",

@@ -45,7 +45,8 @@ def test_serve_quant_flag(capsys: pytest.CaptureFixture[str], quant: str, dtype:
 def test_serve_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*SERVE, "--concurrency", "64"]) == 0
     out = capsys.readouterr().out
-    assert "TTFT p50 / p99" in out and "tokens/s per GPU" in out and "weights read" in out
+    assert "TTFT p50/p99/mean" in out and "TPOT p50 / p99" in out
+    assert "tokens/s per GPU" in out and "weights read" in out
 
 
 @pytest.mark.parametrize(

@@ -260,3 +260,25 @@ def test_the_ranking_states_the_models_held_out_error_as_factors() -> None:
         assert f"TPOT x{lo:.2f}-{hi:.2f} ({runs})" in text
         lo, hi = band[f"{kind}_time_ratio_p10"], band[f"{kind}_time_ratio_p90"]
         assert f"tokens/s per GPU x{1 / hi:.2f}-{1 / lo:.2f} ({int(band[f'{kind}_runs'])} runs of " in text
+
+
+def test_prefix_hits_and_a_drafting_head_time_every_layout() -> None:
+    """serve-plan with --prefix-hit-rate: each plan's TTFT p99 falls (less prefill); with --speculative eagle:K at a
+    high stated acceptance the fastest plan's TPOT falls; a draft model, a split search, or a rate without a method
+    are refused."""
+    kw = {"gpu": "h100-sxm", "gpus": 2, "input_len": 4000, "output_len": 300, "objective": "latency"}
+    cold = serve_plan_report("llama-3.1-8b", **kw)  # type: ignore[arg-type]
+    warm = serve_plan_report("llama-3.1-8b", prefix_hit_rate=0.9, **kw)  # type: ignore[arg-type]
+    assert warm["prefix_hit_rate"] == 0.9 and cold["prefix_hit_rate"] is None
+    assert warm["best"]["layout"] == cold["best"]["layout"]
+    assert warm["best"]["ttft_s_p99"] < 0.5 * cold["best"]["ttft_s_p99"]
+    eagle = serve_plan_report("llama-3.1-8b", speculative="eagle:3", spec_acceptance=0.8, **kw)  # type: ignore[arg-type]
+    assert eagle["best"]["tpot_s"] < cold["best"]["tpot_s"] and eagle["speculative"] == "eagle:3"
+    for extra, message in (
+        ({"speculative": "draft:3", "spec_acceptance": 0.8}, "serve-plan searches eagle:K and mtp:K"),
+        ({"spec_acceptance": 0.8}, "goes with --speculative"),
+        ({"speculative": "eagle:3"}, "needs --spec-acceptance"),
+        ({"prefix_hit_rate": 0.5, "disaggregate": True}, "drop --search-disaggregated"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            serve_plan_report("llama-3.1-8b", **(kw | extra))  # type: ignore[arg-type]

@@ -421,6 +421,7 @@ def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
 SERVE_KEYS: tuple[str, ...] = ("tp", "pp", "ep", "dp_attention", "replicas", "weights_dtype", "kv_dtype", "quant")
 SERVE_KEYS += ("engine", "max_batch", "max_num_tokens", "num_requests", "cuda_graph_padding", "disaggregate")
 SERVE_KEYS += ("batch", "int4_group_size")
+SERVE_KEYS += ("speculative", "spec_acceptance", "draft_model", "prefix_hit_rate")
 
 
 def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
@@ -444,6 +445,8 @@ def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.serve_plan import serve_plan_report
 
     check_output(args, "save", "--save")
+    if args.save and args.speculative:
+        raise ValueError("--save writes a plan to export, and exports set no drafting flags: drop --speculative")
     result = serve_plan_report(
         args.model,
         gpu=args.gpu,
@@ -459,6 +462,9 @@ def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
         top=args.top,
         disaggregate=args.search_disaggregated,
         allow_quantization=args.allow_quantization,
+        prefix_hit_rate=args.prefix_hit_rate,
+        speculative=args.speculative,
+        spec_acceptance=args.spec_acceptance,
     )
     if args.save:
         save_json(args, result)

@@ -374,6 +374,7 @@ def _serving_commands(command: Command) -> None:
     _add_fleet(p)
     _add_serve_flags(p)
     add_fields(p, "replicas", "disaggregate", "price_per_gpu_hour")
+    add_fields(p, "speculative", "spec_acceptance", "draft_model", "prefix_hit_rate")
     load = p.add_mutually_exclusive_group(required=True)
     add_fields(load, "concurrency", "rate", "num_requests", "batch")
 
@@ -382,7 +383,7 @@ def _serving_commands(command: Command) -> None:
     _add_fleet(p)
     add_fields(p, "input_len", "output_len", required=True)
     add_fields(p, "ttft_p99", "tpot_p99", "serve_objective", "concurrency", "engine", "weights_dtypes", "top")
-    add_fields(p, "allow_quantization")
+    add_fields(p, "allow_quantization", "prefix_hit_rate", "speculative", "spec_acceptance")
     p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
     _add_force(p)
     add_fields(p, "search_disaggregated")

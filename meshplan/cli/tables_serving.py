@@ -49,7 +49,15 @@ def serve_table(r: dict[str, Any]) -> str:
     rows = [
         ("TTFT p50 / p99", f"{_opt_s(r['ttft_s_p50'])} / {_opt_s(r['ttft_s_p99'])}", ""),
         ("TTFT unloaded", seconds(r["ttft_s_unloaded"]), _band(r, "ttft_s_unloaded")),
-        ("TPOT = ITL", seconds(r["tpot_s"]), _band(r, "tpot_s")),
+        ("TPOT mean", seconds(r["tpot_s"]), _band(r, "tpot_s")),
+    ]
+    if "tpot_s_p99" in r:
+        rows[0] = ("TTFT p50/p99/mean", rows[0][1] + f" / {_opt_s(r['ttft_s_mean'])}", "")
+        rows += [
+            ("TPOT p50 / p99", f"{seconds(r['tpot_s_p50'])} / {seconds(r['tpot_s_p99'])}", ""),
+            ("ITL p99 (one token)", seconds(r["itl_s_p99"]), ""),
+        ]
+    rows += [
         ("tokens/s per GPU", f"{r['tokens_per_s_per_gpu']:,.0f}" + _max_per_gpu(r), rate_band),
         ("tokens/s per user", f"{r['tokens_per_s_per_user']:,.1f}", ""),
         ("requests/s (all replicas)", f"{r['requests_per_s_total']:,.2f}", ""),
@@ -60,6 +68,17 @@ def serve_table(r: dict[str, Any]) -> str:
         ),
         ("knee (90% of max)", f"{r.get('knee_batch_per_replica', 0):,} sequences", ""),
     ]
+    if "speculative" in r:
+        sp = r["speculative"]
+        rows += [
+            ("speculative", f"{sp['method']}:{sp['draft_tokens']}, a={sp['acceptance']:g}: "
+             f"{sp['tokens_per_step']:.2f} tokens a step", ""),
+            ("verify + draft", f"{seconds(sp['verify_s'])} + {seconds(sp['draft_s'])} (plain step "
+             f"{seconds(sp['decode_step_s_without'])}: x{sp['decode_speedup']:.2f})", ""),
+        ]  # fmt: skip
+    if "prefix_cache" in r:
+        pc = r["prefix_cache"]
+        rows.append(("prefix cache", f"{pc['cached_tokens']:,} cached, {pc['prefill_tokens']:,} prefilled", ""))
     if "static_batch" in r:
         sb = r["static_batch"]
         rows[0] = ("TTFT (the batch's prefill)", seconds(sb["ttft_s"]), _band(sb, "ttft_s"))
@@ -120,11 +139,14 @@ def _replicas(plan: dict[str, Any]) -> str:
     return f"{p} prefill + {plan['replicas'] - p} decode" if p else str(plan["replicas"])
 
 
+PLAN_COLUMNS = ["#", "layout", "replicas", "GPUs", "batch", "TTFT p99", "TPOT", "TPOT p99", "tok/s/GPU", "tok/s/user"]
+
+
 def serve_plan_table(r: dict[str, Any]) -> str:
     t = r["targets"]
     head = (
         f"{r['model']} on {r['gpus']} x {r['gpu']} ({r['engine']}), {r['input_len']} in / {r['output_len']} out;"
-        f" TTFT p99 <= {t['ttft_s_p99'] or '-'} s, TPOT <= {t['tpot_s_p99'] or '-'} s; objective {r['objective']}"
+        f" TTFT p99 <= {t['ttft_s_p99'] or '-'} s, TPOT p99 <= {t['tpot_s_p99'] or '-'} s; objective {r['objective']}"
     )
     rows = [
         (
@@ -135,6 +157,7 @@ def serve_plan_table(r: dict[str, Any]) -> str:
             c["batch_cap_per_replica"],
             seconds(c["ttft_s_p99"]),
             seconds(c["tpot_s"]),
+            seconds(c.get("tpot_s_p99", c["tpot_s"])),
             f"{c['tokens_per_s_per_gpu']:,.0f}",
             f"{c['tokens_per_s_per_user']:,.1f}",
         )
@@ -159,9 +182,7 @@ def serve_plan_table(r: dict[str, Any]) -> str:
             f"{r['layouts_evaluated']} layouts, {r['points_evaluated']:,} batch caps in {seconds(r['elapsed_s'])};"
             f" {r['layouts_meeting_targets']} meet the targets",
             "",
-            table(rows, ["#", "layout", "replicas", "GPUs", "batch", "TTFT p99", "TPOT", "tok/s/GPU", "tok/s/user"])
-            if rows
-            else "no layout meets the targets",
+            table(rows, PLAN_COLUMNS) if rows else "no layout meets the targets",
             f"model error: {r['uncertainty']}",
             "",
             f"Pareto front ({r['pareto_points_total']:,} points, {len(front)} shown)",

@@ -21,6 +21,7 @@ from meshplan.reports.serve_setup import Setup as Setup
 from meshplan.reports.serve_setup import calibration as calibration
 from meshplan.reports.serve_setup import engine_defaults as engine_defaults
 from meshplan.reports.serve_setup import resolve as resolve
+from meshplan.reports.serve_spec import prefix_dict, spec_dict, speculation
 from meshplan.spec.model import ModelSpec
 
 
@@ -36,11 +37,15 @@ def point_dict(setup: Setup, req: Requests, pt: LoadPoint) -> dict[str, Any]:
     return {
         "ttft_s_p50": _seconds(pt.ttft_s_p50),
         "ttft_s_p99": _seconds(pt.ttft_s_p99),
+        "ttft_s_mean": _seconds(pt.ttft_s_mean),
         "ttft_s_unloaded": pt.ttft_unloaded_s,
         "queue_s_p50": _seconds(pt.queue_s_p50),
         "queue_s_p99": _seconds(pt.queue_s_p99),
         "tpot_s": pt.tpot_s,
+        "tpot_s_p50": pt.tpot_s_p50,
+        "tpot_s_p99": pt.tpot_s_p99,
         "itl_s": pt.tpot_s,
+        "itl_s_p99": pt.itl_s_p99,
         "tokens_per_s_per_gpu": per_gpu,
         "tokens_per_s_per_user": 1.0 / pt.tpot_s,
         "tokens_per_s_total": pt.output_tokens_per_s * setup.replicas,
@@ -103,19 +108,30 @@ def serve_report(
     gpu_memory_utilization: float | None = None,
     disaggregate: str | None = None,
     price_per_gpu_hour: float | None = None,
+    speculative: str | None = None,
+    spec_acceptance: float | None = None,
+    draft_model: ModelSpec | str | None = None,
+    prefix_hit_rate: float | None = None,
 ) -> dict[str, Any]:
     """``meshplan serve``: TTFT, TPOT, throughput per GPU and per user, and where a step's time goes.
 
     ``disaggregate`` = "P:D" splits the GPUs into a prefill pool of P and a decode pool of D, each made of
     replicas of the given layout. ``batch`` = N times a static batch of N prompts instead of a load
     (core/serving/static.py); ``kv_dtype`` and ``int4_group_size`` left out are the engine's, and the report lists
-    every default it applied; ``price_per_gpu_hour`` adds the cost per million output tokens."""
+    every default it applied; ``price_per_gpu_hour`` adds the cost per million output tokens. ``speculative`` =
+    "METHOD:K" drafts K tokens a step, accepted each with ``spec_acceptance`` (core/serving/speculative.py);
+    ``prefix_hit_rate`` is the share of each prompt the prefix cache holds (the load model only)."""
     loads = {"--concurrency": concurrency, "--rate": rate, "--num-requests": num_requests, "--batch": batch}
     given = [flag for flag, value in loads.items() if value is not None]
     if batch is not None and len(given) > 1:
         raise ValueError(f"--batch is a load of its own (one static batch): drop {', '.join(given[:-1])}")
     if batch is not None and disaggregate is not None:
         raise ValueError("--batch times one static batch on colocated replicas; drop --disaggregate")
+    for flag, value in (("--speculative", speculative), ("--prefix-hit-rate", prefix_hit_rate)):
+        apart = [f for f, v in (("--batch", batch), ("--num-requests", num_requests), ("--disaggregate", disaggregate))
+                 if v is not None]  # fmt: skip
+        if value is not None and apart:
+            raise ValueError(f"{flag} is modelled under --concurrency or --rate on colocated replicas; drop {apart[0]}")
     setup = resolve(
         model,
         gpu=gpu,
@@ -134,6 +150,9 @@ def serve_report(
         gpu_memory_utilization=gpu_memory_utilization,
         max_num_tokens=max_num_tokens,
         cuda_graph_padding=cuda_graph_padding,
+    )
+    spec = speculation(
+        setup, speculative, acceptance=spec_acceptance, draft_model=draft_model, context=input_len + output_len
     )
     if max_batch is None:
         cap = ("max_batch", str(setup.hw.cal.max_batch), f"{engine}'s cap on sequences per step")
@@ -159,6 +178,8 @@ def serve_report(
         max_batch=max_batch,
         concurrency=None if concurrency is None else concurrency / share,
         rate_per_s=None if rate is None else rate / share,
+        prefix_hit_rate=prefix_hit_rate or 0.0,
+        speculation=spec,
     )
     moe = setup.model.moe is not None
     if disaggregate is not None:
@@ -168,6 +189,10 @@ def serve_report(
         return out | serving_band(out, moe=moe) | serve_cost(out, price_per_gpu_hour)
     pt = load_point(setup.model, setup.shape, setup.hw, setup.layout, req)
     out = head | point_dict(setup, req, pt) | {"calibration_source": setup.hw.cal.source}
+    if spec is not None:
+        out["speculative"] = spec_dict(setup, req, pt)
+    if prefix_hit_rate is not None:
+        out["prefix_cache"] = prefix_dict(req)
     if num_requests is not None:
         out["offline"] = offline_dict(setup, req, pt, num_requests=num_requests)
     if batch is not None:
@@ -250,10 +275,14 @@ def static_dict(setup: Setup, req: Requests, pt: LoadPoint, *, batch: int, max_b
     return {
         "ttft_s_p50": sb.ttft_s,
         "ttft_s_p99": sb.ttft_s,
+        "ttft_s_mean": sb.ttft_s,
         "queue_s_p50": 0.0,
         "queue_s_p99": 0.0,
         "tpot_s": sb.tpot_s,
+        "tpot_s_p50": sb.tpot_s,
+        "tpot_s_p99": sb.tpot_s,
         "itl_s": sb.tpot_s,
+        "itl_s_p99": sb.tpot_s,
         "tokens_per_s_per_gpu": sb.output_tokens_per_s / gpus,
         "tokens_per_s_per_user": 1.0 / sb.tpot_s,
         "tokens_per_s_total": sb.output_tokens_per_s * setup.replicas,
@@ -361,11 +390,15 @@ def _disaggregated(setup: Setup, req: Requests, text: str) -> dict[str, Any]:
     return {
         "ttft_s_p50": _seconds(pt.ttft_s_p50),
         "ttft_s_p99": _seconds(pt.ttft_s_p99),
+        "ttft_s_mean": _seconds(pt.ttft_s_p50),  # the pools' model gives the mean wait
         "ttft_s_unloaded": pt.prefill_s + pt.kv_transfer_s + pt.tpot_s / 2,
         "queue_s_p50": _seconds(pt.queue_s_p50),
         "queue_s_p99": _seconds(pt.queue_s_p99),
         "tpot_s": pt.tpot_s,
+        "tpot_s_p50": pt.tpot_s,  # decode-only steps at a steady batch
+        "tpot_s_p99": pt.tpot_s,
         "itl_s": pt.tpot_s,
+        "itl_s_p99": pt.tpot_s,
         "tokens_per_s_per_gpu": pt.output_tokens_per_s / gpus,
         "tokens_per_s_per_user": 1.0 / pt.tpot_s,
         "tokens_per_s_total": pt.output_tokens_per_s,

@@ -122,11 +122,15 @@ class ServeReport(TypedDict):
     memory_fraction_of: str
     ttft_s_p50: float
     ttft_s_p99: float
+    ttft_s_mean: float
     ttft_s_unloaded: float
     queue_s_p50: float
     queue_s_p99: float
     tpot_s: float
+    tpot_s_p50: float
+    tpot_s_p99: float
     itl_s: float
+    itl_s_p99: float
     tokens_per_s_per_gpu: float
     tokens_per_s_per_user: float
     tokens_per_s_total: float
@@ -153,6 +157,8 @@ class ServeReport(TypedDict):
     offline: NotRequired[OfflineRunJSON]
     cost: NotRequired[ServeCostJSON]
     static_batch: NotRequired[StaticBatchJSON]
+    speculative: NotRequired[dict[str, Any]]
+    prefix_cache: NotRequired[dict[str, Any]]
 
 
 class ServePlanItemJSON(TypedDict):
@@ -161,6 +167,7 @@ class ServePlanItemJSON(TypedDict):
     kv_sequences_per_replica: int
     ttft_s_p99: float
     tpot_s: float
+    tpot_s_p99: float
     tokens_per_s_per_gpu: float
     tokens_per_s_per_user: float
     gpus: int
@@ -207,5 +214,8 @@ class ServePlanReport(TypedDict):
     concurrency_total: float | None
     uncertainty: str
     weights_dtypes_searched: list[str]
+    prefix_hit_rate: float | None
+    speculative: str | None
+    spec_acceptance: float | None
     warnings: list[str]
     fewest_gpus: NotRequired[dict[str, Any]]

@@ -22,6 +22,7 @@ from meshplan.core.serving.shape import (
 from meshplan.reports.inputs import choice
 from meshplan.reports.serve import DEFAULT_ENGINE, calibration, engine_defaults, serving_band_text
 from meshplan.reports.serve_coverage import coverage_warnings
+from meshplan.reports.serve_spec import head_speculation
 from meshplan.search.limits import check_deadline
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
@@ -38,6 +39,7 @@ JSON_KEYS = {
     "batch_cap": "batch_cap_per_replica",
     "kv_sequences": "kv_sequences_per_replica",
     "ttft_p99_s": "ttft_s_p99",
+    "tpot_p99_s": "tpot_s_p99",
 }
 """Candidate fields as the JSON contract names them: quantity, unit, then scope (docs/json.md)."""
 
@@ -165,9 +167,13 @@ def serve_plan_report(
     top: int = 5,
     disaggregate: bool = False,
     allow_quantization: bool = False,
+    prefix_hit_rate: float | None = None,
+    speculative: str | None = None,
+    spec_acceptance: float | None = None,
 ) -> dict[str, Any]:
     """Search, rank and explain: the best plans, the Pareto front, and why every other layout lost. Weights are
-    searched below the model's published dtype only with ``allow_quantization`` (``searched_dtypes``)."""
+    searched below the model's published dtype only with ``allow_quantization`` (``searched_dtypes``). Every layout
+    is timed with the prefix hit rate and the drafting head (eagle:K, mtp:K) given."""
     start = time.perf_counter()
     dtypes = searched_dtypes(model, dtypes, allow_quantization=allow_quantization)
     spec = io.load_model(model) if isinstance(model, str) else model
@@ -178,6 +184,7 @@ def serve_plan_report(
     if obj is Objective.FEWEST_GPUS and concurrency is None:
         raise ValueError("--objective fewest-gpus needs --concurrency (the users to serve)")
     kv_of = None if allow_quantization else engine_kv(calibration(engine, gpu_spec.name))
+    head_speculation(spec, speculative, spec_acceptance)  # refused before the search starts
     result = _search(
         spec,
         gpu_spec,
@@ -191,6 +198,9 @@ def serve_plan_report(
         engine=engine,
         disaggregate=disaggregate,
         keep_splits=top,
+        prefix_hit_rate=prefix_hit_rate,
+        speculative=speculative,
+        spec_acceptance=spec_acceptance,
     )
     searched = [w.value for w, _ in _weight_options(gpu_spec, dtypes)]
     return _answer(spec, gpu_spec, result, gpus=gpus, engine=engine, obj=obj, top=top, start=start) | {
@@ -201,6 +211,9 @@ def serve_plan_report(
         "concurrency_total": concurrency,
         "uncertainty": serving_band_text(moe=spec.moe is not None),
         "weights_dtypes_searched": searched,
+        "prefix_hit_rate": prefix_hit_rate,
+        "speculative": speculative,
+        "spec_acceptance": spec_acceptance,
         "warnings": [
             *coverage_warnings(spec, gpu_spec.name),
             *_quality_note(model, gpu_spec, allow_quantization, searched),
@@ -236,14 +249,26 @@ def _search(
     disaggregate: bool,
     keep_splits: int = 5,
     splits: Collection[int] | None = None,
+    prefix_hit_rate: float | None = None,
+    speculative: str | None = None,
+    spec_acceptance: float | None = None,
 ) -> SearchResult:
+    if disaggregate and (prefix_hit_rate is not None or speculative is not None):
+        given = "--prefix-hit-rate" if prefix_hit_rate is not None else "--speculative"
+        raise ValueError(f"{given} is modelled on colocated replicas; drop --search-disaggregated")
     hw = Hardware(
         gpu=gpu,
         scale_up=io.load_link(gpu.scale_up_link),
         scale_out=io.load_link(gpu.scale_out_link),
         cal=calibration(engine, gpu.name),
     )
-    req = Requests(input_len=input_len, output_len=output_len, concurrency=float(gpus * 1e6))
+    req = Requests(
+        input_len=input_len,
+        output_len=output_len,
+        concurrency=float(gpus * 1e6),
+        prefix_hit_rate=prefix_hit_rate or 0.0,
+        speculation=head_speculation(spec, speculative, spec_acceptance),
+    )
 
     def shape_of(lay: ServeLayout) -> ReplicaShape:
         return replica_shape(spec, hw, lay, context=input_len + output_len)
@@ -284,6 +309,9 @@ def plan_of_layout(
     concurrency: float | None,
     engine: str,
     prefill_replicas: int,
+    prefix_hit_rate: float | None = None,
+    speculative: str | None = None,
+    spec_acceptance: float | None = None,
 ) -> dict[str, Any]:
     """The plan serve-plan ranks for one layout (split into ``prefill_replicas`` prefill replicas and the rest
     decode, when above 0), as ``best`` holds it; ValueError with the reason when the layout yields none."""
@@ -300,6 +328,9 @@ def plan_of_layout(
         engine=engine,
         disaggregate=prefill_replicas > 0,
         splits=(prefill_replicas,),
+        prefix_hit_rate=prefix_hit_rate,
+        speculative=speculative,
+        spec_acceptance=spec_acceptance,
     )
     for c in result.ranked:
         if c.prefill_replicas == prefill_replicas:

@@ -47,6 +47,9 @@ FILE_KEYS = (
     "concurrency_total",
     "uncertainty",
     "weights_dtypes_searched",
+    "prefix_hit_rate",
+    "speculative",
+    "spec_acceptance",
     "warnings",
 )
 """The keys ``serve-plan --save`` writes, no more and no fewer."""
@@ -58,13 +61,14 @@ PLAN_KEYS = (
     "kv_sequences_per_replica",
     "ttft_s_p99",
     "tpot_s",
+    "tpot_s_p99",
     "tokens_per_s_per_gpu",
     "tokens_per_s_per_user",
     "gpus",
     "replicas",
     "prefill_replicas",
 )
-PREDICTED_KEYS = ("ttft_s_p99", "tpot_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user")
+PREDICTED_KEYS = ("ttft_s_p99", "tpot_s", "tpot_s_p99", "tokens_per_s_per_gpu", "tokens_per_s_per_user")
 """The plan's predictions an export writes as comments."""
 PARETO_KEYS = ("layout", "batch_cap_per_replica", "tokens_per_s_per_gpu", "tokens_per_s_per_user")
 TARGET_KEYS = ("ttft_s_p99", "tpot_s_p99")
@@ -276,7 +280,13 @@ def _request(r: _Reader, data: dict[str, Any]) -> dict[str, Any]:
     objective = Objective(data["objective"])
     if objective is Objective.FEWEST_GPUS and concurrency is None:
         raise r.fail("objective", "fewest-gpus needs concurrency_total (serve-plan --concurrency)")
+    hit = r.schema("prefix_hit_rate", data["prefix_hit_rate"], "prefix_hit_rate", optional=True)
+    if data["speculative"] is not None or data["spec_acceptance"] is not None:
+        raise r.fail(
+            "speculative", "is set: a plan timed with speculative decoding is not exported (no drafting flags)"
+        )
     return {
+        "prefix_hit_rate": hit,
         "input_len": data["input_len"],
         "output_len": data["output_len"],
         "targets": Targets(ttft_p99_s=ttft, tpot_p99_s=tpot),

@@ -410,8 +410,10 @@ def collectives(
 SERVE: tuple[str, ...] = ("input_len", "output_len", "concurrency", "rate", "dp_attention", "replicas")
 SERVE += ("weights_dtype", "kv_dtype", "quant", "engine", "max_batch", "max_num_tokens", "num_requests")
 SERVE += ("cuda_graph_padding", "disaggregate", "batch", "int4_group_size")
+SERVE += ("speculative", "spec_acceptance", "draft_model", "prefix_hit_rate")
 SERVE_PLAN: tuple[str, ...] = ("input_len", "output_len", "ttft_p99", "tpot_p99", "serve_objective", "concurrency")
 SERVE_PLAN += ("engine", "weights_dtypes", "search_disaggregated", "allow_quantization")
+SERVE_PLAN += ("prefix_hit_rate", "speculative", "spec_acceptance")
 _ENGINE_SET = ("kv_dtype",)  # unset: the engine's default for the weights (as the CLI)
 LENGTHS = ("input_len", "output_len")
 """Required on the API as on the CLI: a request without its lengths has nothing to time."""
@@ -450,6 +452,8 @@ def serve(
 ) -> dict[str, Any]:
     from meshplan.reports.serve import serve_report
 
+    if load.get("draft_model") is not None:  # a catalog model: the API reads no file a request names
+        load = load | {"draft_model": parse.catalog_model(load["draft_model"])}
     report = serve_report(
         model,
         gpu=gpu,

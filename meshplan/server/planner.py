@@ -208,6 +208,9 @@ async def serve_plan(
         "top": top,
         "disaggregate": plan["search_disaggregated"],
         "allow_quantization": plan["allow_quantization"],
+        "prefix_hit_rate": plan["prefix_hit_rate"],
+        "speculative": plan["speculative"],
+        "spec_acceptance": plan["spec_acceptance"],
     }
     key = ("serve-plan", _model_key(model), *sorted((k, repr(v)) for k, v in kwargs.items()))
     gate: SearchGate = request.app.state.searches

@@ -22,10 +22,11 @@ from typing import Any
 from meshplan import io
 from meshplan.core.serving.bill import QUANT_GROUP
 from meshplan.core.serving.caps import trtllm_bench_caps
-from meshplan.core.serving.load import Requests, load_point, static_batch_s
+from meshplan.core.serving.load import Requests, load_point
 from meshplan.core.serving.offline import offline_run
 from meshplan.core.serving.phases import decode_step, prefill
 from meshplan.core.serving.shape import ServeCalibration, replica_shape
+from meshplan.core.serving.static import static_batch_s
 from meshplan.reports.serve import Setup, resolve
 from meshplan.reports.serve_coverage import serving_rows
 from meshplan.validation.serving_band import held_out, held_out_band

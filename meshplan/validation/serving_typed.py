@@ -95,7 +95,7 @@ def predict_typed(setup: Setup, flags: dict[str, Any], metric: str) -> float:
         return {"prefill_time_ms": 1e3 * sb.ttft_s, "decode_step_time_ms": 1e3 * sb.tpot_s}[metric]
     pt = load_point(m, sh, hw, lay, Requests(input_len=isl, output_len=osl, concurrency=flags["concurrency"]))
     if metric == "ttft_ms":
-        return math.inf if pt.ttft_s_p50 is None else 1e3 * pt.ttft_s_p50
+        return math.inf if pt.ttft_s_mean is None else 1e3 * pt.ttft_s_mean
     if metric == "itl_ms":
         return 1e3 * pt.tpot_s
     if metric == "output_tokens_per_s_total":

@@ -76,6 +76,7 @@ FIELD_BAD: dict[Path, dict[str, Any]] = {
     ("best", "kv_sequences_per_replica"): INT_BAD,
     ("best", "ttft_s_p99"): FLOAT_BAD,
     ("best", "tpot_s"): FLOAT_BAD,
+    ("best", "tpot_s_p99"): FLOAT_BAD,
     ("best", "tokens_per_s_per_gpu"): FLOAT_BAD,
     ("best", "tokens_per_s_per_user"): FLOAT_BAD,
     ("best", "gpus"): INT_BAD,
@@ -94,6 +95,10 @@ FIELD_BAD: dict[Path, dict[str, Any]] = {
     ("uncertainty",): STR_BAD,
     ("weights_dtypes_searched",): LIST_BAD | {"unknown": ["fp3"], "number": [8], "twice": ["fp8", "fp8"]},
     ("warnings",): LIST_BAD,
+    ("prefix_hit_rate",): {k: v for k, v in OPTIONAL_FLOAT_BAD.items() if k != "zero"}  # 0: no hits, as null
+    | {"above one": 1.5, "another rate": 0.5},
+    ("speculative",): {"set": "eagle:3", "number": 8, "newline": EVIL},
+    ("spec_acceptance",): {"set": 0.5, "text": "0.5", "nan": float("nan")},
 }
 """Each field of a saved plan and the wrong values it is given in turn (those a field may hold are left out:
 zero prefill replicas, a null target)."""

@@ -82,7 +82,7 @@ def test_a_saved_plan_exports_with_its_numbers_recomputed(
     best = saved[base]["best"]
     plan = load_serving_plan(path)
     assert plan.batch_cap_per_replica == best["batch_cap_per_replica"] and plan.replicas == best["replicas"]
-    assert dict(plan.predicted) == {k: best[k] for k in ("ttft_s_p99", "tpot_s", "tokens_per_s_per_gpu",
+    assert dict(plan.predicted) == {k: best[k] for k in ("ttft_s_p99", "tpot_s", "tpot_s_p99", "tokens_per_s_per_gpu",
                                                           "tokens_per_s_per_user")}  # fmt: skip
     for engine in SERVING_ENGINES:
         if engine == "trtllm" and best["prefill_replicas"]:
@@ -245,3 +245,27 @@ def test_a_saved_plan_serves_the_catalogs_public_checkpoint(base: str, saved: di
         scripts = [text for name, text in out["files"].items() if name.endswith(".sh") and "router" not in name]
         assert scripts and all(" meta-llama/Llama-3.1-8B " in text.replace("\\\n", " ") for text in scripts)
         assert "llama-3.1-8b " not in out["command"] and any("meta-llama/Llama-3.1-8B" in n for n in out["notes"])
+
+
+def test_a_plan_timed_with_prefix_hits_round_trips(tmp_path: Path) -> None:
+    """The hit rate is part of the request a saved plan is recomputed from; a plan timed with a drafting head is
+    not saved (exports set no drafting flags)."""
+    args = dict(BASES["colocated"]) | {"prefix_hit_rate": 0.75}
+    report = serve_plan_report(args.pop("model"), **args)
+    plan = load_serving_plan(_write(tmp_path, json.dumps(report)))
+    assert plan.predicted["ttft_s_p99"] == report["best"]["ttft_s_p99"]
+    argv = ["serve-plan", *FLAGS, "--input-len", "1024", "--output-len", "256", "--speculative", "eagle:3"]
+    line = refused_cli([*argv, "--spec-acceptance", "0.8", "--save", str(tmp_path / "spec.json")])
+    assert "drop --speculative" in line and not (tmp_path / "spec.json").exists()
+
+
+def refused_cli(argv: list[str]) -> str:
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1, err.getvalue()
+    return lines[0]

@@ -69,3 +69,19 @@ def test_serve_plan_answers(client: Any) -> None:
 def test_serve_refuses_bad_input(client: Any, extra: dict[str, Any], status: int, words: str) -> None:
     r = client.get("/api/serve", params=SERVE | extra)
     assert r.status_code == status and words in r.text
+
+
+def test_speculative_and_prefix_through_the_api(client: Any) -> None:
+    """The new serve fields through the API equal the report; a draft model is a catalog name there (no file)."""
+    extra = {"speculative": "draft:3", "spec_acceptance": 0.6, "draft_model": "llama-3.2-1b", "prefix_hit_rate": 0.5}
+    params = SERVE | {"model": "llama-3.1-8b", "gpus": 1, "rate": 2} | extra
+    r = client.get("/api/serve", params=params)
+    assert r.status_code == 200, r.text
+    want = serve_report("llama-3.1-8b", gpu="h100-sxm", gpus=1, input_len=1000, output_len=200, rate=2, **extra)
+    assert json.loads(json.dumps(want)) == r.json() and r.json()["speculative"]["draft_model"] == "llama-3.2-1b"
+    path = client.get("/api/serve", params=params | {"draft_model": "/etc/passwd"})
+    assert path.status_code == 400 and "\n" not in path.json()["error"]
+    bare = client.get(
+        "/api/serve", params={k: v for k, v in params.items() if k not in extra} | {"speculative": "eagle:2"}
+    )
+    assert bare.status_code == 400 and "--spec-acceptance" in bare.json()["error"]

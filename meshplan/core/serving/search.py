@@ -4,7 +4,8 @@ A candidate is a replica layout (TP x PP, experts over the TP group, attention-D
 KV dtypes, and a batch cap. For each layout the batch caps 1 .. capacity (every one to 64, then 2% apart)
 are evaluated at once (numpy)
 with the same step and TTFT formulas as ``meshplan serve``: a replica at batch B runs B users in a closed
-loop, TPOT = t(B), TTFT p99 = prefill beside B - 1 decoding sequences + one whole step of waiting. The
+loop, TPOT p99 from its steps with and without a prompt chunk (core/serving/tails.py), TTFT p99 = prefill
+beside B - 1 decoding sequences + one whole step of waiting + the p99 wait for the step's token budget. The
 largest batch meeting both targets is the layout's best throughput; every batch meeting them is a point of
 the Pareto front of tokens/s per GPU against tokens/s per user. A layout with no such batch keeps the
 reason: out of memory, or the TTFT / TPOT it reaches at batch 1 against the target.
@@ -24,6 +25,7 @@ from meshplan.core.serving.load import Requests, capacity, prompt_queue, step_at
 from meshplan.core.serving.phases import pipeline_factor
 from meshplan.core.serving.shape import Hardware, ReplicaShape, ServeLayout
 from meshplan.core.serving.splits import kept_splits
+from meshplan.core.serving.tails import tpot_tails
 from meshplan.spec.model import ModelSpec
 
 
@@ -54,6 +56,7 @@ class Candidate:
     kv_sequences: int
     ttft_p99_s: float
     tpot_s: float
+    tpot_p99_s: float
     tokens_per_s_per_gpu: float
     tokens_per_s_per_user: float
     gpus: int
@@ -106,17 +109,28 @@ def batch_grid(cap: int) -> np.ndarray:
 
 def _curve(
     model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """(batches, TPOT, TTFT p99) for every batch cap 1 .. the replica's capacity, and that capacity."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """(batches, TPOT mean, TPOT p99, TTFT p99) for every batch cap 1 .. the replica's capacity, and that capacity
+    (a closed loop of as many users as the cap: core/serving/tails.py)."""
     cap = capacity(model, shape, hw, layout, req)
     batches = batch_grid(max(cap.sequences, 0))
     if batches.size == 0:
-        return batches, batches, batches, cap.kv_sequences
+        return batches, batches, batches, batches, cap.kv_sequences
     step = step_at(model, shape, hw, layout, req, batch=batches)
-    tpot = pipeline_factor(hw, layout) * np.asarray(step.total_s)
+    rounds = pipeline_factor(hw, layout)
+    step_s = rounds * np.asarray(step.total_s)
+    spec = req.speculation
+    tails = tpot_tails(
+        plain_s=rounds * np.asarray(step.plain.total_s),
+        carrying_s=rounds * np.asarray(step.carrying.total_s),
+        share=step.share,
+        output_len=req.output_len,
+        tokens_per_step=req.tokens_per_step,
+        tokens_variance=0.0 if spec is None else spec.tokens_per_step_variance,
+    )
     wait = prompt_queue(hw, layout, req, step, batch=batches, users=batches).wait_s_p99  # prompts ahead of it
-    ttft = np.asarray(ttft_s(model, shape, hw, layout, req, batch=batches - 1)) + tpot + np.asarray(wait)
-    return batches, tpot, ttft, cap.kv_sequences
+    ttft = np.asarray(ttft_s(model, shape, hw, layout, req, batch=batches - 1)) + step_s + np.asarray(wait)
+    return batches, np.asarray(tails.mean_s), np.asarray(tails.p99_s), ttft, cap.kv_sequences
 
 
 def _reason(tpot: np.ndarray, ttft: np.ndarray, targets: Targets) -> str:
@@ -124,7 +138,7 @@ def _reason(tpot: np.ndarray, ttft: np.ndarray, targets: Targets) -> str:
     if targets.ttft_p99_s is not None and ttft[0] > targets.ttft_p99_s:
         parts.append(f"TTFT p99 {ttft[0]:.3g} s > {targets.ttft_p99_s:.3g} s at batch 1")
     if targets.tpot_p99_s is not None and tpot[0] > targets.tpot_p99_s:
-        parts.append(f"TPOT {tpot[0]:.3g} s > {targets.tpot_p99_s:.3g} s at batch 1")
+        parts.append(f"TPOT p99 {tpot[0]:.3g} s > {targets.tpot_p99_s:.3g} s at batch 1")
     return "; ".join(parts) or "no batch meets both targets together"
 
 
@@ -155,16 +169,16 @@ def search(
         except ValueError as exc:
             rejected.append(Rejection(layout=layout, reason=str(exc)))
             continue
-        batches, tpot, ttft, kv = _curve(model, shape, hw, layout, req)
+        batches, tpot, tpot99, ttft, kv = _curve(model, shape, hw, layout, req)
         points += batches.size
         if batches.size == 0:
             rejected.append(Rejection(layout=layout, reason="out of memory: no sequence fits beside the weights"))
             continue
         g, replicas = layout.gpus_per_replica, gpus // layout.gpus_per_replica
         per_gpu = batches / tpot / g
-        found = _best(layout, batches, per_gpu, tpot, ttft, kv, targets, objective, replicas=replicas)
+        found = _best(layout, batches, per_gpu, tpot, ttft, kv, targets, objective, replicas=replicas, tpot99=tpot99)
         if found is None:
-            rejected.append(Rejection(layout=layout, reason=_reason(tpot, ttft, targets)))
+            rejected.append(Rejection(layout=layout, reason=_reason(tpot99, ttft, targets)))
         elif objective is Objective.FEWEST_GPUS:
             assert concurrency is not None
             needed = int(np.ceil(concurrency / found[0].batch_cap)) * g
@@ -256,14 +270,15 @@ def _best(
     prefill_replicas: int = 0,
     valid: np.ndarray | None = None,
     with_points: bool = True,
+    tpot99: np.ndarray | None = None,
 ) -> tuple[Candidate, list[ParetoPoint]] | None:
-    """The batch cap ``objective`` prefers among those meeting the targets, and (``with_points``) the points
-    that meet them."""
+    """The batch cap ``objective`` prefers among those meeting the targets (TPOT's p99, ``tpot99``, where it is
+    known, else its mean), and (``with_points``) the points that meet them."""
     ok = np.ones(batches.size, dtype=bool) if valid is None else valid.copy()
     if targets.ttft_p99_s is not None:
         ok &= ttft <= targets.ttft_p99_s
     if targets.tpot_p99_s is not None:
-        ok &= tpot <= targets.tpot_p99_s
+        ok &= (tpot if tpot99 is None else tpot99) <= targets.tpot_p99_s
     if not ok.any():
         return None
     idx = np.flatnonzero(ok)
@@ -279,6 +294,7 @@ def _best(
         kv_sequences=kv,
         ttft_p99_s=float(ttft[i]),
         tpot_s=float(tpot[i]),
+        tpot_p99_s=float(tpot[i] if tpot99 is None else tpot99[i]),
         tokens_per_s_per_gpu=float(per_gpu[i]),
         tokens_per_s_per_user=float(1.0 / tpot[i]),
         gpus=replicas * layout.gpus_per_replica,

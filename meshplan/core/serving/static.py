@@ -11,7 +11,7 @@ batch's TTFT is the forward that finishes the last one. Then O - 1 decode steps 
   t (c + t/2) (query, key) pairs (``prefill_keys``: at most its window in a sliding layer)
   TTFT  = sum_k t(forward k), pipelined over pp stages as micro-batches: + (pp - 1) x the longest forward, over the
           engine's pipeline efficiency
-  TPOT  = pp x t(decode step of N / pp sequences at mean context I + O/2) (serve_load.static_batch_s's step)
+  TPOT  = pp x t(decode step of N / pp sequences at mean context I + O/2) (static_batch_s's step)
   run   = TTFT + (O - 1) TPOT;  output tokens/s = N O / run
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.core.serving.offline import MAX_OFFLINE_STEPS
-from meshplan.core.serving.phases import Forward, decode_step, forward, pipeline_factor
+from meshplan.core.serving.phases import Forward, decode_step, forward, pipeline_factor, prefill
 from meshplan.core.serving.shape import Hardware, ReplicaShape, ServeLayout, graph_batch, prefill_keys
 from meshplan.spec.model import ModelSpec
 
@@ -150,3 +150,25 @@ def static_batch(
         output_tokens_per_s=batch * output_len / run,
         step=step,
     )
+
+
+def static_batch_s(
+    model: ModelSpec,
+    shape: ReplicaShape,
+    hw: Hardware,
+    layout: ServeLayout,
+    *,
+    batch: int,
+    input_len: int,
+    output_len: int,
+) -> tuple[float, float]:
+    """(prefill, decode) seconds of a static batch: all prompts prefilled at once, then O - 1 decode steps
+    at the mean context (the KV read is linear in context, so the mean step is the step at the mean)."""
+    b = batch / layout.pp
+    pre = pipeline_factor(hw, layout) * prefill(model, shape, hw, layout, tokens=b * input_len, sequences=b).total_s
+    steps = max(output_len - 1, 0)
+    dec = (
+        pipeline_factor(hw, layout)
+        * decode_step(model, shape, hw, layout, batch=b, context=input_len + output_len / 2).total_s
+    )
+    return float(pre), float(steps * dec)

@@ -213,6 +213,47 @@ SERVE_FIELDS: tuple[Field, ...] = (
         ),
     ),
     Field(
+        name="speculative",
+        type=str,
+        default=None,
+        group=_V,
+        help=(
+            "serve: speculative decoding, METHOD:K with K drafted tokens a step: draft:K (a smaller model, "
+            "--draft-model), mtp:K (the model's multi-token-prediction layer) or eagle:K (an EAGLE head); needs "
+            "--spec-acceptance"
+        ),
+    ),
+    Field(
+        name="spec_acceptance",
+        type=float,
+        default=None,
+        group=_V,
+        unit="share",
+        lo=0,
+        hi=1,
+        help="serve --speculative: the chance each drafted token is accepted (as measured for the drafter and data)",
+    ),
+    Field(
+        name="draft_model",
+        type=str,
+        default=None,
+        group=_V,
+        help="serve --speculative draft:K: the draft model (a catalog name or a model file)",
+    ),
+    Field(
+        name="prefix_hit_rate",
+        type=float,
+        default=None,
+        group=_V,
+        unit="share",
+        lo=0,
+        hi=1,
+        help=(
+            "serve: share of each prompt found in the engine's prefix cache (vLLM, SGLang): prefill computes the "
+            "rest, at least the last token; the cached prefix still takes KV memory"
+        ),
+    ),
+    Field(
         name="disaggregate",
         type=str,
         default=None,
