@@ -112,7 +112,18 @@ def read_megatron(text: str, label: str) -> ConfigRead:
     _precision(r, seen)
     _layout(r, seen)
     _launcher(r, seen)
+    _replicas(r, seen)
     return r.done()
+
+
+def _number(r: Reading, flag: str, value: str | None, default: float, kind: type = int) -> float:
+    """A flag's value as a number, or one line naming the file and the flag."""
+    if value is None:
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{r.label}: {flag} {value[:40]!r} is not a number") from None
 
 
 def _counts(flag: str) -> bool:
@@ -190,12 +201,6 @@ def _layout(r: Reading, seen: dict[str, str | None]) -> None:
         if strategy not in _FSDP_ZERO:
             raise ValueError(f"{r.label}: --data-parallel-sharding-strategy {strategy!r} is not one of Megatron's")
         r.take("zero", _FSDP_ZERO[strategy], f"--use-megatron-fsdp --data-parallel-sharding-strategy {strategy}")
-    if "--num-distributed-optimizer-instances" in seen:
-        r.skip(
-            "--num-distributed-optimizer-instances",
-            seen["--num-distributed-optimizer-instances"],
-            "replicas of the optimizer's shard group (HSDP): set --dp-replicate to it",
-        )
     kind = seen.get("--cp-comm-type")
     if kind in ("p2p", "allgather"):
         r.take("cp_kind", "ring" if kind == "p2p" else "all-gather", "--cp-comm-type")
@@ -204,7 +209,7 @@ def _layout(r: Reading, seen: dict[str, str | None]) -> None:
     _recompute(r, seen)
     opt = seen.get("--optimizer")
     if opt == "sgd":
-        momentum = float(seen.get("--sgd-momentum") or 0.9)
+        momentum = _number(r, "--sgd-momentum", seen.get("--sgd-momentum"), 0.9, float)
         r.take("optimizer", "sgd" if momentum == 0 else "sgd-momentum", "--optimizer sgd --sgd-momentum")
     elif opt in (None, "adam"):
         r.take("optimizer", "adamw", "--optimizer adam" if opt else "Megatron's default optimizer (adam)")
@@ -238,7 +243,8 @@ def _recompute(r: Reading, seen: dict[str, str | None]) -> None:
     if granularity != "full":
         raise ValueError(f"{r.label}: --recompute-granularity {granularity!r} is not full or selective")
     r.take("recompute", "full", "--recompute-granularity")
-    method, layers = seen.get("--recompute-method"), int(seen.get("--recompute-num-layers") or 1)
+    method = seen.get("--recompute-method")
+    layers = int(_number(r, "--recompute-num-layers", seen.get("--recompute-num-layers"), 1))
     if method == "block":
         r.take("recompute_layers", layers, "--recompute-method block --recompute-num-layers")
     elif layers != 1:
@@ -260,3 +266,18 @@ def _launcher(r: Reading, seen: dict[str, str | None]) -> None:
         r.skip("--nproc-per-node", per_node, "the GPU count, not a plain number here: give --gpus")
         return
     r.take("gpus", gpus, "the launcher's --nnodes x --nproc-per-node")
+
+
+def _replicas(r: Reading, seen: dict[str, str | None]) -> None:
+    """--num-distributed-optimizer-instances: replicas of the optimizer's shard group (HSDP)."""
+    flag = "--num-distributed-optimizer-instances"
+    if flag not in seen:
+        return
+    replicas = int(_number(r, flag, seen[flag], 1))
+    ranks = int(r.values.get("tp", 1)) * int(r.values.get("pp", 1)) * int(r.values.get("cp", 1))
+    gpus = r.values.get("gpus")
+    if gpus is None or gpus % ranks or (gpus // ranks) % replicas:
+        r.skip(flag, replicas, "replicas of the optimizer's shard group (HSDP): give --dp-replicate with --gpus")
+        return
+    r.take("dp_replicate", replicas, flag)
+    r.take("dp_shard", gpus // ranks // replicas, f"{flag} (the data-parallel ranks / instances)")

@@ -114,7 +114,10 @@ def read_nemo(text: str, label: str) -> ConfigRead:
         elif leaf in PRECISION_KEYS:
             if leaf in by_name and by_name[leaf][1] != value:
                 raise ValueError(f"{label}: {key} = {value!r} disagrees with {by_name[leaf][0]}")
-            by_name[leaf] = (key, value)
+            if leaf in by_name:
+                r.skip(key, value, f"the same value as {by_name[leaf][0]}, read there")
+            else:
+                by_name[leaf] = (key, value)
         elif value is None or NOTHING_BILLED.fullmatch(leaf):
             r.skip(key, value, NO_EFFECT)
         else:
