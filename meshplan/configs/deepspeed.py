@@ -159,6 +159,8 @@ def _batch(r: Reading, get: Any) -> None:
 def _precision(r: Reading, get: Any) -> None:
     if get("fp16.enabled"):
         r.take("precision", "fp16", "fp16.enabled")
+        if get("data_types.grad_accum_dtype") is not None:
+            r.skip("data_types.grad_accum_dtype", get("data_types.grad_accum_dtype"), "fp16's gradients: fp32 already")
     elif get("bf16.enabled") or get("bfloat16.enabled"):
         grads = get("data_types.grad_accum_dtype")
         key = "bf16.enabled" if grads is None else "bf16.enabled, data_types.grad_accum_dtype"
