@@ -32,7 +32,7 @@ def detect_kind(text: str, name: str = "") -> str:
         return "deepspeed"
     if suffix == ".py" or re.search(r"^\s*def \w+\(.*\).*:\s*$", text, re.MULTILINE):
         return "torchtitan"
-    if suffix == ".toml" or re.search(r"^\s*\[(job|training|parallelism|model)\]\s*$", text, re.MULTILINE):
+    if suffix == ".toml" or re.search(r"^\s*\[[A-Za-z_][\w.-]*\]\s*(#.*)?$", text, re.MULTILINE):
         return "torchtitan"
     if re.search(r"\bvllm\s+serve\b|vllm\.entrypoints", text):
         return "vllm"
