@@ -51,6 +51,13 @@ CASES = {
         "llama-3.1-70b --gpu h100-sxm --gpus 32 --stack nemo --tp 4 --pp 4 --vpp 5 --cp 2 --sp --seq 8192 "
         "--micro-batch 1 --global-batch 512 --zero 1 --precision bf16-fp32-grads",
     ),
+    "accelerate_fsdp.yaml": (
+        ["llama-3.1-8b", "--gpu", "h100-sxm", "--seq", "4096"],
+        # num_processes 2, FULL_SHARD (ZeRO-3) with FSDP1's flat parameters (fsdp_version absent), bf16 autocast,
+        # layers wrapped one by one (TRANSFORMER_BASED_WRAP)
+        "llama-3.1-8b --gpu h100-sxm --gpus 2 --stack fsdp2 --seq 4096 --zero 3 --precision fsdp2-bf16 "
+        "--fsdp-copies off --zero3-unit layer",
+    ),
     "deepspeed_llama_7b_single_node.json": (
         ["llama-2-7b", "--gpu", "a100-80gb", "--seq", "4096"],
         # train_batch_size 128 = 4 (micro) x 4 (accumulation) x 8 ranks; ZeRO-2 with overlap_comm; bf16

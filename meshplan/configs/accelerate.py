@@ -109,7 +109,7 @@ def _fsdp(r: Reading, cfg: dict[str, Any]) -> None:
     if not isinstance(cfg, dict):
         raise ValueError(f"{r.label}: fsdp_config must be a mapping")
     version = int(cfg.get("fsdp_version", 1))
-    r.take("stack", "fsdp2", f"distributed_type = FSDP, fsdp_version = {version}")
+    r.take("stack", "fsdp2", f"distributed_type = FSDP, fsdp_version = {cfg.get('fsdp_version', '1 (absent)')}")
     r.take("fsdp_copies", "on" if version == 2 else "off", "fsdp_version")
     if "fsdp_reshard_after_forward" in cfg and version == 2:
         r.take("zero", 3 if cfg["fsdp_reshard_after_forward"] else 2, "fsdp_config.fsdp_reshard_after_forward")
@@ -121,8 +121,9 @@ def _fsdp(r: Reading, cfg: dict[str, Any]) -> None:
         r.take("zero", SHARDING[strategy], "fsdp_config.fsdp_sharding_strategy")
         if strategy in ("HYBRID_SHARD", "HYBRID_SHARD_ZERO2", "4", "5"):
             r.notes.append("hybrid sharding shards within a node and replicates across nodes: give --dp-shard")
-    if cfg.get("fsdp_activation_checkpointing"):
-        r.take("recompute", "full", "fsdp_config.fsdp_activation_checkpointing")
+    if "fsdp_activation_checkpointing" in cfg:
+        on = bool(cfg["fsdp_activation_checkpointing"])
+        r.take("recompute", "full" if on else "none", "fsdp_config.fsdp_activation_checkpointing")
     policy = str(cfg.get("fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP")).upper()
     if policy == "TRANSFORMER_BASED_WRAP":
         r.take("zero3_unit", "layer", "fsdp_config.fsdp_auto_wrap_policy")

@@ -102,6 +102,8 @@ def read_deepspeed(text: str, label: str) -> ConfigRead:
     if any(k.startswith("activation_checkpointing.") for k in flat):
         r.take("recompute", "full", "activation_checkpointing (DeepSpeed checkpoints whole blocks)")
         r.notes.append("activation_checkpointing tunes the checkpointing the model code calls: read as full")
+    else:
+        r.take("recompute", "none", "no activation_checkpointing section (the model code may still checkpoint)")
     opt = get("optimizer.type")
     if opt is not None:
         kinds = {"adam": "adamw", "adamw": "adamw", "fusedadam": "adamw", "cpuadam": "adamw", "sgd": "sgd-momentum"}

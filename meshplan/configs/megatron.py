@@ -206,6 +206,8 @@ def _layout(r: Reading, seen: dict[str, str | None]) -> None:
         r.take("cp_kind", "ring" if kind == "p2p" else "all-gather", "--cp-comm-type")
     elif kind is not None:
         r.skip("--cp-comm-type", kind, "a context-parallel exchange meshplan does not model (billed as a ring)")
+    else:
+        r.take("cp_kind", "ring", "no --cp-comm-type (Megatron's default: p2p, a ring)")
     _recompute(r, seen)
     opt = seen.get("--optimizer")
     if opt == "sgd":
@@ -230,6 +232,7 @@ def _layout(r: Reading, seen: dict[str, str | None]) -> None:
 def _recompute(r: Reading, seen: dict[str, str | None]) -> None:
     granularity = seen.get("--recompute-granularity")
     if granularity is None:
+        r.take("recompute", "none", "no --recompute-granularity (Megatron's default: none)")
         for flag in ("--recompute-method", "--recompute-num-layers", "--recompute-modules"):
             if flag in seen:
                 r.skip(flag, seen[flag], "applies only with --recompute-granularity")

@@ -65,7 +65,7 @@ MODELS = {
 PRECISION_KEYS = ("bf16", "fp16", "fp8", "precision", "mixed_precision", "grad_reduce_in_fp32", "fp8_recipe")
 PRECISION_KEYS += ("use_distributed_optimizer", "recompute_granularity", "recompute_method", "recompute_num_layers")
 PRECISION_KEYS += ("recompute_modules", "optimizer", "num_nodes", "devices", "params_dtype", "pipeline_dtype")
-PRECISION_KEYS += ("autocast_enabled", "num_gpus_per_node")
+PRECISION_KEYS += ("autocast_enabled", "num_gpus_per_node", "cp_comm_type")
 NOTHING_BILLED = re.compile(
     r"(.*lr.*|.*log.*|.*save.*|.*load.*|.*eval.*|.*val.*|.*test.*|.*seed.*|.*warmup.*|.*decay.*|.*iters|max_steps|"
     r"clip_grad|weight_decay|adam_.*|sgd_momentum|.*ckpt.*|.*checkpoint.*|.*profil.*|.*dir|name|.*path|"
@@ -125,6 +125,16 @@ def read_nemo(text: str, label: str) -> ConfigRead:
     _precision(r, by_name)
     _recompute(r, by_name)
     _fleet(r, by_name)
+    kinds = {"p2p": "ring", "all_gather": "all-gather", "allgather": "all-gather"}
+    comm = _get(by_name, "cp_comm_type")
+    if comm is None:
+        r.take("cp_kind", "ring", "no cp_comm_type (Megatron-Core's default: p2p, a ring)")
+    elif str(comm) in kinds:
+        r.take("cp_kind", kinds[str(comm)], by_name["cp_comm_type"][0])
+    else:
+        r.skip(
+            by_name["cp_comm_type"][0], comm, "a context-parallel exchange meshplan does not model (billed as a ring)"
+        )
     return r.done()
 
 
@@ -174,6 +184,7 @@ def _precision(r: Reading, by_name: dict[str, tuple[str, Any]]) -> None:
 def _recompute(r: Reading, by_name: dict[str, tuple[str, Any]]) -> None:
     granularity = _get(by_name, "recompute_granularity")
     if granularity is None:
+        r.take("recompute", "none", "no recompute_granularity (Megatron-Core's default: none)")
         for leaf in ("recompute_method", "recompute_num_layers", "recompute_modules"):
             if leaf in by_name:
                 r.skip(by_name[leaf][0], by_name[leaf][1], "applies only with recompute_granularity")
