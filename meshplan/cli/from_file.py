@@ -187,8 +187,14 @@ def _provenance(
     return out
 
 
+def _wrapped(line: str) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(line, width=118, subsequent_indent="    ", break_on_hyphens=False) or [line]
+
+
 def render(provenance: dict[str, Any]) -> str:
-    """The ``from_file`` section as text, after the command's own table."""
+    """The ``from_file`` section as text, after the command's own table (long lines wrapped as the tables wrap)."""
     lines = ["", f"read from {provenance['file']} ({provenance['kind']}):"]
     m = provenance["model"]
     lines.append(f"  model {m['value']}  <- {m['from']}")
@@ -212,4 +218,4 @@ def render(provenance: dict[str, Any]) -> str:
         for effect, keys in effects.items():
             lines.append(f"  {effect}: {', '.join(keys)}")
     lines += [f"note: {n}" for n in provenance["notes"]]
-    return "\n".join(lines)
+    return "\n".join(part for line in lines for part in _wrapped(line))

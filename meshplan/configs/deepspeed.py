@@ -90,6 +90,11 @@ def read_deepspeed(text: str, label: str) -> ConfigRead:
     stage = get("zero_optimization.stage")
     if stage is not None:
         r.take("zero", stage, "zero_optimization.stage")
+        if stage in (1, 2):
+            r.notes.append(
+                "the deepspeed stack bills PyTorch-native state, where ZeRO-1/2 shard nothing (DDP below ZeRO-3): "
+                "--framework megatron bills DeepSpeed's partitioned optimizer state and gradients by count"
+            )
     overlap = get("zero_optimization.overlap_comm")
     if overlap is not None:
         r.take("overlap_dp", "on" if overlap else "off", "zero_optimization.overlap_comm")
