@@ -115,7 +115,7 @@ def test_a_typed_flag_overrides_the_file(capsys: pytest.CaptureFixture[str]) -> 
     report = _run(capsys, ["estimate", "--from", path, "--gpu", "h100-sxm", "--gpus", "64", "--tp", "4"])
     assert report["layout"]["tp"] == 4
     row = next(r for r in report["from_file"]["values"] if r["field"] == "tp")
-    assert row == {"field": "tp", "value": "4", "from": "flag (typed)", "file_had": 8}
+    assert row == {"field": "tp", "value": 4, "from": "flag (typed)", "file_had": 8}
 
 
 def test_the_stack_defaults_are_named(capsys: pytest.CaptureFixture[str]) -> None:

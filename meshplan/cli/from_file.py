@@ -106,10 +106,10 @@ def expand(argv: Sequence[str]) -> tuple[list[str], dict[str, Any] | None]:
         elif name in dests:
             values[name] = value
         elif command == "plan" and name == "global_batch" and "global_batch_tokens" not in typed:
-            seq = cfg.values.get("seq") if "seq" not in typed else None
+            seq, seq_from = _seq(cfg, typed)
             if seq is not None:
                 values["global_batch_tokens"] = value * seq
-                cfg.sources.setdefault("global_batch_tokens", f"{cfg.sources[name]} x {cfg.sources['seq']}")
+                cfg.sources.setdefault("global_batch_tokens", f"{cfg.sources[name]} x {seq_from}")
             else:
                 not_used.append({"field": name, "value": value, "why": "plan takes --global-batch-tokens"})
         else:
@@ -122,6 +122,31 @@ def expand(argv: Sequence[str]) -> tuple[list[str], dict[str, Any] | None]:
     new = [command, *([model] if model else []), *flag_args(values), *extra, *others]
     provenance = _provenance(cfg, values, typed, dests, model, model_from, not_used, extra)
     return new, provenance
+
+
+def _seq(cfg: Any, typed: dict[str, str | None]) -> tuple[int | None, str]:
+    """The sequence length plan's tokens per step take: the typed --seq, else the file's."""
+    from meshplan.spec.requests import field
+
+    if typed.get("seq") is not None:
+        try:
+            return int(field("seq").parse(typed["seq"])), "--seq (typed)"
+        except ValueError:
+            return None, ""  # argparse refuses it with its own line
+    seq = cfg.values.get("seq")
+    return (seq, cfg.sources["seq"]) if seq is not None else (None, "")
+
+
+def _typed_value(name: str, raw: str | None) -> Any:
+    """A typed flag's value as the schema parses it (its text when argparse is left to refuse it)."""
+    from meshplan.spec.requests import field
+
+    if raw is None:
+        return True
+    try:
+        return field(name).parse(raw)
+    except ValueError:
+        return raw
 
 
 def _word(value: Any) -> str:
@@ -161,7 +186,7 @@ def _provenance(
     rows = [{"field": n, "value": v, "from": f"file: {cfg.sources[n]}"} for n, v in values.items()]
     for name, raw in typed.items():
         if name in BY_NAME:
-            row = {"field": name, "value": True if raw is None else raw, "from": "flag (typed)"}
+            row = {"field": name, "value": _typed_value(name, raw), "from": "flag (typed)"}
             rows.append(row | ({"file_had": cfg.values[name]} if name in cfg.values else {}))
     out: dict[str, Any] = {
         "file": cfg.label,

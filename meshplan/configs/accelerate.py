@@ -77,13 +77,13 @@ def read_accelerate(text: str, label: str) -> ConfigRead:
         r.take("stack", "fsdp2", f"distributed_type = {kind} (PyTorch DDP: the fsdp2 stack, no sharding)")
         r.take("zero", 0, f"distributed_type = {kind}")
         r.take("fsdp_copies", "off", f"distributed_type = {kind}")
-    if precision is not None:
-        autocast = "fsdp2-bf16" if precision == "bf16" and kind != "DEEPSPEED" else precision
-        r.take("precision", autocast, "mixed_precision (autocast over fp32 weights and gradients)")
     else:
         raise ValueError(
             f"{label}: distributed_type {kind[:40]!r} is not one meshplan reads (FSDP, DEEPSPEED, MULTI_GPU)"
         )
+    if precision is not None:
+        autocast = "fsdp2-bf16" if precision == "bf16" and kind != "DEEPSPEED" else precision
+        r.take("precision", autocast, "mixed_precision (autocast over fp32 weights and gradients)")
     read = {"distributed_type", "num_processes", "mixed_precision", "fsdp_config", "deepspeed_config"}
     for key, value in data.items():
         if key in read:

@@ -126,10 +126,13 @@ class Reading:
         if self.values.get("sp") and self.values.get("tp", 1) == 1:
             self.drop("sp", "sequence parallelism with TP 1: the engine turns it off")
         if self.model is None and self.model_shape:
-            match = catalog_match(self.model_shape)
-            if match is not None:
-                keys = ", ".join(f"{k}={v}" for k, v in self.model_shape.items())
-                self.name_model(match, f"the catalog model of the file's shape ({keys})")
+            keys = ", ".join(f"{k}={v}" for k, v in self.model_shape.items())
+            found = catalog_matches(self.model_shape)
+            if len({tuple(_catalog_shapes()[n].values()) for n in found}) == 1:
+                also = f"; also {', '.join(found[1:])}" if found[1:] else ""
+                self.name_model(found[0], f"the catalog model of the file's shape ({keys}{also})")
+            elif found:
+                self.notes.append(f"the file's shape ({keys}) fits {', '.join(found)}: name the model")
         return ConfigRead(
             kind=self.kind,
             label=self.label,
@@ -157,17 +160,24 @@ def _catalog_shapes() -> dict[str, dict[str, int]]:
     return out
 
 
-def catalog_match(shape: Mapping[str, int]) -> str | None:
-    """The catalog model whose dimensions agree with every one ``shape`` states (the first name when several do:
-    Llama 3.1 and 3.3 70B share theirs), or None when none does or the shape names no depth and width."""
+def catalog_matches(shape: Mapping[str, int]) -> list[str]:
+    """The catalog models whose dimensions agree with every one ``shape`` states, sorted (none when the shape
+    names no depth and width). A reading names the model only when they all share every dimension (Llama 3.1
+    and 3.3 70B); where they differ in one the file leaves out (Llama 2 7B and Llama 3.1 8B, told apart by their
+    FFN and vocabulary), the user names it."""
     if "num_layers" not in shape or "hidden" not in shape:
-        return None
-    found = [
+        return []
+    return sorted(
         name
         for name, dims in _catalog_shapes().items()
         if all(dims[k] == v for k, v in shape.items() if k in dims and not (k == "num_kv_heads" and v == 0))
-    ]
-    return sorted(found)[0] if found else None
+    )
+
+
+def catalog_match(shape: Mapping[str, int]) -> str | None:
+    """The one catalog model of that shape (the first of several that share every dimension), else None."""
+    found = catalog_matches(shape)
+    return found[0] if found and len({tuple(_catalog_shapes()[n].values()) for n in found}) == 1 else None
 
 
 def check_shape(model: Any, shape: Mapping[str, int], label: str) -> None:

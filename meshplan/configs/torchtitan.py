@@ -171,6 +171,14 @@ def _read(flat: dict[str, Any], label: str, *, recipe: str | None = None) -> Con
         r.take("sp", get("parallelism.enable_sequence_parallel", True), "parallelism.enable_sequence_parallel")
     if cp > 1:
         r.take("cp_kind", "all-gather", "parallelism.context_parallel_degree (torchtitan all-gathers K/V)")
+    for key in ("parallelism.enable_async_tensor_parallel", "compile.enable_async_tensor_parallel"):
+        if flat.get(key) is True:
+            r.take("overlap_tp", "on", f"{key} (async TP overlaps TP's collectives with its matmuls)")
+            r.read_keys.add(key)
+    if "parallelism.disable_loss_parallel" in flat:
+        key = "parallelism.disable_loss_parallel"
+        r.take("loss_parallel", "off" if flat[key] else "on", key)
+        r.read_keys.add(key)
     _data_parallel(r, flat, pp=pp, cp=cp)
     _batch(r, flat, pp=pp)
     _pipeline(r, flat, pp=pp)
@@ -196,9 +204,6 @@ EFFECTS = {
     "training.enable_cpu_offload": "optimizer state and gradients in host memory (FSDP2 CPU offload): not billed",
     "training.mixed_precision_reduce": "gradients reduced in fp32: the precision policy's own (fsdp2-bf16)",
     "training.dtype": "the weights' dtype without FSDP: the precision policy decides it here",
-    "parallelism.enable_async_tensor_parallel": "TP overlapped with its matmuls: give --overlap-tp on",
-    "compile.enable_async_tensor_parallel": "TP overlapped with its matmuls: give --overlap-tp on",
-    "parallelism.disable_loss_parallel": "the loss on whole logits: give --loss-parallel off",
     "parallelism.enable_fsdp_symm_mem": "FSDP collectives through symmetric memory: not modelled",
     "float8.precompute_float8_dynamic_scale_for_fsdp": "one amax all-reduce per step instead of per layer",
     "parallelism.context_parallel_load_balancer": "how sequence chunks are balanced over CP ranks: not modelled",
