@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from meshplan.cli import main
 from meshplan.configs import KINDS, read_config_text
+from meshplan.configs.torchtitan import READ_SECTIONS
 
 GOOD_DS = '{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}}'
 
@@ -137,3 +138,101 @@ def test_yaml_and_shell_punctuation_is_read_or_refused(kind: str, text: str) -> 
         read_config_text(text, "fuzz", kind)
     except ValueError as exc:
         assert "\n" not in str(exc).strip()
+
+
+# Files made of the keys each reader knows, holding values of every type in the wrong places: a reading or one line.
+_LEAF = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 10**6),
+    st.floats(-1e3, 1e3, allow_nan=False),
+    st.sampled_from(["on", "bf16", "float32", "full", "selective", "x", "-1", "auto", "fp8", "block", "never"]),
+    st.lists(st.sampled_from(["loss", "model", "float8", 1]), max_size=3),
+)
+
+
+def _refused_or_read(text: str, kind: str) -> None:
+    try:
+        read_config_text(text, "fuzz", kind)
+    except ValueError as exc:
+        assert "\n" not in str(exc).strip()
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["training", "parallelism", "activation_checkpoint", "model", "compile"]),
+        st.dictionaries(st.sampled_from(sorted(set().union(*READ_SECTIONS.values()))), _LEAF, max_size=5),
+        max_size=3,
+    )
+)
+def test_torchtitan_keys_with_any_values(d: dict) -> None:
+    import json
+
+    def value(v: object) -> str:
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return (
+            "true"
+            if v is True
+            else "false"
+            if v is False
+            else repr(v)
+            if isinstance(v, int | float)
+            else json.dumps("none" if v is None else v)
+        )
+
+    _refused_or_read(
+        "".join(f"[{s}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in t.items()) for s, t in d.items()), "torchtitan"
+    )
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "train_batch_size",
+                "train_micro_batch_size_per_gpu",
+                "bf16",
+                "optimizer",
+                "zero_optimization",
+                "tensor_parallel",
+                "communication_data_type",
+            ]
+        ),
+        st.one_of(
+            _LEAF, st.dictionaries(st.sampled_from(["stage", "enabled", "autotp_size", "type"]), _LEAF, max_size=3)
+        ),
+        max_size=6,
+    )
+)
+def test_deepspeed_keys_with_any_values(d: dict) -> None:
+    import json
+
+    _refused_or_read(json.dumps(d), "deepspeed")
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(
+                [
+                    "--tensor-model-parallel-size",
+                    "--recompute-granularity",
+                    "--recompute-num-layers",
+                    "--bf16",
+                    "--fp8-format",
+                    "--nnodes",
+                    "--nproc-per-node",
+                    "--num-distributed-optimizer-instances",
+                    "--use-distributed-optimizer",
+                    "--sgd-momentum",
+                    "--optimizer",
+                ]
+            ),
+            st.sampled_from(["", "1", "0", "-1", "x", "full", "block", "sgd", "1e3"]),
+        ),
+        max_size=10,
+    )
+)
+def test_megatron_flags_with_any_values(pairs: list) -> None:
+    _refused_or_read("pretrain_gpt.py " + " ".join(f"{f} {v}".strip() for f, v in pairs), "megatron")

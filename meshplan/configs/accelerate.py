@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.configs.reading import NO_EFFECT, UNKNOWN, ConfigRead, Reading
+from meshplan.configs.reading import NO_EFFECT, UNKNOWN, ConfigRead, Reading, integer
 from meshplan.configs.yamlish import parse_yaml
 
 TOP = {
@@ -108,7 +108,7 @@ def _mixed_precision(r: Reading, value: Any) -> str | None:
 def _fsdp(r: Reading, cfg: dict[str, Any]) -> None:
     if not isinstance(cfg, dict):
         raise ValueError(f"{r.label}: fsdp_config must be a mapping")
-    version = int(cfg.get("fsdp_version", 1))
+    version = integer(cfg.get("fsdp_version", 1), "fsdp_config.fsdp_version", r.label, low=1, high=2)
     r.take("stack", "fsdp2", f"distributed_type = FSDP, fsdp_version = {cfg.get('fsdp_version', '1 (absent)')}")
     r.take("fsdp_copies", "on" if version == 2 else "off", "fsdp_version")
     if "fsdp_reshard_after_forward" in cfg and version == 2:

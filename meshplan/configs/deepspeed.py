@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.configs.reading import NO_EFFECT, UNKNOWN, ConfigRead, Reading
+from meshplan.configs.reading import NO_EFFECT, UNKNOWN, ConfigRead, Reading, integer
 from meshplan.files import parse_json
 
 BUCKETS = "bucket sizes: the transient communication buffers and how they overlap (meshplan bills whole layers)"
@@ -131,9 +131,8 @@ def read_deepspeed(text: str, label: str) -> ConfigRead:
         "expert_parallel.enabled",
         "expert_parallel.autoep_size",
         "optimizer.type",
-        "fp16.auto_cast",
-        "bf16.immediate_grad_update",
     }
+    r.account({k: flat[k] for k in read if k in flat and k not in auto}, "read, and moot with the other keys given")
     for key, value in flat.items():
         if key in read or key in auto:
             continue
@@ -159,8 +158,13 @@ def _batch(r: Reading, get: Any) -> None:
                 f"{r.label}: train_batch_size {total} is not train_micro_batch_size_per_gpu {micro} x "
                 f"gradient_accumulation_steps {steps} x data-parallel ranks"
             )
-        tp = get("tensor_parallel.autotp_size") or 1
-        r.take("gpus", total // (micro * steps) * int(tp), "train_batch_size / (micro batch x accumulation) x autotp")
+        tp = integer(get("tensor_parallel.autotp_size") or 1, "tensor_parallel.autotp_size", r.label, low=1)
+        r.take(
+            "gpus",
+            total // (micro * steps) * tp,
+            "train_batch_size / (train_micro_batch_size_per_gpu x gradient_accumulation_steps)"
+            + (" x tensor_parallel.autotp_size" if tp > 1 else ""),
+        )
 
 
 def _precision(r: Reading, get: Any) -> None:

@@ -113,6 +113,8 @@ def read_megatron(text: str, label: str) -> ConfigRead:
     _layout(r, seen)
     _launcher(r, seen)
     _replicas(r, seen)
+    taken = {f: v for f, v in seen.items() if f in PRECISION_FLAGS or f in LAYOUT_FLAGS or f in LAUNCHER}
+    r.account(taken, "read, and moot with the other flags given (Megatron ignores it here)")
     return r.done()
 
 
@@ -162,7 +164,7 @@ def _precision(r: Reading, seen: dict[str, str | None]) -> None:
     if "--fp16" in seen:
         r.take("precision", "fp16", "--fp16")
     elif "--fp8-format" in seen:
-        r.take("precision", "fp8", "--fp8-format")
+        r.take("precision", "fp8", "--fp8-format" + (" on --bf16" if "--bf16" in seen else ""))
         if "--main-grads-dtype" not in seen and "--grad-reduce-in-bf16" not in seen:
             r.take("grad_dtype", "fp32", "--fp8-format (Megatron keeps fp32 main gradients)")
     elif "--bf16" in seen:
@@ -259,8 +261,10 @@ def _recompute(r: Reading, seen: dict[str, str | None]) -> None:
 
 
 def _launcher(r: Reading, seen: dict[str, str | None]) -> None:
-    per_node = seen.get("--nproc_per_node") or seen.get("--nproc-per-node") or seen.get("--num_gpus")
-    nodes = seen.get("--nnodes") or seen.get("--num_nodes") or "1"
+    per_flag = next((f for f in ("--nproc_per_node", "--nproc-per-node", "--num_gpus") if f in seen), None)
+    node_flag = next((f for f in ("--nnodes", "--num_nodes") if f in seen), None)
+    per_node = seen.get(per_flag) if per_flag else None
+    nodes = (seen.get(node_flag) if node_flag else None) or "1"
     if per_node is None:
         return
     try:
@@ -268,7 +272,7 @@ def _launcher(r: Reading, seen: dict[str, str | None]) -> None:
     except ValueError:
         r.skip("--nproc-per-node", per_node, "the GPU count, not a plain number here: give --gpus")
         return
-    r.take("gpus", gpus, "the launcher's --nnodes x --nproc-per-node")
+    r.take("gpus", gpus, f"the launcher's {node_flag or 'one node'} x {per_flag}")
 
 
 def _replicas(r: Reading, seen: dict[str, str | None]) -> None:

@@ -125,6 +125,7 @@ def read_nemo(text: str, label: str) -> ConfigRead:
     _precision(r, by_name)
     _recompute(r, by_name)
     _fleet(r, by_name)
+    r.account(dict(by_name.values()), "read, and moot with the other values given")
     kinds = {"p2p": "ring", "all_gather": "all-gather", "allgather": "all-gather"}
     comm = _get(by_name, "cp_comm_type")
     if comm is None:
@@ -193,7 +194,8 @@ def _recompute(r: Reading, by_name: dict[str, tuple[str, Any]]) -> None:
     modules = _get(by_name, "recompute_modules")
     if granularity == "selective" and modules:
         r.take("selective", "modules", by_name["recompute_modules"][0])
-        r.take("recompute_modules", ",".join(modules) if isinstance(modules, list) else modules, "recompute_modules")
+        text = ",".join(map(str, modules)) if isinstance(modules, list) else modules
+        r.take("recompute_modules", text, by_name["recompute_modules"][0])
     method, layers = _get(by_name, "recompute_method"), _get(by_name, "recompute_num_layers")
     if granularity == "full" and method == "block" and layers is not None:
         r.take("recompute_layers", layers, by_name["recompute_num_layers"][0])

@@ -59,6 +59,16 @@ class ConfigRead:
         return self.kind not in ("vllm", "sglang")
 
 
+def integer(value: Any, key: str, label: str, *, low: int = -1, high: int = 1 << 20) -> int:
+    """A file's value that must be a whole number in [low, high]; ValueError naming the file and the key."""
+    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).strip().lstrip("-").isdigit():
+        raise ValueError(f"{label}: {key} = {short(value)} is not a whole number")
+    number = int(value)
+    if not low <= number <= high:
+        raise ValueError(f"{label}: {key} = {number} is outside [{low}, {high}]")
+    return number
+
+
 def short(value: Any) -> str:
     """A value as the report shows it: at most 80 characters."""
     text = value if isinstance(value, str) else repr(value)
@@ -84,6 +94,8 @@ class Reading:
         """Set schema field ``name`` from the file's ``key``; ValueError (naming the key) for a value the field
         refuses or one that another key already set differently."""
         f = schema_field(name)
+        if not isinstance(raw, str | int | float | bool):
+            raise ValueError(f"{self.label}: {key} = {short(raw)} is not a single value")
         try:
             value = f.parse(raw)
         except ValueError as exc:
@@ -110,6 +122,14 @@ class Reading:
             raise ValueError(
                 f"{self.label} holds over {MAX_UNREAD} keys meshplan does not read: is it a {self.kind} config?"
             )
+
+    def account(self, keys: dict[str, Any], effect: str) -> None:
+        """List, with ``effect``, each of ``keys`` that no value's source names and no row lists: a key the reader
+        took in but that set nothing (a flag the others make moot) is shown, never dropped silently."""
+        named = " ".join([*self.sources.values(), self.model_source, *(u.key for u in self.unread), *self.read_keys])
+        for key, value in keys.items():
+            if key not in named:
+                self.skip(key, value, effect)
 
     def shape(self, name: str, raw: Any, key: str) -> None:
         """A model dimension the file states (to identify the model, or to check the one named)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from meshplan.configs.reading import NO_EFFECT, ConfigRead, Reading
+from meshplan.configs.reading import NO_EFFECT, ConfigRead, Reading, integer
 from meshplan.files import parse_toml
 
 MODELS = {
@@ -154,9 +154,9 @@ def _read(flat: dict[str, Any], label: str, *, recipe: str | None = None) -> Con
         )
     get = flat.get
     _model(r, flat)
-    pp = int(get("parallelism.pipeline_parallel_degree", 1))
-    tp = int(get("parallelism.tensor_parallel_degree", 1))
-    cp = int(get("parallelism.context_parallel_degree", 1))
+    pp = integer(get("parallelism.pipeline_parallel_degree", 1), "parallelism.pipeline_parallel_degree", label)
+    tp = integer(get("parallelism.tensor_parallel_degree", 1), "parallelism.tensor_parallel_degree", label)
+    cp = integer(get("parallelism.context_parallel_degree", 1), "parallelism.context_parallel_degree", label)
     for key, name in (
         ("parallelism.tensor_parallel_degree", "tp"),
         ("parallelism.pipeline_parallel_degree", "pp"),
@@ -223,10 +223,9 @@ def _model(r: Reading, flat: dict[str, Any]) -> None:
 
 
 def _data_parallel(r: Reading, flat: dict[str, Any], *, pp: int, cp: int) -> None:
-    shard = int(flat.get("parallelism.data_parallel_shard_degree", -1))
+    shard = integer(flat.get(key := "parallelism.data_parallel_shard_degree", -1), key, r.label)
     replicate = flat.get("parallelism.data_parallel_replicate_degree")
     reshard = str(flat.get("parallelism.fsdp_reshard_after_forward", "default"))
-    key = "parallelism.data_parallel_shard_degree"
     if shard == 1 and cp == 1:
         r.take("zero", 0, f"{key} = 1 (no FSDP)")
     else:
@@ -258,7 +257,7 @@ def _batch(r: Reading, flat: dict[str, Any], *, pp: int) -> None:
         r.take("micro_batch", flat[local_key], local_key)
         r.read_keys.add(local_key)
     glob = flat.get("training.global_batch_size", -1)
-    if int(glob) > 0:
+    if integer(glob, "training.global_batch_size", r.label, high=1 << 40) > 0:
         r.take("global_batch", glob, "training.global_batch_size")
     r.read_keys.add("training.global_batch_size")
 
@@ -276,10 +275,11 @@ def _pipeline(r: Reading, flat: dict[str, Any], *, pp: int) -> None:
         return
     from meshplan.io import load_model
 
-    first = int(flat.get("parallelism.pipeline_parallel_first_stage_less_layers", 1))
-    last = int(flat.get("parallelism.pipeline_parallel_last_stage_less_layers", 1))
+    first_key, last_key = (f"parallelism.pipeline_parallel_{end}_stage_less_layers" for end in ("first", "last"))
+    first = integer(flat.get(first_key, 1), first_key, r.label, low=0)
+    last = integer(flat.get(last_key, 1), last_key, r.label, low=0)
     layers = load_model(r.model).num_layers + first + last
-    stages = -(-layers // int(per_stage))
+    stages = -(-layers // integer(per_stage, "parallelism.pipeline_parallel_layers_per_stage", r.label, low=1))
     if stages % pp:
         raise ValueError(f"{r.label}: {stages} pipeline stages do not divide over pipeline_parallel_degree {pp}")
     r.take("vpp", stages // pp, "parallelism.pipeline_parallel_layers_per_stage (stages / pp)")
@@ -294,7 +294,7 @@ def _pipeline(r: Reading, flat: dict[str, Any], *, pp: int) -> None:
 
 def _precision(r: Reading, flat: dict[str, Any]) -> None:
     converters = flat.get("model.converters", [])
-    converters = [converters] if isinstance(converters, str) else list(converters or [])
+    converters = [converters] if isinstance(converters, str) else converters if isinstance(converters, list) else []
     if "float8" in converters:
         r.take("precision", "fp8", "model.converters = ['float8']")
     elif str(flat.get("training.mixed_precision_param", "bfloat16")) == "float32":
@@ -314,7 +314,7 @@ def _precision(r: Reading, flat: dict[str, Any]) -> None:
         r.take("kernels", "fused" if compiled else "eager", key)
         r.read_keys.add(key)
         parts = flat.get("compile.components", ["model", "loss"])
-        if compiled and "loss" in parts:
+        if compiled and isinstance(parts, list | str) and "loss" in parts:
             r.take("loss", "compiled", "compile.components (the loss compiled with the model)")
             r.read_keys.add("compile.components")
     name = str(flat.get("optimizer.name", "AdamW")).lower()
