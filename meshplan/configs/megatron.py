@@ -99,8 +99,14 @@ _FSDP_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params":
 
 
 def read_megatron(text: str, label: str) -> ConfigRead:
-    pairs = flag_pairs(script_words(text, label), switches=frozenset(SWITCHES))
+    words = script_words(text, label)
+    pairs = flag_pairs(words, switches=frozenset(SWITCHES))
     r = Reading("megatron", label)
+    if "if" in words or "case" in words:
+        r.notes.append(
+            "the script has if (or case) blocks: the flags of every branch are read, whichever would run; check "
+            "the values above, or type the flags of the branch that runs"
+        )
     r.take("stack", "megatron-core", "the file's kind (Megatron-LM flags)")
     seen: dict[str, str | None] = {}
     for flag, value in pairs:
