@@ -159,3 +159,12 @@ def test_detect_kind() -> None:
     assert detect_kind("python pretrain_gpt.py --num-layers 2\n") == "megatron"
     assert detect_kind("vllm serve m\n") == "vllm"
     assert detect_kind("python -m sglang.launch_server --model-path m\n") == "sglang"
+
+
+def test_megatron_torch_fsdp2_and_layers_per_virtual_stage() -> None:
+    read = read_config_text(
+        "pretrain_gpt.py --num-layers 32 --hidden-size 4096 --vocab-size 128256 --pipeline-model-parallel-size 4 "
+        "--num-layers-per-virtual-pipeline-stage 2 --use-torch-fsdp2\n",
+        "run.sh",
+    )
+    assert (read.values["vpp"], read.values["zero"]) == (4, 3)  # 32 layers / (4 stages x 2 per chunk)

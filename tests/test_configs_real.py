@@ -187,3 +187,10 @@ def test_serving_launch_command(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert read == typed
     assert provenance["model"]["value"] == "llama-3.1-70b"  # the catalog model of the Hugging Face repository
     assert {"field": "context", "value": 8192, "why": "meshplan serve does not take it"} in provenance["not_used"]
+
+
+def test_a_typed_model_overrides_the_files(capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(DATA / "torchtitan_llama3_8b.toml")
+    report = _run(capsys, ["memory", "llama-2-7b", "--from", path, "--gpu", "h100-sxm", "--gpus", "8"])
+    assert report["model"] == "llama-2-7b"
+    assert report["from_file"]["model"] == {"value": "llama-2-7b", "from": "MODEL (typed)", "file_had": "llama-3.1-8b"}

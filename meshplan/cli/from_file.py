@@ -191,7 +191,8 @@ def _provenance(
     out: dict[str, Any] = {
         "file": cfg.label,
         "kind": cfg.kind,
-        "model": {"value": model, "from": model_from},
+        "model": {"value": model, "from": model_from}
+        | ({"file_had": cfg.model} if cfg.model and cfg.model != model else {}),
         "values": rows,
     }
     if compare:
@@ -222,7 +223,8 @@ def render(provenance: dict[str, Any]) -> str:
     """The ``from_file`` section as text, after the command's own table (long lines wrapped as the tables wrap)."""
     lines = ["", f"read from {provenance['file']} ({provenance['kind']}):"]
     m = provenance["model"]
-    lines.append(f"  model {m['value']}  <- {m['from']}")
+    had = f" (the file had {m['file_had']})" if "file_had" in m else ""
+    lines.append(f"  model {m['value']}  <- {m['from']}{had}")
     for row in provenance["values"]:
         value = row.get("value", "")
         had = f" (the file had {row['file_had']})" if "file_had" in row else ""

@@ -63,6 +63,8 @@ PRECISION_FLAGS = (
     "--main-params-dtype",
 )
 LAYOUT_FLAGS = (
+    "--use-torch-fsdp2",
+    "--num-layers-per-virtual-pipeline-stage",
     "--use-megatron-fsdp",
     "--data-parallel-sharding-strategy",
     "--num-distributed-optimizer-instances",
@@ -204,6 +206,20 @@ def _precision(r: Reading, seen: dict[str, str | None]) -> None:
 
 
 def _layout(r: Reading, seen: dict[str, str | None]) -> None:
+    if "--use-torch-fsdp2" in seen:
+        r.take("zero", 3, "--use-torch-fsdp2 (PyTorch FSDP2 shards weights, gradients and optimizer state)")
+    per_chunk = seen.get("--num-layers-per-virtual-pipeline-stage")
+    if per_chunk is not None:
+        layers, pp = r.model_shape.get("num_layers"), int(r.values.get("pp", 1))
+        chunk = int(_number(r, "--num-layers-per-virtual-pipeline-stage", per_chunk, 1))
+        if layers is None or chunk < 1 or layers % (pp * chunk):
+            r.skip("--num-layers-per-virtual-pipeline-stage", per_chunk, "virtual stages: give --vpp")
+        else:
+            r.take(
+                "vpp",
+                layers // (pp * chunk),
+                "--num-layers / (--pipeline-model-parallel-size x --num-layers-per-virtual-pipeline-stage)",
+            )
     if "--use-megatron-fsdp" in seen:
         strategy = seen.get("--data-parallel-sharding-strategy") or "no_shard"
         if strategy not in _FSDP_ZERO:
