@@ -236,3 +236,13 @@ def test_deepspeed_keys_with_any_values(d: dict) -> None:
 )
 def test_megatron_flags_with_any_values(pairs: list) -> None:
     _refused_or_read("pretrain_gpt.py " + " ".join(f"{f} {v}".strip() for f, v in pairs), "megatron")
+
+
+def test_an_output_never_overwrites_the_from_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "recipe.yaml"
+    text = "trainer:\n  devices: 8\ndata:\n  seq_length: 4096\n  global_batch_size: 64\n"
+    path.write_text(text)
+    rc = main(["plan", "llama-3.1-8b", "--from", str(path), "--gpu", "h100-sxm", "--save", str(path), "--force"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is a file this command reads" in err
+    assert path.read_text() == text

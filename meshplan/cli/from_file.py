@@ -119,7 +119,8 @@ def expand(argv: Sequence[str]) -> tuple[list[str], dict[str, Any] | None]:
         extra = ["--compare", ",".join(f"{k}={_word(v)}" for k, v in layout.items())]
     from meshplan.spec.argv import flag_args
 
-    new = [command, *([model] if model else []), *flag_args(values), *extra, *others]
+    # --from stays among the words: the command knows the file it read (an output may never overwrite it)
+    new = [command, *([model] if model else []), *flag_args(values), *extra, *others, "--from", path]
     provenance = _provenance(cfg, values, typed, dests, model, model_from, not_used, extra)
     return new, provenance
 
