@@ -94,6 +94,7 @@ def expand(argv: Sequence[str]) -> tuple[list[str], dict[str, Any] | None]:
         raise UsageError(f"meshplan {command}: error: {path} is {what} config ({cfg.kind}): read it with {use}")
     model, model_from = _model(command, path, cfg, positional)
     values: dict[str, Any] = {}
+    sources = dict(cfg.sources)
     not_used: list[dict[str, Any]] = []
     layout: dict[str, Any] = {}
     from meshplan.spec.requests import Group, field
@@ -109,7 +110,7 @@ def expand(argv: Sequence[str]) -> tuple[list[str], dict[str, Any] | None]:
             seq, seq_from = _seq(cfg, typed)
             if seq is not None:
                 values["global_batch_tokens"] = value * seq
-                cfg.sources.setdefault("global_batch_tokens", f"{cfg.sources[name]} x {seq_from}")
+                sources["global_batch_tokens"] = f"{sources[name]} x {seq_from}"
             else:
                 not_used.append({"field": name, "value": value, "why": "plan takes --global-batch-tokens"})
         else:
@@ -117,11 +118,13 @@ def expand(argv: Sequence[str]) -> tuple[list[str], dict[str, Any] | None]:
     extra: list[str] = []
     if layout and "compare" in dests and "compare" not in typed:
         extra = ["--compare", ",".join(f"{k}={_word(v)}" for k, v in layout.items())]
+    elif layout:
+        not_used += [{"field": k, "value": v, "why": "--compare was typed"} for k, v in layout.items()]
     from meshplan.spec.argv import flag_args
 
     # --from stays among the words: the command knows the file it read (an output may never overwrite it)
     new = [command, *([model] if model else []), *flag_args(values), *extra, *others, "--from", path]
-    provenance = _provenance(cfg, values, typed, dests, model, model_from, not_used, extra)
+    provenance = _provenance(cfg, values, sources, typed, dests, model, model_from, not_used, extra)
     return new, provenance
 
 
@@ -175,6 +178,7 @@ def _model(command: str, path: str, cfg: Any, positional: list[str]) -> tuple[st
 def _provenance(
     cfg: Any,
     values: dict[str, Any],
+    sources: dict[str, str],
     typed: dict[str, str | None],
     dests: set[str],
     model: str | None,
@@ -184,7 +188,7 @@ def _provenance(
 ) -> dict[str, Any]:
     from meshplan.spec.requests import BY_NAME, STACKS
 
-    rows = [{"field": n, "value": v, "from": f"file: {cfg.sources[n]}"} for n, v in values.items()]
+    rows = [{"field": n, "value": v, "from": f"file: {sources[n]}"} for n, v in values.items()]
     for name, raw in typed.items():
         if name in BY_NAME:
             row = {"field": name, "value": _typed_value(name, raw), "from": "flag (typed)"}
