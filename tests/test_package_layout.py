@@ -13,9 +13,10 @@ PACKAGE = Path(__file__).parents[1] / "meshplan"
 MAX_LINES = 500
 MAX_TOP_MODULES = 6
 LAYERS = {  # a package and the packages it may never import
-    "spec": ("core", "search", "reports", "validation", "cli", "server", "exports", "check"),
-    "core": ("search", "reports", "validation", "cli", "server", "exports", "check"),
-    "search": ("reports", "validation", "cli", "server", "exports", "check"),
+    "spec": ("configs", "core", "search", "reports", "validation", "cli", "server", "exports", "check"),
+    "configs": ("core", "search", "reports", "validation", "cli", "server", "exports", "check"),
+    "core": ("configs", "search", "reports", "validation", "cli", "server", "exports", "check"),
+    "search": ("configs", "reports", "validation", "cli", "server", "exports", "check"),
     "reports": ("validation", "cli", "server"),
     "validation": ("cli", "server", "exports", "check"),
     "exports": ("cli", "server", "check"),

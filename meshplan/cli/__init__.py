@@ -33,6 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     try:
+        from meshplan.cli.from_file import expand
+
+        argv, provenance = expand(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(argv)
         check_numbers(args)
         from meshplan.cli.commands import COMMANDS
@@ -40,7 +43,9 @@ def _main(argv: Sequence[str] | None) -> int:
         result = COMMANDS[args.command](args)
         if result is None:
             return 0
-        text = None if args.json else _render(args.command, result)
+        if provenance is not None:
+            result = {**result, "from_file": provenance}
+        text = None if args.json else _render(args.command, result, provenance)
     except UsageError as exc:
         print(_bounded(f"{exc}"), file=sys.stderr)
         return 2
@@ -64,10 +69,14 @@ def _bounded(line: str) -> str:
     return bounded_message(line)
 
 
-def _render(command: str, result: dict[str, Any]) -> str:
+def _render(command: str, result: dict[str, Any], provenance: dict[str, Any] | None = None) -> str:
     from meshplan.cli.tables import render_table
 
-    return render_table(command, result)
+    if provenance is None:
+        return render_table(command, result)
+    from meshplan.cli.from_file import render
+
+    return render_table(command, result) + "\n" + render(provenance)
 
 
 def exit_code(command: str, result: dict[str, Any]) -> int:

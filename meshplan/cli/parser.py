@@ -208,6 +208,21 @@ def _epilog(name: str) -> str | None:
     return "examples:\n" + "\n".join(f"  meshplan {e}" for e in examples) if examples else None
 
 
+_COMMAND_PARSERS: dict[str, argparse.ArgumentParser] = {}
+FROM_HELP = (
+    "read the run from an engine's config: a torchtitan TOML or config module, Megatron-LM flags (a launch script), "
+    "a NeMo / Megatron-Bridge YAML, a DeepSpeed JSON, an accelerate YAML, or a vLLM / SGLang launch command; flags "
+    "typed beside it override the file (docs/configs.md)"
+)
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The sub-parser of command ``name`` (``--from`` reads its flags before parsing)."""
+    if name not in _COMMAND_PARSERS:
+        build_parser()
+    return _COMMAND_PARSERS[name]
+
+
 def build_parser() -> argparse.ArgumentParser:
     from meshplan import __version__
 
@@ -225,6 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=_Examples,
         )
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+        if name in ("memory", "estimate", "plan", "serve", "serve-plan"):
+            p.add_argument("--from", dest="from_file", metavar="FILE", default=None, help=FROM_HELP)
+            p.add_argument("--from-kind", default=None, help="the --from file's engine, when it cannot be told")
+        _COMMAND_PARSERS[name] = p
         return p
 
     for add in (_training_commands, _search_commands, _serving_commands, _tool_commands):

@@ -54,9 +54,9 @@ def error_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text.strip() else type(exc).__name__
 
 
-READ_FLAGS = ("model", "gpu", "scale_out", "stack", "profile", "from_plan", "runs")
+READ_FLAGS = ("model", "gpu", "scale_out", "stack", "profile", "from_plan", "runs", "from_file")
 """The flags (dests) that may name a file a command reads: MODEL (a config.json, a model TOML or a folder), --gpu,
---scale-out and --stack (TOML files), --profile FILE, export's --from-plan and calibrate's RUNS.json."""
+--scale-out and --stack (TOML files), --profile FILE, export's --from-plan, calibrate's RUNS.json and --from FILE."""
 
 
 def input_words(args: argparse.Namespace) -> list[str]:

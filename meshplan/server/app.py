@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshplan.render import to_json
 from meshplan.search.limits import SearchTimeout
-from meshplan.server import api, explorer, exports, parse, planner
+from meshplan.server import api, configs, explorer, exports, parse, planner
 from meshplan.server.guard import Binding, RequestGuard, check_bind, is_loopback, refusal
 from meshplan.server.uploads import ModelStore
 from meshplan.server.worker import SEARCHES
@@ -142,6 +142,7 @@ def create_app(binding: Binding | None = None) -> FastAPI:
     app.include_router(explorer.router)
     app.include_router(planner.router)
     app.include_router(exports.router)
+    app.include_router(configs.router)
     _install_errors(app)
 
     @app.get("/", include_in_schema=False)

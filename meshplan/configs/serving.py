@@ -1,0 +1,143 @@
+"""vLLM and SGLang launch commands (``vllm serve MODEL --tensor-parallel-size 8 ...``,
+``python -m sglang.launch_server --model-path MODEL --tp 8 ...``), in a file or a launch script.
+
+Flag names and choices are those exports/vllm.py and exports/sglang.py write (vLLM 0.33.0's EngineArgs,
+SGLang 0.5.23's ServerArgs) and their short spellings. The GPU count is tp x pp x dp. A Hugging Face repository
+as the model is the catalog model of that repository; a local folder is read as the model's config.json.
+"""
+
+from __future__ import annotations
+
+from meshplan.configs.reading import NO_EFFECT, UNKNOWN, ConfigRead, Reading, hf_repos
+from meshplan.configs.shell import flag_pairs, script_words
+
+VLLM = {
+    "--tensor-parallel-size": "tp",
+    "-tp": "tp",
+    "--pipeline-parallel-size": "pp",
+    "-pp": "pp",
+    "--data-parallel-size": "replicas",
+    "-dp": "replicas",
+    "--max-model-len": "context",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--max-num-seqs": "max_batch",
+    "--max-num-batched-tokens": "max_num_tokens",
+}
+SGLANG = {
+    "--tp-size": "tp",
+    "--tp": "tp",
+    "--pp-size": "pp",
+    "--pp": "pp",
+    "--dp-size": "replicas",
+    "--dp": "replicas",
+    "--ep-size": "ep",
+    "--ep": "ep",
+    "--context-length": "context",
+    "--mem-fraction-static": "gpu_memory_utilization",
+    "--max-running-requests": "max_batch",
+    "--chunked-prefill-size": "max_num_tokens",
+}
+KV_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "fp8": "fp8", "fp8_e4m3": "fp8"}
+WEIGHT_QUANT = {"fp8": "fp8", "fbgemm_fp8": "fp8", "modelopt": "fp8", "awq": "int4", "gptq": "int4"}
+WEIGHT_QUANT |= {"awq_marlin": "int4", "gptq_marlin": "int4", "modelopt_fp4": "fp4", "mxfp4": "fp4"}
+NOTHING = frozenset(
+    {
+        "--host",
+        "--port",
+        "--served-model-name",
+        "--api-key",
+        "--trust-remote-code",
+        "--disable-log-requests",
+        "--disable-log-stats",
+        "--log-level",
+        "--seed",
+        "--tokenizer",
+        "--tokenizer-path",
+        "--download-dir",
+        "--revision",
+        "--uvicorn-log-level",
+        "--enable-metrics",
+        "--chat-template",
+        "--load-format",
+    }
+)
+SWITCHES = frozenset({"--enable-expert-parallel", "--enable-dp-attention", "--trust-remote-code"})
+SHORT = frozenset({"-tp", "-pp", "-dp", "-q"})
+
+
+def read_serving(text: str, label: str, kind: str) -> ConfigRead:
+    words = script_words(text, label)
+    table = VLLM if kind == "vllm" else SGLANG
+    r = Reading(kind, label)
+    r.take("engine", kind, f"the file's kind ({kind})")
+    model = _model_word(words, kind)
+    pairs = flag_pairs(words, switches=SWITCHES, short=SHORT)
+    seen: dict[str, str | None] = {}
+    for flag, value in pairs:
+        if flag in seen and seen[flag] != value:
+            raise ValueError(f"{label}: {flag} is given twice, as {seen[flag]!r} and {value!r}")
+        seen[flag] = value
+    if "--model-path" in seen or "--model" in seen:
+        model = seen.pop("--model-path", None) or seen.pop("--model", None)
+    if model is not None:
+        name = hf_repos().get(model.lower())
+        if name is not None:
+            r.name_model(name, f"the catalog model of {model}")
+        else:
+            r.name_model(model, "the served model (a folder with its config.json)")
+    attention_dp = kind == "sglang" and "--enable-dp-attention" in seen
+    for flag, value in seen.items():
+        if attention_dp and flag in ("--dp-size", "--dp"):
+            r.skip(flag, value, "attention data-parallel ranks inside the TP group (--enable-dp-attention)")
+        elif flag in table:
+            if value is None:
+                raise ValueError(f"{label}: {flag} needs a value")
+            r.take(table[flag], value, flag)
+        elif flag == "--kv-cache-dtype":
+            if str(value).lower() in KV_DTYPES:
+                r.take("kv_dtype", KV_DTYPES[str(value).lower()], flag)
+            elif value != "auto":
+                r.skip(flag, value, "a KV-cache dtype meshplan does not bill (bf16, fp16, fp8)")
+        elif flag in ("--quantization", "-q"):
+            if str(value).lower() in WEIGHT_QUANT:
+                r.take("weights_dtype", WEIGHT_QUANT[str(value).lower()], flag)
+            else:
+                r.skip(flag, value, "a quantization method meshplan does not map: give --weights-dtype")
+        elif flag == "--enable-dp-attention":
+            r.take("dp_attention", True, flag)
+        elif flag in ("--enable-expert-parallel", "--moe-dp-size", "--dtype"):
+            continue  # read below
+        elif flag in NOTHING:
+            r.skip(flag, value, NO_EFFECT)
+        else:
+            r.skip(flag, value, UNKNOWN)
+    _parallel(r, seen, kind)
+    return r.done()
+
+
+def _model_word(words: list[str], kind: str) -> str | None:
+    """The model after ``vllm serve`` (vLLM's positional), or None."""
+    if kind != "vllm":
+        return None
+    for i, word in enumerate(words[:-1]):
+        if word == "serve" and i > 0 and words[i - 1].endswith("vllm") and not words[i + 1].startswith("-"):
+            return words[i + 1]
+    return None
+
+
+def _parallel(r: Reading, seen: dict[str, str | None], kind: str) -> None:
+    tp = int(r.values.get("tp", 1))
+    pp = int(r.values.get("pp", 1))
+    dp = int(r.values.get("replicas", 1))
+    if kind == "vllm" and "--enable-expert-parallel" in seen:
+        r.take("ep", tp * dp, "--enable-expert-parallel (experts over tp x dp)")
+    if kind == "sglang" and "--moe-dp-size" in seen:
+        r.skip("--moe-dp-size", seen["--moe-dp-size"], "expert replicas inside a replica: follows from tp / ep")
+    dtype = seen.get("--dtype")
+    if dtype is not None:
+        names = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16"}
+        if str(dtype).lower() in names and "weights_dtype" not in r.values:
+            r.take("weights_dtype", names[str(dtype).lower()], "--dtype")
+        elif str(dtype).lower() != "auto":
+            r.skip("--dtype", dtype, "the activations' dtype: billed as the weights'")
+    r.take("gpus", tp * pp * dp, "tp x pp x dp of the launch flags")

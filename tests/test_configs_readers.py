@@ -1,0 +1,170 @@
+"""Each reader's keys, one by one, on small files: what each key sets, what its absence means, and what the YAML
+and shell readers make of the text."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.configs import detect_kind, read_config_text
+from meshplan.configs.shell import flag_pairs, script_words
+from meshplan.configs.yamlish import parse_yaml
+
+
+def test_yaml_subset() -> None:
+    text = """
+# a comment
+a: 1
+b: [1, 2.5, "x, y", 'it''s']
+c:
+  d: true
+  e: ~
+  f: {g: 3, h: "4"}
+list:
+  - 1
+  - k: v
+    m: 2
+  -
+    n: 3
+empty:
+"""
+    assert parse_yaml(text, "t") == {
+        "a": 1,
+        "b": [1, 2.5, "x, y", "it's"],
+        "c": {"d": True, "e": None, "f": {"g": 3, "h": "4"}},
+        "list": [1, {"k": "v", "m": 2}, {"n": 3}],
+        "empty": None,
+    }
+    with pytest.raises(ValueError, match="line 2: the key 'a' appears twice"):
+        parse_yaml("a: 1\na: 2\n", "t")
+    with pytest.raises(ValueError, match="block scalars"):
+        parse_yaml("a: |\n  text\n", "t")
+    with pytest.raises(ValueError, match="one YAML document"):
+        parse_yaml("a: 1\n---\nb: 2\n", "t")
+
+
+def test_shell_words_substitute_and_split() -> None:
+    words = script_words(
+        'TP=${TP:-4}\nARGS=(\n  --tensor-model-parallel-size $TP  # four\n  "--fp8-format hybrid"\n)\n'
+        "if [[ x ]]; then\n  X+=( --flag )\nfi\ntorchrun ${ARGS[@]} --seq-length=${SEQ:-2048}\n",
+        "t",
+    )
+    assert words[:4] == ["--tensor-model-parallel-size", "4", "--fp8-format", "hybrid"]
+    pairs = flag_pairs(words)
+    assert ("--flag", None) in pairs and ("--seq-length", "2048") in pairs
+    assert ("--fp8-format", "hybrid") in pairs
+
+
+def test_torchtitan_pipeline_toml() -> None:
+    read = read_config_text(
+        "[model]\nname = 'llama3'\nflavor = '8B'\n[parallelism]\npipeline_parallel_degree = 2\n"
+        "pipeline_parallel_schedule = 'Interleaved1F1B'\npipeline_parallel_layers_per_stage = 9\n"
+        "pipeline_parallel_microbatch_size = 2\ndata_parallel_shard_degree = 4\n"
+        "fsdp_reshard_after_forward = 'default'\n"
+        "enable_async_tensor_parallel = true\ndisable_loss_parallel = true\n"
+        "[training]\nlocal_batch_size = 16\nglobal_batch_size = 64\n[activation_checkpoint]\nmode = 'none'\n",
+        "job.toml",
+    )
+    v = read.values
+    # (32 layers + 1 + 1) / 9 per stage = 4 stages over pp 2: 2 virtual stages each; FSDP keeps grads under PP
+    assert (v["pp"], v["vpp"], v["schedule"], v["micro_batch"], v["zero"], v["dp_shard"]) == (
+        2,
+        2,
+        "interleaved",
+        2,
+        2,
+        4,
+    )
+    assert (v["overlap_tp"], v["loss_parallel"], v["recompute"], v["global_batch"]) == ("on", "off", "none", 64)
+    assert any(u.key == "training.local_batch_size" for u in read.unread)
+
+
+def test_megatron_hsdp_and_recompute_block() -> None:
+    read = read_config_text(
+        "torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --vocab-size 128256 "
+        "--tensor-model-parallel-size 2 --use-distributed-optimizer --num-distributed-optimizer-instances 2 "
+        "--recompute-granularity full --recompute-method block --recompute-num-layers 4 --bf16 "
+        "--main-grads-dtype bf16 --optimizer sgd --sgd-momentum 0\n",
+        "run.sh",
+    )
+    v = read.values
+    assert (v["gpus"], v["tp"], v["zero"], v["dp_replicate"], v["dp_shard"]) == (16, 2, 1, 2, 4)
+    assert (v["recompute"], v["recompute_layers"], v["precision"], v["optimizer"]) == ("full", 4, "bf16", "sgd")
+    assert (v["overlap_dp"], v["overlap_param_gather"]) == ("off", "off")  # Megatron's defaults without the flags
+    assert read.model == "llama-3.1-8b"
+
+
+def test_bridge_config_container() -> None:
+    read = read_config_text(
+        "ConfigContainer:\n  model:\n    tensor_model_parallel_size: 4\n    num_layers: 80\n    hidden_size: 8192\n"
+        "    recompute_granularity: selective\n    recompute_modules: [core_attn, mlp]\n    cp_comm_type: a2a\n"
+        "  train:\n    micro_batch_size: 1\n    global_batch_size: 128\n  mixed_precision: bf16_mixed\n"
+        "  ddp:\n    grad_reduce_in_fp32: false\n    overlap_grad_reduce: true\n",
+        "bridge.yaml",
+    )
+    v = read.values
+    assert (v["tp"], v["recompute"], v["selective"], v["recompute_modules"]) == (
+        4,
+        "selective",
+        "modules",
+        "core_attn,mlp",
+    )
+    assert (v["precision"], v["overlap_dp"], v["global_batch"]) == ("bf16", "on", 128)
+    assert read.model is None  # six catalog models have 80 layers of 8192
+    assert "fits llama-2-70b, llama-3.1-70b, llama-3.3-70b, llama-65b, mpt-70b, qwen2.5-72b: name" in read.notes[0]
+    assert any(u.key == "model.cp_comm_type" for u in read.unread)
+
+
+def test_accelerate_deepspeed_and_fsdp2() -> None:
+    read = read_config_text(
+        "distributed_type: DEEPSPEED\nnum_processes: 16\nmixed_precision: bf16\ndeepspeed_config:\n"
+        "  zero_stage: 3\n  offload_optimizer_device: cpu\n",
+        "acc.yaml",
+    )
+    assert (read.values["stack"], read.values["zero"], read.values["gpus"], read.values["precision"]) == (
+        "deepspeed",
+        3,
+        16,
+        "bf16",
+    )
+    assert "offload" in next(u.effect for u in read.unread if u.key.endswith("offload_optimizer_device"))
+    read = read_config_text(
+        "distributed_type: FSDP\nnum_processes: 8\nfsdp_config:\n  fsdp_version: 2\n"
+        "  fsdp_reshard_after_forward: false\n"
+        "  fsdp_activation_checkpointing: true\n",
+        "acc.yaml",
+    )
+    v = read.values
+    assert (v["zero"], v["fsdp_copies"], v["recompute"]) == (2, "on", "full")
+
+
+def test_sglang_attention_dp_and_vllm_expert_parallel() -> None:
+    read = read_config_text(
+        "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp 8 --dp 8 --enable-dp-attention "
+        "--ep-size 8 --kv-cache-dtype fp8_e4m3\n",
+        "s.sh",
+    )
+    v = read.values
+    assert (v["tp"], v["dp_attention"], v["ep"], v["gpus"], v["kv_dtype"]) == (8, True, 8, 8, "fp8")
+    assert "replicas" not in v
+    read = read_config_text("vllm serve Qwen/Qwen3-30B-A3B -tp 4 -dp 2 --enable-expert-parallel -q fp8\n", "v.sh")
+    v = read.values
+    assert (v["tp"], v["replicas"], v["ep"], v["gpus"], v["weights_dtype"]) == (4, 2, 8, 8, "fp8")
+
+
+def test_detect_kind() -> None:
+    assert detect_kind("[training]\nseq_len = 1\n") == "torchtitan"
+    assert detect_kind('{"zero_optimization": {}}') == "deepspeed"
+    assert detect_kind("distributed_type: FSDP\n") == "accelerate"
+    assert detect_kind("trainer:\n  devices: 8\n") == "nemo"
+    assert detect_kind("python pretrain_gpt.py --num-layers 2\n") == "megatron"
+    assert detect_kind("vllm serve m\n") == "vllm"
+    assert detect_kind("python -m sglang.launch_server --model-path m\n") == "sglang"
+
+
+def test_megatron_torch_fsdp2_and_layers_per_virtual_stage() -> None:
+    read = read_config_text(
+        "pretrain_gpt.py --num-layers 32 --hidden-size 4096 --vocab-size 128256 --pipeline-model-parallel-size 4 "
+        "--num-layers-per-virtual-pipeline-stage 2 --use-torch-fsdp2\n",
+        "run.sh",
+    )
+    assert (read.values["vpp"], read.values["zero"]) == (4, 3)  # 32 layers / (4 stages x 2 per chunk)
