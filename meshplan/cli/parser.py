@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
         return p
 
-    for add in (_training_commands, _search_commands, _serving_commands, _tool_commands):
+    for add in (_training_commands, _compare_command, _search_commands, _serving_commands, _tool_commands):
         add(command)
     return parser
 
@@ -253,15 +253,7 @@ def _training_commands(command: Command) -> None:
     p = command("stacks", "the training stacks and the conditions each sets (for --stack)")
 
     p = command("estimate", "step time, MFU, every collective and where it runs, for one layout")
-    p.add_argument("model")
-    _add_fleet(p)
-    _add_group(p, "layout")
-    _add_group(p, "workload", stack_set, precision=None, attention=None, kernels=None)
-    _add_finetune(p)
-    _add_group(p, "conditions")
-    _add_fleet_shape(p)
-    add_fields(p, "tokens")
-    _add_group(p, "cost and goodput")
+    _add_estimate(p)
 
     p = command("collectives", "the bandwidth wall: one all-reduce timed over NVLink, InfiniBand, Ethernet")
     p.add_argument(
@@ -296,6 +288,35 @@ def _training_commands(command: Command) -> None:
         "peak_memory_bytes (optional)}",
     )
     p.add_argument("--out", default=None, help="write the profile TOML to this file (for --profile)")
+    _add_force(p)
+
+
+def _add_estimate(p: argparse.ArgumentParser) -> None:
+    """The model and every field ``estimate`` takes (``compare`` takes them too: the plan it compares)."""
+    p.add_argument("model")
+    _add_fleet(p)
+    _add_group(p, "layout")
+    _add_group(
+        p, "workload", _stack_set("precision", "attention", "kernels"), precision=None, attention=None, kernels=None
+    )
+    _add_finetune(p)
+    _add_group(p, "conditions")
+    _add_fleet_shape(p)
+    add_fields(p, "tokens")
+    _add_group(p, "cost and goodput")
+
+
+def _compare_command(command: Command) -> None:
+    p = command("compare", "a plan against its run: profiler trace, memory snapshot or logged numbers, term by term")
+    _add_estimate(p)
+    _add_group(p, "measured")
+    p.add_argument("--trace", default=None, help="a PyTorch profiler trace (export_chrome_trace's JSON) of the run")
+    p.add_argument("--snapshot", default=None, help="a CUDA memory snapshot (torch.cuda.memory._dump_snapshot)")
+    p.add_argument(
+        "--logged", default=None, help="logged numbers: JSON or CSV of step_time_s, max_memory_allocated/reserved"
+    )
+    p.add_argument("--out", default=None, help="write the run as a runs file meshplan calibrate reads (JSON)")
+    p.add_argument("--append", action="store_true", help="add the run to the --out runs file if it exists")
     _add_force(p)
 
 
