@@ -59,6 +59,24 @@ def compare_report(
         numbers = {k: numbers[k] if numbers[k] is not None else v for k, v in read_logged(logged).items()} | {
             k: v for k, v in numbers.items() if v is not None
         }
+    report = compare_with_plan(plan, numbers, trace=trace, snapshot=snapshot, logged=logged)
+    run = _calibration_run(values, estimate_fields(), estimate_defaults(), report["time"], report["memory"])
+    report["calibration_run"] = run
+    if out:
+        report["runs_file"] = _write_runs(out, run, inputs, append=append, force=force)
+    return report
+
+
+def compare_with_plan(
+    plan: Mapping[str, Any],
+    numbers: Mapping[str, float | None],
+    *,
+    trace: str | None = None,
+    snapshot: str | None = None,
+    logged: str | None = None,
+) -> dict[str, Any]:
+    """The comparison of an estimate report ``plan`` with measured ``numbers`` (``MEASURED``, None where not
+    measured) and the run's trace and snapshot files."""
     terms = step_terms(read_trace(trace)) if trace is not None else None
     snap = read_snapshot(snapshot) if snapshot is not None else None
     time = _time(plan, terms, numbers.get("step_time_s"))
@@ -68,7 +86,7 @@ def compare_report(
         for r in memory["terms"]
         if r["term"] in ("parameters", "optimizer_state") and snap is not None and snap.framed_blocks
     }
-    report: dict[str, Any] = {
+    return {
         "model": plan["model"],
         "gpu": plan["gpu"],
         "gpus": plan["gpus"],
@@ -80,11 +98,6 @@ def compare_report(
             plan["layout"], predicted_calls(plan["collectives"]), terms.calls if terms else None, held
         ),
     }
-    run = _calibration_run(values, estimate_fields(), estimate_defaults(), time, memory)
-    report["calibration_run"] = run
-    if out:
-        report["runs_file"] = _write_runs(out, run, inputs, append=append, force=force)
-    return report
 
 
 def _ratio(measured: float | None, predicted: float | None) -> float | None:

@@ -4,7 +4,9 @@ read into spans, in bounded memory.
 The file is read by ``meshplan.files.read_text_file`` (a regular file of at most ``MAX_TRACE_BYTES``); its
 ``traceEvents`` array is decoded one event at a time, each reduced at once to a ``Span`` of the complete events
 (``ph`` "X") the comparison uses, so memory holds the text and the kept spans, never the whole parsed tree. A trace
-of more than ``MAX_TRACE_EVENTS`` events is refused at the first event past the limit: profile fewer steps. A
+of more than ``MAX_TRACE_EVENTS`` events is refused: at once when its text holds more ``"ph":`` keys than that
+(every event has one; a key is the only place that sequence can stand in JSON), else at the first event past the
+limit: profile fewer steps. A
 truncated file, a number that is not finite and nesting deeper than Python's parser allows are each one
 ``ValueError`` line naming the file.
 """
@@ -65,6 +67,10 @@ def read_trace(path: Path | str, *, max_events: int = MAX_TRACE_EVENTS) -> Trace
     """The spans of a trace file; ValueError (one line) for anything but a Chrome trace within the limits."""
     label = f"trace {path}"
     text = read_text_file(path, what="trace", limit=MAX_TRACE_BYTES)
+    if text.count('"ph":') > max_events:  # each event has one "ph" key: refused before any decoding
+        raise ValueError(
+            f"{label} holds over {max_events:,} events; profile fewer steps (a schedule with active=1 or 2)"
+        )
     spans: list[Span] = []
     meta: dict[str, Any] = {}
     count = 0

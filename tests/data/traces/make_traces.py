@@ -18,7 +18,7 @@ from meshplan.check.runner import run_check
 
 HERE = Path(__file__).parent
 LAYOUTS = ("ddp", "fsdp")
-TINY_MODEL = """# The harness's tiny Llama (meshplan/check/shapes.py DENSE): what `meshplan compare` plans the traced runs with.
+TINY_MODEL = """# The harness's tiny Llama (meshplan/check/shapes.py DENSE), as `meshplan compare` plans them.
 name = "tiny-llama"
 num_layers = 4
 hidden = 32
