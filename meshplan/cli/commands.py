@@ -387,6 +387,7 @@ def _check(args: argparse.Namespace, check_report: Callable[..., dict[str, Any]]
         kv_heads=args.kv_heads,
         seq=args.seq,
         micro_batch=args.micro_batch,
+        trace_dir=args.trace,
     )
 
 

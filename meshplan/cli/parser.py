@@ -426,6 +426,13 @@ def _tool_commands(command: Command) -> None:
         "pp runs pp_gpipe and pp_1f1b), and on request fsdp_bf16, fsdp_bf16_reduce_bf16, fsdp_reshard_root, "
         "fsdp_no_reshard, fsdp_no_sync, fsdp_sac_op, tp_sac_op, sp_sac_op",
     )
+    p.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="also profile one step of each layout into this folder: per rank a profiler trace, a snapshot-shaped "
+        "memory pickle and the logged step time (the files meshplan compare reads)",
+    )
     g = p.add_argument_group("tiny model (default 4 layers, hidden 32, 8 heads, 4 KV heads, seq 16, micro-batch 2)")
     g.add_argument(
         "--hidden", type=_positive_int, default=None, help="hidden size; head dim = hidden / heads (default: 32)"
