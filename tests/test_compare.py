@@ -235,3 +235,47 @@ def test_check_writes_the_files_compare_reads(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=Path(__file__).parents[1])
     assert step_terms(read_trace(tmp_path / "fsdp_rank1.trace.json")).calls["all_gather"] == 9
     assert read_snapshot(tmp_path / "fsdp_rank1.snapshot.pickle").by_term["activations"] > 0
+
+
+def test_snapshot_opcodes_that_build_more_than_plain_data_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.pickle"
+    path.write_bytes(b"\x80\x04]r\xff\xff\xff\x7f.")  # a list memoized at slot 2^31 - 1: the unpickler would allocate
+    with pytest.raises(ValueError, match="memo index 2,147,483,647"):
+        read_snapshot(path)
+    path.write_bytes(pickle.dumps({"segments": [bytearray(b"x")]}, protocol=5))  # out-of-band buffer data
+    with pytest.raises(ValueError, match="refused: the pickle names the opcode BYTEARRAY8"):
+        read_snapshot(path)
+    path.write_bytes(
+        pickle.dumps({"segments": [{"total_size": 10, "blocks": [{"size": 20, "state": "active_allocated"}]}]})
+    )
+    with pytest.raises(ValueError, match="allocated blocks"):
+        read_snapshot(path)
+
+
+def test_a_kineto_gpu_trace_file_is_read_by_stream(tmp_path: Path) -> None:
+    """A GPU trace as Kineto writes one (kernels on pid = device, tid = stream; host ops on the process's threads)."""
+
+    def event(name: str, cat: str, pid: int, tid: int, ts: float, dur: float, **args: Any) -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+    events = [
+        event("ProfilerStep#7", "user_annotation", 100, 100, 0, 200),
+        event("c10d::allreduce_", "cpu_op", 100, 100, 5, 2),
+        event("nccl:all_reduce", "user_annotation", 100, 100, 5, 2),
+        event("ampere_bf16_s16816gemm_bf16_128x128", "kernel", 0, 7, 10, 100, stream=7),
+        event("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "kernel", 0, 20, 50, 100, stream=20),
+        {"ph": "X", "cat": "kernel", "name": "bad", "pid": 0, "tid": 7, "ts": "NaN", "dur": 1},  # dropped
+        {"ph": "f", "cat": "ac2g", "id": 1, "pid": 0, "tid": 7, "ts": 10},
+    ]
+    path = tmp_path / "gpu.json"
+    path.write_text(
+        json.dumps({"schemaVersion": 1, "distributedInfo": {"rank": 3, "world_size": 8}, "traceEvents": events})
+    )
+    trace = read_trace(path)
+    assert (trace.rank, trace.world_size, trace.events, trace.on_device) == (3, 8, 7, True)
+    terms = step_terms(trace)
+    assert terms.step_s == pytest.approx(140e-6)  # kernels from 10 to 150
+    assert terms.seconds["gemm"] == pytest.approx(100e-6)
+    assert terms.seconds["exposed_all_reduce"] == pytest.approx(40e-6)  # 110 to 150
+    assert terms.collective_s["all_reduce"] == pytest.approx(100e-6)
+    assert terms.calls["all_reduce"] == 1  # the c10d op, not also the nccl: annotation

@@ -3,9 +3,12 @@ read without running anything it names.
 
 The snapshot is plain data: a dict of ``segments`` (each with its ``total_size`` and its ``blocks``: ``size``,
 ``state`` and, when the history was recorded, the ``frames`` that allocated it) and ``device_traces`` (the
-allocator's recent actions). It is unpickled by an unpickler whose ``find_class`` refuses every global: a pickle
-that names any class or function (``os.system``, ``builtins.eval``, even ``collections.OrderedDict``) is refused
-with one line before anything is built from it. What it holds is then walked within fixed bounds.
+allocator's recent actions). Its opcodes are read first, without building anything (``pickletools.genops``):
+only those that build plain data are admitted (``PLAIN_OPCODES``), so a pickle that names any class or function
+(``os.system``, ``builtins.eval``, even ``collections.OrderedDict``), calls anything, or uses out-of-band buffers is
+refused with one line, as is one whose memo indices run past its own length (a memo slot a billion places out
+would make the unpickler allocate for it). It is then built by an unpickler whose ``find_class`` refuses every
+global all the same, and what it holds is walked within fixed bounds.
 
 Each live block is given to a term by its stack frames, where the history was recorded (the first rule that any
 frame meets, in this order): the optimizer's state (``torch/optim``), communication buffers (a collective in
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import pickletools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -39,14 +43,101 @@ _RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 )
 
 
+PLAIN_OPCODES = frozenset(
+    [
+        "PROTO",
+        "FRAME",
+        "STOP",
+        "MARK",
+        "POP",
+        "POP_MARK",
+        "DUP",
+        "NONE",
+        "NEWTRUE",
+        "NEWFALSE",
+        "INT",
+        "BININT",
+        "BININT1",
+        "BININT2",
+        "LONG",
+        "LONG1",
+        "LONG4",
+        "FLOAT",
+        "BINFLOAT",
+        "STRING",
+        "BINSTRING",
+        "SHORT_BINSTRING",
+        "UNICODE",
+        "BINUNICODE",
+        "SHORT_BINUNICODE",
+        "BINUNICODE8",
+        "BINBYTES",
+        "SHORT_BINBYTES",
+        "BINBYTES8",
+        "EMPTY_LIST",
+        "APPEND",
+        "APPENDS",
+        "LIST",
+        "EMPTY_TUPLE",
+        "TUPLE",
+        "TUPLE1",
+        "TUPLE2",
+        "TUPLE3",
+        "EMPTY_DICT",
+        "DICT",
+        "SETITEM",
+        "SETITEMS",
+        "EMPTY_SET",
+        "ADDITEMS",
+        "FROZENSET",
+        "PUT",
+        "BINPUT",
+        "LONG_BINPUT",
+        "MEMOIZE",
+        "GET",
+        "BINGET",
+        "LONG_BINGET",
+    ]
+)
+"""The pickle opcodes that build dicts, lists, tuples, sets, strings, bytes, numbers, booleans and None."""
+_MEMO = frozenset({"PUT", "BINPUT", "LONG_BINPUT", "GET", "BINGET", "LONG_BINGET"})
+
+
+def _plain(data: bytes, label: str) -> None:
+    """ValueError unless every opcode of the pickle builds plain data and every memo index is within its length."""
+    strings: list[str] = []
+    try:
+        for count, (op, arg, _pos) in enumerate(pickletools.genops(data)):
+            if op.name not in PLAIN_OPCODES:
+                if op.name == "GLOBAL":
+                    named = str(arg).replace(" ", ".")
+                elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    named = f"{strings[-2]}.{strings[-1]}"
+                else:
+                    named = f"the opcode {op.name}"
+                _refuse(label, f"refused: the pickle names {named[:120]}; a memory snapshot holds only plain data")
+            if op.name in _MEMO and isinstance(arg, int) and arg > count:
+                _refuse(label, f"not a readable pickle (memo index {arg:,} past its {count:,} opcodes)")
+            if isinstance(arg, str):
+                strings = [*strings[-1:], arg[:60]]
+    except ValueError as exc:
+        if str(exc).startswith(label):
+            raise
+        _refuse(label, f"not a readable pickle ({str(exc)[:120] or 'malformed'})")
+
+
+class _Refused(pickle.UnpicklingError):
+    """A global or persistent id the snapshot's unpickler will not build."""
+
+
 class _NoClasses(pickle.Unpickler):
     """Builds dicts, lists, tuples, strings, numbers, booleans and None; refuses every global and persistent id."""
 
     def find_class(self, module: str, name: str) -> NoReturn:
-        raise pickle.UnpicklingError(f"{module[:60]}.{name[:60]}")
+        raise _Refused(f"{module[:60]}.{name[:60]}")
 
     def persistent_load(self, pid: Any) -> NoReturn:
-        raise pickle.UnpicklingError("a persistent id")
+        raise _Refused("a persistent id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +173,13 @@ def read_snapshot(path: Path | str) -> MemorySnapshot:
     malformed one, or data not shaped as ``torch.cuda.memory._snapshot()`` writes it."""
     label = f"snapshot {path}"
     data = read_bytes_file(path, what="snapshot", limit=MAX_SNAPSHOT_BYTES)
+    _plain(data, label)
     try:
         raw = _NoClasses(io.BytesIO(data)).load()
+    except _Refused as exc:
+        _refuse(label, f"refused: the pickle names {exc}; a memory snapshot holds only plain data")
     except pickle.UnpicklingError as exc:
-        message = str(exc)
-        if "." in message and " " not in message:
-            _refuse(label, f"refused: the pickle names {message}; a memory snapshot holds only plain data")
-        _refuse(label, f"not a readable pickle ({message[:120] or 'malformed'})")
+        _refuse(label, f"not a readable pickle ({str(exc)[:120] or 'malformed'})")
     except (EOFError, ValueError, IndexError, KeyError, TypeError, AttributeError, OverflowError) as exc:
         _refuse(label, f"not a readable pickle ({type(exc).__name__}: {str(exc)[:100] or 'truncated'})")
     except (MemoryError, RecursionError):

@@ -187,6 +187,14 @@ def _window(trace: Trace, main: str | None) -> tuple[float, float, int]:
     return min(s.start_us for s in mine), max(s.end_us for s in mine), 1
 
 
+def _host_window(trace: Trace, lo: float, hi: float) -> tuple[float, float]:
+    """The profiled steps on the host (where the calls that launch a GPU step's kernels are), else ``lo``-``hi``."""
+    steps = [s for s in trace.spans if _STEP.match(s.name)]
+    if not steps:
+        return lo, hi
+    return min(s.start_us for s in steps), max(s.end_us for s in steps)
+
+
 def _main_lane(trace: Trace) -> str | None:
     steps = [s.lane for s in trace.spans if _STEP.match(s.name)]
     if steps:
@@ -230,7 +238,8 @@ def step_terms(trace: Trace) -> StepTerms:
         host = _flatten([s for s in trace.spans if s.lane == main and s.cat in ("cpu_op", "user_annotation")], lo, hi)
         order = [*COMPUTE_TERMS, *(f"exposed_{k}" for k in COLLECTIVE_KINDS), *HOST_TERMS]
         seconds = _sweep(host + comm, order, lo, hi, "host")
-    backward = _backward_start(trace, main, lo)
+    c_lo, c_hi = _host_window(trace, lo, hi)  # calls are host ops: counted within the profiled steps
+    backward = _backward_start(trace, main, c_lo)
     per_step = 1e-6 / steps
     return StepTerms(
         step_s=(hi - lo) * per_step,
@@ -246,9 +255,10 @@ def step_terms(trace: Trace) -> StepTerms:
             * per_step
             for kind in COLLECTIVE_KINDS
         },
-        calls={kind: sum(1 for t, k in calls if k == kind and lo <= t <= hi) / steps for kind in COLLECTIVE_KINDS},
+        calls={kind: sum(1 for t, k in calls if k == kind and c_lo <= t <= c_hi) / steps for kind in COLLECTIVE_KINDS},
         calls_in_backward={
-            kind: sum(1 for t, k in calls if k == kind and backward <= t <= hi) / steps for kind in COLLECTIVE_KINDS
+            kind: sum(1 for t, k in calls if k == kind and max(backward, c_lo) <= t <= c_hi) / steps
+            for kind in COLLECTIVE_KINDS
         },
     )
 
