@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,10 +119,10 @@ def _span(event: Any) -> Span | None:
     args = event.get("args")
     collective = args.get("Collective name", "") if isinstance(args, dict) else ""
     lane = f"{event.get('pid')}:{event.get('tid')}"
-    return Span(
-        name=name[:200],
-        cat=event["cat"],
-        lane=lane[:80],
+    return Span(  # interned: a trace repeats a few hundred names over its spans
+        name=sys.intern(name[:200]),
+        cat=sys.intern(event["cat"]),
+        lane=sys.intern(lane[:80]),
         start_us=ts,
         end_us=ts + dur,
         collective=collective[:40] if isinstance(collective, str) else "",
