@@ -279,3 +279,19 @@ def test_a_kineto_gpu_trace_file_is_read_by_stream(tmp_path: Path) -> None:
     assert terms.seconds["exposed_all_reduce"] == pytest.approx(40e-6)  # 110 to 150
     assert terms.collective_s["all_reduce"] == pytest.approx(100e-6)
     assert terms.calls["all_reduce"] == 1  # the c10d op, not also the nccl: annotation
+
+
+def test_a_pipeline_rank_is_held_against_its_own_stage() -> None:
+    from meshplan.reports.compare import stage_of
+    from meshplan.reports.typed import estimate_defaults, estimate_fields, estimate_from_values
+    from meshplan.spec.argv import parse_words
+
+    words = [MODEL, *RUN, "--gpus", "4", "--pp", "2", "--dp-shard", "2", "--zero", "1", "--global-batch", "8"]
+    plan = estimate_from_values(parse_words(words, fields=estimate_fields(), defaults=estimate_defaults()))
+    # PP is the outermost axis (stride 2 on 4 GPUs): ranks 0 and 1 hold stage 0, ranks 2 and 3 stage 1
+    assert [stage_of(plan, r)[0] for r in (0, 1, 2, 3)] == [0, 0, 1, 1]
+    assert stage_of(plan, None)[0] == plan["heaviest_stage"]
+    first, last = plan["stages"]
+    assert first["activations_bytes"] > last["activations_bytes"]  # 1F1B: the first stage holds pp micro-batches
+    with pytest.raises(ValueError, match="outside the plan's 4 GPUs"):
+        stage_of(plan, 4)

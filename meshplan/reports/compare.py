@@ -77,10 +77,11 @@ def compare_with_plan(
 ) -> dict[str, Any]:
     """The comparison of an estimate report ``plan`` with measured ``numbers`` (``MEASURED``, None where not
     measured) and the run's trace and snapshot files."""
-    terms = step_terms(read_trace(trace)) if trace is not None else None
+    read = read_trace(trace) if trace is not None else None
+    terms = step_terms(read) if read is not None else None
     snap = read_snapshot(snapshot) if snapshot is not None else None
     time = _time(plan, terms, numbers.get("step_time_s"))
-    memory = _memory(plan, snap, numbers)
+    memory = _memory(plan, snap, numbers, rank=read.rank if read is not None else None)
     held = {  # bytes the snapshot's frames give to a term, where the history was recorded
         r["term"]: (r["measured_bytes"], r["predicted_bytes"])
         for r in memory["terms"]
@@ -169,12 +170,27 @@ def _time(plan: Mapping[str, Any], terms: StepTerms | None, logged_step_s: float
     return out
 
 
-def _memory(plan: Mapping[str, Any], snap: MemorySnapshot | None, numbers: Mapping[str, Any]) -> dict[str, Any]:
-    bill = plan["per_gpu"]
+def stage_of(plan: Mapping[str, Any], rank: int | None) -> tuple[int, str]:
+    """The pipeline stage whose bill a rank's memory is held against, and why that one: the rank's own stage where
+    the trace names the rank (its index along the PP axis, by the axis's stride in the placement), else the
+    heaviest stage (the bill's ``per_gpu``)."""
+    pp = plan["placement"].get("pp")
+    if rank is None or pp is None:
+        return int(plan["heaviest_stage"]), "the heaviest stage"
+    if rank >= int(plan["gpus"]):
+        raise ValueError(f"the trace's rank {rank} is outside the plan's {plan['gpus']} GPUs")
+    return (rank // int(pp["stride"])) % int(pp["size"]), f"rank {rank}'s stage (the trace's rank)"
+
+
+def _memory(
+    plan: Mapping[str, Any], snap: MemorySnapshot | None, numbers: Mapping[str, Any], *, rank: int | None = None
+) -> dict[str, Any]:
+    stage, why = stage_of(plan, rank)
+    bill = plan["stages"][stage]
     allocated = snap.allocated_bytes if snap else numbers.get("max_memory_allocated")
     reserved = snap.reserved_bytes if snap else numbers.get("max_memory_reserved")
     if snap is None and numbers.get("max_memory_allocated") is None and reserved is None:
-        return {"terms": [], "peak_bytes_measured": None}
+        return {"terms": [], "peak_bytes_measured": None, "stage_billed": stage, "stage_billed_is": why}
     rows = []
     if snap is not None:
         for term, keys in BILL_TERMS.items():
@@ -198,6 +214,8 @@ def _memory(plan: Mapping[str, Any], snap: MemorySnapshot | None, numbers: Mappi
         else float(bill["allocated_bytes"]),
         "attributed_fraction": (peak - unattributed) / peak if snap is not None and peak else None,
         "terms": rows,
+        "stage_billed": stage,
+        "stage_billed_is": why,
         "activations_by_stage_predicted": [float(s["activations_bytes"]) for s in plan["stages"]],
     }
     if snap is not None:
