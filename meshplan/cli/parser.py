@@ -159,6 +159,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "estimate llama-3.1-8b --gpu h100-sxm --gpus 8 --dp-shard 8 --zero 3 --stack torchtitan --tokens 15T",
     ),
     "validate": ("validate", "validate --source llama3", "validate --serving", "validate --memory"),
+    "compare": (
+        "compare llama-3.1-8b --gpu h100-sxm --gpus 8 --dp-shard 8 --zero 3 --trace rank0.json --snapshot rank0.pickle",
+        "compare llama-3.1-8b --gpu h100-sxm --gpus 8 --dp-shard 8 --zero 3 --step-time-s 1.9 --out runs.json --append",
+    ),
     "calibrate": (
         "calibrate runs.json --out cluster.toml",
         "estimate llama-3.1-8b --gpu h100-sxm --gpus 8 --dp-shard 8 --zero 3 --profile cluster.toml",

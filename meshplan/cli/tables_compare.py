@@ -45,8 +45,11 @@ def compare_table(r: dict[str, Any]) -> str:
             line += f"; {percent(t['attributed_fraction'])} of the {where} trace's step attributed to named terms"
         out += ["", line, "", table(_rows(t["terms"], "s"), headers, align="lrrrl")]
         if t.get("calls_per_step"):
-            calls = [[c["collective"], f"{c['measured']:g}", f"{c['predicted']:g}"] for c in t["calls_per_step"]]
-            out += ["", table(calls, ["calls per step", "measured", "predicted"])]
+            calls = [
+                [c["collective"], f"{c['measured']:g}", f"{c['measured_in_backward']:g}", f"{c['predicted']:g}"]
+                for c in t["calls_per_step"]
+            ]
+            out += ["", table(calls, ["calls per step", "measured", "after backward began", "predicted"])]
     if m["terms"]:
         line = (
             f"memory: peak {_cell(m['peak_bytes_measured'], 'bytes')} measured, {gb(m['peak_bytes_predicted'])} billed"

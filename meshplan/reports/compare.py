@@ -162,7 +162,12 @@ def _time(plan: Mapping[str, Any], terms: StepTerms | None, logged_step_s: float
         "attributed_fraction": named / terms.step_s,
         "terms": rows,
         "calls_per_step": [
-            {"collective": k, "measured": terms.calls[k], "predicted": predicted_calls(plan["collectives"]).get(k, 0.0)}
+            {
+                "collective": k,
+                "measured": terms.calls[k],
+                "measured_in_backward": terms.calls_in_backward[k],
+                "predicted": predicted_calls(plan["collectives"]).get(k, 0.0),
+            }
             for k in COLLECTIVE_KINDS
             if terms.calls[k] or predicted_calls(plan["collectives"]).get(k)
         ],
