@@ -295,3 +295,13 @@ def test_a_pipeline_rank_is_held_against_its_own_stage() -> None:
     assert first["activations_bytes"] > last["activations_bytes"]  # 1F1B: the first stage holds pp micro-batches
     with pytest.raises(ValueError, match="outside the plan's 4 GPUs"):
         stage_of(plan, 4)
+
+
+def test_a_zero1_run_is_flagged_against_a_zero3_plan() -> None:
+    """Megatron's distributed optimizer: a reduce-scatter and an all-gather per bucket, once per step."""
+    from meshplan.reports.compare_layout import layout_flags
+
+    plan = {"all_gather": 18.0, "reduce_scatter": 9.0}  # ZeRO-3: each unit gathered for forward and backward
+    flags = layout_flags({"zero": 3}, plan, {"all_gather": 9.0, "reduce_scatter": 9.0})
+    assert len(flags) == 1 and "once per step as ZeRO-1/2 does, where the plan (ZeRO-3)" in flags[0]
+    assert layout_flags({"zero": 3}, plan, {"all_gather": 17.0, "reduce_scatter": 9.0}) == []
