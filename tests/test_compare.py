@@ -37,7 +37,8 @@ def _files(layout: str) -> list[str]:
 
 def _compare(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
     assert main(["compare", MODEL, *RUN, *args, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
 
 
 def _refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
@@ -48,7 +49,8 @@ def _refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 
 
 def _raw_events(layout: str) -> list[dict[str, Any]]:
-    return json.loads((DATA / f"{layout}_rank0.trace.json").read_text())["traceEvents"]
+    events: list[dict[str, Any]] = json.loads((DATA / f"{layout}_rank0.trace.json").read_text())["traceEvents"]
+    return events
 
 
 def test_fsdp_run_against_its_plan_attributes_the_step_and_the_peak(capsys: pytest.CaptureFixture[str]) -> None:

@@ -36,10 +36,27 @@ _KIND_PATTERNS = (
     ("broadcast", ("broadcast",)),
 )
 _ATTENTION = ("flash", "fmha", "attention", "attn", "sdpa", "scaled_dot_product")
-_GEMM = ("gemm", "cutlass", "xmma", "nvjet", "cublas", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+_GEMM: tuple[str, ...] = (
+    "gemm",
+    "cutlass",
+    "xmma",
+    "nvjet",
+    "cublas",
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+)
 _GEMM += ("aten::_scaled_mm", "aten::_grouped_mm", "aten::matmul")
 _OPTIMIZER = ("optimizer.step", "multi_tensor_apply", "fused_adam", "adamw", "_foreach_")
-_FRAMEWORK = ("autograd::", "distributeddataparallel", "fsdp::", "torch::autograd", "pythonsubclass", "detach")
+_FRAMEWORK: tuple[str, ...] = (
+    "autograd::",
+    "distributeddataparallel",
+    "fsdp::",
+    "torch::autograd",
+    "pythonsubclass",
+    "detach",
+)
 _FRAMEWORK += ("c10d::", "record_param_comms", "nccl:", "gloo:", "optimizer.zero_grad", "backward", "register")
 _FRAMEWORK += ("dtensor", "redistribute", "ddp", "reducer", "pipelin", "schedule")
 _STEP = re.compile(r"ProfilerStep#\d+$")
@@ -77,7 +94,8 @@ def op_class(name: str) -> str | None:
 def _kernel_class(span: Span) -> str:
     if span.cat != "kernel":
         return "other_compute"  # memcpy, memset
-    return op_class(span.name) if op_class(span.name) in ("gemm", "attention", "optimizer") else "other_compute"
+    own = op_class(span.name)
+    return own if own in ("gemm", "attention", "optimizer") else "other_compute"
 
 
 @dataclass(frozen=True, slots=True)
