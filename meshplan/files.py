@@ -1,7 +1,8 @@
 """Files a user names, in and out: the one guarded reader and the one safe writer.
 
 Reading: every file a user gives (a model's config.json or TOML, a GPU, link or stack TOML, ``--profile FILE``,
-``calibrate``'s RUNS.json, ``export --from-plan``'s saved plan) is read by ``read_text_file``: a regular file of at
+``calibrate``'s RUNS.json, ``export --from-plan``'s saved plan, ``compare``'s trace, snapshot and logged numbers)
+is read by ``read_text_file`` (a snapshot's pickle by ``read_bytes_file``): a regular file of at
 most ``MAX_FILE_BYTES``, its type checked before it is opened (a FIFO, ``/dev/zero`` or a folder is refused without
 reading a byte), its JSON or TOML nested at most ``MAX_DEPTH`` deep, every number in it finite and every integer
 within 64 bits (TOML's own range). Each refusal is one ``ValueError`` line that names the file.
@@ -102,8 +103,8 @@ def _kind(mode: int) -> str:
     return "a folder" if stat.S_ISDIR(mode) else "not a regular file"
 
 
-def read_text_file(path: Path | str, *, what: str = "file", limit: int = MAX_FILE_BYTES) -> str:
-    """The UTF-8 text of a regular file of at most ``limit`` bytes; ValueError otherwise (FIFOs, devices, folders).
+def read_bytes_file(path: Path | str, *, what: str = "file", limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; ValueError otherwise (FIFOs, devices, folders).
 
     The file's type is checked before it is opened (a FIFO is never opened, so it cannot block), then again on
     the open descriptor (opened without blocking, in case the name changed between), and read no further than
@@ -139,6 +140,13 @@ def read_text_file(path: Path | str, *, what: str = "file", limit: int = MAX_FIL
             raise ValueError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     if len(data) > limit:
         raise ValueError(f"{what} {path} is over {limit:,} bytes")
+    return data
+
+
+def read_text_file(path: Path | str, *, what: str = "file", limit: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most ``limit`` bytes (``read_bytes_file``'s checks); ValueError
+    otherwise."""
+    data = read_bytes_file(path, what=what, limit=limit)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -265,6 +273,7 @@ __all__ = [
     "load_toml_file",
     "parse_json",
     "parse_toml",
+    "read_bytes_file",
     "read_text_file",
     "writable",
     "write_text_safely",

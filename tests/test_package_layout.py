@@ -20,6 +20,7 @@ LAYERS = {  # a package and the packages it may never import
     "reports": ("validation", "cli", "server"),
     "validation": ("cli", "server", "exports", "check"),
     "exports": ("cli", "server", "check"),
+    "traces": ("spec", "core", "search", "reports", "validation", "cli", "server", "exports", "check"),
 }
 
 
@@ -146,3 +147,4 @@ def test_the_walker_sees_what_it_must() -> None:
     assert "meshplan.cli.parser" in _edges("meshplan.cli")
     assert any(t.startswith("meshplan.core") for t in _edges("meshplan.search.rank"))
     assert len(MODULES) > 100
+    assert "meshplan.traces.kineto" in _edges("meshplan.reports.compare")

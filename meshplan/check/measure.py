@@ -97,6 +97,10 @@ class SavedTensorTracker:
                 del self._live[key]
                 self._seen.discard(key)
 
+    def live_activation_storages(self) -> list[int]:
+        """The bytes of each activation storage autograd holds now."""
+        return [nbytes for nbytes, _ in self._live.values()]
+
     @contextlib.contextmanager
     def track(self) -> Iterator[SavedTensorTracker]:
         with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):

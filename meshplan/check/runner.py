@@ -212,7 +212,14 @@ def measure_layout(name: str, recipe: LayoutRecipe, cfg: TinyConfig, world_size:
 
 
 def _worker(
-    rank: int, world_size: int, port: int, layouts: list[str], dense: TinyConfig, moe: TinyConfig, out_dir: str
+    rank: int,
+    world_size: int,
+    port: int,
+    layouts: list[str],
+    dense: TinyConfig,
+    moe: TinyConfig,
+    out_dir: str,
+    trace_dir: str = "",
 ) -> None:
     # the fork server ignores Ctrl-C (meshplan.check.deaf); a worker hears it again, and torch's wrapper ends it
     # quietly on one
@@ -226,6 +233,12 @@ def _worker(
             records += measure_layout(name, recipe, moe if recipe.moe else dense, world_size)
             dist.barrier()
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps([asdict(r) for r in records]))
+        for name in layouts if trace_dir else []:  # each layout built afresh and profiled (check/trace.py)
+            from meshplan.check.trace import trace_layout
+
+            torch.manual_seed(0)
+            trace_layout(name, LAYOUTS[name].build(moe if LAYOUTS[name].moe else dense, world_size), trace_dir)
+            dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -246,10 +259,12 @@ def run_check(
     *,
     dense: TinyConfig = DENSE,
     moe: TinyConfig = MOE,
+    trace_dir: str = "",
 ) -> list[Measurement]:
     """Run ``layouts`` (default: every one that fits) on ``world_size`` local gloo processes; one record per
     quantity, phase, process group and rank (see ``Measurement``). Raises ValueError for a layout that does not
-    fit the world size or the shapes."""
+    fit the world size or the shapes. ``trace_dir``: also profile one step of each layout there (check/trace.py:
+    a profiler trace, a snapshot-shaped pickle and the logged step time per rank)."""
     if world_size < 2:
         raise ValueError(f"world_size must be at least 2, got {world_size}")
     if layouts is None:
@@ -263,7 +278,7 @@ def run_check(
         if broken:
             raise ValueError("layouts that do not fit: " + "; ".join(broken))
     with tempfile.TemporaryDirectory() as out_dir:
-        _launch(world_size, names, dense, moe, out_dir)
+        _launch(world_size, names, dense, moe, out_dir, trace_dir)
         return [
             Measurement(**r)
             for rank in range(world_size)
@@ -275,7 +290,9 @@ PORT_TRIES = 3
 """Attempts with a fresh port when another program takes the chosen one before the workers bind it."""
 
 
-def _launch(world_size: int, names: list[str], dense: TinyConfig, moe: TinyConfig, out_dir: str) -> None:
+def _launch(
+    world_size: int, names: list[str], dense: TinyConfig, moe: TinyConfig, out_dir: str, trace_dir: str = ""
+) -> None:
     """Start the workers and wait for them; whatever happens (a failure, Ctrl-C), no process is left behind."""
     # a fork server that imported torch once forks every worker: no 3 s torch import per process, and
     # unlike a plain fork it never copies a parent whose OpenMP threads already ran
@@ -288,7 +305,7 @@ def _launch(world_size: int, names: list[str], dense: TinyConfig, moe: TinyConfi
         for attempt in range(1, PORT_TRIES + 1):
             port = _free_port()
             try:
-                _run_workers(world_size, port, names, dense, moe, out_dir)
+                _run_workers(world_size, port, names, dense, moe, out_dir, trace_dir)
                 return
             except ProcessRaisedException as exc:
                 if "Address already in use" not in str(exc) and "EADDRINUSE" not in str(exc):
@@ -306,13 +323,13 @@ def _launch(world_size: int, names: list[str], dense: TinyConfig, moe: TinyConfi
 
 
 def _run_workers(
-    world_size: int, port: int, names: list[str], dense: TinyConfig, moe: TinyConfig, out_dir: str
+    world_size: int, port: int, names: list[str], dense: TinyConfig, moe: TinyConfig, out_dir: str, trace_dir: str = ""
 ) -> None:
     context = None
     try:
         context = start_processes(  # type: ignore[no-untyped-call]
             _worker,
-            args=(world_size, port, names, dense, moe, out_dir),
+            args=(world_size, port, names, dense, moe, out_dir, trace_dir),
             nprocs=world_size,
             start_method="forkserver",
             join=False,

@@ -113,6 +113,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
     return calibrate_report(args.runs, out=args.out, force=args.force)
 
 
+def _cmd_compare(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplan.reports.compare import compare_report
+
+    files = {k: getattr(args, k) for k in ("trace", "snapshot", "logged", "out", "append", "force")}
+    return compare_report(vars(args), **files)
+
+
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
     check_output(args, "save", "--save")
     with search_progress(args):
@@ -380,6 +387,7 @@ def _check(args: argparse.Namespace, check_report: Callable[..., dict[str, Any]]
         kv_heads=args.kv_heads,
         seq=args.seq,
         micro_batch=args.micro_batch,
+        trace_dir=args.trace,
     )
 
 
@@ -480,6 +488,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], dict[str, Any] | None]] = {
     "collectives": _cmd_collectives,
     "validate": _cmd_validate,
     "calibrate": _cmd_calibrate,
+    "compare": _cmd_compare,
     "plan": _cmd_plan,
     "recipe": _cmd_recipe,
     "export": _cmd_export,

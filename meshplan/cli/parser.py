@@ -159,6 +159,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "estimate llama-3.1-8b --gpu h100-sxm --gpus 8 --dp-shard 8 --zero 3 --stack torchtitan --tokens 15T",
     ),
     "validate": ("validate", "validate --source llama3", "validate --serving", "validate --memory"),
+    "compare": (
+        "compare llama-3.1-8b --gpu h100-sxm --gpus 8 --dp-shard 8 --zero 3 --trace rank0.json --snapshot rank0.pickle",
+        "compare llama-3.1-8b --gpu h100-sxm --gpus 8 --dp-shard 8 --zero 3 --step-time-s 1.9 --out runs.json --append",
+    ),
     "calibrate": (
         "calibrate runs.json --out cluster.toml",
         "estimate llama-3.1-8b --gpu h100-sxm --gpus 8 --dp-shard 8 --zero 3 --profile cluster.toml",
@@ -246,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         _COMMAND_PARSERS[name] = p
         return p
 
-    for add in (_training_commands, _search_commands, _serving_commands, _tool_commands):
+    for add in (_training_commands, _compare_command, _search_commands, _serving_commands, _tool_commands):
         add(command)
     return parser
 
@@ -272,15 +276,7 @@ def _training_commands(command: Command) -> None:
     p = command("stacks", "the training stacks and the conditions each sets (for --stack)")
 
     p = command("estimate", "step time, MFU, every collective and where it runs, for one layout")
-    p.add_argument("model")
-    _add_fleet(p)
-    _add_group(p, "layout")
-    _add_group(p, "workload", stack_set, precision=None, attention=None, kernels=None)
-    _add_finetune(p)
-    _add_group(p, "conditions")
-    _add_fleet_shape(p)
-    add_fields(p, "tokens")
-    _add_group(p, "cost and goodput")
+    _add_estimate(p)
 
     p = command("collectives", "the bandwidth wall: one all-reduce timed over NVLink, InfiniBand, Ethernet")
     p.add_argument(
@@ -315,6 +311,35 @@ def _training_commands(command: Command) -> None:
         "peak_memory_bytes (optional)}",
     )
     p.add_argument("--out", default=None, help="write the profile TOML to this file (for --profile)")
+    _add_force(p)
+
+
+def _add_estimate(p: argparse.ArgumentParser) -> None:
+    """The model and every field ``estimate`` takes (``compare`` takes them too: the plan it compares)."""
+    p.add_argument("model")
+    _add_fleet(p)
+    _add_group(p, "layout")
+    _add_group(
+        p, "workload", _stack_set("precision", "attention", "kernels"), precision=None, attention=None, kernels=None
+    )
+    _add_finetune(p)
+    _add_group(p, "conditions")
+    _add_fleet_shape(p)
+    add_fields(p, "tokens")
+    _add_group(p, "cost and goodput")
+
+
+def _compare_command(command: Command) -> None:
+    p = command("compare", "a plan against its run: profiler trace, memory snapshot or logged numbers, term by term")
+    _add_estimate(p)
+    _add_group(p, "measured")
+    p.add_argument("--trace", default=None, help="a PyTorch profiler trace (export_chrome_trace's JSON) of the run")
+    p.add_argument("--snapshot", default=None, help="a CUDA memory snapshot (torch.cuda.memory._dump_snapshot)")
+    p.add_argument(
+        "--logged", default=None, help="logged numbers: JSON or CSV of step_time_s, max_memory_allocated/reserved"
+    )
+    p.add_argument("--out", default=None, help="write the run as a runs file meshplan calibrate reads (JSON)")
+    p.add_argument("--append", action="store_true", help="add the run to the --out runs file if it exists")
     _add_force(p)
 
 
@@ -424,6 +449,13 @@ def _tool_commands(command: Command) -> None:
         help="comma-separated, as the report names them: ddp,fsdp,tp,sp,fsdp_tp,pp,ep,cp (default: all that fit; "
         "pp runs pp_gpipe and pp_1f1b), and on request fsdp_bf16, fsdp_bf16_reduce_bf16, fsdp_reshard_root, "
         "fsdp_no_reshard, fsdp_no_sync, fsdp_sac_op, tp_sac_op, sp_sac_op",
+    )
+    p.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="also profile one step of each layout into this folder: per rank a profiler trace, a snapshot-shaped "
+        "memory pickle and the logged step time (the files meshplan compare reads)",
     )
     g = p.add_argument_group("tiny model (default 4 layers, hidden 32, 8 heads, 4 KV heads, seq 16, micro-batch 2)")
     g.add_argument(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from meshplan.cli.tables_compare import compare_table
 from meshplan.cli.tables_conditions import conditions_lines, stack_line
 from meshplan.cli.tables_cost import cost_lines, plan_cost_lines, with_cost_columns
 from meshplan.cli.tables_export import export_table
@@ -447,6 +448,7 @@ def _list(r: dict[str, Any]) -> str:
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "calibrate": calibrate_table,
+    "compare": compare_table,
     "list": _list,
     "stacks": _stacks,
     "check": _check,

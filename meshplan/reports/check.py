@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 TORCH_MISSING = "meshplan check needs the torch extra: pip install 'meshplan[torch]'"
@@ -176,8 +177,10 @@ def check_report(
     kv_heads: int | None = None,
     seq: int | None = None,
     micro_batch: int | None = None,
+    trace_dir: str | None = None,
 ) -> dict[str, Any]:
-    """Run the layouts on ``world_size`` local processes and compare every measured quantity with meshplan."""
+    """Run the layouts on ``world_size`` local processes and compare every measured quantity with meshplan;
+    ``trace_dir``: also profile one step of each layout there (check/trace.py), never over an existing file."""
     names = parse_layouts(layouts)
     if world_size < 2:
         raise ValueError(f"world size must be at least 2, got {world_size}")
@@ -188,12 +191,32 @@ def check_report(
     )
     check_limits(world_size, dense)
     run, skipped = plan_layouts(names, world_size, dense, moe)
+    if trace_dir is not None:
+        _check_trace_dir(trace_dir, run, world_size)
     if importlib.util.find_spec("torch") is None:
         raise ValueError(TORCH_MISSING)
     from meshplan.check.runner import run_check  # imports torch (seconds): only once every flag is known to run
 
-    measured = run_check(world_size, run, dense=dense, moe=moe)
+    measured = run_check(world_size, run, dense=dense, moe=moe, trace_dir=trace_dir or "")
     return assemble_report(world_size, run, skipped, measured, dense, moe)
+
+
+TRACE_SUFFIXES = ("trace.json", "snapshot.pickle", "logged.json")
+
+
+def _check_trace_dir(folder: str, layouts: Sequence[str], world_size: int) -> None:
+    """ValueError unless ``folder`` is a folder that holds none of the files the traced run will write."""
+    if not Path(folder).is_dir():
+        raise ValueError(f"--trace {folder}: no such folder")
+    taken = [
+        name
+        for layout in layouts
+        for rank in range(world_size)
+        for suffix in TRACE_SUFFIXES
+        if Path(folder, name := f"{layout}_rank{rank}.{suffix}").exists()
+    ]
+    if taken:
+        raise ValueError(f"--trace {folder} already holds {taken[0]} ({len(taken)} of its files): name another folder")
 
 
 def assemble_report(

@@ -386,6 +386,37 @@ def estimate(
 
 
 @router.get(
+    "/compare",
+    summary="A layout's plan against its run's logged step time and memory peaks (meshplan compare)",
+    response_model=None,
+)
+def compare(
+    model: ModelArg,
+    gpu: GpuArg,
+    gpus: Gpus,
+    layout: LayoutArg,
+    work: MemoryWorkloadArg,
+    finetune: FinetuneArg,
+    shape: FleetShapeArg,
+    conditions: ConditionsArg,
+    cost: CostArg,
+    step_time_s: Annotated[float | None, one("step_time_s")] = None,
+    max_memory_allocated: Annotated[float | None, one("max_memory_allocated")] = None,
+    max_memory_reserved: Annotated[float | None, one("max_memory_reserved")] = None,
+) -> dict[str, Any]:
+    from meshplan.reports.compare import compare_with_plan
+
+    numbers = {"step_time_s": step_time_s, "max_memory_allocated": max_memory_allocated}
+    numbers["max_memory_reserved"] = max_memory_reserved
+    if all(v is None for v in numbers.values()):
+        raise ValueError("nothing measured to compare: give step_time_s, max_memory_allocated or max_memory_reserved")
+    plan = estimate_report(
+        model, gpu=gpu, gpus=gpus, layout=layout, cost=cost, finetune=finetune, conditions=conditions, **shape, **work
+    )
+    return json_dict(compare_with_plan(plan, numbers))
+
+
+@router.get(
     "/collectives",
     summary="One all-reduce over NVLink 5, NVLink 4, IB NDR and 100G Ethernet",
     responses=ok(m.CollectivesReport),

@@ -28,6 +28,7 @@ from meshplan.spec.schema.field import (
     Field,
     Group,
 )
+from meshplan.spec.schema.measured import MEASURED_FIELDS
 from meshplan.spec.schema.run import OBJECTIVES, PRECISION_CHOICES, RUN_FIELDS, SCHEDULES, SEARCH_FIELDS
 from meshplan.spec.schema.serving import MAX_LOAD, SERVE_FIELDS, SERVING_FIELDS
 
@@ -56,6 +57,7 @@ __all__ = [
 ]
 
 FIELDS: tuple[Field, ...] = RUN_FIELDS + CONDITION_FIELDS + SEARCH_FIELDS + COST_FIELDS + SERVING_FIELDS + SERVE_FIELDS
+FIELDS += MEASURED_FIELDS
 """The one table, in the order the CLI's help, the API's parameters and the reports list the fields."""
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 

@@ -342,3 +342,17 @@ def test_export_serving_reads_tp_1_as_given_and_no_tp_as_unset(client: Any, quer
     assert got == json.loads(json.dumps({"engine": "vllm"} | want))
     other = export_serving("vllm", "llama-3.1-8b", tp=None if query else 1, gpu_memory_utilization=0.9, **kw)
     assert got != json.loads(json.dumps({"engine": "vllm"} | other))  # the two requests do differ
+
+
+def test_compare_takes_logged_numbers_and_refuses_none(client: Any) -> None:
+    query = "model=llama-3.1-8b&gpu=h100-sxm&gpus=8&dp_shard=8&zero=3"
+    r = client.get(f"/api/compare?{query}&step_time_s=2.5&max_memory_reserved=60e9")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    estimate = client.get(f"/api/estimate?{query}").json()
+    assert body["time"]["step_time_s_predicted"] == estimate["step_time_s"]
+    assert body["time"]["measured_over_predicted"] == pytest.approx(2.5 / estimate["step_time_s"])
+    reserve = {t["term"]: t for t in body["memory"]["terms"]}["reserved"]
+    assert reserve["measured_bytes"] == 60e9 and reserve["predicted_bytes"] == estimate["per_gpu"]["reserved_bytes"]
+    r = client.get(f"/api/compare?{query}")
+    assert r.status_code == 400 and "nothing measured" in r.json()["error"]

@@ -55,6 +55,8 @@ class Group(StrEnum):
     """How a served model is stored and how much of HBM the engine may take."""
     SERVE = "serving load"
     """Requests, load, engine and latency targets of ``serve`` and ``serve-plan``."""
+    MEASURED = "measured"
+    """What a run measured, as a training loop logs it: ``compare``'s plain numbers."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
