@@ -1,0 +1,302 @@
+"""One step drawn as a Gantt chart: the step-time model's own terms laid out stage by stage.
+
+The model times every pipeline stage as its slowest one (step_time.py): a chunk's forward and backward, each with
+the TP, CP and EP traffic compute cannot hide and the host sync after each send, plus one pipeline send. Here
+those slots run in the schedule's own order (GPipe; 1F1B; Megatron's interleaved order, micro-batch groups of N
+through each of the v chunks) with each slot waiting for the one it depends on; the idle time left on a stage is
+the bubble, and of it the part spent waiting on other stages' sends is pipeline traffic. After the last backward
+come the tied embeddings' all-reduce, the data-parallel traffic left exposed, the optimizer step and the host's
+overhead, on every stage alike.
+
+The timeline is a decomposition, not a second model: every stage's row sums, by kind, to the model's compute,
+bubble and exposed traffic of each axis, and ends at the model's step time. Where the event order does not give
+the model's bubble (zero-bubble and DualPipe, drawn in 1F1B order) the idle gaps are scaled to it, and the row
+says so (``drawn_as``). A step with more slots than ``MAX_SLOTS`` folds the middle of its steady state into one
+block per stage (``count`` micro-batches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.core import pipeline
+from meshplan.core.comm.cost import Collective
+from meshplan.core.time.step_time import StageStep, StepTime
+from meshplan.spec.layout import LayoutLike, Schedule
+
+MAX_SLOTS = 800
+"""Forward and backward chunks drawn over all stages; beyond, the steady state folds into one block a stage."""
+_PHASES = (("tp", ("tp", "sp")), ("cp", ("cp",)), ("ep", ("ep", "etp")))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Interval:
+    """One stretch of one stage's step: ``kind`` forward, backward, bubble, comm, optimizer or host."""
+
+    start_s: float
+    end_s: float
+    kind: str
+    axis: str | None = None
+    """For comm: tp, cp, ep, pp or dp."""
+    exposed: bool = True
+    """For comm: on the critical path (False: run beside compute, drawn under it)."""
+    what: str = ""
+    micro_batch: int | None = None
+    chunk: int | None = None
+    count: int = 1
+    """Micro-batches folded into this stretch (more than one only in a folded steady state)."""
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageRow:
+    stage: int
+    intervals: tuple[Interval, ...]
+    hidden: tuple[Interval, ...]
+    """Traffic run beside compute (exposed False), each under the chunk or span it hides behind."""
+    in_flight: tuple[tuple[float, float], ...]
+    """(time, chunks whose activations the stage holds) after each change, from 0 to the step's end."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timeline:
+    schedule: str
+    drawn_as: str
+    micro_batches: int
+    vpp: int
+    slot_send_s: float
+    """The pipeline send each slot pays (the model's exposed sends over its 2 (m v + p - 1) slots)."""
+    bubble_scale: float
+    """The model's bubble over the idle time of the drawn order (1 where the order gives the model's bubble)."""
+    rows: tuple[StageRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Op:
+    forward: bool
+    micro_batch: int
+    chunk: int
+
+
+def _orders(schedule: Schedule, *, p: int, v: int, m: int, group: int) -> list[list[_Op]]:
+    """Each rank's chunk order: GPipe all forwards then all backwards; 1F1B warm-up, pairs, cool-down; interleaved
+    by Megatron's schedules.py (micro-batch groups of N through each chunk; a step of p micro-batches all warm-up)."""
+    if schedule is Schedule.GPIPE:
+        return [[_Op(True, j, 0) for j in range(m)] + [_Op(False, j, 0) for j in range(m)] for _ in range(p)]
+    fwd = [(j, c) for g in range(0, m, group) for c in range(v) for j in range(g, min(g + group, m))]
+    bwd = [(j, v - 1 - c) for j, c in fwd]
+    out = []
+    for r in range(p):
+        total = m * v
+        warm = min(p - r - 1, m) if v == 1 else (total if m == p else min(2 * (p - r - 1) + (v - 1) * group, total))
+        ops = [_Op(True, *fwd[k]) for k in range(warm)]
+        for b, k in enumerate(range(warm, total)):
+            ops += [_Op(True, *fwd[k]), _Op(False, *bwd[b])]
+        out.append(ops + [_Op(False, *bwd[b]) for b in range(total - warm, total)])
+    return out
+
+
+def _dependency(op: _Op, r: int, *, p: int, v: int) -> tuple[int, _Op] | None:
+    if op.forward:
+        if r:
+            return r - 1, op
+        return (p - 1, _Op(True, op.micro_batch, op.chunk - 1)) if op.chunk else None
+    if r < p - 1:
+        return r + 1, op
+    if op.chunk < v - 1:
+        return 0, _Op(False, op.micro_batch, op.chunk + 1)
+    return r, _Op(True, op.micro_batch, op.chunk)
+
+
+Vec = tuple[float, int]
+"""A time as (seconds of slot work, sends), so that an idle gap splits into bubble and waiting on sends."""
+
+
+def _simulate(orders: list[list[_Op]], *, p: int, v: int, f: float, b: float, s: float) -> list[list[Vec]] | None:
+    """Start of each op of each rank (None: the order deadlocks)."""
+    done: dict[tuple[int, _Op], Vec] = {}
+    starts: list[list[Vec]] = [[] for _ in range(p)]
+    clock: list[Vec] = [(0.0, 0)] * p
+    moved = True
+    while moved:
+        moved = False
+        for r in range(p):
+            while len(starts[r]) < len(orders[r]):
+                op = orders[r][len(starts[r])]
+                dep = _dependency(op, r, p=p, v=v)
+                if dep is not None and dep not in done:
+                    break
+                at = clock[r]
+                if dep is not None and done[dep][0] + done[dep][1] * s > at[0] + at[1] * s:
+                    at = done[dep]
+                starts[r].append(at)
+                clock[r] = (at[0] + (f if op.forward else b), at[1] + 1)
+                done[(r, op)] = clock[r]
+                moved = True
+    return starts if all(len(st) == len(o) for st, o in zip(starts, orders, strict=True)) else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Slot:
+    """A forward or backward chunk's parts in seconds: compute, exposed TP/CP/EP, host sync, send; and hidden."""
+
+    compute: float
+    exposed: dict[str, float]
+    sync: float
+    send: float
+    hidden: dict[str, float]
+
+    @property
+    def work(self) -> float:
+        return self.compute + sum(self.exposed.values()) + self.sync
+
+
+def _slots(st: StageStep, *, m: int, per: float, send: float) -> tuple[_Slot, _Slot]:
+    x = {k: float(v) for k, v in st.exposed.items()}
+    traffic: dict[str, float] = {}
+    for c in st.calls:
+        for axis, strategies in _PHASES:
+            if c.strategy in strategies and c.phase in ("forward", "backward"):
+                key = f"{axis}_{c.phase[0]}"
+                traffic[key] = traffic.get(key, 0.0) + float(c.time_s) / m
+    chunk = float(st.chunk_s)
+
+    def slot(ph: str, total: float) -> _Slot:
+        exposed = {a: x.get(f"{a}_{ph}", 0.0) / per for a, _ in _PHASES}
+        hidden = {a: max(traffic.get(f"{a}_{ph}", 0.0) / per - exposed[a], 0.0) for a, _ in _PHASES}
+        compute = total / per - sum(exposed.values()) - chunk / per
+        return _Slot(compute=compute, exposed=exposed, sync=chunk / per, send=send, hidden=hidden)
+
+    return slot("f", float(st.fwd_s)), slot("b", float(st.bwd_s))
+
+
+def _pieces(sl: _Slot, *, forward: bool, mb: int | None, chunk: int | None, count: int = 1) -> list[Interval]:
+    """A slot's stretches from time 0 (compute, the exposed traffic, the sync, the send), zero-length ones left out."""
+    kind = "forward" if forward else "backward"
+    parts = [(kind, None, "compute", sl.compute)] + [("comm", a, "exposed", t) for a, t in sl.exposed.items()]
+    parts += [("comm", "pp", "host sync after the send", sl.sync), ("comm", "pp", "send", sl.send)]
+    out, t = [], 0.0
+    for k, axis, what, d in parts:
+        if d * count > 0:
+            out.append(Interval(start_s=t, end_s=t + d * count, kind=k, axis=axis, what=what, micro_batch=mb,
+                                chunk=chunk, count=count))  # fmt: skip
+            t += d * count
+    return out
+
+
+def step_timeline(st: StageStep, step: StepTime, lay: LayoutLike, *, m: int, group: int | None) -> Timeline:
+    """The Gantt chart of one layout's step from its slowest stage's ``stage_step`` and its ``step_time``."""
+    p, v, copies = int(lay.pp), int(lay.vpp), int(pipeline.stage_copies(lay.schedule))
+    schedule = Schedule(int(lay.schedule))
+    group = group or p
+    reduce = sum((float(c.time_s) for c in st.calls if c.strategy == "pp" and c.op is Collective.ALL_REDUCE), 0.0)
+    slots = 2 * (m * v + p - 1)
+    send = (float(st.pp_s) - reduce - 2 * m * float(st.chunk_s) / copies) / slots if p > 1 else 0.0
+    f, b = _slots(st, m=m, per=copies * v, send=send)
+    drawn = m
+    while drawn > group and 2 * drawn * v * p > MAX_SLOTS:
+        drawn = max(group, (drawn // 2) // group * group)
+    orders = _orders(schedule, p=p, v=v, m=drawn, group=group)
+    scaled = schedule in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE)
+    drawn_as = "1f1b order, gaps scaled to the model's bubble" if scaled else "the schedule's own order"
+    starts = _simulate(orders, p=p, v=v, f=f.work, b=b.work, s=send)
+    if starts is None:  # a partial last group can leave an order waiting on itself: draw it as GPipe
+        orders = _orders(Schedule.GPIPE, p=p, v=v, m=drawn, group=group)
+        orders = [[_Op(o.forward, o.micro_batch, c) for o in row for c in range(v)] for row in orders]
+        starts = _simulate(orders, p=p, v=v, f=f.work, b=b.work, s=send)
+        drawn_as = "gpipe order, gaps scaled to the model's bubble"
+        assert starts is not None
+    ends = [(st_[0] + (f.work if o.forward else b.work), st_[1] + 1) for row, so in zip(orders, starts, strict=True)
+            for o, st_ in zip(row, so, strict=True)]  # fmt: skip
+    span = max(ends, key=lambda e: e[0] + e[1] * send)
+    rows = [
+        _row(r, orders[r], starts[r], span, f=f, b=b, step=step, folded=(m - drawn) * v, reduce=reduce, p=p)
+        for r in range(p)
+    ]
+    idle = span[0] - sum(f.work if o.forward else b.work for o in orders[0])
+    scale = float(step.bubble_s) / idle if idle > 0 else 1.0
+    if abs(scale - 1) > 1e-9 and not scaled:  # e.g. a partial last micro-batch group
+        drawn_as += f", gaps scaled to the model's bubble (x{scale:.3g})"
+    return Timeline(schedule=schedule.name, drawn_as=drawn_as, micro_batches=m, vpp=v, slot_send_s=send,
+                    bubble_scale=scale, rows=tuple(rows))  # fmt: skip
+
+
+def _row(
+    r: int,
+    order: list[_Op],
+    starts: list[Vec],
+    span: Vec,
+    *,
+    f: _Slot,
+    b: _Slot,
+    step: StepTime,
+    folded: int,
+    reduce: float,
+    p: int,
+) -> StageRow:
+    """One stage's stretches laid end to end: gaps (scaled to the model's bubble and fill-and-drain sends), slots,
+    the folded steady state (``folded`` chunks each way) in the middle, then the step's tail."""
+    ends = [(s[0] + (f.work if o.forward else b.work), s[1] + 1) for o, s in zip(order, starts, strict=True)]
+    gaps = [(s[0] - e[0], s[1] - e[1]) for s, e in zip(starts, [(0.0, 0), *ends[:-1]], strict=True)]
+    gaps.append((span[0] - ends[-1][0], span[1] - ends[-1][1]))
+    gap_base, gap_sends = sum(g[0] for g in gaps), sum(g[1] for g in gaps)
+    bubble = float(step.bubble_s)
+    per_base = bubble / gap_base if gap_base > 0 else 0.0
+    per_send = 2 * (p - 1) * f.send / gap_sends if gap_sends > 0 else 0.0
+    out: list[Interval] = []
+    hidden: list[Interval] = []
+    flight: list[tuple[float, float]] = [(0.0, 0.0)]
+    t, held, fold_at = 0.0, 0, len(order) // 2
+
+    def place(items: list[Interval]) -> float:
+        for it in items:
+            out.append(_shift(it, t))
+        return items[-1].end_s if items else 0.0
+
+    def gap(g: Vec) -> float:
+        wait = [Interval(start_s=0.0, end_s=g[0] * per_base, kind="bubble", what="idle: waiting on other stages")]
+        sends = g[1] * per_send
+        wait.append(Interval(start_s=wait[0].end_s, end_s=wait[0].end_s + sends, kind="comm", axis="pp",
+                             what="waiting on other stages' sends"))  # fmt: skip
+        return place([w for w in wait if w.duration_s > 0])
+
+    if gap_base == 0 and bubble > 0:  # no gap to hold the model's bubble: it goes first
+        t += place([Interval(start_s=0.0, end_s=bubble, kind="bubble", what="idle: the model's bubble")])
+    for i, op in enumerate(order):
+        t += gap(gaps[i])
+        if i == fold_at and folded > 0:  # the folded steady state: ``folded`` chunks each way, nothing held more
+            for sl, fw in ((f, True), (b, False)):
+                _hide(hidden, sl, t, count=folded)
+                t += place(_pieces(sl, forward=fw, mb=None, chunk=None, count=folded))
+            flight.append((t, float(held)))
+        sl = f if op.forward else b
+        _hide(hidden, sl, t)
+        t += place(_pieces(sl, forward=op.forward, mb=op.micro_batch, chunk=op.chunk))
+        held += 1 if op.forward else -1
+        flight.append((t, float(held)))
+    t += gap(gaps[-1])
+    tail = [("comm", "pp", "all-reduce of the tied embeddings", reduce)]
+    tail += [("comm", "dp", "data-parallel / ZeRO traffic left exposed", float(step.exposed_dp_s))]
+    tail += [("optimizer", None, "optimizer step", float(step.optimizer_s)), ("host", None, "host", float(step.host_s))]
+    for kind, axis, what, d in tail:
+        if d > 0:
+            out.append(Interval(start_s=t, end_s=t + d, kind=kind, axis=axis, what=what))
+            t += d
+    flight.append((t, 0.0))
+    return StageRow(stage=r, intervals=tuple(out), hidden=tuple(hidden), in_flight=tuple(flight))
+
+
+def _hide(hidden: list[Interval], sl: _Slot, t: float, count: int = 1) -> None:
+    """Record the traffic a slot runs beside its compute (from the slot's start); the row's clock is unchanged."""
+    for axis, d in sl.hidden.items():
+        if d * count > 0:
+            hidden.append(Interval(start_s=t, end_s=t + d * count, kind="comm", axis=axis, exposed=False,
+                                   what="hidden behind compute", count=count))  # fmt: skip
+
+
+def _shift(it: Interval, t: float) -> Interval:
+    return Interval(start_s=it.start_s + t, end_s=it.end_s + t, kind=it.kind, axis=it.axis, exposed=it.exposed,
+                    what=it.what, micro_batch=it.micro_batch, chunk=it.chunk, count=it.count)  # fmt: skip
