@@ -1,18 +1,19 @@
 """One step drawn as a Gantt chart: the step-time model's own terms laid out stage by stage.
 
 The model times every pipeline stage as its slowest one (step_time.py): a chunk's forward and backward, each with
-the TP, CP and EP traffic compute cannot hide and the host sync after each send, plus one pipeline send. Here
-those slots run in the schedule's own order (GPipe; 1F1B; Megatron's interleaved order, micro-batch groups of N
-through each of the v chunks) with each slot waiting for the one it depends on; the idle time left on a stage is
-the bubble, and of it the part spent waiting on other stages' sends is pipeline traffic. After the last backward
-come the tied embeddings' all-reduce, the data-parallel traffic left exposed, the optimizer step and the host's
-overhead, on every stage alike.
+the TP, CP and EP traffic compute cannot hide and the host sync after each send, plus one pipeline send (the
+model's exposed sends spread over the 2 (m v + p - 1) slots of its critical path). Here those slots run in the
+schedule's own order (GPipe; 1F1B; Megatron's interleaved order, micro-batch groups of N through each of the v
+chunks), each waiting for the one it depends on; the idle time left on a stage is the bubble, of which the share
+of the fill-and-drain sends the model counts, 2 (p - 1) of them, is drawn as waiting on other stages' sends. After
+the last backward come the tied embeddings' all-reduce, the data-parallel traffic left exposed, the optimizer step
+and the host's overhead, on every stage alike.
 
 The timeline is a decomposition, not a second model: every stage's row sums, by kind, to the model's compute,
-bubble and exposed traffic of each axis, and ends at the model's step time. Where the event order does not give
-the model's bubble (zero-bubble and DualPipe, drawn in 1F1B order) the idle gaps are scaled to it, and the row
-says so (``drawn_as``). A step with more slots than ``MAX_SLOTS`` folds the middle of its steady state into one
-block per stage (``count`` micro-batches).
+bubble and exposed traffic of each axis, and ends at the model's step time. Where the drawn order does not give
+the model's bubble (zero-bubble and DualPipe, drawn in 1F1B order; a partial last micro-batch group) the idle gaps
+are scaled to it and ``drawn_as`` says so. A step with more than ``MAX_SLOTS`` slots folds the middle of its steady
+state into one block per stage (``count`` chunks), keeping two micro-batch groups drawn.
 """
 
 from __future__ import annotations
@@ -111,15 +112,11 @@ def _dependency(op: _Op, r: int, *, p: int, v: int) -> tuple[int, _Op] | None:
     return r, _Op(True, op.micro_batch, op.chunk)
 
 
-Vec = tuple[float, int]
-"""A time as (seconds of slot work, sends), so that an idle gap splits into bubble and waiting on sends."""
-
-
-def _simulate(orders: list[list[_Op]], *, p: int, v: int, f: float, b: float, s: float) -> list[list[Vec]] | None:
-    """Start of each op of each rank (None: the order deadlocks)."""
-    done: dict[tuple[int, _Op], Vec] = {}
-    starts: list[list[Vec]] = [[] for _ in range(p)]
-    clock: list[Vec] = [(0.0, 0)] * p
+def _simulate(orders: list[list[_Op]], *, p: int, v: int, f: float, b: float) -> list[list[float]] | None:
+    """Start of each op of each rank, a forward taking ``f`` and a backward ``b`` (None: the order deadlocks)."""
+    done: dict[tuple[int, _Op], float] = {}
+    starts: list[list[float]] = [[] for _ in range(p)]
+    clock = [0.0] * p
     moved = True
     while moved:
         moved = False
@@ -129,11 +126,9 @@ def _simulate(orders: list[list[_Op]], *, p: int, v: int, f: float, b: float, s:
                 dep = _dependency(op, r, p=p, v=v)
                 if dep is not None and dep not in done:
                     break
-                at = clock[r]
-                if dep is not None and done[dep][0] + done[dep][1] * s > at[0] + at[1] * s:
-                    at = done[dep]
+                at = clock[r] if dep is None else max(clock[r], done[dep])
                 starts[r].append(at)
-                clock[r] = (at[0] + (f if op.forward else b), at[1] + 1)
+                clock[r] = at + (f if op.forward else b)
                 done[(r, op)] = clock[r]
                 moved = True
     return starts if all(len(st) == len(o) for st, o in zip(starts, orders, strict=True)) else None
@@ -197,29 +192,30 @@ def step_timeline(st: StageStep, step: StepTime, lay: LayoutLike, *, m: int, gro
     send = (float(st.pp_s) - reduce - 2 * m * float(st.chunk_s) / copies) / slots if p > 1 else 0.0
     f, b = _slots(st, m=m, per=copies * v, send=send)
     drawn = m
-    while drawn > group and 2 * drawn * v * p > MAX_SLOTS:
-        drawn = max(group, (drawn // 2) // group * group)
+    while drawn > 2 * group and 2 * drawn * v * p > MAX_SLOTS:  # two groups at least: a steady state to fold
+        drawn = max(2 * group, (drawn // 2) // group * group)
     orders = _orders(schedule, p=p, v=v, m=drawn, group=group)
     scaled = schedule in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE)
     drawn_as = "1f1b order, gaps scaled to the model's bubble" if scaled else "the schedule's own order"
-    starts = _simulate(orders, p=p, v=v, f=f.work, b=b.work, s=send)
+    fs, bs = f.work + f.send, b.work + b.send
+    starts = _simulate(orders, p=p, v=v, f=fs, b=bs)
     if starts is None:  # a partial last group can leave an order waiting on itself: draw it as GPipe
         orders = _orders(Schedule.GPIPE, p=p, v=v, m=drawn, group=group)
         orders = [[_Op(o.forward, o.micro_batch, c) for o in row for c in range(v)] for row in orders]
-        starts = _simulate(orders, p=p, v=v, f=f.work, b=b.work, s=send)
+        starts = _simulate(orders, p=p, v=v, f=fs, b=bs)
         drawn_as = "gpipe order, gaps scaled to the model's bubble"
         assert starts is not None
-    ends = [(st_[0] + (f.work if o.forward else b.work), st_[1] + 1) for row, so in zip(orders, starts, strict=True)
-            for o, st_ in zip(row, so, strict=True)]  # fmt: skip
-    span = max(ends, key=lambda e: e[0] + e[1] * send)
-    rows = [
-        _row(r, orders[r], starts[r], span, f=f, b=b, step=step, folded=(m - drawn) * v, reduce=reduce, p=p)
-        for r in range(p)
-    ]
-    idle = span[0] - sum(f.work if o.forward else b.work for o in orders[0])
-    scale = float(step.bubble_s) / idle if idle > 0 else 1.0
+    span = max(s + (fs if o.forward else bs) for row, so in zip(orders, starts, strict=True)
+               for o, s in zip(row, so, strict=True))  # fmt: skip
+    idle = span - sum(fs if o.forward else bs for o in orders[0])
+    waits = 2 * (p - 1) * send  # the fill-and-drain sends the model counts on the critical path
+    scale = (float(step.bubble_s) + waits) / idle if idle > 0 else 1.0
     if abs(scale - 1) > 1e-9 and not scaled:  # e.g. a partial last micro-batch group
         drawn_as += f", gaps scaled to the model's bubble (x{scale:.3g})"
+    rows = [
+        _row(r, orders[r], starts[r], span, f=f, b=b, step=step, folded=(m - drawn) * v, reduce=reduce, waits=waits)
+        for r in range(p)
+    ]
     return Timeline(schedule=schedule.name, drawn_as=drawn_as, micro_batches=m, vpp=v, slot_send_s=send,
                     bubble_scale=scale, rows=tuple(rows))  # fmt: skip
 
@@ -227,25 +223,25 @@ def step_timeline(st: StageStep, step: StepTime, lay: LayoutLike, *, m: int, gro
 def _row(
     r: int,
     order: list[_Op],
-    starts: list[Vec],
-    span: Vec,
+    starts: list[float],
+    span: float,
     *,
     f: _Slot,
     b: _Slot,
     step: StepTime,
     folded: int,
     reduce: float,
-    p: int,
+    waits: float,
 ) -> StageRow:
-    """One stage's stretches laid end to end: gaps (scaled to the model's bubble and fill-and-drain sends), slots,
-    the folded steady state (``folded`` chunks each way) in the middle, then the step's tail."""
-    ends = [(s[0] + (f.work if o.forward else b.work), s[1] + 1) for o, s in zip(order, starts, strict=True)]
-    gaps = [(s[0] - e[0], s[1] - e[1]) for s, e in zip(starts, [(0.0, 0), *ends[:-1]], strict=True)]
-    gaps.append((span[0] - ends[-1][0], span[1] - ends[-1][1]))
-    gap_base, gap_sends = sum(g[0] for g in gaps), sum(g[1] for g in gaps)
+    """One stage's stretches laid end to end: its idle gaps, scaled to the model's bubble plus the fill-and-drain
+    sends ``waits`` (each gap's share of those drawn as waiting on sends), the slots, the folded steady state
+    (``folded`` chunks each way) in the middle, then the step's tail."""
+    ends = [s + (f.work + f.send if o.forward else b.work + b.send) for o, s in zip(order, starts, strict=True)]
+    gaps = [s - e for s, e in zip(starts, [0.0, *ends[:-1]], strict=True)] + [span - ends[-1]]
     bubble = float(step.bubble_s)
-    per_base = bubble / gap_base if gap_base > 0 else 0.0
-    per_send = 2 * (p - 1) * f.send / gap_sends if gap_sends > 0 else 0.0
+    idle = sum(gaps)
+    per = (bubble + waits) / idle if idle > 0 else 0.0
+    share = waits / (bubble + waits) if bubble + waits > 0 else 0.0
     out: list[Interval] = []
     hidden: list[Interval] = []
     flight: list[tuple[float, float]] = [(0.0, 0.0)]
@@ -256,15 +252,15 @@ def _row(
             out.append(_shift(it, t))
         return items[-1].end_s if items else 0.0
 
-    def gap(g: Vec) -> float:
-        wait = [Interval(start_s=0.0, end_s=g[0] * per_base, kind="bubble", what="idle: waiting on other stages")]
-        sends = g[1] * per_send
-        wait.append(Interval(start_s=wait[0].end_s, end_s=wait[0].end_s + sends, kind="comm", axis="pp",
+    def gap(g: float) -> float:
+        d = g * per
+        wait = [Interval(start_s=0.0, end_s=d * (1 - share), kind="bubble", what="idle: waiting on other stages")]
+        wait.append(Interval(start_s=wait[0].end_s, end_s=d, kind="comm", axis="pp",
                              what="waiting on other stages' sends"))  # fmt: skip
         return place([w for w in wait if w.duration_s > 0])
 
-    if gap_base == 0 and bubble > 0:  # no gap to hold the model's bubble: it goes first
-        t += place([Interval(start_s=0.0, end_s=bubble, kind="bubble", what="idle: the model's bubble")])
+    if idle == 0 and bubble + waits > 0:  # no gap to hold the model's bubble: it goes first
+        t += gap(1.0) if (per := bubble + waits) else 0.0
     for i, op in enumerate(order):
         t += gap(gaps[i])
         if i == fold_at and folded > 0:  # the folded steady state: ``folded`` chunks each way, nothing held more
