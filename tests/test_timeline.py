@@ -154,3 +154,35 @@ def test_the_memory_peaks_are_memorys_own_stage_bills() -> None:
 def test_without_the_flag_there_is_no_timeline() -> None:
     r = estimate_report("llama-3.1-8b", gpu="h100-sxm", gpus=8, layout=LayoutRequest(tp=8))
     assert "timeline" not in r
+
+
+def test_the_cli_draws_a_line_per_stage(capsys: pytest.CaptureFixture[str]) -> None:
+    from meshplan.cli import main
+
+    argv = ["estimate", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "64", "--tp", "2", "--pp", "4"]
+    assert main([*argv, "--global-batch", "64", "--timeline"]) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("stage ")]
+    assert len(lines) == 4 and all(ln.count("|") == 2 for ln in lines)
+    gantt = [ln.split("|")[1] for ln in lines]
+    assert all(len(g) == 72 for g in gantt)
+    assert gantt[0][0] == "F" and gantt[3][0] == "."  # the last stage waits for the first forward to reach it
+    assert "step timeline (1f1b, 8 micro-batches" in out
+
+
+def test_the_api_adds_the_timeline_and_refuses_bad_input() -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from meshplan.server.app import create_app
+
+    q = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": 64, "tp": 2, "pp": 4, "global_batch": 64}
+    with TestClient(create_app(), base_url="http://127.0.0.1") as client:
+        got = client.get("/api/estimate", params=q | {"timeline": "true"})
+        plain = client.get("/api/estimate", params=q)
+        bad = client.get("/api/estimate", params=q | {"timeline": "sometimes"})
+        odd = client.get("/api/estimate", params=q | {"timeline": "true", "pp": 3})
+    assert got.status_code == 200 and "timeline" in got.json() and "timeline" not in plain.json()
+    assert got.json()["timeline"]["totals"]["step_time_s"] == pytest.approx(got.json()["step_time_s"], rel=1e-9)
+    for r in (bad, odd):
+        assert 400 <= r.status_code < 500 and set(r.json()) == {"error"}
