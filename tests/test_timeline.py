@@ -61,12 +61,20 @@ CASES = [
     ("llama-3.1-8b", 64, dict(tp=2, pp=4, schedule="dualpipe", global_batch=256)),
     ("llama-3.1-8b", 64, dict(tp=1, pp=8, global_batch=2048)),  # folded: 256 micro-batches
     ("llama-3.1-8b", 64, dict(tp=2, pp=4, vpp=2, schedule="interleaved", global_batch=40)),  # a partial group
+    ("llama-3.1-405b", 1008, dict(tp=8, pp=126, global_batch=256)),  # too deep for two groups: 3 drawn
 ]
 
 
 @pytest.mark.parametrize(("model", "gpus", "kw"), CASES)
 def test_every_stage_row_is_the_models_step(model: str, gpus: int, kw: dict[str, Any]) -> None:
     assert_decomposes(estimate(model, gpus, **kw))
+
+
+def test_a_deep_pipeline_says_how_much_it_drew() -> None:
+    tl = estimate("llama-3.1-405b", 1008, tp=8, pp=126, global_batch=256)["timeline"]
+    assert tl["drawn_as"].endswith("3 of 256 micro-batches drawn, the rest folded into one block a stage")
+    assert sum(len(s["intervals"]) for s in tl["stages"]) < 8000
+    assert max(i["count"] for i in tl["stages"][0]["intervals"]) == 253
 
 
 def test_the_axes_left_exposed_are_drawn_on_their_own() -> None:

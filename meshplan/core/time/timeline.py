@@ -13,7 +13,8 @@ The timeline is a decomposition, not a second model: every stage's row sums, by 
 bubble and exposed traffic of each axis, and ends at the model's step time. Where the drawn order does not give
 the model's bubble (zero-bubble and DualPipe, drawn in 1F1B order; a partial last micro-batch group) the idle gaps
 are scaled to it and ``drawn_as`` says so. A step with more than ``MAX_SLOTS`` slots folds the middle of its steady
-state into one block per stage (``count`` chunks), keeping two micro-batch groups drawn.
+state into one block per stage (``count`` chunks), keeping two micro-batch groups drawn (fewer in a pipeline
+too deep for two groups to fit eight times that), and ``drawn_as`` says how many it drew.
 """
 
 from __future__ import annotations
@@ -194,6 +195,8 @@ def step_timeline(st: StageStep, step: StepTime, lay: LayoutLike, *, m: int, gro
     drawn = m
     while drawn > 2 * group and 2 * drawn * v * p > MAX_SLOTS:  # two groups at least: a steady state to fold
         drawn = max(2 * group, (drawn // 2) // group * group)
+    if 2 * drawn * v * p > 8 * MAX_SLOTS:  # a deep pipeline: fewer micro-batches than a group
+        drawn = max(1, min(drawn, MAX_SLOTS // (2 * v * p)))
     orders = _orders(schedule, p=p, v=v, m=drawn, group=group)
     scaled = schedule in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE)
     drawn_as = "1f1b order, gaps scaled to the model's bubble" if scaled else "the schedule's own order"
@@ -212,6 +215,8 @@ def step_timeline(st: StageStep, step: StepTime, lay: LayoutLike, *, m: int, gro
     scale = (float(step.bubble_s) + waits) / idle if idle > 0 else 1.0
     if abs(scale - 1) > 1e-9 and not scaled:  # e.g. a partial last micro-batch group
         drawn_as += f", gaps scaled to the model's bubble (x{scale:.3g})"
+    if drawn < m:
+        drawn_as += f"; {drawn} of {m} micro-batches drawn, the rest folded into one block a stage"
     rows = [
         _row(r, orders[r], starts[r], span, f=f, b=b, step=step, folded=(m - drawn) * v, reduce=reduce, waits=waits)
         for r in range(p)
