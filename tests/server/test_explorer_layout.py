@@ -149,3 +149,28 @@ def test_the_timeline_answers_the_keyboard_and_bad_input_is_refused(browser: Any
         assert pg.get_attribute("#ly-results", "data-stale") == "error"
     finally:
         pg.context.close()
+
+
+def test_a_link_carries_the_stack_and_conditions(
+    browser: Any, live_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """layoutHref (what a planner row or another view links to) opens the layout page on the CLI's numbers for a
+    layout with a stack and a run condition of its own."""
+    est = cli(["estimate", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "64", "--dp-shard", "64", "--zero", "3",
+               "--stack", "torchtitan", "--grad-sync", "off", "--global-batch", "128"], capsys)  # fmt: skip
+    pg = opened(browser, live_server, "desktop", "")
+    try:
+        href = pg.evaluate(
+            """async () => (await import('/static/js/layout.js')).layoutHref({model: 'llama-3.1-8b', gpu: 'h100-sxm',
+                gpus: 64, tp: 1, pp: 1, dp_shard: 64, zero: 3, sp: false, stack: 'torchtitan', grad_sync: 'off',
+                global_batch: 128, timeline: 'true', precision: null})"""
+        )
+        assert href.startswith("#layout?") and "timeline" not in href and "precision" not in href
+        pg.goto(f"{live_server}/{href}")
+        pg.wait_for_function(
+            "s => Number(document.querySelector('#ly-step')?.dataset.seconds) === s", arg=est["step_time_s"]
+        )
+        assert form(pg)["stack"] == "torchtitan" and form(pg)["grad_sync"] == "off"
+        assert numbers(pg)["bars"] == [s["total_bytes"] for s in est["stages"]]
+    finally:
+        pg.context.close()

@@ -2,6 +2,7 @@
 // bars, step time and MFU with their band, time and cost to train, and three drawings of GET /api/estimate's
 // `timeline` (meshplan estimate --timeline): the step stage by stage, the memory over the step, the placement.
 
+import { conditionFlags, conditionParams } from "./conditions.js";
 import * as state from "./state.js";
 import { cliCommand, cliModel } from "./takeaway.js";
 import {
@@ -35,8 +36,20 @@ export function params(v) {
     model: v.model, gpu: v.gpu, gpus: v.gpus, tp: v.tp, pp: v.pp, vpp: v.vpp, cp: v.cp, ep: v.ep, zero: v.zero,
     sp: v.sp ? "true" : null, micro_batch: v.micro_batch, seq: v.seq, recompute: v.recompute, schedule: v.schedule || null,
     dp_shard: v.dp_shard || null, global_batch: v.global_batch || null, tokens: v.tokens || null,
-    price_per_gpu_hour: v.price_per_gpu_hour || null, timeline: "true",
+    price_per_gpu_hour: v.price_per_gpu_hour || null, precision: v.precision || null, attention: v.attention || null,
+    cp_kind: v.cp_kind, expert_tp: v.expert_tp || null, ...conditionParams(v), timeline: "true",
   };
+}
+
+// The address of the layout page for a layout (the same names as /api/estimate's query): what a planner row, a
+// recipe or another view links to. Every layout field is written, so the page's own defaults never fill in.
+export function layoutHref(q) {
+  const out = new URLSearchParams();
+  for (const [k, v] of Object.entries(q)) {
+    if (v === null || v === undefined || v === "" || k === "timeline") continue;
+    out.set(k, v === true ? "1" : v === false ? "0" : String(v));
+  }
+  return `#layout?${out}`;
 }
 
 async function update() {
@@ -56,7 +69,8 @@ function command(v) {
   const flags = [["gpu", v.gpu], ["gpus", v.gpus], ["tp", v.tp, 1], ["pp", v.pp, 1], ["vpp", v.vpp, 1], ["cp", v.cp, 1],
     ["ep", v.ep, 1], ["zero", v.zero, 0], ["sp", v.sp], ["recompute", v.recompute, "none"], ["micro_batch", v.micro_batch, 1],
     ["seq", v.seq, 4096], ["schedule", v.schedule], ["dp_shard", v.dp_shard], ["global_batch", v.global_batch],
-    ["tokens", v.tokens], ["price_per_gpu_hour", v.price_per_gpu_hour], ["timeline", true]];
+    ["precision", v.precision], ["attention", v.attention], ["cp_kind", v.cp_kind, "ring"], ["expert_tp", v.expert_tp],
+    ...conditionFlags(v), ["tokens", v.tokens], ["price_per_gpu_hour", v.price_per_gpu_hour], ["timeline", true]];
   $("#ly-command").textContent = cliCommand("estimate", [cliModel(v.model)], flags);
 }
 
