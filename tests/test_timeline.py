@@ -61,6 +61,7 @@ CASES = [
     ("llama-3.1-8b", 64, dict(tp=2, pp=4, schedule="dualpipe", global_batch=256)),
     ("llama-3.1-8b", 64, dict(tp=1, pp=8, global_batch=2048)),  # folded: 256 micro-batches
     ("llama-3.1-8b", 64, dict(tp=2, pp=4, vpp=2, schedule="interleaved", global_batch=40)),  # a partial group
+    ("llama-3.1-8b", 64, dict(tp=2, pp=4, vpp=4, schedule="interleaved", global_batch=40)),  # groups of 4 deadlock
     ("llama-3.1-405b", 1008, dict(tp=8, pp=126, global_batch=256)),  # too deep for two groups: 3 drawn
 ]
 
@@ -90,36 +91,42 @@ def test_the_axes_left_exposed_are_drawn_on_their_own() -> None:
 
 def in_flight_chunks(schedule: str, *, p: int, v: int, m: int, stage: int) -> int:
     """Chunks a stage holds at its peak: GPipe all m; 1F1B min(p - i, m); interleaved Megatron's warm-up
-    (v - 1) p + 2 (p - 1 - i) plus the first steady forward, at most m v (all of them when m = p)."""
+    (v - 1) N + 2 (p - 1 - i) plus the first steady forward, at most m v (all of them when m = p), with groups of
+    N = p micro-batches, or one group of all m where p does not divide m."""
     if schedule == "gpipe":
         return m
     if v == 1:
         return min(p - stage, m)
-    return m * v if m == p else min((v - 1) * p + 2 * (p - 1 - stage) + 1, m * v)
+    group = p if m % p == 0 else m
+    return m * v if m == p else min((v - 1) * group + 2 * (p - 1 - stage) + 1, m * v)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     pp=hs.sampled_from([2, 4, 8]),
     vpp=hs.sampled_from([2, 4]),
     groups=hs.integers(1, 4),
+    extra=hs.integers(0, 7),
     schedule=hs.sampled_from(["1f1b", "gpipe", "interleaved"]),
 )
-def test_the_schedules_own_order_gives_the_models_bubble(pp: int, vpp: int, groups: int, schedule: str) -> None:
-    """With whole micro-batch groups the simulated order's idle time is the model's bubble, unscaled, and each
-    stage holds at most the pipeline's in-flight count."""
+def test_the_schedules_own_order_gives_the_models_bubble(
+    pp: int, vpp: int, groups: int, extra: int, schedule: str
+) -> None:
+    """Whatever the micro-batches (a partial last group included), the simulated order's idle time is the model's
+    bubble, unscaled, and each stage holds at most the pipeline's in-flight count."""
     v = vpp if schedule == "interleaved" else 1
-    m = groups * pp
+    m = groups * pp + extra % pp
     tp = 64 // (8 * pp)
     r = estimate("llama-3.1-8b", 64, tp=tp, pp=pp, vpp=v, schedule=schedule, global_batch=m * 8)
     assert r["layout"]["dp_replicate"] * r["layout"]["dp_shard"] == 8
     tl = r["timeline"]
     assert_decomposes(r)
     assert tl["bubble_scale"] == pytest.approx(1.0, rel=1e-9)
-    assert tl["drawn_as"] == "the schedule's own order"
-    for mem in tl["memory"]:
-        want = in_flight_chunks(schedule, p=pp, v=v, m=m, stage=mem["stage"])
-        assert mem["most_chunks_held"] == want
+    assert tl["drawn_as"].startswith("the schedule's own order") and "scaled" not in tl["drawn_as"]
+    if 2 * m * v * pp <= 800:  # nothing folded
+        for mem in tl["memory"]:
+            want = in_flight_chunks(schedule, p=pp, v=v, m=m, stage=mem["stage"])
+            assert mem["most_chunks_held"] == want
 
 
 def test_each_chunk_waits_for_the_one_before_it() -> None:
