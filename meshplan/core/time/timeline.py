@@ -13,9 +13,11 @@ The timeline is a decomposition, not a second model: every stage's row sums, by 
 bubble and exposed traffic of each axis, and ends at the model's step time. Where the drawn order does not give
 the model's bubble (zero-bubble and DualPipe, drawn in 1F1B order) the idle gaps are scaled to it and
 ``drawn_as`` says so; an interleaved step whose micro-batches the group size N does not divide runs them all as
-one group (groups of N then wait on themselves, tests/test_timeline.py), which gives the model's bubble. A step with more than ``MAX_SLOTS`` slots folds the middle of its steady
-state into one block per stage (``count`` chunks), keeping two micro-batch groups drawn (fewer in a pipeline
-too deep for two groups to fit eight times that), and ``drawn_as`` says how many it drew.
+one group (groups of N then wait on themselves, tests/test_timeline.py), which gives the model's bubble.
+
+A step with more than ``MAX_SLOTS`` slots folds the middle of its steady state into one block per stage (``count``
+chunks), keeping two micro-batch groups drawn (fewer in a pipeline too deep for two groups to fit eight times
+that), and ``drawn_as`` says how many it drew.
 """
 
 from __future__ import annotations
