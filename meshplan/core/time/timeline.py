@@ -16,8 +16,8 @@ the model's bubble (zero-bubble and DualPipe, drawn in 1F1B order) the idle gaps
 one group (groups of N then wait on themselves, tests/test_timeline.py), which gives the model's bubble.
 
 A step with more than ``MAX_SLOTS`` slots folds the middle of its steady state into one block per stage (``count``
-chunks), keeping two micro-batch groups drawn (fewer in a pipeline too deep for two groups to fit eight times
-that), and ``drawn_as`` says how many it drew.
+chunks), keeping two micro-batch groups drawn (fewer in a pipeline too deep for them), and ``drawn_as`` says how
+many it drew.
 """
 
 from __future__ import annotations
@@ -198,7 +198,11 @@ def step_timeline(st: StageStep, step: StepTime, lay: LayoutLike, *, m: int, gro
     drawn = m
     while drawn > 2 * group and 2 * drawn * v * p > MAX_SLOTS:  # two groups at least: a steady state to fold
         drawn = max(2 * group, (drawn // 2) // group * group)
-    if 2 * drawn * v * p > 8 * MAX_SLOTS:  # a deep pipeline: fewer micro-batches than a group
+    if 2 * drawn * v * p > 2 * MAX_SLOTS and drawn > group:  # a deep pipeline: one group
+        drawn = group
+    # a deeper one: fewer micro-batches than a group (1F1B and GPipe keep the model's bubble whatever m is; the
+    # interleaved schedule only from p micro-batches, so it keeps p unless even those are far too many)
+    if 2 * drawn * v * p > (8 if v > 1 else 2) * MAX_SLOTS:
         drawn = max(1, min(drawn, MAX_SLOTS // (2 * v * p)))
     scaled = schedule in (Schedule.ZERO_BUBBLE, Schedule.DUALPIPE)
     drawn_as = "1f1b order, gaps scaled to the model's bubble" if scaled else "the schedule's own order"
