@@ -88,6 +88,13 @@ export function rowTotals(intervals) {
 }
 
 const money = (x) => (x >= 100 ? fmtInt(x) : x.toPrecision(3));
+// A token count as the CLI prints it: 15T, 2.5B, 300M.
+function tokensText(n) {
+  for (const [div, unit] of [[1e12, "T"], [1e9, "B"], [1e6, "M"], [1e3, "K"]]) {
+    if (n >= div) return `${Number((n / div).toPrecision(3))}${unit}`;
+  }
+  return fmtInt(n);
+}
 
 function draw(r) {
   const band = `${fmtSeconds(r.step_time_s_p10)} – ${fmtSeconds(r.step_time_s_p90)}`;
@@ -112,7 +119,7 @@ function drawCost(r) {
   const parts = [];
   const t = r.time_to_train;
   if (t) parts.push(el("span", { id: "ly-train", "data-days": t.wall_time_days, "data-gpu-hours": t.gpu_hours_total,
-    text: `${Number(t.tokens_total).toExponential(2)} tokens: ${t.wall_time_days.toFixed(1)} days, ${fmtInt(t.gpu_hours_total)} GPU-hours. ` }));
+    text: `${tokensText(t.tokens_total)} tokens: ${t.wall_time_days.toFixed(1)} days, ${fmtInt(t.gpu_hours_total)} GPU-hours. ` }));
   if (r.cost) {
     const c = r.cost;
     parts.push(el("span", { id: "ly-money", "data-per-million": c.cost_per_million_tokens, "data-total": c.cost_total ?? "",
