@@ -201,3 +201,19 @@ def test_the_api_adds_the_timeline_and_refuses_bad_input() -> None:
     assert got.json()["timeline"]["totals"]["step_time_s"] == pytest.approx(got.json()["step_time_s"], rel=1e-9)
     for r in (bad, odd):
         assert 400 <= r.status_code < 500 and set(r.json()) == {"error"}
+
+
+def test_data_parallel_traffic_hides_where_the_model_hides_it() -> None:
+    """ZeRO-1 under a pipeline: the gradients' reduce runs beside the last backward, the parameters' gather beside
+    the first forward; what hides and what is exposed together are the data-parallel traffic of the step."""
+    r = estimate("llama-3.1-8b", 64, tp=2, pp=4, zero=1, global_batch=64)
+    dp_traffic = sum(c["time_s_per_step"] for c in r["collectives"] if c["strategy"] in ("dp", "dp-experts"))
+    for row in r["timeline"]["stages"]:
+        chunks = [i for i in row["intervals"] if i["kind"] in ("forward", "backward") and i["what"] == "compute"]
+        first_f = min(i["start_s"] for i in chunks if i["kind"] == "forward")
+        last_b = max(i["start_s"] for i in chunks if i["kind"] == "backward")
+        hidden = {i["what"]: i for i in row["hidden"] if i["axis"] == "dp"}
+        assert hidden["the gradients' reduce, behind the last backward"]["start_s"] == last_b
+        assert hidden["the parameters' gather, behind the first forward"]["start_s"] == first_f
+        drawn = sum(i["end_s"] - i["start_s"] for i in hidden.values()) + row["totals"]["exposed_dp_s"]
+        assert drawn == pytest.approx(dp_traffic, rel=1e-9)

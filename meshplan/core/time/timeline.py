@@ -7,7 +7,8 @@ schedule's own order (GPipe; 1F1B; Megatron's interleaved order, micro-batch gro
 chunks), each waiting for the one it depends on; the idle time left on a stage is the bubble, of which the share
 of the fill-and-drain sends the model counts, 2 (p - 1) of them, is drawn as waiting on other stages' sends. After
 the last backward come the tied embeddings' all-reduce, the data-parallel traffic left exposed, the optimizer step
-and the host's overhead, on every stage alike.
+and the host's overhead, on every stage alike. Traffic hidden behind compute is listed apart, under the chunk it
+runs beside (data-parallel traffic in the share the model's one exposed total leaves hidden).
 
 The timeline is a decomposition, not a second model: every stage's row sums, by kind, to the model's compute,
 bubble and exposed traffic of each axis, and ends at the model's step time. Where the drawn order does not give
@@ -153,7 +154,26 @@ class _Slot:
         return self.compute + sum(self.exposed.values()) + self.sync
 
 
-def _slots(st: StageStep, *, m: int, per: float, send: float) -> tuple[_Slot, _Slot]:
+def _dp_traffic(st: StageStep, *, m: int) -> tuple[float, float, float, float]:
+    """Data-parallel traffic as step_time's ``_dp_exposed`` counts it: per micro-batch in each forward (ZeRO-3's
+    gathers) and backward (ZeRO-2/3's reduce-scatters), once a step behind the last backward (the gradients'
+    reduce), once behind the first forward (ZeRO-1/2's parameter gather)."""
+    fwd = bwd = once = first = 0.0
+    for c in st.calls:
+        if c.strategy not in ("dp", "dp-experts") or not bool(c.count_per_step > 0):
+            continue
+        if bool(c.per_micro_batch):
+            fwd += float(c.time_s) / m if c.phase == "forward" else 0.0
+            bwd += float(c.time_s) / m if c.phase == "backward" else 0.0
+        else:
+            once += float(c.call_s) if c.phase == "backward" else 0.0
+            first += float(c.call_s) if c.phase == "step" else 0.0
+    return fwd, bwd, once, first
+
+
+def _slots(
+    st: StageStep, *, m: int, per: float, send: float, dp: tuple[float, float] = (0.0, 0.0)
+) -> tuple[_Slot, _Slot]:
     x = {k: float(v) for k, v in st.exposed.items()}
     traffic: dict[str, float] = {}
     for c in st.calls:
@@ -163,13 +183,13 @@ def _slots(st: StageStep, *, m: int, per: float, send: float) -> tuple[_Slot, _S
                 traffic[key] = traffic.get(key, 0.0) + float(c.time_s) / m
     chunk = float(st.chunk_s)
 
-    def slot(ph: str, total: float) -> _Slot:
+    def slot(ph: str, total: float, dp_s: float) -> _Slot:
         exposed = {a: x.get(f"{a}_{ph}", 0.0) / per for a, _ in _PHASES}
         hidden = {a: max(traffic.get(f"{a}_{ph}", 0.0) / per - exposed[a], 0.0) for a, _ in _PHASES}
         compute = total / per - sum(exposed.values()) - chunk / per
-        return _Slot(compute=compute, exposed=exposed, sync=chunk / per, send=send, hidden=hidden)
+        return _Slot(compute=compute, exposed=exposed, sync=chunk / per, send=send, hidden=hidden | {"dp": dp_s / per})
 
-    return slot("f", float(st.fwd_s)), slot("b", float(st.bwd_s))
+    return slot("f", float(st.fwd_s), dp[0]), slot("b", float(st.bwd_s), dp[1])
 
 
 def _pieces(sl: _Slot, *, forward: bool, mb: int | None, chunk: int | None, count: int = 1) -> list[Interval]:
@@ -194,7 +214,11 @@ def step_timeline(st: StageStep, step: StepTime, lay: LayoutLike, *, m: int, gro
     reduce = sum((float(c.time_s) for c in st.calls if c.strategy == "pp" and c.op is Collective.ALL_REDUCE), 0.0)
     slots = 2 * (m * v + p - 1)
     send = (float(st.pp_s) - reduce - 2 * m * float(st.chunk_s) / copies) / slots if p > 1 else 0.0
-    f, b = _slots(st, m=m, per=copies * v, send=send)
+    dp_f, dp_b, dp_once, dp_first = _dp_traffic(st, m=m)
+    traffic = m * (dp_f + dp_b) + dp_once + dp_first
+    # the model's data-parallel exposure is one total: of each piece, the share it hides is drawn under its compute
+    hides = max(traffic - float(step.exposed_dp_s), 0.0) / traffic if traffic > 0 else 0.0
+    f, b = _slots(st, m=m, per=copies * v, send=send, dp=(dp_f * hides, dp_b * hides))
     drawn = m
     while drawn > 2 * group and 2 * drawn * v * p > MAX_SLOTS:  # two groups at least: a steady state to fold
         drawn = max(2 * group, (drawn // 2) // group * group)
@@ -231,7 +255,19 @@ def step_timeline(st: StageStep, step: StepTime, lay: LayoutLike, *, m: int, gro
     if drawn < m:
         drawn_as += f"; {drawn} of {m} micro-batches drawn, the rest folded into one block a stage"
     rows = [
-        _row(r, orders[r], starts[r], span, f=f, b=b, step=step, folded=(m - drawn) * v, reduce=reduce, waits=waits)
+        _row(
+            r,
+            orders[r],
+            starts[r],
+            span,
+            f=f,
+            b=b,
+            step=step,
+            folded=(m - drawn) * v,
+            reduce=reduce,
+            waits=waits,
+            dp_once=(dp_once * hides, dp_first * hides),
+        )
         for r in range(p)
     ]
     return Timeline(schedule=schedule.name, drawn_as=drawn_as, micro_batches=m, vpp=v, slot_send_s=send,
@@ -250,10 +286,12 @@ def _row(
     folded: int,
     reduce: float,
     waits: float,
+    dp_once: tuple[float, float],
 ) -> StageRow:
     """One stage's stretches laid end to end: its idle gaps, scaled to the model's bubble plus the fill-and-drain
     sends ``waits`` (each gap's share of those drawn as waiting on sends), the slots, the folded steady state
-    (``folded`` chunks each way) in the middle, then the step's tail."""
+    (``folded`` chunks each way) in the middle, then the step's tail; ``dp_once``: the hidden share of the
+    data-parallel traffic issued once a step, behind the last backward and behind the first forward."""
     ends = [s + (f.work + f.send if o.forward else b.work + b.send) for o, s in zip(order, starts, strict=True)]
     gaps = [s - e for s, e in zip(starts, [0.0, *ends[:-1]], strict=True)] + [span - ends[-1]]
     bubble = float(step.bubble_s)
@@ -264,6 +302,7 @@ def _row(
     hidden: list[Interval] = []
     flight: list[tuple[float, float]] = [(0.0, 0.0)]
     t, held, fold_at = 0.0, 0, len(order) // 2
+    marks = {True: -1.0, False: -1.0}  # where the first forward and the last backward start
 
     def place(items: list[Interval]) -> float:
         for it in items:
@@ -288,10 +327,16 @@ def _row(
             flight.append((t, float(held)))
         sl = f if op.forward else b
         _hide(hidden, sl, t)
+        if not op.forward or marks[True] < 0:
+            marks[op.forward] = t
         t += place(_pieces(sl, forward=op.forward, mb=op.micro_batch, chunk=op.chunk))
         held += 1 if op.forward else -1
         flight.append((t, float(held)))
     t += gap(gaps[-1])
+    for at, d, what in ((marks[False], dp_once[0], "the gradients' reduce, behind the last backward"),
+                        (marks[True], dp_once[1], "the parameters' gather, behind the first forward")):  # fmt: skip
+        if d > 0:
+            hidden.append(Interval(start_s=at, end_s=at + d, kind="comm", axis="dp", exposed=False, what=what))
     tail = [("comm", "pp", "all-reduce of the tied embeddings", reduce)]
     tail += [("comm", "dp", "data-parallel / ZeRO traffic left exposed", float(step.exposed_dp_s))]
     tail += [("optimizer", None, "optimizer step", float(step.optimizer_s)), ("host", None, "host", float(step.host_s))]
