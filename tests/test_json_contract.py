@@ -23,7 +23,7 @@ RUNS = {
     "serving": ["serving", "llama-3.1-70b", "--gpu", "h100-sxm", "--gpus", "8"],
     "estimate": ["estimate", "llama-3.1-70b", "--gpu", "h100-sxm", "--gpus", "64", "--tp", "8", "--pp", "2",
                  "--tokens", "1e12", "--price-per-gpu-hour", "2", "--checkpoint-bandwidth", "1",
-                 "--mtbf-gpu-hours", "45566"],
+                 "--mtbf-gpu-hours", "45566", "--timeline"],
     "collectives": ["collectives"],
     "plan": ["plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "16", "--seq", "4096", "--global-batch-tokens",
              "1048576", "--explain", "--compare", "tp=2", "--objective", "fewest-gpus", "--tokens", "1e11",
@@ -38,7 +38,7 @@ RUNS = {
     "calibrate": ["calibrate", str(Path(__file__).parent / "data" / "calibrate_runs.json")],
     "export": ["export", "torchtitan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--zero", "3"],
 }  # fmt: skip
-FREE_FORM = {"files", "rejections", "placement", "factors", "rejected"}
+FREE_FORM = {"files", "rejections", "placement", "factors", "rejected", "axes"}
 """Objects keyed by data (file names, rejection reasons, mesh axes, factor names), not by contract keys."""
 
 
@@ -85,7 +85,7 @@ API = {
     "fit": ("/api/fit", {"model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": 1, "finetune": "lora"}),
     "estimate": ("/api/estimate", {"model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": 64, "tp": 8, "pp": 2,
                                    "tokens": 1e12, "price_per_gpu_hour": 2, "checkpoint_bandwidth": 1,
-                                   "mtbf_gpu_hours": 45566}),
+                                   "mtbf_gpu_hours": 45566, "timeline": True}),
     "collectives": ("/api/collectives", {}),
     "serve": ("/api/serve", {"model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": 8, "input_len": 1000,
                              "output_len": 200, "concurrency": 32, "price_per_gpu_hour": 2}),

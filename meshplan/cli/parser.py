@@ -277,6 +277,12 @@ def _training_commands(command: Command) -> None:
 
     p = command("estimate", "step time, MFU, every collective and where it runs, for one layout")
     _add_estimate(p)
+    p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="add the step drawn stage by stage (forward, backward, bubble, exposed traffic), the memory each stage "
+        "holds over it and the placement: a text summary, or the timeline key with --json",
+    )
 
     p = command("collectives", "the bandwidth wall: one all-reduce timed over NVLink, InfiniBand, Ethernet")
     p.add_argument(

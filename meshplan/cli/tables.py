@@ -10,6 +10,7 @@ from meshplan.cli.tables_conditions import conditions_lines, stack_line
 from meshplan.cli.tables_cost import cost_lines, plan_cost_lines, with_cost_columns
 from meshplan.cli.tables_export import export_table
 from meshplan.cli.tables_serving import serve_plan_table, serve_table, serving_table
+from meshplan.cli.tables_timeline import timeline_lines
 from meshplan.cli.tables_validation import calibrate_table, validate_table
 from meshplan.render import count, fit_width, gb, percent, seconds, table
 
@@ -214,6 +215,7 @@ def _estimate(r: dict[str, Any]) -> str:
             calls, ["strategy", "op", "phase", "group", "bytes", "count", "link", "time", "exposed"], align="lllrrrlrr"
         ),
     ]
+    out += timeline_lines(r) if "timeline" in r else []
     out += [f"WARNING: {w}" for w in r["warnings"]]
     return "\n".join(out)
 

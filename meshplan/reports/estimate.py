@@ -30,6 +30,7 @@ from meshplan.reports.inputs import (
 )
 from meshplan.reports.published_range import mfu_check
 from meshplan.reports.routing_note import routing_note
+from meshplan.reports.timeline import timeline_dict
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.profile import fitted_band
@@ -193,10 +194,12 @@ def estimate_report(
     oversubscription: float | None = None,
     profile: str | None = None,
     cost: CostRequest | None = None,
+    timeline: bool = False,
 ) -> dict[str, Any]:
     """``meshplan estimate``: memory, collectives, placement and step time of one layout (``conditions``: the
     stack and condition fields as given, None where unset; see ``memory_report``; ``cost``: the price, checkpoint
-    and failure fields, whose keys reports/cost.py adds)."""
+    and failure fields, whose keys reports/cost.py adds; ``timeline``: adds the step drawn stage by stage,
+    reports/timeline.py)."""
     spec = io.load_model(model) if isinstance(model, str) else model
     cluster = resolve_cluster(
         gpu=gpu,
@@ -224,6 +227,8 @@ def estimate_report(
     out |= estimate_costs(spec, work, cluster, out, tokens=tokens, req=cost)
     out["warnings"] = [*out["warnings"], *band_warning(lay.cp, lay.ep), *gpu_warning(cluster.gpu.name, profile)]
     out["warnings"] += never_finishes_warning(out)
+    if timeline:
+        out["timeline"] = timeline_dict(plan)
     band = uncertainty(float(plan.step.step_time_s), profile, cp=lay.cp, ep=lay.ep, gpu=cluster.gpu.name)
     return out | widen_for_pressure(band, out["hbm_pressure"])
 

@@ -16,6 +16,7 @@ from typing_extensions import TypedDict
 
 from meshplan.reports.cost_models import CheapestFleetJSON, CheckpointJSON, CostJSON, GoodputJSON
 from meshplan.reports.serve_models import ServePlanReport, ServeReport, ServingReport
+from meshplan.reports.timeline_models import TimelineJSON
 
 
 class LayoutJSON(TypedDict):
@@ -197,6 +198,7 @@ class EstimateReport(MemoryReport):
     cost: NotRequired[CostJSON]
     checkpoint: NotRequired[CheckpointJSON]
     goodput: NotRequired[GoodputJSON]
+    timeline: NotRequired[TimelineJSON]
     step_time_s_p10: float
     step_time_s_p90: float
     step_time_band_sources: int | None

@@ -87,5 +87,6 @@ def estimate_from_values(values: Mapping[str, Any]) -> dict[str, Any]:
         conditions=conditions(values),
         profile=values["profile"],
         cost=cost_request(values),
+        timeline=bool(values.get("timeline")),
         **workload_kwargs(values),
     )

@@ -369,9 +369,13 @@ def estimate(
     conditions: ConditionsArg,
     cost: CostArg,
     tokens: Annotated[Tokens | None, _query(field("tokens"), bounded=False)] = None,
+    timeline: Annotated[
+        bool, Query(description="add the step drawn stage by stage, the memory over it and the placement")
+    ] = False,
 ) -> dict[str, Any]:
     report = estimate_report(
         model,
+        timeline=timeline,
         gpu=gpu,
         gpus=gpus,
         layout=layout,

@@ -31,6 +31,7 @@ READY = {
     "tiers": ".tier-head",
     "planner": "#pl-table tbody tr",
     "serving": "#sv-pareto svg",
+    "layout": "#ly-gantt svg",
 }
 
 

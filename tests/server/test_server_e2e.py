@@ -49,7 +49,17 @@ def wait_number(pg: Any, selector: str, value: float, attr: str = "bytes") -> No
 def test_home_links_every_view_and_lists_the_api(page: Any, shot: Any) -> None:
     open_view(page, "home")
     hrefs = page.eval_on_selector_all(".cards a", "as => as.map(a => a.getAttribute('href'))")
-    assert hrefs == ["#memory", "#strategies", "#weights", "#tp", "#recipes", "#tiers", "#planner", "#serving"]
+    assert hrefs == [
+        "#memory",
+        "#strategies",
+        "#weights",
+        "#tp",
+        "#recipes",
+        "#tiers",
+        "#planner",
+        "#serving",
+        "#layout",
+    ]
     page.wait_for_selector("#api-list li >> nth=12")
     assert "/api/plan" in page.inner_text("#api-list")
     shot(page, "home")

@@ -138,6 +138,10 @@ class StageStep:
     calls: list[CollectiveCall]
     host_layer_s: Num = 0.0
     gpu_layer_s: Num = 0.0
+    exposed: dict[str, Num] = dataclasses.field(default_factory=dict)
+    """Per micro-batch exposed TP, CP and EP by phase (``tp_f``, ``tp_b``, ...), inside ``fwd_s`` and ``bwd_s``."""
+    chunk_s: Num = 0.0
+    """Per micro-batch, the host sync after each pipeline send, inside each of ``fwd_s`` and ``bwd_s``."""
 
 
 def _stage_shape(
@@ -243,6 +247,7 @@ class _ModelParallelStep:
     fwd_s: Num
     bwd_s: Num
     pp_s: Num
+    chunk_s: Num = 0.0
     accumulate_s: Num = 0.0
     """Per micro-batch, the separate gradient-accumulation pass (in ``bwd_s``; ``_grad_accumulation_s``)."""
 
@@ -282,6 +287,7 @@ def _model_parallel_step(
         fwd_s=fwd_c + x["tp_f"] + x["cp_f"] + x["ep_f"] + chunk,
         bwd_s=bwd_c + accumulate + x["tp_b"] + x["cp_b"] + x["ep_b"] + chunk,
         pp_s=pp_s + 2 * m * chunk,
+        chunk_s=chunk,
         accumulate_s=accumulate,
     )
 
@@ -332,7 +338,7 @@ def _grouped_model_parallel_step(
     return spread(step, groups)  # type: ignore[no-any-return]
 
 
-def _stage_step(
+def stage_step(
     model: ModelSpec,
     params: ParamCount,
     lay: LayoutLike,
@@ -370,6 +376,8 @@ def _stage_step(
         calls=mp.calls + data if calls else [],
         host_layer_s=mp.times.host_layer_s,
         gpu_layer_s=mp.times.gpu_layer_s,
+        exposed=x,
+        chunk_s=mp.chunk_s,
     )
 
 
@@ -468,7 +476,7 @@ def step_time(
     pp = lay.pp
     dp = lay.dp_replicate * lay.dp_shard
     m = pipeline.micro_batches(work.global_batch, micro_batch=lay.micro_batch, dp=dp)
-    st = _stage_step(model, params, lay, work, cluster, placement, m=m, calls=calls)
+    st = stage_step(model, params, lay, work, cluster, placement, m=m, calls=calls)
     copies = pipeline.stage_copies(lay.schedule)
     bubble = _bubble(lay.schedule, pp=pp, vpp=lay.vpp, t_f=st.fwd_s / copies, t_b=st.bwd_s / copies)
     exposed = m * (st.tp_s + st.cp_s + st.ep_s) / copies + st.pp_s + st.dp_s

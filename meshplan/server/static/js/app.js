@@ -11,8 +11,9 @@ import * as planner from "./planner.js";
 import * as serving from "./serving.js";
 import * as state from "./state.js";
 import * as conditions from "./conditions.js";
+import * as layout from "./layout.js";
 
-const VIEWS = { memory, strategies, weights, tp, recipes, tiers, planner, serving };
+const VIEWS = { memory, strategies, weights, tp, recipes, tiers, planner, serving, layout };
 const started = new Set();
 const ctx = { catalog: null, uploads: [] };
 
