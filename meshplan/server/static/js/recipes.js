@@ -1,7 +1,7 @@
 // View 5: published recipes as nested mesh axes from one GPU outward, and every recipe on one fleet ruler.
 
 import { extra, setExtra } from "./state.js";
-import { TRAINING_ENGINES, cliCommand, layoutQuery, takeaway } from "./takeaway.js";
+import { TRAINING_ENGINES, cliCommand, layoutQuery, layoutSlug, planName, takeaway } from "./takeaway.js";
 import { $, chartWidth, el, inkOn, keepFocus, pressable, fmtBytes, fmtInt, fmtPct, fmtSeconds, isAbort, latestOnly, onResize, showError, svg, tracked } from "./util.js";
 
 const call = latestOnly();
@@ -69,6 +69,7 @@ async function select(name, remember = true) {
     id: "rc", command: cliCommand("recipe", [r.recipe], []), json: r, filename: `meshplan-recipe-${r.recipe}.json`,
     engines: TRAINING_ENGINES,
     exportQuery: () => ({ model: r.model, gpu: r.gpu, gpus: r.gpus, seq: r.seq, global_batch: r.global_batch, precision: r.precision, ...layoutQuery(r.layout) }),
+    exportName: () => planName(r.model, r.gpus, r.gpu, layoutSlug(r.layout, r.gpus)),
   });
   const f = report.factors;
   $("#rc-factors").replaceChildren(
