@@ -6,7 +6,8 @@ Starts the real server (uvicorn) on a loopback port in this process, then
 1. times every endpoint a view calls on an input change, each request with a different input so that no
    answer comes from a cache (median and max over --repeat requests);
 2. with Playwright and Debian's chromium, times the memory view from typing a new sequence length to the
-   new total on the page (Python's clock around the fill and the wait, so Playwright's own round trips count),
+   new total on the page and the last redraw done (the take-away bar's command names the new length; Python's
+   clock around the fill and the wait, so Playwright's own round trips count),
    for one unsplit GPU and for a 64-GPU layout with four pipeline stages (three bars and the serving bar).
 Needs the web extra (pip install -e '.[web,test]').
 """
@@ -121,8 +122,11 @@ def memory_view(base: str, repeat: int, layout: dict[str, str] | None = None) ->
             ).json()["per_gpu"]["total_bytes"]  # fmt: skip
             start = time.perf_counter()
             page.fill("#mem-form input[name=seq]", str(seq))
+            # the whole page: the new total and the last redraw (the take-away bar's command, with the new --seq)
             page.wait_for_function(
-                "v => Number(document.querySelector('#mem-training-total').dataset.bytes) === v", arg=want
+                "([v, s]) => Number(document.querySelector('#mem-training-total').dataset.bytes) === v"
+                " && document.querySelector('#mem-command').textContent.includes(`--seq ${s} `)",
+                arg=[want, seq],
             )
             times.append(time.perf_counter() - start)
         browser.close()
