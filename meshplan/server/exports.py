@@ -10,7 +10,16 @@ from starlette.concurrency import run_in_threadpool
 from meshplan import io
 from meshplan.reports.export import export_serve_plan_data, export_serving, export_training
 from meshplan.server import parse
-from meshplan.server.api import GpuArg, Gpus, LayoutArg, ModelArg, ServingArg, WorkloadArg, json_dict
+from meshplan.server.api import (
+    ConditionsArg,
+    GpuArg,
+    Gpus,
+    LayoutArg,
+    MemoryWorkloadArg,
+    ModelArg,
+    ServingArg,
+    json_dict,
+)
 from meshplan.server.explorer import read_limited
 
 router = APIRouter(prefix="/api")
@@ -29,8 +38,9 @@ def export(
     gpu: GpuArg,
     gpus: Gpus,
     layout: LayoutArg,
-    work: WorkloadArg,
+    work: MemoryWorkloadArg,
     serving: ServingArg,
+    conditions: ConditionsArg,
     model_path: Annotated[str | None, Query(max_length=parse.MAX_NAME_CHARS, description="--model-path")] = None,
     force: Annotated[
         bool, Query(description="export a training layout whose bill is over the GPU's HBM (refused otherwise)")
@@ -64,6 +74,9 @@ def export(
             global_batch=work["global_batch"],
             precision=work["precision"],
             model_path=model_path,
+            # the stack and the run conditions the query states (left out: the engine's stack decides, as the CLI)
+            conditions={k: v for k, v in conditions.items() if k in request.query_params and v is not None}
+            | {k: work[k] for k in ("attention", "kernels") if work.get(k) is not None},
         )
         result = _over_hbm(result, gpu=gpu, force=force)
     return json_dict({"engine": to} | result)

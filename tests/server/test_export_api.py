@@ -98,3 +98,13 @@ def test_gpus_have_the_names_people_use(client: Any) -> None:
     assert all(g["display_name"] and g["display_name"] != g["name"] for g in gpus.values())
     # nvidia-smi's 81,559 MiB for an H100 80 GB is the catalog's byte count
     assert round(gpus["h100-sxm"]["hbm_bytes_per_gpu"] / 2**20) == 81559
+
+
+def test_the_run_conditions_reach_a_training_export(client: Any) -> None:
+    query = {"to": "megatron", "model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": 8, "tp": 2, "pp": 2}
+    r = client.get("/api/export", params=query | {"first_stage_layers": 6})
+    assert r.status_code == 200, r.text
+    layout = ["--gpus", "8", "--tp", "2", "--pp", "2", "--first-stage-layers", "6"]
+    cli = cli_json(["export", "megatron", "llama-3.1-8b", "--gpu", "h100-sxm", *layout, "--json"])
+    assert r.json()["files"] == cli["files"]
+    assert r.json()["files"] != client.get("/api/export", params=query).json()["files"]

@@ -142,7 +142,7 @@ function takeAway(v, train) {
       ? { ...servingParams(v), sequences: null }
       : { model: q.model, gpu: q.gpu, gpus: q.gpus, tp: q.tp, pp: q.pp, vpp: q.vpp, cp: q.cp, ep: q.ep, zero: q.zero, sp: q.sp,
           recompute: q.recompute, micro_batch: q.micro_batch, seq: q.seq, precision: q.precision, schedule: q.schedule,
-          cp_kind: q.cp_kind, dp_shard: q.dp_shard, expert_tp: q.expert_tp, global_batch: q.global_batch }),
+          cp_kind: q.cp_kind, dp_shard: q.dp_shard, expert_tp: q.expert_tp, global_batch: q.global_batch, ...conditionParams(v) }),
     exportName: (engine) => (SERVING_ENGINES.includes(engine)
       ? planName(train.model, (Number(v.tp) || 1) * (Number(v.pp) || 1), v.gpu, `tp${v.tp}-pp${v.pp}`)
       : planName(train.model, train.gpus, train.gpu, layoutSlug(train.layout, train.gpus))),

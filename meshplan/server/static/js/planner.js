@@ -283,7 +283,7 @@ function takeAway() {
     filename: `meshplan-plan-${r.model}-${r.gpus}x${r.gpu}.json`, engines: r.plans.length ? TRAINING_ENGINES : [], before: [pick],
     exportQuery: () => {
       const p = r.plans[Number(pick.value) || 0];
-      return { model: v.model, gpu: r.gpu, gpus: (r.fewest_gpus && r.fewest_gpus.gpus) || r.gpus, seq: r.seq, global_batch: r.global_batch, precision: v.precision || null, ...layoutQuery(p.layout) };
+      return { model: v.model, gpu: r.gpu, gpus: (r.fewest_gpus && r.fewest_gpus.gpus) || r.gpus, seq: r.seq, global_batch: r.global_batch, precision: v.precision || null, ...layoutQuery(p.layout), ...conditionParams(v) };
     },
     exportName: () => {
       const p = r.plans[Number(pick.value) || 0], gpus = (r.fewest_gpus && r.fewest_gpus.gpus) || r.gpus;
