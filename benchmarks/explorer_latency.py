@@ -58,7 +58,15 @@ REQUESTS: dict[str, Callable[[int], tuple[str, dict[str, Any]]]] = {
     "recipes: /api/recipe": lambda i: ("/api/recipe/llama3-405b-8k", {"rank": "false", "i": i}),
     "take-away: /api/export": lambda i: (
         "/api/export",
-        {"to": "megatron", "model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": 64, "tp": 8, "seq": 4096 + 8 * i},
+        {
+            "to": "megatron",
+            "model": "llama-3.1-70b",
+            "gpu": "h100-sxm",
+            "gpus": 64,
+            "tp": 8,
+            "pp": 4,
+            "seq": 4096 + 8 * i,
+        },
     ),
 }
 # The memory view's layout inputs for the second browser measurement: a pipeline of 4 stages, 3 bars drawn.
@@ -117,9 +125,8 @@ def memory_view(base: str, repeat: int, layout: dict[str, str] | None = None) ->
             want = client.get(
                 "/api/memory",
                 params={"model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": 1, "seq": seq, "micro_batch": 1,
-                        "precision": "bf16", "optimizer": "adamw", "recompute": "none", "finetune": "full",
-                        **(layout or {})},
-            ).json()["per_gpu"]["total_bytes"]  # fmt: skip
+                        "optimizer": "adamw", "recompute": "none", "finetune": "full", **(layout or {})},
+            ).json()["per_gpu"]["total_bytes"]  # the page's query: precision unset, the stack's  # fmt: skip
             start = time.perf_counter()
             page.fill("#mem-form input[name=seq]", str(seq))
             # the whole page: the new total and the last redraw (the take-away bar's command, with the new --seq)

@@ -3,7 +3,7 @@
 
 import { CONDITION_LABELS, conditionFlags, conditionParams, conditionsList } from "./conditions.js";
 import { SERVING_ENGINES, TRAINING_ENGINES, cliCommand, cliModel, layoutSlug, planName, takeaway } from "./takeaway.js";
-import { $, TERM_COLORS, bytesDetail, chartWidth, el, fmtBytes, fmtGiB, fmtInt, fmtNum, fmtPct, fmtSeconds, formValues, gpuName, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks, tracked } from "./util.js";
+import { $, TERM_COLORS, bytesDetail, chartWidth, debounce, el, fmtBytes, fmtGiB, fmtInt, fmtNum, fmtPct, fmtSeconds, formValues, gpuName, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks, tracked } from "./util.js";
 
 const call = latestOnly();
 const api2 = latestOnly();
@@ -24,7 +24,7 @@ let picked = null; // { bar, name } of the term whose details are shown
 export function init(context) {
   ctx = context;
   const form = $("#mem-form");
-  onFormChange(form, update);
+  onFormChange(form, update, 0); // each change asks at the next frame: a newer one aborts the request in flight
   // The file input sits in the form: keep its events from re-running the bill (which would hide an upload error).
   $("#mem-upload").addEventListener("input", (e) => e.stopPropagation());
   $("#mem-upload").addEventListener("change", (e) => { e.stopPropagation(); upload(e); });
@@ -85,7 +85,8 @@ async function update() {
     showError($("#mem-error"), null);
     draw(train, serve);
     takeAway(v, train); // in the same task as the bars: the page is whole when the new total shows
-    timing(v, train);
+    $("#mem-time").dataset.pending = "1";
+    timingSoon(v, train); // once the inputs rest a moment: typing asks for the bill, not for every estimate
   } catch (err) {
     if (!isAbort(err)) showError($("#mem-error"), err, LABELS);
   }
@@ -93,9 +94,10 @@ async function update() {
 
 // The step time and MFU of the same layout (/api/estimate, `meshplan estimate`), asked after the bill is drawn so
 // that the bars never wait for it; a refused estimate says why without hiding the bill.
+const timingSoon = debounce((v, train) => timing(v, train), 100);
+
 async function timing(v, train) {
   const node = $("#mem-time");
-  node.dataset.pending = "1";
   try {
     const e = await est("/api/estimate", memoryParams(v));
     if (!last || last[0] !== train) return;

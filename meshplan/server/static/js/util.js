@@ -167,6 +167,16 @@ export function debounce(fn, ms = 30) {
   };
 }
 
+// Call `fn` once at the next animation frame, however many times this is called before it.
+export function nextFrame(fn) {
+  let asked = false;
+  return () => {
+    if (asked) return;
+    asked = true;
+    requestAnimationFrame(() => { asked = false; fn(); });
+  };
+}
+
 export function formValues(form) {
   const out = {};
   for (const field of form.elements) {
@@ -176,9 +186,10 @@ export function formValues(form) {
   return out;
 }
 
-// Re-run `fn` whenever a field of `form` changes.
-export function onFormChange(form, fn) {
-  const later = debounce(fn, 30);
+// Re-run `fn` whenever a field of `form` changes, once typing pauses for `ms` (0: at the next frame; a view whose
+// requests abort the one in flight can ask at once).
+export function onFormChange(form, fn, ms = 30) {
+  const later = ms ? debounce(fn, ms) : nextFrame(fn);
   form.addEventListener("input", later);
   form.addEventListener("change", later);
   form.addEventListener("submit", (e) => {
