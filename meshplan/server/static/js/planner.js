@@ -3,7 +3,7 @@
 import { extra, setExtra } from "./state.js";
 import { CONDITION_LABELS, conditionFlags, conditionParams, stackLine } from "./conditions.js";
 import { TRAINING_ENGINES, cliCommand, cliModel, layoutQuery, layoutSlug, planName, takeaway } from "./takeaway.js";
-import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtNum, fmtPct, fmtSeconds, formValues, gpuName, isAbort, keepFocus, markResults, onResize, pressable, showError, svg, ticks } from "./util.js";
+import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtNum, fmtPct, fmtSeconds, formValues, fmtGiB, gpuName, isAbort, keepFocus, markResults, onResize, pressable, showError, svg, ticks } from "./util.js";
 
 const LABELS = {
   gpus: "GPUs", seq: "Sequence length", global_batch_tokens: "Tokens per step", top: "Plans to show", headroom: "HBM kept free",
@@ -242,7 +242,7 @@ function nothingFits() {
     run();
   } }, text);
   const out = [el("strong", { class: "bad", id: "pl-nothing", text: "Nothing fits. " }),
-    `All ${fmtInt(r.evaluated)} layouts of ${r.model} on ${fmtInt(r.gpus)} × ${r.gpu} are rejected (${why}).`];
+    `All ${fmtInt(r.evaluated)} layouts of ${r.model} on ${fmtInt(r.gpus)} × ${gpuName(ctx.catalog, r.gpu)} are rejected (${why}).`];
   if (!nf) { node.replaceChildren(...out); return; }
   if (nf.lightest_layout) {
     out.push(el("span", { class: "block" }, `The lightest, ${layoutLabel(nf.lightest_layout)}, needs `,
@@ -252,7 +252,7 @@ function nothingFits() {
   const n = nf.fewest_gpus_that_fit;
   out.push(n
     ? el("span", { class: "block" }, `A larger fleet: the smallest of those searched (${nf.fleet_sizes_tried.map((t) => fmtInt(t.gpus)).join(", ")} GPUs) on which a layout fits is `,
-        el("strong", { id: "pl-fits-at", "data-value": n, text: `${fmtInt(n)} × ${r.gpu}` }), ". ", retry(`Search on ${fmtInt(n)} GPUs`, { gpus: n }))
+        el("strong", { id: "pl-fits-at", "data-value": n, text: `${fmtInt(n)} × ${gpuName(ctx.catalog, r.gpu)}` }), ". ", retry(`Search on ${fmtInt(n)} GPUs`, { gpus: n }))
     : el("span", { class: "block", text: "A larger fleet: none of the fleets searched, up to 64 times this one, fits." }));
   const change = (c) => (c.startsWith("--headroom 0") ? { headroom: "0" } : c.startsWith("--finetune ") ? { finetune: c.split(" ")[1] } : null);
   for (const v of nf.variants) {
@@ -355,7 +355,7 @@ function pareto() {
     svg("text", { x: (W + L) / 2, y: H - 8, class: "axis-label", "text-anchor": "middle", text: "memory per GPU (GB)" }),
     svg("text", { x: 14, y: (H - B) / 2, class: "axis-label", "text-anchor": "middle", transform: `rotate(-90 14 ${(H - B) / 2})`, text: zoomed ? "step time (s)" : "step time (s, log scale)" }),
   );
-  if (hbm && hbm / 1e9 <= mMax) root.append(svg("line", { x1: x(hbm / 1e9), x2: x(hbm / 1e9), y1: T, y2: H - B, class: "hbm-line" }), svg("text", { x: x(hbm / 1e9) - 4, y: T + 10, class: "hbm-label", "text-anchor": "end", text: `${r.gpu} HBM ${fmtBytes(hbm)}` }));
+  if (hbm && hbm / 1e9 <= mMax) root.append(svg("line", { x1: x(hbm / 1e9), x2: x(hbm / 1e9), y1: T, y2: H - B, class: "hbm-line" }), svg("text", { x: x(hbm / 1e9) - 4, y: T + 10, class: "hbm-label", "text-anchor": "end", text: `${gpuName(ctx.catalog, r.gpu)}: ${fmtGiB(hbm)} (${fmtBytes(hbm)})` }));
   const front = [...pts].filter(inside).sort((a, b) => a.m - b.m);
   root.append(svg("polyline", { points: front.map((p) => `${x(p.m / 1e9)},${y(p.t)}`).join(" "), class: "front" }));
   // Every point is a button (a 24-px target around the dot): click, tap, Enter or Space shows it below the plot.
