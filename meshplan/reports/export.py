@@ -165,7 +165,19 @@ def export_training(
         word = model if isinstance(model, str) else spec.name
         where = (word, gpu, gpus, precision or stated["precision"])
         raise training_refusal(exc, eng, spec, lay, work, where=where, plan_file=plan_file) from None
-    return _export_dict(export) | {"predicted": predicted} | {k: v for k, v in shown.items() if k != "conditions"}
+    out = _export_dict(export) | {"predicted": predicted} | {k: v for k, v in shown.items() if k != "conditions"}
+    if not plan.memory.fits:  # first among the notes: the launcher of a layout that would not start
+        warning = f"warning: {over_hbm_words(plan.memory.per_gpu.total_bytes, plan.memory.hbm_bytes, gpu)}"
+        out["notes"] = [warning, *out["notes"]]
+    return out
+
+
+def over_hbm_words(need_bytes: float, hbm_bytes: float, gpu: str) -> str:
+    """What a training export over HBM says (the CLI's note, the API's refusal)."""
+    return (
+        f"this layout needs {need_bytes / 1e9:,.1f} GB per GPU, over the {hbm_bytes / 1e9:,.1f} GB of one {gpu} "
+        f"by {(need_bytes - hbm_bytes) / 1e9:,.1f} GB: it would not start"
+    )
 
 
 def export_serving(

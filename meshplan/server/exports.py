@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from meshplan import io
-from meshplan.reports.export import export_serve_plan_data, export_serving, export_training
+from meshplan.reports.export import export_serve_plan_data, export_serving, export_training, over_hbm_words
 from meshplan.server import parse
 from meshplan.server.api import (
     ConditionsArg,
@@ -83,18 +83,13 @@ def export(
 
 
 def _over_hbm(result: dict[str, Any], *, gpu: str, force: bool) -> dict[str, Any]:
-    """A training export whose predicted bill per GPU is over the GPU's HBM: refused, or warned when forced."""
+    """A training export whose predicted bill per GPU is over the GPU's HBM: refused unless forced (the export's
+    notes then say so first, as the CLI's do)."""
     hbm = io.load_gpu(gpu).hbm_bytes
     need = result["predicted"]["memory_bytes_per_gpu"]
-    if need <= hbm:
-        return result
-    why = (
-        f"this layout needs {need / 1e9:,.1f} GB per GPU, over the {hbm / 1e9:,.1f} GB of one {gpu} "
-        f"by {(need - hbm) / 1e9:,.1f} GB"
-    )
-    if not force:
-        raise ValueError(f"{why}: it would not start; change the layout, or export it anyway with force=true")
-    return result | {"notes": [f"warning: {why}; exported anyway (force)", *result["notes"]]}
+    if need > hbm and not force:
+        raise ValueError(f"{over_hbm_words(need, hbm, gpu)}; change the layout, or export it anyway with force=true")
+    return result
 
 
 @router.post(
