@@ -58,10 +58,10 @@ function draw(r) {
     el("strong", { id: "w-fits", class: r.fits ? "ok" : "bad", text: r.fits ? "Fits." : "Does not fit." }),
     ` The weights alone need at least `,
     el("strong", { id: "w-min-weights", text: r.min_gpus_for_weights === null ? "more GPUs than any split allows" : String(r.min_gpus_for_weights) }),
-    ` × ${r.gpu}. Training with Adam in mixed precision (${r.training_state_bytes_per_param} bytes per parameter, ${fmtBytes(r.training_state_bytes_total)}, activations on top) `,
+    ` × ${gpu}. Training with Adam in mixed precision (${r.training_state_bytes_per_param} bytes per parameter, ${fmtBytes(r.training_state_bytes_total)}, activations on top) `,
     "fits on at least ",
     el("strong", { id: "w-min-training", text: r.min_gpus_for_training === null ? "none of the fleets searched" : String(r.min_gpus_for_training) }),
-    ` × ${r.gpu}, by the planner's own search.`,
+    ` × ${gpu}, by the planner's own search.`,
   );
   $("#w-chart").replaceChildren(bars(r));
 }
