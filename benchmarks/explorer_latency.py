@@ -6,7 +6,8 @@ Starts the real server (uvicorn) on a loopback port in this process, then
 1. times every endpoint a view calls on an input change, each request with a different input so that no
    answer comes from a cache (median and max over --repeat requests);
 2. with Playwright and Debian's chromium, times the memory view from typing a new sequence length to the
-   new total on the page (Python's clock around the fill and the wait, so Playwright's own round trips count),
+   new total on the page and the last redraw done (the take-away bar's command names the new length; Python's
+   clock around the fill and the wait, so Playwright's own round trips count),
    for one unsplit GPU and for a 64-GPU layout with four pipeline stages (three bars and the serving bar).
 Needs the web extra (pip install -e '.[web,test]').
 """
@@ -57,7 +58,15 @@ REQUESTS: dict[str, Callable[[int], tuple[str, dict[str, Any]]]] = {
     "recipes: /api/recipe": lambda i: ("/api/recipe/llama3-405b-8k", {"rank": "false", "i": i}),
     "take-away: /api/export": lambda i: (
         "/api/export",
-        {"to": "megatron", "model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": 64, "tp": 8, "seq": 4096 + 8 * i},
+        {
+            "to": "megatron",
+            "model": "llama-3.1-70b",
+            "gpu": "h100-sxm",
+            "gpus": 64,
+            "tp": 8,
+            "pp": 4,
+            "seq": 4096 + 8 * i,
+        },
     ),
 }
 # The memory view's layout inputs for the second browser measurement: a pipeline of 4 stages, 3 bars drawn.
@@ -116,13 +125,15 @@ def memory_view(base: str, repeat: int, layout: dict[str, str] | None = None) ->
             want = client.get(
                 "/api/memory",
                 params={"model": "llama-3.1-70b", "gpu": "h100-sxm", "gpus": 1, "seq": seq, "micro_batch": 1,
-                        "precision": "bf16", "optimizer": "adamw", "recompute": "none", "finetune": "full",
-                        **(layout or {})},
-            ).json()["per_gpu"]["total_bytes"]  # fmt: skip
+                        "optimizer": "adamw", "recompute": "none", "finetune": "full", **(layout or {})},
+            ).json()["per_gpu"]["total_bytes"]  # the page's query: precision unset, the stack's  # fmt: skip
             start = time.perf_counter()
             page.fill("#mem-form input[name=seq]", str(seq))
+            # the whole page: the new total and the last redraw (the take-away bar's command, with the new --seq)
             page.wait_for_function(
-                "v => Number(document.querySelector('#mem-training-total').dataset.bytes) === v", arg=want
+                "([v, s]) => Number(document.querySelector('#mem-training-total').dataset.bytes) === v"
+                " && document.querySelector('#mem-command').textContent.includes(`--seq ${s} `)",
+                arg=[want, seq],
             )
             times.append(time.perf_counter() - start)
         browser.close()

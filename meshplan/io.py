@@ -211,6 +211,12 @@ def model_meta(name: str) -> dict[str, Any]:
     return dict(_without_meta(table, where)[1])
 
 
+def gpu_meta(name: str) -> dict[str, Any]:
+    """The ``[meta]`` table of a catalog GPU: its display name (as people say it: "H100 SXM 80 GB"), sources."""
+    table, where, _ = _load_table("gpus", name)
+    return dict(_without_meta(table, where)[1])
+
+
 @cache
 def held_out_band() -> dict[str, float]:
     """catalog/held_out.toml: the P10-P90 of measured over predicted step time on held-out published runs."""

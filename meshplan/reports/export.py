@@ -22,7 +22,7 @@ from meshplan.reports.bills import serving_report
 from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, workload_kwargs
 from meshplan.reports.export_advice import serve_with_advice, served_checkpoint, training_refusal
 from meshplan.reports.inputs import LayoutRequest, choice, resolve_cluster, resolve_layout, resolve_workload
-from meshplan.reports.serve_plan_file import SavedServingPlan, load_serving_plan
+from meshplan.reports.serve_plan_file import SavedServingPlan, load_serving_plan, serving_plan_of
 from meshplan.spec import requests
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
@@ -165,7 +165,19 @@ def export_training(
         word = model if isinstance(model, str) else spec.name
         where = (word, gpu, gpus, precision or stated["precision"])
         raise training_refusal(exc, eng, spec, lay, work, where=where, plan_file=plan_file) from None
-    return _export_dict(export) | {"predicted": predicted} | {k: v for k, v in shown.items() if k != "conditions"}
+    out = _export_dict(export) | {"predicted": predicted} | {k: v for k, v in shown.items() if k != "conditions"}
+    if not plan.memory.fits:  # first among the notes: the launcher of a layout that would not start
+        warning = f"warning: {over_hbm_words(plan.memory.per_gpu.total_bytes, plan.memory.hbm_bytes, gpu)}"
+        out["notes"] = [warning, *out["notes"]]
+    return out
+
+
+def over_hbm_words(need_bytes: float, hbm_bytes: float, gpu: str) -> str:
+    """What a training export over HBM says (the CLI's note, the API's refusal)."""
+    return (
+        f"this layout needs {need_bytes / 1e9:,.1f} GB per GPU, over the {hbm_bytes / 1e9:,.1f} GB of one {gpu} "
+        f"by {(need_bytes - hbm_bytes) / 1e9:,.1f} GB: it would not start"
+    )
 
 
 def export_serving(
@@ -245,15 +257,32 @@ def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) 
         raise ValueError(f"{eng.value} trains models; a serving plan exports to vllm, sglang or trtllm")
     if model_path is not None:
         check_model_path(model_path, what="--model-path")
-    saved = load_serving_plan(path)
+    return _export_saved(eng, load_serving_plan(path), plan_file=path, model_path=model_path)
+
+
+def export_serve_plan_data(engine: str, data: Any, *, model_path: str | None = None) -> dict[str, Any]:
+    """``export_serve_plan`` of a serve-plan answer already in memory (the explorer's, as /api/serve-plan gave it):
+    the same checks, the same recomputation, the same flags as the CLI's ``--from-plan`` of that answer saved."""
+    eng = _engine(engine)
+    if eng not in SERVING_EXPORTERS:
+        raise ValueError(f"{eng.value} trains models; a serving plan exports to vllm, sglang or trtllm")
+    if model_path is not None:
+        check_model_path(model_path, what="--model-path")
+    return _export_saved(eng, serving_plan_of(data, "the serving plan"), plan_file=None, model_path=model_path)
+
+
+def _export_saved(
+    eng: Engine, saved: SavedServingPlan, *, plan_file: str | None, model_path: str | None
+) -> dict[str, Any]:
+    path = f"plan file {plan_file}" if plan_file else "the serving plan"
     model_path, source = served_checkpoint(saved.model, model_path)
     predicted = dict(saved.predicted)
     if not saved.prefill_replicas:
-        export = serve_with_advice(eng, _pool_plan(saved, saved.replicas, model_path), predicted, plan_file=path)
+        export = serve_with_advice(eng, _pool_plan(saved, saved.replicas, model_path), predicted, plan_file=plan_file)
         return _with_note(_export_dict(export) | {"predicted": predicted}, source)
     if eng not in DISAGGREGATED_EXPORTERS:
         raise ValueError(
-            f"plan file {path} splits prefill and decode pools; the {eng.value} export launches colocated replicas "
+            f"{path} splits prefill and decode pools; the {eng.value} export launches colocated replicas "
             f"only (its disaggregated server's context/generation YAML is not written): export vllm or sglang"
         )
     pools = DisaggregatedPlan(

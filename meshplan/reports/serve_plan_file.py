@@ -205,6 +205,12 @@ def load_serving_plan(path: str) -> SavedServingPlan:
     """The winning plan of ``path``, a ``serve-plan --save`` file, checked field by field and recomputed."""
     label = f"plan file {path}"
     data = files.parse_json(files.read_text_file(path, what="plan file"), label, unique_keys=True)
+    return serving_plan_of(data, label)
+
+
+def serving_plan_of(data: Any, label: str) -> SavedServingPlan:
+    """The winning plan of ``data``, a serve-plan answer as ``serve-plan --save`` writes it (or as /api/serve-plan
+    answers), checked field by field and recomputed; ``label`` names it in each refusal."""
     if not isinstance(data, dict) or data.get("best") is None:
         raise ValueError(f"{label} holds no serving plan (write one with meshplan serve-plan --save FILE)")
     found = _control_character(data, "")

@@ -19,6 +19,7 @@ def _gpu_entries() -> list[dict[str, Any]]:
     return [
         {
             "name": name,
+            "display_name": str(io.gpu_meta(name).get("display_name", name)),
             "hbm_bytes_per_gpu": g.hbm_bytes,
             "scale_up_link": g.scale_up_link,
             "scale_up_domain": g.scale_up_domain,

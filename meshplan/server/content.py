@@ -83,10 +83,18 @@ def glance() -> dict[str, dict[str, Any]]:
 
 
 def pieces(picture: dict[str, Any], *, gpus: int = EXPLORER_GPUS) -> list[str]:
-    """The label of each GPU's piece of the illustrative picture: 80 layers over 8 GPUs -> 'layers 1-10', ..."""
+    """The label of each GPU's piece of the picture: 80 layers over 8 GPUs -> 'layers 1-10', ...; units that do not
+    divide evenly go one more to the first GPUs (32 + 1 layers: 'layers 1-5', then 4 each), as a pipeline splits
+    them; a GPU left without a unit says so."""
     units, unit = int(picture["units"]), str(picture["unit"])
-    assert units % gpus == 0, f"picture units {units} must split evenly over {gpus} GPUs"
-    per = units // gpus
-    if per == 1:
-        return [f"{unit} {i + 1}" for i in range(gpus)]
-    return [f"{unit}s {i * per + 1:,}\u2013{(i + 1) * per:,}" for i in range(gpus)]
+    out, start = [], 0
+    for i in range(gpus):
+        n = units // gpus + (1 if i < units % gpus else 0)
+        if n == 0:
+            out.append(f"no {unit}")
+        elif n == 1:
+            out.append(f"{unit} {start + 1:,}")
+        else:
+            out.append(f"{unit}s {start + 1:,}\u2013{start + n:,}")
+        start += n
+    return out

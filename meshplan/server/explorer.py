@@ -22,11 +22,14 @@ Dim = Annotated[int, Query(ge=1, le=MAX_DIM)]
 def _strategy(item: dict[str, Any], model: ModelSpec | str, *, gpu: str, seq: int, micro_batch: int) -> dict[str, Any]:
     """One strategy card: its words, each GPU's piece, and its memory bill on 8 GPUs (or why it does not apply).
 
-    The expert picture counts the chosen model's own experts when it has some (the illustrative 256 otherwise).
+    The pictures count the chosen model's own units: its layers, the sequence asked for, its experts (none for a
+    dense model).
     """
     spec = model if isinstance(model, ModelSpec) else io.load_model(model)
-    if item["picture"]["unit"] == "expert" and spec.moe is not None and spec.moe.num_experts % EXPLORER_GPUS == 0:
-        item = item | {"picture": item["picture"] | {"units": spec.moe.num_experts}}
+    own = {"layer": spec.num_layers, "token": seq, "expert": spec.moe.num_experts if spec.moe is not None else 0}
+    unit = item["picture"]["unit"]
+    if unit in own:
+        item = item | {"picture": item["picture"] | {"units": own[unit]}}
     labels = pieces(item["picture"])
     words = {k: v for k, v in glance()[item["key"]].items() if k != "key"}
     out = {k: item[k] for k in item if k != "layout"} | {"layout_request": item["layout"], "glance": words}

@@ -116,6 +116,17 @@ def config_body(body: bytes) -> dict[str, Any]:
     return data
 
 
+def json_body(body: bytes, what: str) -> Any:
+    """A JSON request body (``what`` names it in a refusal), within the size limit."""
+    if len(body) > MAX_BODY_BYTES:
+        raise ValueError(f"{what} is {len(body)} bytes; the limit is {MAX_BODY_BYTES}")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"malformed JSON: not UTF-8 text (byte {exc.start})") from None
+    return files.parse_json(text, what, unique_keys=True)
+
+
 def flag(value: str | bool | None) -> bool:
     """true/false, 1/0, yes/no, on/off."""
     if isinstance(value, bool):

@@ -144,8 +144,10 @@ def test_a_bill_and_a_plan_give_their_command_json_and_exports(page: Any, tmp_pa
     assert json.loads(out.getvalue())["per_gpu"]["total_bytes"] == total
 
     page.select_option("#mem-engine", "megatron")
+    assert "over by" in page.inner_text("#mem-fits")  # 70B at TP 2 x PP 2 on 16 GPUs: exported only when forced
+    page.click("#mem-export")
     with page.expect_download() as got:
-        page.click("#mem-export")
+        page.click("#mem-force")
     megatron = json.loads(Path(got.value.path()).read_text())
     assert megatron["engine"] == "megatron" and megatron["files"] and megatron["command"]
     page.select_option("#mem-engine", "vllm")

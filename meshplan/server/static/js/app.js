@@ -28,7 +28,7 @@ function fill(select, items, { value = (x) => x, label = (x) => x, selected } = 
 function fillSelects(catalog) {
   for (const s of $$("select[data-models]")) fill(s, catalog.models);
   for (const s of $$("select[data-catalog-models]")) fill(s, catalog.models);
-  for (const s of $$("select[data-gpus]")) fill(s, catalog.gpus, { value: (g) => g.name, label: (g) => g.name });
+  for (const s of $$("select[data-gpus]")) fill(s, catalog.gpus, { value: (g) => g.name, label: (g) => g.display_name || g.name });
   for (const s of $$("select[data-precisions]")) fill(s, catalog.precisions, { value: (p) => p.name, label: (p) => p.name });
   for (const s of $$("select[data-optimizers]")) fill(s, catalog.optimizers);
   for (const s of $$("select[data-recompute]")) fill(s, catalog.recompute);
@@ -122,6 +122,40 @@ function scrollCues() {
   }
 }
 
+// Tabs answer the arrow keys (a roving tabindex: only the selected tab is in the Tab order; Left/Right, Home and End
+// move to another tab and select it).
+function rovingTabs() {
+  for (const list of $$("[role=tablist]")) {
+    const sync = () => { for (const t of $$("[role=tab]", list)) t.tabIndex = t.getAttribute("aria-selected") === "true" ? 0 : -1; };
+    new MutationObserver(sync).observe(list, { childList: true, subtree: true, attributes: true, attributeFilter: ["aria-selected"] });
+    list.addEventListener("keydown", (e) => {
+      const tabs = $$("[role=tab]", list);
+      const at = tabs.indexOf(document.activeElement);
+      if (at < 0) return;
+      const to = { ArrowRight: at + 1, ArrowDown: at + 1, ArrowLeft: at - 1, ArrowUp: at - 1, Home: 0, End: tabs.length - 1 }[e.key];
+      if (to === undefined) return;
+      e.preventDefault();
+      const tab = tabs[(to + tabs.length) % tabs.length];
+      const key = tab.dataset.key;
+      tab.focus();
+      tab.click(); // the view redraws its tabs and keeps the focus on the tab with this key
+      const again = $$("[role=tab]", list).find((t) => t.dataset.key === key);
+      if (again && document.activeElement !== again) again.focus();
+    });
+  }
+}
+
+// The skip link moves the focus to the view shown (the address keeps naming the view).
+function skipLink() {
+  $("#skip").addEventListener("click", (e) => {
+    e.preventDefault();
+    const view = $("section.view:not([hidden])");
+    const target = (view && view.querySelector("h1")) || $("#main-content");
+    if (!target.hasAttribute("tabindex")) target.setAttribute("tabindex", "-1");
+    target.focus();
+  });
+}
+
 // On a phone the inputs fill the screen: after a change, the view's first result (its headline) also shows in a
 // bar at the bottom until the result itself is on screen; tapping the bar scrolls to it.
 function peek() {
@@ -139,6 +173,19 @@ function peek() {
     target = first;
     bar.replaceChildren(el("span", { class: "peek-text", text: `${first.textContent.trim().slice(0, 220)} ↓` }));
     bar.hidden = false;
+    // never over the field being edited: the bar goes to the other half of the screen, and the field is scrolled
+    // clear of it if it still overlaps
+    const field = document.activeElement && document.activeElement.closest("form") ? document.activeElement : null;
+    if (field) {
+      const f = field.getBoundingClientRect();
+      bar.classList.toggle("at-top", f.top + f.height / 2 > window.innerHeight / 2);
+      const b = bar.getBoundingClientRect();
+      if (f.bottom > b.top && f.top < b.bottom) {
+        window.scrollBy(0, bar.classList.contains("at-top") ? f.top - b.bottom - 8 : f.bottom - b.top + 8);
+      }
+    } else {
+      bar.classList.remove("at-top");
+    }
   });
   window.addEventListener("scroll", debounce(() => {
     if (!target || bar.hidden) return;
@@ -160,6 +207,8 @@ async function boot() {
   new MutationObserver(debounce(scrollCues, 60)).observe($("main"), { childList: true, subtree: true });
   window.addEventListener("resize", debounce(scrollCues, 150));
   peek();
+  rovingTabs();
+  skipLink();
   fillSelects(ctx.catalog);
   window.addEventListener("hashchange", route);
   route();

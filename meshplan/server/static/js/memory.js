@@ -2,11 +2,12 @@
 // and the serving bar of one replica, each segment a term of the engine's bill, against the GPU's HBM line.
 
 import { CONDITION_LABELS, conditionFlags, conditionParams, conditionsList } from "./conditions.js";
-import { SERVING_ENGINES, TRAINING_ENGINES, cliCommand, cliModel, takeaway } from "./takeaway.js";
-import { $, TERM_COLORS, chartWidth, el, fmtBytes, formValues, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks, tracked } from "./util.js";
+import { SERVING_ENGINES, TRAINING_ENGINES, cliCommand, cliModel, layoutSlug, planName, takeaway } from "./takeaway.js";
+import { $, TERM_COLORS, bytesDetail, chartWidth, debounce, el, fmtBytes, fmtGiB, fmtInt, fmtNum, fmtPct, fmtSeconds, formValues, gpuName, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks, tracked } from "./util.js";
 
 const call = latestOnly();
 const api2 = latestOnly();
+const est = latestOnly();
 const LABELS = {
   seq: "Sequence length", context: "Sequence length", micro_batch: "Micro-batch", sequences: "Micro-batch", gpus: "GPUs",
   dp_shard: "ZeRO shard group", global_batch: "Global batch",
@@ -23,7 +24,7 @@ let picked = null; // { bar, name } of the term whose details are shown
 export function init(context) {
   ctx = context;
   const form = $("#mem-form");
-  onFormChange(form, update);
+  onFormChange(form, update, 0); // each change asks at the next frame: a newer one aborts the request in flight
   // The file input sits in the form: keep its events from re-running the bill (which would hide an upload error).
   $("#mem-upload").addEventListener("input", (e) => e.stopPropagation());
   $("#mem-upload").addEventListener("change", (e) => { e.stopPropagation(); upload(e); });
@@ -83,11 +84,48 @@ async function update() {
     ]));
     showError($("#mem-error"), null);
     draw(train, serve);
-    // the take-away bar is not what a keystroke waits for: draw it once the page is idle
-    requestIdleCallback(() => { if (last && last[0] === train) takeAway(v, train); }, { timeout: 250 });
+    takeAway(v, train); // in the same task as the bars: the page is whole when the new total shows
+    $("#mem-time").dataset.pending = "1";
+    timingSoon(v, train); // once the inputs rest a moment: typing asks for the bill, not for every estimate
   } catch (err) {
     if (!isAbort(err)) showError($("#mem-error"), err, LABELS);
   }
+}
+
+// The step time and MFU of the same layout (/api/estimate, `meshplan estimate`), asked after the bill is drawn so
+// that the bars never wait for it; a refused estimate says why without hiding the bill.
+const timingSoon = debounce((v, train) => timing(v, train), 100);
+
+async function timing(v, train) {
+  const node = $("#mem-time");
+  try {
+    const e = await est("/api/estimate", memoryParams(v));
+    if (!last || last[0] !== train) return;
+    delete node.dataset.pending;
+    node.replaceChildren(
+      "Step time ", el("strong", { id: "mem-step-time", "data-value": e.step_time_s, text: fmtSeconds(e.step_time_s) }),
+      ` (P10-P90 ${fmtSeconds(e.step_time_s_p10)} to ${fmtSeconds(e.step_time_s_p90)}), MFU `,
+      el("strong", { id: "mem-mfu", "data-value": e.mfu, text: fmtPct(e.mfu) }),
+      `, ${fmtInt(e.tokens_per_s_per_gpu)} tokens/s per GPU at ${fmtInt(e.global_batch)} sequences per step, by the engine's step-time model (meshplan estimate). `,
+      el("a", { href: `#layout?${layoutAddress(v)}`, id: "mem-layout-link" }, "Open this layout's page"),
+    );
+  } catch (err) {
+    if (isAbort(err)) return;
+    delete node.dataset.pending;
+    node.replaceChildren(el("span", { class: "warn", id: "mem-time-refused", text: `Step time: not estimated (${err.message}).` }));
+  }
+}
+
+// The memory form's fields that differ from its defaults, as the address writes them: what #layout?... and
+// #memory?... read.
+export function layoutAddress(v) {
+  const q = new URLSearchParams();
+  for (const f of $("#mem-form").elements) {
+    if (!f.name || f.type === "file" || !(f.name in v)) continue;
+    const dflt = f.type === "checkbox" ? f.defaultChecked : f.tagName === "SELECT" ? (f.dataset.default ?? f.options[0]?.value ?? "") : f.defaultValue;
+    if (v[f.name] !== dflt) q.set(f.name, f.type === "checkbox" ? (v[f.name] ? "1" : "0") : v[f.name]);
+  }
+  return q.toString();
 }
 
 function takeAway(v, train) {
@@ -106,7 +144,10 @@ function takeAway(v, train) {
       ? { ...servingParams(v), sequences: null }
       : { model: q.model, gpu: q.gpu, gpus: q.gpus, tp: q.tp, pp: q.pp, vpp: q.vpp, cp: q.cp, ep: q.ep, zero: q.zero, sp: q.sp,
           recompute: q.recompute, micro_batch: q.micro_batch, seq: q.seq, precision: q.precision, schedule: q.schedule,
-          cp_kind: q.cp_kind, dp_shard: q.dp_shard, expert_tp: q.expert_tp, global_batch: q.global_batch }),
+          cp_kind: q.cp_kind, dp_shard: q.dp_shard, expert_tp: q.expert_tp, global_batch: q.global_batch, ...conditionParams(v) }),
+    exportName: (engine) => (SERVING_ENGINES.includes(engine)
+      ? planName(train.model, (Number(v.tp) || 1) * (Number(v.pp) || 1), v.gpu, `tp${v.tp}-pp${v.pp}`)
+      : planName(train.model, train.gpus, train.gpu, layoutSlug(train.layout, train.gpus))),
   });
 }
 
@@ -156,11 +197,14 @@ function draw(train, serve) {
     ? [" Per stage: ", ...stages.flatMap((s, k) => [k ? ", " : "", `stage ${s.stage}${s.roles.length ? ` (${s.roles.join(", ")})` : ""} `,
         el("strong", { class: "stage-total", "data-stage": s.stage, "data-bytes": s.bill.total_bytes, text: fmtBytes(s.bill.total_bytes) })]), "."]
     : [el("span", { class: "stage-total", "data-stage": 0, "data-bytes": train.stages[0].total_bytes, hidden: true })];
+  // the verdict right after the total: on a phone the peeking bar shows the headline's first words
   $("#mem-headline").replaceChildren(
     el("span", { text: "Training: " }),
     el("strong", { id: "mem-training-total", "data-bytes": heavy, text: fmtBytes(heavy) }),
-    el("span", { text: ` per GPU${train.stages.length > 1 ? " on the heaviest stage" : ""} of ${train.gpus.toLocaleString("en-US")} × ${train.gpu} (${layoutWords(l)}; ${trainingWhat(train)}, ${train.precision}, ${train.seq.toLocaleString("en-US")} tokens × micro-batch ${l.micro_batch}), ` }),
-    el("strong", { id: "mem-fits", class: train.fits ? "ok" : "bad", text: train.fits ? `fits in ${fmtBytes(train.hbm_bytes_per_gpu)}` : `over its ${fmtBytes(train.hbm_bytes_per_gpu)} by ${fmtBytes(-train.free_bytes_per_gpu)}` }),
+    el("span", { text: " per GPU, " }),
+    el("strong", { id: "mem-fits", class: train.fits ? "ok" : "bad", title: bytesDetail(train.hbm_bytes_per_gpu),
+      text: train.fits ? `fits in its ${fmtGiB(train.hbm_bytes_per_gpu)} (${fmtBytes(train.hbm_bytes_per_gpu)})` : `over by ${fmtBytes(-train.free_bytes_per_gpu)}: it has ${fmtGiB(train.hbm_bytes_per_gpu)} (${fmtBytes(train.hbm_bytes_per_gpu)})` }),
+    el("span", { text: `; ${train.stages.length > 1 ? "the heaviest stage " : ""}of ${train.gpus.toLocaleString("en-US")} × ${gpuName(ctx.catalog, train.gpu)} (${layoutWords(l)}; ${trainingWhat(train)}, ${train.precision}, ${train.seq.toLocaleString("en-US")} tokens × micro-batch ${l.micro_batch})` }),
     ".", ...perStage,
     serving
       ? el("span", {}, " Serving: ", el("strong", { id: "mem-serving-total", "data-bytes": serveTotal, text: fmtBytes(serveTotal) }),
@@ -183,7 +227,7 @@ function draw(train, serve) {
   for (const t of ticks(max / unit)) {
     root.append(
       svg("line", { x1: x(t * unit), x2: x(t * unit), y1: 22, y2: axisY, class: "grid" }),
-      svg("text", { x: x(t * unit), y: axisY + 16, class: "tick", "text-anchor": "middle", text: `${t}` }),
+      svg("text", { x: x(t * unit), y: axisY + 16, class: "tick", "text-anchor": "middle", text: fmtNum(t) }),
     );
   }
   root.append(svg("text", { x: (W + LEFT) / 2, y: axisY + 34, class: "axis-label", "text-anchor": "middle", text: `per GPU (${unitName}, 1 ${unitName} = 10^${unit === 1e12 ? 12 : 9} bytes)` }));
@@ -213,7 +257,7 @@ function draw(train, serve) {
     svg("line", { x1: hx, x2: hx, y1: 16, y2: axisY, class: "hbm-line" }),
     svg("text", {
       x: hx > W * 0.6 ? hx - 4 : hx + 4, y: 14, class: "hbm-label", "text-anchor": hx > W * 0.6 ? "end" : "start",
-      text: `one ${train.gpu}: ${fmtBytes(train.hbm_bytes_per_gpu)} HBM`,
+      text: `one ${gpuName(ctx.catalog, train.gpu)}: ${fmtGiB(train.hbm_bytes_per_gpu)} (${fmtBytes(train.hbm_bytes_per_gpu)})`,
     }),
   );
   $("#mem-chart").replaceChildren(root);

@@ -2,8 +2,8 @@
 
 import { extra, setExtra } from "./state.js";
 import { CONDITION_LABELS, conditionFlags, conditionParams, stackLine } from "./conditions.js";
-import { TRAINING_ENGINES, cliCommand, cliModel, layoutQuery, takeaway } from "./takeaway.js";
-import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtPct, fmtSeconds, formValues, keepFocus, markResults, onResize, pressable, showError, svg, ticks } from "./util.js";
+import { TRAINING_ENGINES, cliCommand, cliModel, layoutQuery, layoutSlug, planName, takeaway } from "./takeaway.js";
+import { $, ApiError, api, chartWidth, el, fmtBytes, fmtGB, fmtInt, fmtNum, fmtPct, fmtSeconds, formValues, fmtGiB, gpuName, isAbort, keepFocus, markResults, onResize, pressable, showError, svg, ticks } from "./util.js";
 
 const LABELS = {
   gpus: "GPUs", seq: "Sequence length", global_batch_tokens: "Tokens per step", top: "Plans to show", headroom: "HBM kept free",
@@ -13,16 +13,44 @@ let ctx = null;
 let result = null;
 let sortKey = "rank";
 let sortUp = true;
-let running = false;
 let asked = null; // the form's values of the search shown
 let zoom = false; // the Pareto plot zoomed to the table's plans
 
 export function init(context) {
   ctx = context;
   readSort();
-  $("#pl-form").addEventListener("submit", (e) => { e.preventDefault(); run(); });
+  const form = $("#pl-form");
+  form.addEventListener("submit", (e) => { e.preventDefault(); run(); });
+  // The results belong to the inputs searched: any edit marks them stale at once (same event, before the next frame).
+  for (const type of ["input", "change"]) form.addEventListener(type, staleCheck);
+  $("#pl-cancel").addEventListener("click", cancel);
   onResize(() => result && pareto());
   run();
+}
+
+// The form's values as the search takes them (what a search asked is compared with what the form reads now).
+const inputsKey = (v) => JSON.stringify(Object.entries(v).sort());
+
+// Dim and label the results when the form no longer reads the inputs they answer (and clear that when it does again).
+function staleCheck() {
+  const node = $("#pl-results");
+  if (!asked || node.dataset.stale === "busy") return;
+  const now = inputsKey(formValues($("#pl-form")));
+  if (now !== asked.key) {
+    node.dataset.stale = "inputs";
+    node.setAttribute("aria-describedby", "pl-stale-note");
+    $("#pl-stale-note").hidden = false;
+  } else if (node.dataset.stale === "inputs") {
+    delete node.dataset.stale;
+    node.removeAttribute("aria-describedby");
+    $("#pl-stale-note").hidden = true;
+  }
+}
+
+let controller = null; // the running search's, to cancel or replace it
+
+function cancel() {
+  if (controller) controller.abort();
 }
 
 function readSort() {
@@ -73,13 +101,31 @@ function compareText(l) {
   return parts.join(",");
 }
 
+// A plan as the memory view's address reads it (and the layout page's, #layout?...): the searched model, fleet and
+// workload, and the plan's layout; the stack and run conditions searched under ride along.
+export function planAddress(p) {
+  const v = asked, r = result, l = p.layout;
+  const q = new URLSearchParams({
+    model: r.model, gpu: r.gpu, gpus: String((r.fewest_gpus && r.fewest_gpus.gpus) || r.gpus), seq: String(r.seq),
+    global_batch: String(r.global_batch), tp: String(l.tp), pp: String(l.pp), vpp: String(l.vpp), cp: String(l.cp),
+    ep: String(l.ep), zero: String(l.zero), sp: l.sp ? "1" : "0", recompute: l.recompute, micro_batch: String(l.micro_batch),
+    schedule: l.schedule, cp_kind: String(l.cp_kind).replace("_", "-"), dp_shard: String(l.dp_shard),
+  });
+  if (v.precision) q.set("precision", v.precision);
+  if (v.attention) q.set("attention", v.attention);
+  if (v.finetune !== "full") q.set("finetune", v.finetune);
+  for (const [k, val] of Object.entries(conditionParams(v))) if (val !== null && val !== undefined && val !== "") q.set(k, val);
+  return q.toString();
+}
+
 // Layout fields pinned in the form (pin_tp, ...), as /api/plan and `meshplan plan --tp` take them.
 const PINS = ["tp", "pp", "cp", "ep", "zero", "recompute", "micro_batch"];
 const pins = (v) => Object.fromEntries(PINS.filter((k) => v[`pin_${k}`]).map((k) => [k, v[`pin_${k}`]]));
 
 async function run() {
-  if (running) return;
-  running = true;
+  // A search already running is replaced: aborting its request ends it on the server (the client left).
+  if (controller) controller.abort();
+  const mine = (controller = new AbortController());
   const v = formValues($("#pl-form"));
   const params = {
     model: v.model, gpu: v.gpu, gpus: v.gpus, seq: v.seq, global_batch_tokens: v.global_batch_tokens, top: v.top,
@@ -95,36 +141,56 @@ async function run() {
   };
   const started = performance.now();
   const progress = $("#pl-progress");
-  const say = () => { $("#pl-progress-text").textContent = `Searching the layouts of ${v.model} on ${v.gpus} × ${v.gpu}… ${((performance.now() - started) / 1000).toFixed(1)} s`; };
+  const fleet = `${v.model} on ${fmtInt(Number(v.gpus) || 0)} × ${gpuName(ctx.catalog, v.gpu)}`;
+  const say = () => { $("#pl-progress-text").textContent = `Searching the layouts of ${fleet}… ${((performance.now() - started) / 1000).toFixed(1)} s`; };
   say();
   progress.hidden = false;
-  $("#pl-run").disabled = true;
+  $("#pl-cancel").hidden = false;
+  $("#pl-stale-note").hidden = true;
+  $("#pl-results").removeAttribute("aria-describedby");
+  const wasStale = $("#pl-results").dataset.stale === "inputs";
   markResults($("#pl-results"), "busy");
+  if (wasStale) $("#pl-results").dataset.stale = "busy"; // already for other inputs: dimmed without the wait
   const clock = setInterval(say, 100);
   try {
-    result = await api("/api/plan", params);
-    asked = { ...v, params };
+    const answer = await api("/api/plan", params, { signal: mine.signal });
+    if (mine !== controller) return; // replaced meanwhile: the newer search draws
+    result = answer;
+    asked = { ...v, params, key: inputsKey(v) };
     showError($("#pl-error"), null);
     render();
     markResults($("#pl-results"), null);
+    staleCheck(); // edited while it ran: the answer is drawn, dimmed, for the inputs it was asked
   } catch (err) {
-    markResults($("#pl-results"), result ? "error" : null);
-    showError($("#pl-error"), err instanceof ApiError && err.status === 429 ? new Error(err.message) : err, LABELS);
+    if (mine !== controller) return;
+    if (isAbort(err)) {
+      markResults($("#pl-results"), result ? "error" : null);
+      staleCheck();
+      showError($("#pl-error"), new Error("Search cancelled: the results below, if any, are those of the last search that finished."));
+    } else {
+      markResults($("#pl-results"), result ? "error" : null);
+      showError($("#pl-error"), err instanceof ApiError && err.status === 429 ? new Error(err.message) : err, LABELS);
+    }
   } finally {
-    clearInterval(clock);
-    progress.hidden = true;
-    $("#pl-run").disabled = false;
-    running = false;
+    if (mine === controller) {
+      clearInterval(clock);
+      progress.hidden = true;
+      $("#pl-cancel").hidden = true;
+      controller = null;
+    } else {
+      clearInterval(clock);
+    }
   }
 }
 
 function render() {
   const r = result;
   $("#pl-summary").replaceChildren(
-    "Evaluated ", el("strong", { id: "pl-evaluated", "data-value": r.evaluated, text: fmtInt(r.evaluated) }),
+    el("span", { id: "pl-fleet", text: `${r.model} on ${fmtInt(r.gpus)} × ${gpuName(ctx.catalog, r.gpu)}: ` }),
+    "evaluated ", el("strong", { id: "pl-evaluated", "data-value": r.evaluated, text: fmtInt(r.evaluated) }),
     " layouts in ", el("span", { text: fmtSeconds(r.elapsed_s) }), "; ",
     el("strong", { id: "pl-feasible", "data-value": r.feasible, text: fmtInt(r.feasible) }),
-    ` fit with ${fmtPct(r.headroom_fraction)} of HBM kept free. ${r.global_batch} sequences of ${fmtInt(r.seq)} tokens per step, objective ${r.objective}. `,
+    ` fit with ${fmtPct(r.headroom_fraction)} of HBM kept free. ${fmtInt(r.global_batch)} sequences of ${fmtInt(r.seq)} tokens per step, objective ${r.objective}. `,
     el("span", { id: "pl-stack", text: `Scored under ${stackLine(r)}.` }),
     r.fewest_gpus ? el("span", { id: "pl-fewest", "data-value": r.fewest_gpus.gpus,
       text: ` The fewest GPUs that train ${Number(r.fewest_gpus.tokens).toExponential(2)} tokens in ${r.fewest_gpus.days} days: ${fmtInt(r.fewest_gpus.gpus)} (the search began at ${fmtInt(r.fewest_gpus.searched_from)}).` }) : "",
@@ -176,7 +242,7 @@ function nothingFits() {
     run();
   } }, text);
   const out = [el("strong", { class: "bad", id: "pl-nothing", text: "Nothing fits. " }),
-    `All ${fmtInt(r.evaluated)} layouts of ${r.model} on ${fmtInt(r.gpus)} × ${r.gpu} are rejected (${why}).`];
+    `All ${fmtInt(r.evaluated)} layouts of ${r.model} on ${fmtInt(r.gpus)} × ${gpuName(ctx.catalog, r.gpu)} are rejected (${why}).`];
   if (!nf) { node.replaceChildren(...out); return; }
   if (nf.lightest_layout) {
     out.push(el("span", { class: "block" }, `The lightest, ${layoutLabel(nf.lightest_layout)}, needs `,
@@ -186,7 +252,7 @@ function nothingFits() {
   const n = nf.fewest_gpus_that_fit;
   out.push(n
     ? el("span", { class: "block" }, `A larger fleet: the smallest of those searched (${nf.fleet_sizes_tried.map((t) => fmtInt(t.gpus)).join(", ")} GPUs) on which a layout fits is `,
-        el("strong", { id: "pl-fits-at", "data-value": n, text: `${fmtInt(n)} × ${r.gpu}` }), ". ", retry(`Search on ${fmtInt(n)} GPUs`, { gpus: n }))
+        el("strong", { id: "pl-fits-at", "data-value": n, text: `${fmtInt(n)} × ${gpuName(ctx.catalog, r.gpu)}` }), ". ", retry(`Search on ${fmtInt(n)} GPUs`, { gpus: n }))
     : el("span", { class: "block", text: "A larger fleet: none of the fleets searched, up to 64 times this one, fits." }));
   const change = (c) => (c.startsWith("--headroom 0") ? { headroom: "0" } : c.startsWith("--finetune ") ? { finetune: c.split(" ")[1] } : null);
   for (const v of nf.variants) {
@@ -217,20 +283,25 @@ function takeAway() {
     filename: `meshplan-plan-${r.model}-${r.gpus}x${r.gpu}.json`, engines: r.plans.length ? TRAINING_ENGINES : [], before: [pick],
     exportQuery: () => {
       const p = r.plans[Number(pick.value) || 0];
-      return { model: v.model, gpu: r.gpu, gpus: (r.fewest_gpus && r.fewest_gpus.gpus) || r.gpus, seq: r.seq, global_batch: r.global_batch, precision: v.precision || null, ...layoutQuery(p.layout) };
+      return { model: v.model, gpu: r.gpu, gpus: (r.fewest_gpus && r.fewest_gpus.gpus) || r.gpus, seq: r.seq, global_batch: r.global_batch, precision: v.precision || null, ...layoutQuery(p.layout), ...conditionParams(v) };
+    },
+    exportName: () => {
+      const p = r.plans[Number(pick.value) || 0], gpus = (r.fewest_gpus && r.fewest_gpus.gpus) || r.gpus;
+      return planName(r.model, gpus, r.gpu, layoutSlug(p.layout, gpus));
     },
   });
 }
 
+const dec = (x, d) => x.toLocaleString("en-US", { minimumFractionDigits: d, maximumFractionDigits: d });
 const COLUMNS = [
   ["rank", "#", (p) => p.rank, String],
   ["layout", "Layout", (p) => layoutLabel(p.layout), (x) => x],
-  ["step", "Step time (s)", (p) => p.step_time_s, (x) => x.toFixed(2)],
-  ["band", "P10-P90 (s)", (p) => p.step_time_s_p10, (x, p) => `${x.toFixed(2)}-${p.step_time_s_p90.toFixed(2)}`],
+  ["step", "Step time (s)", (p) => p.step_time_s, (x) => dec(x, 2)],
+  ["band", "P10-P90 (s)", (p) => p.step_time_s_p10, (x, p) => `${dec(x, 2)}-${dec(p.step_time_s_p90, 2)}`],
   ["mfu", "MFU (%)", (p) => p.mfu, (x) => (100 * x).toFixed(1)],
   ["tps", "Tokens/s per GPU", (p) => p.tokens_per_s_per_gpu, (x) => fmtInt(x)],
-  ["mem", "Memory per GPU (GB)", (p) => p.per_gpu.total_bytes, (x) => (x / 1e9).toFixed(1)],
-  ["free", "Headroom (GB)", (p) => p.free_bytes_per_gpu, (x) => (x / 1e9).toFixed(1)],
+  ["mem", "Memory per GPU (GB)", (p) => p.per_gpu.total_bytes, (x) => dec(x / 1e9, 1)],
+  ["free", "Headroom (GB)", (p) => p.free_bytes_per_gpu, (x) => dec(x / 1e9, 1)],
 ];
 
 function table() {
@@ -244,9 +315,12 @@ function table() {
   const head = el("tr", {}, ...COLUMNS.map(([key, label]) => pressable(el("th", {
     scope: "col", "data-sort": key, class: key === sortKey ? (sortUp ? "sorted up" : "sorted down") : "", tabindex: 0,
     "aria-sort": key === sortKey ? (sortUp ? "ascending" : "descending") : "none", title: `sort by ${label}`,
-  }, label), () => sortBy(key))), el("th", {}, el("span", { class: "sr-only", text: "Compare" })));
+  }, label), () => sortBy(key))), el("th", { scope: "col" }, "Open"), el("th", { scope: "col" }, el("span", { class: "sr-only", text: "Compare" })));
   const rows = plans.map((p) => el("tr", { "data-rank": p.rank },
     ...COLUMNS.map(([key, , get, fmt]) => el("td", { "data-col": key, "data-value": get(p), text: fmt(get(p), p) })),
+    el("td", { class: "open" },
+      el("a", { href: `#layout?${planAddress(p)}`, class: "open-layout", "data-rank": p.rank, "aria-label": `open plan #${p.rank}'s layout page` }, "Open"), " ",
+      el("a", { href: `#memory?${planAddress(p)}`, class: "open-memory", "data-rank": p.rank, "aria-label": `plan #${p.rank}'s per-stage memory bars` }, "Bars")),
     el("td", {}, el("button", { type: "button", class: "small", text: "Compare", onclick: () => {
       $("#pl-form").elements.compare.value = compareText(p.layout);
       $("#pl-form").dispatchEvent(new Event("change")); // the address keeps the comparison
@@ -275,13 +349,13 @@ function pareto() {
   const y = (s) => T + (H - T - B) * (1 - ((zoomed ? s : Math.log10(s)) - tLo) / Math.max(tHi - tLo, 1e-9));
   const inside = (p) => !zoomed || (p.m / 1e9 >= mLo && p.m / 1e9 <= mMax && p.t >= tLo && p.t <= tHi);
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "group", "aria-label": "Pareto front: step time against memory per GPU; each point is a button" });
-  for (const g of zoomed ? rangeTicks(mLo, mMax, 6) : ticks(mMax, 6)) root.append(svg("line", { x1: x(g), x2: x(g), y1: T, y2: H - B, class: "grid" }), svg("text", { x: x(g), y: H - B + 16, class: "tick", "text-anchor": "middle", text: `${g}` }));
-  for (const s of zoomed ? rangeTicks(tLo, tHi, 5) : logTicks(tLo, tHi)) root.append(svg("line", { x1: L, x2: W - R, y1: y(s), y2: y(s), class: "grid" }), svg("text", { x: L - 6, y: y(s) + 4, class: "tick", "text-anchor": "end", text: `${+s.toPrecision(3)}` }));
+  for (const g of zoomed ? rangeTicks(mLo, mMax, 6) : ticks(mMax, 6)) root.append(svg("line", { x1: x(g), x2: x(g), y1: T, y2: H - B, class: "grid" }), svg("text", { x: x(g), y: H - B + 16, class: "tick", "text-anchor": "middle", text: fmtNum(g) }));
+  for (const s of zoomed ? rangeTicks(tLo, tHi, 5) : logTicks(tLo, tHi)) root.append(svg("line", { x1: L, x2: W - R, y1: y(s), y2: y(s), class: "grid" }), svg("text", { x: L - 6, y: y(s) + 4, class: "tick", "text-anchor": "end", text: fmtNum(+s.toPrecision(3)) }));
   root.append(
     svg("text", { x: (W + L) / 2, y: H - 8, class: "axis-label", "text-anchor": "middle", text: "memory per GPU (GB)" }),
     svg("text", { x: 14, y: (H - B) / 2, class: "axis-label", "text-anchor": "middle", transform: `rotate(-90 14 ${(H - B) / 2})`, text: zoomed ? "step time (s)" : "step time (s, log scale)" }),
   );
-  if (hbm && hbm / 1e9 <= mMax) root.append(svg("line", { x1: x(hbm / 1e9), x2: x(hbm / 1e9), y1: T, y2: H - B, class: "hbm-line" }), svg("text", { x: x(hbm / 1e9) - 4, y: T + 10, class: "hbm-label", "text-anchor": "end", text: `${r.gpu} HBM ${fmtBytes(hbm)}` }));
+  if (hbm && hbm / 1e9 <= mMax) root.append(svg("line", { x1: x(hbm / 1e9), x2: x(hbm / 1e9), y1: T, y2: H - B, class: "hbm-line" }), svg("text", { x: x(hbm / 1e9) - 4, y: T + 10, class: "hbm-label", "text-anchor": "end", text: `${gpuName(ctx.catalog, r.gpu)}: ${fmtGiB(hbm)} (${fmtBytes(hbm)})` }));
   const front = [...pts].filter(inside).sort((a, b) => a.m - b.m);
   root.append(svg("polyline", { points: front.map((p) => `${x(p.m / 1e9)},${y(p.t)}`).join(" "), class: "front" }));
   // Every point is a button (a 24-px target around the dot): click, tap, Enter or Space shows it below the plot.

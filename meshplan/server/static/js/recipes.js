@@ -1,8 +1,8 @@
 // View 5: published recipes as nested mesh axes from one GPU outward, and every recipe on one fleet ruler.
 
 import { extra, setExtra } from "./state.js";
-import { TRAINING_ENGINES, cliCommand, layoutQuery, takeaway } from "./takeaway.js";
-import { $, chartWidth, el, inkOn, keepFocus, pressable, fmtBytes, fmtInt, fmtPct, fmtSeconds, isAbort, latestOnly, onResize, showError, svg, tracked } from "./util.js";
+import { TRAINING_ENGINES, cliCommand, layoutQuery, layoutSlug, planName, takeaway } from "./takeaway.js";
+import { $, chartWidth, el, inkOn, keepFocus, pressable, fmtBytes, fmtGiB, fmtInt, fmtPct, fmtSeconds, gpuName, isAbort, latestOnly, onResize, showError, svg, tracked } from "./util.js";
 
 const call = latestOnly();
 // The axes that multiply to the fleet (EP is carved out of them), innermost first by default.
@@ -60,7 +60,7 @@ async function select(name, remember = true) {
   }
   clearInterval(timer);
   depth = 99;
-  $("#rc-title").textContent = `${report.title} · ${fmtInt(report.gpus)} × ${report.gpu}`;
+  $("#rc-title").textContent = `${report.title} · ${fmtInt(report.gpus)} × ${gpuName(ctx.catalog, report.gpu)}`;
   $("#rc-why").textContent = report.why;
   verdict(report);
   $("#rc-source").textContent = `Source: ${report.source}.`;
@@ -69,6 +69,7 @@ async function select(name, remember = true) {
     id: "rc", command: cliCommand("recipe", [r.recipe], []), json: r, filename: `meshplan-recipe-${r.recipe}.json`,
     engines: TRAINING_ENGINES,
     exportQuery: () => ({ model: r.model, gpu: r.gpu, gpus: r.gpus, seq: r.seq, global_batch: r.global_batch, precision: r.precision, ...layoutQuery(r.layout) }),
+    exportName: () => planName(r.model, r.gpus, r.gpu, layoutSlug(r.layout, r.gpus)),
   });
   const f = report.factors;
   $("#rc-factors").replaceChildren(
@@ -88,7 +89,7 @@ async function verdict(r) {
   const stage = r.stages.length > 1 ? ` on stage ${r.heaviest_stage} (the heaviest of ${r.stages.length})` : "";
   if (r.fits) {
     node.replaceChildren(el("strong", { class: "ok", id: "rc-fits", text: "Fits. " }),
-      `The engine bills ${fmtBytes(r.per_gpu.total_bytes)} per GPU${stage}, leaving ${fmtBytes(r.free_bytes_per_gpu)} of the ${fmtBytes(r.hbm_bytes_per_gpu)} HBM.`);
+      `The engine bills ${fmtBytes(r.per_gpu.total_bytes)} per GPU${stage}, leaving ${fmtBytes(r.free_bytes_per_gpu)} of one ${gpuName(ctx.catalog, r.gpu)}'s ${fmtGiB(r.hbm_bytes_per_gpu)} (${fmtBytes(r.hbm_bytes_per_gpu)}).`);
     return;
   }
   const names = TERM_NAMES(r.terms);
@@ -96,7 +97,7 @@ async function verdict(r) {
     .map((t) => `${names[t.name]} ${fmtBytes(t.value_bytes)}`).join(" and ");
   const say = (extra) => node.replaceChildren(
     el("strong", { class: "bad", id: "rc-fits", text: "Over HBM. " }),
-    `The engine bills ${fmtBytes(r.per_gpu.total_bytes)} per GPU${stage}, ${fmtBytes(-r.free_bytes_per_gpu)} more than the ${fmtBytes(r.hbm_bytes_per_gpu)} of one ${r.gpu}; `,
+    `The engine bills ${fmtBytes(r.per_gpu.total_bytes)} per GPU${stage}, ${fmtBytes(-r.free_bytes_per_gpu)} more than the ${fmtGiB(r.hbm_bytes_per_gpu)} (${fmtBytes(r.hbm_bytes_per_gpu)}) of one ${gpuName(ctx.catalog, r.gpu)}; `,
     `the largest terms are ${big}. The published run did train this way, so the bill is missing something that run did `,
     "(a recipe states its degrees, not every memory setting). ", ...extra);
   say([]);
@@ -143,7 +144,7 @@ function nest() {
     notes.push(`EP ${ep.size}: the expert groups are carved out of the data-parallel ranks (no factor of their own); they ${ep.crosses_fabric ? `cross the fabric over ${ep.link}` : `stay on ${ep.link}`}.`);
   }
   notes.push("Green boxes keep their traffic inside one NVLink domain; every dashed orange box is an axis whose groups cross the scale-out fabric. Only a representative slice of each level is drawn.");
-  notes.push(`Engine estimate for this recipe: ${fmtSeconds(report.step_time_s)} per step (P10-P90 ${fmtSeconds(report.step_time_s_p10)} to ${fmtSeconds(report.step_time_s_p90)}), MFU ${fmtPct(report.mfu)}, ${fmtBytes(report.per_gpu.total_bytes)} per GPU of ${fmtBytes(report.hbm_bytes_per_gpu)} HBM.`);
+  notes.push(`Engine estimate for this recipe: ${fmtSeconds(report.step_time_s)} per step (P10-P90 ${fmtSeconds(report.step_time_s_p10)} to ${fmtSeconds(report.step_time_s_p90)}), MFU ${fmtPct(report.mfu)}, ${fmtBytes(report.per_gpu.total_bytes)} per GPU of ${fmtGiB(report.hbm_bytes_per_gpu)} (${fmtBytes(report.hbm_bytes_per_gpu)}) HBM.`);
   $("#rc-notes").replaceChildren(...notes.map((n) => el("span", { class: "block", text: n })));
   $("#rc-play").textContent = d < ls.length ? `▶ Add the next axis (${d} of ${ls.length})` : "▶ Build outward";
 }

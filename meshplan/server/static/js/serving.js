@@ -1,7 +1,7 @@
 // View 8: serving: the serving planner's Pareto curve under latency targets, its chosen plan, and where a step goes.
 
-import { SERVING_ENGINES, cliCommand, takeaway } from "./takeaway.js";
-import { $, chartWidth, el, fmtInt, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, onResize, showError, svg, ticks, tracked } from "./util.js";
+import { SERVE_PLAN_ENGINES, cliCommand, planName, takeaway } from "./takeaway.js";
+import { $, chartWidth, el, fmtInt, fmtNum, fmtSeconds, formValues, gpuName, isAbort, latestOnly, onFormChange, onResize, pressable, showError, svg, ticks, tracked } from "./util.js";
 
 const plan = latestOnly();
 const serve = latestOnly();
@@ -14,8 +14,10 @@ const PHASES = [
   ["overhead_s", "overhead", "#bab0ac"],
 ];
 let last = null;
+let ctx = null;
 
-export function init() {
+export function init(context) {
+  ctx = context;
   onFormChange($("#sv-form"), update);
   onResize(() => last && curve(last));
   update();
@@ -45,14 +47,11 @@ async function update() {
       const best = answer.best;
       takeaway($("#sv-takeaway"), {
         id: "sv", json: answer, filename: `meshplan-serve-plan-${answer.model}-${v.gpus}x${v.gpu}.json`,
-        // the best plan as one replica's server flags (launch best.replicas of them): TP x PP GPUs, dtypes, context
-        engines: best ? SERVING_ENGINES : [],
-        exportQuery: () => ({
-          model: v.model, gpu: v.gpu, gpus: best.layout.tp * best.layout.pp,
-          tp: best.layout.tp, pp: best.layout.pp, ep: best.layout.ep,
-          dtype: best.layout.weights_dtype, kv_dtype: best.layout.kv_dtype,
-          context: Number(v.input_len) + Number(v.output_len),
-        }),
+        // the best plan exactly as `meshplan export ENGINE --from-plan` takes it: replicas, TP x PP, batch cap, dtypes
+        engines: best ? SERVE_PLAN_ENGINES : [],
+        exportBody: () => answer,
+        exportName: () => planName(answer.model, best.gpus, answer.gpu,
+          `tp${best.layout.tp}-pp${best.layout.pp}${best.layout.ep > 1 ? `-ep${best.layout.ep}` : ""}-dp${best.replicas}-seqs${best.batch_cap_per_replica}`),
         command: cliCommand("serve-plan", [v.model], [["gpu", v.gpu], ["gpus", v.gpus], ["input_len", v.input_len],
           ["output_len", v.output_len], ["ttft_p99", v.ttft_p99], ["tpot_p99", v.tpot_p99], ["engine", v.engine, "trtllm"], ["top", 5]]),
       });
@@ -68,10 +67,11 @@ async function update() {
 function summary(r) {
   const b = r.best;
   if (!b) {
-    $("#sv-summary").replaceChildren(`No layout of ${r.model} on ${fmtInt(r.gpus)} × ${r.gpu} meets the targets (${fmtInt(r.rejected.length)} rejected).`);
+    $("#sv-summary").replaceChildren(`No layout of ${r.model} on ${fmtInt(r.gpus)} × ${gpuName(ctx && ctx.catalog, r.gpu)} meets the targets (${fmtInt(r.rejected.length)} rejected).`);
     return;
   }
   $("#sv-summary").replaceChildren(
+    el("span", { id: "sv-fleet", text: `${r.model} on ${fmtInt(r.gpus)} × ${gpuName(ctx && ctx.catalog, r.gpu)}. ` }),
     "Best: ", el("strong", { id: "sv-best", text: `${b.replicas} × ${layoutText(b.layout)}` }),
     ` at ${fmtInt(b.batch_cap_per_replica)} sequences per replica: `,
     el("strong", { id: "sv-tps", "data-value": b.tokens_per_s_per_gpu, text: `${fmtInt(b.tokens_per_s_per_gpu)} tokens/s per GPU` }),
@@ -89,20 +89,30 @@ function curve(r) {
   const maxY = Math.max(...pts.map((p) => p.tokens_per_s_per_gpu)) * 1.05;
   const x = (v) => L + (W - L - R) * (v / maxX);
   const y = (v) => T + (H - T - B) * (1 - v / maxY);
-  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "Pareto front: tokens/s per GPU against tokens/s per user" });
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "group", "aria-label": "Pareto front: tokens/s per GPU against tokens/s per user; each point is a button" });
   for (const t of ticks(maxY)) {
     root.append(svg("line", { x1: L, x2: W - R, y1: y(t), y2: y(t), class: "grid" }));
     root.append(svg("text", { x: L - 6, y: y(t) + 4, class: "tick", "text-anchor": "end", text: fmtInt(t) }));
   }
-  for (const t of ticks(maxX)) root.append(svg("text", { x: x(t), y: H - B + 16, class: "tick", "text-anchor": "middle", text: `${t}` }));
+  for (const t of ticks(maxX)) root.append(svg("text", { x: x(t), y: H - B + 16, class: "tick", "text-anchor": "middle", text: fmtNum(t) }));
   root.append(svg("text", { x: (W + L) / 2, y: H - 8, class: "axis-label", "text-anchor": "middle", text: "tokens/s per user" }));
   root.append(svg("text", { x: 14, y: (H - B) / 2, class: "axis-label", "text-anchor": "middle", transform: `rotate(-90 14 ${(H - B) / 2})`, text: "tokens/s per GPU" }));
-  for (const p of pts) {
-    root.append(svg("circle", { cx: x(p.tokens_per_s_per_user), cy: y(p.tokens_per_s_per_gpu), r: 3.5, class: "pareto-pt" },
-      svg("title", { text: `${layoutText(p.layout)}, batch ${p.batch_cap_per_replica}: ${fmtInt(p.tokens_per_s_per_gpu)} tok/s/GPU, ${p.tokens_per_s_per_user.toFixed(1)} tok/s/user` })));
-  }
+  // every point is a button (Tab, then Enter or Space; or a click): it says what the point is below the plot
+  pts.forEach((p, i) => {
+    const words = `${layoutText(p.layout)}, ${fmtInt(p.batch_cap_per_replica)} sequences per replica: ${fmtInt(p.tokens_per_s_per_gpu)} tokens/s per GPU, ${p.tokens_per_s_per_user.toFixed(1)} tokens/s per user`;
+    const g = svg("g", { class: "pt", tabindex: 0, role: "button", "aria-label": `front point ${i + 1}: ${words}`, "data-front": i },
+      svg("circle", { cx: x(p.tokens_per_s_per_user), cy: y(p.tokens_per_s_per_gpu), r: 12, class: "hit" }),
+      svg("circle", { cx: x(p.tokens_per_s_per_user), cy: y(p.tokens_per_s_per_gpu), r: 3.5, class: "pareto-pt" }),
+      svg("title", { text: words }));
+    root.append(pressable(g, () => {
+      for (const n of document.querySelectorAll("#sv-pareto g.pt.selected")) n.classList.remove("selected");
+      g.classList.add("selected");
+      $("#sv-point").textContent = `Front point ${i + 1}: ${words}.`;
+    }));
+  });
   if (r.best) root.append(svg("circle", { id: "sv-best-pt", cx: x(r.best.tokens_per_s_per_user), cy: y(r.best.tokens_per_s_per_gpu), r: 7, class: "best-pt" }));
-  $("#sv-pareto").replaceChildren(root, el("p", { class: "note", text: `${pts.length} of ${fmtInt(r.pareto_points_total)} front points drawn; ringed: the best plan under the targets.` }));
+  $("#sv-pareto").replaceChildren(root, el("p", { class: "note", text: `${fmtInt(pts.length)} of ${fmtInt(r.pareto_points_total)} front points drawn; ringed: the best plan under the targets.` }),
+    el("p", { id: "sv-point", role: "status" }));
 }
 
 // The chosen plan served at its batch cap (a closed loop of that many users per replica): one step, by phase.

@@ -1,8 +1,8 @@
 // View 2: the six strategies on 8 GPUs: the cut, each GPU's piece and bytes, the traffic, when to use it.
 
 import { extra, setExtra } from "./state.js";
-import { TRAINING_ENGINES, cliCommand, cliModel, layoutQuery, takeaway } from "./takeaway.js";
-import { $, PIECE_COLORS, el, inkOn, keepFocus, reducedMotion, fmtBytes, fmtRatio, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, showError, svg, tracked } from "./util.js";
+import { TRAINING_ENGINES, cliCommand, cliModel, layoutQuery, layoutSlug, planName, takeaway } from "./takeaway.js";
+import { $, PIECE_COLORS, el, inkOn, keepFocus, reducedMotion, fmtBytes, fmtInt, fmtRatio, fmtSeconds, formValues, isAbort, latestOnly, onFormChange, showError, svg, tracked } from "./util.js";
 
 const call = latestOnly();
 const ladderCall = latestOnly();
@@ -71,6 +71,7 @@ function takeAway(s) {
     id: "st", command: cliCommand("memory", [cliModel(data.model)], flags), json: s.memory,
     filename: `meshplan-memory-${data.model}-${s.key}-8x${data.gpu}.json`, engines: TRAINING_ENGINES,
     exportQuery: () => ({ model: data.model, gpu: data.gpu, gpus: data.gpus, seq: data.seq, precision: s.memory.precision, ...layoutQuery(s.memory.layout) }),
+    exportName: () => planName(data.model, data.gpus, data.gpu, layoutSlug(s.memory.layout, data.gpus)),
   });
 }
 
@@ -181,23 +182,26 @@ function work(s) {
       root.append(svg("text", { x: 70, y: 23 + i * 25, class: "on-color", fill: inkOn(color(i)), text: s.gpus[i].piece }));
       if (i) cutLine(50, 6.5 + i * 25, 370, 6.5 + i * 25);
     }
-    label(`the stack of ${s.picture.units} layers cut into 8 stages`);
+    label(`the stack of ${data.model}'s ${fmtInt(s.picture.units)} layers cut into 8 stages`);
   } else if (cut === "sequence") {
     for (let i = 0; i < 8; i++) {
       root.append(svg("rect", { x: 10 + i * 50, y: 80, width: 48, height: 50, fill: color(i), rx: 2 }));
       root.append(svg("text", { x: 34 + i * 50, y: 146, class: "tick", "text-anchor": "middle", text: `${i + 1}/8` }));
     }
     for (let i = 1; i < 8; i++) cutLine(9 + i * 50, 70, 9 + i * 50, 140);
-    label(`one sequence of ${s.picture.units.toLocaleString("en-US")} tokens cut into 8 slices`);
+    label(`one sequence of ${fmtInt(s.picture.units)} tokens (the sequence length asked for) cut into 8 slices of ${fmtInt(Math.ceil(s.picture.units / 8))}`);
+  } else if (!s.picture.units) {
+    root.append(svg("text", { x: 210, y: 110, class: "tick", "text-anchor": "middle", id: "st-no-experts", text: `${data.model} is dense: no experts to place` }));
+    label("a dense model has no experts: expert parallelism does not apply");
   } else {
-    const per = s.picture.units / 8;
-    const cols = 16;
-    for (let e = 0; e < s.picture.units; e++) {
-      const i = Math.floor(e / per);
-      root.append(svg("rect", { x: 20 + (e % cols) * 24, y: 8 + Math.floor(e / cols) * 12.5, width: 22, height: 10.5, fill: color(i), rx: 1.5 }));
+    // the experts in rows of 16, each GPU's share (the first GPUs one more when 8 does not divide them) in its color
+    const units = s.picture.units, cols = 16, rowH = Math.min(12.5, 200 / Math.ceil(units / cols));
+    const owner = (e) => { let start = 0; for (let i = 0; i < 8; i++) { const n = Math.floor(units / 8) + (i < units % 8 ? 1 : 0); if (e < start + n) return i; start += n; } return 7; };
+    for (let e = 0; e < units; e++) {
+      root.append(svg("rect", { x: 20 + (e % cols) * 24, y: 8 + Math.floor(e / cols) * rowH, width: 22, height: rowH * 0.84, fill: color(owner(e)), rx: 1.5, class: "expert" }));
     }
-    for (let i = 1; i < 8; i++) cutLine(14, 6.5 + i * 25, 406, 6.5 + i * 25);
-    label(`${s.picture.units} experts of one MoE layer, ${per} per GPU`);
+    const per = units % 8 ? `${Math.floor(units / 8)} or ${Math.floor(units / 8) + 1}` : `${units / 8}`;
+    label(`${fmtInt(units)} experts of one MoE layer of ${data.model}, ${per} per GPU`);
   }
   return root;
 }

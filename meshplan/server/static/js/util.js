@@ -49,15 +49,16 @@ export function tooltip(node, text) {
 export function fmtBytes(bytes) {
   if (bytes === null || bytes === undefined || Number.isNaN(bytes)) return "–";
   const a = Math.abs(bytes);
+  if (a >= 1e15) return `${fmtInt(bytes / 1e12)} TB`;
   if (a >= 1e12) return `${(bytes / 1e12).toFixed(a >= 1e13 ? 1 : 2)} TB`;
-  if (a >= 1e9) return `${(bytes / 1e9).toFixed(a >= 1e11 ? 0 : 1)} GB`;
+  if (a >= 1e9) return `${(bytes / 1e9).toLocaleString("en-US", { maximumFractionDigits: a >= 1e11 ? 0 : 1, minimumFractionDigits: a >= 1e11 ? 0 : 1 })} GB`;
   if (a >= 1e6) return `${(bytes / 1e6).toFixed(1)} MB`;
   if (a >= 1e3) return `${(bytes / 1e3).toFixed(1)} kB`;
-  return `${bytes.toFixed(0)} B`;
+  return `${fmtInt(bytes)} B`;
 }
 
 export function fmtGB(bytes, digits = 1) {
-  return `${(bytes / 1e9).toFixed(digits)} GB`;
+  return `${(bytes / 1e9).toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits })} GB`;
 }
 
 export function fmtSeconds(s) {
@@ -67,11 +68,23 @@ export function fmtSeconds(s) {
   if (a < 1e-3) return `${(s * 1e6).toFixed(1)} µs`;
   if (a < 1) return `${(s * 1e3).toFixed(a < 1e-2 ? 2 : 1)} ms`;
   if (a < 100) return `${s.toFixed(2)} s`;
-  return `${s.toFixed(0)} s`;
+  return `${fmtInt(s)} s`;
 }
+
+// A GPU as people name it (H100 SXM 80 GB), from the catalog's display name; the catalog name if it has none.
+export function gpuName(catalog, name) {
+  const g = catalog && catalog.gpus.find((x) => x.name === name);
+  return (g && g.display_name) || name;
+}
+
+// HBM as nvidia-smi shows it (GiB, 2^30 bytes), with the decimal bytes for a detail.
+export const fmtGiB = (bytes) => `${(bytes / 2 ** 30).toLocaleString("en-US", { maximumFractionDigits: 1, minimumFractionDigits: 1 })} GiB`;
+export const bytesDetail = (bytes) => `${Math.round(bytes / 2 ** 20).toLocaleString("en-US")} MiB as nvidia-smi reports it; ${Math.round(bytes).toLocaleString("en-US")} bytes (${(bytes / 1e9).toFixed(1)} GB)`;
 
 export const fmtPct = (x) => `${(100 * x).toFixed(1)}%`;
 export const fmtInt = (n) => Math.round(n).toLocaleString("en-US");
+// A tick or any plain number with thousands separators (1,000; 0.25 stays 0.25).
+export const fmtNum = (x) => Number(x).toLocaleString("en-US", { maximumFractionDigits: 6 });
 export const fmtRatio = (x) => `${x >= 10 ? x.toFixed(0) : x.toFixed(x >= 2 ? 1 : 2)}×`;
 
 // Round tick steps for an axis from 0 to max: 1, 2 or 5 times a power of ten.
@@ -154,6 +167,16 @@ export function debounce(fn, ms = 30) {
   };
 }
 
+// Call `fn` once at the next animation frame, however many times this is called before it.
+export function nextFrame(fn) {
+  let asked = false;
+  return () => {
+    if (asked) return;
+    asked = true;
+    requestAnimationFrame(() => { asked = false; fn(); });
+  };
+}
+
 export function formValues(form) {
   const out = {};
   for (const field of form.elements) {
@@ -163,9 +186,10 @@ export function formValues(form) {
   return out;
 }
 
-// Re-run `fn` whenever a field of `form` changes.
-export function onFormChange(form, fn) {
-  const later = debounce(fn, 30);
+// Re-run `fn` whenever a field of `form` changes, once typing pauses for `ms` (0: at the next frame; a view whose
+// requests abort the one in flight can ask at once).
+export function onFormChange(form, fn, ms = 30) {
+  const later = ms ? debounce(fn, ms) : nextFrame(fn);
   form.addEventListener("input", later);
   form.addEventListener("change", later);
   form.addEventListener("submit", (e) => {
