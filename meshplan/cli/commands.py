@@ -14,10 +14,10 @@ from meshplan.cli.parser import EXPORT_CONDITIONS, PIN_FIELDS
 from meshplan.cli.support import (
     UsageError,
     check_output,
-    input_words,
     save_json,
     search_progress,
     validate_progress,
+    write_export,
 )
 
 
@@ -326,31 +326,8 @@ def _cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     else:
         result = _export_training(args)
     if args.out:
-        result["written"] = _write_export(result, args)
+        result["written"] = write_export(result, args)
     return result
-
-
-def _write_export(result: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    """The export's files and a launch.sh in folder ``--out``, each through files.py's safe writer, all checked
-    before any is written; the names written."""
-    from pathlib import Path
-
-    from meshplan.files import writable, write_text_safely
-
-    folder, inputs = Path(args.out), input_words(args)
-    files = {**result["files"], "launch.sh": "#!/bin/sh\n" + result["command"] + "\n"}
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"meshplan export: --out {args.out} is not a folder")
-    if folder.is_dir():
-        for name in files:
-            writable(folder / name, what="--out", inputs=inputs, force=args.force)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"meshplan export: --out {args.out}: {exc.strerror or exc}") from None
-    for name, text in files.items():
-        write_text_safely(folder / name, text, what="--out", inputs=inputs, force=args.force)
-    return sorted(files)
 
 
 def _cmd_ui(args: argparse.Namespace) -> None:

@@ -22,7 +22,7 @@ from meshplan.reports.estimate import collectives_report, estimate_report
 from meshplan.reports.inputs import FinetuneRequest
 from meshplan.server import parse
 from meshplan.server.catalog import catalog_dict
-from meshplan.server.content import serving_terms
+from meshplan.server.content import serving_bill
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.profile import parse_profile
 from meshplan.spec.requests import Field, Group, field
@@ -316,19 +316,6 @@ def fit(
         conditions={"stack": stack},
     )
     return json_dict(report)
-
-
-def serving_bill(report: dict[str, Any], *, sequences: int) -> dict[str, Any]:
-    """The serving bar: the report's terms for ``sequences`` sequences of its context, with what each is."""
-    values = {
-        "weights_bytes": report["weights_bytes_per_gpu"],
-        "kv_cache_bytes": report["kv_bytes_per_sequence_per_gpu"] * sequences,
-        "activations_bytes": report["activations_bytes_per_gpu"],
-        "runtime_reserve_bytes": report["runtime_reserve_bytes_per_gpu"],
-        "engine_headroom_bytes": report["engine_headroom_bytes_per_gpu"],
-    }
-    terms = [dict(t, value_bytes=values[t["name"]]) for t in serving_terms()]
-    return {"sequences": sequences, "terms": terms, "total_bytes": sum(values.values())}
 
 
 @router.get(

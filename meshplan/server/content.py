@@ -98,3 +98,16 @@ def pieces(picture: dict[str, Any], *, gpus: int = EXPLORER_GPUS) -> list[str]:
             out.append(f"{unit}s {start + 1:,}\u2013{start + n:,}")
         start += n
     return out
+
+
+def serving_bill(report: dict[str, Any], *, sequences: int) -> dict[str, Any]:
+    """The serving bar: the report's terms for ``sequences`` sequences of its context, with what each is."""
+    values = {
+        "weights_bytes": report["weights_bytes_per_gpu"],
+        "kv_cache_bytes": report["kv_bytes_per_sequence_per_gpu"] * sequences,
+        "activations_bytes": report["activations_bytes_per_gpu"],
+        "runtime_reserve_bytes": report["runtime_reserve_bytes_per_gpu"],
+        "engine_headroom_bytes": report["engine_headroom_bytes_per_gpu"],
+    }
+    terms = [dict(t, value_bytes=values[t["name"]]) for t in serving_terms()]
+    return {"sequences": sequences, "terms": terms, "total_bytes": sum(values.values())}

@@ -27,7 +27,7 @@ from meshplan.core import finetune, pipeline
 from meshplan.core.comm import CollectiveCall, StageShape, dp_calls, model_parallel_calls
 from meshplan.core.comm.cost import Collective
 from meshplan.core.groups import DATA_PARALLEL_SPLIT, model_parallel_groups, spread, take_rows
-from meshplan.core.memory.bill import candidates, moment_bytes_per_param, shard_degrees, stage_training
+from meshplan.core.memory.bill import candidates, stage_training
 from meshplan.core.memory.stage_params import StageParams, layout_stage_params
 from meshplan.core.num import Num, like, maximum, minimum, to_float, where
 from meshplan.core.params import ParamCount
@@ -39,8 +39,9 @@ from meshplan.core.time.flops import (
     model_flops_per_token,
 )
 from meshplan.core.time.stage_time import StageTimes, fsdp_shards, stage_times
+from meshplan.core.time.state_passes import grad_accumulation_s, optimizer_time
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.layout import LayoutLike, Recompute, Schedule, ZeroStage
+from meshplan.spec.layout import LayoutLike, Recompute, Schedule
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Framework, Workload
 from meshplan.units import DTYPE_BYTES, DType
@@ -249,7 +250,7 @@ class _ModelParallelStep:
     pp_s: Num
     chunk_s: Num = 0.0
     accumulate_s: Num = 0.0
-    """Per micro-batch, the separate gradient-accumulation pass (in ``bwd_s``; ``_grad_accumulation_s``)."""
+    """Per micro-batch, the separate gradient-accumulation pass (in ``bwd_s``; state_passes.py)."""
 
 
 def _model_parallel_step(
@@ -278,7 +279,7 @@ def _model_parallel_step(
     chunk = where((lay.pp > 1) & synced, lay.vpp * cal.pipeline_step_overhead_s, 0.0)
     pp_s = _pp_exposed(calls, lay=lay, m=m, ov_pp=work.overlap.pp, efficiency=cal.overlap_efficiency)
     pp_s = pp_s + sum((c.time_s for c in calls if c.strategy == "pp" and c.op is Collective.ALL_REDUCE), 0.0)
-    accumulate = copies * _grad_accumulation_s(shape, work, cluster, m=m)
+    accumulate = copies * grad_accumulation_s(shape, work, cluster, m=m)
     return _ModelParallelStep(
         times=times,
         shape=shape,
@@ -290,25 +291,6 @@ def _model_parallel_step(
         chunk_s=chunk,
         accumulate_s=accumulate,
     )
-
-
-GRAD_ACCUMULATION_PASSES = 3
-"""Autograd's AccumulateGrad adds a micro-batch's weight gradient into ``.grad`` in place: read both, write one."""
-
-
-def _grad_accumulation_s(shape: StageShape, work: Workload, cluster: Cluster, *, m: Num) -> Num:
-    """Per micro-batch (averaged over the step), the separate pass that adds each micro-batch's weight gradients
-    after the first into the parameters' ``.grad`` when Megatron's weight-gradient GEMM does not accumulate
-    them itself (``Conditions.grad_accum_fusion`` off): 3 passes over this GPU's trained weights of the stage in
-    the parameters' dtype, at the kind's share of HBM bandwidth, m - 1 times a step. Fused (Megatron-Core's
-    default) the GEMM reads and writes the accumulator in place of writing a fresh gradient, inside its own
-    compute-bound time: nothing more is counted."""
-    if work.framework is not Framework.MEGATRON or work.conditions.grad_accum_fusion:
-        return 0.0
-    gpu = cluster.gpu
-    weights = shape.trained_dense_params + shape.trained_expert_params
-    one_pass = GRAD_ACCUMULATION_PASSES * work.precision.weight_bytes * weights
-    return (m - 1) / m * one_pass / (gpu.hbm_bandwidth_bytes_per_s * gpu.calibration.hbm_efficiency)
 
 
 def _grouped_model_parallel_step(
@@ -372,7 +354,7 @@ def stage_step(
         ep_s=x["ep_f"] + x["ep_b"],
         pp_s=mp.pp_s,
         dp_s=_dp_exposed(data, fwd_s=mp.fwd_s, bwd_s=mp.bwd_s, m=m, work=work, efficiency=eff),
-        optimizer_s=_optimizer_time(model, lay, work, cluster, sharded),
+        optimizer_s=optimizer_time(model, lay, work, cluster, sharded),
         calls=mp.calls + data if calls else [],
         host_layer_s=mp.times.host_layer_s,
         gpu_layer_s=mp.times.gpu_layer_s,
@@ -423,23 +405,6 @@ def _dp_exposed(
     exposed = exposed + m * _hidden(one_call("backward", True), bwd_s, ov.dp, efficiency)
     exposed = exposed + _hidden(one_call("step", False), fwd_s, ov.param_gather, efficiency)
     return exposed + m * _hidden(one_call("forward", True), fwd_s, ov.fsdp_prefetch, efficiency)
-
-
-def _optimizer_time(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Cluster, held: StageParams) -> Num:
-    """The optimizer step over this GPU's shard, streamed at HBM speed.
-
-    Per parameter: gradients read three times (overflow check, global norm,
-    update) and zeroed once; master weights read, written and read again to
-    refresh the 16-bit weights, which are written; moments read and written.
-    """
-    prec = work.precision
-    shard, expert_shard = shard_degrees(dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep, tp=lay.tp, etp=lay.etp)
-    on = lay.zero >= ZeroStage.OPTIMIZER
-    n = held.dense / where(on, shard, 1) + held.experts / where(on, expert_shard, 1)
-    master = prec.master_bytes if prec.master is not None else prec.weight_bytes
-    per_param = 4 * prec.grad_bytes + 3 * master + 2 * moment_bytes_per_param(model, work) + prec.weight_bytes
-    gpu = cluster.gpu
-    return n * per_param / (gpu.hbm_bandwidth_bytes_per_s * gpu.calibration.hbm_efficiency)
 
 
 def _hardware_flops_per_token(model: ModelSpec, recompute: Num, work: Workload) -> Num:
