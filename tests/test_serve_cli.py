@@ -120,7 +120,7 @@ def test_serve_prints_the_held_out_band_of_each_figure(capsys: pytest.CaptureFix
         assert out["tokens_per_s_per_gpu_p90"] == pytest.approx(rate / band[f"{fam}_time_ratio_p10"], rel=1e-12)
         borrowed = ["one source: its sibling class's spread"] if kind == "throughput_moe" else []
         assert out["band_widened"] == borrowed and out["band_sources"]["tpot"] == band["decode_engine_trtllm_sources"]
-        assert f"tokens/s per GPU from {int(band[f'{kind}_runs'])} runs of " in out["uncertainty"]
+        assert f"throughput) from {int(band[f'{kind}_runs'])} runs of " in out["uncertainty"]
     assert main([*SERVE, "--tp", "2", "--concurrency", "64", "--disaggregate", "4:4"]) == 0
     text = capsys.readouterr().out
     assert "P10 - P90" in text and "P10-P90 of measured over predicted on published serving" in text

@@ -54,6 +54,7 @@ def point_dict(setup: Setup, req: Requests, pt: LoadPoint) -> dict[str, Any]:
         "batch_per_replica": pt.batch,
         "batch_limit": pt.limit.value,
         "batch_cap_per_replica": pt.capacity.sequences,
+        "batch_cap_limit": pt.capacity.limit.value,
         "kv_sequences_per_replica": pt.capacity.kv_sequences,
         "saturated": pt.saturated,
         "knee_batch_per_replica": pt.knee_batch,
@@ -227,8 +228,8 @@ def serving_band(point: dict[str, Any], setup: Setup) -> dict[str, Any]:
     out["uncertainty"] = (
         "P10-P90 of measured over predicted on published serving measurements, each predicted with the correction "
         f"fitted without its source, each source weighing the same, widened where few sources stand behind it: "
-        f"TPOT from {bands['decode'].text()}; TTFT from {bands['prefill'].text()}; tokens/s per GPU from "
-        f"{bands[kind].text()} ({'MoE' if kind == 'throughput-moe' else 'dense'} throughput)"
+        f"TPOT from {bands['decode'].text()}; TTFT from {bands['prefill'].text()}; tokens/s per GPU "
+        f"({'MoE' if kind == 'throughput-moe' else 'dense'} throughput) from {bands[kind].text()}"
     )
     return out
 

@@ -42,6 +42,7 @@ class Band:
     """Of them, the question's engine family's (0: none)."""
     widened: tuple[str, ...]
     """Why it is wider than the band its rows give: unseen levels, a borrowed class."""
+    engine: str
 
     def text(self) -> str:
         """'32 runs of 4 sources (2 of them trtllm's)' and the reasons it is widened."""
@@ -49,9 +50,11 @@ class Band:
             head = "no published row of this class"
         else:
             head = f"{self.runs} runs of {self.class_sources} source{'s' if self.class_sources != 1 else ''}"
-            if self.engine_sources:
-                head += f", {self.engine_sources} of them the engine's"
-        return head + "".join(f"; widened: {w}" for w in self.widened)
+            if self.engine_sources == self.class_sources:
+                head += f", all {self.engine}'s"
+            elif self.engine_sources:
+                head += f", {self.engine_sources} of them {self.engine}'s"
+        return head + (f" (widened: {', '.join(self.widened)})" if self.widened else "")
 
 
 def band_for(
@@ -80,10 +83,13 @@ def band_for(
     if f"{c}_gpu_{key(gpu)}_sources" not in band:
         widths.append(band[f"{c}_unseen_gpu_log"])
         why.append(f"no published {cls} row on {gpu}")
-    for trait, has, name in (("moe", moe, "MoE" if moe else "dense"), ("mla", mla, "MLA" if mla else "non-MLA")):
+    for trait, has, name in (
+        ("moe", moe, "a MoE" if moe else "a dense"),
+        ("mla", mla, "an MLA" if mla else "a non-MLA"),
+    ):
         if f"{c}_{trait}_{int(has)}_sources" not in band:
             widths.append(band[f"{c}_unseen_{trait}_log"])
-            why.append(f"no published {cls} row of a {name} model")
+            why.append(f"no published {cls} row of {name} model")
     if widths:
         extra = sum(w * w for w in widths)
         below, above = math.log(mid / lo), math.log(hi / mid)
@@ -97,8 +103,9 @@ def band_for(
         class_sources=int(band[f"{c}_sources"]),
         engine_sources=engine_sources,
         widened=tuple(why) + (() if int(band[f"{c}_sources"]) != 1 else ("one source: its sibling class's spread",)),
+        engine=engine,
     )
 
 
 def _fields(b: Band) -> dict[str, object]:
-    return {"lo": b.lo, "mid": b.mid, "hi": b.hi, "runs": b.runs, "sources": b.sources}
+    return {"lo": b.lo, "mid": b.mid, "hi": b.hi, "runs": b.runs, "sources": b.sources, "engine": b.engine}
