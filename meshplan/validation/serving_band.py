@@ -16,6 +16,15 @@ sources:
   k = 1: one source says nothing of how sources differ; each side takes the larger of its own distance and that
       of the class measuring the same quantity on the other models (``SIBLING``: MoE throughput takes dense
       throughput's), else the widest of the classes that rest on two sources or more (after their widening).
+
+Beside each class's band the file holds, for reports/serve_band.py to pick from (its docstring states the rule a
+question follows):
+  each engine family with rows in the class: the class's (widened) distances around the family's own median,
+      each of its sources weighing the same, covering the class's band (never narrower than it);
+  the sources that ran each GPU kind, MoE or dense models, MLA or not;
+  per axis (engine, GPU kind, MoE, MLA), the width an unseen level adds (``unseen_width``): with n levels among
+      the class's rows, t_0.90(n - 1) sqrt(1 + 1/n) times the standard deviation of the levels' mean log ratios;
+      a class with one level of an axis takes that axis's widest among the other classes.
 """
 
 from __future__ import annotations
