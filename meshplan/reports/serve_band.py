@@ -14,9 +14,9 @@ width an unseen one adds. A question (a class, an engine, a GPU kind, a model) t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 SIBLING = {"throughput-moe": "throughput-dense", "throughput-dense": "throughput-moe"}
 """The class measuring the same quantity (offline tokens/s) on the other model class."""
@@ -27,7 +27,7 @@ def key(name: str) -> str:
     return name.replace("-", "_").replace(".", "_")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Band:
     """P10, median and P90 of measured over predicted time for one question, and what stands behind it."""
 
@@ -69,7 +69,7 @@ def band_for(
             raise ValueError(f"the serving band file has no {cls!r} band and no sibling class's")
         got = band_for(band, sibling, engine=engine, gpu=gpu, moe=moe, mla=mla, _borrowed=True)
         why = f"no published {cls} row: {sibling}'s band"
-        return Band(**{**_fields(got), "class_sources": 0, "engine_sources": 0, "widened": (why, *got.widened)})
+        return dataclasses.replace(got, class_sources=0, engine_sources=0, widened=(why, *got.widened))
     e = f"{c}_engine_{key(engine)}"
     widths, why = [], []
     if f"{e}_sources" in band:
@@ -105,7 +105,3 @@ def band_for(
         widened=tuple(why) + (() if int(band[f"{c}_sources"]) != 1 else ("one source: its sibling class's spread",)),
         engine=engine,
     )
-
-
-def _fields(b: Band) -> dict[str, object]:
-    return {"lo": b.lo, "mid": b.mid, "hi": b.hi, "runs": b.runs, "sources": b.sources, "engine": b.engine}
