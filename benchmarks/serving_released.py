@@ -10,7 +10,8 @@ python benchmarks/serving_released.py --without-own-source  # each source agains
 
 Each row is typed with serve's own flags and only what its source states (validation/serving_typed.py); the error
 is serve's raw prediction (no correction), and a row is inside the band when its measured over predicted time (a
-latency's ratio, a rate's inverse) lies within the band's P10-P90 for its metric class, as serve prints it.
+latency's ratio, a rate's inverse) lies within the P10-P90 serve prints for a question like it (its metric class's
+band for its engine family, widened for an engine, GPU kind or model class no row ran).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import tomllib
 from pathlib import Path
 
 from meshplan import io
+from meshplan.validation import serving_band
 from meshplan.validation.serving import Row, best_efficiency_error, predict_rows, reference_rows, typed_rows
 from meshplan.validation.serving_band import band_without
 
@@ -34,7 +36,11 @@ def time_ratio(r: Row) -> float:
 
 
 def inside(r: Row, band: dict[str, float]) -> bool:
+    """Within the P10-P90 a question like the row's takes (its engine family's, widened for what no row ran:
+    reports/serve_band.py), or its class's in a band file of an earlier revision, which has no family."""
     key = r.metric_class.replace("-", "_")
+    if f"{key}_unseen_engine_log" in band:
+        return serving_band.inside(r, band)
     return band[f"{key}_time_ratio_p10"] <= time_ratio(r) <= band[f"{key}_time_ratio_p90"]
 
 

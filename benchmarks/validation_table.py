@@ -86,18 +86,17 @@ def write_serving_band() -> None:
     """meshplan/catalog/serving/held_out.toml from `meshplan validate --serving`'s held-out rows."""
     band = validate_serving()["band"]
     path = Path(__file__).parent.parent / "meshplan" / "catalog" / "serving" / "held_out.toml"
+    lines = [f"{k} = {int(v)}" if k.endswith(("_runs", "_sources")) else f"{k} = {v:.4f}" for k, v in band.items()]
     path.write_text(
         "# Written by benchmarks/validation_table.py --write-band: measured over predicted time (a latency's ratio,\n"
         "# a rate's inverse), P10, median and P90 per metric class over the published serving measurements\n"
         "# (meshplan validate --serving), each predicted with the correction fitted without its source, each source\n"
         "# weighing the same; widened by t_0.90(k - 1) sqrt(1 + 1/k) / z_0.90 for k sources, a class of one source\n"
         "# borrowing its sibling class's spread (meshplan/validation/serving_band.py); _sources: the sources behind.\n"
-        + "".join(
-            _class_band(band, cls)
-            + f"{cls}_sources = {int(band[f'{cls}_sources'])}\n"
-            + f"{cls}_widening = {band[f'{cls}_widening']:.4f}\n"
-            for cls in SERVING_BAND_CLASSES
-        ),
+        "# _engine_NAME_: the class's spread around that engine family's median, covering the class's band;\n"
+        "# _gpu_NAME_, _moe_0/1_, _mla_0/1_: the sources that ran each; _unseen_AXIS_log: the width (in logs) a\n"
+        "# question outside them adds to each side, in quadrature (meshplan/reports/serve_band.py).\n"
+        + "".join(f"{line}\n" for line in lines),
         encoding="utf-8",
     )
 

@@ -255,10 +255,10 @@ def test_the_ranking_states_the_models_held_out_error_as_factors() -> None:
     band = io.serving_held_out_band()
     for model, kind in (("llama-3.1-8b", "throughput_dense"), ("mixtral-8x7b", "throughput_moe")):
         text = serve_plan_report(model, gpu="h100-sxm", gpus=8, input_len=512, output_len=128, top=1)["uncertainty"]
-        lo, hi = band["decode_time_ratio_p10"], band["decode_time_ratio_p90"]
+        lo, hi = band["decode_engine_trtllm_time_ratio_p10"], band["decode_engine_trtllm_time_ratio_p90"]
         runs = f"{int(band['decode_runs'])} runs of {int(band['decode_sources'])} sources"
-        assert f"TPOT x{lo:.2f}-{hi:.2f} ({runs})" in text
-        lo, hi = band[f"{kind}_time_ratio_p10"], band[f"{kind}_time_ratio_p90"]
+        assert f"TPOT x{lo:.2f}-{hi:.2f} ({runs}, {int(band['decode_engine_trtllm_sources'])} of them trtllm's" in text
+        lo, hi = band[f"{kind}_engine_trtllm_time_ratio_p10"], band[f"{kind}_engine_trtllm_time_ratio_p90"]
         assert f"tokens/s per GPU x{1 / hi:.2f}-{1 / lo:.2f} ({int(band[f'{kind}_runs'])} runs of " in text
 
 

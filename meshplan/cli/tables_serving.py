@@ -62,8 +62,13 @@ def serve_table(r: dict[str, Any]) -> str:
         ("tokens/s per user", f"{r['tokens_per_s_per_user']:,.1f}", ""),
         ("requests/s (all replicas)", f"{r['requests_per_s_total']:,.2f}", ""),
         (
-            "batch per replica",
-            f"{r['batch_per_replica']:,.1f} of {r['batch_cap_per_replica']:,} ({r['batch_limit']})",
+            "in flight per replica",
+            f"{r['batch_per_replica']:,.1f} of {r['batch_cap_per_replica']:,} ({r['batch_limit']}"
+            + (
+                f"; cap: {r['batch_cap_limit']})"
+                if r.get("batch_cap_limit", r["batch_limit"]) != r["batch_limit"]
+                else ")"
+            ),
             "",
         ),
         ("knee (90% of max)", f"{r.get('knee_batch_per_replica', 0):,} sequences", ""),

@@ -81,10 +81,50 @@ def _validate_serving(r: dict[str, Any]) -> str:
             "sources (the band `serve` prints):",
             table(bands, ["metric", "cases", "sources", "widened", "P10", "median", "P90"]),
             "",
+            "per engine family: the class's spread around the family's median, covering the class's band:",
+            table(_family_rows(band), ["metric", "engine", "cases", "sources", "P10", "median", "P90"]),
+            "",
+            "what a question no row ran adds to each side, in logs and in quadrature (an engine, a GPU kind, MoE or"
+            " dense, MLA or not):",
+            table(
+                [
+                    (c["metric_class"], *(f"{band[f'{_key(c)}_unseen_{a}_log']:.3f}" for a in SERVING_AXES))
+                    for c in r["classes"]
+                ],
+                ["metric", *SERVING_AXES],
+            ),
+            "",
             "not fitted:",
             *notes,
         ]
     )
+
+
+SERVING_AXES = ("engine", "gpu", "moe", "mla")
+
+
+def _key(c: dict[str, Any]) -> str:
+    return str(c["metric_class"]).replace("-", "_")
+
+
+def _family_rows(band: dict[str, float]) -> list[tuple[str, ...]]:
+    """(class, engine, runs, sources, P10, median, P90) of each engine family's serving band."""
+    out = []
+    for name in band:
+        if not (name.endswith("_sources") and "_engine_" in name):
+            continue
+        prefix = name.removesuffix("_sources")
+        cls, engine = prefix.split("_engine_")
+        out.append(
+            (
+                cls.replace("_", "-"),
+                engine.replace("_", "-"),
+                str(int(band[f"{prefix}_runs"])),
+                str(int(band[name])),
+                *(f"{band[f'{prefix}_time_ratio_{q}']:.3f}" for q in ("p10", "p50", "p90")),
+            )
+        )
+    return out
 
 
 def _validate(r: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ from meshplan.core.serving.offline import offline_run
 from meshplan.core.serving.phases import pipeline_factor
 from meshplan.core.serving.static import static_batch
 from meshplan.reports.cost import serve_cost
+from meshplan.reports.serve_band import Band, band_for
 from meshplan.reports.serve_coverage import coverage_warnings
 from meshplan.reports.serve_setup import DEFAULT_ENGINE as DEFAULT_ENGINE
 from meshplan.reports.serve_setup import ENGINES as ENGINES
@@ -53,6 +54,7 @@ def point_dict(setup: Setup, req: Requests, pt: LoadPoint) -> dict[str, Any]:
         "batch_per_replica": pt.batch,
         "batch_limit": pt.limit.value,
         "batch_cap_per_replica": pt.capacity.sequences,
+        "batch_cap_limit": pt.capacity.limit.value,
         "kv_sequences_per_replica": pt.capacity.kv_sequences,
         "saturated": pt.saturated,
         "knee_batch_per_replica": pt.knee_batch,
@@ -181,12 +183,11 @@ def serve_report(
         prefix_hit_rate=prefix_hit_rate or 0.0,
         speculation=spec,
     )
-    moe = setup.model.moe is not None
     if disaggregate is not None:
         if num_requests is not None:
             raise ValueError("--num-requests times one colocated layout; drop --disaggregate")
         out = head | _disaggregated(setup, req, disaggregate)
-        return out | serving_band(out, moe=moe) | serve_cost(out, price_per_gpu_hour)
+        return out | serving_band(out, setup) | serve_cost(out, price_per_gpu_hour)
     pt = load_point(setup.model, setup.shape, setup.hw, setup.layout, req)
     out = head | point_dict(setup, req, pt) | {"calibration_source": setup.hw.cal.source}
     if spec is not None:
@@ -197,57 +198,62 @@ def serve_report(
         out["offline"] = offline_dict(setup, req, pt, num_requests=num_requests)
     if batch is not None:
         out |= static_dict(setup, req, pt, batch=batch, max_batch=max_batch)
-    return out | serving_band(out, moe=moe) | serve_cost(out, price_per_gpu_hour)
+    return out | serving_band(out, setup) | serve_cost(out, price_per_gpu_hour)
 
 
-def serving_band(point: dict[str, Any], *, moe: bool) -> dict[str, Any]:
+def serving_band(point: dict[str, Any], setup: Setup) -> dict[str, Any]:
     """P10-P90 of TPOT, unloaded TTFT and tokens/s per GPU: each figure times the P10 and P90 of measured over
     predicted time on the published serving measurements of its kind, held out by source
-    (catalog/serving/held_out.toml): decode for TPOT, prefill for TTFT, offline throughput (dense or MoE) for
-    tokens/s."""
+    (catalog/serving/held_out.toml; reports/serve_band.py picks the engine family's band and widens it for what no
+    row ran): decode for TPOT, prefill for TTFT, offline throughput (dense or MoE) for tokens/s."""
     band = io.serving_held_out_band()
-    kind = "throughput_moe" if moe else "throughput_dense"
+    bands = _bands(band, setup.model, engine=setup.hw.cal.engine, gpu=setup.hw.gpu.name)
+    kind = "throughput-moe" if setup.model.moe is not None else "throughput-dense"
     out: dict[str, Any] = {}
     for key, cls in (("tpot_s", "decode"), ("ttft_s_unloaded", "prefill")):
-        out |= {f"{key}_{q}": point[key] * band[f"{cls}_time_ratio_{q}"] for q in ("p10", "p90")}
+        b = bands[cls]
+        out |= {f"{key}_p10": point[key] * b.lo, f"{key}_p90": point[key] * b.hi}
     if "static_batch" in point:  # the batch's TTFT is a prefill: the prefill class's band
-        ttft = point["static_batch"]["ttft_s"]
-        out["static_batch"] = point["static_batch"] | {
-            f"ttft_s_{q}": ttft * band[f"prefill_time_ratio_{q}"] for q in ("p10", "p90")
-        }
+        ttft, b = point["static_batch"]["ttft_s"], bands["prefill"]
+        out["static_batch"] = point["static_batch"] | {"ttft_s_p10": ttft * b.lo, "ttft_s_p90": ttft * b.hi}
     rate = point["tokens_per_s_per_gpu"]
-    out["tokens_per_s_per_gpu_p10"] = rate / band[f"{kind}_time_ratio_p90"]  # the slow end of the rate
-    out["tokens_per_s_per_gpu_p90"] = rate / band[f"{kind}_time_ratio_p10"]
+    out["tokens_per_s_per_gpu_p10"] = rate / bands[kind].hi  # the slow end of the rate
+    out["tokens_per_s_per_gpu_p90"] = rate / bands[kind].lo
+    out["band_sources"] = {
+        "tpot": bands["decode"].sources,
+        "ttft": bands["prefill"].sources,
+        "tokens_per_s": bands[kind].sources,
+    }
+    out["band_widened"] = sorted({w for b in bands.values() for w in b.widened})
     out["uncertainty"] = (
         "P10-P90 of measured over predicted on published serving measurements, each predicted with the correction "
         f"fitted without its source, each source weighing the same, widened where few sources stand behind it: "
-        f"TPOT from {_runs(band, 'decode')}, TTFT from {_runs(band, 'prefill')}, tokens/s per GPU from "
-        f"{_runs(band, kind)} of {'MoE' if moe else 'dense'} throughput"
+        f"TPOT from {bands['decode'].text()}; TTFT from {bands['prefill'].text()}; tokens/s per GPU "
+        f"({'MoE' if kind == 'throughput-moe' else 'dense'} throughput) from {bands[kind].text()}"
     )
     return out
 
 
-def _runs(band: dict[str, float], cls: str) -> str:
-    """'32 runs of 4 sources' (or of one source, its band borrowed from its sibling class's)."""
-    runs, sources = int(band[f"{cls}_runs"]), int(band.get(f"{cls}_sources", 0))
-    if sources == 1:
-        return f"{runs} runs of 1 source (widened as the classes of several sources)"
-    return f"{runs} runs of {sources} sources"
+def _bands(band: dict[str, float], model: ModelSpec, *, engine: str, gpu: str) -> dict[str, Band]:
+    """The band each metric class gives a question of ``engine`` on ``gpu`` for ``model``."""
+    moe, mla = model.moe is not None, model.mla is not None
+    kind = "throughput-moe" if moe else "throughput-dense"
+    return {c: band_for(band, c, engine=engine, gpu=gpu, moe=moe, mla=mla) for c in ("decode", "prefill", kind)}
 
 
-def serving_band_text(*, moe: bool) -> str:
+def serving_band_text(model: ModelSpec, *, engine: str, gpu: str) -> str:
     """The serving band as factors on the model's figures, for a ranking of many plans (``serve-plan``)."""
-    band = io.serving_held_out_band()
-    kind = "throughput_moe" if moe else "throughput_dense"
+    bands = _bands(io.serving_held_out_band(), model, engine=engine, gpu=gpu)
+    kind = "throughput-moe" if model.moe is not None else "throughput-dense"
 
     def factors(cls: str, *, rate: bool = False) -> str:
-        lo, hi = band[f"{cls}_time_ratio_p10"], band[f"{cls}_time_ratio_p90"]
-        return f"x{1 / hi:.2f}-{1 / lo:.2f}" if rate else f"x{lo:.2f}-{hi:.2f}"
+        b = bands[cls]
+        return f"x{1 / b.hi:.2f}-{1 / b.lo:.2f}" if rate else f"x{b.lo:.2f}-{b.hi:.2f}"
 
     return (
         f"measured over predicted on published serving measurements held out by source, P10-P90: TPOT "
-        f"{factors('decode')} ({_runs(band, 'decode')}), TTFT {factors('prefill')} ({_runs(band, 'prefill')}), "
-        f"tokens/s per GPU {factors(kind, rate=True)} ({_runs(band, kind)}): a plan within those factors of a "
+        f"{factors('decode')} ({bands['decode'].text()}), TTFT {factors('prefill')} ({bands['prefill'].text()}), "
+        f"tokens/s per GPU {factors(kind, rate=True)} ({bands[kind].text()}): a plan within those factors of a "
         "target may miss it"
     )
 

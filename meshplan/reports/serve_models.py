@@ -138,6 +138,8 @@ class ServeReport(TypedDict):
     batch_per_replica: float
     batch_limit: str
     batch_cap_per_replica: int
+    batch_cap_limit: NotRequired[str]
+    """What sets the cap: kv-cache, max-batch or max-tokens (the engine's caps, or the user's --max-batch)."""
     kv_sequences_per_replica: int
     saturated: bool
     knee_batch_per_replica: int
@@ -150,6 +152,10 @@ class ServeReport(TypedDict):
     ttft_s_unloaded_p90: float
     tokens_per_s_per_gpu_p10: float
     tokens_per_s_per_gpu_p90: float
+    band_sources: dict[str, int]
+    """Sources behind each band (tpot, ttft, tokens_per_s): the engine family's in its class, else the class's."""
+    band_widened: list[str]
+    """Why a band is wider than its rows give: an engine, GPU kind or model class no published row ran."""
     uncertainty: str
     defaults_applied: list[DefaultAppliedJSON]
     warnings: list[str]

@@ -209,7 +209,7 @@ def serve_plan_report(
         "targets": {"ttft_s_p99": ttft_p99_s, "tpot_s_p99": tpot_p99_s},
         "disaggregate_searched": disaggregate,
         "concurrency_total": concurrency,
-        "uncertainty": serving_band_text(moe=spec.moe is not None),
+        "uncertainty": serving_band_text(spec, engine=engine, gpu=gpu_spec.name),
         "weights_dtypes_searched": searched,
         "prefix_hit_rate": prefix_hit_rate,
         "speculative": speculative,

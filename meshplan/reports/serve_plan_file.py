@@ -224,7 +224,9 @@ def serving_plan_of(data: Any, label: str) -> SavedServingPlan:
     best = r.plan(data["best"], "best")
     _listings(r, data, best)
     plan = _recomputed(r, data, best, spec=spec, gpu=gpu, request=request)
-    if not isinstance(data["uncertainty"], str) or data["uncertainty"] != serving_band_text(moe=spec.moe is not None):
+    if not isinstance(data["uncertainty"], str) or data["uncertainty"] != serving_band_text(
+        spec, engine=request["engine"], gpu=gpu.name
+    ):
         raise r.fail("uncertainty", "is not the serving band serve-plan states for this model")
     _searched(r, data, best)
     return plan

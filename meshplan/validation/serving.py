@@ -28,7 +28,7 @@ from meshplan.core.serving.phases import decode_step, prefill
 from meshplan.core.serving.shape import ServeCalibration, replica_shape
 from meshplan.core.serving.static import static_batch_s
 from meshplan.reports.serve import Setup, resolve
-from meshplan.reports.serve_coverage import serving_rows
+from meshplan.reports.serve_coverage import row_model, serving_rows
 from meshplan.validation.serving_band import held_out, held_out_band
 from meshplan.validation.serving_typed import (
     TYPED_BY_DEFAULTS,
@@ -109,6 +109,10 @@ class Row:
     reason: str
     shared: bool
     """From the shared serving_runs.json (else from catalog/serving/runs_moe.json)."""
+    gpu: str = ""
+    """The catalog GPU kind it ran on (the band's GPU-kind coverage)."""
+    model: str = ""
+    """The catalog model it ran (the band's model-class coverage: MoE, MLA)."""
 
     @property
     def error(self) -> float | None:
@@ -279,6 +283,8 @@ def predict_rows(row: dict[str, Any]) -> list[Row]:
         "metric_class": _metric_class(row),
         "measured": measured,
         "shared": row["shared"],
+        "gpu": row["hardware"]["catalog"] or "",
+        "model": row_model(row) or "",
     }
     try:
         io.load_gpu(row["hardware"]["catalog"] or "")
@@ -313,6 +319,7 @@ def typed_rows(row: dict[str, Any], *, kv_dtype: str | None = None) -> list[Row]
         predicted, roofline = predict_typed(setup, flags, metric), predict_typed(ideal, flags, metric)
         base = {"case": row["id"], "source": source, "engine": setup.hw.cal.engine, "metric": metric}
         base |= {"metric_class": typed_metric_class(row, metric), "measured": measured, "shared": row["shared"]}
+        base |= {"gpu": setup.hw.gpu.name, "model": setup.model.name}
         beyond = _beyond(metric, measured, roofline)
         if beyond:
             status, reason = "physics", beyond

@@ -16,6 +16,15 @@ sources:
   k = 1: one source says nothing of how sources differ; each side takes the larger of its own distance and that
       of the class measuring the same quantity on the other models (``SIBLING``: MoE throughput takes dense
       throughput's), else the widest of the classes that rest on two sources or more (after their widening).
+
+Beside each class's band the file holds, for reports/serve_band.py to pick from (its docstring states the rule a
+question follows):
+  each engine family with rows in the class: the class's (widened) distances around the family's own median,
+      each of its sources weighing the same, covering the class's band (never narrower than it);
+  the sources that ran each GPU kind, MoE or dense models, MLA or not;
+  per axis (engine, GPU kind, MoE, MLA), the width an unseen level adds (``unseen_width``): with n levels among
+      the class's rows, t_0.90(n - 1) sqrt(1 + 1/n) times the standard deviation of the levels' mean log ratios;
+      a class with one level of an axis takes that axis's widest among the other classes.
 """
 
 from __future__ import annotations
@@ -23,12 +32,14 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from functools import cache
 from typing import Protocol
+
+from meshplan import io
+from meshplan.reports.serve_band import SIBLING, Band, band_for, key
 
 Z90 = 1.2815515655446004
 """The standard normal's 0.90 quantile."""
-SIBLING = {"throughput-moe": "throughput-dense", "throughput-dense": "throughput-moe"}
-"""The class measuring the same quantity (offline tokens/s) on the other model class."""
 
 
 class Measured(Protocol):
@@ -46,6 +57,12 @@ class Measured(Protocol):
     def predicted(self) -> float | None: ...
     @property
     def status(self) -> str: ...
+    @property
+    def engine(self) -> str: ...
+    @property
+    def gpu(self) -> str: ...
+    @property
+    def model(self) -> str: ...
 
 
 def t90(df: int) -> float:
@@ -132,30 +149,75 @@ def weighted_quantile(values: Sequence[float], weights: Sequence[float], q: floa
 
 def class_residuals(rows: Sequence[Measured]) -> dict[str, dict[str, list[float]]]:
     """Per class and source, the log time ratios of its counted rows held out (the correction without it)."""
-    out: dict[str, dict[str, list[float]]] = {}
+    return {cls: {s: [x for _, x in v] for s, v in by.items()} for cls, by in class_rows(rows).items()}
+
+
+def class_rows(rows: Sequence[Measured]) -> dict[str, dict[str, list[tuple[Measured, float]]]]:
+    """Per class and source, each counted row with its log time ratio held out (the correction without it)."""
+    out: dict[str, dict[str, list[tuple[Measured, float]]]] = {}
     for cls in sorted({r.metric_class for r in rows if r.status == "ok"}):
         for source in sorted({r.source for r in counted(rows, cls)}):
             _, held = held_out(rows, source, cls)
-            out.setdefault(cls, {})[source] = [math.log(time_ratio(r, p)) for r, p in held]
+            out.setdefault(cls, {})[source] = [(r, math.log(time_ratio(r, p))) for r, p in held]
     return out
 
 
+@cache
+def model_traits(model: str) -> tuple[bool, bool]:
+    """(MoE, MLA) of a catalog model; (False, False) where the row names none."""
+    if not model:
+        return False, False
+    spec = io.load_model(model)
+    return spec.moe is not None, spec.mla is not None
+
+
+def _levels(r: Measured) -> dict[str, str]:
+    """The row's level on each axis a question may fall outside of."""
+    moe, mla = model_traits(r.model)
+    return {"engine": key(r.engine), "gpu": key(r.gpu), "moe": str(int(moe)), "mla": str(int(mla))}
+
+
+def _weighted(by_source: dict[str, list[tuple[Measured, float]]], q: float) -> float:
+    logs = [x for v in by_source.values() for _, x in v]
+    weights = [1 / len(v) for v in by_source.values() for _ in v]
+    return weighted_quantile(logs, weights, q)
+
+
+def unseen_width(by_source: dict[str, list[tuple[Measured, float]]], axis: str) -> float | None:
+    """The width (in logs) an unseen level of ``axis`` adds: with n levels among the class's rows, each level's
+    mean log ratio (the mean of its sources' means, each source weighing the same), w = t_0.90(n - 1)
+    sqrt(1 + 1/n) s, s their standard deviation: the half-width of a P10-P90 prediction interval for one more
+    level's offset. None below two levels (nothing says how levels differ)."""
+    per_level: dict[str, dict[str, list[float]]] = {}
+    for source, members in by_source.items():
+        for r, x in members:
+            per_level.setdefault(_levels(r)[axis], {}).setdefault(source, []).append(x)
+    means = [statistics.mean(statistics.mean(v) for v in by.values()) for by in per_level.values()]
+    if len(means) < 2:
+        return None
+    n = len(means)
+    return t90(n - 1) * math.sqrt(1 + 1 / n) * statistics.stdev(means)
+
+
 def held_out_band(rows: Sequence[Measured]) -> dict[str, float]:
-    """Per metric class (``decode``, ``prefill``, ``throughput_dense``, ``throughput_moe``): the P10, median and P90
-    of the held-out time ratios, each source weighing the same, widened for few sources (module docstring); the
-    rows, sources and widening factor behind it."""
+    """catalog/serving/held_out.toml's numbers (reports/serve_band.py reads them). Per metric class (``decode``,
+    ``prefill``, ``throughput_dense``, ``throughput_moe``): the P10, median and P90 of the held-out time ratios,
+    each source weighing the same, widened for few sources (module docstring), with the rows, sources and factor
+    behind them; per engine family with rows in the class (``_engine_NAME_``), the class's distances around the
+    family's own median, covering the class's band, and its sources; the sources per GPU kind (``_gpu_NAME_``), per
+    MoE and MLA (``_moe_1_``, ``_mla_0_``...); and the width each unseen level adds (``_unseen_AXIS_log``)."""
+    by_class = class_rows(rows)
     raw: dict[str, tuple[float, float, float, int, int]] = {}
-    for cls, by_source in class_residuals(rows).items():
-        logs = [x for v in by_source.values() for x in v]
-        weights = [1 / len(v) for v in by_source.values() for _ in v]
-        q = [weighted_quantile(logs, weights, p) for p in (0.1, 0.5, 0.9)]
-        raw[cls] = (q[0], q[1], q[2], len(logs), len(by_source))
+    for cls, by_source in by_class.items():
+        q = [_weighted(by_source, p) for p in (0.1, 0.5, 0.9)]
+        raw[cls] = (q[0], q[1], q[2], sum(len(v) for v in by_source.values()), len(by_source))
     widened: dict[str, tuple[float, float, float]] = {}
     for cls, (lo, mid, hi, _, k) in raw.items():
         if k >= 2:
             f = widening(k)
             widened[cls] = (mid - f * (mid - lo), mid, mid + f * (hi - mid))
     out: dict[str, float] = {}
+    widths: dict[tuple[str, str], float | None] = {}
     for cls, (lo, mid, hi, n, k) in raw.items():
         f = widening(k)
         if k >= 2:
@@ -166,22 +228,59 @@ def held_out_band(rows: Sequence[Measured]) -> dict[str, float]:
             below = max((m - low for low, m, _ in donors), default=0.0)
             above = max((high - m for _, m, high in donors), default=0.0)
             lo, hi = mid - max(mid - lo, below), mid + max(hi - mid, above)
-        key = cls.replace("-", "_")
+        c = key(cls)
         out |= {
-            f"{key}_time_ratio_p10": math.exp(lo),
-            f"{key}_time_ratio_p50": math.exp(mid),
-            f"{key}_time_ratio_p90": math.exp(hi),
-            f"{key}_runs": float(n),
-            f"{key}_sources": float(k),
-            f"{key}_widening": f,
+            f"{c}_time_ratio_p10": math.exp(lo),
+            f"{c}_time_ratio_p50": math.exp(mid),
+            f"{c}_time_ratio_p90": math.exp(hi),
+            f"{c}_runs": float(n),
+            f"{c}_sources": float(k),
+            f"{c}_widening": f,
         }
+        by_source = by_class[cls]
+        families = sorted({_levels(r)["engine"] for v in by_source.values() for r, _ in v})
+        for family in families:
+            mine = {s: v for s, v in by_source.items() if _levels(v[0][0])["engine"] == family}
+            centre = _weighted(mine, 0.5)
+            e = f"{c}_engine_{family}"
+            out |= {
+                f"{e}_time_ratio_p10": math.exp(min(centre - (mid - lo), lo)),
+                f"{e}_time_ratio_p50": math.exp(centre),
+                f"{e}_time_ratio_p90": math.exp(max(centre + (hi - mid), hi)),
+                f"{e}_runs": float(sum(len(v) for v in mine.values())),
+                f"{e}_sources": float(len(mine)),
+            }
+        for axis in ("gpu", "moe", "mla"):
+            seen: dict[str, set[str]] = {}
+            for source, members in by_source.items():
+                for r, _ in members:
+                    seen.setdefault(_levels(r)[axis], set()).add(source)
+            out |= {f"{c}_{axis}_{level}_sources": float(len(s)) for level, s in sorted(seen.items())}
+        for axis in AXES:
+            widths[(c, axis)] = unseen_width(by_source, axis)
+    every = [w for w in widths.values() if w is not None]
+    for (c, axis), w in widths.items():
+        if w is None:  # one level in the class: the axis's widest elsewhere, else the widest of any axis
+            same = [v for (_, a), v in widths.items() if a == axis and v is not None]
+            w = max(same or every or [0.0])
+        out[f"{c}_unseen_{axis}_log"] = w
     return out
 
 
+AXES = ("engine", "gpu", "moe", "mla")
+"""The levels a question may fall outside of: its engine family, its GPU kind, MoE or not, MLA or not."""
+
+
+def row_band(r: Measured, band: dict[str, float]) -> Band:
+    """The band a question like the row's takes (reports/serve_band.py) from ``band``."""
+    moe, mla = model_traits(r.model)
+    return band_for(band, r.metric_class, engine=r.engine, gpu=r.gpu, moe=moe, mla=mla)
+
+
 def inside(r: Measured, band: dict[str, float], predicted: float | None = None) -> bool:
-    """Whether the row's measured over predicted time lies within its class's P10-P90."""
-    key = r.metric_class.replace("-", "_")
-    return band[f"{key}_time_ratio_p10"] <= time_ratio(r, predicted) <= band[f"{key}_time_ratio_p90"]
+    """Whether the row's measured over predicted time lies within the P10-P90 a question like it takes."""
+    b = row_band(r, band)
+    return b.lo <= time_ratio(r, predicted) <= b.hi
 
 
 def band_without(rows: Sequence[Measured], source: str) -> dict[str, float]:

@@ -1,0 +1,107 @@
+"""The serving band of one question: which of catalog/serving/held_out.toml's bands it takes, and how much wider.
+
+The file (written by validation/serving_band.py) holds, per metric class (decode, prefill, dense and MoE
+throughput): the class's band, each engine family's band, the GPU kinds and model classes its rows ran, and the
+width an unseen one adds. A question (a class, an engine, a GPU kind, a model) takes:
+
+1. its engine family's band in the class where the family has published rows there (the class's spread around the
+   family's own median, covering the class's band), else the class's band widened for an unseen engine;
+2. a class with no row of its own (MoE throughput, held out of its one source) takes its sibling's (dense
+   throughput's) as the rest of this rule gives it, the model class that sibling never ran widening it;
+3. each unseen level (the engine, the GPU kind, MoE, MLA) adds its class's width w in quadrature to each side's
+   distance from the median, in logs: d' = sqrt(d^2 + sum w^2), and names why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+SIBLING = {"throughput-moe": "throughput-dense", "throughput-dense": "throughput-moe"}
+"""The class measuring the same quantity (offline tokens/s) on the other model class."""
+
+
+def key(name: str) -> str:
+    """A class, engine or GPU name as a band-file key part (dashes and dots to underscores)."""
+    return name.replace("-", "_").replace(".", "_")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Band:
+    """P10, median and P90 of measured over predicted time for one question, and what stands behind it."""
+
+    lo: float
+    mid: float
+    hi: float
+    runs: int
+    sources: int
+    """Sources behind the band the question takes (its engine family's in the class, else the class's)."""
+    class_sources: int
+    engine_sources: int
+    """Of them, the question's engine family's (0: none)."""
+    widened: tuple[str, ...]
+    """Why it is wider than the band its rows give: unseen levels, a borrowed class."""
+    engine: str
+
+    def text(self) -> str:
+        """'32 runs of 4 sources (2 of them trtllm's)' and the reasons it is widened."""
+        if self.class_sources == 0:
+            head = "no published row of this class"
+        else:
+            head = f"{self.runs} runs of {self.class_sources} source{'s' if self.class_sources != 1 else ''}"
+            if self.engine_sources == self.class_sources:
+                head += f", all {self.engine}'s"
+            elif self.engine_sources:
+                head += f", {self.engine_sources} of them {self.engine}'s"
+        return head + (f" (widened: {', '.join(self.widened)})" if self.widened else "")
+
+
+def band_for(
+    band: Mapping[str, float], cls: str, *, engine: str, gpu: str, moe: bool, mla: bool, _borrowed: bool = False
+) -> Band:
+    """The band of a ``cls`` figure of ``engine`` on ``gpu`` for a model that is (or not) MoE and MLA (module
+    docstring)."""
+    c = key(cls)
+    if f"{c}_time_ratio_p10" not in band:
+        sibling = SIBLING.get(cls)
+        if _borrowed or sibling is None or f"{key(sibling)}_time_ratio_p10" not in band:
+            raise ValueError(f"the serving band file has no {cls!r} band and no sibling class's")
+        got = band_for(band, sibling, engine=engine, gpu=gpu, moe=moe, mla=mla, _borrowed=True)
+        why = f"no published {cls} row: {sibling}'s band"
+        return dataclasses.replace(got, class_sources=0, engine_sources=0, widened=(why, *got.widened))
+    e = f"{c}_engine_{key(engine)}"
+    widths, why = [], []
+    if f"{e}_sources" in band:
+        lo, mid, hi = (band[f"{e}_time_ratio_{q}"] for q in ("p10", "p50", "p90"))
+        engine_sources = int(band[f"{e}_sources"])
+    else:
+        lo, mid, hi = (band[f"{c}_time_ratio_{q}"] for q in ("p10", "p50", "p90"))
+        engine_sources = 0
+        widths.append(band[f"{c}_unseen_engine_log"])
+        why.append(f"no published {cls} row of {engine}")
+    if f"{c}_gpu_{key(gpu)}_sources" not in band:
+        widths.append(band[f"{c}_unseen_gpu_log"])
+        why.append(f"no published {cls} row on {gpu}")
+    for trait, has, name in (
+        ("moe", moe, "a MoE" if moe else "a dense"),
+        ("mla", mla, "an MLA" if mla else "a non-MLA"),
+    ):
+        if f"{c}_{trait}_{int(has)}_sources" not in band:
+            widths.append(band[f"{c}_unseen_{trait}_log"])
+            why.append(f"no published {cls} row of {name} model")
+    if widths:
+        extra = sum(w * w for w in widths)
+        below, above = math.log(mid / lo), math.log(hi / mid)
+        lo, hi = mid * math.exp(-math.sqrt(below**2 + extra)), mid * math.exp(math.sqrt(above**2 + extra))
+    return Band(
+        lo=lo,
+        mid=mid,
+        hi=hi,
+        runs=int(band[f"{c}_runs"]),
+        sources=engine_sources or int(band[f"{c}_sources"]),
+        class_sources=int(band[f"{c}_sources"]),
+        engine_sources=engine_sources,
+        widened=tuple(why) + (() if int(band[f"{c}_sources"]) != 1 else ("one source: its sibling class's spread",)),
+        engine=engine,
+    )
