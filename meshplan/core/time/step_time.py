@@ -403,10 +403,9 @@ def _dp_exposed(
 ) -> Num:
     """Data-parallel and ZeRO traffic left after hiding behind the compute it overlaps.
 
-    Gradient traffic issued once per step hides behind the last micro-batch's backward; per-micro-batch
-    reduce-scatters and ZeRO-3 backward gathers behind each backward; ZeRO-3 forward gathers behind each forward
-    (prefetch); the ZeRO-1/2 parameter all-gather behind the next step's first forward, unless the engine runs it
-    inside the optimizer step (``overlappable`` False: all of it shows).
+    Once-per-step gradient traffic hides behind the last micro-batch's backward, per-micro-batch reduce-scatters and
+    ZeRO-3 backward gathers behind each backward, ZeRO-3 forward gathers behind each forward (prefetch), ZeRO-1/2's
+    parameter gather behind the next forward unless run inside the optimizer step (``overlappable`` False: all shows).
     """
     ov = work.overlap
 
