@@ -217,3 +217,19 @@ def test_data_parallel_traffic_hides_where_the_model_hides_it() -> None:
         assert hidden["the parameters' gather, behind the first forward"]["start_s"] == first_f
         drawn = sum(i["end_s"] - i["start_s"] for i in hidden.values()) + row["totals"]["exposed_dp_s"]
         assert drawn == pytest.approx(dp_traffic, rel=1e-9)
+
+
+def test_a_gather_inside_the_optimizer_step_is_drawn_exposed_whole() -> None:
+    """ZeRO-1 under a PyTorch-native stack gathers the updated parameters inside the optimizer step: nothing of it is
+    drawn beside the first forward, and what hides and what is exposed still make the step's data-parallel traffic."""
+    r = estimate("llama-3.1-8b", 64, tp=2, pp=4, zero=1, global_batch=64, conditions={"stack": "deepspeed"})
+    dp_traffic = sum(c["time_s_per_step"] for c in r["collectives"] if c["strategy"] in ("dp", "dp-experts"))
+    gather = [c for c in r["collectives"] if c["strategy"] == "dp" and c["phase"] == "step"]
+    assert len(gather) == 1 and gather[0]["time_s_per_step"] > 0
+    assert_decomposes(r)
+    for row in r["timeline"]["stages"]:
+        hidden = {i["what"]: i for i in row["hidden"] if i["axis"] == "dp"}
+        assert "the parameters' gather, behind the first forward" not in hidden
+        assert row["totals"]["exposed_dp_s"] >= gather[0]["time_s_per_step"]
+        drawn = sum(i["end_s"] - i["start_s"] for i in hidden.values()) + row["totals"]["exposed_dp_s"]
+        assert drawn == pytest.approx(dp_traffic, rel=1e-9)

@@ -217,8 +217,9 @@ def _bucket_all_reduce(part: DpPart, cl: Cluster, shard_p: AxisPlacement, *, gra
 def _parameter_calls(
     part: DpPart, lay: object, work: Workload, cl: Cluster, pl: dict[str, AxisPlacement], *, m: Num, native: bool
 ) -> list[CollectiveCall]:
-    """Parameter gathers: ZeRO-1/2's after the step (in FP8 with ``fp8_all_gather``); ZeRO-3's before each unit's
-    forward and backward (and again before its recomputed forward when each matrix is fetched on its own)."""
+    """Parameter gathers: ZeRO-1/2's after the step (in FP8 with ``fp8_all_gather``; exposed whole under a
+    PyTorch-native engine, which gathers inside the optimizer step); ZeRO-3's before each unit's forward and backward
+    (and again before its recomputed forward when each matrix is fetched on its own)."""
     zero = lay.zero  # type: ignore[attr-defined]
     zero3 = (zero == ZeroStage.PARAMETERS) & where(native, False, True)
     by_matrix = work.conditions.zero3_unit is not Zero3Unit.LAYER
@@ -239,6 +240,10 @@ def _parameter_calls(
             # natively ZeRO-2 is FSDP2 without resharding after forward: its units gather in forward (torch_calls)
             count=part.issued
             * where((zero == ZeroStage.OPTIMIZER) | ((zero == ZeroStage.GRADIENTS) & (not native)), 1, 0),
+            # a PyTorch-native engine gathers inside optimizer.step(), before the next forward can start (DeepSpeed
+            # stage_1_and_2.py step: all_gather_dp_groups; torch's ZeroRedundancyOptimizer.step: _sync_params);
+            # Megatron's distributed optimizer can gather bucket by bucket in the next forward (--overlap-param-gather)
+            overlappable=not native,
             **sharded,
         ),
         *(

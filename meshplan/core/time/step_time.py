@@ -385,25 +385,25 @@ def _dp_exposed(
 ) -> Num:
     """Data-parallel and ZeRO traffic left after hiding behind the compute it overlaps.
 
-    Gradient traffic issued once per step hides behind the last micro-batch's
-    backward; per-micro-batch reduce-scatters and ZeRO-3 backward gathers
-    behind each backward; ZeRO-3 forward gathers behind each forward (prefetch);
-    the ZeRO-1/2 parameter all-gather behind the next step's first forward.
+    Once-per-step gradient traffic hides behind the last micro-batch's backward, per-micro-batch reduce-scatters and
+    ZeRO-3 backward gathers behind each backward, ZeRO-3 forward gathers behind each forward (prefetch), ZeRO-1/2's
+    parameter gather behind the next forward unless run inside the optimizer step (``overlappable`` False: all shows).
     """
     ov = work.overlap
 
-    def one_call(phase: str, per_mb: bool) -> Num:
+    def one_call(phase: str, per_mb: bool, overlappable: bool | None = None) -> Num:
         """Per step (once-per-step calls) or per micro-batch (every call of it: ZeRO-3 issues one per layer)."""
         total: Num = 0.0
         for c in calls:
-            if c.strategy in ("dp", "dp-experts") and c.phase == phase:
+            if c.strategy in ("dp", "dp-experts") and c.phase == phase and overlappable in (None, c.overlappable):
                 issued = (c.count_per_step > 0) & (c.per_micro_batch == per_mb)
                 total = total + where(issued, c.time_s / m if per_mb else c.call_s, 0.0)
         return total
 
     exposed = _hidden(one_call("backward", False), bwd_s, ov.dp, efficiency)
     exposed = exposed + m * _hidden(one_call("backward", True), bwd_s, ov.dp, efficiency)
-    exposed = exposed + _hidden(one_call("step", False), fwd_s, ov.param_gather, efficiency)
+    exposed = exposed + _hidden(one_call("step", False, True), fwd_s, ov.param_gather, efficiency)
+    exposed = exposed + one_call("step", False, False)
     return exposed + m * _hidden(one_call("forward", True), fwd_s, ov.fsdp_prefetch, efficiency)
 
 

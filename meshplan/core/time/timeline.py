@@ -154,21 +154,24 @@ class _Slot:
         return self.compute + sum(self.exposed.values()) + self.sync
 
 
-def _dp_traffic(st: StageStep, *, m: int) -> tuple[float, float, float, float]:
+def _dp_traffic(st: StageStep, *, m: int) -> tuple[float, float, float, float, float]:
     """Data-parallel traffic as step_time's ``_dp_exposed`` counts it: per micro-batch in each forward (ZeRO-3's
     gathers) and backward (ZeRO-2/3's reduce-scatters), once a step behind the last backward (the gradients'
-    reduce), once behind the first forward (ZeRO-1/2's parameter gather)."""
-    fwd = bwd = once = first = 0.0
+    reduce), once behind the first forward (ZeRO-1/2's parameter gather); last, the once-a-step calls that nothing
+    hides (the gather a PyTorch-native engine runs inside its optimizer step)."""
+    fwd = bwd = once = first = whole = 0.0
     for c in st.calls:
         if c.strategy not in ("dp", "dp-experts") or not bool(c.count_per_step > 0):
             continue
         if bool(c.per_micro_batch):
             fwd += float(c.time_s) / m if c.phase == "forward" else 0.0
             bwd += float(c.time_s) / m if c.phase == "backward" else 0.0
+        elif c.phase == "step" and not bool(c.overlappable):
+            whole += float(c.call_s)
         else:
             once += float(c.call_s) if c.phase == "backward" else 0.0
             first += float(c.call_s) if c.phase == "step" else 0.0
-    return fwd, bwd, once, first
+    return fwd, bwd, once, first, whole
 
 
 def _slots(
@@ -214,10 +217,10 @@ def step_timeline(st: StageStep, step: StepTime, lay: LayoutLike, *, m: int, gro
     reduce = sum((float(c.time_s) for c in st.calls if c.strategy == "pp" and c.op is Collective.ALL_REDUCE), 0.0)
     slots = 2 * (m * v + p - 1)
     send = (float(st.pp_s) - reduce - 2 * m * float(st.chunk_s) / copies) / slots if p > 1 else 0.0
-    dp_f, dp_b, dp_once, dp_first = _dp_traffic(st, m=m)
+    dp_f, dp_b, dp_once, dp_first, dp_whole = _dp_traffic(st, m=m)
     traffic = m * (dp_f + dp_b) + dp_once + dp_first
     # the model's data-parallel exposure is one total: of each piece, the share it hides is drawn under its compute
-    hides = max(traffic - float(step.exposed_dp_s), 0.0) / traffic if traffic > 0 else 0.0
+    hides = max(traffic - float(step.exposed_dp_s) + dp_whole, 0.0) / traffic if traffic > 0 else 0.0
     f, b = _slots(st, m=m, per=copies * v, send=send, dp=(dp_f * hides, dp_b * hides))
     drawn = m
     while drawn > 2 * group and 2 * drawn * v * p > MAX_SLOTS:  # two groups at least: a steady state to fold
