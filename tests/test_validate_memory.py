@@ -160,3 +160,33 @@ def test_the_tp_rows_of_pytorch_stacks_are_billed_their_loss_and_sequence_parall
     assert abs(rows[("torchtitan_h100", "T4 70B, 256 GPUs, FSDP 32 x TP 8")]) < 0.02
     kf_tp = [e for (src, case), e in rows.items() if src.startswith("kempnerforge") and "TP" in case]
     assert len(kf_tp) == 18 and max(abs(e) for e in kf_tp) < 0.05
+
+
+def test_kempnerforge_tp_rows_keep_a_tp_share_of_each_checkpointed_input(
+    result: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The 7B at TP 4 (4 sequences of 4,096 a micro-batch, full recompute): with its sequence parallelism typed,
+    each of the 32 layers keeps a quarter of its bf16 input, 2 T h / 4, where without it every rank kept all of it,
+    and the final norm (SequenceParallel too) a quarter of what it keeps; the head's gathered input and the loss
+    are the same either way."""
+    import json
+
+    from meshplan.cli import main
+    from meshplan.core.memory.activations import norm_bytes_per_token
+    from meshplan.spec.workload import Framework
+
+    (row,) = [x for x in result["runs"] if x["case"] == "7B, 4 GPUs, TP 4"]
+    argv = row["command"].split()[1:]
+    assert "--sp" in argv
+
+    def bill(args: list[str]) -> dict[str, float]:
+        assert main([*args, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)["per_gpu"]
+
+    with_sp, without = bill(argv), bill([a for a in argv if a != "--sp"])
+    tokens, hidden, layers, tp = 4 * 4096, 4096, 32, 4
+    norm = norm_bytes_per_token(io.load_model("llama-3.1-8b"), act_bytes=2, framework=Framework.TORCH)
+    saved_less = tokens * (layers * 2 * hidden + norm) * (1 - 1 / tp)
+    assert without["activations_bytes"] - with_sp["activations_bytes"] == pytest.approx(saved_less, rel=1e-9)
+    assert with_sp["logits_bytes"] == without["logits_bytes"] == pytest.approx(8 * tokens * 128256)
+    assert with_sp["allocated_bytes"] / 2**30 == pytest.approx(row["predicted_gib"], rel=1e-9)
