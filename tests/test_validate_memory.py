@@ -15,7 +15,9 @@ from meshplan.spec import requests
 from meshplan.validation.memory import best_constant_error, case_values
 
 # source: (mean |error| at most, max |error| at most)
-BOUNDS = {"korthikanti2022_figure1": (0.012, 0.03), "torchtitan_h100": (0.055, 0.13)}
+# torchtitan_h100's max went 12.1% -> 14.6% when the loss-parallel cross-entropy's 16-byte peak was billed: its
+# interleaved 1F1B row, already +11.7% (its 1F1B twin -9.6%), peaks on the last stage; the mean fell 4.3% -> 4.0%.
+BOUNDS = {"korthikanti2022_figure1": (0.012, 0.03), "torchtitan_h100": (0.045, 0.15)}
 
 
 @pytest.fixture
@@ -146,3 +148,45 @@ def test_a_case_command_typed_into_the_cli_bills_what_validate_billed(
     assert main([*shlex.split(row["command"])[1:], "--json"]) in (0, None)
     typed = json.loads(capsys.readouterr().out)
     assert typed["per_gpu"]["total_bytes"] == pytest.approx(row["memory_bytes_per_gpu"], rel=1e-12)
+
+
+def test_the_tp_rows_of_pytorch_stacks_are_billed_their_loss_and_sequence_parallel_inputs(
+    result: dict[str, Any],
+) -> None:
+    """torchtitan's 70B at TP 8 (131,072 tokens a micro-batch) was 11% low before its loss-parallel cross-entropy
+    was billed at 16 bytes a local logit (tests/test_loss_parallel_peak.py); KempnerForge's TP rows were 5-19% high
+    before their sequence parallelism (kempnerforge/distributed/tensor_parallel.py) was typed."""
+    rows = {(x["source"], x["case"]): x["error"] for x in result["runs"]}
+    assert abs(rows[("torchtitan_h100", "T4 70B, 256 GPUs, FSDP 32 x TP 8")]) < 0.02
+    kf_tp = [e for (src, case), e in rows.items() if src.startswith("kempnerforge") and "TP" in case]
+    assert len(kf_tp) == 18 and max(abs(e) for e in kf_tp) < 0.05
+
+
+def test_kempnerforge_tp_rows_keep_a_tp_share_of_each_checkpointed_input(
+    result: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The 7B at TP 4 (4 sequences of 4,096 a micro-batch, full recompute): with its sequence parallelism typed,
+    each of the 32 layers keeps a quarter of its bf16 input, 2 T h / 4, where without it every rank kept all of it,
+    and the final norm (SequenceParallel too) a quarter of what it keeps; the head's gathered input and the loss
+    are the same either way."""
+    import json
+
+    from meshplan.cli import main
+    from meshplan.core.memory.activations import norm_bytes_per_token
+    from meshplan.spec.workload import Framework
+
+    (row,) = [x for x in result["runs"] if x["case"] == "7B, 4 GPUs, TP 4"]
+    argv = row["command"].split()[1:]
+    assert "--sp" in argv
+
+    def bill(args: list[str]) -> dict[str, float]:
+        assert main([*args, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)["per_gpu"]
+
+    with_sp, without = bill(argv), bill([a for a in argv if a != "--sp"])
+    tokens, hidden, layers, tp = 4 * 4096, 4096, 32, 4
+    norm = norm_bytes_per_token(io.load_model("llama-3.1-8b"), act_bytes=2, framework=Framework.TORCH)
+    saved_less = tokens * (layers * 2 * hidden + norm) * (1 - 1 / tp)
+    assert without["activations_bytes"] - with_sp["activations_bytes"] == pytest.approx(saved_less, rel=1e-9)
+    assert with_sp["logits_bytes"] == without["logits_bytes"] == pytest.approx(8 * tokens * 128256)
+    assert with_sp["allocated_bytes"] / 2**30 == pytest.approx(row["predicted_gib"], rel=1e-9)

@@ -37,6 +37,13 @@ UPCAST_LOSS_BYTES = 12.0
 logits (2), their fp32 upcast (4) and the saved fp32 log-probabilities (4) make 10; in backward the saved
 log-probabilities (4), the fp32 gradient of the log-probabilities (4) and of the upcast logits (4) make 12, the
 bf16 logits being freed once the loop drops them (torchtitan's ``del pred``; 14 if the caller keeps them)."""
+PARALLEL_UPCAST_LOSS_BYTES = 16.0
+"""The same loss under PyTorch's ``loss_parallel`` (DTensor logits sharded over the vocabulary, torchtitan's
+default under TP), per token and local vocabulary entry: its backward (torch/distributed/tensor/parallel/loss.py
+``_nll_loss_and_log_softmax_backward``) fuses the two gradients as ``(zeros_like(x) + exp(x)) * grad`` on the
+saved fp32 log-probabilities x, so x (4), the zeros it scatters -1 into (4), their sum with exp(x) (4) and the
+product (4) are live at once: 16 where aten's fused kernels take 12 (measured on CPU by
+tests/test_loss_parallel_peak.py)."""
 BF16_LOSS_BYTES = 8.0
 """Bytes per token per vocabulary entry at the peak of ``cross_entropy(logits)`` on bf16 logits (log_softmax
 and nll_loss in the logits' dtype): the logits the caller still holds (2: KempnerForge's loop keeps ``logits``

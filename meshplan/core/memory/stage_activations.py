@@ -21,6 +21,7 @@ from meshplan.spec.conditions import (
     BF16_LOSS_BYTES,
     COMPILED_LOSS_BYTES,
     FUSED_LOSS_CHUNKS,
+    PARALLEL_UPCAST_LOSS_BYTES,
     UPCAST_LOSS_BYTES,
     Fp8Recipe,
     LossKind,
@@ -339,7 +340,8 @@ def loss_peak_bytes(model: ModelSpec, *, tokens: Num, tp: Num, workload: Workloa
 
     framework: the framework's own (Megatron: fp32 softmax of the vocab-parallel logits, 4sbV/t; PyTorch as
     ``check`` measures it, 4sbV). upcast: ``cross_entropy(logits.float())``, 14 bytes per token and vocabulary
-    entry at its backward (conditions.UPCAST_LOSS_BYTES); bf16: without the upcast, 8 (conditions.BF16_LOSS_BYTES);
+    entry at its backward (conditions.UPCAST_LOSS_BYTES), 16 on a PyTorch stack's loss-parallel DTensor logits
+    (conditions.PARALLEL_UPCAST_LOSS_BYTES); bf16: without the upcast, 8 (conditions.BF16_LOSS_BYTES);
     fused: the upcast on one of 8 token chunks; compiled: the
     bf16 logits and their gradient, 4 bytes (conditions.COMPILED_LOSS_BYTES). Under
     loss parallelism the vocabulary is split over the TP group.
@@ -353,8 +355,10 @@ def loss_peak_bytes(model: ModelSpec, *, tokens: Num, tp: Num, workload: Workloa
         return COMPILED_LOSS_BYTES * tokens * model.vocab_size / split
     if cond.loss is LossKind.BF16:
         return BF16_LOSS_BYTES * tokens * model.vocab_size / split
-    chunks = FUSED_LOSS_CHUNKS if cond.loss is LossKind.FUSED else 1
-    return UPCAST_LOSS_BYTES * tokens * model.vocab_size / split / chunks
+    if cond.loss is LossKind.FUSED:
+        return UPCAST_LOSS_BYTES * tokens * model.vocab_size / split / FUSED_LOSS_CHUNKS
+    dtensor = (split > 1) & (workload.framework is Framework.TORCH)  # loss_parallel's decomposed backward
+    return where(dtensor, PARALLEL_UPCAST_LOSS_BYTES, UPCAST_LOSS_BYTES) * tokens * model.vocab_size / split
 
 
 def _frozen_activation_layers(
