@@ -123,6 +123,7 @@ def ideal_setup(setup: Setup) -> Setup:
         layer_overhead_s=0.0,
         prefill_layer_overhead_s=0.0,
         allreduce_latency_s=0.0,
+        allreduce_latency_per_rank_s=0.0,
         two_batch_overlap=False,
         ep_overlap=1.0,
         ep_overlap_decode=1.0,

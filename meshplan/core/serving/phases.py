@@ -155,14 +155,17 @@ def _hbm_bytes_per_s(hw: Hardware, layout: ServeLayout) -> float:
     return hw.gpu.hbm_bandwidth_bytes_per_s * hw.cal.hbm_efficiency * share
 
 
-def allreduce_s(size_bytes: Num, *, n: int, link: Link, kernel: AllReduceKernel, floor_s: float) -> Num:
-    """One all-reduce of ``size_bytes`` over ``n`` ranks: the engine's own kernel (a latency floor plus the ring's
-    2(n-1)/n bytes) or NCCL, whose ring or tree pays a hop latency per step (its tuner's cheapest protocol)."""
+def allreduce_s(
+    size_bytes: Num, *, n: int, link: Link, kernel: AllReduceKernel, floor_s: float, per_rank_s: float = 0.0
+) -> Num:
+    """One all-reduce of ``size_bytes`` over ``n`` ranks: the engine's own kernel (a latency floor on two ranks,
+    ``per_rank_s`` more for each rank beyond them, plus the ring's 2(n-1)/n bytes) or NCCL, whose ring or tree pays
+    a hop latency per step (its tuner's cheapest protocol)."""
     if n == 1:
         return 0.0 * size_bytes
     bw = link.effective_bytes_per_s
     if kernel is AllReduceKernel.CUSTOM:
-        return floor_s + 2 * (n - 1) / n * size_bytes / bw
+        return floor_s + (n - 2) * per_rank_s + 2 * (n - 1) / n * size_bytes / bw
     return nccl_time(
         Collective.ALL_REDUCE,
         size_bytes=size_bytes,
@@ -219,7 +222,14 @@ def forward(
     tp_link = hw.link(layout.tp)
     ar_bytes = new_tokens * model.hidden * ACT_BYTES * (layout.tp if layout.dp_attention else 1)
     n_ar = 0 if layout.dp_attention and model.moe else 2
-    ar = allreduce_s(ar_bytes, n=layout.tp, link=tp_link, kernel=cal.allreduce, floor_s=cal.allreduce_latency_s)
+    ar = allreduce_s(
+        ar_bytes,
+        n=layout.tp,
+        link=tp_link,
+        kernel=cal.allreduce,
+        floor_s=cal.allreduce_latency_s,
+        per_rank_s=cal.allreduce_latency_per_rank_s,
+    )
     tp_comm = n_ar * shape.layers * ar
     return Forward(
         weights_read_s=weights / hbm,
