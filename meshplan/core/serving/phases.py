@@ -203,7 +203,8 @@ def forward(
     kv_efficiency = mla.bandwidth_share if mla is not None else cal.hbm_efficiency * cal.kv_read_share
     decode_attention_efficiency = mla.compute_share if mla is not None else cal.attention_efficiency
     dtype = compute_dtype(layout)
-    peak = gpu.peak(dtype) * gpu.calibration.matmul_efficiency_max * cal.matmul_share.get(dtype.value, 1.0)
+    fp8 = gpu.calibration.fp8_matmul_ratio if dtype is DType.FP8 else 1.0  # the kind's FP8 share, as in training
+    peak = gpu.peak(dtype) * gpu.calibration.matmul_efficiency_max * fp8 * cal.matmul_share.get(dtype.value, 1.0)
     n_micro = micro_batches(model, hw, layout)  # each reads the weights once and runs its GEMMs on its own rows
     touched = 1.0 - (1.0 - shape.expert_fraction) ** (group_tokens / n_micro) if model.moe else 0.0
     weights = n_micro * (shape.dense_weight_bytes + shape.expert_weight_bytes * touched / cal.moe_matmul_share)
