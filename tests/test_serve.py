@@ -318,3 +318,15 @@ def test_fp8_gemms_run_at_the_gpu_kinds_fp8_share() -> None:
     faster = dataclasses.replace(gpu, calibration=dataclasses.replace(gpu.calibration, fp8_matmul_ratio=1.0))
     pre1 = prefill(s.model, sh, dataclasses.replace(s.hw, gpu=faster), s.layout, tokens=tokens)
     assert float(pre.gemm_compute_s / pre1.gemm_compute_s) == pytest.approx(1 / 0.8965)
+
+
+def test_a_prefill_layer_pays_at_least_the_decode_layers_fixed_cost() -> None:
+    """A prefill layer runs the decode layer's kernels outside a CUDA graph; the graph removes the host's launches,
+    not each kernel's start and drain (gpt-fast's 45.9 us a layer), so no engine prices a prefill layer below it:
+    a 128-token prefill of Llama 3.1 8B pays the step's fixed cost and 32 x 45.9 us."""
+    for engine in ("trtllm", "vllm", "sglang", "gpt-fast"):
+        s = setup(engine=engine)
+        cal = s.hw.cal
+        assert cal.prefill_layer_overhead_s >= cal.layer_overhead_s == pytest.approx(45.9e-6)
+        pre = prefill(s.model, s.shape, s.hw, s.layout, tokens=128.0)
+        assert float(pre.overhead_s) == pytest.approx(cal.step_overhead_s + 32 * 45.9e-6)
