@@ -106,6 +106,8 @@ def test_custom_all_reduce_floor_grows_with_the_ranks_as_measured() -> None:
     before = decode_step(s.model, s.shape, flat, s.layout, batch=1, context=100)
     extra = 2 * 80 * 6 * cal.allreduce_latency_per_rank_s
     assert float(step.total_s - before.total_s) == pytest.approx(extra)
+    ideal = _ideal(s)  # the bare roofline pays no floor
+    assert float(decode_step(ideal.model, ideal.shape, ideal.hw, ideal.layout, batch=1, context=100).tp_comm_s) < 1e-12
 
 
 def test_fp8_kv_halves_the_kv_read_and_doubles_capacity() -> None:
