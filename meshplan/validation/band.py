@@ -22,6 +22,13 @@ expert parallelism and none of context parallelism: ``reports.estimate.BAND_CLAS
    class's own runs and the every-run band together reach, [min(its least ratio, the every-run lower bound),
    max(its largest ratio, the every-run upper bound)], and it says how many sources stand behind it.
 
+4. A layout whose GPU kind, stack or parallelism mix (its axes among TP, PP, CP and EP above 1) no published run
+   used (reports/novelty.py) is no draw of the sources behind any band: its band reaches at least the range of
+   every held-out run of every source, their least and largest time ratio (``unseen_time_ratio_p10``, ``_p90``).
+   Derived from the sources held out in turn: of the 5 runs whose mix no other source had (the model zoo's EP
+   without PP and its CP with EP, NeMo's PP alone), 4 fell outside the band built without their source; of the
+   23 on a kind and the 17 under a stack no other source had, none did (docs/validation.md).
+
 The median (``_p50``) is that of every run of the class, each source weighing the same: what the class's runs say
 of the model's bias (``band_warning``).
 
@@ -108,18 +115,21 @@ def held_out_ratios(report: Mapping[str, Any]) -> dict[str | None, dict[str, lis
 def held_out_band(report: Mapping[str, Any]) -> dict[str, float]:
     """catalog/held_out.toml's numbers from a ``meshplan validate`` report: ``time_ratio_p10`` and ``_p90`` (the
     every-run band), the ``runs`` and ``sources`` behind it and whether they are enough for the promise
-    (``promised``, 1 or 0: step 3), and per band class (``cp_``, ``ep_``) its bounds, median, runs, sources and
-    ``promised`` (the module's rule)."""
+    (``promised``, 1 or 0: step 3), the range of every run (``unseen_``: step 4), and per band class (``cp_``,
+    ``ep_``) its bounds, median, runs, sources and ``promised`` (the module's rule)."""
     ratios = held_out_ratios(report)
     every = source_band(ratios[None])
     if not every["promised"]:
         every |= _extremes(ratios[None], every)
+    values = [r for ratios in ratios[None].values() for r in ratios]
     out = {
         "time_ratio_p10": every["lo"],
         "time_ratio_p90": every["hi"],
         "runs": every["runs"],
         "sources": every["sources"],
         "promised": every["promised"],
+        "unseen_time_ratio_p10": min(min(values), every["lo"]),
+        "unseen_time_ratio_p90": max(max(values), every["hi"]),
     }
     for axis in BAND_CLASSES:
         if not ratios[axis]:
