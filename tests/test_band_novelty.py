@@ -49,11 +49,14 @@ def test_unseen_names_each_dimension_no_run_used() -> None:
 
 
 def test_the_unseen_bounds_are_the_least_and_largest_held_out_ratio() -> None:
-    """Step 4 re-derived on a small report: a rate's error e is a time ratio 1 + e, a time's 1 / (1 + e); the
-    bounds are the least and largest of every run of every source, never inside the every-run band."""
+    """Steps 3 and 4 re-derived on a small report: a rate's error e is a time ratio 1 + e, a time's 1 / (1 + e);
+    the bounds are the least and largest of every run of every source, never inside the every-run band, and a
+    class of too few sources takes them too."""
     report = {
         "sources": [{"source": "a", "metric": "tokens_per_s_per_gpu"}, {"source": "b", "metric": "iteration_time_s"}],
-        "runs": [{"source": "a", "layout": {}}] * 3 + [{"source": "b", "layout": {}}] * 2,
+        "runs": [{"source": "a", "layout": {}}] * 2
+        + [{"source": "a", "layout": {"cp": 2}}]
+        + [{"source": "b", "layout": {}}] * 2,
         "held_out": {
             "sources": [
                 {"source": "a", "loso_residuals": [0.1, -0.2, 0.0]},
@@ -65,6 +68,9 @@ def test_the_unseen_bounds_are_the_least_and_largest_held_out_ratio() -> None:
     assert band["unseen_time_ratio_p10"] == pytest.approx(0.8)  # a's 1 - 0.2
     assert band["unseen_time_ratio_p90"] == pytest.approx(2.0)  # b's 1 / (1 - 0.5)
     assert band["unseen_time_ratio_p10"] <= band["time_ratio_p10"] and band["unseen_time_ratio_p90"] >= 1.25
+    # the CP class, one run of one source (ratio 1.0): too few sources, so the same range (step 3)
+    assert (band["cp_runs"], band["cp_sources"], band["cp_promised"]) == (1, 1, 0)
+    assert (band["cp_time_ratio_p10"], band["cp_time_ratio_p90"]) == (band["unseen_time_ratio_p10"], 2.0)
 
 
 def test_a_layout_no_published_run_resembles_takes_the_range_of_every_run() -> None:

@@ -365,10 +365,12 @@ def test_an_expert_parallel_estimate_takes_the_ep_runs_band_and_warns(capsys: py
             # never narrower than either class's own band
             assert out["step_time_s_p10"] <= band[f"{key}_time_ratio_p10"] * out["step_time_s"] * (1 + 1e-12)
             assert out["step_time_s_p90"] >= band[f"{key}_time_ratio_p90"] * out["step_time_s"] * (1 - 1e-12)
-    # today the EP band holds the CP band, so the layout with both is strictly wider than the CP band it took before
-    assert (
-        band["ep_time_ratio_p10"] < band["cp_time_ratio_p10"] and band["ep_time_ratio_p90"] > band["cp_time_ratio_p90"]
-    )
+    # today both classes rest on too few sources (5 and 3): each spans every held-out run (validation/band.py step
+    # 3), wider than the every-run band
+    for key in ("cp", "ep"):
+        assert not band[f"{key}_promised"]
+        assert band[f"{key}_time_ratio_p10"] == band["unseen_time_ratio_p10"] < band["time_ratio_p10"]
+        assert band[f"{key}_time_ratio_p90"] == band["unseen_time_ratio_p90"] > band["time_ratio_p90"]
 
 
 def test_the_published_runs_per_gpu_kind_are_the_run_files_cases_and_the_bands_runs() -> None:

@@ -375,9 +375,12 @@ def band_warning(cp: int, ep: int = 1) -> list[str]:
     return [
         f"{BAND_CLASSES[axis]}: held out, the {int(band[f'{axis}_runs'])} published runs with "
         f"{axis.upper()} ({int(band[f'{axis}_sources'])} sources) took a median "
-        f"{band[f'{axis}_time_ratio_p50']:.2f}x their predicted step time (P90 "
-        f"{band[f'{axis}_time_ratio_p90']:.2f}x): this step time is likely "
-        f"{'optimistic' if band[f'{axis}_time_ratio_p50'] > 1 else 'pessimistic'}, and its band is {whose}"
+        f"{band[f'{axis}_time_ratio_p50']:.2f}x their predicted step time (band "
+        f"{band[f'{axis}_time_ratio_p10']:.2f}x-{band[f'{axis}_time_ratio_p90']:.2f}x"
+        + ("" if band[f"{axis}_promised"] else ", every held-out run's range: too few sources for their own")
+        + f"): this step time is likely "
+        f"{'optimistic' if band[f'{axis}_time_ratio_p50'] > 1 else 'pessimistic'}, and its band is "
+        + (whose if band[f"{axis}_promised"] or len(axes) > 1 else "that range")
         for axis in axes
     ]
 

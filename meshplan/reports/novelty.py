@@ -11,7 +11,9 @@ evaluates it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from functools import cache
+from typing import Any
 
 from meshplan import io
 from meshplan.reports.conditions import DEFAULT_STACK
@@ -26,24 +28,35 @@ def mix_of(*, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1) -> str:
     return "+".join(axis for axis in MIX_AXES if int(degrees[axis]) > 1)
 
 
+def run_kinds(data: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """Each case of a catalog/runs file as its (GPU kind, stack, parallelism mix)."""
+    defaults, ran_on = data.get("defaults", {}), data["source"].get("ran_on_stack", DEFAULT_STACK)
+    out = []
+    for raw in data["case"]:
+        case = {**defaults, **raw}
+        layout = {k: int(v) for k, v in case.get("layout", {}).items() if k in MIX_AXES}
+        out.append((str(case["gpu"]), str(case.get("stack", ran_on)), mix_of(**layout)))
+    return out
+
+
+def kinds_of(sources: Iterable[Mapping[str, Any]]) -> dict[str, frozenset[str]]:
+    """The GPU kinds, stacks and parallelism mixes the runs of ``sources`` (catalog/runs files) used."""
+    kinds = [k for data in sources for k in run_kinds(data)]
+    return {name: frozenset(k[i] for k in kinds) for i, name in enumerate(("gpu", "stack", "mix"))}
+
+
 @cache
 def published_kinds() -> dict[str, frozenset[str]]:
     """The GPU kinds, stacks and parallelism mixes the published training runs of catalog/runs used."""
-    gpus, stacks, mixes = set(), set(), set()
-    for data in io.run_sources().values():
-        defaults, ran_on = data.get("defaults", {}), data["source"].get("ran_on_stack", DEFAULT_STACK)
-        for raw in data["case"]:
-            case = {**defaults, **raw}
-            layout = {k: int(v) for k, v in case.get("layout", {}).items() if k in MIX_AXES}
-            gpus.add(str(case["gpu"]))
-            stacks.add(str(case.get("stack", ran_on)))
-            mixes.add(mix_of(**layout))
-    return {"gpu": frozenset(gpus), "stack": frozenset(stacks), "mix": frozenset(mixes)}
+    return kinds_of(io.run_sources().values())
 
 
-def unseen(*, gpu: str | None, stack: str | None, mix: str | None) -> list[str]:
-    """What of a layout no published run used, as words (empty when each was used; None: not checked)."""
-    seen = published_kinds()
+def unseen(
+    *, gpu: str | None, stack: str | None, mix: str | None, seen: Mapping[str, frozenset[str]] | None = None
+) -> list[str]:
+    """What of a layout no published run used (or none of ``seen``'s), as words (empty when each was used; None:
+    not checked)."""
+    seen = published_kinds() if seen is None else seen
     out = []
     if gpu is not None and gpu not in seen["gpu"]:
         out.append(f"the GPU kind {gpu}")
