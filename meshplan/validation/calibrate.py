@@ -121,8 +121,8 @@ def _error(run: MeasuredRun, predicted: float) -> float:
 
 NOT_IDENTIFIED = {
     "host_scale": "no run is host-bound: the hosts issue every layer's kernels faster than the GPUs run them "
-    "(core/time/host.py), so no run's time moves with the hosts' speed; runs of small models, short sequences or "
-    "micro-batch 1 under eager launches would show it",
+    "(core/time/host.py), even at half the catalog's speed, so no run's time moves with the hosts' speed; runs of "
+    "small models, short sequences or micro-batch 1 under eager launches would show it",
 }
 """Why a constant the runs do not move is left at the catalog's value, for the constants whose reason is not plain
 from the name (the report's ``not_identified``)."""
