@@ -8,7 +8,9 @@ python benchmarks/released_sources.py            # the tables of docs/validation
    P10 and P90; re-derived here, it is the catalog/held_out.toml of that commit).
 2. The band's coverage of sources never seen: each released source held out in turn, the band built without it by
    validation/band.py's rule (the other sources' residuals, each from a fit that left that source out) and its runs
-   as a user gets them checked against it; beside the old rule's band, which never saw any released source.
+   as a user gets them checked against it, a run whose GPU kind, stack or parallelism mix none of the other
+   sources used taking their range (step 4; also counted without it); beside the old rule's band, which never saw
+   any released source.
 3. The new band (every source) on the in-house sources: its bounds as factors, and the share of their runs inside.
 4. The released memory sources: mean and max |error| and the best constant (`meshplan validate --memory`).
 
