@@ -213,7 +213,13 @@ def plan_report(
     cheapest, cost = None, cost or CostRequest()
     if obj is Objective.COST:  # the fleet first: the one given or a halving, whichever trains the tokens cheapest
         kw = dict(
-            top=1, rules=rules, objective=obj, engine=training_engine, profile=fleet_args.get("profile"), refuse=False
+            top=1,
+            rules=rules,
+            objective=obj,
+            engine=training_engine,
+            profile=fleet_args.get("profile"),
+            refuse=False,
+            stack=shown.get("stack"),
         )
         gpus, cheapest = cheapest_fleet(
             lambda n: next(iter(run_search(spec, fleet(gpus=n), work, **kw)[1]), None),
