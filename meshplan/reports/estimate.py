@@ -362,7 +362,8 @@ def gpu_warning(gpu: str, profile: str | None = None) -> list[str]:
         f"{gpu}: none of the {sum(ran_on.values())} published training runs meshplan is checked against ran on "
         f"this GPU kind (they ran on {', '.join(ran_on)}): its constants come from its datasheet, kernel "
         "benchmarks and the kinds it shares a die with (its catalog file's sources), unchecked on its own runs, "
-        "and the step-time band is the errors of those kinds, not its own; `meshplan calibrate` fits a profile "
+        "and the step-time band is those kinds' errors, widened to the range of every held-out run; "
+        "`meshplan calibrate` fits a profile "
         "from runs measured on it"
     ]
 
