@@ -99,5 +99,27 @@ def test_each_stack_runs_its_own_kernel_by_default(
 
 @pytest.mark.parametrize("recipe", ["llama3-405b-8k", "llama3-405b-128k"])
 def test_the_llama_3_recipes_run_flashattention_2(capsys: pytest.CaptureFixture[str], recipe: str) -> None:
-    assert main(["recipe", recipe, "--json"]) == 0
+    assert main(["recipe", recipe, "--no-rank", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["attention_kernel"] == "fa2"
+
+
+def test_all_gathered_kv_is_gathered_again_in_backward(capsys: pytest.CaptureFixture[str]) -> None:
+    """Llama 3's 128K stage (CP 16, K/V all-gathered): forward gathers K/V, backward gathers them again from the
+    local blocks it kept and reduce-scatters their gradients (Transformer Engine's AttnFuncWithCPAndKVAllGather),
+    three calls of the whole sequence's K/V a layer, none hidden."""
+    assert main(["recipe", "llama3-405b-128k", "--no-rank", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    cp = [c for c in report["collectives"] if c["strategy"] == "cp"]
+    assert sorted((c["op"], c["phase"]) for c in cp) == [
+        ("all_gather", "backward"),
+        ("all_gather", "forward"),
+        ("reduce_scatter", "backward"),
+    ]
+    seq, kv_heads, head_dim, tp, bf16 = 131072, 8, 128, 8, 2
+    kv_bytes = seq * 2 * kv_heads * head_dim / tp * bf16  # K and V of the whole sequence, this rank's heads
+    assert kv_bytes == 67_108_864
+    for c in cp:
+        assert c["size_bytes_per_call"] == kv_bytes and c["group_size"] == 16
+        assert c["count_per_step"] == cp[0]["count_per_step"] > 0  # once a layer and micro-batch, no recompute
+        assert c["exposed_s_per_step"] == c["time_s_per_step"] > 0
+    assert report["breakdown"]["exposed_cp_s"] == pytest.approx(sum(c["time_s_per_step"] for c in cp))
