@@ -174,3 +174,26 @@ def test_a_link_carries_the_stack_and_conditions(
         assert numbers(pg)["bars"] == [s["total_bytes"] for s in est["stages"]]
     finally:
         pg.context.close()
+
+
+@pytest.mark.parametrize("recipe", ["llama3-405b-8k", "deepseek-v3"])
+def test_a_recipe_opens_its_layout_page_at_the_recipes_step_time(
+    browser: Any, live_server: str, recipe: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    published = cli(["recipe", recipe, "--no-rank"], capsys)
+    pg = browser.new_context(viewport={"width": 1440, "height": 900}).new_page()
+    pg.set_default_timeout(15_000)
+    try:
+        pg.goto(f"{live_server}/#recipes?recipe={recipe}")
+        pg.wait_for_selector("body[data-ready]")
+        pg.wait_for_selector(f"#rc-gpus[data-gpus='{published['gpus']}']")
+        pg.click("#rc-layout-link")
+        pg.wait_for_selector("#ly-gantt svg")
+        pg.wait_for_selector("#ly-results:not([data-stale])")
+        pg.wait_for_function(
+            "v => Number(document.querySelector('#ly-step').dataset.seconds) > 0 && location.hash.includes(v)",
+            arg=f"tp={published['factors']['tp']}",
+        )
+        assert numbers(pg)["headline"] == pytest.approx(published["step_time_s"], rel=1e-9)
+    finally:
+        pg.context.close()

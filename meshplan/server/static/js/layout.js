@@ -31,8 +31,16 @@ export function init() {
   update();
 }
 
+// The address's inputs this form does not show (a recipe's kernels, axis order or a condition of its own), passed
+// on as they are: the page's "axis" is the placement picture's choice, not an input.
+function carried() {
+  const { axis, ...rest } = state.extrasOf("layout");
+  return rest;
+}
+
 export function params(v) {
   return {
+    ...carried(),
     model: v.model, gpu: v.gpu, gpus: v.gpus, tp: v.tp, pp: v.pp, vpp: v.vpp, cp: v.cp, ep: v.ep, zero: v.zero,
     sp: v.sp ? "true" : null, micro_batch: v.micro_batch, seq: v.seq, recompute: v.recompute, schedule: v.schedule || null,
     dp_shard: v.dp_shard || null, global_batch: v.global_batch || null, tokens: v.tokens || null,
@@ -70,7 +78,8 @@ function command(v) {
     ["ep", v.ep, 1], ["zero", v.zero, 0], ["sp", v.sp], ["recompute", v.recompute, "none"], ["micro_batch", v.micro_batch, 1],
     ["seq", v.seq, 4096], ["schedule", v.schedule], ["dp_shard", v.dp_shard], ["global_batch", v.global_batch],
     ["precision", v.precision], ["attention", v.attention], ["cp_kind", v.cp_kind, "ring"], ["expert_tp", v.expert_tp],
-    ...conditionFlags(v), ["tokens", v.tokens], ["price_per_gpu_hour", v.price_per_gpu_hour], ["timeline", true]];
+    ...conditionFlags(v), ...Object.entries(carried()), ["tokens", v.tokens], ["price_per_gpu_hour", v.price_per_gpu_hour],
+    ["timeline", true]];
   $("#ly-command").textContent = cliCommand("estimate", [cliModel(v.model)], flags);
 }
 
