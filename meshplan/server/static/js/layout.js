@@ -27,6 +27,7 @@ let last = null;
 
 export function init() {
   onFormChange($("#ly-form"), update);
+  $("#ly-config").addEventListener("change", openConfig);
   onResize(() => last && draw(last));
   update();
 }
@@ -58,6 +59,38 @@ export function layoutHref(q) {
     out.set(k, v === true ? "1" : v === false ? "0" : String(v));
   }
   return `#layout?${out}`;
+}
+
+// The layout fields as estimate takes them when nothing sets them (an empty global batch: one micro-batch per rank).
+const ENGINE_DEFAULTS = { tp: 1, pp: 1, vpp: 1, cp: 1, ep: 1, zero: 0, sp: "0", micro_batch: 1, global_batch: "", seq: 4096,
+  recompute: "none", schedule: "", dp_shard: "" };
+
+// An engine's config read by POST /api/config (as --from reads it): its values become this page's address, the GPU
+// kind and whatever the file does not set staying as the form has them; what it did not read is counted below.
+async function openConfig(event) {
+  const file = event.target.files[0];
+  if (!file) return;
+  try {
+    const response = await fetch("/api/config", {
+      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ text: await file.text() }),
+    });
+    const body = await response.json().catch(() => ({ error: `the server answered ${response.status}` }));
+    if (!response.ok) throw new Error(`${file.name}: ${body.error}`);
+    if (!body.training) throw new Error(`${file.name} is a ${body.kind} serving launcher: this page plans training`);
+    const v = formValues($("#ly-form"));
+    // what the file leaves unset is the engine's default (estimate's), not this page's example layout
+    const q = { ...ENGINE_DEFAULTS, model: v.model, gpu: v.gpu, gpus: v.gpus, ...body.query };
+    const note = $("#ly-config-note");
+    note.hidden = false;
+    note.textContent = `Read ${file.name} (${body.kind}): ${fmtInt(body.values.length)} values set the layout; `
+      + `${fmtInt(body.not_read.length)} keys not read (meshplan estimate --from ${file.name} lists them).`;
+    showError($("#ly-error"), null);
+    location.hash = `#layout?${new URLSearchParams(Object.entries(q).map(([k, x]) => [k, String(x)]))}`;
+  } catch (err) {
+    showError($("#ly-error"), err);
+  } finally {
+    event.target.value = "";
+  }
 }
 
 async function update() {
