@@ -165,7 +165,7 @@ def test_serve_names_the_sources_and_the_widening() -> None:
 def _sojourn(s: Any, req: Requests, b: float) -> float:
     t = pipeline_factor(s.hw, s.layout) * float(step_at(s.model, s.shape, s.hw, s.layout, req, batch=b).total_s)
     pre = float(ttft_s(s.model, s.shape, s.hw, s.layout, req, batch=b))
-    return pre + t / 2 + (req.output_len - 1) * t
+    return pre + -math.expm1(-b) * t / 2 + (req.output_len - 1) * t  # the boundary wait where a step runs
 
 
 def test_the_open_loop_batch_is_the_least_fixed_point_with_tpot_growing() -> None:

@@ -282,3 +282,15 @@ def test_prefix_hits_and_a_drafting_head_time_every_layout() -> None:
     ):
         with pytest.raises(ValueError, match=message):
             serve_plan_report("llama-3.1-8b", **(kw | extra))  # type: ignore[arg-type]
+
+
+def test_a_plans_tpot_is_serves_at_as_many_users_as_its_cap() -> None:
+    """serve-plan's curve is a closed loop of as many users as the batch cap: its TPOT (the other users' prompts
+    between a request's tokens) and its tokens/s per GPU (every prompt in the engine's mean step) are serve's."""
+    kw = {"gpu": "h100-sxm", "gpus": 8, "input_len": 1024, "output_len": 256}
+    best = serve_plan_report("llama-2-70b", **kw, ttft_p99_s=2.0, tpot_p99_s=0.2)["best"]  # type: ignore[arg-type]
+    lay, cap = best["layout"], best["batch_cap_per_replica"]
+    r = serve_report("llama-2-70b", **kw, tp=lay["tp"], concurrency=cap * 8 // lay["tp"])  # type: ignore[arg-type]
+    assert r["batch_per_replica"] == cap
+    assert best["tpot_s"] == pytest.approx(r["tpot_s"], rel=1e-9)
+    assert best["tokens_per_s_per_gpu"] == pytest.approx(r["tokens_per_s_per_gpu"], rel=1e-9)

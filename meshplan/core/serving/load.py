@@ -4,9 +4,11 @@ Steady state of a replica holding B sequences (I input and O output tokens each,
 computed, E output tokens a step: 1, or speculative decoding's; b = B / (pp x d) per forward, d = tp under
 attention-DP, else 1):
   step      t(b) = pp x forward(b decode tokens at mean context I + O/2, + b P E / O prefill tokens riding along)
-  TPOT      t(b) / E (mean; p50 and p99 in core/serving/tails.py);   output tokens/s per replica  B E / t(b)
+  TPOT      t(b) / E with the other sequences' prompts only (a closed loop's own: (B - 1) / B of the share; mean;
+            p50 and p99 in core/serving/tails.py);   output tokens/s per replica  B E / t(b)
   TTFT      ceil(P / (N_step - b)) chunks of a step with the chunk in it, + half a step of waiting for the
-            step boundary (p99: a whole step), + the queues for a batch slot and for the step's token budget
+            step boundary where a step runs (p99: a whole step), + the queues for a batch slot and for the step's
+            token budget
 Closed loop (C users, no think time): B = min(C, cap); beyond the cap the extra users queue, W = (C - B) / X
 by Little's law (X requests/s). Open loop (rate R): B solves B = R (TTFT + (O - 1) TPOT(B)), the least root,
 bracketed and bisected; the slot queue is M/D/c with c = cap (Erlang C halved for deterministic service;
@@ -26,7 +28,7 @@ from meshplan.core.num import Num
 from meshplan.core.serving.phases import Forward, MixedStep, decode_step, pipeline_factor, prefill
 from meshplan.core.serving.shape import Hardware, ReplicaShape, ServeLayout, graph_batch
 from meshplan.core.serving.speculative import Speculation, add_forwards, spec_step
-from meshplan.core.serving.tails import P99, Z99, batch_high, tpot_tails, wait_quantile
+from meshplan.core.serving.tails import P99, Z99, batch_high, busy_share, own_share, tpot_tails, wait_quantile
 from meshplan.spec.model import ModelSpec
 
 SEPARATE_PREFILL_ENGINES = ("sglang",)
@@ -346,7 +348,7 @@ def _closed_loop(
     assert req.concurrency is not None
     batch = min(req.concurrency, float(cap.sequences))
     t, pre = tpot(batch), first(batch - 1)
-    rate = batch / (pre + t / 2 + (req.output_len - 1) * t)
+    rate = batch / (pre + busy_share(batch, closed=True) * t / 2 + (req.output_len - 1) * t)
     wait = (req.concurrency - batch) / rate
     limit = BatchLimit.LOAD if req.concurrency <= cap.sequences else cap.limit
     return _Steady(
@@ -391,7 +393,7 @@ def _open_loop(
             lo, hi = (mid, hi) if lam * float(sojourn(np.asarray(mid))) > mid else (lo, mid)
         batch = hi
     t, pre = tpot(batch), first(batch)
-    service = pre + t / 2 + (req.output_len - 1) * t
+    service = pre + float(busy_share(batch, closed=False)) * t / 2 + (req.output_len - 1) * t
     if lam * service >= servers:
         return _Steady(
             batch=float(servers),
@@ -426,15 +428,20 @@ def load_point(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: Serv
     curve = sizes * per_step / (rounds * step_at(model, shape, hw, layout, req, batch=sizes).total_s)
     best = float(curve[-1])
 
-    def tpot(b: float) -> float:
-        return float(rounds * step_at(model, shape, hw, layout, req, batch=b).total_s / per_step)
+    closed = req.concurrency is not None
+
+    def tpot(b: float) -> float:  # the request's own intervals: the other sequences' prompts (core/serving/tails.py)
+        st = step_at(model, shape, hw, layout, req, batch=b)
+        f = own_share(st.share, b, closed=closed)
+        return float(rounds * ((1 - f) * st.plain.total_s + f * st.carrying.total_s) / per_step)
 
     def first(b: float) -> float:
         return float(ttft_s(model, shape, hw, layout, req, batch=b))
 
     def sojourn(b: np.ndarray) -> np.ndarray:
         t = rounds * np.asarray(step_at(model, shape, hw, layout, req, batch=b).total_s) / per_step
-        return np.asarray(ttft_s(model, shape, hw, layout, req, batch=b)) + t / 2 + (req.output_len - 1) * t
+        wait = np.asarray(busy_share(b, closed=False)) * t / 2
+        return np.asarray(ttft_s(model, shape, hw, layout, req, batch=b)) + wait + (req.output_len - 1) * t
 
     if req.concurrency is not None:
         steady = _closed_loop(req, cap, tpot, first)
@@ -443,15 +450,15 @@ def load_point(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: Serv
     step = step_at(model, shape, hw, layout, req, batch=steady.batch)
     prompts = prompt_queue(hw, layout, req, step, batch=steady.batch, users=req.concurrency)
     saturated = math.isinf(steady.wait_scale_s) or math.isinf(float(prompts.wait_s_p50))
-    t = steady.tpot_s
+    t, busy = steady.tpot_s, float(busy_share(steady.batch, closed=closed))
     ttft_mean = ttft_p50 = ttft_p99 = None
     if not saturated:
         base = steady.prefill_s + steady.fixed_s
         waits = (steady.wait_share, steady.wait_scale_s, prompts.utilization, prompts.scale_s)
         cap_s = float(prompts.cap_s)  # a closed loop holds at most C - 1 prompts ahead
-        ttft_mean = base + t / 2 + steady.wait_share * steady.wait_scale_s + float(prompts.wait_s_p50)
-        ttft_p50 = base + t / 2 + min(float(wait_quantile(0.5, *waits)), cap_s)
-        ttft_p99 = base + t + min(float(wait_quantile(P99, *waits)), cap_s)
+        ttft_mean = base + busy * t / 2 + steady.wait_share * steady.wait_scale_s + float(prompts.wait_s_p50)
+        ttft_p50 = base + busy * t / 2 + min(float(wait_quantile(0.5, *waits)), cap_s)
+        ttft_p99 = base + (t if busy > P99_TAIL else 0.0) + min(float(wait_quantile(P99, *waits)), cap_s)
     spread = 0.0
     if req.rate_per_s is not None and not saturated:  # an open loop's batch varies over a request's life
         spread = (tpot(batch_high(steady.batch, float(cap.sequences))) - t) / Z99
@@ -459,7 +466,7 @@ def load_point(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: Serv
     tails = tpot_tails(
         plain_s=rounds * float(step.plain.total_s),
         carrying_s=rounds * float(step.carrying.total_s),
-        share=float(step.share),
+        share=float(own_share(step.share, steady.batch, closed=closed)),
         output_len=req.output_len,
         tokens_per_step=per_step,
         tokens_variance=0.0 if spec is None else spec.tokens_per_step_variance,
@@ -476,7 +483,7 @@ def load_point(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: Serv
         ttft_unloaded_s=first(0.0),
         queue_s_p50=steady.fixed_s + float(wait_quantile(0.5, steady.wait_share, steady.wait_scale_s)),
         queue_s_p99=steady.fixed_s + float(wait_quantile(P99, steady.wait_share, steady.wait_scale_s)),
-        output_tokens_per_s=steady.batch / t,
+        output_tokens_per_s=steady.batch * per_step / (rounds * float(step.total_s)),
         requests_per_s=steady.requests_per_s,
         saturated=saturated,
         knee_batch=int(np.argmax(curve >= KNEE_SHARE * best)) + 1,

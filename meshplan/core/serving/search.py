@@ -21,11 +21,11 @@ from enum import StrEnum
 import numpy as np
 
 from meshplan.core.serving.disagg import SplitTerms, split_terms
-from meshplan.core.serving.load import Requests, capacity, prompt_queue, step_at, ttft_s
+from meshplan.core.serving.load import P99_TAIL, Requests, capacity, prompt_queue, step_at, ttft_s
 from meshplan.core.serving.phases import pipeline_factor
 from meshplan.core.serving.shape import Hardware, ReplicaShape, ServeLayout
 from meshplan.core.serving.splits import kept_splits
-from meshplan.core.serving.tails import tpot_tails
+from meshplan.core.serving.tails import busy_share, own_share, tpot_tails
 from meshplan.spec.model import ModelSpec
 
 
@@ -109,13 +109,14 @@ def batch_grid(cap: int) -> np.ndarray:
 
 def _curve(
     model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: ServeLayout, req: Requests
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """(batches, TPOT mean, TPOT p99, TTFT p99) for every batch cap 1 .. the replica's capacity, and that capacity
-    (a closed loop of as many users as the cap: core/serving/tails.py)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]:
+    """(batches, TPOT mean, TPOT p99, TTFT p99) for every batch cap 1 .. the replica's capacity, that capacity and
+    the output tokens/s per replica (a closed loop of as many users as the cap: core/serving/tails.py; a request's
+    TPOT carries the other users' prompts, the engine's throughput all of them)."""
     cap = capacity(model, shape, hw, layout, req)
     batches = batch_grid(max(cap.sequences, 0))
     if batches.size == 0:
-        return batches, batches, batches, batches, cap.kv_sequences
+        return batches, batches, batches, batches, cap.kv_sequences, batches
     step = step_at(model, shape, hw, layout, req, batch=batches)
     rounds = pipeline_factor(hw, layout)
     step_s = rounds * np.asarray(step.total_s)
@@ -123,14 +124,16 @@ def _curve(
     tails = tpot_tails(
         plain_s=rounds * np.asarray(step.plain.total_s),
         carrying_s=rounds * np.asarray(step.carrying.total_s),
-        share=step.share,
+        share=own_share(step.share, batches, closed=True),
         output_len=req.output_len,
         tokens_per_step=req.tokens_per_step,
         tokens_variance=0.0 if spec is None else spec.tokens_per_step_variance,
     )
     wait = prompt_queue(hw, layout, req, step, batch=batches, users=batches).wait_s_p99  # prompts ahead of it
-    ttft = np.asarray(ttft_s(model, shape, hw, layout, req, batch=batches - 1)) + step_s + np.asarray(wait)
-    return batches, np.asarray(tails.mean_s), np.asarray(tails.p99_s), ttft, cap.kv_sequences
+    boundary = np.where(np.asarray(busy_share(batches, closed=True)) > P99_TAIL, step_s, 0.0)  # p99: a whole step
+    ttft = np.asarray(ttft_s(model, shape, hw, layout, req, batch=batches - 1)) + boundary + np.asarray(wait)
+    rate = batches * req.tokens_per_step / step_s
+    return batches, np.asarray(tails.mean_s), np.asarray(tails.p99_s), ttft, cap.kv_sequences, rate
 
 
 def _reason(tpot: np.ndarray, ttft: np.ndarray, targets: Targets) -> str:
@@ -169,13 +172,13 @@ def search(
         except ValueError as exc:
             rejected.append(Rejection(layout=layout, reason=str(exc)))
             continue
-        batches, tpot, tpot99, ttft, kv = _curve(model, shape, hw, layout, req)
+        batches, tpot, tpot99, ttft, kv, rate = _curve(model, shape, hw, layout, req)
         points += batches.size
         if batches.size == 0:
             rejected.append(Rejection(layout=layout, reason="out of memory: no sequence fits beside the weights"))
             continue
         g, replicas = layout.gpus_per_replica, gpus // layout.gpus_per_replica
-        per_gpu = batches / tpot / g
+        per_gpu = rate / g
         found = _best(layout, batches, per_gpu, tpot, ttft, kv, targets, objective, replicas=replicas, tpot99=tpot99)
         if found is None:
             rejected.append(Rejection(layout=layout, reason=_reason(tpot99, ttft, targets)))

@@ -23,6 +23,21 @@ independent and n large (normal):
 sigma_batch = (t(B_hi) - t(B)) / z_0.99 / E, B_hi = min(B + z_0.99 sqrt(2B/3), cap) (0 in a closed loop, whose
 batch is its users). The p99 of one token's interval (ITL) is a whole step with a chunk where more than 1% of the
 steps carry one, a plain step otherwise.
+
+What a request's own intervals see (``own_share``): TPOT and ITL as the benchmarks take them leave the first token
+out (AIPerf and genai-perf: ITL = (request latency - TTFT) / (output tokens - 1), per request, then averaged), so
+the step that ran the request's own prompt is in its TTFT, not in its intervals. The steps between its tokens
+carry the other sequences' prompts only: at rate lambda under Poisson arrivals (the others arrive as the whole
+stream does), but in a closed loop of B sequences a slot's next prompt follows its request's end, so the B - 1
+other slots send (B - 1) / B of the stream: f_own = f (B - 1) / B, none at B = 1.
+
+The wait for the step boundary (``busy_share``): an engine with no sequence in flight takes a new request at once
+(TensorRT-LLM's executor waits on its request queue only while no request is active and fetches new ones before each
+iteration, cpp/tensorrt_llm/executor/executorImpl.cpp, getLeaderNewReqWithIds: 'mQueuedReqCv.wait(lck, ...
+!mQueuedRequests.empty() || numActiveRequests > 0 ...)'; with nothing in flight no step runs, in any engine), so the
+half step (a whole one at p99) is waited only where another sequence is in flight: always in a closed loop of two or
+more, never in one of one (busy = min(max(B - 1, 0), 1)); under Poisson arrivals the sequences in flight are Poisson
+of mean B (M/G/inf), busy = 1 - e^(-B).
 """
 
 from __future__ import annotations
@@ -100,6 +115,21 @@ def tpot_tails(
     p99 = mean + Z99 * np.sqrt(var)
     itl = np.where(f > 1 - P99, tc, tp)
     return TpotTails(mean_s=_scalar(mean), p50_s=_scalar(mean), p99_s=_scalar(p99), itl_p99_s=_scalar(itl))
+
+
+def own_share(share: Num, batch: Num, *, closed: bool) -> Num:
+    """The share of the steps between a request's own tokens that carry another's prompt (module docstring)."""
+    f = np.asarray(share, dtype=np.float64)
+    if not closed:
+        return _scalar(f)
+    b = np.asarray(batch, dtype=np.float64)
+    return _scalar(f * np.maximum(b - 1, 0.0) / np.maximum(b, 1e-12))
+
+
+def busy_share(batch: Num, *, closed: bool) -> Num:
+    """The chance an arriving request finds a step running, and waits for its boundary (module docstring)."""
+    b = np.asarray(batch, dtype=np.float64)
+    return _scalar(np.clip(b - 1, 0.0, 1.0) if closed else -np.expm1(-b))
 
 
 def batch_high(batch: float, cap: float) -> float:
