@@ -19,7 +19,7 @@ from meshplan.core.time.compute import LOSS_BYTES, MEGATRON_CE_BYTES, ComputeSet
 from meshplan.core.time.flops import Gemm
 from meshplan.core.time.host import HostLayer, host_layer, host_stall_s, launch_of
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.conditions import Fp8Recipe, LossKind, Selective
+from meshplan.spec.conditions import EpDispatch, Fp8Recipe, LossKind, Selective
 from meshplan.spec.layout import ContextParallel, LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Framework, Workload
@@ -95,6 +95,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         ring_merge=work.framework is Framework.TORCH,
         te_ring=work.framework is Framework.MEGATRON,
         recompute_keep=work.conditions.recompute_keep if work.conditions.selective is Selective.KEEP else (),
+        sorted_dispatch=work.conditions.ep_dispatch is EpDispatch.ALLTOALL,
     )
     span = work.attention_span  # the sequence, or its document when packed documents attend within themselves
     common = dict(
@@ -104,6 +105,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         tp=lay.tp,
         sp=lay.sp,
         ep=lay.ep,
+        etp=lay.etp,
         # ring CP: one s/cp block of keys per step; all-gathered K/V: the whole sequence (Llama 3 Sec. 3.3.2);
         # packed documents: a query's keys end with its document, and so does each variable-length kernel call
         kernel_keys=minimum(
