@@ -8,7 +8,9 @@ python benchmarks/released_sources.py            # the tables of docs/validation
    P10 and P90; re-derived here, it is the catalog/held_out.toml of that commit).
 2. The band's coverage of sources never seen: each released source held out in turn, the band built without it by
    validation/band.py's rule (the other sources' residuals, each from a fit that left that source out) and its runs
-   as a user gets them checked against it; beside the old rule's band, which never saw any released source.
+   as a user gets them checked against it, a run whose GPU kind, stack or parallelism mix none of the other
+   sources used taking their range (step 4; also counted without it); beside the old rule's band, which never saw
+   any released source.
 3. The new band (every source) on the in-house sources: its bounds as factors, and the share of their runs inside.
 4. The released memory sources: mean and max |error| and the best constant (`meshplan validate --memory`).
 
@@ -23,6 +25,7 @@ from functools import cache
 from typing import Any
 
 from meshplan.reports.estimate import BAND_CLASSES, band_class
+from meshplan.reports.novelty import kinds_of, mix_of, run_kinds, unseen
 from meshplan.spec.profile import IDENTITY, from_values
 from meshplan.validation import fit as profile_fit
 from meshplan.validation import training as v
@@ -116,14 +119,21 @@ def _read(points: list[tuple[float, float]], level: float, *, below: bool) -> fl
     return points[-1][0]
 
 
-def inside(name: str, band: dict[str, float]) -> int:
-    """How many of a source's runs, as a user gets them (the catalog's constants), lie inside ``band``."""
+def inside(name: str, band: dict[str, float], *, novelty: bool = True) -> int:
+    """How many of a source's runs, as a user gets them (the catalog's constants), lie inside ``band`` (built
+    without it). ``novelty``: a run whose GPU kind, stack or parallelism mix no other source used takes the range
+    of every held-out run of the others (validation/band.py step 4)."""
+    seen = kinds_of(data for n, data in v.sources().items() if n != name)
     count = 0
-    for r in results(name):  # a layout takes its classes' bands, one with CP and EP the band covering both
+    kinds = run_kinds(v.sources()[name])
+    for r, (gpu, stack, _) in zip(results(name), kinds, strict=True):  # a layout takes its classes' bands
         degrees = {"cp": r.layout.get("cp", 1), "ep": r.layout.get("ep", 1)}
         keys = [f"{a}_time_ratio" for a in BAND_CLASSES if degrees[a] > 1 and f"{a}_time_ratio_p10" in band]
         keys = keys or ["time_ratio"]
         lo, hi = min(band[f"{k}_p10"] for k in keys), max(band[f"{k}_p90"] for k in keys)
+        axes = {a: int(r.layout.get(a, 1)) for a in ("tp", "pp", "cp", "ep")}
+        if novelty and "unseen_time_ratio_p10" in band and unseen(gpu=gpu, stack=stack, mix=mix_of(**axes), seen=seen):
+            lo, hi = min(lo, band["unseen_time_ratio_p10"]), max(hi, band["unseen_time_ratio_p90"])
         count += lo <= ratio(r.metric, r.error) <= hi
     return count
 
@@ -142,7 +152,7 @@ def main() -> None:
         "| inside the new band, built without it | inside the pooled alternative |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    total = {"runs": 0, "old": 0, "new": 0, "pooled": 0}
+    total = {"runs": 0, "old": 0, "new": 0, "pooled": 0, "plain": 0}
     errors = []
     for name in RELEASED:
         rs = results(name)
@@ -151,22 +161,25 @@ def main() -> None:
         others = loso_report([n for n in names if n != name], sens)
         without = held_out_band(others)
         old_in, new_in, pooled_in = inside(name, before), inside(name, without), inside(name, pooled_band(others))
+        plain_in = inside(name, without, novelty=False)
         total = {
             "runs": total["runs"] + len(rs),
             "old": total["old"] + old_in,
             "new": total["new"] + new_in,
             "pooled": total["pooled"] + pooled_in,
+            "plain": total["plain"] + plain_in,
         }
         print(
             f"| {name} | {len(rs)} | {100 * statistics.mean(errs):.1f}% | {100 * max(errs):.1f}% "
             f"| {100 * v.best_constant_error([r.measured for r in rs]):.1f}% | {old_in} of {len(rs)} "
             f"| {new_in} of {len(rs)} ({without['time_ratio_p10']:.2f}-{without['time_ratio_p90']:.2f}, "
-            f"{int(without['sources'])} sources) | {pooled_in} of {len(rs)} |"
+            f"{int(without['sources'])} sources; {plain_in} without step 4) | {pooled_in} of {len(rs)} |"
         )
     print(
         f"\nall {total['runs']} runs: mean |error| {100 * statistics.mean(errors):.1f}%; inside the old band "
         f"{total['old']} ({100 * total['old'] / total['runs']:.1f}%), inside the new band built without their source "
-        f"{total['new']} ({100 * total['new'] / total['runs']:.1f}%); inside the pooled alternative "
+        f"{total['new']} ({100 * total['new'] / total['runs']:.1f}%; without step 4, the unseen kinds' widening, "
+        f"{total['plain']}, {100 * total['plain'] / total['runs']:.1f}%); inside the pooled alternative "
         f"{total['pooled']} ({100 * total['pooled'] / total['runs']:.1f}%)"
     )
     print(f"\nthe old band (every run pooled, in-house sources): {before}")

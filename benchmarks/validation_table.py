@@ -70,8 +70,12 @@ def main() -> None:
             f"runs = {int(band['runs'])}\n"
             f"sources = {int(band['sources'])}\n"
             f"promised = {int(band['promised'])}\n"
+            "# The range of every held-out run, least and largest: the band reaches at least this far for a layout\n"
+            "# whose GPU kind, stack or parallelism mix no published run used (validation/band.py step 4).\n"
+            f"unseen_time_ratio_p10 = {band['unseen_time_ratio_p10']:.4f}\n"
+            f"unseen_time_ratio_p90 = {band['unseen_time_ratio_p90']:.4f}\n"
             "# The same over the runs whose layout uses context parallelism (cp > 1), with their median; under 9\n"
-            "# sources (promised = 0) the band is the widest of their runs and the every-run band.\n"
+            "# sources (promised = 0) the band is the range of every held-out run (the unseen bounds above).\n"
             + _class_band(band, "cp", sources=True)
             + "# And over the runs with expert parallelism (ep > 1) but none of context parallelism.\n"
             + _class_band(band, "ep", sources=True),

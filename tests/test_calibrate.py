@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.spec.profile import IDENTITY, Profile, dump_profile, load_profile
+from meshplan.spec.profile import CONSTANTS, IDENTITY, Profile, dump_profile, load_profile
 from meshplan.validation.calibrate import MeasuredRun, calibrate_report, fit_runs, load_runs, predict
 
 TRUTH = Profile(compute_scale=0.8, comm_scale=0.5)
@@ -212,3 +212,53 @@ def test_the_band_is_a_prediction_interval_for_the_next_run() -> None:
     many = [math.exp(0.1 * x) for x in (-1.0, 1.0) * 500]  # log sd 0.1
     lo, hi = prediction_band(many)
     assert math.log(hi) == pytest.approx(1.2816 * 0.1 * math.sqrt(1 + 1 / 1000) * math.sqrt(1000 / 999), rel=1e-3)
+
+
+HOST_SHAPES = [  # model, GPUs, tp, micro-batch, sequence: small micro-batches under eager launches are host-bound
+    ("llama-3.2-1b", 8, 1, 1, 512), ("llama-3.2-1b", 8, 1, 2, 1024), ("mpt-125m", 8, 1, 1, 2048),
+    ("mpt-350m", 8, 2, 1, 1024), ("llama-3.1-8b", 8, 1, 1, 512), ("mpt-760m", 16, 1, 1, 512),
+    ("llama-3.2-1b", 8, 4, 1, 2048), ("llama-3.1-8b", 16, 2, 1, 4096), ("llama-3.1-8b", 8, 1, 2, 2048),
+    ("mpt-1b", 8, 1, 1, 1024), ("llama-2-7b", 16, 2, 1, 4096), ("mpt-125m", 16, 1, 4, 512),
+    ("llama-3.2-1b", 32, 1, 1, 4096), ("mpt-3b", 8, 1, 1, 2048),
+]  # fmt: skip
+HOST = Profile(host_scale=0.6, step_overhead_s=0.03)
+"""A hidden cluster whose hosts issue kernels at 60% of the catalog's speed and spend 30 ms a step beside them."""
+
+
+def _host_runs() -> list[MeasuredRun]:
+    runs = []
+    for model, gpus, tp, mb, seq in HOST_SHAPES:
+        args = [model, "--gpu", "h100-sxm", "--gpus", str(gpus), "--tp", str(tp), "--micro-batch", str(mb)]
+        args += ["--seq", str(seq), "--global-batch", str(gpus // tp * mb * 4), "--launch", "eager"]
+        runs.append(MeasuredRun(args=tuple(args), metric="step_time_s", measured=1.0))
+    values = predict(runs, HOST)
+    return [MeasuredRun(args=r.args, metric=r.metric, measured=v) for r, v in zip(runs, values, strict=True)]
+
+
+def test_a_slow_host_is_fitted_as_the_per_layer_floor_not_as_a_per_step_constant() -> None:
+    """Host-bound runs (micro-batch 1 or 2, eager launches): the host's speed moves them, so host_scale is
+    identified, and the fit takes it with the per-step time, recovering both; the error on the other runs halves.
+    Offered the per-step constant alone, the fit cannot reproduce the floor: a floor costs per layer and
+    micro-batch, so it weighs differently on each run, which no one number of seconds per step does."""
+    runs = _host_runs()
+    train, test = runs[:10], runs[10:]
+    profile, numbers = fit_runs(train)
+    assert numbers["identified"]["host_scale"] and "host_scale" not in numbers["not_identified"]
+    assert numbers["fitted"] == ["host_scale", "step_overhead_s"]
+    assert profile.host_scale == pytest.approx(HOST.host_scale, rel=0.05)
+    # within a grid step (the host time's grid steps 22%: fit.py GRIDS)
+    assert profile.step_overhead_s == pytest.approx(HOST.step_overhead_s, rel=0.22)
+    before = statistics.mean(abs(p / r.measured - 1) for r, p in zip(test, predict(test, IDENTITY), strict=True))
+    after = statistics.mean(abs(p / r.measured - 1) for r, p in zip(test, predict(test, profile), strict=True))
+    assert before > 0.2 and after <= before / 2, (before, after)
+    no_floor, _ = fit_runs(train, offered=tuple(c for c in CONSTANTS if c != "host_scale"))
+    stand_in = statistics.mean(abs(p / r.measured - 1) for r, p in zip(test, predict(test, no_floor), strict=True))
+    assert stand_in > 3 * after, (stand_in, after)
+
+
+def test_runs_no_host_binds_refuse_the_host_scale_and_say_why(measured: list[MeasuredRun]) -> None:
+    """Large models at micro-batch 1-2 under the stack's default launch: the GPUs are the slower side in every
+    layer, a 10% slower host moves no run, and host_scale is left at 1 with the reason."""
+    profile, numbers = fit_runs(measured[:10])
+    assert not numbers["identified"]["host_scale"] and profile.host_scale == 1.0
+    assert "host-bound" in numbers["not_identified"]["host_scale"]

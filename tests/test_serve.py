@@ -81,8 +81,33 @@ def test_tp_all_reduce_pays_a_latency_floor_at_batch_1() -> None:
     """Batch-1 all-reduces are 8 KiB: the floor, not the bandwidth, sets their time (2 per layer)."""
     s = setup("llama-3.1-70b", gpus=8, tp=8)
     step = decode_step(s.model, s.shape, s.hw, s.layout, batch=1, context=100)
-    floor = 2 * 80 * s.hw.cal.allreduce_latency_s
+    floor = 2 * 80 * (s.hw.cal.allreduce_latency_s + 6 * s.hw.cal.allreduce_latency_per_rank_s)
     assert floor < step.tp_comm_s < 1.05 * floor
+
+
+def test_custom_all_reduce_floor_grows_with_the_ranks_as_measured() -> None:
+    """A one-shot all-reduce's small-message floor grows by what each peer adds: SGLang's port of TensorRT-LLM's
+    kernel on H100 (pull request 2904) measures 3.7 / 5.9 us at 512 values and 4.5 / 7.8 us at 32,768 on 2 / 8
+    ranks, 0.37-0.55 us per rank beyond two. The engines' per-rank term lies in that range, the floor is unchanged
+    at TP2, and a TP8 decode step at batch 1 pays 2 x layers x 6 x that term more than its TP2 floor would."""
+    from meshplan.core.serving.phases import allreduce_s
+
+    measured = [(5.9e-6 - 3.7e-6) / 6, (7.8e-6 - 4.5e-6) / 6]
+    for engine in ("trtllm", "vllm", "sglang"):
+        cal = setup(engine=engine).hw.cal
+        assert min(measured) <= cal.allreduce_latency_per_rank_s <= max(measured)
+    s = setup("llama-3.1-70b", gpus=8, tp=8)
+    link, cal = s.hw.link(8), s.hw.cal
+    two = allreduce_s(0.0, n=2, link=link, kernel=cal.allreduce, floor_s=8e-6, per_rank_s=0.5e-6)
+    eight = allreduce_s(0.0, n=8, link=link, kernel=cal.allreduce, floor_s=8e-6, per_rank_s=0.5e-6)
+    assert float(two) == pytest.approx(8e-6) and float(eight) == pytest.approx(11e-6)
+    step = decode_step(s.model, s.shape, s.hw, s.layout, batch=1, context=100)
+    flat = dataclasses.replace(s.hw, cal=dataclasses.replace(cal, allreduce_latency_per_rank_s=0.0))
+    before = decode_step(s.model, s.shape, flat, s.layout, batch=1, context=100)
+    extra = 2 * 80 * 6 * cal.allreduce_latency_per_rank_s
+    assert float(step.total_s - before.total_s) == pytest.approx(extra)
+    ideal = _ideal(s)  # the bare roofline pays no floor
+    assert float(decode_step(ideal.model, ideal.shape, ideal.hw, ideal.layout, batch=1, context=100).tp_comm_s) < 1e-12
 
 
 def test_fp8_kv_halves_the_kv_read_and_doubles_capacity() -> None:
@@ -202,9 +227,12 @@ def test_engine_all_reduce_kernels_price_as_their_own_kernel_or_nccl() -> None:
     link, cal = s.hw.link(8), s.hw.cal
     assert cal.allreduce is AllReduceKernel.CUSTOM
     bw = link.effective_bytes_per_s
+    per_rank = cal.allreduce_latency_per_rank_s
     for size in (8e3, 8e6, 64e6):
-        own = allreduce_s(size, n=8, link=link, kernel=cal.allreduce, floor_s=cal.allreduce_latency_s)
-        assert float(own) == pytest.approx(cal.allreduce_latency_s + 1.75 * size / bw)
+        own = allreduce_s(
+            size, n=8, link=link, kernel=cal.allreduce, floor_s=cal.allreduce_latency_s, per_rank_s=per_rank
+        )
+        assert float(own) == pytest.approx(cal.allreduce_latency_s + 6 * per_rank + 1.75 * size / bw)
         nccl = allreduce_s(size, n=8, link=link, kernel=AllReduceKernel.NCCL, floor_s=0.0)
         tuner = nccl_time(
             Collective.ALL_REDUCE,
@@ -273,3 +301,34 @@ def test_an_unknown_mla_decode_kernel_is_refused() -> None:
 
     with pytest.raises(ValueError, match="mla_decode_kernel must be one of"):
         GpuCalibration(mla_decode_kernel="flashmla-2")
+
+
+def test_fp8_gemms_run_at_the_gpu_kinds_fp8_share() -> None:
+    """An FP8 serving GEMM runs at the FP8 peak times the kind's large-GEMM share and its FP8 MAMF ratio (the
+    training law's e_max x fp8_matmul_ratio, 0.8965 on H100), the engine adding no share of its own: re-derived
+    for a compute-bound 4,096-token prefill of Llama 3.1 8B on one H100."""
+    s = setup(weights_dtype="fp8")
+    gpu, sh = s.hw.gpu, s.shape
+    assert s.hw.cal.matmul_share["fp8"] == 1.0
+    tokens = 4096.0
+    pre = prefill(s.model, sh, s.hw, s.layout, tokens=tokens)
+    e = gpu.calibration.matmul_efficiency_max * gpu.calibration.fp8_matmul_ratio
+    assert gpu.calibration.fp8_matmul_ratio == pytest.approx(0.8965)
+    rows = tokens / (tokens + gpu.calibration.matmul_half_dim)
+    flops = 2 * (sh.gemm_params_per_token * tokens + sh.lm_head_params * 1.0) * sh.gemm_depth
+    assert float(pre.gemm_compute_s) == pytest.approx(flops / (gpu.peak(DType.FP8) * e * rows))
+    faster = dataclasses.replace(gpu, calibration=dataclasses.replace(gpu.calibration, fp8_matmul_ratio=1.0))
+    pre1 = prefill(s.model, sh, dataclasses.replace(s.hw, gpu=faster), s.layout, tokens=tokens)
+    assert float(pre.gemm_compute_s / pre1.gemm_compute_s) == pytest.approx(1 / 0.8965)
+
+
+def test_a_prefill_layer_pays_at_least_the_decode_layers_fixed_cost() -> None:
+    """A prefill layer runs the decode layer's kernels outside a CUDA graph; the graph removes the host's launches,
+    not each kernel's start and drain (gpt-fast's 45.9 us a layer), so no engine prices a prefill layer below it:
+    a 128-token prefill of Llama 3.1 8B pays the step's fixed cost and 32 x 45.9 us."""
+    for engine in ("trtllm", "vllm", "sglang", "gpt-fast"):
+        s = setup(engine=engine)
+        cal = s.hw.cal
+        assert cal.prefill_layer_overhead_s >= cal.layer_overhead_s == pytest.approx(45.9e-6)
+        pre = prefill(s.model, s.shape, s.hw, s.layout, tokens=128.0)
+        assert float(pre.overhead_s) == pytest.approx(cal.step_overhead_s + 32 * 45.9e-6)

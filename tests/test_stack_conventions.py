@@ -183,11 +183,12 @@ def test_an_fp8_run_is_divided_by_the_bf16_peak_and_carries_its_fp8_figure(capsy
 
 def test_validation_compares_llama3_in_its_own_count() -> None:
     """Llama 3's published MFU is compared as before: whole-context attention over the bf16 peak (the numbers
-    validate printed before the reports' MFU became causal)."""
+    validate printed before the reports' MFU became causal; the 128K row's since the backward gathers K/V again:
+    0.3961838808188329 before)."""
     from meshplan.validation.training import run_source
 
     predicted = [r.predicted for r in run_source("llama3")]
-    assert predicted == pytest.approx([0.44111425799452947, 0.4075754554179624, 0.3961838808188329], rel=1e-12)
+    assert predicted == pytest.approx([0.44111425799452947, 0.4075754554179624, 0.3905327897194382], rel=1e-12)
 
 
 # --- 10. --engine implies its stack ---------------------------------------------------------------------------------

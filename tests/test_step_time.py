@@ -343,10 +343,11 @@ def test_an_expert_parallel_estimate_takes_the_ep_runs_band_and_warns(capsys: py
     from meshplan.cli import main
 
     band = io.held_out_band()
-    args = ["estimate", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "16", "--seq", "8192", "--json", "--zero", "1"]
+    args = ["estimate", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "32", "--seq", "8192", "--json", "--zero", "1"]
+    args += ["--pp", "2", "--recompute", "full"]  # EP with PP: mixes published runs used (no widening); room in HBM
     layouts = (
         (["--ep", "8", "--dp-shard", "16"], ("ep",)),
-        (["--ep", "8", "--cp", "2", "--dp-shard", "8"], ("cp", "ep")),
+        (["--ep", "8", "--cp", "2", "--tp", "2", "--dp-shard", "4"], ("cp", "ep")),
     )
     for extra, keys in layouts:
         assert main([*args, *extra]) == 0
@@ -356,6 +357,7 @@ def test_an_expert_parallel_estimate_takes_the_ep_runs_band_and_warns(capsys: py
         assert out["step_time_s_p10"] == pytest.approx(lo * out["step_time_s"], rel=1e-9)
         assert out["step_time_s_p90"] == pytest.approx(hi * out["step_time_s"], rel=1e-9)
         assert out["step_time_band_sources"] == min(int(band[f"{key}_sources"]) for key in keys)
+        assert "widened" not in out["uncertainty"]
         for key in keys:
             name = {"ep": "expert parallelism", "cp": "context parallelism"}[key]
             assert [w for w in out["warnings"] if w.startswith(name)]
@@ -363,10 +365,12 @@ def test_an_expert_parallel_estimate_takes_the_ep_runs_band_and_warns(capsys: py
             # never narrower than either class's own band
             assert out["step_time_s_p10"] <= band[f"{key}_time_ratio_p10"] * out["step_time_s"] * (1 + 1e-12)
             assert out["step_time_s_p90"] >= band[f"{key}_time_ratio_p90"] * out["step_time_s"] * (1 - 1e-12)
-    # today the EP band holds the CP band, so the layout with both is strictly wider than the CP band it took before
-    assert (
-        band["ep_time_ratio_p10"] < band["cp_time_ratio_p10"] and band["ep_time_ratio_p90"] > band["cp_time_ratio_p90"]
-    )
+    # today both classes rest on too few sources (5 and 3): each spans every held-out run (validation/band.py step
+    # 3), wider than the every-run band
+    for key in ("cp", "ep"):
+        assert not band[f"{key}_promised"]
+        assert band[f"{key}_time_ratio_p10"] == band["unseen_time_ratio_p10"] < band["time_ratio_p10"]
+        assert band[f"{key}_time_ratio_p90"] == band["unseen_time_ratio_p90"] > band["time_ratio_p90"]
 
 
 def test_the_published_runs_per_gpu_kind_are_the_run_files_cases_and_the_bands_runs() -> None:
@@ -405,7 +409,7 @@ def test_a_gpu_kind_no_published_run_ran_on_is_named_in_the_band_and_the_warning
         out = json.loads(capsys.readouterr().out)
         said = [w for w in out["warnings"] if w.startswith(f"{gpu}: none of the")]
         assert bool(said) == alien
-        assert (f"none of them ran on {gpu}" in out["uncertainty"]) == alien
+        assert ("no published run used the GPU kind " + gpu in out["uncertainty"]) == alien
         if alien:
             assert f"none of the {int(io.held_out_band()['runs'])} published training runs" in said[0]
             assert all(kind in said[0] for kind in io.published_runs_by_gpu())
@@ -414,4 +418,4 @@ def test_a_gpu_kind_no_published_run_ran_on_is_named_in_the_band_and_the_warning
     assert not [w for w in out["warnings"] if w.startswith("mi300x: none of the")]
     plan = ["plan", "llama-3.1-8b", "--gpu", "mi300x", "--gpus", "8", "--seq", "8192"]
     assert main([*plan, "--global-batch-tokens", "1M", "--top", "1", "--json"]) == 0
-    assert "none of them ran on mi300x" in json.loads(capsys.readouterr().out)["uncertainty"]
+    assert "no published run used the GPU kind mi300x" in json.loads(capsys.readouterr().out)["uncertainty"]

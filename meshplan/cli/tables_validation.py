@@ -226,7 +226,13 @@ def _band_lines(band: dict[str, float] | None) -> list[str]:
                 f"  with {what}: {band[f'{axis}_time_ratio_p10']:.3f}-{band[f'{axis}_time_ratio_p90']:.3f} "
                 f"(median {band[f'{axis}_time_ratio_p50']:.3f}) over {int(band[f'{axis}_runs'])} runs from "
                 f"{int(band[f'{axis}_sources'])} sources"
+                + ("" if band[f"{axis}_promised"] else ": too few for the promise, every held-out run's range")
             )
+    if "unseen_time_ratio_p10" in band:
+        lines.append(
+            f"  on a GPU kind, stack or parallelism mix no published run used: "
+            f"{band['unseen_time_ratio_p10']:.3f}-{band['unseen_time_ratio_p90']:.3f} (every held-out run's range)"
+        )
     return lines
 
 

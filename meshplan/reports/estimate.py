@@ -28,6 +28,7 @@ from meshplan.reports.inputs import (
     resolve_order,
     resolve_workload,
 )
+from meshplan.reports.novelty import mix_of, unseen
 from meshplan.reports.published_range import mfu_check
 from meshplan.reports.routing_note import routing_note
 from meshplan.reports.timeline import timeline_dict
@@ -229,7 +230,16 @@ def estimate_report(
     out["warnings"] += never_finishes_warning(out)
     if timeline:
         out["timeline"] = timeline_dict(plan)
-    band = uncertainty(float(plan.step.step_time_s), profile, cp=lay.cp, ep=lay.ep, gpu=cluster.gpu.name)
+    band = uncertainty(
+        float(plan.step.step_time_s),
+        profile,
+        cp=lay.cp,
+        ep=lay.ep,
+        gpu=cluster.gpu.name,
+        tp=lay.tp,
+        pp=lay.pp,
+        stack=out.get("stack"),
+    )
     return out | widen_for_pressure(band, out["hbm_pressure"])
 
 
@@ -268,13 +278,23 @@ def band_classes(*, cp: int, ep: int) -> tuple[str, ...]:
 
 
 def uncertainty(
-    step_time_s: float, profile: str | None, *, cp: int = 1, ep: int = 1, gpu: str | None = None
+    step_time_s: float,
+    profile: str | None,
+    *,
+    cp: int = 1,
+    ep: int = 1,
+    gpu: str | None = None,
+    tp: int | None = None,
+    pp: int | None = None,
+    stack: str | None = None,
 ) -> dict[str, Any]:
     """The step time's P10-P90 band: a fitted profile's own (its runs each predicted with the profile fitted on
     the others), else the held-out errors of the published runs (catalog/held_out.toml), where a layout with
     context parallelism (``cp`` > 1) or expert parallelism (``ep`` > 1) takes the band of the published runs of
     its kind, and one with both the band covering the two (``BAND_CLASSES``; ``step_time_band_sources`` is then
-    the fewer of their sources); on a ``gpu`` kind none of them ran on, the band says so."""
+    the fewer of their sources). A layout whose ``gpu`` kind, ``stack`` or parallelism mix (``tp``, ``pp``, ``cp``,
+    ``ep``; checked when ``tp`` and ``pp`` are given) no published run used takes at least the range of every
+    held-out run (reports/novelty.py; validation/band.py step 4), and says what was not seen."""
     own = fitted_band(profile)
     if own is not None:
         return {
@@ -290,6 +310,12 @@ def uncertainty(
     lo = min(band[f"{prefix}time_ratio_p10"] for prefix in prefixes) * step_time_s
     hi = max(band[f"{prefix}time_ratio_p90"] for prefix in prefixes) * step_time_s
     sources = min(int(band[f"{prefix}sources"]) for prefix in prefixes)
+    mix = None if tp is None or pp is None else mix_of(tp=tp, pp=pp, cp=cp, ep=ep)
+    novel = unseen(gpu=gpu, stack=stack, mix=mix) if "unseen_time_ratio_p10" in band else []
+    if novel:
+        lo = min(lo, band["unseen_time_ratio_p10"] * step_time_s)
+        hi = max(hi, band["unseen_time_ratio_p90"] * step_time_s)
+        sources = int(band["sources"])
     which = " and on ".join(
         f"{int(band[f'{prefix}runs'])} published runs"
         + (f" with {BAND_CLASSES[axis]}" if axis else "")
@@ -314,7 +340,15 @@ def uncertainty(
             else "; too few sources for that promise: the range of their runs"
         )
         + ("; the profile has no band of its own (meshplan calibrate writes one in its file)" if profile else "")
-        + (f"; none of them ran on {gpu}" if gpu is not None and gpu not in io.published_runs_by_gpu() else ""),
+        + (
+            f"; widened to the range of every held-out run of the {int(band['sources'])} sources "
+            f"({band['unseen_time_ratio_p10']:.2f}x-{band['unseen_time_ratio_p90']:.2f}x), as no published run used "
+            + " or ".join(novel)
+            if novel
+            else f"; none of them ran on {gpu}"
+            if gpu is not None and gpu not in io.published_runs_by_gpu()
+            else ""
+        ),
     }
 
 
@@ -328,7 +362,8 @@ def gpu_warning(gpu: str, profile: str | None = None) -> list[str]:
         f"{gpu}: none of the {sum(ran_on.values())} published training runs meshplan is checked against ran on "
         f"this GPU kind (they ran on {', '.join(ran_on)}): its constants come from its datasheet, kernel "
         "benchmarks and the kinds it shares a die with (its catalog file's sources), unchecked on its own runs, "
-        "and the step-time band is the errors of those kinds, not its own; `meshplan calibrate` fits a profile "
+        "and the step-time band is those kinds' errors, widened to the range of every held-out run; "
+        "`meshplan calibrate` fits a profile "
         "from runs measured on it"
     ]
 
@@ -341,9 +376,12 @@ def band_warning(cp: int, ep: int = 1) -> list[str]:
     return [
         f"{BAND_CLASSES[axis]}: held out, the {int(band[f'{axis}_runs'])} published runs with "
         f"{axis.upper()} ({int(band[f'{axis}_sources'])} sources) took a median "
-        f"{band[f'{axis}_time_ratio_p50']:.2f}x their predicted step time (P90 "
-        f"{band[f'{axis}_time_ratio_p90']:.2f}x): this step time is likely "
-        f"{'optimistic' if band[f'{axis}_time_ratio_p50'] > 1 else 'pessimistic'}, and its band is {whose}"
+        f"{band[f'{axis}_time_ratio_p50']:.2f}x their predicted step time (band "
+        f"{band[f'{axis}_time_ratio_p10']:.2f}x-{band[f'{axis}_time_ratio_p90']:.2f}x"
+        + ("" if band[f"{axis}_promised"] else ", every held-out run's range: too few sources for their own")
+        + f"): this step time is likely "
+        f"{'optimistic' if band[f'{axis}_time_ratio_p50'] > 1 else 'pessimistic'}, and its band is "
+        + (whose if band[f"{axis}_promised"] or len(axes) > 1 else "that range")
         for axis in axes
     ]
 

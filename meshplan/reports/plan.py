@@ -46,7 +46,12 @@ from meshplan.spec.workload import Workload
 
 
 def _candidate(
-    result: SearchResult, i: int, cluster: Cluster, order: tuple[str, ...], profile: str | None
+    result: SearchResult,
+    i: int,
+    cluster: Cluster,
+    order: tuple[str, ...],
+    profile: str | None,
+    stack: str | None = None,
 ) -> dict[str, Any]:
     step, mem = result.step, result.memory
     lay = result.candidates.layout(i)
@@ -57,7 +62,17 @@ def _candidate(
     step_time_s = float(np.asarray(step.step_time_s)[i])
     pressure = float(hbm_pressure(per_gpu["total_bytes"], cluster.gpu.hbm_bytes))
     band = widen_for_pressure(
-        uncertainty(step_time_s, profile, cp=int(lay.cp), ep=int(lay.ep), gpu=cluster.gpu.name), pressure
+        uncertainty(
+            step_time_s,
+            profile,
+            cp=int(lay.cp),
+            ep=int(lay.ep),
+            gpu=cluster.gpu.name,
+            tp=int(lay.tp),
+            pp=int(lay.pp),
+            stack=stack,
+        ),
+        pressure,
     )
     return {
         "layout": layout_dict(lay),
@@ -78,8 +93,8 @@ def _candidate(
 
 
 def _first_axes(plans: list[dict[str, Any]]) -> dict[str, int]:
-    """Context- and expert-parallel degrees of plan 1 (1 when nothing fits)."""
-    return {axis: int(plans[0]["layout"][axis]) if plans else 1 for axis in ("cp", "ep")}
+    """Tensor-, pipeline-, context- and expert-parallel degrees of plan 1 (1 when nothing fits)."""
+    return {axis: int(plans[0]["layout"][axis]) if plans else 1 for axis in ("tp", "pp", "cp", "ep")}
 
 
 def run_search(
@@ -93,6 +108,7 @@ def run_search(
     engine: str | None = None,
     profile: str | None = None,
     refuse: bool = True,
+    stack: str | None = None,
 ) -> tuple[SearchResult, list[dict[str, Any]]]:
     """The search's result and its best distinct plans as JSON (``profile``: the ``--profile`` text whose band, if
     it carries one, the plans' step times take). Pins that no layout of the fleet can have are refused (unless
@@ -101,7 +117,8 @@ def run_search(
     if refuse and not result.valid and pinned_space(rules.pins)[0] is not None:  # pins no layout of the fleet has
         refuse_pins(spec, work, cluster, rules.pins, allow_cross_node_tp=rules.allow_cross_node_tp)
     accept = None if engine is None else _runs_on(engine, spec, work)
-    plans = [_candidate(result, i, cluster, rules.order, profile) for i in distinct(result, top, accept=accept)]
+    picked = distinct(result, top, accept=accept)
+    plans = [_candidate(result, i, cluster, rules.order, profile, stack) for i in picked]
     return result, plans
 
 
@@ -196,7 +213,13 @@ def plan_report(
     cheapest, cost = None, cost or CostRequest()
     if obj is Objective.COST:  # the fleet first: the one given or a halving, whichever trains the tokens cheapest
         kw = dict(
-            top=1, rules=rules, objective=obj, engine=training_engine, profile=fleet_args.get("profile"), refuse=False
+            top=1,
+            rules=rules,
+            objective=obj,
+            engine=training_engine,
+            profile=fleet_args.get("profile"),
+            refuse=False,
+            stack=shown.get("stack"),
         )
         gpus, cheapest = cheapest_fleet(
             lambda n: next(iter(run_search(spec, fleet(gpus=n), work, **kw)[1]), None),
@@ -216,6 +239,7 @@ def plan_report(
         objective=obj,
         engine=training_engine,
         profile=fleet_args.get("profile"),
+        stack=shown.get("stack"),
     )
     out: dict[str, Any] = {
         **_run_fields(spec, cluster, work, global_batch_tokens),
@@ -228,9 +252,9 @@ def plan_report(
         **_search_fields(result, plans),
         # the band's source as it applies to plan 1 (a layout with context or expert parallelism takes the band
         # of the published runs of its kind)
-        "uncertainty": uncertainty(1.0, fleet_args.get("profile"), **_first_axes(plans), gpu=cluster.gpu.name)[
-            "uncertainty"
-        ],
+        "uncertainty": uncertainty(
+            1.0, fleet_args.get("profile"), **_first_axes(plans), gpu=cluster.gpu.name, stack=shown.get("stack")
+        )["uncertainty"],
         **({"fewest_gpus": fewest} if fewest else {}),
         "not_searched": _not_searched(rules),
     }

@@ -145,7 +145,14 @@ def recipe_report(name: str, *, rank: bool = True) -> dict[str, Any]:
     r = _recipe(name)
     plan, shown = _evaluated(name)
     band = uncertainty(
-        float(plan.step.step_time_s), None, cp=int(plan.layout.cp), ep=int(plan.layout.ep), gpu=plan.cluster.gpu.name
+        float(plan.step.step_time_s),
+        None,
+        cp=int(plan.layout.cp),
+        ep=int(plan.layout.ep),
+        gpu=plan.cluster.gpu.name,
+        tp=int(plan.layout.tp),
+        pp=int(plan.layout.pp),
+        stack=shown.get("stack"),
     )
     out = evaluated_plan_dict(plan) | shown | band
     out.update({"recipe": name, "title": r["title"], "source": r["source"], "why": r["why"], "factors": factors(name)})

@@ -119,8 +119,9 @@ class GpuCalibration:
     H100, H200, H800), whose rates serving takes for an MLA model's decode attention; None: none published here,
     the engine family's attention and cache-read shares."""
     fused_attention_kernel: str = "cudnn"
-    """The fused attention kernel of stacks with fused kernels (Transformer Engine picks cuDNN's on Hopper and
-    FlashAttention-2 on Ampere); eager PyTorch stacks run SDPA's flash backend, FlashAttention-2."""
+    """The fused attention kernel of Megatron stacks with fused kernels (Transformer Engine picks cuDNN's on Hopper
+    and FlashAttention-2 on Ampere); PyTorch-native stacks, compiled or not, and eager ones run SDPA's flash
+    backend, FlashAttention-2."""
     attention_scale: float = 1.0
     """Multiplies the tables' shares of peak: 1 on the kinds the tables were measured on."""
     fp8_matmul_ratio: float = 0.8965

@@ -14,8 +14,9 @@ class Attention(StrEnum):
     """Attention kernel, which decides whether the s x s score matrix is stored."""
 
     FLASH = "flash"
-    """Fused attention, no score matrix, only a log-sum-exp per row: the stack's kernel on the GPU kind (eager
-    PyTorch: SDPA's FlashAttention-2; Transformer Engine: the kind's fused kernel, cuDNN's on Hopper)."""
+    """Fused attention, no score matrix, only a log-sum-exp per row: the stack's kernel on the GPU kind (PyTorch,
+    compiled or not, and eager kernels: SDPA's FlashAttention-2; Transformer Engine: the kind's fused kernel,
+    cuDNN's on Hopper)."""
     FA1 = "fa1"
     """Fused, FlashAttention (Dao et al. 2022), flash-attn 1.x."""
     FA_TRITON = "fa-triton"

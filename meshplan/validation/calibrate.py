@@ -5,10 +5,12 @@ arguments as typed, e.g. ``["llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8"]`
 and the measured ``step_time_s`` or ``tokens_per_s_per_gpu`` (optionally
 ``peak_memory_bytes``, compared, not fitted). The profile's shared constants
 (scales on the matmul efficiency, collective bandwidth, attention kernels and
-memory-bound kernels, and the host's time per step; spec/profile.py) are
+memory-bound kernels, the host's speed issuing kernels, which sets the per-layer
+host floor, and the host's seconds per step; spec/profile.py) are
 fitted over all runs together (profile_fit.fit): nothing, one constant or two,
 whichever choice predicts each run best from the others (leave one run out).
-A constant no run can move is not fitted, a choice gets at most one free
+A constant no run can move is not fitted (the host's speed, where no run is
+host-bound; the report says why), a choice gets at most one free
 constant per two runs, and fewer than three runs are
 refused: a constant is never fitted to one run. The held-out error reported is
 that leave-one-run-out error of the choice made.
@@ -119,20 +121,21 @@ def _error(run: MeasuredRun, predicted: float) -> float:
 
 NOT_IDENTIFIED = {
     "host_scale": "no run is host-bound: the hosts issue every layer's kernels faster than the GPUs run them "
-    "(core/time/host.py), so no run's time moves with the hosts' speed; runs of small models, short sequences or "
-    "micro-batch 1 under eager launches would show it",
+    "(core/time/host.py), even at half the catalog's speed, so no run's time moves with the hosts' speed; runs of "
+    "small models, short sequences or micro-batch 1 under eager launches would show it",
 }
 """Why a constant the runs do not move is left at the catalog's value, for the constants whose reason is not plain
 from the name (the report's ``not_identified``)."""
 
 
-def fit_runs(runs: list[MeasuredRun]) -> tuple[Profile, dict[str, Any]]:
-    """The profile that suits ``runs`` and the numbers of its fit; ValueError when the runs cannot fit one."""
+def fit_runs(runs: list[MeasuredRun], *, offered: tuple[str, ...] = CONSTANTS) -> tuple[Profile, dict[str, Any]]:
+    """The profile that suits ``runs`` and the numbers of its fit; ValueError when the runs cannot fit one.
+    ``offered``: the constants a choice may fit (benchmarks/calibrate_sources.py compares sets of them)."""
     if len(runs) < MIN_RUNS:
         raise ValueError(
             f"{len(runs)} runs cannot fit a profile: give at least {MIN_RUNS} (never one constant per run)"
         )
-    sens = profile_fit.sensitivities(lambda p: _rows(runs, p))
+    sens = profile_fit.sensitivities(lambda p: _rows(runs, p), constants=offered)
     which = profile_fit.identified(sens)
     identified = [name for name, ok in which.items() if ok]
     if not identified:

@@ -123,6 +123,7 @@ def ideal_setup(setup: Setup) -> Setup:
         layer_overhead_s=0.0,
         prefill_layer_overhead_s=0.0,
         allreduce_latency_s=0.0,
+        allreduce_latency_per_rank_s=0.0,
         two_batch_overlap=False,
         ep_overlap=1.0,
         ep_overlap_decode=1.0,
@@ -132,7 +133,9 @@ def ideal_setup(setup: Setup) -> Setup:
     )
     gpu = dataclasses.replace(
         setup.hw.gpu,
-        calibration=dataclasses.replace(setup.hw.gpu.calibration, matmul_half_dim=0.0, matmul_efficiency_max=1.0),
+        calibration=dataclasses.replace(
+            setup.hw.gpu.calibration, matmul_half_dim=0.0, matmul_efficiency_max=1.0, fp8_matmul_ratio=1.0
+        ),
     )
     free = dataclasses.replace(setup.hw.scale_up, bandwidth_bytes_per_s=1e30, latency_s=0.0)
     hw = Hardware(gpu=gpu, scale_up=free, scale_out=free, cal=cal)

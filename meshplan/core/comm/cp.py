@@ -1,7 +1,8 @@
 """Context parallelism. Ring: cp-1 K/V block exchanges per attention layer forward, twice the bytes backward
 (K/V and their gradients); PyTorch's ring sends its fp32 dK/dV accumulators apart, cp hops, and with
 ``--cp-rotate allgather`` gathers every K/V block at once instead of block by block. All-gather (Llama 3): one
-all-gather of K/V forward, one reduce-scatter of their gradients backward. Full recompute repeats the forward's
+all-gather of K/V forward; backward gathers them again from the local blocks it saved and reduce-scatters their
+gradients (Transformer Engine's AttnFuncWithCPAndKVAllGather), all exposed. Full recompute repeats the forward's
 exchange in the recomputed forward."""
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def cp_calls(
         call(Collective.ALL_GATHER, "forward", block * cp, at_once * forward_layers),
         call(Collective.ALL_GATHER, "backward", block * cp, at_once * layers),
         call(Collective.ALL_GATHER, "forward", block * cp, llama3 * forward_layers, overlappable=False),
+        # the backward gathers K/V again from the local blocks it saved (TE's AttnFuncWithCPAndKVAllGather.backward)
+        call(Collective.ALL_GATHER, "backward", block * cp, llama3 * layers, overlappable=False),
         call(Collective.REDUCE_SCATTER, "backward", block * cp, llama3 * layers, overlappable=False),
     ]
     if apart:  # the fp32 dK/dV accumulators go round the whole ring, back to the rank that owns the block

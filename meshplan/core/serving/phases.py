@@ -155,14 +155,17 @@ def _hbm_bytes_per_s(hw: Hardware, layout: ServeLayout) -> float:
     return hw.gpu.hbm_bandwidth_bytes_per_s * hw.cal.hbm_efficiency * share
 
 
-def allreduce_s(size_bytes: Num, *, n: int, link: Link, kernel: AllReduceKernel, floor_s: float) -> Num:
-    """One all-reduce of ``size_bytes`` over ``n`` ranks: the engine's own kernel (a latency floor plus the ring's
-    2(n-1)/n bytes) or NCCL, whose ring or tree pays a hop latency per step (its tuner's cheapest protocol)."""
+def allreduce_s(
+    size_bytes: Num, *, n: int, link: Link, kernel: AllReduceKernel, floor_s: float, per_rank_s: float = 0.0
+) -> Num:
+    """One all-reduce of ``size_bytes`` over ``n`` ranks: the engine's own kernel (a latency floor on two ranks,
+    ``per_rank_s`` more for each rank beyond them, plus the ring's 2(n-1)/n bytes) or NCCL, whose ring or tree pays
+    a hop latency per step (its tuner's cheapest protocol)."""
     if n == 1:
         return 0.0 * size_bytes
     bw = link.effective_bytes_per_s
     if kernel is AllReduceKernel.CUSTOM:
-        return floor_s + 2 * (n - 1) / n * size_bytes / bw
+        return floor_s + (n - 2) * per_rank_s + 2 * (n - 1) / n * size_bytes / bw
     return nccl_time(
         Collective.ALL_REDUCE,
         size_bytes=size_bytes,
@@ -200,7 +203,8 @@ def forward(
     kv_efficiency = mla.bandwidth_share if mla is not None else cal.hbm_efficiency * cal.kv_read_share
     decode_attention_efficiency = mla.compute_share if mla is not None else cal.attention_efficiency
     dtype = compute_dtype(layout)
-    peak = gpu.peak(dtype) * gpu.calibration.matmul_efficiency_max * cal.matmul_share.get(dtype.value, 1.0)
+    fp8 = gpu.calibration.fp8_matmul_ratio if dtype is DType.FP8 else 1.0  # the kind's FP8 share, as in training
+    peak = gpu.peak(dtype) * gpu.calibration.matmul_efficiency_max * fp8 * cal.matmul_share.get(dtype.value, 1.0)
     n_micro = micro_batches(model, hw, layout)  # each reads the weights once and runs its GEMMs on its own rows
     touched = 1.0 - (1.0 - shape.expert_fraction) ** (group_tokens / n_micro) if model.moe else 0.0
     weights = n_micro * (shape.dense_weight_bytes + shape.expert_weight_bytes * touched / cal.moe_matmul_share)
@@ -219,7 +223,14 @@ def forward(
     tp_link = hw.link(layout.tp)
     ar_bytes = new_tokens * model.hidden * ACT_BYTES * (layout.tp if layout.dp_attention else 1)
     n_ar = 0 if layout.dp_attention and model.moe else 2
-    ar = allreduce_s(ar_bytes, n=layout.tp, link=tp_link, kernel=cal.allreduce, floor_s=cal.allreduce_latency_s)
+    ar = allreduce_s(
+        ar_bytes,
+        n=layout.tp,
+        link=tp_link,
+        kernel=cal.allreduce,
+        floor_s=cal.allreduce_latency_s,
+        per_rank_s=cal.allreduce_latency_per_rank_s,
+    )
     tp_comm = n_ar * shape.layers * ar
     return Forward(
         weights_read_s=weights / hbm,

@@ -92,7 +92,10 @@ class ServeCalibration:
     allreduce: AllReduceKernel
     """Whose kernel runs the TP all-reduces."""
     allreduce_latency_s: float
-    """Floor of one TP all-reduce in the engine's own kernel (custom one-/two-shot all-reduce)."""
+    """Floor of one TP all-reduce in the engine's own kernel (custom one-/two-shot all-reduce) on two ranks."""
+    allreduce_latency_per_rank_s: float
+    """What each rank beyond two adds to that floor (a one-shot kernel reads every peer's buffer and raises a flag
+    at each)."""
     two_batch_overlap: bool
     """Whether the engine splits a step of an EP layout (attention-DP, experts over the group) into two
     micro-batches whose compute and dispatch/combine overlap: each micro-batch reads the weights and runs its

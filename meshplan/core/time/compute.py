@@ -33,7 +33,7 @@ from meshplan.spec.cluster import AttentionKernel, GpuCalibration
 from meshplan.spec.conditions import LossKind
 from meshplan.spec.finetune import Finetune
 from meshplan.spec.model import MlpKind, ModelSpec, NormKind
-from meshplan.spec.workload import Attention, Kernels, Workload
+from meshplan.spec.workload import Attention, Framework, Kernels, Workload
 
 EAGER_SCORE_BYTES_FWD = 13.0
 """Bytes moved per attention-score element in an unfused forward: QK^T output, scale-mask-softmax read and
@@ -154,19 +154,26 @@ def _memory_bytes_per_token(
     return act_bytes * (hidden_passes * model.hidden * rep + act_passes * ffn / tp + rotary + permute + repeat)
 
 
-def attention_kernel(attention: Attention, kernels: Kernels, cal: GpuCalibration) -> AttentionKernel:
-    """The fused kernel a run uses: the one named, or the stack's: eager PyTorch's SDPA flash backend
-    (FlashAttention-2), or the GPU kind's fused kernel (Transformer Engine: cuDNN on Hopper, FA2 on Ampere)."""
+def attention_kernel(
+    attention: Attention, kernels: Kernels, cal: GpuCalibration, *, sdpa: bool = False
+) -> AttentionKernel:
+    """The fused kernel a run uses: the one named, or the stack's. ``sdpa`` (a PyTorch-native stack) or eager
+    kernels: PyTorch SDPA's flash backend, FlashAttention-2, compiled or not (torch.compile keeps SDPA's backend
+    order, flash first on Hopper through PyTorch 2.10); otherwise Transformer Engine's choice, the GPU kind's
+    fused kernel (cuDNN on Hopper: TE disables FlashAttention 'to give FusedAttention preference on Hopper+';
+    FA2 on Ampere)."""
     if attention is not Attention.FLASH:
         return AttentionKernel(attention.value)
-    return AttentionKernel.FA2 if kernels is Kernels.EAGER else AttentionKernel(cal.fused_attention_kernel)
+    if sdpa or kernels is Kernels.EAGER:
+        return AttentionKernel.FA2
+    return AttentionKernel(cal.fused_attention_kernel)
 
 
 def resolved_attention(work: Workload, cal: GpuCalibration) -> str:
     """The attention kernel a run's step time assumes: fa2, fa3, cudnn, or eager (unfused)."""
     if not work.attention.fused:
         return Attention.EAGER.value
-    return attention_kernel(work.attention, work.kernels, cal).value
+    return attention_kernel(work.attention, work.kernels, cal, sdpa=work.framework is Framework.TORCH).value
 
 
 def _flash_time(
@@ -229,7 +236,7 @@ def _attention_time(
     """(forward, backward) of the attention core, fused or not."""
     if not setup.attention.fused:
         return _eager_attention_time(model, tokens=tokens, seq_len=seq_len, tp=tp, hbm=setup.hbm, gemm_s=setup.gemm_s)
-    kernel = attention_kernel(setup.attention, setup.kernels, setup.cal)
+    kernel = attention_kernel(setup.attention, setup.kernels, setup.cal, sdpa=setup.sdpa)
     return _flash_time(
         model,
         tokens=tokens,
@@ -268,6 +275,9 @@ class ComputeSetup:
     """K and V are repeated to the query heads before the attention (``Conditions.repeat_kv``)."""
     ring_merge: bool = False
     """Context parallelism is PyTorch's ring attention, merging every block in eager fp32 (pytorch/ring_merge.py)."""
+    sdpa: bool = False
+    """Attention is PyTorch's ``scaled_dot_product_attention`` (a PyTorch-native stack): ``flash`` is its flash
+    backend whatever the launch mode (``attention_kernel``)."""
     te_ring: bool = False
     """A ring over the CP ranks is Transformer Engine's (Megatron-Core), correcting each step's output and adding
     the gradients in bf16 (te_ring.py)."""

@@ -93,6 +93,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         fp8_rowwise=work.conditions.fp8_recipe is Fp8Recipe.ROWWISE,
         repeat_kv=work.conditions.repeat_kv,
         ring_merge=work.framework is Framework.TORCH,
+        sdpa=work.framework is Framework.TORCH,
         te_ring=work.framework is Framework.MEGATRON,
         recompute_keep=work.conditions.recompute_keep if work.conditions.selective is Selective.KEEP else (),
         sorted_dispatch=work.conditions.ep_dispatch is EpDispatch.ALLTOALL,
