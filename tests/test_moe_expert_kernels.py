@@ -93,3 +93,25 @@ def test_expert_weight_gradients_contract_over_the_expert_tokens() -> None:
             shift += gemm_time(transposed, **kwargs) - gemm_time(g, **kwargs)  # type: ignore[arg-type]
     assert shift > 0  # the shallower contraction runs further from the plateau
     assert lt.weight_grad_s == pytest.approx(lt.gemm_s + shift, rel=1e-12)
+
+
+def test_grouped_gemms_launch_one_gemm_per_local_expert_under_megatron() -> None:
+    """Transformer Engine's grouped GEMM launches one cuBLAS GEMM per local expert from C++: each past the first
+    costs the host 6 us (2 grouped calls forward, 4 backward), for the 16 experts a rank holds at EP 8 of 128:
+    2 x 15 x 6 = 180 us forward on top of (20 + 4 + 16) x 30 us. A PyTorch-native stack's grouped matmul is one
+    launch; under CUDA graphs the replay is all."""
+    import numpy as np
+
+    from meshplan.core.time.host import Launch, host_layer
+    from meshplan.spec.workload import Framework, Kernels
+
+    args: dict[str, object] = dict(kernels=Kernels.FUSED, launch=Launch.EAGER, tp=4, sp=True, moe_layer=True)
+    one = host_layer(QWEN3, framework=Framework.MEGATRON, local_experts=1, **args)  # type: ignore[arg-type]
+    assert one.forward_s == pytest.approx(40 * 30e-6)
+    sixteen = host_layer(QWEN3, framework=Framework.MEGATRON, local_experts=16, **args)  # type: ignore[arg-type]
+    assert sixteen.forward_s - one.forward_s == pytest.approx(2 * 15 * 6e-6)
+    assert sixteen.backward_s - one.backward_s == pytest.approx(4 * 15 * 6e-6)
+    torch_native = host_layer(QWEN3, framework=Framework.TORCH, local_experts=16, **args)  # type: ignore[arg-type]
+    assert torch_native.forward_s == pytest.approx(one.forward_s)
+    many = host_layer(QWEN3, framework=Framework.MEGATRON, local_experts=np.array([1.0, 16.0]), **args)  # type: ignore[arg-type]
+    assert np.allclose(many.forward_s, [one.forward_s, sixteen.forward_s])

@@ -139,7 +139,9 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
     )
     return LayerKinds(
         host_dense=host_layer(model, moe_layer=False, **host),
-        host_moe=host_layer(model, moe_layer=True, **host),
+        host_moe=host_layer(
+            model, moe_layer=True, local_experts=model.moe.num_experts / lay.ep if model.moe else 1, **host
+        ),
         mtp_extra_fwd_s=proj + head_f,
         mtp_extra_bwd_s=2 * proj + head_b,
         dense=dense,
