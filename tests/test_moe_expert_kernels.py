@@ -115,3 +115,39 @@ def test_grouped_gemms_launch_one_gemm_per_local_expert_under_megatron() -> None
     assert torch_native.forward_s == pytest.approx(one.forward_s)
     many = host_layer(QWEN3, framework=Framework.MEGATRON, local_experts=np.array([1.0, 16.0]), **args)  # type: ignore[arg-type]
     assert np.allclose(many.forward_s, [one.forward_s, sixteen.forward_s])
+
+
+def test_expert_weight_gradients_fused_into_fp32_main_grads_read_and_write_them() -> None:
+    """Megatron's --gradient-accumulation-fusion: the weight-gradient GEMM adds into the fp32 main gradient, so
+    its output costs 4 bytes read and 4 written an element. An expert of 512 rows (TP 4 x EP 8, folded) then
+    runs at HBM speed: up, 2 (4,096 x 512 + 512 x 3,072) + 8 (4,096 x 3,072) bytes, 16 of them; the zoo's
+    stage wires it (stage_time: 2 x the gradient's bytes under Megatron with the fusion on)."""
+    fused = gpu_setup(accumulate_bytes=8.0)
+    lt = layer_time(QWEN3, setup=fused, tokens=TOKENS, seq_len=4096, tp=4, sp=True, ep=8, etp=1, moe_layer=True)
+    plain_setup, plain = _layer(tp=4, ep=8, etp=1)
+    gemms = mlp_gemms(QWEN3, tokens=TOKENS, tp=4, ep=8, moe_layer=True, etp=1, sp=True)
+    kwargs = dict(peak_flops=fused.peak_flops, hbm_bytes_per_s=fused.hbm_bytes_per_s, cal=fused.cal, act_bytes=2.0)
+    want = 0.0
+    for g in gemms:
+        if g.name.startswith("expert_"):
+            wgrad = gemm_time(type(g)(name=g.name, m=g.k, n=g.n, k=g.m, count=g.count), **kwargs)  # type: ignore[arg-type]
+            traffic = (2 * (g.k * g.m + g.m * g.n) + 8 * g.k * g.n) * g.count / fused.hbm
+            want += max(wgrad, traffic) - gemm_time(g, **kwargs)  # type: ignore[arg-type]
+    up = next(g for g in gemms if g.name == "expert_up")
+    up_traffic = (2 * (4096 * 512 + 512 * 3072) + 8 * 4096 * 3072) * 16 / fused.hbm
+    assert up_traffic > gemm_time(type(up)(name="w", m=4096, n=3072, k=512, count=16), **kwargs)  # type: ignore[arg-type]
+    assert lt.weight_grad_s == pytest.approx(lt.gemm_s + want, rel=1e-12)
+    assert lt.weight_grad_s > plain.weight_grad_s and plain_setup.accumulate_bytes is None
+
+
+def test_the_zoo_stage_accumulates_in_fp32_under_megatron() -> None:
+    """The stage passes 2 x the gradient's bytes where Megatron fuses the accumulation (fp32 main gradients: 8),
+    nothing where the run turns it off (its separate accumulation pass is outside the layer's GPU time)."""
+    from meshplan.validation.training import _evaluate, sources
+
+    data = sources()["megatron_moe_zoo"]
+    case = {**data["defaults"], **data["case"][4]}  # TP 4 EP 8, no recompute
+    assert "TP 4 EP 8 PP 8" in case["id"]
+    on = _evaluate(case, case["layout"])
+    off = _evaluate({**case, "grad_accum_fusion": "off"}, case["layout"])
+    assert on.step.gpu_layer_s > off.step.gpu_layer_s

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshplan.core.num import Num, minimum, where
+from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.pytorch.overheads import (
     keep_gemm_share,
     op_sac_share,
@@ -283,6 +283,9 @@ class ComputeSetup:
     the gradients in bf16 (te_ring.py)."""
     recompute_keep: tuple[str, ...] = ()
     """The tensors ``--recompute-keep`` saves (``Conditions.recompute_keep``)."""
+    accumulate_bytes: float | None = None
+    """Bytes per element of a weight gradient its GEMM moves when it adds into the main gradient in place, a read
+    and a write (Megatron's --gradient-accumulation-fusion); None: it writes a fresh gradient (``act_bytes``)."""
     sorted_dispatch: bool = False
     """The tokens reach the experts through an all-to-all that lands them by source rank (``--ep-dispatch
     alltoall``), sorted by local expert after it and back before the combine (``_memory_bytes_per_token``)."""
@@ -408,10 +411,16 @@ def layer_time(
         )
         adapter_fwd, adapter_wgrad, adapter_dgrad = adapters.forward_s, adapters.weight_grad_s, adapters.input_grad_s
         gemm_s = gemm_s + adapters.dequant_s  # before the forward matmul; the backward matmul below pays it again
-    # the routed experts' weight gradients contract over each expert's few tokens: their own, shallower shape
+    # the routed experts' weight gradients contract over each expert's few tokens: their own, shallower shape,
+    # and where the GEMM adds into the main gradient, that accumulator read and written at its own width
+    acc = setup.act_bytes if setup.accumulate_bytes is None else setup.accumulate_bytes
     expert_wgrad = sum(
         (
-            setup.gemm_s(Gemm(name=g.name, m=g.k, n=g.n, k=g.m, count=g.count), linear=True) - t
+            maximum(
+                setup.gemm_s(Gemm(name=g.name, m=g.k, n=g.n, k=g.m, count=g.count), linear=True),
+                (setup.act_bytes * (g.k * g.m + g.m * g.n) + acc * g.k * g.n) * g.count / hbm,
+            )
+            - t
             for g, t in zip(gemms, times, strict=True)
             if g.name in EXPERT_GEMMS
         ),

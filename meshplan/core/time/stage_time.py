@@ -97,6 +97,9 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         te_ring=work.framework is Framework.MEGATRON,
         recompute_keep=work.conditions.recompute_keep if work.conditions.selective is Selective.KEEP else (),
         sorted_dispatch=work.conditions.ep_dispatch is EpDispatch.ALLTOALL,
+        accumulate_bytes=2 * work.precision.grad_bytes
+        if work.framework is Framework.MEGATRON and work.conditions.grad_accum_fusion
+        else None,
     )
     span = work.attention_span  # the sequence, or its document when packed documents attend within themselves
     common = dict(
