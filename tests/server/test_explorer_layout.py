@@ -174,3 +174,71 @@ def test_a_link_carries_the_stack_and_conditions(
         assert numbers(pg)["bars"] == [s["total_bytes"] for s in est["stages"]]
     finally:
         pg.context.close()
+
+
+@pytest.mark.parametrize("recipe", ["llama3-405b-8k", "deepseek-v3"])
+def test_a_recipe_opens_its_layout_page_at_the_recipes_step_time(
+    browser: Any, live_server: str, recipe: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    published = cli(["recipe", recipe, "--no-rank"], capsys)
+    pg = browser.new_context(viewport={"width": 1440, "height": 900}).new_page()
+    pg.set_default_timeout(15_000)
+    try:
+        pg.goto(f"{live_server}/#recipes?recipe={recipe}")
+        pg.wait_for_selector("body[data-ready]")
+        pg.wait_for_selector(f"#rc-gpus[data-gpus='{published['gpus']}']")
+        pg.click("#rc-layout-link")
+        pg.wait_for_selector("#ly-gantt svg")
+        pg.wait_for_selector("#ly-results:not([data-stale])")
+        pg.wait_for_function(
+            "v => Number(document.querySelector('#ly-step').dataset.seconds) > 0 && location.hash.includes(v)",
+            arg=f"tp={published['factors']['tp']}",
+        )
+        assert numbers(pg)["headline"] == pytest.approx(published["step_time_s"], rel=1e-9)
+    finally:
+        pg.context.close()
+
+
+@pytest.mark.parametrize(
+    "config", ["nemo_llama3_8b_pretrain.yaml", "megatron_train_llama3_8b_h100_fp8.sh", "torchtitan_llama3_8b.toml"]
+)
+def test_an_engine_config_opens_as_estimate_from_reads_it(
+    browser: Any, live_server: str, config: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "configs" / config
+    pg = opened(browser, live_server, "desktop", "gpus=16")
+    try:
+        pg.set_input_files("#ly-config", str(path))
+        pg.wait_for_function("() => !document.querySelector('#ly-config-note').hidden")
+        pg.wait_for_function("() => location.hash.includes('stack=')")
+        pg.wait_for_selector("#ly-results:not([data-stale])")
+        gpus = pg.input_value("#ly-form input[name=gpus]")
+        est = cli(["estimate", "--from", str(path), "--gpu", "h100-sxm", "--gpus", gpus], capsys)
+        pg.wait_for_function(
+            "v => Math.abs(Number(document.querySelector('#ly-step').dataset.seconds) / v - 1) < 1e-9",
+            arg=est["step_time_s"],
+        )
+        assert pg.is_hidden("#ly-error")
+    finally:
+        pg.context.close()
+
+
+def test_a_file_that_is_no_training_config_is_one_line_and_changes_nothing(
+    browser: Any, live_server: str, tmp_path: Any
+) -> None:
+    junk = tmp_path / "notes.txt"
+    junk.write_text("these are not the flags of any engine\n" * 3)
+    launcher = tmp_path / "serve.sh"
+    launcher.write_text("vllm serve meta-llama/Llama-3.1-8B-Instruct --tensor-parallel-size 2\n")
+    pg = opened(browser, live_server, "desktop", "gpus=16&tp=2")
+    try:
+        before = pg.evaluate("() => location.hash")
+        for path, says in ((junk, "notes.txt"), (launcher, "serving launcher")):
+            pg.set_input_files("#ly-config", str(path))
+            pg.wait_for_function("t => document.querySelector('#ly-error').textContent.includes(t)", arg=says)
+            assert "\n" not in pg.inner_text("#ly-error").strip()
+            assert pg.evaluate("() => location.hash") == before
+    finally:
+        pg.context.close()

@@ -27,12 +27,21 @@ let last = null;
 
 export function init() {
   onFormChange($("#ly-form"), update);
+  $("#ly-config").addEventListener("change", openConfig);
   onResize(() => last && draw(last));
   update();
 }
 
+// The address's inputs this form does not show (a recipe's kernels, axis order or a condition of its own), passed
+// on as they are: the page's "axis" is the placement picture's choice, not an input.
+function carried() {
+  const { axis, ...rest } = state.extrasOf("layout");
+  return rest;
+}
+
 export function params(v) {
   return {
+    ...carried(),
     model: v.model, gpu: v.gpu, gpus: v.gpus, tp: v.tp, pp: v.pp, vpp: v.vpp, cp: v.cp, ep: v.ep, zero: v.zero,
     sp: v.sp ? "true" : null, micro_batch: v.micro_batch, seq: v.seq, recompute: v.recompute, schedule: v.schedule || null,
     dp_shard: v.dp_shard || null, global_batch: v.global_batch || null, tokens: v.tokens || null,
@@ -50,6 +59,38 @@ export function layoutHref(q) {
     out.set(k, v === true ? "1" : v === false ? "0" : String(v));
   }
   return `#layout?${out}`;
+}
+
+// The layout fields as estimate takes them when nothing sets them (an empty global batch: one micro-batch per rank).
+const ENGINE_DEFAULTS = { tp: 1, pp: 1, vpp: 1, cp: 1, ep: 1, zero: 0, sp: "0", micro_batch: 1, global_batch: "", seq: 4096,
+  recompute: "none", schedule: "", dp_shard: "" };
+
+// An engine's config read by POST /api/config (as --from reads it): its values become this page's address, the GPU
+// kind and whatever the file does not set staying as the form has them; what it did not read is counted below.
+async function openConfig(event) {
+  const file = event.target.files[0];
+  if (!file) return;
+  try {
+    const response = await fetch("/api/config", {
+      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ text: await file.text() }),
+    });
+    const body = await response.json().catch(() => ({ error: `the server answered ${response.status}` }));
+    if (!response.ok) throw new Error(`${file.name}: ${body.error}`);
+    if (!body.training) throw new Error(`${file.name} is a ${body.kind} serving launcher: this page plans training`);
+    const v = formValues($("#ly-form"));
+    // what the file leaves unset is the engine's default (estimate's), not this page's example layout
+    const q = { ...ENGINE_DEFAULTS, model: v.model, gpu: v.gpu, gpus: v.gpus, ...body.query };
+    const note = $("#ly-config-note");
+    note.hidden = false;
+    note.textContent = `Read ${file.name} (${body.kind}): ${fmtInt(body.values.length)} values set the layout; `
+      + `${fmtInt(body.not_read.length)} keys not read (meshplan estimate --from ${file.name} lists them).`;
+    showError($("#ly-error"), null);
+    location.hash = `#layout?${new URLSearchParams(Object.entries(q).map(([k, x]) => [k, String(x)]))}`;
+  } catch (err) {
+    showError($("#ly-error"), err);
+  } finally {
+    event.target.value = "";
+  }
 }
 
 async function update() {
@@ -70,7 +111,8 @@ function command(v) {
     ["ep", v.ep, 1], ["zero", v.zero, 0], ["sp", v.sp], ["recompute", v.recompute, "none"], ["micro_batch", v.micro_batch, 1],
     ["seq", v.seq, 4096], ["schedule", v.schedule], ["dp_shard", v.dp_shard], ["global_batch", v.global_batch],
     ["precision", v.precision], ["attention", v.attention], ["cp_kind", v.cp_kind, "ring"], ["expert_tp", v.expert_tp],
-    ...conditionFlags(v), ["tokens", v.tokens], ["price_per_gpu_hour", v.price_per_gpu_hour], ["timeline", true]];
+    ...conditionFlags(v), ...Object.entries(carried()), ["tokens", v.tokens], ["price_per_gpu_hour", v.price_per_gpu_hour],
+    ["timeline", true]];
   $("#ly-command").textContent = cliCommand("estimate", [cliModel(v.model)], flags);
 }
 

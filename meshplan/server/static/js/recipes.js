@@ -1,5 +1,6 @@
 // View 5: published recipes as nested mesh axes from one GPU outward, and every recipe on one fleet ruler.
 
+import { layoutHref } from "./layout.js";
 import { extra, setExtra } from "./state.js";
 import { TRAINING_ENGINES, cliCommand, layoutQuery, layoutSlug, planName, takeaway } from "./takeaway.js";
 import { $, chartWidth, el, inkOn, keepFocus, pressable, fmtBytes, fmtGiB, fmtInt, fmtPct, fmtSeconds, gpuName, isAbort, latestOnly, onResize, showError, svg, tracked } from "./util.js";
@@ -63,8 +64,14 @@ async function select(name, remember = true) {
   $("#rc-title").textContent = `${report.title} · ${fmtInt(report.gpus)} × ${gpuName(ctx.catalog, report.gpu)}`;
   $("#rc-why").textContent = report.why;
   verdict(report);
-  $("#rc-source").textContent = `Source: ${report.source}.`;
   const r = report;
+  // the recipe's layout on the layout page, with the stack and the conditions the recipe states
+  const stated = Object.entries(r.conditions || {}).filter(([, c]) => c.source === "flag").map(([k, c]) => [k, c.value]);
+  const href = layoutHref({
+    model: r.model, gpu: r.gpu, gpus: r.gpus, seq: r.seq, global_batch: r.global_batch, precision: r.precision,
+    stack: r.stack, ...layoutQuery(r.layout), expert_tp: r.layout.expert_tp, ...Object.fromEntries(stated),
+  });
+  $("#rc-source").replaceChildren(`Source: ${r.source}. `, el("a", { href, id: "rc-layout-link" }, "Open this layout's page"), ".");
   takeaway($("#rc-takeaway"), {
     id: "rc", command: cliCommand("recipe", [r.recipe], []), json: r, filename: `meshplan-recipe-${r.recipe}.json`,
     engines: TRAINING_ENGINES,

@@ -86,6 +86,11 @@ export function changedFromOutside(view) {
   return q !== "" && q !== (written[view] ?? "");
 }
 
+// Every extra of a view (inputs its form does not show, from the address).
+export function extrasOf(view) {
+  return { ...(extras[view] || {}) };
+}
+
 export function extra(view, name) {
   return (extras[view] || {})[name] ?? null;
 }
