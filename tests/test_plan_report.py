@@ -154,8 +154,9 @@ def test_published_recipes_are_valid_and_ranked(name: str, ranked_recipe: Callab
     assert s["feasible"] > 0 and s["rank_of_published"] >= 1
     if r["layout"]["schedule"] == "dualpipe":
         # DualPipe is searched too (an even pipeline, 2 pp micro-batches or more): the published layout, which
-        # keeps less than the planner's headroom, still ranks first, the best kept within 5% of it
-        assert s["rank_of_published"] == 1 and s["best_step_time_s"] <= 1.05 * s["published_step_time_s"]
+        # keeps less than the planner's headroom, is within 5% of the best the planner keeps (DeepSeek-V3 with its
+        # IB-then-NVLink dispatch priced as such: TP 2 x PP 8 x EP 128 under DualPipe 2.8% faster)
+        assert s["best_step_time_s"] <= s["published_step_time_s"] <= 1.05 * s["best_step_time_s"]
     elif s["published_fits_with_headroom"]:
         # the planner finds something at least as fast as the published layout
         assert s["best_step_time_s"] <= s["published_step_time_s"] * (1 + 1e-9)

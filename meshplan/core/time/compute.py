@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshplan.core.num import Num, minimum, where
+from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.pytorch.overheads import (
     keep_gemm_share,
     op_sac_share,
@@ -48,6 +48,10 @@ gated activation, 2-4 TP collectives, and the casts and amax updates around them
 Llama without torch.compile): 2 RMSNorms of 8 ops each (upcast, pow, mean, add, rsqrt, mul, downcast, weight),
 7 GEMMs (q, k, v, output, w1, w3, w2), rotary on q and k (3 each: upcast to complex, multiply, downcast),
 3 layout copies around SDPA, SDPA and its output copy (2), 2 residual adds, SiLU and the gate product (2)."""
+
+
+EXPERT_GEMMS = ("expert_up", "expert_down")
+"""The routed experts' matmuls (``flops.mlp_gemms``): one per local expert, on the tokens routed to it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,7 +108,15 @@ product with the frequencies (4, 4), downcast (4, 2): 20 bytes, 10 passes of 2 (
 
 
 def _memory_bytes_per_token(
-    model: ModelSpec, *, tp: Num, sp: Num, moe_layer: bool, act_bytes: float, kernels: Kernels, repeat_kv: bool = False
+    model: ModelSpec,
+    *,
+    tp: Num,
+    sp: Num,
+    moe_layer: bool,
+    act_bytes: float,
+    kernels: Kernels,
+    repeat_kv: bool = False,
+    sorted_rows: Num = 0.0,
 ) -> Num:
     """Bytes memory-bound ops of one layer's forward move per local token.
 
@@ -112,7 +124,13 @@ def _memory_bytes_per_token(
     write 1; with dropout, fused into the add, one more 1-byte mask each) is
     split over tp only with SP; the MLP activation (gated:
     act and product, 5 f-wide passes; GELU: 2) and rotary (read+write of Q
-    and K) are split over tp. ``repeat_kv``: K and V are copied to one head
+    and K) are split over tp. A MoE layer's permutation (the dispatch and
+    combine copies, read + write of k rows of h each way) runs on the tokens
+    its rank dispatches: s/t of them with SP, as its all-to-all does
+    (core/comm/ep.py). ``sorted_rows``: the rows the all-to-all dispatcher sorts by local expert after the
+    exchange and back before the combine, per row dispatched (Megatron-Core's ``sort_chunks_by_idxs`` where a
+    rank holds more than one expert: the received rows, gathered over the expert-TP group; 0 with DeepEP,
+    whose one permutation is the one above). ``repeat_kv``: K and V are copied to one head
     per query head before the attention (read the grouped, write the
     repeated; backward sums the repeated gradients back).
     """
@@ -132,6 +150,7 @@ def _memory_bytes_per_token(
     rotary = 0 if model.learned_positions else rotary_passes * (model.q_width + model.kv_width) / tp
     groups = model.num_heads / model.num_kv_heads
     repeat = 2 * model.kv_width * (1 + groups) / tp if repeat_kv and model.mla is None and groups > 1 else 0.0
+    permute = permute * rep * (1 + sorted_rows)
     return act_bytes * (hidden_passes * model.hidden * rep + act_passes * ffn / tp + rotary + permute + repeat)
 
 
@@ -264,6 +283,12 @@ class ComputeSetup:
     the gradients in bf16 (te_ring.py)."""
     recompute_keep: tuple[str, ...] = ()
     """The tensors ``--recompute-keep`` saves (``Conditions.recompute_keep``)."""
+    accumulate_bytes: float | None = None
+    """Bytes per element of a weight gradient its GEMM moves when it adds into the main gradient in place, a read
+    and a write (Megatron's --gradient-accumulation-fusion); None: it writes a fresh gradient (``act_bytes``)."""
+    sorted_dispatch: bool = False
+    """The tokens reach the experts through an all-to-all that lands them by source rank (``--ep-dispatch
+    alltoall``), sorted by local expert after it and back before the combine (``_memory_bytes_per_token``)."""
 
     def gemm_s(self, g: Gemm, *, linear: bool = False) -> Num:
         """A GEMM's time: the linear layers' at the compute dtype's peak, the others at bf16's."""
@@ -327,6 +352,7 @@ def layer_time(
     sp: Num,
     ep: Num,
     moe_layer: bool,
+    etp: Num | None = None,
     finetune: Finetune | None = None,
     frozen: bool = False,
     kernel_keys: Num | None = None,
@@ -346,7 +372,7 @@ def layer_time(
     per token the functional collectives copy (``pytorch.overheads.tp_chunk_cat_bytes``).
     """
     cal, hbm, kernels = setup.cal, setup.hbm, setup.kernels
-    mlp = mlp_gemms(model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer)
+    mlp = mlp_gemms(model, tokens=tokens, tp=tp, ep=ep, moe_layer=moe_layer, etp=etp, sp=sp)
     gemms = attention_gemms(model, tokens=tokens, tp=tp) + mlp
     times = [setup.gemm_s(g, linear=True) for g in gemms]
     gemm_s = sum(times)
@@ -356,8 +382,18 @@ def layer_time(
     weights = sum(g.n * g.k * g.count for g in gemms)
     adapted = finetune is not None and finetune.adapted
     cast_fwd, cast_bwd = _layer_casts(gemms, setup, frozen=frozen or adapted)
+    sorted_rows: Num = 0.0
+    if moe_layer and model.moe is not None and setup.sorted_dispatch:
+        sorted_rows = where(model.moe.num_experts / ep > 1, tp if etp is None else etp, 0.0)
     bytes_per_token = _memory_bytes_per_token(
-        model, tp=tp, sp=sp, moe_layer=moe_layer, act_bytes=setup.act_bytes, kernels=kernels, repeat_kv=setup.repeat_kv
+        model,
+        tp=tp,
+        sp=sp,
+        moe_layer=moe_layer,
+        act_bytes=setup.act_bytes,
+        kernels=kernels,
+        repeat_kv=setup.repeat_kv,
+        sorted_rows=sorted_rows,
     )
     memory_s = tokens * bytes_per_token / hbm
     keys = seq_len if kernel_keys is None else kernel_keys
@@ -375,7 +411,22 @@ def layer_time(
         )
         adapter_fwd, adapter_wgrad, adapter_dgrad = adapters.forward_s, adapters.weight_grad_s, adapters.input_grad_s
         gemm_s = gemm_s + adapters.dequant_s  # before the forward matmul; the backward matmul below pays it again
-    weight_grad = adapter_wgrad if (frozen or adapted) else gemm_s
+    # the routed experts' weight gradients contract over each expert's few tokens: their own, shallower shape,
+    # and where the GEMM adds into the main gradient, that accumulator read and written at its own width
+    acc = setup.act_bytes if setup.accumulate_bytes is None else setup.accumulate_bytes
+    expert_wgrad = sum(
+        (
+            maximum(
+                setup.gemm_s(Gemm(name=g.name, m=g.k, n=g.n, k=g.m, count=g.count), linear=True),
+                (setup.act_bytes * (g.k * g.m + g.m * g.n) + acc * g.k * g.n) * g.count / hbm,
+            )
+            - t
+            for g, t in zip(gemms, times, strict=True)
+            if g.name in EXPERT_GEMMS
+        ),
+        0.0,
+    )
+    weight_grad = adapter_wgrad if (frozen or adapted) else gemm_s + expert_wgrad
     by_name = {g.name: t for g, t in zip(gemms, times, strict=True)}
     backward = gemm_s + weight_grad + adapter_dgrad + attn_bwd + 2 * memory_s + 2 * launch + cast_bwd
     return LayerTime(

@@ -59,12 +59,20 @@ def attention_gemms(model: ModelSpec, *, tokens: Num, tp: Num) -> list[Gemm]:
     return gemms
 
 
-def mlp_gemms(model: ModelSpec, *, tokens: Num, tp: Num, ep: Num, moe_layer: bool) -> list[Gemm]:
+def mlp_gemms(
+    model: ModelSpec, *, tokens: Num, tp: Num, ep: Num, moe_layer: bool, etp: Num | None = None, sp: Num = False
+) -> list[Gemm]:
     """MLP, or routed plus shared experts, of one layer on one GPU.
 
     Routed experts: each GPU runs its E/ep experts over the tokens routed to
     them, tokens * k in total when routing is balanced (k copies per token
-    spread over ep ranks that each received tokens from ep ranks).
+    spread over ep ranks that each received tokens from ep ranks), each expert
+    split over the expert-TP group (``etp``, default ``tp``). Under MoE parallel
+    folding (``etp`` below ``tp``, sequence parallel) each rank dispatches its
+    own tokens / tp and the expert-TP group gathers etp ranks' rows: an expert
+    sees tokens k etp / (tp E/ep) rows at its 1/etp width (Megatron-Core's
+    TEGroupedMLP; arXiv:2504.14960 Sec. 3), the same FLOPs as etp = tp in other
+    shapes.
     """
     h, t = model.hidden, tp
     up = 2 if model.mlp is MlpKind.GATED else 1
@@ -72,13 +80,14 @@ def mlp_gemms(model: ModelSpec, *, tokens: Num, tp: Num, ep: Num, moe_layer: boo
         f = model.ffn_hidden
         return [Gemm(name="mlp_up", m=tokens, n=up * f / t, k=h), Gemm(name="mlp_down", m=tokens, n=h, k=f / t)]
     moe = model.moe
+    e_t = tp if etp is None else etp
     local_experts = moe.num_experts / ep
-    per_expert = tokens * moe.experts_per_token / local_experts
+    per_expert = tokens * moe.experts_per_token * where(sp, e_t / tp, 1.0) / local_experts
     fe = moe.expert_ffn_hidden
     gemms = [
         Gemm(name="router", m=tokens, n=moe.num_experts, k=h),
-        Gemm(name="expert_up", m=per_expert, n=up * fe / t, k=h, count=local_experts),
-        Gemm(name="expert_down", m=per_expert, n=h, k=fe / t, count=local_experts),
+        Gemm(name="expert_up", m=per_expert, n=up * fe / e_t, k=h, count=local_experts),
+        Gemm(name="expert_down", m=per_expert, n=h, k=fe / e_t, count=local_experts),
     ]
     if moe.num_shared_experts:
         fs = moe.shared_hidden * moe.num_shared_experts

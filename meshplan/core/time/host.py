@@ -60,6 +60,13 @@ BACKWARD_KERNELS = 2.0
 MOE_ROUTING_KERNELS = 16
 """Kernels a MoE layer's forward adds to a dense one: the router's matmul, softmax and top-k, the load-balancing
 loss's reductions, the permutation of tokens to experts and back, the two all-to-alls, the expert activation."""
+GROUPED_GEMMS = 2
+"""Grouped expert matmuls of a MoE layer's forward (up and down), each one call of the inventory."""
+EXPERT_LAUNCH_HOST_S = COMPILE_HOST_S_PER_KERNEL
+"""Host seconds of each further expert's GEMM inside one grouped call under Megatron: Transformer Engine's
+GroupedLinear (Megatron-Core's TEGroupedMLP) issues one cuBLAS GEMM per local expert from a C++ loop over four
+streams (common/gemm/cublaslt_gemm.cu, multi_stream_cublas_gemm), a launch without Python's per-op dispatch, as
+Inductor's wrapper issues its kernels (``COMPILE_HOST_S_PER_KERNEL``)."""
 
 
 class Launch(StrEnum):
@@ -108,9 +115,12 @@ def host_layer(
     sp: Num,
     moe_layer: bool,
     speed: float = 1.0,
+    local_experts: Num = 1,
 ) -> HostLayer:
     """Host seconds of one layer's forward and backward (recompute issues the forward again), on hosts ``speed``
-    times as fast as the measurements behind the constants (``Cluster.host_speed``)."""
+    times as fast as the measurements behind the constants (``Cluster.host_speed``). Under Megatron each of a MoE
+    layer's grouped GEMMs launches one GEMM per ``local_experts`` (``EXPERT_LAUNCH_HOST_S`` for each past the
+    first; backward twice as many, the input and weight gradients)."""
     if launch is Launch.CUDAGRAPH:
         one = GRAPH_LAUNCH_S / speed + 0.0 * tp
         return HostLayer(forward_s=one, backward_s=one)
@@ -118,7 +128,10 @@ def host_layer(
     per_kernel = (EAGER_HOST_S_PER_KERNEL if launch is Launch.EAGER else COMPILE_HOST_S_PER_KERNEL) / speed
     native = launch is Launch.EAGER and framework is Framework.TORCH
     backward_share = NATIVE_BACKWARD_SHARE if native else 1.0
-    return HostLayer(forward_s=n * per_kernel, backward_s=BACKWARD_KERNELS * n * per_kernel * backward_share)
+    grouped = moe_layer and model.moe is not None and framework is Framework.MEGATRON
+    experts = GROUPED_GEMMS * maximum(local_experts - 1, 0) * EXPERT_LAUNCH_HOST_S / speed if grouped else 0.0
+    forward = n * per_kernel + experts
+    return HostLayer(forward_s=forward, backward_s=BACKWARD_KERNELS * (n * per_kernel * backward_share + experts))
 
 
 def host_stall_s(*, host_s: Num, gpu_s: Num) -> Num:

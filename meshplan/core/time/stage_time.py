@@ -19,7 +19,7 @@ from meshplan.core.time.compute import LOSS_BYTES, MEGATRON_CE_BYTES, ComputeSet
 from meshplan.core.time.flops import Gemm
 from meshplan.core.time.host import HostLayer, host_layer, host_stall_s, launch_of
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.conditions import Fp8Recipe, LossKind, Selective
+from meshplan.spec.conditions import EpDispatch, Fp8Recipe, LossKind, Selective
 from meshplan.spec.layout import ContextParallel, LayoutLike, Recompute, Schedule, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Framework, Workload
@@ -96,6 +96,10 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         sdpa=work.framework is Framework.TORCH,
         te_ring=work.framework is Framework.MEGATRON,
         recompute_keep=work.conditions.recompute_keep if work.conditions.selective is Selective.KEEP else (),
+        sorted_dispatch=work.conditions.ep_dispatch is EpDispatch.ALLTOALL,
+        accumulate_bytes=2 * work.precision.grad_bytes
+        if work.framework is Framework.MEGATRON and work.conditions.grad_accum_fusion
+        else None,
     )
     span = work.attention_span  # the sequence, or its document when packed documents attend within themselves
     common = dict(
@@ -105,6 +109,7 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
         tp=lay.tp,
         sp=lay.sp,
         ep=lay.ep,
+        etp=lay.etp,
         # ring CP: one s/cp block of keys per step; all-gathered K/V: the whole sequence (Llama 3 Sec. 3.3.2);
         # packed documents: a query's keys end with its document, and so does each variable-length kernel call
         kernel_keys=minimum(
@@ -137,7 +142,9 @@ def layer_kinds(model: ModelSpec, lay: LayoutLike, work: Workload, cluster: Clus
     )
     return LayerKinds(
         host_dense=host_layer(model, moe_layer=False, **host),
-        host_moe=host_layer(model, moe_layer=True, **host),
+        host_moe=host_layer(
+            model, moe_layer=True, local_experts=model.moe.num_experts / lay.ep if model.moe else 1, **host
+        ),
         mtp_extra_fwd_s=proj + head_f,
         mtp_extra_bwd_s=2 * proj + head_b,
         dense=dense,
