@@ -176,7 +176,7 @@ def test_a_link_carries_the_stack_and_conditions(
         pg.context.close()
 
 
-@pytest.mark.parametrize("recipe", ["llama3-405b-8k", "deepseek-v3"])
+@pytest.mark.parametrize("recipe", ["deepseek-v3"])
 def test_a_recipe_opens_its_layout_page_at_the_recipes_step_time(
     browser: Any, live_server: str, recipe: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -136,7 +136,8 @@ async function breakdown(r, v) {
   }
   const keys = PHASES.map(([key, label, color]) => el("span", { class: "legend-row" }, el("i", { class: "swatch", style: `background:${color}` }), `${label} ${fmtSeconds(s.step_s[key])}`));
   $("#sv-steps").replaceChildren(
-    el("p", { id: "sv-tpot", "data-value": s.tpot_s, text: `One step (TPOT) ${fmtSeconds(s.tpot_s)} at ${fmtInt(s.batch_per_replica)} sequences per replica (TPOT p99 ${fmtSeconds(s.tpot_s_p99)}); TTFT p99 ${fmtSeconds(s.ttft_s_p99)}.` }),
+    el("p", { id: "sv-step", "data-value": total, text: `One engine step ${fmtSeconds(total)} at ${fmtInt(s.batch_per_replica)} sequences per replica, the steps that carry a prompt included.` }),
+    el("p", { id: "sv-tpot", "data-value": s.tpot_s, text: `A request's TPOT ${fmtSeconds(s.tpot_s)} (p99 ${fmtSeconds(s.tpot_s_p99)}): the step that ran its own prompt counts in its TTFT (p99 ${fmtSeconds(s.ttft_s_p99)}), not in its intervals.` }),
     root, el("div", { class: "legend" }, ...keys),
   );
 }
