@@ -38,10 +38,15 @@ def _max_per_gpu(r: dict[str, Any]) -> str:
     return f" (max {r['max_tokens_per_s_per_gpu']:,.0f})" if "max_tokens_per_s_per_gpu" in r else ""
 
 
+def _engine(r: dict[str, Any]) -> str:
+    """The engine predicted, and whether it was stated (``engine_source``)."""
+    return r["engine"] + (", no engine stated" if r.get("engine_source") == "default" else "")
+
+
 def serve_table(r: dict[str, Any]) -> str:
     lay = r["layout"]
     head = (
-        f"{r['model']} on {r['gpus']} x {r['gpu']} ({r['engine']}): tp={lay['tp']} pp={lay['pp']} ep={lay['ep']}"
+        f"{r['model']} on {r['gpus']} x {r['gpu']} ({_engine(r)}): tp={lay['tp']} pp={lay['pp']} ep={lay['ep']}"
         f"{' dp-attention' if lay['dp_attention'] else ''} x {lay['replicas']} replicas; weights {r['weights_dtype']}"
         f" ({r['quant']}), KV {r['kv_dtype']}; {r['input_len']} in / {r['output_len']} out"
     )
@@ -150,7 +155,7 @@ PLAN_COLUMNS = ["#", "layout", "replicas", "GPUs", "batch", "TTFT p99", "TPOT", 
 def serve_plan_table(r: dict[str, Any]) -> str:
     t = r["targets"]
     head = (
-        f"{r['model']} on {r['gpus']} x {r['gpu']} ({r['engine']}), {r['input_len']} in / {r['output_len']} out;"
+        f"{r['model']} on {r['gpus']} x {r['gpu']} ({_engine(r)}), {r['input_len']} in / {r['output_len']} out;"
         f" TTFT p99 <= {t['ttft_s_p99'] or '-'} s, TPOT p99 <= {t['tpot_s_p99'] or '-'} s; objective {r['objective']}"
     )
     rows = [

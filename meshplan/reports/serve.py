@@ -101,7 +101,7 @@ def serve_report(
     kv_dtype: str | None = None,
     quant: str | None = None,
     int4_group_size: int | None = None,
-    engine: str = DEFAULT_ENGINE,
+    engine: str | None = None,
     max_batch: int | None = None,
     max_num_tokens: int | None = None,
     num_requests: int | None = None,
@@ -122,7 +122,8 @@ def serve_report(
     (core/serving/static.py); ``kv_dtype`` and ``int4_group_size`` left out are the engine's, and the report lists
     every default it applied; ``price_per_gpu_hour`` adds the cost per million output tokens. ``speculative`` =
     "METHOD:K" drafts K tokens a step, accepted each with ``spec_acceptance`` (core/serving/speculative.py);
-    ``prefix_hit_rate`` is the share of each prompt the prefix cache holds (the load model only)."""
+    ``prefix_hit_rate`` is the share of each prompt the prefix cache holds (the load model only). ``engine`` left
+    out is TensorRT-LLM's constants, ``engine_source`` "default", the band widened as for an unseen engine."""
     loads = {"--concurrency": concurrency, "--rate": rate, "--num-requests": num_requests, "--batch": batch}
     given = [flag for flag, value in loads.items() if value is not None]
     if batch is not None and len(given) > 1:
@@ -153,6 +154,7 @@ def serve_report(
         max_num_tokens=max_num_tokens,
         cuda_graph_padding=cuda_graph_padding,
     )
+    engine = setup.hw.cal.engine
     spec = speculation(
         setup, speculative, acceptance=spec_acceptance, draft_model=draft_model, context=input_len + output_len
     )
@@ -207,7 +209,8 @@ def serving_band(point: dict[str, Any], setup: Setup) -> dict[str, Any]:
     (catalog/serving/held_out.toml; reports/serve_band.py picks the engine family's band and widens it for what no
     row ran): decode for TPOT, prefill for TTFT, offline throughput (dense or MoE) for tokens/s."""
     band = io.serving_held_out_band()
-    bands = _bands(band, setup.model, engine=setup.hw.cal.engine, gpu=setup.hw.gpu.name)
+    stated = setup.engine_source == "flag"
+    bands = _bands(band, setup.model, engine=setup.hw.cal.engine, gpu=setup.hw.gpu.name, stated=stated)
     kind = "throughput-moe" if setup.model.moe is not None else "throughput-dense"
     out: dict[str, Any] = {}
     for key, cls in (("tpot_s", "decode"), ("ttft_s_unloaded", "prefill")):
@@ -234,16 +237,21 @@ def serving_band(point: dict[str, Any], setup: Setup) -> dict[str, Any]:
     return out
 
 
-def _bands(band: dict[str, float], model: ModelSpec, *, engine: str, gpu: str) -> dict[str, Band]:
-    """The band each metric class gives a question of ``engine`` on ``gpu`` for ``model``."""
+def _bands(band: dict[str, float], model: ModelSpec, *, engine: str, gpu: str, stated: bool = True) -> dict[str, Band]:
+    """The band each metric class gives a question of ``engine`` (``stated`` or standing in) on ``gpu`` for
+    ``model``."""
     moe, mla = model.moe is not None, model.mla is not None
     kind = "throughput-moe" if moe else "throughput-dense"
-    return {c: band_for(band, c, engine=engine, gpu=gpu, moe=moe, mla=mla) for c in ("decode", "prefill", kind)}
+    return {
+        c: band_for(band, c, engine=engine, gpu=gpu, moe=moe, mla=mla, stated=stated)
+        for c in ("decode", "prefill", kind)
+    }
 
 
-def serving_band_text(model: ModelSpec, *, engine: str, gpu: str) -> str:
-    """The serving band as factors on the model's figures, for a ranking of many plans (``serve-plan``)."""
-    bands = _bands(io.serving_held_out_band(), model, engine=engine, gpu=gpu)
+def serving_band_text(model: ModelSpec, *, engine: str, gpu: str, stated: bool = True) -> str:
+    """The serving band as factors on the model's figures, for a ranking of many plans (``serve-plan``);
+    ``stated``: whether the engine was given (else widened as for an unseen engine)."""
+    bands = _bands(io.serving_held_out_band(), model, engine=engine, gpu=gpu, stated=stated)
     kind = "throughput-moe" if model.moe is not None else "throughput-dense"
 
     def factors(cls: str, *, rate: bool = False) -> str:
@@ -342,6 +350,7 @@ def _head(
         "gpu": setup.hw.gpu.name,
         "gpus": setup.replicas * lay.gpus_per_replica,
         "engine": engine,
+        "engine_source": setup.engine_source,
         "layout": {
             "tp": lay.tp,
             "pp": lay.pp,

@@ -5,7 +5,9 @@ throughput): the class's band, each engine family's band, the GPU kinds and mode
 width an unseen one adds. A question (a class, an engine, a GPU kind, a model) takes:
 
 1. its engine family's band in the class where the family has published rows there (the class's spread around the
-   family's own median, covering the class's band), else the class's band widened for an unseen engine;
+   family's own median, covering the class's band), else the class's band widened for an unseen engine; a
+   question that states no engine (predicted with TensorRT-LLM's constants) takes the class's band widened as for
+   an unseen engine too: it has said nothing of the engine that will run;
 2. a class with no row of its own (MoE throughput, held out of its one source) takes its sibling's (dense
    throughput's) as the rest of this rule gives it, the model class that sibling never ran widening it;
 3. each unseen level (the engine, the GPU kind, MoE, MLA) adds its class's width w in quadrature to each side's
@@ -57,29 +59,45 @@ class Band:
         return head + (f" (widened: {', '.join(self.widened)})" if self.widened else "")
 
 
+ENGINE_NAMES = {"trtllm": "TensorRT-LLM", "vllm": "vLLM", "sglang": "SGLang", "gpt-fast": "gpt-fast"}
+
+
+def unstated_engine_reason(engine: str) -> str:
+    """Why the band of a question that states no engine is widened."""
+    return f"no engine stated: {ENGINE_NAMES.get(engine, engine)}'s constants, widened as for an unseen engine"
+
+
 def band_for(
-    band: Mapping[str, float], cls: str, *, engine: str, gpu: str, moe: bool, mla: bool, _borrowed: bool = False
+    band: Mapping[str, float],
+    cls: str,
+    *,
+    engine: str,
+    gpu: str,
+    moe: bool,
+    mla: bool,
+    stated: bool = True,
+    _borrowed: bool = False,
 ) -> Band:
     """The band of a ``cls`` figure of ``engine`` on ``gpu`` for a model that is (or not) MoE and MLA (module
-    docstring)."""
+    docstring); ``stated``: whether the question names its engine (else ``engine``'s constants stand in)."""
     c = key(cls)
     if f"{c}_time_ratio_p10" not in band:
         sibling = SIBLING.get(cls)
         if _borrowed or sibling is None or f"{key(sibling)}_time_ratio_p10" not in band:
             raise ValueError(f"the serving band file has no {cls!r} band and no sibling class's")
-        got = band_for(band, sibling, engine=engine, gpu=gpu, moe=moe, mla=mla, _borrowed=True)
+        got = band_for(band, sibling, engine=engine, gpu=gpu, moe=moe, mla=mla, stated=stated, _borrowed=True)
         why = f"no published {cls} row: {sibling}'s band"
         return dataclasses.replace(got, class_sources=0, engine_sources=0, widened=(why, *got.widened))
     e = f"{c}_engine_{key(engine)}"
     widths, why = [], []
-    if f"{e}_sources" in band:
+    if stated and f"{e}_sources" in band:
         lo, mid, hi = (band[f"{e}_time_ratio_{q}"] for q in ("p10", "p50", "p90"))
         engine_sources = int(band[f"{e}_sources"])
     else:
         lo, mid, hi = (band[f"{c}_time_ratio_{q}"] for q in ("p10", "p50", "p90"))
         engine_sources = 0
         widths.append(band[f"{c}_unseen_engine_log"])
-        why.append(f"no published {cls} row of {engine}")
+        why.append(f"no published {cls} row of {engine}" if stated else unstated_engine_reason(engine))
     if f"{c}_gpu_{key(gpu)}_sources" not in band:
         widths.append(band[f"{c}_unseen_gpu_log"])
         why.append(f"no published {cls} row on {gpu}")

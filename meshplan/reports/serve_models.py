@@ -104,6 +104,8 @@ class ServeReport(TypedDict):
     gpu: str
     gpus: int
     engine: str
+    engine_source: str
+    """flag (--engine given) or default (none stated: trtllm's constants, the band widened as for an unseen engine)"""
     layout: ServeLayoutJSON
     weights_dtype: str
     kv_dtype: str
@@ -218,6 +220,8 @@ class ServePlanReport(TypedDict):
     targets: TargetsJSON
     disaggregate_searched: bool
     concurrency_total: float | None
+    engine_source: str
+    """flag (--engine given) or default (none stated: trtllm's constants, the band widened as for an unseen engine)"""
     uncertainty: str
     weights_dtypes_searched: list[str]
     prefix_hit_rate: float | None

@@ -20,8 +20,9 @@ from meshplan.core.serving.shape import (
     replica_shape,
 )
 from meshplan.reports.inputs import choice
-from meshplan.reports.serve import DEFAULT_ENGINE, calibration, engine_defaults, serving_band_text
+from meshplan.reports.serve import calibration, engine_defaults, serving_band_text
 from meshplan.reports.serve_coverage import coverage_warnings
+from meshplan.reports.serve_setup import stated_engine
 from meshplan.reports.serve_spec import head_speculation
 from meshplan.search.limits import check_deadline
 from meshplan.spec.cluster import GPU
@@ -162,7 +163,7 @@ def serve_plan_report(
     tpot_p99_s: float | None = None,
     objective: str = "throughput",
     concurrency: float | None = None,
-    engine: str = DEFAULT_ENGINE,
+    engine: str | None = None,
     dtypes: list[str] | None = None,
     top: int = 5,
     disaggregate: bool = False,
@@ -175,6 +176,7 @@ def serve_plan_report(
     searched below the model's published dtype only with ``allow_quantization`` (``searched_dtypes``). Every layout
     is timed with the prefix hit rate and the drafting head (eagle:K, mtp:K) given."""
     start = time.perf_counter()
+    engine, engine_source = stated_engine(engine)  # left out: TensorRT-LLM's constants, the band widened
     dtypes = searched_dtypes(model, dtypes, allow_quantization=allow_quantization)
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
@@ -209,7 +211,8 @@ def serve_plan_report(
         "targets": {"ttft_s_p99": ttft_p99_s, "tpot_s_p99": tpot_p99_s},
         "disaggregate_searched": disaggregate,
         "concurrency_total": concurrency,
-        "uncertainty": serving_band_text(spec, engine=engine, gpu=gpu_spec.name),
+        "engine_source": engine_source,
+        "uncertainty": serving_band_text(spec, engine=engine, gpu=gpu_spec.name, stated=engine_source == "flag"),
         "weights_dtypes_searched": searched,
         "prefix_hit_rate": prefix_hit_rate,
         "speculative": speculative,

@@ -21,6 +21,7 @@ from meshplan.core.serving.shape import Quant, ServeLayout
 from meshplan.exports import check_model_path
 from meshplan.reports.serve import resolve, serving_band_text
 from meshplan.reports.serve_plan import PARETO_SHOWN, WEIGHT_DTYPES, layouts, plan_of_layout
+from meshplan.reports.serve_setup import ENGINE_SOURCES
 from meshplan.spec import requests
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
@@ -45,6 +46,7 @@ FILE_KEYS = (
     "targets",
     "disaggregate_searched",
     "concurrency_total",
+    "engine_source",
     "uncertainty",
     "weights_dtypes_searched",
     "prefix_hit_rate",
@@ -52,7 +54,8 @@ FILE_KEYS = (
     "spec_acceptance",
     "warnings",
 )
-"""The keys ``serve-plan --save`` writes, no more and no fewer."""
+"""The keys ``serve-plan --save`` writes, no more and no fewer (a file written before ``engine_source`` existed
+reads as one whose engine was stated: its band is the engine family's)."""
 MAX_WARNINGS = 16
 LAYOUT_KEYS = ("tp", "pp", "ep", "dp_attention", "weights_dtype", "kv_dtype", "quant")
 PLAN_KEYS = (
@@ -218,6 +221,7 @@ def serving_plan_of(data: Any, label: str) -> SavedServingPlan:
         where, ch = found
         raise ValueError(f"{label}: {where} holds the control character {ch!r}; a plan file holds none")
     r = _Reader(label)
+    data = {"engine_source": "flag"} | data
     r.table(data, FILE_KEYS, "the file")
     spec, gpu = _fleet(r, data)
     request = _request(r, data)
@@ -225,7 +229,7 @@ def serving_plan_of(data: Any, label: str) -> SavedServingPlan:
     _listings(r, data, best)
     plan = _recomputed(r, data, best, spec=spec, gpu=gpu, request=request)
     if not isinstance(data["uncertainty"], str) or data["uncertainty"] != serving_band_text(
-        spec, engine=request["engine"], gpu=gpu.name
+        spec, engine=request["engine"], gpu=gpu.name, stated=data["engine_source"] == "flag"
     ):
         raise r.fail("uncertainty", "is not the serving band serve-plan states for this model")
     _searched(r, data, best)
@@ -279,6 +283,10 @@ def _request(r: _Reader, data: dict[str, Any]) -> dict[str, Any]:
     r.schema("input_len", data["input_len"], "input_len")
     r.schema("output_len", data["output_len"], "output_len")
     r.schema("engine", data["engine"], "engine")
+    if data["engine_source"] not in ENGINE_SOURCES:
+        raise r.fail(
+            "engine_source", f"must be one of {', '.join(ENGINE_SOURCES)}, got {_shown(data['engine_source'])}"
+        )
     r.schema("serve_objective", data["objective"], "objective")
     r.schema("search_disaggregated", data["disaggregate_searched"], "disaggregate_searched")
     targets = r.table(data["targets"], TARGET_KEYS, "targets")

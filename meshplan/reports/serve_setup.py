@@ -30,6 +30,15 @@ from meshplan.units import DType
 
 ENGINES = ("trtllm", "vllm", "sglang", "gpt-fast")
 DEFAULT_ENGINE = "trtllm"
+"""The engine whose constants a question that states none is predicted with."""
+ENGINE_SOURCES = ("flag", "default")
+
+
+def stated_engine(engine: str | None) -> tuple[str, str]:
+    """(the engine predicted, where it comes from): the one given (``flag``), else TensorRT-LLM's constants
+    (``default``). A question that states no engine has said nothing of the engine that will run: its band is
+    widened as for an engine no published row ran (reports/serve_band.py)."""
+    return (DEFAULT_ENGINE, "default") if engine is None else (engine, "flag")
 
 
 @cache
@@ -65,6 +74,8 @@ class Setup:
     shape: ReplicaShape
     defaults: tuple[tuple[str, str, str], ...] = ()
     """(setting, value, where it comes from) of each engine default applied to a setting the user left out."""
+    engine_source: str = "flag"
+    """``flag``: the engine was stated; ``default``: none was, TensorRT-LLM's constants stand in (``stated_engine``)."""
 
 
 def resolve(
@@ -81,7 +92,7 @@ def resolve(
     kv_dtype: str | None = None,
     quant: str | None = None,
     quant_group: int | None = None,
-    engine: str = DEFAULT_ENGINE,
+    engine: str | None = None,
     context: int,
     gpu_memory_utilization: float | None = None,
     max_num_tokens: int | None = None,
@@ -89,7 +100,8 @@ def resolve(
 ) -> Setup:
     """Check and resolve the inputs: TP defaults to what the replicas leave (within one scale-up domain),
     replicas to what TP x PP leaves; the KV dtype and the int4 group size left out are the engine's
-    (``engine_defaults``)."""
+    (``engine_defaults``); the engine left out is TensorRT-LLM's (``stated_engine``)."""
+    engine, engine_source = stated_engine(engine)
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
     tp, replicas = _degrees(gpus, tp=tp, pp=pp, replicas=replicas, domain=gpu_spec.scale_up_domain)
@@ -129,7 +141,9 @@ def resolve(
         cal=cal,
     )
     shape = replica_shape(spec, hw, layout, context=context)
-    return Setup(model=spec, hw=hw, layout=layout, replicas=replicas, shape=shape, defaults=defaults)
+    return Setup(
+        model=spec, hw=hw, layout=layout, replicas=replicas, shape=shape, defaults=defaults, engine_source=engine_source
+    )
 
 
 def engine_defaults(

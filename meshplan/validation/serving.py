@@ -113,6 +113,9 @@ class Row:
     """The catalog GPU kind it ran on (the band's GPU-kind coverage)."""
     model: str = ""
     """The catalog model it ran (the band's model-class coverage: MoE, MLA)."""
+    engine_stated: bool = True
+    """Whether the source states its engine (else it is typed without --engine: TensorRT-LLM's constants, the band
+    widened as for an unseen engine)."""
 
     @property
     def error(self) -> float | None:
@@ -320,6 +323,7 @@ def typed_rows(row: dict[str, Any], *, kv_dtype: str | None = None) -> list[Row]
         base = {"case": row["id"], "source": source, "engine": setup.hw.cal.engine, "metric": metric}
         base |= {"metric_class": typed_metric_class(row, metric), "measured": measured, "shared": row["shared"]}
         base |= {"gpu": setup.hw.gpu.name, "model": setup.model.name}
+        base |= {"engine_stated": setup.engine_source == "flag"}
         beyond = _beyond(metric, measured, roofline)
         if beyond:
             status, reason = "physics", beyond

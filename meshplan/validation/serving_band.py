@@ -274,7 +274,8 @@ AXES = ("engine", "gpu", "moe", "mla")
 def row_band(r: Measured, band: dict[str, float]) -> Band:
     """The band a question like the row's takes (reports/serve_band.py) from ``band``."""
     moe, mla = model_traits(r.model)
-    return band_for(band, r.metric_class, engine=r.engine, gpu=r.gpu, moe=moe, mla=mla)
+    stated = getattr(r, "engine_stated", True)
+    return band_for(band, r.metric_class, engine=r.engine, gpu=r.gpu, moe=moe, mla=mla, stated=stated)
 
 
 def inside(r: Measured, band: dict[str, float], predicted: float | None = None) -> bool:

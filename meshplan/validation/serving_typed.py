@@ -3,8 +3,11 @@
 The released sources beyond the engines' own tables (Splitwise's profiled static batches, NVIDIA NIM's sweep over
 concurrency) are predicted through ``serve``'s own path with only what each source states: the model, the GPU
 kind, the GPUs, TP, the weights where stated, the lengths and the load (``--batch N`` for a static batch,
-``--concurrency C`` for a closed loop). What a source leaves unstated (the engine, the KV dtype, the engine's caps
-and memory fraction) is serve's default, as a user who does not know them gets it. Each row carries several
+``--concurrency C`` for a closed loop), and ``--engine`` where the source states the engine that ran. What a source
+leaves unstated (the engine, the KV dtype, the engine's caps and memory fraction) is serve's default, as a user who
+does not know them gets it: a row of a source that states no engine (Splitwise's CSV; NIM's page, which names the
+container but not the backend inside it) is typed without ``--engine`` and takes the band of a question that states
+none (TensorRT-LLM's constants, widened as for an unseen engine). Each row carries several
 metrics; each is a row of its own metric class:
 
   phase_latency_profile   prefill_time_ms (the batch's TTFT: prefill)   decode_step_time_ms (TPOT: decode)
@@ -34,12 +37,30 @@ METRIC_CLASS = {
 """The metric class of each metric of a typed row; a throughput is throughput-dense or -moe by its model."""
 STATED_DTYPES = ("fp16", "bf16", "fp8", "fp4", "int8", "int4")
 TYPED_BY_DEFAULTS = {
-    "splitwise_perf_csv": "the CSV states no engine (serve's default, trtllm) and no dtype (fp16 inferred by the "
-    "transcriber: serve's bf16 default, the same bytes and speed): both left to serve's defaults, as a user who "
-    "does not know them leaves them",
+    "splitwise_perf_csv": "the CSV states no engine (serve's default: trtllm's constants, its band widened) and no "
+    "dtype (fp16 inferred by the transcriber: serve's bf16 default, the same bytes and speed): both left to serve's "
+    "defaults, as a user who does not know them leaves them",
 }
 """Released sources the shared file marks unclean only for settings ``serve`` fills with its defaults: counted as
 typed (their rows are what a user of serve gets), the unstated settings named in each row's reason."""
+
+
+ENGINE_FLAGS = {"tensorrt-llm": "trtllm", "vllm": "vllm", "sglang": "sglang", "gpt-fast": "gpt-fast"}
+"""The ``--engine`` a user types for an engine a source names (by the start of its name, lowercased)."""
+
+
+def stated_engine_flag(row: dict[str, Any]) -> str | None:
+    """The row's ``--engine``: None where its source states no engine (the shared file lists the engine among what
+    the row leaves unstated: ``missing``)."""
+    if any(m.startswith("engine") for m in row.get("missing", [])):
+        return None
+    name = str(row["engine"].get("name", "")).lower()
+    for start, flag in ENGINE_FLAGS.items():
+        if name.startswith(start):
+            return flag
+    raise ValueError(
+        f"{row['id']}: the source names the engine {row['engine'].get('name')!r}, which serve has no flag for"
+    )
 
 
 def typed_flags(row: dict[str, Any], *, kv_dtype: str | None = None) -> dict[str, Any]:
@@ -59,6 +80,9 @@ def typed_flags(row: dict[str, Any], *, kv_dtype: str | None = None) -> dict[str
         flags["weights_dtype"] = weights
     if kv_dtype is not None:
         flags["kv_dtype"] = kv_dtype
+    engine = stated_engine_flag(row)
+    if engine is not None:
+        flags["engine"] = engine
     if row["kind"] == "phase_latency_profile":
         flags["batch"] = int(w["batch"])
     else:
@@ -80,6 +104,7 @@ def typed_setup(row: dict[str, Any], *, kv_dtype: str | None = None) -> tuple[Se
         pp=flags["pp"],
         weights_dtype=flags.get("weights_dtype", "bf16"),
         kv_dtype=flags.get("kv_dtype"),
+        engine=flags.get("engine"),
         context=flags["input_len"] + flags["output_len"],
     )
     return setup, flags

@@ -251,7 +251,7 @@ def test_the_serving_view_keeps_its_inputs_and_gives_its_command(page: Any) -> N
     page.wait_for_selector("#sv-command")
     assert page.input_value("#sv-form input[name=gpus]") == "4"
     command = page.inner_text("#sv-command")
-    assert "--gpus 4" in command and "--output-len 128" in command
+    assert "--gpus 4" in command and "--output-len 128" in command and "--engine trtllm" in command
     with page.expect_download() as got:
         page.click("#sv-json")
     shown = json.loads(Path(got.value.path()).read_text())
@@ -260,6 +260,8 @@ def test_the_serving_view_keeps_its_inputs_and_gives_its_command(page: Any) -> N
         main(shlex.split(command)[1:])
     cli = json.loads(out.getvalue())
     assert cli["best"] == shown["best"]
+    # the form states its engine: the command says so, and its band is the page's (no unstated engine's widening)
+    assert cli["uncertainty"] == shown["uncertainty"] and cli["engine_source"] == shown["engine_source"] == "flag"
     # the best serving plan as a server's configuration, from the same export code as `meshplan export vllm`
     page.select_option("#sv-engine", "vllm")
     with page.expect_download() as got:

@@ -126,10 +126,13 @@ SERVE_FIELDS: tuple[Field, ...] = (
     Field(
         name="engine",
         type=str,
-        default="trtllm",
+        default=None,
         group=_V,
         choices=("trtllm", "vllm", "sglang", "gpt-fast"),
-        help="serving engine whose calibrated shares apply",
+        help=(
+            "serving engine whose calibrated shares apply (left out: trtllm's, the band widened as for an engine no "
+            "published row ran)"
+        ),
     ),
     Field(
         name="max_batch",

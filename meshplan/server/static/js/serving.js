@@ -52,8 +52,9 @@ async function update() {
         exportBody: () => answer,
         exportName: () => planName(answer.model, best.gpus, answer.gpu,
           `tp${best.layout.tp}-pp${best.layout.pp}${best.layout.ep > 1 ? `-ep${best.layout.ep}` : ""}-dp${best.replicas}-seqs${best.batch_cap_per_replica}`),
+        // --engine always written: the form always states one, and the CLI widens the band of an unstated engine
         command: cliCommand("serve-plan", [v.model], [["gpu", v.gpu], ["gpus", v.gpus], ["input_len", v.input_len],
-          ["output_len", v.output_len], ["ttft_p99", v.ttft_p99], ["tpot_p99", v.tpot_p99], ["engine", v.engine, "trtllm"], ["top", 5]]),
+          ["output_len", v.output_len], ["ttft_p99", v.ttft_p99], ["tpot_p99", v.tpot_p99], ["engine", v.engine], ["top", 5]]),
       });
       await breakdown(answer, v);
       return answer;
