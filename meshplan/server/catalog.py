@@ -61,6 +61,12 @@ def _condition_entries() -> list[dict[str, Any]]:
     ]
 
 
+def _unset_layout() -> dict[str, Any]:
+    """What estimate takes for each layout field, the sequence and the global batch when nothing sets them (the
+    schema's defaults; null: derived from the others), for a form that must not keep its own example values."""
+    return {f.key: f.default for f in (*fields_of(Group.LAYOUT), field("seq"), field("global_batch"))}
+
+
 def catalog_dict() -> dict[str, Any]:
     """What /api/catalog serves: the catalog's names and the choices and limits of every form."""
     return {
@@ -79,6 +85,7 @@ def catalog_dict() -> dict[str, Any]:
             for s in map(io.load_stack, io.list_stacks())
         ],
         "conditions": _condition_entries(),
+        "unset": _unset_layout(),
         "limits": {
             "gpus": parse.MAX_GPUS,
             "seq": parse.MAX_SEQ,

@@ -63,6 +63,16 @@ def test_catalog_lists_every_choice(client: Any) -> None:
     assert {"bf16", "fp8"} <= {p["name"] for p in c["precisions"]}
 
 
+def test_catalog_unset_layout_is_what_estimate_takes_when_nothing_is_given(client: Any) -> None:
+    unset = ok(client, "/api/catalog")["unset"]
+    assert {"tp", "pp", "vpp", "cp", "ep", "zero", "sp", "micro_batch", "seq", "global_batch"} <= set(unset)
+    given = {k: str(v).lower() for k, v in unset.items() if v is not None}
+    fleet = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": 8}
+    bare, typed = ok(client, "/api/estimate", **fleet), ok(client, "/api/estimate", **fleet, **given)
+    assert bare["step_time_s"] == typed["step_time_s"] and bare["layout"] == typed["layout"]
+    assert bare["seq"] == unset["seq"] and bare["layout"]["tp"] == unset["tp"] == 1
+
+
 def test_memory_equals_the_report(client: Any) -> None:
     got = ok(client, "/api/memory", model="llama-3.1-70b", gpu="h100-sxm", gpus=64, tp=8, pp=4, zero=1)
     want = memory_report("llama-3.1-70b", gpu="h100-sxm", gpus=64, layout=LayoutRequest(tp=8, pp=4, zero=1))

@@ -25,7 +25,11 @@ const BAR_TERMS = ["weights_bytes", "adapter_weights_bytes", "gradients_bytes", 
 const MAX_ROWS = 64;
 let last = null;
 
-export function init() {
+let unset = {};
+
+export function init(context) {
+  // what estimate takes for the layout fields nothing sets (the schema's defaults; null: derived, sent empty)
+  unset = Object.fromEntries(Object.entries(context.catalog.unset).map(([k, v]) => [k, v === null ? "" : v === false ? "0" : v]));
   onFormChange($("#ly-form"), update);
   $("#ly-config").addEventListener("change", openConfig);
   onResize(() => last && draw(last));
@@ -61,10 +65,6 @@ export function layoutHref(q) {
   return `#layout?${out}`;
 }
 
-// The layout fields as estimate takes them when nothing sets them (an empty global batch: one micro-batch per rank).
-const ENGINE_DEFAULTS = { tp: 1, pp: 1, vpp: 1, cp: 1, ep: 1, zero: 0, sp: "0", micro_batch: 1, global_batch: "", seq: 4096,
-  recompute: "none", schedule: "", dp_shard: "" };
-
 // An engine's config read by POST /api/config (as --from reads it): its values become this page's address, the GPU
 // kind and whatever the file does not set staying as the form has them; what it did not read is counted below.
 async function openConfig(event) {
@@ -79,7 +79,9 @@ async function openConfig(event) {
     if (!body.training) throw new Error(`${file.name} is a ${body.kind} serving launcher: this page plans training`);
     const v = formValues($("#ly-form"));
     // what the file leaves unset is the engine's default (estimate's), not this page's example layout
-    const q = { ...ENGINE_DEFAULTS, model: v.model, gpu: v.gpu, gpus: v.gpus, ...body.query };
+    const shown = new Set(Array.from($("#ly-form").elements, (e) => e.name));
+    const reset = Object.fromEntries(Object.entries(unset).filter(([k]) => shown.has(k)));
+    const q = { ...reset, model: v.model, gpu: v.gpu, gpus: v.gpus, ...body.query };
     const note = $("#ly-config-note");
     note.hidden = false;
     note.textContent = `Read ${file.name} (${body.kind}): ${fmtInt(body.values.length)} values set the layout; `
