@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+from test_serve_band import BAND
 
 from meshplan import io
 from meshplan.cli import main
@@ -50,25 +51,7 @@ def test_no_engine_predicts_trtllms_numbers_with_the_unseen_engine_band() -> Non
 
 
 def test_band_for_an_unstated_engine_ignores_the_family_of_the_stand_in() -> None:
-    band = {
-        "decode_time_ratio_p10": 0.8,
-        "decode_time_ratio_p50": 1.0,
-        "decode_time_ratio_p90": 1.5,
-        "decode_runs": 20,
-        "decode_sources": 3,
-        "decode_engine_trtllm_time_ratio_p10": 0.8,
-        "decode_engine_trtllm_time_ratio_p50": 1.2,
-        "decode_engine_trtllm_time_ratio_p90": 1.8,
-        "decode_engine_trtllm_runs": 12,
-        "decode_engine_trtllm_sources": 2,
-        "decode_gpu_h100_sxm_sources": 3,
-        "decode_moe_0_sources": 3,
-        "decode_mla_0_sources": 3,
-        "decode_unseen_engine_log": 0.2,
-        "decode_unseen_gpu_log": 0.3,
-        "decode_unseen_moe_log": 0.4,
-        "decode_unseen_mla_log": 0.5,
-    }
+    band = BAND  # the band file of tests/test_serve_band.py: TensorRT-LLM decode rows of two sources
     stated = band_for(band, "decode", engine="trtllm", gpu="h100-sxm", moe=False, mla=False)
     unstated = band_for(band, "decode", engine="trtllm", gpu="h100-sxm", moe=False, mla=False, stated=False)
     assert (stated.lo, stated.mid, stated.hi, stated.widened) == (0.8, 1.2, 1.8, ())
