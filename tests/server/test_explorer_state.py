@@ -168,6 +168,27 @@ def test_a_bill_and_a_plan_give_their_command_json_and_exports(page: Any, tmp_pa
     page.wait_for_function(done)  # a saved file, or the engine's reason (torchtitan has no ZeRO-1)
 
 
+def test_leaving_a_typed_field_asks_nothing_and_keeps_the_export_status(page: Any) -> None:
+    # A typed field fires "change" when a click elsewhere takes the focus: that event changes no value, so it must
+    # not ask for the bill again (a redraw arriving after the export's answer cleared its status and its button).
+    open_view(page, "memory")
+    page.fill("#mem-form input[name=gpus]", "16")
+    page.fill("#mem-form input[name=tp]", "2")
+    page.fill("#mem-form input[name=pp]", "2")  # the focus stays in pp: its "change" comes with the next click
+    page.wait_for_function("() => document.querySelector('#mem-command')?.textContent.includes('--pp 2')")
+    page.wait_for_selector("#mem-results[aria-busy='false']")
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url) if "/api/memory" in r.url else None)
+    page.select_option("#mem-engine", "megatron")
+    page.click("#mem-export")
+    page.wait_for_selector("#mem-force")
+    page.wait_for_timeout(300)  # several frames: a redraw would have been asked by now
+    assert asked == [] and page.is_visible("#mem-force")
+    page.fill("#mem-form input[name=pp]", "4")  # a real change still asks
+    page.wait_for_function("() => document.querySelector('#mem-command')?.textContent.includes('--pp 4')")
+    assert len(asked) == 1
+
+
 def test_the_selected_strategy_gives_the_cli_command_of_its_bill(page: Any) -> None:
     import contextlib
     import io

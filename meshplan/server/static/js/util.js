@@ -187,13 +187,23 @@ export function formValues(form) {
 }
 
 // Re-run `fn` whenever a field of `form` changes, once typing pauses for `ms` (0: at the next frame; a view whose
-// requests abort the one in flight can ask at once).
+// requests abort the one in flight can ask at once). An event that leaves every value as it was asks nothing: the
+// "change" a typed field fires when it loses focus (to a click on Export, say) must not redraw the answer it already
+// shows, nor clear what that click reported. Submitting (Enter) always re-runs.
 export function onFormChange(form, fn, ms = 30) {
-  const later = ms ? debounce(fn, ms) : nextFrame(fn);
+  let asked = JSON.stringify(formValues(form));
+  const changed = () => {
+    const now = JSON.stringify(formValues(form));
+    if (now === asked) return;
+    asked = now;
+    fn();
+  };
+  const later = ms ? debounce(changed, ms) : nextFrame(changed);
   form.addEventListener("input", later);
   form.addEventListener("change", later);
   form.addEventListener("submit", (e) => {
     e.preventDefault();
+    asked = JSON.stringify(formValues(form));
     fn();
   });
 }
