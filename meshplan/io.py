@@ -7,17 +7,19 @@ files.py's one guarded reader (``read_text_file``, ``parse_json``, ``parse_toml`
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import json
 import math
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cache
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from meshplan.files import parse_json, parse_toml, read_text_file
 from meshplan.spec.cluster import GPU, GpuCalibration, Link, LinkKind, LinkTier
@@ -27,6 +29,7 @@ from meshplan.units import DType
 
 _ENUMS: dict[str, type[Any]] = {"MlpKind": MlpKind, "NormKind": NormKind, "LinkKind": LinkKind, "LinkTier": LinkTier}
 _TABLES: dict[str, type[Any]] = {"MoESpec | None": MoESpec, "MLASpec | None": MLASpec, "GpuCalibration": GpuCalibration}
+_Spec = TypeVar("_Spec")
 _SINGULAR = {"models": "model", "gpus": "gpu", "links": "link", "stacks": "stack"}
 
 
@@ -99,7 +102,15 @@ def _load_table(kind: str, name_or_path: str) -> tuple[dict[str, Any], str, str]
     entry = _catalog(kind).get(name_or_path) or _catalog(kind).get(name_or_path.lower())
     if entry is None:
         raise _unknown_name(kind, name_or_path)
-    return parse_toml(entry.read_text(encoding="utf-8"), entry.name), entry.name, entry.name[: -len(".toml")]
+    # a fresh copy each call: callers take the table apart (the [meta] table, a stack's defaults)
+    return copy.deepcopy(_catalog_table(entry)), entry.name, entry.name[: -len(".toml")]
+
+
+@cache
+def _catalog_table(entry: Traversable) -> dict[str, Any]:
+    """A catalog file, parsed once a process (the package's own files do not change under it; a validation run
+    loads the same dozen entries thousands of times)."""
+    return parse_toml(entry.read_text(encoding="utf-8"), entry.name)
 
 
 # --- tables -> dataclasses ---------------------------------------------------------------------------------------
@@ -189,6 +200,22 @@ def _model_from_table(table: dict[str, Any], where: str, default_name: str) -> M
 # --- public loaders ----------------------------------------------------------------------------------------------
 
 
+def _catalog_cached(load: Callable[[str], _Spec]) -> Callable[[str], _Spec]:
+    """``load`` built once a process per catalog name (its specs are frozen, so one object serves every caller);
+    a path is read afresh on every call, as the file may change between calls."""
+    by_name = cache(load)
+
+    @functools.wraps(load)
+    def loaded(name_or_path: str) -> _Spec:
+        if isinstance(name_or_path, str) and not _looks_like_path(name_or_path):
+            return by_name(name_or_path)
+        return load(name_or_path)
+
+    return loaded
+
+
+
+@_catalog_cached
 def load_model(name_or_path: str) -> ModelSpec:
     """A catalog model by name, a model TOML file, or a Hugging Face ``config.json`` (or a folder holding one)."""
     path = Path(name_or_path)
@@ -263,6 +290,7 @@ def published_runs_by_gpu() -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+@_catalog_cached
 def load_gpu(name_or_path: str) -> GPU:
     """A catalog GPU by name, or a GPU TOML file."""
     table, where, stem = _load_table("gpus", name_or_path)
@@ -271,6 +299,7 @@ def load_gpu(name_or_path: str) -> GPU:
     return gpu
 
 
+@_catalog_cached
 def load_stack(name_or_path: str) -> Stack:
     """A catalog training stack by name, or a stack TOML file; its defaults are checked against the schema."""
     from meshplan.spec import requests
@@ -289,6 +318,7 @@ def load_stack(name_or_path: str) -> Stack:
     return stack
 
 
+@_catalog_cached
 def load_link(name_or_path: str) -> Link:
     """A catalog link by name, or a link TOML file."""
     table, where, stem = _load_table("links", name_or_path)
