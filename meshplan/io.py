@@ -214,7 +214,6 @@ def _catalog_cached(load: Callable[[str], _Spec]) -> Callable[[str], _Spec]:
     return loaded
 
 
-
 @_catalog_cached
 def load_model(name_or_path: str) -> ModelSpec:
     """A catalog model by name, a model TOML file, or a Hugging Face ``config.json`` (or a folder holding one)."""

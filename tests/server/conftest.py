@@ -93,12 +93,19 @@ def page(browser: Any, live_server: str) -> Iterator[Any]:
     assert not errors, f"script errors in the page: {errors}"
 
 
+SCREENSHOTS = os.environ.get("MESHPLAN_SCREENSHOTS", "") not in ("", "0")
+"""Full-page screenshots cost a PNG encode of the whole page each (a few seconds of the suite's CPU in all): they
+are saved when MESHPLAN_SCREENSHOTS=1, to look at the views after a change; the checks run either way."""
+
+
+def save_screenshot(pg: Any, name: str) -> None:
+    """test-artifacts/NAME.png, a full-page screenshot, when MESHPLAN_SCREENSHOTS=1."""
+    if SCREENSHOTS:
+        ARTIFACTS.mkdir(exist_ok=True)
+        pg.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
 @pytest.fixture()
 def shot() -> Any:
-    """Save a full-page screenshot of a view as test-artifacts/explorer-NAME.png."""
-
-    def save(pg: Any, name: str) -> None:
-        ARTIFACTS.mkdir(exist_ok=True)
-        pg.screenshot(path=str(ARTIFACTS / f"explorer-{name}.png"), full_page=True)
-
-    return save
+    """Save a full-page screenshot of a view as test-artifacts/explorer-NAME.png (when MESHPLAN_SCREENSHOTS=1)."""
+    return lambda pg, name: save_screenshot(pg, f"explorer-{name}")
