@@ -40,7 +40,16 @@ def _max_per_gpu(r: dict[str, Any]) -> str:
 
 def _engine(r: dict[str, Any]) -> str:
     """The engine predicted, and whether it was stated (``engine_source``)."""
-    return r["engine"] + (", no engine stated" if r.get("engine_source") == "default" else "")
+    launch = r.get("launch", "cudagraph")
+    return (
+        r["engine"]
+        + (", no engine stated" if r.get("engine_source") == "default" else "")
+        + (
+            ""
+            if launch == "cudagraph"
+            else f", kernels launched {'eagerly' if launch == 'eager' else 'by torch.compile'}"
+        )
+    )
 
 
 def serve_table(r: dict[str, Any]) -> str:

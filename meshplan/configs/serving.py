@@ -62,6 +62,9 @@ NOTHING = frozenset(
     }
 )
 SWITCHES = frozenset({"--enable-expert-parallel", "--enable-dp-attention", "--trust-remote-code"})
+SWITCHES |= {"--enforce-eager", "--disable-cuda-graph"}
+EAGER = {"vllm": "--enforce-eager", "sglang": "--disable-cuda-graph"}
+"""Each engine's switch that runs every forward op by op, without CUDA graphs (``--launch eager``)."""
 SHORT = frozenset({"-tp", "-pp", "-dp", "-q"})
 
 
@@ -105,6 +108,8 @@ def read_serving(text: str, label: str, kind: str) -> ConfigRead:
                 r.skip(flag, value, "a quantization method meshplan does not map: give --weights-dtype")
         elif flag == "--enable-dp-attention":
             r.take("dp_attention", True, flag)
+        elif flag == EAGER[kind]:
+            r.take("launch", "eager", flag)
         elif flag in ("--enable-expert-parallel", "--moe-dp-size", "--dtype"):
             continue  # read below
         elif flag in NOTHING:

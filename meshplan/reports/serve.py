@@ -14,7 +14,7 @@ from meshplan.core.serving.offline import offline_run
 from meshplan.core.serving.phases import pipeline_factor
 from meshplan.core.serving.static import static_batch
 from meshplan.reports.cost import serve_cost
-from meshplan.reports.serve_band import Band, band_for
+from meshplan.reports.serve_band import Band, band_family, band_for
 from meshplan.reports.serve_coverage import coverage_warnings
 from meshplan.reports.serve_setup import DEFAULT_ENGINE as DEFAULT_ENGINE
 from meshplan.reports.serve_setup import ENGINES as ENGINES
@@ -107,6 +107,7 @@ def serve_report(
     num_requests: int | None = None,
     batch: int | None = None,
     cuda_graph_padding: bool = False,
+    launch: str | None = None,
     gpu_memory_utilization: float | None = None,
     disaggregate: str | None = None,
     price_per_gpu_hour: float | None = None,
@@ -117,13 +118,14 @@ def serve_report(
 ) -> dict[str, Any]:
     """``meshplan serve``: TTFT, TPOT, throughput per GPU and per user, and where a step's time goes.
 
-    ``disaggregate`` = "P:D" splits the GPUs into a prefill pool of P and a decode pool of D, each made of
-    replicas of the given layout. ``batch`` = N times a static batch of N prompts instead of a load
-    (core/serving/static.py); ``kv_dtype`` and ``int4_group_size`` left out are the engine's, and the report lists
-    every default it applied; ``price_per_gpu_hour`` adds the cost per million output tokens. ``speculative`` =
-    "METHOD:K" drafts K tokens a step, accepted each with ``spec_acceptance`` (core/serving/speculative.py);
-    ``prefix_hit_rate`` is the share of each prompt the prefix cache holds (the load model only). ``engine`` left
-    out is TensorRT-LLM's constants, ``engine_source`` "default", the band widened as for an unseen engine."""
+        ``disaggregate`` = "P:D" splits the GPUs into a prefill pool of P and a decode pool of D, each made of
+        replicas of the given layout. ``batch`` = N times a static batch of N prompts instead of a load
+        (core/serving/static.py); ``kv_dtype`` and ``int4_group_size`` left out are the engine's, and the report lists
+        every default it applied; ``price_per_gpu_hour`` adds the cost per million output tokens. ``speculative`` =
+        "METHOD:K" drafts K tokens a step, accepted each with ``spec_acceptance`` (core/serving/speculative.py);
+        ``prefix_hit_rate`` is the share of each prompt the prefix cache holds (the load model only); ``launch`` "eager"
+    or "compile" puts each forward under the host floor (core/serving/phases.py). ``engine`` left
+        out is TensorRT-LLM's constants, ``engine_source`` "default", the band widened as for an unseen engine."""
     loads = {"--concurrency": concurrency, "--rate": rate, "--num-requests": num_requests, "--batch": batch}
     given = [flag for flag, value in loads.items() if value is not None]
     if batch is not None and len(given) > 1:
@@ -153,6 +155,7 @@ def serve_report(
         gpu_memory_utilization=gpu_memory_utilization,
         max_num_tokens=max_num_tokens,
         cuda_graph_padding=cuda_graph_padding,
+        launch=launch,
     )
     engine = setup.hw.cal.engine
     spec = speculation(
@@ -210,7 +213,8 @@ def serving_band(point: dict[str, Any], setup: Setup) -> dict[str, Any]:
     row ran): decode for TPOT, prefill for TTFT, offline throughput (dense or MoE) for tokens/s."""
     band = io.serving_held_out_band()
     stated = setup.engine_source == "flag"
-    bands = _bands(band, setup.model, engine=setup.hw.cal.engine, gpu=setup.hw.gpu.name, stated=stated)
+    engine = band_family(setup.hw.cal.engine, setup.hw.cal.launch.value)
+    bands = _bands(band, setup.model, engine=engine, gpu=setup.hw.gpu.name, stated=stated)
     kind = "throughput-moe" if setup.model.moe is not None else "throughput-dense"
     out: dict[str, Any] = {}
     for key, cls in (("tpot_s", "decode"), ("ttft_s_unloaded", "prefill")):
@@ -351,6 +355,7 @@ def _head(
         "gpus": setup.replicas * lay.gpus_per_replica,
         "engine": engine,
         "engine_source": setup.engine_source,
+        "launch": setup.hw.cal.launch.value,
         "layout": {
             "tp": lay.tp,
             "pp": lay.pp,

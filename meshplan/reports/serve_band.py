@@ -24,6 +24,12 @@ SIBLING = {"throughput-moe": "throughput-dense", "throughput-dense": "throughput
 """The class measuring the same quantity (offline tokens/s) on the other model class."""
 
 
+def band_family(engine: str, launch: str) -> str:
+    """The engine family a band is kept for: the engine, and its launch mode where that is not the replayed CUDA
+    graphs every engine runs by default (an engine launched op by op is another machine: ``vllm-eager``)."""
+    return engine if launch == "cudagraph" else f"{engine}-{launch}"
+
+
 def key(name: str) -> str:
     """A class, engine or GPU name as a band-file key part (dashes and dots to underscores)."""
     return name.replace("-", "_").replace(".", "_")

@@ -106,6 +106,8 @@ class ServeReport(TypedDict):
     engine: str
     engine_source: str
     """flag (--engine given) or default (none stated: trtllm's constants, the band widened as for an unseen engine)"""
+    launch: str
+    """cudagraph (the engines' default), eager or compile: how the host issues each layer's kernels (--launch)"""
     layout: ServeLayoutJSON
     weights_dtype: str
     kv_dtype: str

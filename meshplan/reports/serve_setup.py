@@ -23,6 +23,7 @@ from meshplan.core.serving.shape import (
     kv_dtype_bytes,
     replica_shape,
 )
+from meshplan.core.time.host import Launch
 from meshplan.reports.inputs import choice
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
@@ -97,6 +98,7 @@ def resolve(
     gpu_memory_utilization: float | None = None,
     max_num_tokens: int | None = None,
     cuda_graph_padding: bool = False,
+    launch: str | None = None,
 ) -> Setup:
     """Check and resolve the inputs: TP defaults to what the replicas leave (within one scale-up domain),
     replicas to what TP x PP leaves; the KV dtype and the int4 group size left out are the engine's
@@ -129,6 +131,10 @@ def resolve(
         cal = dataclasses.replace(cal, max_num_tokens=max_num_tokens)
     if cuda_graph_padding:
         cal = dataclasses.replace(cal, cuda_graph_padding=True)
+    if launch is not None:  # left out: the engine replays CUDA graphs (each engine's default)
+        if cuda_graph_padding and launch != Launch.CUDAGRAPH:
+            raise ValueError(f"--cuda-graph-padding pads replayed CUDA graphs: drop it or --launch {launch}")
+        cal = dataclasses.replace(cal, launch=Launch(launch))
     if gpu_memory_utilization is None:
         of = cal.memory_fraction_of.value
         defaults += (("gpu_memory_utilization", f"{cal.memory_fraction:g}", f"{engine}'s memory fraction (of {of})"),)

@@ -28,6 +28,7 @@ from meshplan.core.serving.phases import decode_step, prefill
 from meshplan.core.serving.shape import ServeCalibration, replica_shape
 from meshplan.core.serving.static import static_batch_s
 from meshplan.reports.serve import Setup, resolve
+from meshplan.reports.serve_band import band_family
 from meshplan.reports.serve_coverage import row_model, serving_rows
 from meshplan.validation.serving_band import held_out, held_out_band
 from meshplan.validation.serving_typed import (
@@ -320,7 +321,8 @@ def typed_rows(row: dict[str, Any], *, kv_dtype: str | None = None) -> list[Row]
     for metric, value in row["measured"].items():
         measured = float(value["value"])
         predicted, roofline = predict_typed(setup, flags, metric), predict_typed(ideal, flags, metric)
-        base = {"case": row["id"], "source": source, "engine": setup.hw.cal.engine, "metric": metric}
+        engine = band_family(setup.hw.cal.engine, setup.hw.cal.launch.value)
+        base = {"case": row["id"], "source": source, "engine": engine, "metric": metric}
         base |= {"metric_class": typed_metric_class(row, metric), "measured": measured, "shared": row["shared"]}
         base |= {"gpu": setup.hw.gpu.name, "model": setup.model.name}
         base |= {"engine_stated": setup.engine_source == "flag"}

@@ -37,13 +37,24 @@ METRIC_CLASS = {
 """The metric class of each metric of a typed row; a throughput is throughput-dense or -moe by its model."""
 STATED_DTYPES = ("fp16", "bf16", "fp8", "fp4", "int8", "int4")
 TYPED_BY_DEFAULTS = {
-    "splitwise_perf_csv": "the CSV states no engine (serve's default: trtllm's constants, its band widened) and no "
-    "dtype (fp16 inferred by the transcriber: serve's bf16 default, the same bytes and speed): both left to serve's "
-    "defaults, as a user who does not know them leaves them",
+    "splitwise_perf_csv": "the CSV states no dtype (fp16 inferred by the transcriber: serve's bf16 default, the "
+    "same bytes and speed), left to serve's default as a user who does not know it leaves it",
 }
 """Released sources the shared file marks unclean only for settings ``serve`` fills with its defaults: counted as
 typed (their rows are what a user of serve gets), the unstated settings named in each row's reason."""
 
+
+STATED_ELSEWHERE = {
+    "splitwise_perf_csv": (
+        {"engine": "vllm", "launch": "eager"},
+        "the paper the CSV comes with states the engine (Patel et al. 2024, Sec. 3: 'Unless stated otherwise, we run "
+        "BLOOM-176B and Llama-70B on vLLM'), and the vLLM of its time launched op by op: vLLM's first CUDA-graph "
+        "execution (enforce_eager's default off) merged in December 2023 (vllm-project/vllm pull request 1926), "
+        "after the paper's first version (arXiv 2311.18677v1, 30 November 2023)",
+    ),
+}
+"""Conditions a source's own publication states beside its data file (the shared file's row leaves them out), as
+``serve`` flags, with where each is stated: a user reading that publication types them."""
 
 ENGINE_FLAGS = {"tensorrt-llm": "trtllm", "vllm": "vllm", "sglang": "sglang", "gpt-fast": "gpt-fast"}
 """The ``--engine`` a user types for an engine a source names (by the start of its name, lowercased)."""
@@ -52,6 +63,9 @@ ENGINE_FLAGS = {"tensorrt-llm": "trtllm", "vllm": "vllm", "sglang": "sglang", "g
 def stated_engine_flag(row: dict[str, Any]) -> str | None:
     """The row's ``--engine``: None where its source states no engine (the shared file lists the engine among what
     the row leaves unstated: ``missing``)."""
+    elsewhere = STATED_ELSEWHERE.get(row["source"]["id"], ({}, ""))[0]
+    if "engine" in elsewhere:
+        return str(elsewhere["engine"])
     if any(m.startswith("engine") for m in row.get("missing", [])):
         return None
     name = str(row["engine"].get("name", "")).lower()
@@ -83,6 +97,9 @@ def typed_flags(row: dict[str, Any], *, kv_dtype: str | None = None) -> dict[str
     engine = stated_engine_flag(row)
     if engine is not None:
         flags["engine"] = engine
+    launch = STATED_ELSEWHERE.get(row["source"]["id"], ({}, ""))[0].get("launch")
+    if launch is not None:
+        flags["launch"] = launch
     if row["kind"] == "phase_latency_profile":
         flags["batch"] = int(w["batch"])
     else:
@@ -106,6 +123,7 @@ def typed_setup(row: dict[str, Any], *, kv_dtype: str | None = None) -> tuple[Se
         kv_dtype=flags.get("kv_dtype"),
         engine=flags.get("engine"),
         context=flags["input_len"] + flags["output_len"],
+        launch=flags.get("launch"),
     )
     return setup, flags
 

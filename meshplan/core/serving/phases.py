@@ -7,11 +7,15 @@ Decode step of a batch of B sequences with context c (per GPU of a TP x PP repli
 where s(M) = M / (M + d_half) is the GEMM shape efficiency of the GPU kind. Each kernel class is its own
 roofline (a GEMM is memory or compute bound, the attention kernel likewise) and the classes run one after
 another. Prefill of T tokens after c0 cached ones: the same GEMMs with M = T, causal attention
-4 T (c0 + T/2) a d per layer, memory-bound ops at HBM speed. Every array argument broadcasts (numpy).
+4 T (c0 + T/2) a d per layer, memory-bound ops at HBM speed. An engine that launches its kernels op by op
+(``--launch eager``) cannot run a forward faster than its host issues the layers' kernels: the forward takes
+max(GPU time, host time) (core/time/host.py), the difference added to the overhead term. Every array argument
+broadcasts (numpy).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from meshplan.core.comm.cost import Collective, nccl_time
@@ -27,6 +31,7 @@ from meshplan.core.serving.shape import (
     prefill_keys,
     sliding_context,
 )
+from meshplan.core.time.host import Launch, host_stall_s, serving_host_layer_s
 from meshplan.spec.cluster import Link
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
@@ -232,7 +237,7 @@ def forward(
         per_rank_s=cal.allreduce_latency_per_rank_s,
     )
     tp_comm = n_ar * shape.layers * ar
-    return Forward(
+    out = Forward(
         weights_read_s=weights / hbm,
         kv_read_s=kv_tokens_read * shape.kv_bytes_per_token / (gpu.hbm_bandwidth_bytes_per_s * kv_efficiency),
         gemm_compute_s=gemm,
@@ -243,6 +248,17 @@ def forward(
         pp_comm_s=_pp_send_s(model, hw, layout, new_tokens=new_tokens),
         overhead_s=cal.step_overhead_s + layer_overhead_s * shape.layers + 0.0 * new_tokens,
     )
+    if cal.launch is Launch.CUDAGRAPH:
+        return out
+    # the host floor (core/time/host.py): the GPU's work of the forward (everything but the scheduler's step
+    # overhead, which the host spends before it issues anything) waits on the host issuing its layers' kernels
+    moe_layers = min(model.num_moe_layers, shape.layers) if model.moe is not None else 0
+    host = n_micro * (
+        moe_layers * serving_host_layer_s(model, launch=cal.launch, tp=layout.tp, moe_layer=True)
+        + (shape.layers - moe_layers) * serving_host_layer_s(model, launch=cal.launch, tp=layout.tp, moe_layer=False)
+    )
+    gpu_s = out.total_s - cal.step_overhead_s
+    return dataclasses.replace(out, overhead_s=out.overhead_s + host_stall_s(host_s=host, gpu_s=gpu_s))
 
 
 def micro_batches(model: ModelSpec, hw: Hardware, layout: ServeLayout) -> int:

@@ -27,6 +27,7 @@ from meshplan.core.serving.bill import (
 )
 from meshplan.core.time.flops import attention_gemms, mlp_gemms, sliding_keys
 from meshplan.core.time.gemm import mean_depth
+from meshplan.core.time.host import Launch
 from meshplan.spec.cluster import GPU, Link
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DTYPE_BYTES, DType
@@ -127,6 +128,11 @@ class ServeCalibration:
     cuda_graph_padding: bool = False
     """Whether decode-only steps run as CUDA graphs padded up to the captured batch sizes (CUDA_GRAPH_BATCH_SIZES):
     the padded rows pass through every GEMM, all-reduce and memory-bound op, not through the KV cache."""
+    launch: Launch = Launch.CUDAGRAPH
+    """How the host issues each layer's kernels: replayed CUDA graphs (every engine's default: the in-graph floor
+    ``layer_overhead_s`` is the whole fixed cost), or op by op (``eager``: vLLM --enforce-eager, SGLang
+    --disable-cuda-graph, engine versions without graphs) or from torch.compile's wrapper (``compile``), where a
+    layer cannot run faster than the host issues its kernels (``serving_host_layer_s``)."""
     fp8_kv_with: tuple[str, ...] = ()
     """Weight dtypes with which the engine keeps an FP8 KV cache when the user leaves its KV dtype to it (the model's
     16-bit dtype otherwise)."""

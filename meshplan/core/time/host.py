@@ -137,3 +137,26 @@ def host_layer(
 def host_stall_s(*, host_s: Num, gpu_s: Num) -> Num:
     """What the floor adds to ``gpu_s`` seconds of GPU work issued in ``host_s`` seconds: max(gpu, host) - gpu."""
     return maximum(host_s - gpu_s, 0.0)
+
+
+SERVING_KERNELS_PER_LAYER = 10
+"""Kernels a serving engine's decoder layer issues per forward, counted from vLLM's LlamaDecoderLayer
+(vllm/model_executor/models/llama.py), not measured: the fused residual-add RMSNorm twice, the QKV, output,
+gate-up and down GEMMs, rotary embedding, the KV-cache write (reshape_and_cache), the attention kernel, and
+SiLU-and-mul. Tensor parallelism adds its 2 all-reduces."""
+SERVING_MOE_EXTRA_KERNELS = 4
+"""What a MoE layer adds to that count: its MLP's 3 kernels (gate-up, activation, down) become 7 (router GEMM,
+top-k softmax, the token sort and alignment, 2 grouped GEMMs, the activation, the weighted sum of the experts'
+outputs; vLLM's fused_moe path), and a shared expert is a dense MLP of 3 more."""
+
+
+def serving_host_layer_s(model: ModelSpec, *, launch: Launch, tp: Num, moe_layer: bool) -> Num:
+    """Host seconds to issue one serving layer's forward, by launch mode: 0 for replayed CUDA graphs (one launch a
+    step; the in-graph floor is priced on the GPU side), else the kernels at ``EAGER_HOST_S_PER_KERNEL`` or
+    ``COMPILE_HOST_S_PER_KERNEL`` each."""
+    if launch is Launch.CUDAGRAPH:
+        return 0.0 * tp
+    n = SERVING_KERNELS_PER_LAYER + where(tp > 1, 2, 0)
+    if moe_layer and model.moe is not None:
+        n = n + SERVING_MOE_EXTRA_KERNELS + 3 * model.moe.num_shared_experts
+    return n * (EAGER_HOST_S_PER_KERNEL if launch is Launch.EAGER else COMPILE_HOST_S_PER_KERNEL)

@@ -133,9 +133,10 @@ CONDITION_FIELDS: tuple[Field, ...] = (
         default=None,
         group=_C,
         choices=("eager", "compile", "cudagraph"),
-        help="how the host issues each layer's kernels: op by op (eager PyTorch, Megatron), torch.compile's fused "
-        "kernels, or one CUDA graph per layer (Megatron --cuda-graph-impl); unset: compile for fused kernels "
-        "under a PyTorch-native stack, eager otherwise",
+        help="how the host issues each layer's kernels: op by op (eager PyTorch, Megatron; in serve, vLLM "
+        "--enforce-eager or SGLang --disable-cuda-graph), torch.compile's fused kernels, or CUDA graphs (Megatron "
+        "--cuda-graph-impl); unset: compile for fused kernels under a PyTorch-native stack, eager otherwise, and "
+        "in serve the engine's replayed CUDA graphs",
     ),
     Field(
         name="loss",
