@@ -31,7 +31,10 @@ def test_serve_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(out) >= KEYS
     assert out["layout"] == {"tp": 2, "pp": 1, "ep": 1, "dp_attention": False, "replicas": 4}
     assert out["requests_per_s_total"] == pytest.approx(5.0)
-    assert set(out["step_s"]) == {"weights_read_s", "kv_read_s", "compute_s", "communication_s", "overhead_s"}
+    assert set(out["step_s"]) == {
+        "weights_read_s", "kv_read_s", "compute_s", "communication_s", "overhead_s", "host_wait_s"
+    }  # fmt: skip
+    assert out["step_s"]["host_wait_s"] == 0.0 and out["launch"] == "cudagraph"
     assert sum(out["step_s"].values()) == pytest.approx(out["tpot_s"], rel=1e-9)
     assert out["tokens_per_s_per_gpu"] * 8 == pytest.approx(out["tokens_per_s_total"])
 

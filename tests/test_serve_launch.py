@@ -36,6 +36,10 @@ def test_a_small_model_at_batch_one_runs_at_the_hosts_pace() -> None:
     assert graphs["tpot_s"] - step_overhead < host  # the GPU alone is faster than the host: host-bound
     assert eager["tpot_s"] == pytest.approx(step_overhead + host, rel=1e-9)
     assert eager["launch"] == "eager" and graphs["launch"] == "cudagraph"
+    # the wait is its own term of the step: what the host adds to the GPU's work, zero under graphs
+    wait = eager["step_s"]["host_wait_s"]
+    assert wait == pytest.approx(host - (sum(graphs["step_s"].values()) - step_overhead), rel=1e-9) and wait > 0
+    assert graphs["step_s"]["host_wait_s"] == 0.0
 
 
 def test_tensor_parallelism_adds_its_all_reduces_to_what_the_host_issues() -> None:
@@ -81,6 +85,15 @@ def test_the_engines_eager_switches_are_read_from_their_launch_commands(tmp_path
     for name in ("vllm.sh", "sglang.sh"):
         read = read_config(d / name)
         assert read.values["launch"] == "eager", name
+
+
+def test_the_table_says_when_the_host_sets_the_pace(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["serve", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "1", "--input-len", "128", "--output-len", "128"]
+    assert main([*argv, "--batch", "1", "--engine", "vllm", "--launch", "eager"]) == 0
+    out = capsys.readouterr().out
+    assert "(vllm, kernels launched eagerly)" in out and "host wait (host-bound)" in out
+    assert main([*argv, "--batch", "1", "--engine", "vllm"]) == 0
+    assert "host wait" not in capsys.readouterr().out
 
 
 def test_padding_graphs_that_are_not_launched_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -115,7 +115,11 @@ def serve_table(r: dict[str, Any]) -> str:
             ("max requests/s: prefill / decode", f"{d['prefill_requests_per_s_max']:,.2f} / "
              f"{d['decode_requests_per_s_max']:,.2f} (bottleneck: {d['bottleneck']})", ""),
         ]  # fmt: skip
-    steps = [(k.removesuffix("_s").replace("_", " "), seconds(v)) for k, v in r["step_s"].items()]
+    steps = [
+        (k.removesuffix("_s").replace("_", " ") + (" (host-bound)" if k == "host_wait_s" else ""), seconds(v))
+        for k, v in r["step_s"].items()
+        if k != "host_wait_s" or v > 0  # shown only where the host sets the pace (--launch eager or compile)
+    ]
     main = table(rows, ["", "value", "P10 - P90"])
     blocks = [head, "", main, f"({r['uncertainty']})", *serve_cost_line(r), "", "one step"]
     blocks.append(table(steps, ["term", "time"]))

@@ -70,6 +70,8 @@ class StepPartsJSON(TypedDict):
     compute_s: float
     communication_s: float
     overhead_s: float
+    host_wait_s: float
+    """The GPU waiting for the host to issue its kernels (--launch eager or compile); 0 under CUDA graphs"""
 
 
 class OfflineRunJSON(TypedDict):

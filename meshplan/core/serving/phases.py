@@ -9,7 +9,7 @@ roofline (a GEMM is memory or compute bound, the attention kernel likewise) and 
 another. Prefill of T tokens after c0 cached ones: the same GEMMs with M = T, causal attention
 4 T (c0 + T/2) a d per layer, memory-bound ops at HBM speed. An engine that launches its kernels op by op
 (``--launch eager``) cannot run a forward faster than its host issues the layers' kernels: the forward takes
-max(GPU time, host time) (core/time/host.py), the difference added to the overhead term. Every array argument
+max(GPU time, host time) (core/time/host.py), the difference its own term (``host_wait_s``). Every array argument
 broadcasts (numpy).
 """
 
@@ -87,6 +87,9 @@ class Forward:
     ep_comm_s: Num
     pp_comm_s: Num
     overhead_s: Num
+    host_wait_s: Num = 0.0
+    """What the GPU waits for the host to issue the forward's kernels when they launch op by op (``--launch
+    eager``): max(GPU, host) - GPU; 0 under replayed CUDA graphs."""
 
     @property
     def gemm_s(self) -> Num:
@@ -102,7 +105,7 @@ class Forward:
 
     @property
     def total_s(self) -> Num:
-        return self.gemm_s + self.attention_s + self.memory_ops_s + self.comm_s + self.overhead_s
+        return self.gemm_s + self.attention_s + self.memory_ops_s + self.comm_s + self.overhead_s + self.host_wait_s
 
     def breakdown(self) -> dict[str, Num]:
         """Seconds by what bounds them: the binding side of each roofline, then the rest."""
@@ -116,6 +119,7 @@ class Forward:
             + self.memory_ops_s,
             "communication_s": self.comm_s,
             "overhead_s": self.overhead_s,
+            "host_wait_s": self.host_wait_s,
         }
 
 
@@ -258,7 +262,7 @@ def forward(
         + (shape.layers - moe_layers) * serving_host_layer_s(model, launch=cal.launch, tp=layout.tp, moe_layer=False)
     )
     gpu_s = out.total_s - cal.step_overhead_s
-    return dataclasses.replace(out, overhead_s=out.overhead_s + host_stall_s(host_s=host, gpu_s=gpu_s))
+    return dataclasses.replace(out, host_wait_s=host_stall_s(host_s=host, gpu_s=gpu_s))
 
 
 def micro_batches(model: ModelSpec, hw: Hardware, layout: ServeLayout) -> int:

@@ -216,6 +216,7 @@ def add_forwards(a: Forward, b: Forward) -> Forward:
         ep_comm_s=a.ep_comm_s + b.ep_comm_s,
         pp_comm_s=a.pp_comm_s + b.pp_comm_s,
         overhead_s=a.overhead_s + b.overhead_s,
+        host_wait_s=a.host_wait_s + b.host_wait_s,
     )
 
 
