@@ -101,3 +101,41 @@ def test_padding_graphs_that_are_not_launched_is_refused(capsys: pytest.CaptureF
     assert main([*argv, "--concurrency", "4", "--launch", "eager", "--cuda-graph-padding"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--cuda-graph-padding" in err
+
+
+def test_serve_plan_times_every_layout_as_launched_and_its_exports_say_so(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """serve-plan --launch eager: each layout timed under the host floor (its best plan no faster than the one with
+    graphs, its band the eager family's); the saved plan exports vLLM's and SGLang's eager switches, which their
+    readers take back as --launch eager; TensorRT-LLM's export refuses it; a file saved before plans carried a launch
+    mode reads as CUDA graphs."""
+    import json
+    import shlex
+    from pathlib import Path
+
+    d = Path(str(tmp_path))
+    argv = ["serve-plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "2", "--input-len", "512", "--output-len"]
+    argv += ["128", "--engine", "vllm", "--top", "1"]
+    assert main([*argv, "--launch", "eager", "--save", str(d / "eager.json")]) == 0
+    assert main([*argv, "--save", str(d / "graphs.json")]) == 0
+    capsys.readouterr()
+    eager, graphs = (json.loads((d / f"{n}.json").read_text()) for n in ("eager", "graphs"))
+    assert (eager["launch"], graphs["launch"]) == ("eager", "cudagraph")
+    assert eager["best"]["tpot_s"] >= graphs["best"]["tpot_s"]
+    assert "1 of them vllm-eager's" in eager["uncertainty"] and "vllm-eager" not in graphs["uncertainty"]
+    for engine, switch in (("vllm", "--enforce-eager"), ("sglang", "--disable-cuda-graph")):
+        assert main(["export", engine, "--from-plan", str(d / "eager.json"), "--json"]) == 0
+        command = json.loads(capsys.readouterr().out)["command"]
+        assert switch in shlex.split(command)
+        (d / f"{engine}.sh").write_text(command + "\n")
+        assert read_config(d / f"{engine}.sh").values["launch"] == "eager"
+        assert main(["export", engine, "--from-plan", str(d / "graphs.json"), "--json"]) == 0
+        assert switch not in json.loads(capsys.readouterr().out)["command"]
+    assert main(["export", "trtllm", "--from-plan", str(d / "eager.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--launch eager" in err
+    old = graphs.copy()
+    del old["launch"]
+    (d / "old.json").write_text(json.dumps(old))
+    assert main(["export", "vllm", "--from-plan", str(d / "old.json")]) == 0

@@ -450,6 +450,7 @@ def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
         prefix_hit_rate=args.prefix_hit_rate,
         speculative=args.speculative,
         spec_acceptance=args.spec_acceptance,
+        launch=args.launch,
     )
     if args.save:
         save_json(args, result)

@@ -182,6 +182,8 @@ class ServingPlan:
     """The engine's name for the weights' quantization method; None loads them as stored."""
     dp_attention: bool = False
     """Attention data-parallel over the tp ranks of a replica, experts over all of them (MoE)."""
+    enforce_eager: bool = False
+    """Every forward launched op by op, no CUDA graphs (the plan was timed with ``--launch eager``)."""
 
     def __post_init__(self) -> None:
         check_model_path(self.model_path, what="model_path")

@@ -102,6 +102,7 @@ def sglang_args(plan: ServingPlan) -> list[str]:
     args += ["--context-length", str(plan.max_model_len)]
     args += ["--mem-fraction-static", f"{plan.gpu_memory_utilization:g}"]
     args += ["--max-running-requests", str(plan.max_num_seqs)]
+    args += ["--disable-cuda-graph"] if plan.enforce_eager else []
     return args + precision_flags(
         ENGINE, plan, "--kv-cache-dtype", KV_CACHE_DTYPES, KV_CACHE_CLOSEST, "--quantization", QUANTIZATION_METHODS
     )

@@ -28,6 +28,8 @@ def trtllm_args(plan: ServingPlan) -> list[str]:
     """The `trtllm-serve` command line of one replica of a serving plan."""
     if plan.ep > 1 and plan.tp % plan.ep:
         raise UnsupportedByEngine(ENGINE, f"split experts over ep={plan.ep} outside a tp={plan.tp} group", "ep=tp")
+    if plan.enforce_eager:  # the export writes no LLM-API key that turns its decode graphs off
+        raise UnsupportedByEngine(ENGINE, "launch a plan timed op by op (--launch eager)", "the plan with CUDA graphs")
     args = ["trtllm-serve", plan.model_path, "--backend", "pytorch"]
     args += ["--tp_size", str(plan.tp), "--pp_size", str(plan.pp)]
     args += ["--ep_size", str(plan.ep)] if plan.ep > 1 else []

@@ -95,6 +95,7 @@ def vllm_args(plan: ServingPlan) -> list[str]:
     args += ["--enable-expert-parallel"] if ep > 1 else []
     args += ["--max-model-len", str(plan.max_model_len)]
     args += ["--gpu-memory-utilization", f"{plan.gpu_memory_utilization:g}", "--max-num-seqs", str(plan.max_num_seqs)]
+    args += ["--enforce-eager"] if plan.enforce_eager else []
     return args + precision_flags(
         ENGINE, plan, "--kv-cache-dtype", KV_CACHE_DTYPES, KV_CACHE_CLOSEST, "--quantization", QUANTIZATION_METHODS
     )

@@ -275,6 +275,11 @@ def _export_saved(
     eng: Engine, saved: SavedServingPlan, *, plan_file: str | None, model_path: str | None
 ) -> dict[str, Any]:
     path = f"plan file {plan_file}" if plan_file else "the serving plan"
+    if saved.launch == "compile":
+        raise ValueError(
+            f"{path} was timed launching its kernels from torch.compile's wrapper without CUDA graphs "
+            "(--launch compile), which no engine's flags select: plan it with CUDA graphs or --launch eager"
+        )
     model_path, source = served_checkpoint(saved.model, model_path)
     predicted = dict(saved.predicted)
     if not saved.prefill_replicas:
@@ -312,4 +317,5 @@ def _pool_plan(saved: SavedServingPlan, replicas: int, model_path: str) -> Servi
         max_num_seqs=saved.batch_cap_per_replica // (lay.tp if lay.dp_attention else 1) or 1,
         kv_cache_dtype=None if lay.kv_dtype is DType.BF16 else lay.kv_dtype,
         quantization=SERVE_PLAN_QUANTIZATION.get(lay.weights_dtype.value),
+        enforce_eager=saved.launch == "eager",
     )

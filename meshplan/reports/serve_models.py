@@ -226,6 +226,8 @@ class ServePlanReport(TypedDict):
     concurrency_total: float | None
     engine_source: str
     """flag (--engine given) or default (none stated: trtllm's constants, the band widened as for an unseen engine)"""
+    launch: str
+    """cudagraph (the engines' default), eager or compile: how every layout was timed launching its kernels"""
     uncertainty: str
     weights_dtypes_searched: list[str]
     prefix_hit_rate: float | None

@@ -19,8 +19,10 @@ from meshplan.core.serving.shape import (
     default_quant,
     replica_shape,
 )
+from meshplan.core.time.host import Launch
 from meshplan.reports.inputs import choice
 from meshplan.reports.serve import calibration, engine_defaults, serving_band_text
+from meshplan.reports.serve_band import band_family
 from meshplan.reports.serve_coverage import coverage_warnings
 from meshplan.reports.serve_setup import stated_engine
 from meshplan.reports.serve_spec import head_speculation
@@ -171,10 +173,12 @@ def serve_plan_report(
     prefix_hit_rate: float | None = None,
     speculative: str | None = None,
     spec_acceptance: float | None = None,
+    launch: str | None = None,
 ) -> dict[str, Any]:
     """Search, rank and explain: the best plans, the Pareto front, and why every other layout lost. Weights are
     searched below the model's published dtype only with ``allow_quantization`` (``searched_dtypes``). Every layout
-    is timed with the prefix hit rate and the drafting head (eagle:K, mtp:K) given."""
+    is timed with the prefix hit rate and the drafting head (eagle:K, mtp:K) given, and launched as ``launch`` says
+    (left out: the engine's replayed CUDA graphs)."""
     start = time.perf_counter()
     engine, engine_source = stated_engine(engine)  # left out: TensorRT-LLM's constants, the band widened
     dtypes = searched_dtypes(model, dtypes, allow_quantization=allow_quantization)
@@ -203,8 +207,11 @@ def serve_plan_report(
         prefix_hit_rate=prefix_hit_rate,
         speculative=speculative,
         spec_acceptance=spec_acceptance,
+        launch=launch,
     )
     searched = [w.value for w, _ in _weight_options(gpu_spec, dtypes)]
+    launched = Launch(launch or Launch.CUDAGRAPH).value
+    family = band_family(engine, launched)
     return _answer(spec, gpu_spec, result, gpus=gpus, engine=engine, obj=obj, top=top, start=start) | {
         "input_len": input_len,
         "output_len": output_len,
@@ -212,7 +219,8 @@ def serve_plan_report(
         "disaggregate_searched": disaggregate,
         "concurrency_total": concurrency,
         "engine_source": engine_source,
-        "uncertainty": serving_band_text(spec, engine=engine, gpu=gpu_spec.name, stated=engine_source == "flag"),
+        "launch": launched,
+        "uncertainty": serving_band_text(spec, engine=family, gpu=gpu_spec.name, stated=engine_source == "flag"),
         "weights_dtypes_searched": searched,
         "prefix_hit_rate": prefix_hit_rate,
         "speculative": speculative,
@@ -255,6 +263,7 @@ def _search(
     prefix_hit_rate: float | None = None,
     speculative: str | None = None,
     spec_acceptance: float | None = None,
+    launch: str | None = None,
 ) -> SearchResult:
     if disaggregate and (prefix_hit_rate is not None or speculative is not None):
         given = "--prefix-hit-rate" if prefix_hit_rate is not None else "--speculative"
@@ -263,7 +272,7 @@ def _search(
         gpu=gpu,
         scale_up=io.load_link(gpu.scale_up_link),
         scale_out=io.load_link(gpu.scale_out_link),
-        cal=calibration(engine, gpu.name),
+        cal=dataclasses.replace(calibration(engine, gpu.name), launch=Launch(launch or Launch.CUDAGRAPH)),
     )
     req = Requests(
         input_len=input_len,
@@ -315,6 +324,7 @@ def plan_of_layout(
     prefix_hit_rate: float | None = None,
     speculative: str | None = None,
     spec_acceptance: float | None = None,
+    launch: str | None = None,
 ) -> dict[str, Any]:
     """The plan serve-plan ranks for one layout (split into ``prefill_replicas`` prefill replicas and the rest
     decode, when above 0), as ``best`` holds it; ValueError with the reason when the layout yields none."""
@@ -334,6 +344,7 @@ def plan_of_layout(
         prefix_hit_rate=prefix_hit_rate,
         speculative=speculative,
         spec_acceptance=spec_acceptance,
+        launch=launch,
     )
     for c in result.ranked:
         if c.prefill_replicas == prefill_replicas:

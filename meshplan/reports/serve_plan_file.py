@@ -20,6 +20,7 @@ from meshplan.core.serving.search import Objective, Targets
 from meshplan.core.serving.shape import Quant, ServeLayout
 from meshplan.exports import check_model_path
 from meshplan.reports.serve import resolve, serving_band_text
+from meshplan.reports.serve_band import band_family
 from meshplan.reports.serve_plan import PARETO_SHOWN, WEIGHT_DTYPES, layouts, plan_of_layout
 from meshplan.reports.serve_setup import ENGINE_SOURCES
 from meshplan.spec import requests
@@ -47,6 +48,7 @@ FILE_KEYS = (
     "disaggregate_searched",
     "concurrency_total",
     "engine_source",
+    "launch",
     "uncertainty",
     "weights_dtypes_searched",
     "prefix_hit_rate",
@@ -98,6 +100,9 @@ class SavedServingPlan:
     max_model_len: int
     """Prompt and output tokens together."""
     predicted: Mapping[str, float] = field(default_factory=dict)
+    launch: str = "cudagraph"
+    """How the plan was timed launching its kernels (serve-plan --launch): eager plans export an engine's eager
+    switch."""
 
 
 class _Reader:
@@ -221,15 +226,16 @@ def serving_plan_of(data: Any, label: str) -> SavedServingPlan:
         where, ch = found
         raise ValueError(f"{label}: {where} holds the control character {ch!r}; a plan file holds none")
     r = _Reader(label)
-    data = {"engine_source": "flag"} | data
+    data = {"engine_source": "flag", "launch": "cudagraph"} | data  # saved before they were written
     r.table(data, FILE_KEYS, "the file")
     spec, gpu = _fleet(r, data)
     request = _request(r, data)
     best = r.plan(data["best"], "best")
     _listings(r, data, best)
     plan = _recomputed(r, data, best, spec=spec, gpu=gpu, request=request)
+    family = band_family(request["engine"], request["launch"])
     if not isinstance(data["uncertainty"], str) or data["uncertainty"] != serving_band_text(
-        spec, engine=request["engine"], gpu=gpu.name, stated=data["engine_source"] == "flag"
+        spec, engine=family, gpu=gpu.name, stated=data["engine_source"] == "flag"
     ):
         raise r.fail("uncertainty", "is not the serving band serve-plan states for this model")
     _searched(r, data, best)
@@ -309,6 +315,7 @@ def _request(r: _Reader, data: dict[str, Any]) -> dict[str, Any]:
         "objective": objective,
         "concurrency": None if concurrency is None else float(concurrency),
         "engine": data["engine"],
+        "launch": r.schema("launch", data["launch"], "launch"),
     }
 
 
@@ -377,6 +384,7 @@ def _recomputed(
             quant=lay["quant"],
             engine=request["engine"],
             context=context,
+            launch=request["launch"],
         )
     except ValueError as exc:
         raise r.fail("best.layout", f"cannot be served: {exc}") from None
@@ -405,4 +413,5 @@ def _recomputed(
         batch_cap_per_replica=computed["batch_cap_per_replica"],
         max_model_len=context,
         predicted={key: float(computed[key]) for key in PREDICTED_KEYS},
+        launch=request["launch"],
     )

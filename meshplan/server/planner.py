@@ -211,6 +211,7 @@ async def serve_plan(
         "prefix_hit_rate": plan["prefix_hit_rate"],
         "speculative": plan["speculative"],
         "spec_acceptance": plan["spec_acceptance"],
+        "launch": plan["launch"],
     }
     key = ("serve-plan", _model_key(model), *sorted((k, repr(v)) for k, v in kwargs.items()))
     gate: SearchGate = request.app.state.searches

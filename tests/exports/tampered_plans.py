@@ -230,9 +230,16 @@ def _tp_with_gpus(tp: int) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+DEFAULTED_BAD: dict[Path, dict[str, Any]] = {("launch",): STR_BAD | {"unknown": "graphs"}}
+"""Fields a file saved before they were written may leave out (read as their default), but not hold wrong."""
+
+
 def tampered(plan: dict[str, Any]) -> dict[str, str]:
     """name -> text of a tampered copy of ``plan`` (a ``serve-plan --save`` file, parsed)."""
     out: dict[str, dict[str, Any] | str] = {}
+    for path, values in DEFAULTED_BAD.items():
+        for kind, value in values.items():
+            out[f"{'.'.join(map(str, path))} {kind}"] = _edit(plan, _set(path, value))
     for path, values in FIELD_BAD.items():
         where = ".".join(map(str, path))
         for kind, value in values.items():
