@@ -30,7 +30,7 @@ settings.load_profile(os.environ.get("MESHPLAN_HYPOTHESIS_PROFILE", "meshplan"))
 
 @pytest.fixture(scope="session")
 def validation_report() -> dict:
-    """`meshplan validate` over every source, computed once a session (about a minute on 2 cores): the golden
+    """`meshplan validate` over every source, computed once a session (about 9 s of CPU): the golden
     targets read it, and the CLI's table test renders it."""
     from meshplan.validation.training import validate
 
