@@ -290,3 +290,36 @@ def test_the_serving_view_keeps_its_inputs_and_gives_its_command(page: Any) -> N
     export = json.loads(Path(got.value.path()).read_text())
     layout = shown["best"]["layout"]
     assert export["engine"] == "vllm" and f"--tensor-parallel-size {layout['tp']}" in export["command"]
+
+
+def test_the_serving_view_plans_kernels_launched_op_by_op_as_the_cli_does(page: Any) -> None:
+    """Kernels op by op: the command carries --launch eager and gives the page's plan, the step bar sums to the
+    step, and the vLLM export of that plan launches with --enforce-eager."""
+    import contextlib
+    import io
+    import shlex
+
+    from meshplan.cli import main
+
+    page.goto(f"{page.base}/#serving?model=llama-3.1-8b&gpus=2&output_len=128&engine=vllm")
+    page.wait_for_selector("body[data-ready]")
+    page.wait_for_selector("#sv-command")
+    page.select_option("#sv-form select[name=launch]", "eager")
+    page.wait_for_function("() => document.querySelector('#sv-command')?.textContent.includes('--launch eager')")
+    page.wait_for_selector("#sv-results[aria-busy='false']")
+    page.wait_for_selector("#sv-steps #sv-step")
+    command = page.inner_text("#sv-command")
+    with page.expect_download() as got:
+        page.click("#sv-json")
+    shown = json.loads(Path(got.value.path()).read_text())
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(shlex.split(command)[1:])
+    cli = json.loads(out.getvalue())
+    assert cli["launch"] == shown["launch"] == "eager" and cli["best"] == shown["best"]
+    parts = [float(v) for v in page.eval_on_selector_all("#sv-steps rect.phase", "rs => rs.map(r => r.dataset.value)")]
+    assert sum(parts) == pytest.approx(float(page.get_attribute("#sv-step", "data-value") or "nan"), rel=1e-9)
+    page.select_option("#sv-engine", "vllm")
+    with page.expect_download() as got:
+        page.click("#sv-export")
+    assert "--enforce-eager" in json.loads(Path(got.value.path()).read_text())["command"]

@@ -12,6 +12,7 @@ const PHASES = [
   ["compute_s", "compute", "#59a14f"],
   ["communication_s", "communication", "#f28e2b"],
   ["overhead_s", "overhead", "#bab0ac"],
+  ["host_wait_s", "host wait (kernels launched op by op)", "#c8383b"],
 ];
 let last = null;
 let ctx = null;
@@ -36,6 +37,7 @@ async function update() {
   const params = {
     model: v.model, gpu: v.gpu, gpus: v.gpus, input_len: v.input_len, output_len: v.output_len,
     ttft_p99: v.ttft_p99 || null, tpot_p99: v.tpot_p99 || null, engine: v.engine, top: 5,
+    launch: v.launch === "cudagraph" ? null : v.launch,
   };
   try {
     const r = await tracked($("#sv-results"), async () => {
@@ -54,7 +56,8 @@ async function update() {
           `tp${best.layout.tp}-pp${best.layout.pp}${best.layout.ep > 1 ? `-ep${best.layout.ep}` : ""}-dp${best.replicas}-seqs${best.batch_cap_per_replica}`),
         // --engine always written: the form always states one, and the CLI widens the band of an unstated engine
         command: cliCommand("serve-plan", [v.model], [["gpu", v.gpu], ["gpus", v.gpus], ["input_len", v.input_len],
-          ["output_len", v.output_len], ["ttft_p99", v.ttft_p99], ["tpot_p99", v.tpot_p99], ["engine", v.engine], ["top", 5]]),
+          ["output_len", v.output_len], ["ttft_p99", v.ttft_p99], ["tpot_p99", v.tpot_p99], ["engine", v.engine], ["top", 5],
+          ["launch", v.launch, "cudagraph"]]),
       });
       await breakdown(answer, v);
       return answer;
@@ -124,18 +127,20 @@ async function breakdown(r, v) {
     model: v.model, gpu: v.gpu, gpus: b.gpus, input_len: v.input_len, output_len: v.output_len, engine: v.engine,
     concurrency: b.batch_cap_per_replica * b.replicas, tp: l.tp, pp: l.pp, ep: l.ep, dp_attention: l.dp_attention,
     replicas: b.replicas, weights_dtype: l.weights_dtype, kv_dtype: l.kv_dtype, quant: l.quant,
+    launch: r.launch === "cudagraph" ? null : r.launch,
   });
   const total = PHASES.reduce((acc, [k]) => acc + s.step_s[k], 0);
+  const shown = PHASES.filter(([key]) => key !== "host_wait_s" || s.step_s[key] > 0); // the wait only where it is one
   const W = chartWidth($("#sv-steps")), H = 46;
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "one decode step by phase" });
   let at = 0;
-  for (const [key, label, color] of PHASES) {
+  for (const [key, label, color] of shown) {
     const w = (W - 2) * (s.step_s[key] / total);
     root.append(svg("rect", { x: 1 + at, y: 4, width: Math.max(w, 0), height: H - 8, fill: color, class: "phase", "data-phase": key, "data-value": s.step_s[key] },
       svg("title", { text: `${label}: ${fmtSeconds(s.step_s[key])}` })));
     at += w;
   }
-  const keys = PHASES.map(([key, label, color]) => el("span", { class: "legend-row" }, el("i", { class: "swatch", style: `background:${color}` }), `${label} ${fmtSeconds(s.step_s[key])}`));
+  const keys = shown.map(([key, label, color]) => el("span", { class: "legend-row" }, el("i", { class: "swatch", style: `background:${color}` }), `${label} ${fmtSeconds(s.step_s[key])}`));
   $("#sv-steps").replaceChildren(
     el("p", { id: "sv-step", "data-value": total, text: `One engine step ${fmtSeconds(total)} at ${fmtInt(s.batch_per_replica)} sequences per replica, the steps that carry a prompt included.` }),
     el("p", { id: "sv-tpot", "data-value": s.tpot_s, text: `A request's TPOT ${fmtSeconds(s.tpot_s)} (p99 ${fmtSeconds(s.tpot_s_p99)}): the step that ran its own prompt counts in its TTFT (p99 ${fmtSeconds(s.ttft_s_p99)}), not in its intervals.` }),
