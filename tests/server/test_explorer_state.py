@@ -6,6 +6,7 @@ configuration. Skipped when playwright or chromium is missing, as the other brow
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -261,25 +262,12 @@ def test_the_planner_keeps_layouts_an_engine_runs_and_exports_them(page: Any) ->
 
 
 def test_the_serving_view_keeps_its_inputs_and_gives_its_command(page: Any) -> None:
-    import contextlib
-    import io
-    import shlex
-
-    from meshplan.cli import main
-
     page.goto(f"{page.base}/#serving?gpus=4&output_len=128")
     page.wait_for_selector("body[data-ready]")
     page.wait_for_selector("#sv-command")
     assert page.input_value("#sv-form input[name=gpus]") == "4"
-    command = page.inner_text("#sv-command")
+    command, shown, cli = _shown_and_run(page, "sv")
     assert "--gpus 4" in command and "--output-len 128" in command and "--engine trtllm" in command
-    with page.expect_download() as got:
-        page.click("#sv-json")
-    shown = json.loads(Path(got.value.path()).read_text())
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        main(shlex.split(command)[1:])
-    cli = json.loads(out.getvalue())
     assert cli["best"] == shown["best"]
     # the form states its engine: the command says so, and its band is the page's (no unstated engine's widening)
     assert cli["uncertainty"] == shown["uncertainty"] and cli["engine_source"] == shown["engine_source"] == "flag"
@@ -295,12 +283,6 @@ def test_the_serving_view_keeps_its_inputs_and_gives_its_command(page: Any) -> N
 def test_the_serving_view_plans_kernels_launched_op_by_op_as_the_cli_does(page: Any) -> None:
     """Kernels op by op: the command carries --launch eager and gives the page's plan, the step bar sums to the
     step, and the vLLM export of that plan launches with --enforce-eager."""
-    import contextlib
-    import io
-    import shlex
-
-    from meshplan.cli import main
-
     page.goto(f"{page.base}/#serving?model=llama-3.1-8b&gpus=2&output_len=128&engine=vllm")
     page.wait_for_selector("body[data-ready]")
     page.wait_for_selector("#sv-command")
@@ -308,14 +290,7 @@ def test_the_serving_view_plans_kernels_launched_op_by_op_as_the_cli_does(page: 
     page.wait_for_function("() => document.querySelector('#sv-command')?.textContent.includes('--launch eager')")
     page.wait_for_selector("#sv-results[aria-busy='false']")
     page.wait_for_selector("#sv-steps #sv-step")
-    command = page.inner_text("#sv-command")
-    with page.expect_download() as got:
-        page.click("#sv-json")
-    shown = json.loads(Path(got.value.path()).read_text())
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        main(shlex.split(command)[1:])
-    cli = json.loads(out.getvalue())
+    _, shown, cli = _shown_and_run(page, "sv")
     assert cli["launch"] == shown["launch"] == "eager" and cli["best"] == shown["best"]
     parts = [float(v) for v in page.eval_on_selector_all("#sv-steps rect.phase", "rs => rs.map(r => r.dataset.value)")]
     assert sum(parts) == pytest.approx(float(page.get_attribute("#sv-step", "data-value") or "nan"), rel=1e-9)
@@ -323,3 +298,19 @@ def test_the_serving_view_plans_kernels_launched_op_by_op_as_the_cli_does(page: 
     with page.expect_download() as got:
         page.click("#sv-export")
     assert "--enforce-eager" in json.loads(Path(got.value.path()).read_text())["command"]
+
+
+def _shown_and_run(page: Any, bar: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The bar's command, the answer the page downloads, and what that command prints when the CLI runs it."""
+    import shlex
+
+    from meshplan.cli import main
+
+    command = page.inner_text(f"#{bar}-command")
+    with page.expect_download() as got:
+        page.click(f"#{bar}-json")
+    shown = json.loads(Path(got.value.path()).read_text())
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(shlex.split(command)[1:])
+    return command, shown, json.loads(out.getvalue())
