@@ -59,26 +59,26 @@ def _torch(seq: int, batch: int) -> Workload:
 
 
 CASES = {
-    "dense, Megatron": ("llama-3.1-8b", "h100-sxm", 64, Workload(seq_len=8192, global_batch=256)),
-    "dense, PyTorch FSDP2": ("llama-3.1-8b", "h100-sxm", 64, _torch(8192, 256)),
-    "MoE, folded experts": ("mixtral-8x7b", "h200", 64, Workload(seq_len=4096, global_batch=512)),
-    "MoE, PyTorch": ("mixtral-8x7b", "h200", 32, _torch(4096, 128)),
+    "dense, Megatron": ("llama-3.1-8b", "h100-sxm", 32, Workload(seq_len=8192, global_batch=256)),
+    "dense, PyTorch FSDP2": ("llama-3.1-8b", "h100-sxm", 32, _torch(8192, 256)),
+    "MoE, folded experts": ("mixtral-8x7b", "h200", 32, Workload(seq_len=4096, global_batch=512)),
+    "MoE, PyTorch": ("mixtral-8x7b", "h200", 16, _torch(4096, 128)),
     "dense, torchtitan's conditions": (
         "llama-3.1-8b",
         "h100-sxm",
-        64,
+        32,
         dataclasses.replace(_torch(8192, 256), conditions=Conditions(fsdp_copies=True, repeat_kv=True)),
     ),
     "dense, Megatron with FSDP2's copies": (
         "llama-3.1-8b",
         "h100-sxm",
-        64,
+        32,
         Workload(seq_len=8192, global_batch=256, conditions=Conditions(fsdp_copies=True)),
     ),
     "LoRA, no sync": (
         "llama-3.1-70b",
         "a100-80gb",
-        32,
+        16,
         Workload(
             seq_len=4096,
             global_batch=64,

@@ -175,7 +175,7 @@ def test_pareto_front_is_minimal() -> None:
 
 @pytest.mark.parametrize(
     ("name", "gpus", "seq", "batch"),
-    [("llama-3.1-70b", 64, 8192, 64), ("deepseek-v3", 256, 4096, 512), ("megatron-22b", 64, 2048, 256)],
+    [("llama-3.1-70b", 64, 8192, 64), ("deepseek-v3", 128, 4096, 512), ("megatron-22b", 64, 2048, 256)],
 )
 def test_dropping_a_layout_at_its_first_stage_over_budget_keeps_every_verdict_and_bill(
     name: str, gpus: int, seq: int, batch: int
