@@ -40,16 +40,12 @@ def _max_per_gpu(r: dict[str, Any]) -> str:
 
 def _engine(r: dict[str, Any]) -> str:
     """The engine predicted, and whether it was stated (``engine_source``)."""
-    launch = r.get("launch", "cudagraph")
-    return (
-        r["engine"]
-        + (", no engine stated" if r.get("engine_source") == "default" else "")
-        + (
-            ""
-            if launch == "cudagraph"
-            else f", kernels launched {'eagerly' if launch == 'eager' else 'by torch.compile'}"
-        )
-    )
+    unstated = ", no engine stated" if r.get("engine_source") == "default" else ""
+    return r["engine"] + unstated + LAUNCHED.get(r.get("launch", "cudagraph"), "")
+
+
+LAUNCHED = {"eager": ", kernels launched eagerly", "compile": ", kernels launched by torch.compile"}
+"""What the head line adds for a launch mode other than the engines' default CUDA graphs."""
 
 
 def serve_table(r: dict[str, Any]) -> str:

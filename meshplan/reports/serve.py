@@ -118,14 +118,14 @@ def serve_report(
 ) -> dict[str, Any]:
     """``meshplan serve``: TTFT, TPOT, throughput per GPU and per user, and where a step's time goes.
 
-        ``disaggregate`` = "P:D" splits the GPUs into a prefill pool of P and a decode pool of D, each made of
-        replicas of the given layout. ``batch`` = N times a static batch of N prompts instead of a load
-        (core/serving/static.py); ``kv_dtype`` and ``int4_group_size`` left out are the engine's, and the report lists
-        every default it applied; ``price_per_gpu_hour`` adds the cost per million output tokens. ``speculative`` =
-        "METHOD:K" drafts K tokens a step, accepted each with ``spec_acceptance`` (core/serving/speculative.py);
-        ``prefix_hit_rate`` is the share of each prompt the prefix cache holds (the load model only); ``launch`` "eager"
-    or "compile" puts each forward under the host floor (core/serving/phases.py). ``engine`` left
-        out is TensorRT-LLM's constants, ``engine_source`` "default", the band widened as for an unseen engine."""
+    ``disaggregate`` = "P:D" splits the GPUs into a prefill pool of P and a decode pool of D, each made of
+    replicas of the given layout. ``batch`` = N times a static batch of N prompts instead of a load
+    (core/serving/static.py); ``kv_dtype`` and ``int4_group_size`` left out are the engine's, and the report lists
+    every default it applied; ``price_per_gpu_hour`` adds the cost per million output tokens. ``speculative`` =
+    "METHOD:K" drafts K tokens a step, accepted each with ``spec_acceptance`` (core/serving/speculative.py);
+    ``prefix_hit_rate`` is the share of each prompt the prefix cache holds (the load model only); ``launch``
+    "eager" or "compile" puts each forward under the host floor (core/serving/phases.py). ``engine`` left out is
+    TensorRT-LLM's constants, ``engine_source`` "default", the band widened as for an unseen engine."""
     loads = {"--concurrency": concurrency, "--rate": rate, "--num-requests": num_requests, "--batch": batch}
     given = [flag for flag, value in loads.items() if value is not None]
     if batch is not None and len(given) > 1:
