@@ -36,6 +36,7 @@ from meshplan.validation.serving_typed import (
     TYPED_KINDS,
     ideal_setup,
     predict_typed,
+    stated_elsewhere,
     typed_metric_class,
     typed_setup,
 )
@@ -329,8 +330,9 @@ def typed_rows(row: dict[str, Any], *, kv_dtype: str | None = None) -> list[Row]
         beyond = _beyond(metric, measured, roofline)
         if beyond:
             status, reason = "physics", beyond
-        elif row["clean"] or source in TYPED_BY_DEFAULTS:
-            status, reason = "ok", TYPED_BY_DEFAULTS.get(source, "")
+        elif row["clean"] or source in TYPED_BY_DEFAULTS:  # the reason: what serve filled in, what was read elsewhere
+            why = (TYPED_BY_DEFAULTS.get(source, ""), stated_elsewhere(source)[1])
+            status, reason = "ok", "; ".join(w for w in why if w)
         else:
             status, reason = "unclean", "; ".join(row.get("missing", []))
         out.append(Row(**base, predicted=predicted, roofline=roofline, status=status, reason=reason))

@@ -56,6 +56,12 @@ STATED_ELSEWHERE = {
 """Conditions a source's own publication states beside its data file (the shared file's row leaves them out), as
 ``serve`` flags, with where each is stated: a user reading that publication types them."""
 
+
+def stated_elsewhere(source_id: str) -> tuple[dict[str, str], str]:
+    """The ``serve`` flags a source's publication states beyond its data file, and where (none: empty)."""
+    return STATED_ELSEWHERE.get(source_id, ({}, ""))
+
+
 ENGINE_FLAGS = {"tensorrt-llm": "trtllm", "vllm": "vllm", "sglang": "sglang", "gpt-fast": "gpt-fast"}
 """The ``--engine`` a user types for an engine a source names (by the start of its name, lowercased)."""
 
@@ -63,7 +69,7 @@ ENGINE_FLAGS = {"tensorrt-llm": "trtllm", "vllm": "vllm", "sglang": "sglang", "g
 def stated_engine_flag(row: dict[str, Any]) -> str | None:
     """The row's ``--engine``: None where its source states no engine (the shared file lists the engine among what
     the row leaves unstated: ``missing``)."""
-    elsewhere = STATED_ELSEWHERE.get(row["source"]["id"], ({}, ""))[0]
+    elsewhere, _ = stated_elsewhere(row["source"]["id"])
     if "engine" in elsewhere:
         return str(elsewhere["engine"])
     if any(m.startswith("engine") for m in row.get("missing", [])):
@@ -97,7 +103,7 @@ def typed_flags(row: dict[str, Any], *, kv_dtype: str | None = None) -> dict[str
     engine = stated_engine_flag(row)
     if engine is not None:
         flags["engine"] = engine
-    launch = STATED_ELSEWHERE.get(row["source"]["id"], ({}, ""))[0].get("launch")
+    launch = stated_elsewhere(row["source"]["id"])[0].get("launch")
     if launch is not None:
         flags["launch"] = launch
     if row["kind"] == "phase_latency_profile":
