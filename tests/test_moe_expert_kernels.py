@@ -5,6 +5,8 @@ local expert (token_dispatcher.py ``sort_chunks_by_idxs``), the experts' shapes 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from compute_setups import gpu_setup
 
@@ -83,14 +85,12 @@ def test_expert_weight_gradients_contract_over_the_expert_tokens() -> None:
     depth m the rows it received. The layer's weight-gradient time is the forward GEMMs' with each expert GEMM
     replaced by that shape's time (512 rows: depth 512 instead of 4,096 or 1,536)."""
     setup, lt = _layer(tp=4, ep=8, etp=1)
-    gemms = mlp_gemms(QWEN3, tokens=TOKENS, tp=4, ep=8, moe_layer=True, etp=1, sp=True)
-    kwargs = dict(peak_flops=setup.peak_flops, hbm_bytes_per_s=setup.hbm_bytes_per_s, cal=setup.cal, act_bytes=2.0)
+    experts, kwargs = _expert_gemms(setup)
     shift = 0.0
-    for g in gemms:
-        if g.name.startswith("expert_"):
-            transposed = type(g)(name=g.name, m=g.k, n=g.n, k=g.m, count=g.count)
-            assert transposed.k == 512
-            shift += gemm_time(transposed, **kwargs) - gemm_time(g, **kwargs)  # type: ignore[arg-type]
+    for g in experts:
+        transposed = _weight_gradient(g)
+        assert transposed.k == 512
+        shift += gemm_time(transposed, **kwargs) - gemm_time(g, **kwargs)
     assert shift > 0  # the shallower contraction runs further from the plateau
     assert lt.weight_grad_s == pytest.approx(lt.gemm_s + shift, rel=1e-12)
 
@@ -125,15 +125,12 @@ def test_expert_weight_gradients_fused_into_fp32_main_grads_read_and_write_them(
     fused = gpu_setup(accumulate_bytes=8.0)
     lt = layer_time(QWEN3, setup=fused, tokens=TOKENS, seq_len=4096, tp=4, sp=True, ep=8, etp=1, moe_layer=True)
     plain_setup, plain = _layer(tp=4, ep=8, etp=1)
-    gemms = mlp_gemms(QWEN3, tokens=TOKENS, tp=4, ep=8, moe_layer=True, etp=1, sp=True)
-    kwargs = dict(peak_flops=fused.peak_flops, hbm_bytes_per_s=fused.hbm_bytes_per_s, cal=fused.cal, act_bytes=2.0)
+    experts, kwargs = _expert_gemms(fused)
     want = 0.0
-    for g in gemms:
-        if g.name.startswith("expert_"):
-            wgrad = gemm_time(type(g)(name=g.name, m=g.k, n=g.n, k=g.m, count=g.count), **kwargs)  # type: ignore[arg-type]
-            traffic = (2 * (g.k * g.m + g.m * g.n) + 8 * g.k * g.n) * g.count / fused.hbm
-            want += max(wgrad, traffic) - gemm_time(g, **kwargs)  # type: ignore[arg-type]
-    up = next(g for g in gemms if g.name == "expert_up")
+    for g in experts:
+        traffic = (2 * (g.k * g.m + g.m * g.n) + 8 * g.k * g.n) * g.count / fused.hbm
+        want += max(gemm_time(_weight_gradient(g), **kwargs), traffic) - gemm_time(g, **kwargs)
+    up = next(g for g in experts if g.name == "expert_up")
     up_traffic = (2 * (4096 * 512 + 512 * 3072) + 8 * 4096 * 3072) * 16 / fused.hbm
     assert up_traffic > gemm_time(type(up)(name="w", m=4096, n=3072, k=512, count=16), **kwargs)  # type: ignore[arg-type]
     assert lt.weight_grad_s == pytest.approx(lt.gemm_s + want, rel=1e-12)
@@ -151,3 +148,15 @@ def test_the_zoo_stage_accumulates_in_fp32_under_megatron() -> None:
     on = _evaluate(case, case["layout"])
     off = _evaluate({**case, "grad_accum_fusion": "off"}, case["layout"])
     assert on.step.gpu_layer_s > off.step.gpu_layer_s
+
+
+def _weight_gradient(g: Any) -> Any:
+    """An expert GEMM's weight gradient: its input transposed times the output gradient, (k x m) @ (m x n)."""
+    return type(g)(name=g.name, m=g.k, n=g.n, k=g.m, count=g.count)
+
+
+def _expert_gemms(setup: Any) -> tuple[list[Any], dict[str, Any]]:
+    """The expert GEMMs of a Qwen3 MoE layer at TP 4 x EP 8 (folded, SP), and ``gemm_time``'s other arguments."""
+    gemms = mlp_gemms(QWEN3, tokens=TOKENS, tp=4, ep=8, moe_layer=True, etp=1, sp=True)
+    kwargs = dict(peak_flops=setup.peak_flops, hbm_bytes_per_s=setup.hbm_bytes_per_s, cal=setup.cal, act_bytes=2.0)
+    return [g for g in gemms if g.name.startswith("expert_")], kwargs
