@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from meshplan import io
 from meshplan.core.serving.load import BatchLimit, Requests, capacity, load_point, step_at, ttft_s
 from meshplan.core.serving.phases import pipeline_factor
 from meshplan.reports.serve import resolve, serve_report
@@ -230,3 +231,33 @@ def test_each_source_held_out_of_the_band_mostly_falls_inside_it() -> None:
     assert len(hits) == len(counted) and sum(hits.values()) >= 0.8 * len(counted)
     moe = [ok for r in counted if r.metric_class == "throughput-moe" for ok in [hits[r.case, r.metric]]]
     assert len(moe) == 16 and all(moe)
+
+
+def test_the_band_under_poisson_arrivals_is_the_load_on_a_slower_machine() -> None:
+    """Every time r times longer is the model's own machine at r times the rate, its times r times longer: the P90
+    of each figure under an open loop is r_90 x the figure served at R r_90 (so it saturates where R r_90 is more
+    than the replica serves), its P10 r_10 x the figure at R r_10; a closed loop keeps its users and scales by r."""
+    kw = {"gpu": "h100-sxm", "gpus": 8, "tp": 2, "replicas": 4, "engine": "trtllm", "weights_dtype": "fp8"}
+    kw |= {"max_batch": 1024, "max_num_tokens": 4096, "input_len": 222, "output_len": 290}
+    r = serve_report("llama-2-70b", **kw, rate=75.0)  # type: ignore[arg-type]
+    held = io.serving_held_out_band()
+    dec, pre = (band_for(held, c, engine="trtllm", gpu="h100-sxm", moe=False, mla=False) for c in ("decode", "prefill"))
+    lo, hi, plo, phi = dec.lo, dec.hi, pre.lo, pre.hi
+    slow, fast = (serve_report("llama-2-70b", **kw, rate=75.0 * x) for x in (hi, lo))  # type: ignore[arg-type]
+    assert r["load_band"]["tpot_s_p99"] == pytest.approx([lo * fast["tpot_s_p99"], hi * slow["tpot_s_p99"]], rel=1e-9)
+    assert [r["tpot_s_p10"], r["tpot_s_p90"]] == r["load_band"]["tpot_s"]
+    assert r["load_band"]["batch_per_replica"] == pytest.approx([fast["batch_per_replica"], slow["batch_per_replica"]])
+    assert slow["saturated"] and r["load_band"]["ttft_s_p99"][1] is None  # 75 x 1.73 requests/s: more than it serves
+    assert serve_report("llama-2-70b", **kw, rate=75.0 * phi)["ttft_s_p99"] is None  # type: ignore[arg-type]
+    assert r["load_band"]["ttft_s_p99"][0] == pytest.approx(
+        plo * serve_report("llama-2-70b", **kw, rate=75.0 * plo)["ttft_s_p99"],
+        rel=1e-9,  # type: ignore[arg-type]
+    )
+    assert r["load_band"]["tpot_s"][0] < lo * r["tpot_s"] < r["tpot_s"] < hi * r["tpot_s"] < r["load_band"]["tpot_s"][1]
+    # an open loop serves what arrives: no more than that at P90, less where the slow machine cannot
+    assert r["tokens_per_s_per_gpu_p90"] == r["tokens_per_s_per_gpu"] > r["tokens_per_s_per_gpu_p10"]
+    closed = serve_report("llama-2-70b", **kw, concurrency=400.0)  # type: ignore[arg-type]
+    for fig, (a, b) in closed["load_band"].items():
+        if fig != "batch_per_replica":
+            ratios = (plo, phi) if fig.startswith("ttft") else (lo, hi)
+            assert [a, b] == pytest.approx([ratios[0] * closed[fig], ratios[1] * closed[fig]], rel=1e-12), fig

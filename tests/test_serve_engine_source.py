@@ -23,6 +23,7 @@ SERVE = {"gpu": "h100-sxm", "gpus": 1, "input_len": 1000, "output_len": 200, "co
 REASON = "no engine stated: TensorRT-LLM's constants, widened as for an unseen engine"
 BAND_KEYS = ("tpot_s_p10", "tpot_s_p90", "ttft_s_unloaded_p10", "ttft_s_unloaded_p90")
 BAND_KEYS += ("tokens_per_s_per_gpu_p10", "tokens_per_s_per_gpu_p90", "band_sources", "band_widened", "uncertainty")
+BAND_KEYS += ("load_band",)
 
 
 def test_no_engine_predicts_trtllms_numbers_with_the_unseen_engine_band() -> None:

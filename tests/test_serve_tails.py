@@ -78,12 +78,40 @@ def test_p99_above_p50_and_rising_with_the_rate() -> None:
 
 
 def test_tails_diverge_near_saturation() -> None:
-    """The batch and TTFT p99 grow without bound as the rate nears what the replica serves; past it, saturated."""
+    """The batch grows without bound as the rate nears what the replica serves, TPOT and TTFT with its step; past
+    it, saturated (the queue for a batch slot grows without bound)."""
     top = _rate(1.0)["max_tokens_per_s_per_gpu"] / SERVE["output_len"]  # requests/s at the cap's throughput
     near, nearer, past = _rate(0.85 * top), _rate(0.97 * top), _rate(1.2 * top)
-    assert nearer["ttft_s_p99"] > 3 * near["ttft_s_p99"]
     assert nearer["batch_per_replica"] > 1.5 * near["batch_per_replica"]
+    assert nearer["tpot_s"] > 1.2 * near["tpot_s"] and nearer["ttft_s_p99"] > 1.2 * near["ttft_s_p99"]
     assert past["saturated"] and past["ttft_s_p99"] is None
+
+
+def test_short_prompts_share_the_step_budget_without_queueing() -> None:
+    """Where what is left of max_num_tokens holds c whole prompts a step, the budget is c servers: prompts that
+    ride in every step (one or two a step against c = 17) wait for none of it; one prompt as long as the budget
+    is one server busy the share of the time the steps carry it, the M/D/1 of TensorRT-LLM's scheduler
+    (docs/formulas.md)."""
+    kw = {"gpu": "h100-sxm", "gpus": 8, "tp": 2, "replicas": 4, "engine": "trtllm", "weights_dtype": "fp8"}
+    setup = resolve("llama-2-70b", **kw, context=222 + 290, max_num_tokens=4096)  # type: ignore[arg-type]
+    m, sh, hw, lay = setup.model, setup.shape, setup.hw, setup.layout
+    req = Requests(input_len=222, output_len=290, rate_per_s=18.8, max_batch=1024)
+    b = 200.0
+    step = step_at(m, sh, hw, lay, req, batch=b)
+    q = prompt_queue(hw, lay, req, step, batch=b)
+    per_step = b * 222 / 290 / 222  # prompts arriving a step: b I / O tokens, I each
+    slots = (4096 - b) // 222
+    rho = per_step * float(step.carrying.total_s) / float(step.total_s) / slots
+    assert slots == 17 and q.wait_share == pytest.approx(rho ** (math.sqrt(2 * (slots + 1)) - 1), rel=1e-9)
+    assert q.wait_s_p99 == 0.0 and q.wait_s_p50 < 1e-6  # no prompt waits at p99
+    long = Requests(input_len=3800, output_len=290, rate_per_s=1.0, max_batch=1024)
+    b = 20.0
+    step = step_at(m, sh, hw, lay, long, batch=b)
+    q = prompt_queue(hw, lay, long, step, batch=b)  # 3,800 tokens of the 4,076 left: one prompt a step
+    rho = float(step.share) * float(step.carrying.total_s) / float(step.total_s)
+    service = float(step.carrying.total_s)
+    assert q.wait_share == pytest.approx(rho, rel=1e-9)
+    assert q.wait_s_p50 == pytest.approx(rho * service / (2 * (1 - rho)), rel=1e-9)  # M/D/1's mean wait
 
 
 def test_the_open_loop_batch_is_littles_law() -> None:

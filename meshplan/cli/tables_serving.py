@@ -62,10 +62,10 @@ def serve_table(r: dict[str, Any]) -> str:
         ("TPOT mean", seconds(r["tpot_s"]), _band(r, "tpot_s")),
     ]
     if "tpot_s_p99" in r:
-        rows[0] = ("TTFT p50/p99/mean", rows[0][1] + f" / {_opt_s(r['ttft_s_mean'])}", "")
+        rows[0] = ("TTFT p50/p99/mean", rows[0][1] + f" / {_opt_s(r['ttft_s_mean'])}", _load_band(r, "ttft_s_p99"))
         rows += [
-            ("TPOT p50 / p99", f"{seconds(r['tpot_s_p50'])} / {seconds(r['tpot_s_p99'])}", ""),
-            ("ITL p99 (one token)", seconds(r["itl_s_p99"]), ""),
+            ("TPOT p50 / p99", f"{seconds(r['tpot_s_p50'])} / {seconds(r['tpot_s_p99'])}", _load_band(r, "tpot_s_p99")),
+            ("ITL p99 (one token)", seconds(r["itl_s_p99"]), _load_band(r, "itl_s_p99")),
         ]
     rows += [
         ("tokens/s per GPU", f"{r['tokens_per_s_per_gpu']:,.0f}" + _max_per_gpu(r), rate_band),
@@ -133,6 +133,14 @@ def _default(r: dict[str, Any], setting: str) -> str:
 
 def _band(r: dict[str, Any], key: str) -> str:
     return f"{seconds(r[f'{key}_p10'])} - {seconds(r[f'{key}_p90'])}"
+
+
+def _load_band(r: dict[str, Any], key: str) -> str:
+    """The P10-P90 of a figure under load (the p99 where a row shows several): the band of its last number."""
+    if key not in r.get("load_band", {}):
+        return ""
+    lo, hi = r["load_band"][key]
+    return f"p99 {_opt_s(lo)} - {_opt_s(hi)}"
 
 
 def _serve_memory(r: dict[str, Any]) -> list[tuple[str, str]]:

@@ -94,10 +94,41 @@ def _validate_serving(r: dict[str, Any]) -> str:
                 ["metric", *SERVING_AXES],
             ),
             "",
+            *_under_load(r["under_load"]),
+            "",
             "not fitted:",
             *notes,
         ]
     )
+
+
+def _under_load(u: dict[str, Any]) -> list[str]:
+    """The figures under Poisson arrivals (MLPerf Server rows): published, predicted, the band, inside or not."""
+
+    def ms(x: float | None) -> str:
+        return "saturated" if x is None else f"{1e3 * x:,.1f}"
+
+    rows = [
+        (
+            f["case"],
+            f["figure"],
+            ms(f["measured_s"]),
+            ms(f["predicted_s"]),
+            "" if f["error"] is None else f"{100 * f['error']:+.0f}%",
+            f"{ms(f['band_s'][0])} - {ms(f['band_s'][1])}",
+            "yes" if f["inside"] else "no",
+        )
+        for f in u["figures"]
+        if f["figure"].endswith("_p99")
+    ]
+    err = u["p99_mean_abs_error"]
+    return [
+        f"under Poisson arrivals near capacity, p99 in ms ({u['source']}; nothing set on these rows):",
+        table(rows, ["case", "figure", "published", "predicted", "error", "P10-P90 printed", "inside"]),
+        f"mean |error| at p99: TTFT {percent(err['ttft'])}, TPOT {percent(err['tpot'])} (target "
+        f"{percent(u['target_p99'])}: {'ok' if u['ok'] else 'FAIL'}); every figure (p50, p99, mean) inside the band "
+        f"serve prints: {percent(u['inside_band'])}",
+    ]
 
 
 SERVING_AXES = ("engine", "gpu", "moe", "mla")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 from meshplan import io
@@ -195,6 +196,8 @@ def serve_report(
         return out | serving_band(out, setup) | serve_cost(out, price_per_gpu_hour)
     pt = load_point(setup.model, setup.shape, setup.hw, setup.layout, req)
     out = head | point_dict(setup, req, pt) | {"calibration_source": setup.hw.cal.source}
+    slower = _slower_machine(setup, req, pt)
+    out["warnings"] = [*out["warnings"], *_near_capacity(pt, req)]
     if spec is not None:
         out["speculative"] = spec_dict(setup, req, pt)
     if prefix_hit_rate is not None:
@@ -203,14 +206,78 @@ def serve_report(
         out["offline"] = offline_dict(setup, req, pt, num_requests=num_requests)
     if batch is not None:
         out |= static_dict(setup, req, pt, batch=batch, max_batch=max_batch)
-    return out | serving_band(out, setup) | serve_cost(out, price_per_gpu_hour)
+    return out | serving_band(out, setup, slower=slower) | serve_cost(out, price_per_gpu_hour)
 
 
-def serving_band(point: dict[str, Any], setup: Setup) -> dict[str, Any]:
+def _slower_machine(setup: Setup, req: Requests, pt: LoadPoint) -> Callable[[float], LoadPoint]:
+    """The load point of the same traffic on a machine whose every time is r times the model's, on the model's
+    own clock (its times are then to be multiplied by r). Rescaling time by r turns a Poisson rate R into R r and
+    leaves a closed loop's users (and a static batch) as they are: a closed loop's figures all scale by r, an open
+    loop's are re-solved at R r, where the queue may settle on another batch or grow without bound."""
+    points: dict[float, LoadPoint] = {1.0: pt}
+
+    def at(r: float) -> LoadPoint:
+        if req.rate_per_s is None:
+            return pt
+        if r not in points:
+            faster_rate = dataclasses.replace(req, rate_per_s=req.rate_per_s * r)
+            points[r] = load_point(setup.model, setup.shape, setup.hw, setup.layout, faster_rate)
+        return points[r]
+
+    return at
+
+
+NEAR_CAPACITY = 0.8
+"""Share of what a replica serves at its batch cap above which an open loop's figures are said to follow the
+capacity's error: at 80%, a machine 10% slower than predicted runs at 88% (the batch in flight about doubles)."""
+
+
+def _near_capacity(pt: LoadPoint, req: Requests) -> list[str]:
+    """A warning where Poisson arrivals take most of what a replica serves (none in a closed loop or a batch)."""
+    if req.rate_per_s is None or pt.saturated:
+        return []
+    share = pt.output_tokens_per_s / pt.max_output_tokens_per_s
+    if share < NEAR_CAPACITY:
+        return []
+    return [
+        f"the arrivals take {share:.0%} of what a replica serves at its batch cap: the sequences in flight, and "
+        "with them TPOT and TTFT, follow a few percent of error in the step as many times that (see their P10-P90)"
+    ]
+
+
+LOAD_FIGURES = {
+    "decode": ("tpot_s", "tpot_s_p50", "tpot_s_p99", "itl_s_p99"),
+    "prefill": ("ttft_s_p50", "ttft_s_p99", "ttft_s_mean"),
+}
+"""The figures under load each class's band spans: TPOT's by the decode rows, TTFT's by the prefill rows."""
+
+
+def load_band(slower: Callable[[float], LoadPoint], bands: dict[str, Band]) -> dict[str, list[float | None]]:
+    """P10 and P90 of each figure under load: the figure on a machine P10 and P90 times the model's speed (the
+    class's measured over predicted time), the queue re-solved there (``_slower_machine``); None where that machine
+    cannot keep up with the arrivals (the queue, and so the TTFT, grows without bound). The batch in flight spans
+    with the decode rows' ends."""
+    out: dict[str, list[float | None]] = {}
+    for cls, figures in LOAD_FIGURES.items():
+        ends = [(r, slower(r)) for r in (bands[cls].lo, bands[cls].hi)]
+        for fig in figures:
+            out[fig] = [_seconds(None if getattr(p, fig) is None else r * getattr(p, fig)) for r, p in ends]
+        if cls == "decode":
+            out["batch_per_replica"] = [p.batch for _, p in ends]
+    return out
+
+
+def serving_band(
+    point: dict[str, Any], setup: Setup, *, slower: Callable[[float], LoadPoint] | None = None
+) -> dict[str, Any]:
     """P10-P90 of TPOT, unloaded TTFT and tokens/s per GPU: each figure times the P10 and P90 of measured over
     predicted time on the published serving measurements of its kind, held out by source
     (catalog/serving/held_out.toml; reports/serve_band.py picks the engine family's band and widens it for what no
-    row ran): decode for TPOT, prefill for TTFT, offline throughput (dense or MoE) for tokens/s."""
+    row ran): decode for TPOT, prefill for TTFT, offline throughput (dense or MoE) for tokens/s. With the load
+    point on a slower or faster machine (``slower``, a colocated load), the figures under load take the band of
+    that machine (``load_band``): under Poisson arrivals near what a replica serves, a machine a few percent slower
+    holds many more sequences, or cannot keep up, so these bands are not the figure times a factor; and an open
+    loop serves at most the tokens that arrive."""
     band = io.serving_held_out_band()
     stated = setup.engine_source == "flag"
     engine = band_family(setup.hw.cal.engine, setup.hw.cal.launch.value)
@@ -226,6 +293,15 @@ def serving_band(point: dict[str, Any], setup: Setup) -> dict[str, Any]:
     rate = point["tokens_per_s_per_gpu"]
     out["tokens_per_s_per_gpu_p10"] = rate / bands[kind].hi  # the slow end of the rate
     out["tokens_per_s_per_gpu_p90"] = rate / bands[kind].lo
+    if slower is not None:
+        out["load_band"] = load_band(slower, bands)
+        out["tpot_s_p10"], out["tpot_s_p90"] = out["load_band"]["tpot_s"]
+        arriving = point["rate_per_s_total"]
+        if arriving is not None:  # an open loop serves what arrives (as served here), at most what the machine can
+            served = rate if not point["saturated"] else arriving * point["output_len"] / point["gpus"]
+            most = point["max_tokens_per_s_per_gpu"]
+            out["tokens_per_s_per_gpu_p10"] = min(rate, most / bands[kind].hi)
+            out["tokens_per_s_per_gpu_p90"] = min(served, most / bands[kind].lo)
     out["band_sources"] = {
         "tpot": bands["decode"].sources,
         "ttft": bands["prefill"].sources,

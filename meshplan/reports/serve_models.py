@@ -158,6 +158,9 @@ class ServeReport(TypedDict):
     ttft_s_unloaded_p90: float
     tokens_per_s_per_gpu_p10: float
     tokens_per_s_per_gpu_p90: float
+    load_band: NotRequired[dict[str, list[float | None]]]
+    """P10 and P90 of each figure under load (TTFT and TPOT percentiles, the batch in flight): the load on a machine
+    that much slower or faster, re-solved under Poisson arrivals; None where it cannot keep up (colocated loads)."""
     band_sources: dict[str, int]
     """Sources behind each band (tpot, ttft, tokens_per_s): the engine family's in its class, else the class's."""
     band_widened: list[str]

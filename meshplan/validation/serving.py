@@ -31,6 +31,7 @@ from meshplan.reports.serve import Setup, resolve
 from meshplan.reports.serve_band import band_family
 from meshplan.reports.serve_coverage import row_model, serving_rows
 from meshplan.validation.serving_band import held_out, held_out_band
+from meshplan.validation.serving_load import under_load
 from meshplan.validation.serving_typed import (
     TYPED_BY_DEFAULTS,
     TYPED_KINDS,
@@ -443,4 +444,5 @@ def validate_serving() -> dict[str, Any]:
         **summary,
         "band": held_out_band(rows),
         "all_ok": all(c["ok"] for c in summary["classes"]),
+        "under_load": under_load(),
     }

@@ -276,7 +276,8 @@ class PromptQueue:
     """The wait of a prompt for the step budget that prompts ahead of it hold (mean and p99), and the budget's
     utilization (arrays where the batch is one)."""
 
-    utilization: Num
+    wait_share: Num
+    """The chance a prompt waits for the budget (the utilization where one prompt fills it)."""
     wait_s_p50: Num
     """The mean wait."""
     wait_s_p99: Num
@@ -290,29 +291,39 @@ def prompt_queue(
     hw: Hardware, layout: ServeLayout, req: Requests, step: MixedStep, *, batch: object, users: object = None
 ) -> PromptQueue:
     """Prompts queue for the tokens a step may carry, first come first served: TensorRT-LLM's micro-batch scheduler
-    admits a context request only when its tokens fit in what is left of max_num_tokens and stops at the first
-    that does not (cpp/tensorrt_llm/batch_manager/microBatchScheduler.cpp: 'if (maxNumTokensRuntime &&
-    batchNumTokens + reqNumTokens > maxNumTokensRuntime.value()) break;', chunked context off by default); the
-    chunked-prefill engines (vLLM, SGLang) fill the same budget in arrival order. The budget is a server busy for
-    the carrying steps: utilization rho = share x t_carrying / t (< 1 while the steps are not all carrying), one
-    prompt holding it for S = t_carrying x I / chunk. Arrivals taken as Poisson: M/D/1, mean wait
-    rho S / (2 (1 - rho)), p99 from the exponential tail (P(wait) = rho); a closed loop of C users never holds more
-    than C - 1 prompts ahead (a saturated budget: rho = 1). Arrays of batches (and users) broadcast."""
-    _, chunk, share = _chunks(hw, layout, req, batch)
+    admits a context request only when its tokens fit in what is left of max_num_tokens and stops at the first that
+    does not (cpp/tensorrt_llm/batch_manager/microBatchScheduler.cpp: 'if (maxNumTokensRuntime && batchNumTokens +
+    reqNumTokens > maxNumTokensRuntime.value()) break;', chunked context off by default); the chunked-prefill
+    engines (vLLM, SGLang) fill the same budget in arrival order. What is left of the budget beside the decoding
+    tokens holds c = floor(left / I) whole prompts a step (at least one: a longer prompt runs in chunks over I /
+    chunk steps): c servers, each holding a prompt for S = t_carrying x max(I / chunk, 1), with utilization rho =
+    (prompts a step) x (S / t) / c (for c = 1, the share of the time the steps carry a prompt). Arrivals taken as
+    Poisson, the wait M/D/c: P(wait) = rho^(sqrt(2 (c + 1)) - 1) and the wait, when there is one, exponential with
+    mean S / (2 c (1 - rho)) (Sakasegawa's approximation to M/M/c's queue, halved for a deterministic service; exact
+    M/D/1 at c = 1: mean rho S / (2 (1 - rho))); a closed loop of C users never holds more than C - 1 prompts ahead
+    (a saturated budget: rho = 1). Arrays of batches (and users) broadcast."""
+    b, chunk, share = _chunks(hw, layout, req, batch)
     carrying, mean = np.asarray(step.carrying.total_s, dtype=np.float64), np.asarray(step.total_s, dtype=np.float64)
-    busy = np.asarray(share, dtype=np.float64) * carrying
-    rho = np.where(mean > 0, np.minimum(busy / np.maximum(mean, 1e-30), 1.0), 0.0)
+    decoding = 0.0 if hw.cal.engine in SEPARATE_PREFILL_ENGINES else np.asarray(b, dtype=np.float64) * req.step_tokens
+    left = np.maximum(hw.cal.max_num_tokens - decoding, 1.0)
+    prompt = float(req.prompt_tokens)
+    slots = np.maximum(np.floor(left / prompt), 1.0)
     tokens = np.maximum(np.asarray(chunk, dtype=np.float64), 1e-9)
-    service = pipeline_factor(hw, layout) * carrying * np.minimum(req.prompt_tokens / tokens, 1.0)
+    per_step = np.asarray(share, dtype=np.float64) * tokens / prompt  # prompts arriving a step
+    time_share = np.where(mean > 0, carrying / np.maximum(mean, 1e-30), 0.0)
+    steps = np.maximum(prompt / tokens, 1.0)  # the steps one prompt's chunks take (1: it runs whole)
+    rho = np.minimum(per_step * time_share * steps / slots, 1.0)
+    service = pipeline_factor(hw, layout) * carrying * steps
     cap = np.inf if users is None else np.maximum(np.asarray(users, dtype=np.float64) - 1, 0.0) * service
     free = np.maximum(1 - rho, 1e-12)
-    mean_wait = np.where(rho < 1, rho * service / (2 * free), np.inf)
-    tail = np.where(rho > P99_TAIL, service / (2 * free) * np.log(np.maximum(rho, P99_TAIL) / P99_TAIL), 0.0)
+    waits = np.where(rho > 0, rho ** (np.sqrt(2 * (slots + 1)) - 1), 0.0)
+    scale = np.where(rho < 1, service / (2 * slots * free), np.inf)
+    mean_wait = np.where(rho < 1, waits * scale, np.inf)
+    tail = np.where(waits > P99_TAIL, scale * np.log(np.maximum(waits, P99_TAIL) / P99_TAIL), 0.0)
     tail = np.where(rho < 1, tail, np.inf)
     p50, p99 = np.minimum(mean_wait, cap), np.minimum(tail, cap)
-    scale = np.where(rho < 1, service / (2 * free), np.inf)
-    u, w50, w99, th, c = (np.asarray(x).item() if np.ndim(x) == 0 else x for x in (rho, p50, p99, scale, cap))
-    return PromptQueue(utilization=u, wait_s_p50=w50, wait_s_p99=w99, scale_s=th, cap_s=c)
+    u, w50, w99, th, c = (np.asarray(x).item() if np.ndim(x) == 0 else x for x in (waits, p50, p99, scale, cap))
+    return PromptQueue(wait_share=u, wait_s_p50=w50, wait_s_p99=w99, scale_s=th, cap_s=c)
 
 
 def erlang_c(servers: int, offered: float) -> float:
@@ -454,7 +465,7 @@ def load_point(model: ModelSpec, shape: ReplicaShape, hw: Hardware, layout: Serv
     ttft_mean = ttft_p50 = ttft_p99 = None
     if not saturated:
         base = steady.prefill_s + steady.fixed_s
-        waits = (steady.wait_share, steady.wait_scale_s, prompts.utilization, prompts.scale_s)
+        waits = (steady.wait_share, steady.wait_scale_s, prompts.wait_share, prompts.scale_s)
         cap_s = float(prompts.cap_s)  # a closed loop holds at most C - 1 prompts ahead
         ttft_mean = base + busy * t / 2 + steady.wait_share * steady.wait_scale_s + float(prompts.wait_s_p50)
         ttft_p50 = base + busy * t / 2 + min(float(wait_quantile(0.5, *waits)), cap_s)

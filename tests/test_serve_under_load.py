@@ -1,0 +1,63 @@
+"""MLPerf Inference's Llama-2-70B Server runs typed into ``serve`` (meshplan/validation/serving_load.py): the band
+under Poisson arrivals holds what they published, the CLI line a user types gives the same answer, and serve says
+when the arrivals take most of what a replica serves."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from meshplan.cli import main
+from meshplan.reports.serve import NEAR_CAPACITY, serve_report
+from meshplan.validation.serving_load import FIGURES, check, command, flags, rows
+
+
+def test_the_rows_are_the_published_logs() -> None:
+    """Four runs (v4.0, v4.1; 8 H100 at TP 2, 8 H200 at TP 1), each publishing TTFT and TPOT at p50, p99 and mean
+    below MLPerf's Server limits (TTFT p99 2 s, TPOT p99 200 ms), at a rate 88-96% of the same system's Offline
+    result (the submitters push the rate to the limits)."""
+    got = rows()
+    assert len(got) == 4 and {r["gpu"] for r in got} == {"h100-sxm", "h200"}
+    for r in got:
+        assert r["ttft_ms"]["p99"] <= 2000 and r["tpot_ms"]["p99"] <= 200
+        assert r["ttft_ms"]["p50"] <= r["ttft_ms"]["p99"] and r["tpot_ms"]["p50"] <= r["tpot_ms"]["p99"]
+        share = r["rate_per_s"] * r["output_len"] / r["offline_tokens_per_s"]
+        assert 0.85 < share < 0.97, r["id"]
+
+
+@pytest.mark.parametrize("row", rows(), ids=lambda r: r["id"])
+def test_every_published_figure_lies_inside_the_band_serve_prints(row: dict) -> None:
+    """The promise of the band under load: each of the six figures inside its P10-P90. The point figures are far
+    below (the batch in flight is a quarter of the published one's; docs/validation.md): the band holds them
+    because a machine the decode rows' P90 slower cannot keep up with these arrivals, as the published runs
+    barely did."""
+    checks, report = check(row)
+    assert [c.figure for c in checks] == list(FIGURES)
+    for c in checks:
+        assert c.inside, (c.figure, c.measured_s, c.band_s)
+    assert report["load_band"]["ttft_s_p99"][1] is None  # the slow machine saturates
+    assert any("of what a replica serves" in w for w in report["warnings"])
+
+
+def test_the_typed_command_is_the_report(capsys: pytest.CaptureFixture[str]) -> None:
+    row = rows()[0]
+    assert main([*shlex.split(command(row))[1:], "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    direct = serve_report("llama-2-70b", **flags(row))
+    for key in ("tpot_s", "ttft_s_p99", "batch_per_replica", "load_band"):
+        assert printed[key] == direct[key], key  # JSON keeps every float exactly
+
+
+def test_the_warning_starts_at_the_share_of_capacity() -> None:
+    """Poisson arrivals below 80% of what a replica serves at its cap: no warning; above: one, naming the share."""
+    kw = flags(rows()[0]) | {"rate": 1.0}
+    top = serve_report("llama-2-70b", **kw)["max_tokens_per_s_per_gpu"] * 8 / kw["output_len"]  # requests/s
+    below = serve_report("llama-2-70b", **kw | {"rate": 0.75 * top})
+    above = serve_report("llama-2-70b", **kw | {"rate": 0.9 * top})
+    assert not any("of what a replica serves" in w for w in below["warnings"])
+    share = above["tokens_per_s_per_gpu"] / above["max_tokens_per_s_per_gpu"]
+    assert share >= NEAR_CAPACITY and f"take {share:.0%} of" in " ".join(above["warnings"])
+    closed = serve_report("llama-2-70b", **{k: v for k, v in kw.items() if k != "rate"}, concurrency=4000.0)
+    assert not any("of what a replica serves" in w for w in closed["warnings"])
