@@ -10,7 +10,8 @@ import shlex
 import pytest
 
 from meshplan.cli import main
-from meshplan.reports.serve import NEAR_CAPACITY, serve_report
+from meshplan.reports.serve import serve_report
+from meshplan.reports.serve_load import NEAR_CAPACITY
 from meshplan.validation.serving_load import FIGURES, check, command, flags, rows
 
 

@@ -17,6 +17,7 @@ from meshplan.core.serving.static import static_batch
 from meshplan.reports.cost import serve_cost
 from meshplan.reports.serve_band import Band, band_family, band_for
 from meshplan.reports.serve_coverage import coverage_warnings
+from meshplan.reports.serve_load import load_band, near_capacity, slower_machine
 from meshplan.reports.serve_setup import DEFAULT_ENGINE as DEFAULT_ENGINE
 from meshplan.reports.serve_setup import ENGINES as ENGINES
 from meshplan.reports.serve_setup import Setup as Setup
@@ -196,8 +197,8 @@ def serve_report(
         return out | serving_band(out, setup) | serve_cost(out, price_per_gpu_hour)
     pt = load_point(setup.model, setup.shape, setup.hw, setup.layout, req)
     out = head | point_dict(setup, req, pt) | {"calibration_source": setup.hw.cal.source}
-    slower = _slower_machine(setup, req, pt)
-    out["warnings"] = [*out["warnings"], *_near_capacity(pt, req)]
+    slower = slower_machine(setup, req, pt)
+    out["warnings"] = [*out["warnings"], *near_capacity(pt, req)]
     if spec is not None:
         out["speculative"] = spec_dict(setup, req, pt)
     if prefix_hit_rate is not None:
@@ -207,64 +208,6 @@ def serve_report(
     if batch is not None:
         out |= static_dict(setup, req, pt, batch=batch, max_batch=max_batch)
     return out | serving_band(out, setup, slower=slower) | serve_cost(out, price_per_gpu_hour)
-
-
-def _slower_machine(setup: Setup, req: Requests, pt: LoadPoint) -> Callable[[float], LoadPoint]:
-    """The load point of the same traffic on a machine whose every time is r times the model's, on the model's
-    own clock (its times are then to be multiplied by r). Rescaling time by r turns a Poisson rate R into R r and
-    leaves a closed loop's users (and a static batch) as they are: a closed loop's figures all scale by r, an open
-    loop's are re-solved at R r, where the queue may settle on another batch or grow without bound."""
-    points: dict[float, LoadPoint] = {1.0: pt}
-
-    def at(r: float) -> LoadPoint:
-        if req.rate_per_s is None:
-            return pt
-        if r not in points:
-            faster_rate = dataclasses.replace(req, rate_per_s=req.rate_per_s * r)
-            points[r] = load_point(setup.model, setup.shape, setup.hw, setup.layout, faster_rate)
-        return points[r]
-
-    return at
-
-
-NEAR_CAPACITY = 0.8
-"""Share of what a replica serves at its batch cap above which an open loop's figures are said to follow the
-capacity's error: at 80%, a machine 10% slower than predicted runs at 88% (the batch in flight about doubles)."""
-
-
-def _near_capacity(pt: LoadPoint, req: Requests) -> list[str]:
-    """A warning where Poisson arrivals take most of what a replica serves (none in a closed loop or a batch)."""
-    if req.rate_per_s is None or pt.saturated:
-        return []
-    share = pt.output_tokens_per_s / pt.max_output_tokens_per_s
-    if share < NEAR_CAPACITY:
-        return []
-    return [
-        f"the arrivals take {share:.0%} of what a replica serves at its batch cap: the sequences in flight, and "
-        "with them TPOT and TTFT, follow a few percent of error in the step as many times that (see their P10-P90)"
-    ]
-
-
-LOAD_FIGURES = {
-    "decode": ("tpot_s", "tpot_s_p50", "tpot_s_p99", "itl_s_p99"),
-    "prefill": ("ttft_s_p50", "ttft_s_p99", "ttft_s_mean"),
-}
-"""The figures under load each class's band spans: TPOT's by the decode rows, TTFT's by the prefill rows."""
-
-
-def load_band(slower: Callable[[float], LoadPoint], bands: dict[str, Band]) -> dict[str, list[float | None]]:
-    """P10 and P90 of each figure under load: the figure on a machine P10 and P90 times the model's speed (the
-    class's measured over predicted time), the queue re-solved there (``_slower_machine``); None where that machine
-    cannot keep up with the arrivals (the queue, and so the TTFT, grows without bound). The batch in flight spans
-    with the decode rows' ends."""
-    out: dict[str, list[float | None]] = {}
-    for cls, figures in LOAD_FIGURES.items():
-        ends = [(r, slower(r)) for r in (bands[cls].lo, bands[cls].hi)]
-        for fig in figures:
-            out[fig] = [_seconds(None if getattr(p, fig) is None else r * getattr(p, fig)) for r, p in ends]
-        if cls == "decode":
-            out["batch_per_replica"] = [p.batch for _, p in ends]
-    return out
 
 
 def serving_band(

@@ -340,6 +340,8 @@ def test_serving_pareto_best_plan_and_step(page: Any, shot: Any) -> None:
                  weights_dtype=best["layout"]["weights_dtype"], kv_dtype=best["layout"]["kv_dtype"])  # fmt: skip
     assert shown == pytest.approx(sum(served["step_s"].values()), rel=1e-9)
     assert float(page.get_attribute("#sv-tpot", "data-value")) == pytest.approx(served["tpot_s"], rel=1e-9)
+    lo, hi = served["load_band"]["tpot_s_p99"]
+    assert lo < served["tpot_s_p99"] < hi and "P10-P90 of the p99s" in page.inner_text("#sv-band")
     assert served["tpot_s"] <= shown
     shot(page, "serving")
 

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.core.serving.load import P99_TAIL, BatchLimit, Capacity, Requests, capacity, erlang_c
+from meshplan.core.serving.load import P99_TAIL, BatchLimit, Capacity, Requests, capacity
 from meshplan.core.serving.phases import Forward, decode_step, pipeline_factor, prefill
 from meshplan.core.serving.shape import Hardware, ReplicaShape, ServeLayout
+from meshplan.core.serving.tails import erlang_c
 from meshplan.spec.model import ModelSpec
 
 

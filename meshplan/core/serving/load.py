@@ -28,7 +28,17 @@ from meshplan.core.num import Num
 from meshplan.core.serving.phases import Forward, MixedStep, decode_step, pipeline_factor, prefill
 from meshplan.core.serving.shape import Hardware, ReplicaShape, ServeLayout, graph_batch
 from meshplan.core.serving.speculative import Speculation, add_forwards, spec_step
-from meshplan.core.serving.tails import P99, Z99, batch_high, busy_share, own_share, tpot_tails, wait_quantile
+from meshplan.core.serving.tails import (
+    P99,
+    Z99,
+    batch_high,
+    busy_share,
+    erlang_c,
+    mdc_wait_share,
+    own_share,
+    tpot_tails,
+    wait_quantile,
+)
 from meshplan.spec.model import ModelSpec
 
 SEPARATE_PREFILL_ENGINES = ("sglang",)
@@ -291,17 +301,12 @@ def prompt_queue(
     hw: Hardware, layout: ServeLayout, req: Requests, step: MixedStep, *, batch: object, users: object = None
 ) -> PromptQueue:
     """Prompts queue for the tokens a step may carry, first come first served: TensorRT-LLM's micro-batch scheduler
-    admits a context request only when its tokens fit in what is left of max_num_tokens and stops at the first that
-    does not (cpp/tensorrt_llm/batch_manager/microBatchScheduler.cpp: 'if (maxNumTokensRuntime && batchNumTokens +
-    reqNumTokens > maxNumTokensRuntime.value()) break;', chunked context off by default); the chunked-prefill
-    engines (vLLM, SGLang) fill the same budget in arrival order. What is left of the budget beside the decoding
-    tokens holds c = floor(left / I) whole prompts a step (at least one: a longer prompt runs in chunks over I /
-    chunk steps): c servers, each holding a prompt for S = t_carrying x max(I / chunk, 1), with utilization rho =
-    (prompts a step) x (S / t) / c (for c = 1, the share of the time the steps carry a prompt). Arrivals taken as
-    Poisson, the wait M/D/c: P(wait) = rho^(sqrt(2 (c + 1)) - 1) and the wait, when there is one, exponential with
-    mean S / (2 c (1 - rho)) (Sakasegawa's approximation to M/M/c's queue, halved for a deterministic service; exact
-    M/D/1 at c = 1: mean rho S / (2 (1 - rho))); a closed loop of C users never holds more than C - 1 prompts ahead
-    (a saturated budget: rho = 1). Arrays of batches (and users) broadcast."""
+    admits a context request only where its tokens fit in what is left of max_num_tokens and stops at the first
+    that does not (cpp/tensorrt_llm/batch_manager/microBatchScheduler.cpp, chunked context off by default); vLLM
+    and SGLang fill the same budget in arrival order. What a step leaves beside the decoding tokens holds c =
+    max(floor(left / I), 1) whole prompts: c servers, each prompt holding one for S = t_carrying max(I / chunk, 1),
+    rho = (prompts a step) (S / t) / c; Poisson arrivals, M/D/c (tails.py ``mdc_wait_share``; exactly M/D/1 at
+    c = 1), at most C - 1 prompts ahead in a closed loop (docs/formulas.md, prompt queue). Arrays broadcast."""
     b, chunk, share = _chunks(hw, layout, req, batch)
     carrying, mean = np.asarray(step.carrying.total_s, dtype=np.float64), np.asarray(step.total_s, dtype=np.float64)
     decoding = 0.0 if hw.cal.engine in SEPARATE_PREFILL_ENGINES else np.asarray(b, dtype=np.float64) * req.step_tokens
@@ -316,7 +321,7 @@ def prompt_queue(
     service = pipeline_factor(hw, layout) * carrying * steps
     cap = np.inf if users is None else np.maximum(np.asarray(users, dtype=np.float64) - 1, 0.0) * service
     free = np.maximum(1 - rho, 1e-12)
-    waits = np.where(rho > 0, rho ** (np.sqrt(2 * (slots + 1)) - 1), 0.0)
+    waits = mdc_wait_share(rho, slots)
     scale = np.where(rho < 1, service / (2 * slots * free), np.inf)
     mean_wait = np.where(rho < 1, waits * scale, np.inf)
     tail = np.where(waits > P99_TAIL, scale * np.log(np.maximum(waits, P99_TAIL) / P99_TAIL), 0.0)
@@ -324,17 +329,6 @@ def prompt_queue(
     p50, p99 = np.minimum(mean_wait, cap), np.minimum(tail, cap)
     u, w50, w99, th, c = (np.asarray(x).item() if np.ndim(x) == 0 else x for x in (waits, p50, p99, scale, cap))
     return PromptQueue(wait_share=u, wait_s_p50=w50, wait_s_p99=w99, scale_s=th, cap_s=c)
-
-
-def erlang_c(servers: int, offered: float) -> float:
-    """Probability an arrival waits in M/M/c (Erlang B recurrence, then C)."""
-    if offered >= servers:
-        return 1.0
-    b = 1.0
-    for k in range(1, servers + 1):
-        b = offered * b / (k + offered * b)
-    rho = offered / servers
-    return b / (1 - rho + rho * b)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

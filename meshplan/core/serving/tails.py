@@ -2,7 +2,8 @@
 
 TTFT = prefill (beside the batch) + the wait for the next step boundary (uniform over a step: t/2 at the mean
 and the median, a whole step at p99) + a fixed wait (a closed loop's users beyond the batch cap: (C - B) / X) +
-the queue waits W1 + W2 for a batch slot (M/D/c) and for the step's prompt-token budget (M/D/1). Each queue wait
+the queue waits W1 + W2 for a batch slot (M/D/c) and for the step's prompt-token budget (M/D/c, as many servers as
+whole prompts fit in what a step leaves). Each queue wait
 is 0 with probability 1 - p_i and otherwise exponential of mean a (W1) or b (W2), its queue's heavy-traffic
 tail, so the sum's tail is
 
@@ -135,3 +136,22 @@ def busy_share(batch: Num, *, closed: bool) -> Num:
 def batch_high(batch: float, cap: float) -> float:
     """The p99 of an open loop's batch over a request's life, capped: B + z sqrt(2B/3) (module docstring)."""
     return min(batch + Z99 * math.sqrt(2 * batch / 3), cap)
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """Probability an arrival waits in M/M/c (Erlang B recurrence, then C)."""
+    if offered >= servers:
+        return 1.0
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = offered * b / (k + offered * b)
+    rho = offered / servers
+    return b / (1 - rho + rho * b)
+
+
+def mdc_wait_share(rho: Num, servers: Num) -> Num:
+    """The chance an arrival waits in M/D/c at utilization rho (arrays broadcast): Sakasegawa's approximation of
+    M/M/c's queue, rho^(sqrt(2 (c + 1)) - 1), whose mean wait S p / (c (1 - rho)) is halved for a deterministic
+    service by the caller; exactly rho (M/D/1's and M/M/1's) at c = 1."""
+    r, c = np.asarray(rho, dtype=np.float64), np.asarray(servers, dtype=np.float64)
+    return _scalar(np.where(r > 0, np.maximum(r, 1e-300) ** (np.sqrt(2 * (c + 1)) - 1), 0.0))

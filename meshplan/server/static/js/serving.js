@@ -119,6 +119,12 @@ function curve(r) {
     el("p", { id: "sv-point", role: "status" }));
 }
 
+// A figure's P10-P90 under load; an end the slower machine cannot keep up with is saturated (null).
+function bandText([lo, hi]) {
+  const end = (x) => (x === null ? "saturated" : fmtSeconds(x));
+  return `${end(lo)} to ${end(hi)}`;
+}
+
 // The chosen plan served at its batch cap (a closed loop of that many users per replica): one step, by phase.
 async function breakdown(r, v) {
   if (!r.best) { $("#sv-steps").replaceChildren(); return; }
@@ -144,6 +150,7 @@ async function breakdown(r, v) {
   $("#sv-steps").replaceChildren(
     el("p", { id: "sv-step", "data-value": total, text: `One engine step ${fmtSeconds(total)} at ${fmtInt(s.batch_per_replica)} sequences per replica, the steps that carry a prompt included.` }),
     el("p", { id: "sv-tpot", "data-value": s.tpot_s, text: `A request's TPOT ${fmtSeconds(s.tpot_s)} (p99 ${fmtSeconds(s.tpot_s_p99)}): the step that ran its own prompt counts in its TTFT (p99 ${fmtSeconds(s.ttft_s_p99)}), not in its intervals.` }),
+    el("p", { id: "sv-band", class: "note", text: `P10-P90 of the p99s, from published serving measurements held out by source: TPOT ${bandText(s.load_band.tpot_s_p99)}, TTFT ${bandText(s.load_band.ttft_s_p99)}.` }),
     root, el("div", { class: "legend" }, ...keys),
   );
 }
