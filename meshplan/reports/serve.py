@@ -17,7 +17,7 @@ from meshplan.core.serving.static import static_batch
 from meshplan.reports.cost import serve_cost
 from meshplan.reports.serve_band import Band, band_family, band_for
 from meshplan.reports.serve_coverage import coverage_warnings
-from meshplan.reports.serve_load import load_band, near_capacity, slower_machine
+from meshplan.reports.serve_load import finite_s, load_band, near_capacity, slower_machine
 from meshplan.reports.serve_setup import DEFAULT_ENGINE as DEFAULT_ENGINE
 from meshplan.reports.serve_setup import ENGINES as ENGINES
 from meshplan.reports.serve_setup import Setup as Setup
@@ -28,22 +28,18 @@ from meshplan.reports.serve_spec import prefix_dict, spec_dict, speculation
 from meshplan.spec.model import ModelSpec
 
 
-def _seconds(x: float | None) -> float | None:
-    return None if x is None or math.isinf(x) else x
-
-
 def point_dict(setup: Setup, req: Requests, pt: LoadPoint) -> dict[str, Any]:
     """The JSON of one load point (replica figures scaled to the fleet where the key says total)."""
     lay, gpus_per_replica = setup.layout, setup.layout.gpus_per_replica
     per_gpu = pt.output_tokens_per_s / gpus_per_replica
     breakdown = {k: float(v) * pipeline_factor(setup.hw, lay) for k, v in pt.step.breakdown().items()}
     return {
-        "ttft_s_p50": _seconds(pt.ttft_s_p50),
-        "ttft_s_p99": _seconds(pt.ttft_s_p99),
-        "ttft_s_mean": _seconds(pt.ttft_s_mean),
+        "ttft_s_p50": finite_s(pt.ttft_s_p50),
+        "ttft_s_p99": finite_s(pt.ttft_s_p99),
+        "ttft_s_mean": finite_s(pt.ttft_s_mean),
         "ttft_s_unloaded": pt.ttft_unloaded_s,
-        "queue_s_p50": _seconds(pt.queue_s_p50),
-        "queue_s_p99": _seconds(pt.queue_s_p99),
+        "queue_s_p50": finite_s(pt.queue_s_p50),
+        "queue_s_p99": finite_s(pt.queue_s_p99),
         "tpot_s": pt.tpot_s,
         "tpot_s_p50": pt.tpot_s_p50,
         "tpot_s_p99": pt.tpot_s_p99,
@@ -427,12 +423,12 @@ def _disaggregated(setup: Setup, req: Requests, text: str) -> dict[str, Any]:
     pt = disaggregated_point(setup.model, setup.shape, setup.hw, lay, req, pools)
     gpus = setup.replicas * g
     return {
-        "ttft_s_p50": _seconds(pt.ttft_s_p50),
-        "ttft_s_p99": _seconds(pt.ttft_s_p99),
-        "ttft_s_mean": _seconds(pt.ttft_s_p50),  # the pools' model gives the mean wait
+        "ttft_s_p50": finite_s(pt.ttft_s_p50),
+        "ttft_s_p99": finite_s(pt.ttft_s_p99),
+        "ttft_s_mean": finite_s(pt.ttft_s_p50),  # the pools' model gives the mean wait
         "ttft_s_unloaded": pt.prefill_s + pt.kv_transfer_s + pt.tpot_s / 2,
-        "queue_s_p50": _seconds(pt.queue_s_p50),
-        "queue_s_p99": _seconds(pt.queue_s_p99),
+        "queue_s_p50": finite_s(pt.queue_s_p50),
+        "queue_s_p99": finite_s(pt.queue_s_p99),
         "tpot_s": pt.tpot_s,
         "tpot_s_p50": pt.tpot_s,  # decode-only steps at a steady batch
         "tpot_s_p99": pt.tpot_s,

@@ -12,7 +12,8 @@ from meshplan.reports.serve_band import Band
 from meshplan.reports.serve_setup import Setup
 
 
-def _seconds(x: float | None) -> float | None:
+def finite_s(x: float | None) -> float | None:
+    """A time as the reports give it: None where it is unbounded (a queue that grows without end)."""
     return None if x is None or math.isinf(x) else x
 
 
@@ -68,7 +69,7 @@ def load_band(slower: Callable[[float], LoadPoint], bands: dict[str, Band]) -> d
     for cls, figures in LOAD_FIGURES.items():
         ends = [(r, slower(r)) for r in (bands[cls].lo, bands[cls].hi)]
         for fig in figures:
-            out[fig] = [_seconds(None if getattr(p, fig) is None else r * getattr(p, fig)) for r, p in ends]
+            out[fig] = [finite_s(None if getattr(p, fig) is None else r * getattr(p, fig)) for r, p in ends]
         if cls == "decode":
             out["batch_per_replica"] = [p.batch for _, p in ends]
     return out
