@@ -36,6 +36,11 @@ def main() -> None:
             f"{r['load_band']['batch_per_replica'][0]:,.0f}-{r['load_band']['batch_per_replica'][1]:,.0f}), "
             f"{r['tokens_per_s_per_gpu']:,.0f} of at most {r['max_tokens_per_s_per_gpu']:,.0f} tokens/s a GPU"
         )
+    print("\nOffline runs (serve --num-requests 24576 at the Offline config's batch cap), tokens/s of 8 GPUs:")
+    for o in s["offline"]:
+        lo, hi = o["band_tokens_per_s"]
+        print(f"  {o['case']}: published {o['measured_tokens_per_s']:,.0f}, predicted "
+              f"{o['predicted_tokens_per_s']:,.0f} ({o['error']:+.1%}), P10-P90 {lo:,.0f}-{hi:,.0f}")  # fmt: skip
     err = s["p99_mean_abs_error"]
     print(f"\nmean |error| at p99: TTFT {err['ttft']:.1%}, TPOT {err['tpot']:.1%}; inside the printed band: "
           f"{s['inside']:.0%} of {len(s['checks'])} figures")  # fmt: skip
@@ -43,6 +48,7 @@ def main() -> None:
         print()
         for row in rows():
             print(command(row))
+            print(command(row, offline=True))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from meshplan.cli import main
 from meshplan.reports.serve import serve_report
 from meshplan.reports.serve_load import NEAR_CAPACITY
 from meshplan.reports.serve_plan import serve_plan_report
-from meshplan.validation.serving_load import FIGURES, check, command, flags, rows
+from meshplan.validation.serving_load import FIGURES, check, command, flags, offline, rows
 
 
 def test_the_rows_are_the_published_logs() -> None:
@@ -83,3 +83,13 @@ def test_the_planner_at_mlperfs_limits_runs_as_the_submission_did(row: dict) -> 
     assert best["batch_cap_per_replica"] == pytest.approx(row["max_batch"], rel=0.25)
     assert best["tokens_per_s_per_gpu"] * 8 == pytest.approx(row["offline_tokens_per_s"], rel=0.10)
     assert best["tpot_s_p99"] <= 0.2 and best["ttft_s_p99"] <= 2.0
+
+
+@pytest.mark.parametrize("row", rows(), ids=lambda r: r["id"])
+def test_the_offline_runs_are_the_capacity_the_servers_ran_below(row: dict) -> None:
+    """``serve --num-requests 24576`` at the Offline config's batch cap against the published Offline result: within
+    5% for v4.1 (+2.9% on H100, +0.3% on H200 today), within 20% for v4.0, whose older TensorRT-LLM ran 13-16%
+    slower on the same systems; inside the band serve prints either way."""
+    o = offline(row)
+    assert abs(o["error"]) < (0.05 if row["id"].startswith("mlperf-v4.1") else 0.20)
+    assert o["inside"]

@@ -128,6 +128,22 @@ def _under_load(u: dict[str, Any]) -> list[str]:
         f"mean |error| at p99: TTFT {percent(err['ttft'])}, TPOT {percent(err['tpot'])} (target "
         f"{percent(u['target_p99'])}: {'ok' if u['ok'] else 'FAIL'}); every figure (p50, p99, mean) inside the band "
         f"serve prints: {percent(u['inside_band'])}",
+        "the same systems' Offline runs (every prompt queued at once: serve --num-requests 24576), tokens/s:",
+        table(
+            [
+                (
+                    o["case"],
+                    f"{o['measured_tokens_per_s']:,.0f}",
+                    f"{o['predicted_tokens_per_s']:,.0f}",
+                    f"{100 * o['error']:+.1f}%",
+                    f"{o['band_tokens_per_s'][0]:,.0f} - {o['band_tokens_per_s'][1]:,.0f}",
+                    "yes" if o["inside"] else "no",
+                )
+                for o in u["offline"]
+            ],
+            ["case", "published", "predicted", "error", "P10-P90 printed", "inside"],
+        ),
+        f"mean |error| {percent(u['offline_mean_abs_error'])}",
     ]
 
 

@@ -55,9 +55,19 @@ def flags(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def command(row: dict[str, Any]) -> str:
-    """The ``meshplan serve`` line a user types for the row."""
-    f = flags(row)
+OFFLINE_REQUESTS = 24576
+"""The prompts an Offline run queues at once (the dataset's; loadgen's llama2-70b.Offline.min_query_count)."""
+
+
+def offline_flags(row: dict[str, Any]) -> dict[str, Any]:
+    """``serve_report``'s keyword arguments for the same system's Offline run: every prompt queued at once."""
+    f = {k: v for k, v in flags(row).items() if k != "rate"}
+    return f | {"max_batch": row["offline_max_batch"], "num_requests": OFFLINE_REQUESTS}
+
+
+def command(row: dict[str, Any], *, offline: bool = False) -> str:
+    """The ``meshplan serve`` line a user types for the row (its Offline run with ``offline``)."""
+    f = offline_flags(row) if offline else flags(row)
     parts = [f"meshplan serve {MODEL}"] + [f"--{k.replace('_', '-')} {v}" for k, v in f.items()]
     return " ".join(parts)
 
@@ -103,19 +113,41 @@ P99_TARGET = 0.25
 """The mean |error| asked of TTFT and TPOT at p99 on MLPerf-style Server rows (not met: validate says so)."""
 
 
+def offline(row: dict[str, Any]) -> dict[str, Any]:
+    """The same system's Offline result against ``serve --num-requests``: tokens/s of the whole fleet, published,
+    predicted, the P10-P90 serve prints and whether it holds the published one."""
+    r = serve_report(MODEL, **offline_flags(row))
+    gpus = r["gpus"]
+    measured, predicted = row["offline_tokens_per_s"], r["offline"]["tokens_per_s_total"]
+    lo, hi = gpus * r["tokens_per_s_per_gpu_p10"], gpus * r["tokens_per_s_per_gpu_p90"]
+    band = (lo * predicted / (gpus * r["tokens_per_s_per_gpu"]), hi * predicted / (gpus * r["tokens_per_s_per_gpu"]))
+    return {
+        "case": row["id"],
+        "measured_tokens_per_s": measured,
+        "predicted_tokens_per_s": predicted,
+        "error": predicted / measured - 1,
+        "band_tokens_per_s": list(band),
+        "inside": band[0] <= measured <= band[1],
+    }
+
+
 def summary() -> dict[str, Any]:
-    """Every row's checks, the mean |error| of TTFT and TPOT at p99, and the share of figures inside the band."""
+    """Every row's checks, the mean |error| of TTFT and TPOT at p99, the share of figures inside the band, and the
+    Offline runs."""
     checks, reports = [], {}
     for row in rows():
         got, r = check(row)
         checks += got
         reports[row["id"]] = r
     p99 = {k: [c for c in checks if c.figure == f"{k}_s_p99"] for k in ("ttft", "tpot")}
+    runs = [offline(row) for row in rows()]
     return {
         "checks": checks,
         "reports": reports,
         "p99_mean_abs_error": {k: statistics.fmean(abs(c.error) for c in v) for k, v in p99.items()},
         "inside": sum(c.inside for c in checks) / len(checks),
+        "offline": runs,
+        "offline_mean_abs_error": statistics.fmean(abs(o["error"]) for o in runs),
     }
 
 
@@ -143,4 +175,6 @@ def under_load() -> dict[str, Any]:
         "target_p99": P99_TARGET,
         "inside_band": s["inside"],
         "ok": all(v <= P99_TARGET for v in err.values()),
+        "offline": s["offline"],
+        "offline_mean_abs_error": s["offline_mean_abs_error"],
     }
