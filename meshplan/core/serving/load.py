@@ -178,12 +178,16 @@ def capacity(
     return Capacity(sequences=max(seqs, 0), limit=limit, kv_sequences=kv, per_forward=layout.pp * ranks)
 
 
+def _prompt_room(hw: Hardware, req: Requests, per_forward: Num) -> Num:
+    """Tokens of max_num_tokens left for prompts beside ``per_forward`` decoding sequences (unclamped)."""
+    return hw.cal.max_num_tokens - (0.0 if hw.cal.engine in SEPARATE_PREFILL_ENGINES else per_forward * req.step_tokens)
+
+
 def _chunks(hw: Hardware, layout: ServeLayout, req: Requests, batch: object) -> tuple[Num, Num, Num]:
     """(sequences per forward, prompt tokens a carrying step carries, share of the steps that carry them)."""
     arr = np.asarray(batch, dtype=np.float64) / (layout.pp * (layout.tp if layout.dp_attention else 1))
     demand = arr * req.prompt_tokens * req.tokens_per_step / req.output_len
-    decoding = 0.0 if hw.cal.engine in SEPARATE_PREFILL_ENGINES else arr * req.step_tokens
-    budget = np.maximum(hw.cal.max_num_tokens - decoding, 0.0)
+    budget = np.maximum(_prompt_room(hw, req, arr), 0.0)
     chunk = np.minimum(np.maximum(float(req.prompt_tokens), demand), budget)
     share = np.where(chunk > 0, np.minimum(demand / np.maximum(chunk, 1e-9), 1.0), 0.0)
     b, c, f = (x.item() if np.ndim(x) == 0 else x for x in (arr, chunk, share))
@@ -271,8 +275,7 @@ def ttft_s(
     ranks = layout.tp if layout.dp_attention else 1
     b = np.asarray(batch, dtype=np.float64) / (layout.pp * ranks)
     p = float(req.prompt_tokens)
-    decoding = 0.0 if hw.cal.engine in SEPARATE_PREFILL_ENGINES else b * req.step_tokens
-    chunk = np.minimum(p, np.maximum(hw.cal.max_num_tokens - decoding, 1.0))
+    chunk = np.minimum(p, np.maximum(_prompt_room(hw, req, b), 1.0))
     chunks = np.ceil(p / chunk)
     alone = prefill(model, shape, hw, layout, tokens=chunk, cached=req.cached_tokens + (p - chunk) / 2).total_s
     context = req.input_len + req.output_len / 2
@@ -309,8 +312,7 @@ def prompt_queue(
     c = 1), at most C - 1 prompts ahead in a closed loop (docs/formulas.md, prompt queue). Arrays broadcast."""
     b, chunk, share = _chunks(hw, layout, req, batch)
     carrying, mean = np.asarray(step.carrying.total_s, dtype=np.float64), np.asarray(step.total_s, dtype=np.float64)
-    decoding = 0.0 if hw.cal.engine in SEPARATE_PREFILL_ENGINES else np.asarray(b, dtype=np.float64) * req.step_tokens
-    left = np.maximum(hw.cal.max_num_tokens - decoding, 1.0)
+    left = np.maximum(_prompt_room(hw, req, np.asarray(b, dtype=np.float64)), 1.0)
     prompt = float(req.prompt_tokens)
     slots = np.maximum(np.floor(left / prompt), 1.0)
     tokens = np.maximum(np.asarray(chunk, dtype=np.float64), 1e-9)
@@ -320,13 +322,10 @@ def prompt_queue(
     rho = np.minimum(per_step * time_share * steps / slots, 1.0)
     service = pipeline_factor(hw, layout) * carrying * steps
     cap = np.inf if users is None else np.maximum(np.asarray(users, dtype=np.float64) - 1, 0.0) * service
-    free = np.maximum(1 - rho, 1e-12)
-    waits = mdc_wait_share(rho, slots)
-    scale = np.where(rho < 1, service / (2 * slots * free), np.inf)
-    mean_wait = np.where(rho < 1, waits * scale, np.inf)
+    waits = mdc_wait_share(rho, slots)  # 1 at rho = 1, where the scale (and so every wait) is unbounded
+    scale = np.where(rho < 1, service / (2 * slots * np.maximum(1 - rho, 1e-12)), np.inf)
     tail = np.where(waits > P99_TAIL, scale * np.log(np.maximum(waits, P99_TAIL) / P99_TAIL), 0.0)
-    tail = np.where(rho < 1, tail, np.inf)
-    p50, p99 = np.minimum(mean_wait, cap), np.minimum(tail, cap)
+    p50, p99 = np.minimum(waits * scale, cap), np.minimum(tail, cap)
     u, w50, w99, th, c = (np.asarray(x).item() if np.ndim(x) == 0 else x for x in (waits, p50, p99, scale, cap))
     return PromptQueue(wait_share=u, wait_s_p50=w50, wait_s_p99=w99, scale_s=th, cap_s=c)
 
