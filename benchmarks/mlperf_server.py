@@ -41,9 +41,13 @@ def main() -> None:
         lo, hi = o["band_tokens_per_s"]
         print(f"  {o['case']}: published {o['measured_tokens_per_s']:,.0f}, predicted "
               f"{o['predicted_tokens_per_s']:,.0f} ({o['error']:+.1%}), P10-P90 {lo:,.0f}-{hi:,.0f}")  # fmt: skip
-    err = s["p99_mean_abs_error"]
-    print(f"\nmean |error| at p99: TTFT {err['ttft']:.1%}, TPOT {err['tpot']:.1%}; inside the printed band: "
-          f"{s['inside']:.0%} of {len(s['checks'])} figures")  # fmt: skip
+    err, const = s["p99_mean_abs_error"], s["p99_best_constant_mean_abs_error"]
+    print(f"  mean |error| {s['offline_mean_abs_error']:.1%} (best constant "
+          f"{s['offline_best_constant_mean_abs_error']:.1%})")  # fmt: skip
+    print(
+        f"\nmean |error| at p99: TTFT {err['ttft']:.1%}, TPOT {err['tpot']:.1%} (best constant {const['ttft']:.1%}, "
+          f"{const['tpot']:.1%}); inside the printed band: {s['inside']:.0%} of {len(s['checks'])} figures"
+    )  # fmt: skip
     if args.commands:
         print()
         for row in rows():

@@ -13,7 +13,7 @@ from meshplan.cli import main
 from meshplan.reports.serve import serve_report
 from meshplan.reports.serve_load import NEAR_CAPACITY
 from meshplan.reports.serve_plan import serve_plan_report
-from meshplan.validation.serving_load import FIGURES, check, command, flags, offline, rows
+from meshplan.validation.serving_load import FIGURES, check, command, flags, offline, rows, under_load
 
 
 def test_the_rows_are_the_published_logs() -> None:
@@ -93,3 +93,17 @@ def test_the_offline_runs_are_the_capacity_the_servers_ran_below(row: dict) -> N
     o = offline(row)
     assert abs(o["error"]) < (0.05 if row["id"].startswith("mlperf-v4.1") else 0.20)
     assert o["inside"]
+
+
+def test_validate_sets_the_p99_errors_beside_the_best_constant() -> None:
+    """The bar a model must clear: one p99 guessed for all four runs (re-derived here on a fine grid). Today the
+    model does not clear it under load (82% and 70% against 15% and 9.5%); the Offline rates do (8.1% against 11.4%)."""
+    u = under_load()
+    published = {k: [row[f"{k}_ms"]["p99"] / 1e3 for row in rows()] for k in ("ttft", "tpot")}
+    for k, values in published.items():
+        grid = [min(values) + (max(values) - min(values)) * i / 20000 for i in range(20001)]
+        best = min(sum(abs(c / v - 1) for v in values) / len(values) for c in grid)
+        assert u["p99_best_constant_mean_abs_error"][k] == pytest.approx(best, abs=1e-4)
+        errors = [f["error"] for f in u["figures"] if f["figure"] == f"{k}_s_p99"]
+        assert u["p99_mean_abs_error"][k] == pytest.approx(sum(map(abs, errors)) / len(errors))
+    assert u["offline_mean_abs_error"] < u["offline_best_constant_mean_abs_error"]

@@ -48,8 +48,8 @@ def near_capacity(pt: LoadPoint, req: Requests) -> list[str]:
     if share < NEAR_CAPACITY:
         return []
     return [
-        f"the arrivals take {share:.0%} of what a replica serves at its batch cap: the sequences in flight, and "
-        "with them TPOT and TTFT, follow a few percent of error in the step as many times that (see their P10-P90)"
+        f"the arrivals take {share:.0%} of what a replica serves at its batch cap: a step a few percent slower than "
+        "predicted multiplies the sequences in flight, and TPOT and TTFT with them (see their P10-P90)"
     ]
 
 
