@@ -407,11 +407,11 @@ def _dp_exposed(
     return exposed + m * _hidden(one_call("forward", True), fwd_s, ov.fsdp_prefetch, efficiency)
 
 
-def _hardware_flops_per_token(model: ModelSpec, recompute: Num, work: Workload) -> Num:
+def _hardware_flops_per_token(model: ModelSpec, lay: LayoutLike, work: Workload) -> Num:
     """The FLOPs the kernels execute per trained token: the model's, with the attention as its kernel runs it
     (``executed_attention_flops_per_token``), plus what recompute repeats: full recompute a forward (the matmuls'
-    2 N, less the dense MLPs' down projections under PyTorch's early stop, and the attention's), selective the
-    attention's forward."""
+    2 N, less the dense MLPs' down projections under PyTorch's early stop, and the attention's; of the first k
+    layers of each stage only under ``--recompute-layers k``), selective the attention's forward."""
     span = work.attention_span
     executed = executed_attention_flops_per_token(model, seq_len=span, fused=work.attention.fused)
     model_flops = model_flops_per_token(model, seq_len=span, finetune=work.finetune)
@@ -419,10 +419,14 @@ def _hardware_flops_per_token(model: ModelSpec, recompute: Num, work: Workload) 
     forward = matmul_flops_per_token(model) / 3 + executed / 3
     if work.conditions.recompute_early_stop:
         forward = forward - 2 * model.hidden * model.ffn_hidden * model.num_dense_mlp_layers
+    k = work.conditions.recompute_layers
+    if k is not None:
+        per_stage = model.num_layers / lay.pp
+        forward = forward * minimum(k, per_stage) / per_stage
     return base + where(
-        recompute == Recompute.FULL,
+        lay.recompute == Recompute.FULL,
         forward,
-        where(recompute == Recompute.SELECTIVE, executed / 3, 0.0),
+        where(lay.recompute == Recompute.SELECTIVE, executed / 3, 0.0),
     )
 
 
@@ -460,7 +464,7 @@ def step_time(
         exposed_pp_s=to_float(st.pp_s),
         exposed_dp_s=to_float(st.dp_s),
         model_flops_per_step=model_flops,
-        hardware_flops_per_step=to_float(_hardware_flops_per_token(model, lay.recompute, work) * tokens),
+        hardware_flops_per_step=to_float(_hardware_flops_per_token(model, lay, work) * tokens),
         tokens_per_step=tokens,
         num_gpus=gpus,
         bf16_peak_flops=cluster.gpu.peak(DType.BF16),
