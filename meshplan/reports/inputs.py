@@ -11,7 +11,7 @@ from meshplan import io
 from meshplan.core.finetune import trainable_params, validate_finetune
 from meshplan.core.placement import DEFAULT_ORDER, parse_order
 from meshplan.spec import requests
-from meshplan.spec.cluster import Cluster, Link
+from meshplan.spec.cluster import Cluster, Link, LinkKind
 from meshplan.spec.conditions import Conditions
 from meshplan.spec.finetune import LORA_TARGETS, Finetune, FinetuneMode, QuantBase
 from meshplan.spec.layout import ContextParallel, Layout, Recompute, Schedule, ZeroStage
@@ -284,19 +284,38 @@ def resolve_cluster(
     domain = node_size if node_size is not None else spec.scale_up_domain
     if domain < 1:
         raise ValueError(f"node size must be >= 1, got {domain}")
+    scale_up = io.load_link(spec.scale_up_link)
     cluster = Cluster(
         gpu=spec,
         num_gpus=gpus,
-        scale_up=io.load_link(spec.scale_up_link),
+        scale_up=scale_up,
         scale_out=_shared(
             _with_bandwidth(io.load_link(scale_out or spec.scale_out_link), scale_out_bandwidth),
             nics_per_node=nics_per_node,
             gpus_per_node=spec.gpus_per_node,
         ),
         domain_size=domain,
+        scale_up_switched=_switched(scale_up, domain=domain, catalog_domain=spec.scale_up_domain),
         oversubscription=1.0 if oversubscription is None else oversubscription,
     )
     return apply_profile(cluster, parse_profile(profile))
+
+
+DIRECT_BOARD_MAX_GPUS = 4
+"""NVLink domains of this many GPUs or fewer, smaller than the kind's own switched domain, are boards of direct
+links: NVIDIA's NVSwitch baseboards hold 8 GPUs (HGX A100/H100/H200 8-GPU, 72 in NVL72), and the 4-GPU boards
+(HGX A100 4-GPU: 4 NVLink 3 links to each of 3 peers; HGX H100/H200 4-GPU: 6 NVLink 4 links to each) join
+their GPUs pairwise with no switch."""
+
+
+def _switched(link: Link, *, domain: int, catalog_domain: int) -> bool:
+    """Whether a group inside the scale-up domain gets every GPU's whole scale-up bandwidth (a switch) or only
+    its peers' links (core/comm/call.py ``scale_up_share``): the link's own wiring, and an NVLink domain of at
+    most 4 GPUs below the kind's own (``--node-size 4`` on an 8-GPU kind) is a direct-link board."""
+    if not link.switched:
+        return False
+    small_board = domain <= DIRECT_BOARD_MAX_GPUS and domain < catalog_domain
+    return not (link.kind == LinkKind.NVLINK and small_board)
 
 
 def _with_bandwidth(link: Link, bandwidth_bytes_per_s: float | None) -> Link:

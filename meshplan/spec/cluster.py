@@ -52,6 +52,10 @@ class Link:
     """Share of the nominal bandwidth a large collective reaches (nccl-tests bus bandwidth)."""
     latency_s: float
     """Start-up cost of one step of a collective (the alpha of the alpha-beta model)."""
+    switched: bool = True
+    """Scale-up links that meet in a switch (NVSwitch): any group inside the domain gets the whole bandwidth.
+    False: links wired GPU to GPU, one bundle to each peer (AMD's xGMI boards), so ``bandwidth_bytes_per_s`` is
+    the sum over every peer of the domain and a smaller group reaches only its own peers' share."""
     description: str = ""
     source: str = ""
 
@@ -256,6 +260,14 @@ class Cluster:
     """Host-side seconds every training step pays that no GPU term prices (data loading, logging, metric syncs,
     the training loop's own Python): 0 in the catalog; a cluster profile fitted on measured runs sets it
     (``Profile.step_overhead_s``)."""
+    scale_up_switched: bool = True
+    """The scale-up domain is a switch (NVSwitch, NVL72): a group of any size inside it gets each GPU's whole
+    scale-up bandwidth. False: a board of direct links (NVIDIA's 4-GPU HGX boards: 12 NVLink 3 links on A100 and 18
+    NVLink 4 on H100/H200 split evenly over the 3 peers), where a group of n of the domain's D GPUs reaches only
+    the links to its own n - 1 peers, (n - 1) / (D - 1) of the GPU's bandwidth (core/comm/call.py
+    ``scale_up_share``): NCCL's
+    topology gives each GPU pair an edge of its own links' bandwidth (src/graph/topo.cc), and its rings and trees
+    cannot route one pair's traffic over another's links."""
     host_speed: float = 1.0
     """How fast the hosts issue kernels over the catalog's per-launch-mode costs (core/time/host.py): their seconds
     per kernel are divided by it; 1 in the catalog, a cluster profile fitted on host-bound runs sets it

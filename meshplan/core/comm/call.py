@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from meshplan.core.comm.cost import Collective, hierarchical_time
-from meshplan.core.num import Num
+from meshplan.core.num import Num, maximum, minimum
 from meshplan.core.placement import AxisPlacement
 from meshplan.spec.cluster import Cluster
 
@@ -85,6 +85,14 @@ UNISSUED_SHARE_TO_SKIP = 0.6
 """A batch prices a call on the layouts that issue it alone when they are at most this share of the batch."""
 
 
+def scale_up_share(cluster: Cluster, members: Num) -> Num:
+    """Share of each GPU's scale-up bandwidth a group of ``members`` GPUs inside one domain reaches: all of it
+    under a switch; on a board of direct links, the links to its own peers, (members - 1) / (domain - 1)."""
+    if cluster.scale_up_switched or cluster.domain_size <= 1:
+        return 1.0
+    return minimum(maximum(members - 1, 1) / (cluster.domain_size - 1), 1.0)
+
+
 def make_call(
     strategy: str,
     op: Collective,
@@ -116,7 +124,7 @@ def make_call(
             size_bytes=on(size),
             inner=on(inner_n),
             outer=on(outer),
-            inner_bytes_per_s=cluster.scale_up.effective_bytes_per_s,
+            inner_bytes_per_s=cluster.scale_up.effective_bytes_per_s * scale_up_share(cluster, on(inner_n)),
             outer_bytes_per_s=cluster.scale_out.effective_bytes_per_s
             / (cluster.oversubscription if op is Collective.ALL_TO_ALL else 1.0),
             inner_latency_s=cluster.scale_up.latency_s,

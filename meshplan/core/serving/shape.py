@@ -8,6 +8,7 @@ attention FLOPs per token, the KV bytes per cached token. Formulas: docs/formula
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -184,7 +185,15 @@ class Hardware:
     cal: ServeCalibration
 
     def link(self, group: int) -> Link:
-        return self.scale_up if group <= self.gpu.scale_up_domain else self.scale_out
+        """The link a group of ``group`` GPUs talks over: the scale-up link inside one domain (on a board of direct
+        links, the group's own peers' share of it: ``Link.switched``), the NIC beyond."""
+        if group > self.gpu.scale_up_domain:
+            return self.scale_out
+        domain = self.gpu.scale_up_domain
+        if self.scale_up.switched or domain <= 1 or group >= domain:
+            return self.scale_up
+        share = max(group - 1, 1) / (domain - 1)
+        return dataclasses.replace(self.scale_up, bandwidth_bytes_per_s=self.scale_up.bandwidth_bytes_per_s * share)
 
 
 def default_quant(weights: DType, gpu: GPU) -> Quant:
