@@ -95,6 +95,6 @@ def test_a_layout_no_published_run_resembles_takes_the_range_of_every_run() -> N
         assert out["step_time_s_p90"] >= hi * out["step_time_s"] * (1 - 1e-12)
         assert out["step_time_band_sources"] == int(band["sources"])
     stacks = {e.name.removesuffix(".toml") for e in (resources.files("meshplan") / "catalog" / "stacks").iterdir()}
-    assert all(unseen(gpu=None, stack=stack, mix=None) == [] for stack in stacks) and len(stacks) == 7
+    assert all(unseen(gpu=None, stack=stack, mix=None) == [] for stack in stacks) and len(stacks) == 8
     # not checked where the caller does not give the layout's TP and PP (the mix is then unknown)
     assert "widened" not in uncertainty(1.0, None, ep=8, gpu="h100-sxm")["uncertainty"]

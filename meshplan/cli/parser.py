@@ -52,6 +52,11 @@ def _flag_type(name: str) -> Callable[[str], Any]:
     return parse
 
 
+CHOICES_IN_USAGE = 80
+"""Longest ``{a,b,...}`` a usage line shows; a field with more choices shows its name there and lists them in its
+help (the usage wraps at whole brackets, so a longer one overflows the terminal width)."""
+
+
 def add_fields(
     p: argparse.ArgumentParser | Any,
     *names: str,
@@ -73,6 +78,8 @@ def add_fields(
             p.add_argument(*flags, dest=f.name, action="store_true", default=False, help=text)
             continue
         metavar = "{" + ",".join(f.choices) + "}" if f.choices else f.key.upper()
+        if len(metavar) > CHOICES_IN_USAGE:  # too long for a usage line: the name there, the choices in the help
+            metavar, text = f.key.upper(), f"{text} (one of: {', '.join(f.choices)})"
         p.add_argument(
             *flags, dest=f.name, type=_flag_type(name), default=value, required=required, help=text, metavar=metavar
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from meshplan.spec.schema.field import MAX_BATCH, MAX_SEQ, Field, Group
 
 _C = Group.CONDITIONS
-STACKS = ("deepspeed", "fsdp2", "llm-foundry", "megatron-core", "megatron-lm-2021", "nemo", "torchtitan")
+STACKS = ("deepspeed", "fsdp2", "hf-trainer", "llm-foundry", "megatron-core", "megatron-lm-2021", "nemo", "torchtitan")
 """The catalog's training stacks (catalog/stacks/*.toml; a test keeps the two lists equal)."""
 ON_OFF = ("on", "off")
 
