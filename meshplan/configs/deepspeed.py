@@ -29,7 +29,6 @@ EFFECTS = {
     "zero_optimization.stage3_max_live_parameters": BUCKETS,
     "zero_optimization.stage3_max_reuse_distance": BUCKETS,
     "zero_optimization.stage3_gather_16bit_weights_on_model_save": "checkpoint saving only",
-    "zero_optimization.reduce_scatter": "reduce-scatter (default) or all-reduce of ZeRO-1/2 gradients",
     "zero_optimization.round_robin_gradients": NO_EFFECT,
     "zero_optimization.sub_group_size": BUCKETS,
     "activation_checkpointing.partition_activations": "checkpointed activations split over the TP ranks: less "
@@ -75,6 +74,21 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _gradient_reduce(r: Reading, get: Any, stage: Any) -> None:
+    """How ZeRO-1/2 reduce the gradients (runtime/zero/stage_1_and_2.py average_tensor): ``reduce_scatter`` false
+    all-reduces each bucket whole; true with ``use_multi_rank_bucket_allreduce`` (both DeepSpeed's defaults)
+    all-reduces buckets of several ranks' slices; true without it reduces to each rank in turn."""
+    scatter, multi = get("zero_optimization.reduce_scatter"), get("zero_optimization.use_multi_rank_bucket_allreduce")
+    if stage not in (1, 2) or (scatter is None and multi is None):
+        return
+    if scatter is False:
+        r.take("zero_grad_reduce", "all-reduce", "zero_optimization.reduce_scatter = false")
+    elif multi is False:
+        r.take("zero_grad_reduce", "reduce", "zero_optimization.use_multi_rank_bucket_allreduce = false")
+    else:
+        r.take("zero_grad_reduce", "all-reduce", "zero_optimization.use_multi_rank_bucket_allreduce (default true)")
+
+
 def read_deepspeed(text: str, label: str) -> ConfigRead:
     data = parse_json(text, label, unique_keys=True)
     if not isinstance(data, dict):
@@ -90,11 +104,7 @@ def read_deepspeed(text: str, label: str) -> ConfigRead:
     stage = get("zero_optimization.stage")
     if stage is not None:
         r.take("zero", stage, "zero_optimization.stage")
-        if stage in (1, 2):
-            r.notes.append(
-                "the deepspeed stack bills PyTorch-native state, where ZeRO-1/2 shard nothing (DDP below ZeRO-3): "
-                "--framework megatron bills DeepSpeed's partitioned optimizer state and gradients by count"
-            )
+    _gradient_reduce(r, get, stage)
     overlap = get("zero_optimization.overlap_comm")
     if overlap is not None:
         r.take("overlap_dp", "on" if overlap else "off", "zero_optimization.overlap_comm")
@@ -122,6 +132,8 @@ def read_deepspeed(text: str, label: str) -> ConfigRead:
         "gradient_accumulation_steps",
         "zero_optimization.stage",
         "zero_optimization.overlap_comm",
+        "zero_optimization.reduce_scatter",
+        "zero_optimization.use_multi_rank_bucket_allreduce",
         "bf16.enabled",
         "fp16.enabled",
         "bfloat16.enabled",

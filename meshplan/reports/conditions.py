@@ -25,6 +25,7 @@ from meshplan.spec.conditions import (
     StageSplit,
     Zero3GradReduce,
     Zero3Unit,
+    ZeroGradReduce,
 )
 from meshplan.spec.workload import PRECISIONS, Overlap, PrecisionPolicy
 from meshplan.units import DType
@@ -136,6 +137,7 @@ def conditions_of(resolved: Mapping[str, Any]) -> Conditions:
         fp8_dispatch=_on(resolved.get("fp8_dispatch"), False),
         zero3_unit=Zero3Unit(resolved.get("zero3_unit") or "layer"),
         zero3_grad_reduce=Zero3GradReduce(resolved.get("zero3_grad_reduce") or "reduce-scatter"),
+        zero_grad_reduce=ZeroGradReduce(resolved.get("zero_grad_reduce") or "reduce-scatter"),
         repeat_kv=_on(resolved.get("repeat_kv"), False),
         recompute_early_stop=_on(resolved.get("recompute_early_stop"), False),
         cp_rotate=CpRotate(resolved.get("cp_rotate") or "alltoall"),

@@ -121,6 +121,22 @@ class Zero3GradReduce(StrEnum):
     flatten the bucket, divide by the group size, all_reduce, copy back)."""
 
 
+class ZeroGradReduce(StrEnum):
+    """How ZeRO-1 and ZeRO-2 reduce the gradients over the data-parallel group."""
+
+    REDUCE_SCATTER = "reduce-scatter"
+    """Each rank receives its shard of the sum (ZeRO Sec. 5; Megatron's distributed optimizer, PyTorch's FSDP)."""
+    ALL_REDUCE = "all-reduce"
+    """Buckets all-reduced whole, twice the bus bytes, each rank keeping its shard: DeepSpeed since
+    use_multi_rank_bucket_allreduce (on by default; stage_1_and_2.py average_tensor -> allreduce_and_scatter) and its
+    BF16_Optimizer (the engine's buffered all-reduce)."""
+    REDUCE = "reduce"
+    """One reduce per destination rank, each of that rank's 1/D of the gradients: DeepSpeed's stage_1_and_2.py
+    average_tensor before use_multi_rank_bucket_allreduce (dist.reduce per rank_and_offsets). D calls a reduction,
+    each paying a ring's D - 1 hops: the latency grows as D^2, the reason that option was added ("useful when the
+    model is small and we want to scale it on too many GPUs", DeepSpeed's zero/config.py)."""
+
+
 class EpDispatch(StrEnum):
     """How MoE tokens travel to their experts and back (Megatron-Core's --moe-token-dispatcher-type, and with
     ``flex`` its DeepEP backend; torchtitan's expert parallelism)."""
@@ -230,6 +246,10 @@ class Conditions:
     """What one ZeRO-3 collective carries: a layer (FSDP) or one weight matrix (DeepSpeed, flat or listed)."""
     zero3_grad_reduce: Zero3GradReduce = Zero3GradReduce.REDUCE_SCATTER
     """How ZeRO-3 reduces each unit's gradients: a reduce-scatter, or an all-reduce of flat buckets."""
+    zero_grad_reduce: ZeroGradReduce = ZeroGradReduce.REDUCE_SCATTER
+    """How ZeRO-1/2 reduce the gradients: a reduce-scatter, all-reduced buckets, or one reduce per rank. Under a
+    PyTorch-native stack anything but a reduce-scatter makes ZeRO-2 DeepSpeed's (parameters whole from one step to
+    the next, gathered once after it) instead of FSDP's SHARD_GRAD_OP."""
     fsdp_copies: bool = False
     """ZeRO-3 is FSDP2 (per-parameter shards): each all-gather's output is copied into the parameters and the
     gradients into the reduce-scatter's input, on the compute stream; False: flat parameters (FSDP1, ZeRO-3

@@ -21,7 +21,7 @@ from meshplan.core.placement import AxisPlacement
 from meshplan.core.pytorch import collectives as torch_calls
 from meshplan.core.pytorch.shards import gather_bytes
 from meshplan.spec.cluster import Cluster
-from meshplan.spec.conditions import Zero3GradReduce, Zero3Unit
+from meshplan.spec.conditions import Zero3GradReduce, Zero3Unit, ZeroGradReduce
 from meshplan.spec.layout import Recompute, ZeroStage
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.workload import Workload
@@ -145,8 +145,14 @@ def _gradient_calls(
     # natively, DDP's buckets carry the dense gradients, and the experts' too unless EP owns them; FSDP2's units
     # carry ZeRO-3's reduce-scatters (torch_calls.py)
     bucketed = native & ((ep == 1) | (part.strategy == "dp"))
-    whole_model_zero3 = where(native, zero < ZeroStage.GRADIENTS, True)  # natively FSDP2's units carry ZeRO-2 too
+    # natively FSDP2's units carry ZeRO-2 too, unless it is DeepSpeed's (zero_grad_reduce other than reduce-scatter)
+    whole_model_zero3 = where(native, (zero < ZeroStage.GRADIENTS) | deepspeed_zero2(zero, work, native=native), True)
     rs_count = where(zero == ZeroStage.OPTIMIZER, 1, where(every_mb & whole_model_zero3, m * part.units, 0))
+    # ZeRO-1/2's reductions as the stack issues them: one reduce-scatter, all-reduced buckets, or a reduce per rank
+    mode = work.conditions.zero_grad_reduce
+    zero12 = where((zero == ZeroStage.OPTIMIZER) | (zero == ZeroStage.GRADIENTS), rs_count, 0)
+    if mode is not ZeroGradReduce.REDUCE_SCATTER:
+        rs_count = rs_count - zero12
     # DeepSpeed 0.3 without contiguous gradients all-reduces each bucket of ZeRO-3's gradients instead
     bucket_ar = work.conditions.zero3_grad_reduce is Zero3GradReduce.ALL_REDUCE
     zero3_ar = (zero == ZeroStage.PARAMETERS) & whole_model_zero3 if bucket_ar else False
@@ -193,7 +199,42 @@ def _gradient_calls(
     ]
     if bucket_ar:
         calls.append(_bucket_all_reduce(part, cl, shard_p, grads=grads, count=where(zero3_ar, m * part.units, 0)))
+    if mode is not ZeroGradReduce.REDUCE_SCATTER:
+        calls.append(_zero12_reduction(part, cl, shard_p, mode=mode, grads=grads, count=zero12, every_mb=every_mb))
     return calls
+
+
+def deepspeed_zero2(zero: Num, work: Workload, *, native: bool) -> Num:
+    """ZeRO-2 under a PyTorch-native stack that reduces as DeepSpeed does (``zero_grad_reduce`` all-reduce or reduce):
+    the parameters stay whole through forward and backward and are gathered once after the step, where FSDP's
+    SHARD_GRAD_OP (the native default) gathers each unit in every forward."""
+    if not native or torch_calls.fsdp_zero2(work):
+        return False
+    return zero == ZeroStage.GRADIENTS
+
+
+def _zero12_reduction(
+    part: DpPart, cl: Cluster, shard_p: AxisPlacement, *, mode: ZeroGradReduce, grads: Num, count: Num, every_mb: Num
+) -> CollectiveCall:
+    """ZeRO-1/2's gradients reduced as DeepSpeed's stage_1_and_2.py does: buckets all-reduced whole (twice a
+    reduce-scatter's bus bytes), or one reduce per destination rank, D calls of 1/D of the gradients, each a ring's
+    D - 1 hops (priced as a reduce-scatter of that slice: the same hops, (D - 1)/D of its bytes). The D reduces of
+    ZeRO-1's once-a-step reduction are listed as issued every micro-batch so that step_time hides all of them, not
+    one, behind the backward (its once-a-step calls count one call each): exact with one micro-batch a step, a
+    backward's worth too hidden for each further one."""
+    per_rank = mode is ZeroGradReduce.REDUCE
+    return _call(
+        part.strategy,
+        Collective.REDUCE_SCATTER if per_rank else Collective.ALL_REDUCE,
+        shard_p,
+        cl,
+        phase="backward",
+        size=grads / part.shard_group if per_rank else grads,
+        per_micro_batch=every_mb | per_rank,
+        count=part.issued * count * (part.shard_group if per_rank else 1),
+        group=part.shard_group,
+        inner=part.shard_inner,
+    )
 
 
 def _bucket_all_reduce(part: DpPart, cl: Cluster, shard_p: AxisPlacement, *, grads: Num, count: Num) -> CollectiveCall:
@@ -239,7 +280,13 @@ def _parameter_calls(
             per_micro_batch=False,
             # natively ZeRO-2 is FSDP2 without resharding after forward: its units gather in forward (torch_calls)
             count=part.issued
-            * where((zero == ZeroStage.OPTIMIZER) | ((zero == ZeroStage.GRADIENTS) & (not native)), 1, 0),
+            * where(
+                (zero == ZeroStage.OPTIMIZER)
+                | ((zero == ZeroStage.GRADIENTS) & (not native))
+                | deepspeed_zero2(zero, work, native=native),
+                1,
+                0,
+            ),
             # a PyTorch-native engine gathers inside optimizer.step(), before the next forward can start (DeepSpeed
             # stage_1_and_2.py step: all_gather_dp_groups; torch's ZeroRedundancyOptimizer.step: _sync_params);
             # Megatron's distributed optimizer can gather bucket by bucket in the next forward (--overlap-param-gather)

@@ -310,6 +310,12 @@ def _stage_state(
     if workload.framework is Framework.TORCH and not workload.finetune.adapted:
         weights, grads, master, moments, gathered = _torch_native_state(model, lay, workload, stage=stage)
         adapters: Num = 0.0
+        if not shards.fsdp_zero2(workload):  # DeepSpeed's ZeRO-2: whole weights, gradients and optimizer sharded
+            ds = lay.zero == ZeroStage.GRADIENTS
+            by_count = _model_state(model, lay, workload, tr)
+            weights, grads = where(ds, by_count[0], weights), where(ds, by_count[2], grads)
+            master, moments = where(ds, by_count[3], master), where(ds, by_count[4], moments)
+            gathered = where(ds, 0.0, gathered)
     else:
         weights, adapters, grads, master, moments = _model_state(model, lay, workload, tr)
         gathered = _zero3_gathered(lay, workload, held=held)

@@ -20,7 +20,7 @@ from meshplan.core.comm.cost import Collective
 from meshplan.core.memory.activations import vocab_parallel_loss
 from meshplan.core.num import Num, ceil_div, gcd, maximum, minimum, where
 from meshplan.core.placement import AxisPlacement
-from meshplan.core.pytorch.shards import RankCoords, ddp_buckets, fsdp_units, gather_bytes, rank_params
+from meshplan.core.pytorch.shards import RankCoords, ddp_buckets, fsdp_units, fsdp_zero2, gather_bytes, rank_params
 from meshplan.core.stages import StageRow
 from meshplan.spec.cluster import Cluster
 from meshplan.spec.layout import ZeroStage
@@ -129,7 +129,8 @@ def fsdp_calls(
     """
     at = RankCoords(tp=lay.tp, tp_rank=st.tp_rank, ep=lay.ep, fsdp=group, etp=lay.etp)  # type: ignore[attr-defined]
     zero = lay.zero  # type: ignore[attr-defined]
-    on = where(zero >= ZeroStage.GRADIENTS, 1, 0)  # ZeRO-2: FSDP2 without resharding after forward (SHARD_GRAD_OP)
+    # ZeRO-2: FSDP2 without resharding after forward (SHARD_GRAD_OP), unless it reduces as DeepSpeed does (dp.py)
+    on = where(zero == ZeroStage.PARAMETERS, 1, where(zero == ZeroStage.GRADIENTS, int(fsdp_zero2(work)), 0))
     reshard = where(zero == ZeroStage.PARAMETERS, int(work.conditions.reshard_after_forward), 0)
     m, cond = st.micro_batches, work.conditions
     reductions = m if cond.grad_sync else 1

@@ -21,9 +21,10 @@ import numpy as np
 from meshplan.core.num import Num, ceil_div, gcd, maximum, minimum, where
 from meshplan.core.params import ParamTensor, embedding_tensors, head_tensors, layer_tensors
 from meshplan.core.stages import StageRow
+from meshplan.spec.conditions import ZeroGradReduce
 from meshplan.spec.layout import ZeroStage
 from meshplan.spec.model import ModelSpec
-from meshplan.spec.workload import OptimizerKind, PrecisionPolicy
+from meshplan.spec.workload import OptimizerKind, PrecisionPolicy, Workload
 from meshplan.units import DTYPE_BYTES, DType, MiB
 
 DDP_FIRST_BUCKET_BYTES = 1 * MiB
@@ -298,3 +299,9 @@ def torch_state(
         gathered_root_bytes=where(where(reshard_root, False, fsdp), kept * gather_bytes(precision), 0.0),
         fsdp_transient_bytes=where(fsdp, transient, 0.0),
     )
+
+
+def fsdp_zero2(work: Workload) -> bool:
+    """ZeRO-2 is FSDP's SHARD_GRAD_OP (each unit gathered in every forward, its gradients reduce-scattered), not
+    DeepSpeed's, which the stack says by reducing otherwise (``zero_grad_reduce``; core/comm/dp.py)."""
+    return work.conditions.zero_grad_reduce is ZeroGradReduce.REDUCE_SCATTER

@@ -184,6 +184,16 @@ CONDITION_FIELDS: tuple[Field, ...] = (
         "buckets (DeepSpeed 0.3 with contiguous_gradients off, its stage-3 default)",
     ),
     Field(
+        name="zero_grad_reduce",
+        type=str,
+        default=None,
+        group=_C,
+        choices=("reduce-scatter", "all-reduce", "reduce"),
+        help="how ZeRO-1/2 reduce the gradients: a reduce-scatter (default; Megatron's distributed optimizer), "
+        "all-reduced buckets (DeepSpeed's default since use_multi_rank_bucket_allreduce, and its BF16 optimizer) "
+        "or one reduce per rank (DeepSpeed before that option: D calls, latency-bound at scale)",
+    ),
+    Field(
         name="selective",
         type=str,
         default=None,
