@@ -87,3 +87,12 @@ def test_mi300x_pair_matches_the_published_two_gpu_bus_bandwidth() -> None:
     assert scale_up_share(cluster, 2) * cluster.scale_up.effective_bytes_per_s == pytest.approx(
         hw.link(2).effective_bytes_per_s
     )
+
+
+def test_estimate_says_when_a_group_rides_part_of_a_board() -> None:
+    args = "estimate llama-3.1-8b --gpu mi300x --gpus 8 --tp 4 --dp-shard 2 --zero 3 --micro-batch 1 --global-batch 8"
+    warnings = json.loads(_run([*args.split(), "--json"]))["warnings"]
+    (board,) = [w for w in warnings if "direct links" in w]
+    assert "tp 4 (3 of 7 peers' links, 43%)" in board and "dp_shard 2 (1 of 7 peers' links, 14%)" in board
+    whole = "estimate llama-3.1-8b --gpu mi300x --gpus 8 --tp 8 --micro-batch 1 --global-batch 8 --json"
+    assert not [w for w in json.loads(_run(whole.split()))["warnings"] if "direct links" in w]

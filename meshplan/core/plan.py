@@ -48,6 +48,7 @@ class Plan:
                 f"at {self.cluster.scale_out.bandwidth_bytes_per_s / 1e9:.0f} GB/s instead of "
                 f"{self.cluster.scale_up.name} at {self.cluster.scale_up.bandwidth_bytes_per_s / 1e9:.0f} GB/s"
             )
+        out += self._direct_board_warnings()
         if self.model.max_seq_len and self.workload.seq_len > self.model.max_seq_len:
             out.append(
                 f"seq {self.workload.seq_len:,} exceeds the model's maximum of {self.model.max_seq_len:,} tokens"
@@ -66,6 +67,24 @@ class Plan:
                 f"{self.memory.heaviest_stage}, {self.memory.hbm_bytes / 1e9:.1f} GB of HBM"
             )
         return out
+
+    def _direct_board_warnings(self) -> list[str]:
+        """Groups that share a switchless scale-up domain with other GPUs: they reach only their own peers' links."""
+        cl = self.cluster
+        if cl.scale_up_switched or cl.domain_size <= 2:
+            return []
+        peers = cl.domain_size - 1
+        short = [
+            f"{axis} {int(p.inner)} ({int(p.inner) - 1} of {peers} peers' links, {(int(p.inner) - 1) / peers:.0%})"
+            for axis, p in self.placement.items()
+            if axis != "etp" and 1 < int(p.inner) < cl.domain_size
+        ]
+        if not short:
+            return []
+        return [
+            f"the scale-up domain of {cl.domain_size} GPUs is a board of direct links with no switch: "
+            f"{', '.join(short)} of {cl.scale_up.name}'s bandwidth (docs/formulas.md section 7)"
+        ]
 
 
 def mesh_sizes(layout: object) -> dict[str, object]:
