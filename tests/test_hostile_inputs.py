@@ -139,6 +139,14 @@ def test_a_float_flag_out_of_range_is_named(capsys: pytest.CaptureFixture[str]) 
     assert "--size-mb" in refused(capsys, "collectives", "--size-mb", "5e-324")
 
 
+def test_a_subnormal_concurrency_is_an_idle_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by the API fuzz: 5e-324 users underflow the closed loop's rate to 0; none of them waits."""
+    argv = ["serve", "mpt-1b", "--gpu", "b200", "--gpus", "128", "--input-len", "1", "--output-len", "100"]
+    assert main([*argv, "--concurrency", "5e-324", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["queue_s_p99"] == 0.0 and out["tokens_per_s_total"] == 0.0 and out["tpot_s"] > 0
+
+
 # --- saved plans ------------------------------------------------------------------------------------------------
 
 

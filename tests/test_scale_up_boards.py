@@ -96,3 +96,16 @@ def test_estimate_says_when_a_group_rides_part_of_a_board() -> None:
     assert "tp 4 (3 of 7 peers' links, 43%)" in board and "dp_shard 2 (1 of 7 peers' links, 14%)" in board
     whole = "estimate llama-3.1-8b --gpu mi300x --gpus 8 --tp 8 --micro-batch 1 --global-batch 8 --json"
     assert not [w for w in json.loads(_run(whole.split()))["warnings"] if "direct links" in w]
+
+
+def _tpot_s(extra: str) -> float:
+    args = "serve llama-3.1-70b --gpu h100-sxm --gpus 4 --input-len 1000 --output-len 200 --concurrency 8 --json"
+    return float(json.loads(_run([*args.split(), *extra.split()]))["tpot_s"])
+
+
+def test_serve_states_its_node() -> None:
+    """`serve --node-size 4` on H100: TP 2 rides one pair's links of the 4-GPU board (slower than under NVSwitch),
+    TP 4 all of them (the same), and a node of 2 gives its one peer every link."""
+    assert _tpot_s("--tp 2 --node-size 4") > _tpot_s("--tp 2")
+    assert _tpot_s("--tp 4 --node-size 4") == pytest.approx(_tpot_s("--tp 4"), rel=1e-12)
+    assert _tpot_s("--tp 2 --node-size 2") == pytest.approx(_tpot_s("--tp 2"), rel=1e-12)

@@ -429,6 +429,7 @@ def _serving_commands(command: Command) -> None:
     p = command("serve", "serving speed under load: TTFT p50/p99, TPOT, tokens/s per GPU and per user")
     p.add_argument("model")
     _add_fleet(p)
+    add_fields(p, "node_size")
     _add_serve_flags(p)
     add_fields(p, "replicas", "disaggregate", "price_per_gpu_hour")
     add_fields(p, "speculative", "spec_acceptance", "draft_model", "prefix_hit_rate")

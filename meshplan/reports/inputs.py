@@ -295,7 +295,7 @@ def resolve_cluster(
             gpus_per_node=spec.gpus_per_node,
         ),
         domain_size=domain,
-        scale_up_switched=_switched(scale_up, domain=domain, catalog_domain=spec.scale_up_domain),
+        scale_up_switched=scale_up_switched(scale_up, domain=domain, catalog_domain=spec.scale_up_domain),
         oversubscription=1.0 if oversubscription is None else oversubscription,
     )
     return apply_profile(cluster, parse_profile(profile))
@@ -308,7 +308,7 @@ links: NVIDIA's NVSwitch baseboards hold 8 GPUs (HGX A100/H100/H200 8-GPU, 72 in
 their GPUs pairwise with no switch."""
 
 
-def _switched(link: Link, *, domain: int, catalog_domain: int) -> bool:
+def scale_up_switched(link: Link, *, domain: int, catalog_domain: int) -> bool:
     """Whether a group inside the scale-up domain gets every GPU's whole scale-up bandwidth (a switch) or only
     its peers' links (core/comm/call.py ``scale_up_share``): the link's own wiring, and an NVLink domain of at
     most 4 GPUs below the kind's own (``--node-size 4`` on an 8-GPU kind) is a direct-link board."""

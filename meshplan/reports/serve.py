@@ -113,6 +113,7 @@ def serve_report(
     spec_acceptance: float | None = None,
     draft_model: ModelSpec | str | None = None,
     prefix_hit_rate: float | None = None,
+    node_size: int | None = None,
 ) -> dict[str, Any]:
     """``meshplan serve``: TTFT, TPOT, throughput per GPU and per user, and where a step's time goes.
 
@@ -122,8 +123,9 @@ def serve_report(
     every default it applied; ``price_per_gpu_hour`` adds the cost per million output tokens. ``speculative`` =
     "METHOD:K" drafts K tokens a step, accepted each with ``spec_acceptance`` (core/serving/speculative.py);
     ``prefix_hit_rate`` is the share of each prompt the prefix cache holds (the load model only); ``launch``
-    "eager" or "compile" puts each forward under the host floor (core/serving/phases.py). ``engine`` left out is
-    TensorRT-LLM's constants, ``engine_source`` "default", the band widened as for an unseen engine."""
+    "eager" or "compile" puts each forward under the host floor (core/serving/phases.py). ``node_size`` replaces the
+    GPU's scale-up domain (a 4-GPU board of direct links: reports/inputs.py ``scale_up_switched``). ``engine`` left
+    out is TensorRT-LLM's constants, ``engine_source`` "default", the band widened as for an unseen engine."""
     loads = {"--concurrency": concurrency, "--rate": rate, "--num-requests": num_requests, "--batch": batch}
     given = [flag for flag, value in loads.items() if value is not None]
     if batch is not None and len(given) > 1:
@@ -154,6 +156,7 @@ def serve_report(
         max_num_tokens=max_num_tokens,
         cuda_graph_padding=cuda_graph_padding,
         launch=launch,
+        node_size=node_size,
     )
     engine = setup.hw.cal.engine
     spec = speculation(

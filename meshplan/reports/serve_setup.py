@@ -24,7 +24,7 @@ from meshplan.core.serving.shape import (
     replica_shape,
 )
 from meshplan.core.time.host import Launch
-from meshplan.reports.inputs import choice
+from meshplan.reports.inputs import choice, scale_up_switched
 from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
@@ -99,6 +99,7 @@ def resolve(
     max_num_tokens: int | None = None,
     cuda_graph_padding: bool = False,
     launch: str | None = None,
+    node_size: int | None = None,
 ) -> Setup:
     """Check and resolve the inputs: TP defaults to what the replicas leave (within one scale-up domain),
     replicas to what TP x PP leaves; the KV dtype and the int4 group size left out are the engine's
@@ -106,6 +107,13 @@ def resolve(
     engine, engine_source = stated_engine(engine)
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
+    scale_up = io.load_link(gpu_spec.scale_up_link)
+    if node_size is not None:  # the fleet's own node: its scale-up domain, and whether a switch joins it
+        if node_size < 1:
+            raise ValueError(f"node size must be >= 1, got {node_size}")
+        if not scale_up_switched(scale_up, domain=node_size, catalog_domain=gpu_spec.scale_up_domain):
+            scale_up = dataclasses.replace(scale_up, switched=False)
+        gpu_spec = dataclasses.replace(gpu_spec, scale_up_domain=node_size)
     tp, replicas = _degrees(gpus, tp=tp, pp=pp, replicas=replicas, domain=gpu_spec.scale_up_domain)
     _check_experts(spec, tp=tp, ep=ep, dp_attention=dp_attention)
     cal = calibration(engine, gpu_spec.name)
@@ -140,12 +148,7 @@ def resolve(
         defaults += (("gpu_memory_utilization", f"{cal.memory_fraction:g}", f"{engine}'s memory fraction (of {of})"),)
     if max_num_tokens is None:
         defaults += (("max_num_tokens", str(cal.max_num_tokens), f"{engine}'s tokens per step"),)
-    hw = Hardware(
-        gpu=gpu_spec,
-        scale_up=io.load_link(gpu_spec.scale_up_link),
-        scale_out=io.load_link(gpu_spec.scale_out_link),
-        cal=cal,
-    )
+    hw = Hardware(gpu=gpu_spec, scale_up=scale_up, scale_out=io.load_link(gpu_spec.scale_out_link), cal=cal)
     shape = replica_shape(spec, hw, layout, context=context)
     return Setup(
         model=spec, hw=hw, layout=layout, replicas=replicas, shape=shape, defaults=defaults, engine_source=engine_source

@@ -353,7 +353,7 @@ def _closed_loop(
     batch = min(req.concurrency, float(cap.sequences))
     t, pre = tpot(batch), first(batch - 1)
     rate = batch / (pre + busy_share(batch, closed=True) * t / 2 + (req.output_len - 1) * t)
-    wait = (req.concurrency - batch) / rate
+    wait = (req.concurrency - batch) / rate if req.concurrency > batch else 0.0  # none wait below the cap
     limit = BatchLimit.LOAD if req.concurrency <= cap.sequences else cap.limit
     return _Steady(
         batch=batch,
