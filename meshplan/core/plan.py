@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.core.comm import CollectiveCall
+from meshplan.core.comm.call import scale_up_share
 from meshplan.core.constraints import check_layout
 from meshplan.core.memory.pressure import hbm_pressure, pressure_warning
 from meshplan.core.params import count_params
@@ -74,10 +75,11 @@ class Plan:
         if cl.scale_up_switched or cl.domain_size <= 2:
             return []
         peers = cl.domain_size - 1
+        inside = {axis: int(p.inner) for axis, p in self.placement.items() if axis != "etp"}
         short = [
-            f"{axis} {int(p.inner)} ({int(p.inner) - 1} of {peers} peers' links, {(int(p.inner) - 1) / peers:.0%})"
-            for axis, p in self.placement.items()
-            if axis != "etp" and 1 < int(p.inner) < cl.domain_size
+            f"{axis} {n} ({n - 1} of {peers} peers' links, {scale_up_share(cl, n):.0%})"
+            for axis, n in inside.items()
+            if 1 < n < cl.domain_size
         ]
         if not short:
             return []

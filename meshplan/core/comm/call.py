@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from meshplan.core.comm.cost import Collective, hierarchical_time
-from meshplan.core.num import Num, maximum, minimum
+from meshplan.core.comm.cost import Collective, hierarchical_time, peer_share
+from meshplan.core.num import Num
 from meshplan.core.placement import AxisPlacement
 from meshplan.spec.cluster import Cluster
 
@@ -86,11 +86,9 @@ UNISSUED_SHARE_TO_SKIP = 0.6
 
 
 def scale_up_share(cluster: Cluster, members: Num) -> Num:
-    """Share of each GPU's scale-up bandwidth a group of ``members`` GPUs inside one domain reaches: all of it
-    under a switch; on a board of direct links, the links to its own peers, (members - 1) / (domain - 1)."""
-    if cluster.scale_up_switched or cluster.domain_size <= 1:
-        return 1.0
-    return minimum(maximum(members - 1, 1) / (cluster.domain_size - 1), 1.0)
+    """Share of each GPU's scale-up bandwidth a group of ``members`` GPUs inside one of the fleet's domains reaches
+    (``cost.peer_share``)."""
+    return peer_share(members, domain=cluster.domain_size, switched=cluster.scale_up_switched)
 
 
 def make_call(

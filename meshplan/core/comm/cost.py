@@ -51,6 +51,15 @@ BUS_FACTOR_DOC = {
 }
 
 
+def peer_share(members: Num, *, domain: int, switched: bool) -> Num:
+    """Share of each GPU's scale-up bandwidth a group of ``members`` GPUs inside one domain of ``domain`` reaches:
+    all of it under a switch; on a board of direct links (one bundle per peer pair, NCCL's topology edges), the
+    links to its own peers, (members - 1) / (domain - 1)."""
+    if switched or domain <= 1:
+        return 1.0 + 0.0 * members
+    return minimum(maximum(members - 1, 1) / (domain - 1), 1.0)
+
+
 def bus_factor(op: Collective, n: Num) -> Num:
     """nccl-tests bus-bandwidth factor: bytes each rank moves per byte of buffer."""
     if op is Collective.ALL_REDUCE:

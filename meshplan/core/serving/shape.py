@@ -14,6 +14,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from meshplan.core.comm.cost import peer_share
 from meshplan.core.memory.stage_params import stage_params
 from meshplan.core.num import Num
 from meshplan.core.params import count_params
@@ -189,10 +190,9 @@ class Hardware:
         links, the group's own peers' share of it: ``Link.switched``), the NIC beyond."""
         if group > self.gpu.scale_up_domain:
             return self.scale_out
-        domain = self.gpu.scale_up_domain
-        if self.scale_up.switched or domain <= 1 or group >= domain:
+        share = peer_share(group, domain=self.gpu.scale_up_domain, switched=self.scale_up.switched)
+        if share == 1.0:
             return self.scale_up
-        share = max(group - 1, 1) / (domain - 1)
         return dataclasses.replace(self.scale_up, bandwidth_bytes_per_s=self.scale_up.bandwidth_bytes_per_s * share)
 
 
