@@ -12,6 +12,7 @@ import pytest
 
 from meshplan import io
 from meshplan.cli import main
+from meshplan.core.params import count_params
 
 RUN = "llama-3.1-8b --gpu a100-80gb --micro-batch 2 --seq 2048"
 
@@ -82,3 +83,19 @@ def test_a_deepspeed_config_says_how_it_reduces(zero: dict, expected: str) -> No
     config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2, **zero}}
     read = read_deepspeed(json.dumps(config), "ds_config.json")
     assert read.values["zero_grad_reduce"] == expected
+
+
+def test_deepspeed_zero2_bills_whole_weights_and_sharded_state() -> None:
+    """ZeRO paper, Sec. 5.2 (P_os+g): each rank keeps the whole 2-byte weights and 1/D of the gradients and the
+    optimizer state. Re-derived from the model's parameter count, against FSDP's SHARD_GRAD_OP, whose weights are
+    sharded at rest."""
+    gpus = 64
+    args = f"memory {RUN} --gpus {gpus} --dp-shard {gpus} --zero 2 --stack deepspeed --global-batch {2 * gpus} --json"
+    buf = stdio.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(args.split()) == 0
+    bill = json.loads(buf.getvalue())["per_gpu"]
+    n = count_params(io.load_model("llama-3.1-8b")).total
+    assert bill["weights_bytes"] == pytest.approx(2 * n, rel=1e-3)  # bf16, whole
+    assert bill["gradients_bytes"] == pytest.approx(4 * n / gpus, rel=1e-3)  # the stack's fp32 gradients, sharded
+    assert bill["comm_buffers_bytes"] == 0
