@@ -207,6 +207,39 @@ def test_megatron_module_list_recompute_on_a_gpt_layer() -> None:
     assert mlp - both == pytest.approx(2048 * (3072 - 1536))  # the MLP input is one of the two norm outputs
 
 
+def test_megatron_moe_recompute_keeps_only_the_block_input() -> None:
+    """Megatron's ``moe`` module checkpoints MoELayer's whole forward (router, dispatch, experts, combine): a MoE
+    layer then keeps what a layer with no MoE internals keeps, whatever its experts. Re-derived per token for
+    Qwen3-235B-A22B (h 4096, 128 experts, top 8, f_e 1536, no shared expert) at t = 4 with SP and expert TP 1, bf16:
+    the router's fp32 logits and probabilities over 128 experts split by SP (2 x 4 x 128 / 4 = 256 bytes) and
+    k e_t / t = 2 routed copies, each with Megatron's 2 h-wide rows (the dispatched row and the expert's output,
+    2 x 2 x 4096) and the SwiGLU expert's 3 f_e-wide tensors (3 x 2 x 1536): 2 x (16384 + 9216) = 51200 bytes,
+    51456 in all. Before, the rows and the router were billed as kept (75.5 MB of 210.8 MB dropped a layer)."""
+    import dataclasses
+
+    from meshplan.spec.conditions import Selective
+
+    model = io.load_model("qwen3-235b-a22b")
+    assert model.moe is not None and not model.moe.num_shared_experts
+    lay = resolve_layout(LayoutRequest(tp=4, sp=True, ep=8, expert_tp=1, recompute="selective"), gpus=32)
+
+    def moe(m: Any, mods: tuple[str, ...]) -> float:
+        work = resolve_workload(
+            layout=lay,
+            seq=4096,
+            global_batch=1,
+            precision="bf16",
+            conditions=Conditions(selective=Selective.MODULES, recompute_modules=mods),
+        )
+        return float(layer_activations(m, lay, work).moe)
+
+    none, kept = moe(model, ("layernorm",)), moe(model, ("layernorm", "moe"))
+    assert none - kept == pytest.approx(4096 * (2 * 4 * 128 / 4 + 2 * (2 * 2 * 4096 + 3 * 2 * 1536)))
+    wider = dataclasses.replace(model, moe=dataclasses.replace(model.moe, experts_per_token=16, num_experts=256))
+    assert moe(wider, ("layernorm", "moe")) == pytest.approx(kept)  # nothing routed outlives the checkpoint
+    assert moe(wider, ("layernorm",)) > none
+
+
 def test_scale_out_bandwidth_as_a_number() -> None:
     from meshplan.reports.estimate import estimate_report
     from meshplan.reports.inputs import resolve_cluster

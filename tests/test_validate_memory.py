@@ -77,7 +77,8 @@ def test_llama3_405b_8k_names_the_saving_it_needs(result: dict[str, Any]) -> Non
     assert deepseek["fits"] and 70e9 < deepseek["memory_bytes_per_gpu"] < deepseek["hbm_bytes_per_gpu"]
     assert "--recompute-modules layernorm,mla_up_proj,moe_act" in deepseek["command"]
     # every published run the throughput validation bills over HBM names a saving that closes its gap
-    assert runs and all(not v["fits"] and any(s["closes_gap"] for s in v["savings"]) for v in runs)
+    over = [v for v in runs if not v["fits"]]
+    assert over and all(any(s["closes_gap"] for s in v["savings"]) for v in over)
 
 
 def test_every_layout_billed_over_hbm_names_its_cause(result: dict[str, Any]) -> None:
@@ -86,7 +87,7 @@ def test_every_layout_billed_over_hbm_names_its_cause(result: dict[str, Any]) ->
     from meshplan.validation.memory import BILL_TERMS
 
     over = [v for v in result["verdicts"] if not v["fits"]]
-    assert len(over) >= 10
+    assert len(over) >= 5
     for v in over:
         cause = v["cause"]
         assert f"{cause['term']}_bytes" in BILL_TERMS
@@ -94,9 +95,10 @@ def test_every_layout_billed_over_hbm_names_its_cause(result: dict[str, Any]) ->
         assert cause["term_share"] > 1 / len(BILL_TERMS)  # the largest of the terms holds more than their mean
         first = next(s["saving"] for s in v["savings"] if s["bytes"] >= v["over_bytes_per_gpu"])
         assert cause["closed_by"] == first
-    # the save list keeping Q/K/V only is offered where layers do not already recompute in full
-    zoo = [v for v in over if "Qwen3-235B" in v["case"]]
-    assert zoo and all(v["cause"]["closed_by"].startswith("a save list keeping the Q/K/V") for v in zoo)
+    # the model zoo's long-context layouts (trained on 80 GB H100s, the moe module recomputed) are no longer billed
+    # over HBM (124.8 GB, when the routed rows and the router inside Megatron's checkpoint were billed as kept):
+    # tests/golden/test_validation_targets.py holds every run billed over HBM to this list
+    assert not any("Qwen3-235B" in v["case"] for v in result["verdicts"])
 
 
 def test_a_full_recompute_gelu_run_is_offered_only_savings_that_apply(result: dict[str, Any]) -> None:

@@ -225,10 +225,6 @@ RUNS_OVER_HBM: tuple[tuple[str, str], ...] = (
     ("megatron_bridge", "25.11 Llama 3.1 405B FP8-CS, 256 GB200, TP 4 PP 16 VP 4"),
     ("megatron_bridge", "25.11 DeepSeek-V3 BF16, 256 GB200, PP 4 VP 4 EP 64"),
     ("narayanan2021_zero3", "530B on 640 GPUs"),
-    ("megatron_moe_zoo", "Long context 16K: TP 4 CP 1 EP 8 PP 8 VP 4, forced balance"),
-    ("megatron_moe_zoo", "Long context 32K: TP 4 CP 2 EP 8 PP 8 VP 4, forced balance"),
-    ("megatron_moe_zoo", "Long context 64K: TP 4 CP 4 EP 8 PP 8 VP 4, forced balance"),
-    ("megatron_moe_zoo", "Long context 128K: TP 4 CP 8 EP 8 PP 8 VP 4, forced balance"),
 )
 """Throughput runs of catalog/runs (source, case) whose stated layout the bill puts over HBM although it trained:
 their verdicts name the saving that would close the gap. tests/golden/test_validation_targets.py checks that every

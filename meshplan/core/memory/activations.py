@@ -235,11 +235,46 @@ def mlp_bytes_per_token(
     rep, split = where(sp, 1.0 / tp, 1.0), input_split(tp, sp, framework)
     beta, h, mask = act_bytes, model.hidden, 1.0 if model.dropout else 0.0
     norm = norm_bytes_per_token(model, act_bytes=beta, framework=framework)
-    per_f = mlp_internal_bytes(model, kernels=kernels, act_bytes=beta, inputs=lin)
     is_moe = moe_layer and model.moe is not None
     replicated = (norm + mask * h) * rep + lin.block_input_bytes(beta, moe_layer=is_moe) * h * split
-    if not is_moe or model.moe is None:
+    if not is_moe:
+        per_f = mlp_internal_bytes(model, kernels=kernels, act_bytes=beta, inputs=lin)
         return replicated + per_f * model.ffn_hidden / tp
+    return replicated + moe_internal_bytes_per_token(
+        model,
+        tp=tp,
+        sp=sp,
+        act_bytes=act_bytes,
+        kernels=kernels,
+        framework=framework,
+        routing_imbalance=routing_imbalance,
+        etp=etp,
+        inputs=lin,
+    )
+
+
+def moe_internal_bytes_per_token(
+    model: ModelSpec,
+    *,
+    tp: Num,
+    sp: Num,
+    act_bytes: float,
+    kernels: Kernels = Kernels.FUSED,
+    framework: Framework = Framework.MEGATRON,
+    routing_imbalance: Num = 1.0,
+    etp: Num = None,
+    inputs: LinearInputs | None = None,
+) -> Num:
+    """Bytes a MoE block keeps per local token beyond its norm and its input: the router's fp32 tensors, each
+    routed copy's rows, bookkeeping and expert internals (scaled by ``routing_imbalance``), the shared experts'.
+    All of it is what Megatron's ``moe`` recompute module drops: MoELayer checkpoints its whole forward (router,
+    dispatch, experts, combine) and keeps only the block's input (megatron/core/transformer/moe/moe_layer.py,
+    ``moe_layer_recompute``: ``tensor_parallel.checkpoint(custom_forward, False, hidden_states)``)."""
+    assert model.moe is not None
+    lin = LinearInputs.plain(act_bytes) if inputs is None else inputs
+    rep, split = where(sp, 1.0 / tp, 1.0), input_split(tp, sp, framework)
+    beta, h = act_bytes, model.hidden
+    per_f = mlp_internal_bytes(model, kernels=kernels, act_bytes=beta, inputs=lin)
     moe, saved = model.moe, SAVED_TENSORS[framework]
     k = moe.experts_per_token
     router = saved.router_fp32_tensors * FP32_BYTES * moe.num_experts * rep
@@ -251,7 +286,7 @@ def mlp_bytes_per_token(
     routed = routing_imbalance * copies * (per_pair + per_f * moe.expert_ffn_hidden / etp)
     shared_input = lin.copy_bytes * h * split if moe.num_shared_experts else 0.0
     shared = moe.num_shared_experts * per_f * moe.shared_hidden / tp + shared_input
-    return replicated + router + routed + shared
+    return router + routed + shared
 
 
 def mlp_internal_bytes(model: ModelSpec, *, kernels: Kernels, act_bytes: float, inputs: LinearInputs) -> float:

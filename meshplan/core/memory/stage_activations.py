@@ -148,8 +148,9 @@ def _module_savings_per_token(model: ModelSpec, lay: LayoutLike, workload: Workl
     """Bytes per token a layer no longer keeps when Megatron recomputes the listed modules (core_attn apart).
 
     layernorm: the two norm outputs (the QKV and MLP inputs, beta h each, 1/t under SP); mlp: a dense MLP's
-    input and internals (beta h split + n beta f / t); moe: the same for the MoE block with the routed experts'
-    internals; moe_act: the experts' activation output (beta f_e / t per routed copy); shared_experts: their
+    input and internals (beta h split + n beta f / t); moe: everything the MoE block keeps inside its forward,
+    which Megatron checkpoints whole (the router's tensors, each routed copy's rows and bookkeeping, the experts'
+    and the shared experts' internals: ``act.moe_internal_bytes_per_token``); moe_act: the experts' activation output (beta f_e / t per routed copy); shared_experts: their
     internals; mla_up_proj: MLA's up-projected queries, keys and values (beta (q + k + v) / t).
     """
     mods = set(workload.conditions.recompute_modules)
@@ -166,10 +167,20 @@ def _module_savings_per_token(model: ModelSpec, lay: LayoutLike, workload: Workl
         out = out + mlp_in * h * split * ("layernorm" not in mods) + per_f * model.ffn_hidden / tp
     if moe is not None:
         copies = moe.experts_per_token * where(lay.sp, lay.etp / tp, 1.0)  # as act.mlp_bytes_per_token
-        routed = copies * per_f * moe.expert_ffn_hidden / lay.etp
         shared = moe.num_shared_experts * per_f * moe.shared_hidden / tp
-        if "moe" in mods:
-            out = out + mlp_in * h * split * ("layernorm" not in mods) + routed + shared
+        if "moe" in mods:  # the whole MoE forward is checkpointed: only the block's input stays
+            inside = act.moe_internal_bytes_per_token(
+                model,
+                tp=tp,
+                sp=lay.sp,
+                act_bytes=beta,
+                kernels=workload.kernels,
+                framework=workload.framework,
+                routing_imbalance=where(lay.ep > 1, workload.conditions.routing_imbalance, 1.0),
+                etp=lay.etp,
+                inputs=lin,
+            )
+            out = out + mlp_in * h * split * ("layernorm" not in mods) + inside
         else:
             if "moe_act" in mods:  # the down projections' inputs, as they were kept
                 out = out + copies * lin.own_bytes * moe.expert_ffn_hidden / lay.etp
