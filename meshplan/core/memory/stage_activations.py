@@ -151,7 +151,8 @@ def _module_savings_per_token(model: ModelSpec, lay: LayoutLike, workload: Workl
     input and internals (beta h split + n beta f / t); moe: everything the MoE block keeps inside its forward,
     which Megatron checkpoints whole (the router's tensors, each routed copy's rows and bookkeeping, the experts'
     and the shared experts' internals: ``act.moe_internal_bytes_per_token``); moe_act: the experts' activation
-    output (beta f_e / t per routed copy); shared_experts: their internals; mla_up_proj: MLA's up-projected queries, keys and values (beta (q + k + v) / t).
+    output (beta f_e / t per routed copy); shared_experts: their internals; mla_up_proj: MLA's up-projected
+    queries, keys and values (beta (q + k + v) / t).
     """
     mods = set(workload.conditions.recompute_modules)
     beta, tp, h = workload.precision.activation_bytes, lay.tp, model.hidden
