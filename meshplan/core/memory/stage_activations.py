@@ -12,7 +12,7 @@ import numpy as np
 
 from meshplan.core import finetune, pipeline
 from meshplan.core.memory import activations as act
-from meshplan.core.memory.recompute_keep import keep_per_token
+from meshplan.core.memory.recompute_keep import keep_per_token, module_savings_per_token, op_checkpoint_per_token
 from meshplan.core.memory.stage_params import StageParams, layout_stage_params
 from meshplan.core.num import Num, maximum, minimum, where
 from meshplan.core.params import ParamCount
@@ -144,79 +144,6 @@ def _first_layer_dead_per_token(model: ModelSpec, lay: LayoutLike, workload: Wor
     return dead + mlp - lin.own_bytes * ffn / lay.tp  # down's adapter needs its input
 
 
-def _module_savings_per_token(model: ModelSpec, lay: LayoutLike, workload: Workload, *, moe_layer: bool) -> Num:
-    """Bytes per token a layer no longer keeps when Megatron recomputes the listed modules (core_attn apart).
-
-    layernorm: the two norm outputs (the QKV and MLP inputs, beta h each, 1/t under SP); mlp: a dense MLP's
-    input and internals (beta h split + n beta f / t); moe: everything the MoE block keeps inside its forward,
-    which Megatron checkpoints whole (the router's tensors, each routed copy's rows and bookkeeping, the experts'
-    and the shared experts' internals: ``act.moe_internal_bytes_per_token``); moe_act: the experts' activation
-    output (beta f_e / t per routed copy); shared_experts: their internals; mla_up_proj: MLA's up-projected
-    queries, keys and values (beta (q + k + v) / t).
-    """
-    mods = set(workload.conditions.recompute_modules)
-    beta, tp, h = workload.precision.activation_bytes, lay.tp, model.hidden
-    lin = linear_inputs(workload)
-    split = act.input_split(tp, lay.sp, workload.framework)
-    per_f = act.mlp_internal_bytes(model, kernels=workload.kernels, act_bytes=beta, inputs=lin)
-    moe = model.moe if moe_layer else None
-    mlp_in = lin.block_input_bytes(beta, moe_layer=moe is not None)
-    out: Num = 0.0
-    if "layernorm" in mods:
-        out = out + (lin.own_bytes + mlp_in) * h * split
-    if "mlp" in mods and moe is None:
-        out = out + mlp_in * h * split * ("layernorm" not in mods) + per_f * model.ffn_hidden / tp
-    if moe is not None:
-        copies = moe.experts_per_token * where(lay.sp, lay.etp / tp, 1.0)  # as act.mlp_bytes_per_token
-        shared = moe.num_shared_experts * per_f * moe.shared_hidden / tp
-        if "moe" in mods:  # the whole MoE forward is checkpointed: only the block's input stays
-            inside = act.moe_internal_bytes_per_token(
-                model,
-                tp=tp,
-                sp=lay.sp,
-                act_bytes=beta,
-                kernels=workload.kernels,
-                framework=workload.framework,
-                routing_imbalance=where(lay.ep > 1, workload.conditions.routing_imbalance, 1.0),
-                etp=lay.etp,
-                inputs=lin,
-            )
-            out = out + mlp_in * h * split * ("layernorm" not in mods) + inside
-        else:
-            if "moe_act" in mods:  # the down projections' inputs, as they were kept
-                out = out + copies * lin.own_bytes * moe.expert_ffn_hidden / lay.etp
-            if "shared_experts" in mods:
-                out = out + shared
-    if "mla_up_proj" in mods and model.mla is not None:
-        out = out + beta * (model.q_width + 2 * model.num_heads * model.mla.v_head_dim) / tp
-    return out
-
-
-def _op_checkpoint_per_token(model: ModelSpec, lay: LayoutLike, workload: Workload, *, moe_layer: bool) -> Num:
-    """Bytes per token a layer keeps under torchtitan's per-op selective checkpointing.
-
-    Its policy (torchtitan ``_apply_op_sac``) counts a block's matmuls and recomputes every second one: of
-    wq, wk, wv, wo, w1, w3, w2 it saves the outputs of the 1st, 3rd, 5th and 7th, wq (q), wv (kv), w1 (f) and w2
-    (h); it also saves the attention kernel's output and log-sum-exp, and keeps the layer input to rebuild the
-    rest: beta (h/t_sp + (attention out)/t + (q + kv + f) / t + h + 2 h/t [SP]) + 4 fp32 log-sum-exp per head,
-    with f the MLP width of the layer (top-k experts' under MoE, taken as one MLP of that width). Under TP, w2 is
-    row-parallel: its output is the unreduced sum at full width h; with SP the two reduce-scatters' outputs
-    (on the save list) are kept too, h/t each. MoE layers keep their experts' output at h/t. Measured by
-    ``meshplan check`` (fsdp_sac_op at f = 2h and f = 3h; tp_sac_op and sp_sac_op).
-    """
-    beta, tp = workload.precision.activation_bytes, lay.tp
-    ffn = model.ffn_hidden
-    down_out = model.hidden  # w2's output, unreduced under TP
-    if moe_layer and model.moe is not None:
-        ffn = model.moe.expert_ffn_hidden * model.moe.experts_per_token
-        down_out = model.hidden / tp
-    saved_matmuls = (model.q_width + model.kv_width + ffn) / tp + down_out
-    layer_input = model.hidden * where(lay.sp, 1.0 / tp, 1.0)
-    scattered = where(lay.sp, 2.0 * model.hidden / tp, 0.0)
-    lse = FP32_BYTES * model.num_heads / tp
-    return beta * (layer_input + model.attn_out_width / tp + saved_matmuls + scattered) + lse
-
-
 def _selective_keeps(
     model: ModelSpec,
     lay: LayoutLike,
@@ -235,14 +162,15 @@ def _selective_keeps(
         return (none[0] + full[0]) / 2, (none[1] + full[1]) / 2
     if policy is Selective.MODULES:
         core_dense, core_moe = both(Recompute.SELECTIVE)  # what recomputing core attention alone keeps
-        dense_sel = none[0] - tokens * _module_savings_per_token(model, lay, workload, moe_layer=False)
-        moe_sel = none[1] - tokens * _module_savings_per_token(model, lay, workload, moe_layer=True)
+        lin = linear_inputs(workload)
+        dense_sel = none[0] - tokens * module_savings_per_token(model, lay, workload, moe_layer=False, lin=lin)
+        moe_sel = none[1] - tokens * module_savings_per_token(model, lay, workload, moe_layer=True, lin=lin)
         if "core_attn" in workload.conditions.recompute_modules:
             dense_sel, moe_sel = dense_sel - (none[0] - core_dense), moe_sel - (none[1] - core_moe)
         return dense_sel, moe_sel
     if policy is Selective.OP:
-        dense_op = tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=False) + deltas[0]
-        return dense_op, tokens * _op_checkpoint_per_token(model, lay, workload, moe_layer=True) + deltas[1]
+        dense_op = tokens * op_checkpoint_per_token(model, lay, workload, moe_layer=False) + deltas[0]
+        return dense_op, tokens * op_checkpoint_per_token(model, lay, workload, moe_layer=True) + deltas[1]
     if policy is Selective.KEEP:  # never more than keeping everything
         lin = linear_inputs(workload)
         dense_keep = tokens * keep_per_token(model, lay, workload, moe_layer=False, lin=lin) + deltas[0]

@@ -102,7 +102,7 @@ def op_sac_share(model: ModelSpec, g: Gemm, *, moe_layer: bool) -> float:
     """Share of ``g`` torchtitan's per-op selective checkpointing recomputes: every second aten.mm of a block in
     call order, of wq, wk, wv, wo, w1, w3, w2 the 2nd, 4th and 6th (wk, wo, w3; without a gate, of wq, wk, wv, wo,
     w1, w2: wk, wo, w2), the fused Q/K/V and gate/up GEMMs split by their FLOPs; the others' outputs are saved
-    (torchtitan ``_apply_op_sac``, as core/memory/bill.py ``_op_checkpoint_per_token`` bills them). MLA and MoE
+    (torchtitan ``_apply_op_sac``, as core/memory/recompute_keep.py ``op_checkpoint_per_token`` bills them). MLA and MoE
     layers, whose matmuls are other ops: half of every GEMM."""
     if model.mla is not None or moe_layer:
         return 0.5
