@@ -17,7 +17,7 @@ from meshplan.reports.serve_band import band_for
 from meshplan.reports.serve_plan import serve_plan_report
 from meshplan.reports.serve_plan_file import serving_plan_of
 from meshplan.validation.serving import reference_rows
-from meshplan.validation.serving_typed import TYPED_KINDS, stated_engine_flag, typed_flags
+from meshplan.validation.serving_typed import TYPED_KINDS, stated_engine_flag, typed_flags, typed_setup
 
 SERVE = {"gpu": "h100-sxm", "gpus": 1, "input_len": 1000, "output_len": 200, "concurrency": 8.0}
 REASON = "no engine stated: TensorRT-LLM's constants, widened as for an unseen engine"
@@ -70,8 +70,8 @@ def test_serve_plan_text_names_the_unstated_engine() -> None:
 
 def test_typed_rows_carry_the_engine_only_where_their_source_states_it() -> None:
     """NIM's page (its backend inside the container) states no engine: typed without --engine. Splitwise's CSV
-    states none either, but its paper does (vLLM, of a version that launched op by op): typed as its reader types
-    it, --engine vllm --launch eager."""
+    states none either, but its paper does (vLLM, of its time: 0.2, op by op with Ray workers): typed as its reader
+    types it, --engine vllm-0.2, whose own launch mode is op by op."""
     typed = [r for r in reference_rows() if r["kind"] in TYPED_KINDS]
     assert {r["source"]["id"] for r in typed} == {"splitwise_perf_csv", "nim_bench_llm"}
     for r in typed:
@@ -79,7 +79,8 @@ def test_typed_rows_carry_the_engine_only_where_their_source_states_it() -> None
         if r["source"]["id"] == "nim_bench_llm":
             assert stated_engine_flag(r) is None and "engine" not in flags and "launch" not in flags
         else:
-            assert (flags["engine"], flags["launch"]) == ("vllm", "eager")
+            assert flags["engine"] == "vllm-0.2" and "launch" not in flags
+            assert typed_setup(r)[0].hw.cal.launch.value == "eager"
     tables = [r for r in reference_rows() if r["kind"] not in TYPED_KINDS and r["source"]["id"].startswith("trtllm")]
     assert tables and all(stated_engine_flag(r) == "trtllm" for r in tables)
 

@@ -123,7 +123,8 @@ def test_serve_plan_times_every_layout_as_launched_and_its_exports_say_so(
     eager, graphs = (json.loads((d / f"{n}.json").read_text()) for n in ("eager", "graphs"))
     assert (eager["launch"], graphs["launch"]) == ("eager", "cudagraph")
     assert eager["best"]["tpot_s"] >= graphs["best"]["tpot_s"]
-    assert "1 of them vllm-eager's" in eager["uncertainty"] and "vllm-eager" not in graphs["uncertainty"]
+    # no published row ran today's vLLM op by op (Splitwise's is vLLM 0.2's): the eager family's band is widened
+    assert "no published decode row of vllm-eager" in eager["uncertainty"] and "vllm-eager" not in graphs["uncertainty"]
     for engine, switch in (("vllm", "--enforce-eager"), ("sglang", "--disable-cuda-graph")):
         assert main(["export", engine, "--from-plan", str(d / "eager.json"), "--json"]) == 0
         command = json.loads(capsys.readouterr().out)["command"]

@@ -106,7 +106,7 @@ def test_the_released_rows_load_and_evaluate() -> None:
 def test_a_released_row_is_what_serve_answers_its_flags() -> None:
     """NIM's concurrency-25 point and Splitwise's 16-prompt batch, typed as a user types them: the validation's
     predictions are serve's own figures (the KV dtype, the caps and NIM's engine left to serve's defaults;
-    Splitwise's engine and launch mode as its paper states them)."""
+    Splitwise's engine, vLLM 0.2, as its paper states it)."""
     rows = {(r.case, r.metric): r.predicted for r in _rows()}
     nim = serve_report("llama-3.3-70b", gpu="h100-sxm", gpus=2, tp=2, weights_dtype="fp8", input_len=5000,
                        output_len=500, concurrency=25)  # fmt: skip
@@ -119,7 +119,7 @@ def test_a_released_row_is_what_serve_answers_its_flags() -> None:
     assert rows[(case, "itl_ms")] == pytest.approx(1e3 * nim["tpot_s"], rel=1e-12)
     assert rows[(case, "output_tokens_per_s_total")] == pytest.approx(nim["tokens_per_s_total"], rel=1e-12)
     sw = serve_report("llama-2-70b", gpu="h100-sxm", gpus=2, tp=2, input_len=512, output_len=128, batch=16,
-                      engine="vllm", launch="eager")  # fmt: skip
+                      engine="vllm-0.2")  # fmt: skip
     case = "sw_h100_llama2-70b_tp2_p512_b16"
     assert rows[(case, "prefill_time_ms")] == pytest.approx(1e3 * sw["static_batch"]["ttft_s"], rel=1e-12)
     assert rows[(case, "decode_step_time_ms")] == pytest.approx(1e3 * sw["tpot_s"], rel=1e-12)

@@ -65,7 +65,13 @@ class Band:
         return head + (f" (widened: {', '.join(self.widened)})" if self.widened else "")
 
 
-ENGINE_NAMES = {"trtllm": "TensorRT-LLM", "vllm": "vLLM", "sglang": "SGLang", "gpt-fast": "gpt-fast"}
+ENGINE_NAMES = {
+    "trtllm": "TensorRT-LLM",
+    "vllm": "vLLM",
+    "sglang": "SGLang",
+    "gpt-fast": "gpt-fast",
+    "vllm-0.2": "vLLM 0.2",
+}
 
 
 def unstated_engine_reason(engine: str) -> str:

@@ -29,7 +29,7 @@ from meshplan.spec.cluster import GPU
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
 
-ENGINES = ("trtllm", "vllm", "sglang", "gpt-fast")
+ENGINES = ("trtllm", "vllm", "sglang", "gpt-fast", "vllm-0.2")
 DEFAULT_ENGINE = "trtllm"
 """The engine whose constants a question that states none is predicted with."""
 ENGINE_SOURCES = ("flag", "default")
@@ -61,6 +61,8 @@ def calibration(engine: str, gpu: str) -> ServeCalibration:
     data["memory_fraction_of"] = MemoryFraction(data["memory_fraction_of"])
     data["allreduce"] = AllReduceKernel(data["allreduce"])
     data["fp8_kv_with"] = tuple(data.get("fp8_kv_with", ()))
+    if "launch" in data:
+        data["launch"] = Launch(data["launch"])
     return ServeCalibration(engine=engine, **{k: v for k, v in data.items() if k != "engine"})
 
 
@@ -139,10 +141,10 @@ def resolve(
         cal = dataclasses.replace(cal, max_num_tokens=max_num_tokens)
     if cuda_graph_padding:
         cal = dataclasses.replace(cal, cuda_graph_padding=True)
-    if launch is not None:  # left out: the engine replays CUDA graphs (each engine's default)
-        if cuda_graph_padding and launch != Launch.CUDAGRAPH:
-            raise ValueError(f"--cuda-graph-padding pads replayed CUDA graphs: drop it or --launch {launch}")
+    if launch is not None:  # left out: the engine's own (replayed CUDA graphs, but for vllm-0.2's op by op)
         cal = dataclasses.replace(cal, launch=Launch(launch))
+    if cuda_graph_padding and cal.launch is not Launch.CUDAGRAPH:
+        raise ValueError(f"--cuda-graph-padding pads replayed CUDA graphs: drop it or --launch {cal.launch.value}")
     if gpu_memory_utilization is None:
         of = cal.memory_fraction_of.value
         defaults += (("gpu_memory_utilization", f"{cal.memory_fraction:g}", f"{engine}'s memory fraction (of {of})"),)

@@ -46,11 +46,11 @@ typed (their rows are what a user of serve gets), the unstated settings named in
 
 STATED_ELSEWHERE = {
     "splitwise_perf_csv": (
-        {"engine": "vllm", "launch": "eager"},
+        {"engine": "vllm-0.2"},
         "the paper the CSV comes with states the engine (Patel et al. 2024, Sec. 3: 'Unless stated otherwise, we run "
-        "BLOOM-176B and Llama-70B on vLLM'), and the vLLM of its time launched op by op: vLLM's first CUDA-graph "
-        "execution (enforce_eager's default off) merged in December 2023 (vllm-project/vllm pull request 1926), "
-        "after the paper's first version (arXiv 2311.18677v1, 30 November 2023)",
+        "BLOOM-176B and Llama-70B on vLLM'), and its time the release: its first version (arXiv 2311.18677v1, 30 "
+        "November 2023) predates vLLM's CUDA graphs (vllm-project/vllm pull request 1926, December 2023) and its "
+        "NCCL control plane (pull request 2221): vLLM 0.2 (--engine vllm-0.2: op by op, Ray workers)",
     ),
 }
 """Conditions a source's own publication states beside its data file (the shared file's row leaves them out), as

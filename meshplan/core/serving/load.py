@@ -41,12 +41,13 @@ from meshplan.core.serving.tails import (
 )
 from meshplan.spec.model import ModelSpec
 
-SEPARATE_PREFILL_ENGINES = ("sglang",)
+SEPARATE_PREFILL_ENGINES = ("sglang", "vllm-0.2")
 """Engines that run a batch of new prompts as a forward of its own, the decoding sequences waiting for it: SGLang's
 scheduler mixes prompt chunks into the decode batch only with --enable-mixed-chunk (server_args.py:
 enable_mixed_chunk False; scheduler.py, get_new_batch_prefill: 'Mixed-style chunked prefill' only where
-is_mixed_chunk), and its prefill budget does not count the running decodes then. vLLM (V1, chunked prefill
-always on) and TensorRT-LLM (in-flight batching) put both in one forward."""
+is_mixed_chunk), and its prefill budget does not count the running decodes then; vLLM 0.2's scheduler returns
+either a run of prompts or a decode step (core/scheduler.py, SchedulerOutputs prompt_run). vLLM (V1, chunked
+prefill always on) and TensorRT-LLM (in-flight batching) put both in one forward."""
 KNEE_SHARE = 0.9
 """The knee: the smallest batch whose throughput reaches this share of the throughput at the cap."""
 P99_TAIL = 0.01

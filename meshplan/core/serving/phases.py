@@ -250,19 +250,29 @@ def forward(
         tp_comm_s=tp_comm,
         ep_comm_s=_ep_comm_s(model, shape, hw, layout, new_tokens=new_tokens, per_node=ep_per_node, n_micro=n_micro),
         pp_comm_s=_pp_send_s(model, hw, layout, new_tokens=new_tokens),
-        overhead_s=cal.step_overhead_s + layer_overhead_s * shape.layers + 0.0 * new_tokens,
+        overhead_s=step_host_s(hw, layout, sequences=logits) + layer_overhead_s * shape.layers + 0.0 * new_tokens,
     )
     if cal.launch is Launch.CUDAGRAPH:
         return out
-    # the host floor (core/time/host.py): the GPU's work of the forward (everything but the scheduler's step
-    # overhead, which the host spends before it issues anything) waits on the host issuing its layers' kernels
+    # the host floor (core/time/host.py): the GPU's work of the forward (everything but the host's work between
+    # forwards, which it spends before it issues anything) waits on the host issuing its layers' kernels
     moe_layers = min(model.num_moe_layers, shape.layers) if model.moe is not None else 0
     host = n_micro * (
         moe_layers * serving_host_layer_s(model, launch=cal.launch, tp=layout.tp, moe_layer=True)
         + (shape.layers - moe_layers) * serving_host_layer_s(model, launch=cal.launch, tp=layout.tp, moe_layer=False)
     )
-    gpu_s = out.total_s - cal.step_overhead_s
+    gpu_s = out.total_s - step_host_s(hw, layout, sequences=logits)
     return dataclasses.replace(out, host_wait_s=host_stall_s(host_s=host, gpu_s=gpu_s))
+
+
+def step_host_s(hw: Hardware, layout: ServeLayout, *, sequences: Num) -> Num:
+    """The host's work between two forwards, the GPU idle through it: the engine's fixed cost per step
+    (``step_overhead_s``) and, for each of the ``sequences`` the step samples, ``sequence_host_s`` (scheduling,
+    input preparation, the sampler's and the output processing's loops) and ``worker_sequence_host_s`` for each of
+    the replica's worker processes the step's metadata is sent to (tp x pp)."""
+    cal = hw.cal
+    per_sequence = cal.sequence_host_s + layout.tp * layout.pp * cal.worker_sequence_host_s
+    return cal.step_overhead_s + sequences * per_sequence
 
 
 def micro_batches(model: ModelSpec, hw: Hardware, layout: ServeLayout) -> int:

@@ -88,6 +88,13 @@ class ServeCalibration:
     """Share of 16-bit dense peak the prefill attention kernel reaches."""
     step_overhead_s: float
     """Fixed cost of each forward (scheduler, sampling, CUDA-graph launch, host sync)."""
+    sequence_host_s: float = 0.0
+    """Host seconds between two forwards for each sequence a step samples (scheduling, input preparation, the
+    sampler's per-sequence loops, incremental detokenization, output processing), where the engine runs them in
+    the loop that issues the forwards; 0 where they are priced in ``step_overhead_s`` or overlap the GPU."""
+    worker_sequence_host_s: float = 0.0
+    """What each of a replica's worker processes adds per sequence a step samples, where the driver sends every
+    worker the step's per-sequence metadata and gathers each one's output (vLLM 0.2's Ray control plane)."""
     layer_overhead_s: float
     """Launch gaps per layer of a decode step not hidden by CUDA graphs."""
     prefill_layer_overhead_s: float

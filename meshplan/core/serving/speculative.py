@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from meshplan.core.num import Num, where
-from meshplan.core.serving.phases import Forward, decode_step, forward
+from meshplan.core.serving.phases import Forward, decode_step, forward, step_host_s
 from meshplan.core.serving.shape import Hardware, ReplicaShape, ServeLayout, sliding_context
 from meshplan.spec.model import ModelSpec
 
@@ -143,9 +143,11 @@ def draft_s(
         one = decode_step(
             spec.draft_model, spec.draft_shape, hw, spec.draft_layout, batch=batch * group, context=context
         )
+        between = step_host_s(hw, spec.draft_layout, sequences=batch * group)
     else:
         one = decode_step(model, _one_layer(model, shape), hw, layout, batch=batch, context=context)
-    one = dataclasses.replace(one, overhead_s=one.overhead_s - hw.cal.step_overhead_s)
+        between = step_host_s(hw, layout, sequences=batch)
+    one = dataclasses.replace(one, overhead_s=one.overhead_s - between)  # drafts run inside the step
     return _scaled(one, spec.k)
 
 

@@ -128,10 +128,10 @@ SERVE_FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_V,
-        choices=("trtllm", "vllm", "sglang", "gpt-fast"),
+        choices=("trtllm", "vllm", "sglang", "gpt-fast", "vllm-0.2"),
         help=(
             "serving engine whose calibrated shares apply (left out: trtllm's, the band widened as for an engine no "
-            "published row ran)"
+            "published row ran; vllm-0.2: vLLM as it ran in late 2023, op by op, its host work between steps)"
         ),
     ),
     Field(
