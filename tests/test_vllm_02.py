@@ -85,3 +85,16 @@ def test_graph_padding_is_refused_where_the_engine_runs_op_by_op(capsys: pytest.
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--cuda-graph-padding" in err and "--launch eager" in err
     assert main([*argv, "--engine", "vllm-0.2", "--batch", "4", "--launch", "cudagraph", "--cuda-graph-padding"]) == 0
+
+
+def test_serve_plan_times_the_engine_as_it_launches() -> None:
+    """serve-plan --engine vllm-0.2 with no --launch times every layout op by op, as serve does, and says so."""
+    from meshplan.reports.serve_plan import serve_plan_report
+
+    kw = dict(gpu="h100-sxm", gpus=2, input_len=512, output_len=128, engine="vllm-0.2", top=1)
+    left_out = serve_plan_report("llama-3.1-8b", **kw)
+    stated = serve_plan_report("llama-3.1-8b", launch="eager", **kw)
+    graphs = serve_plan_report("llama-3.1-8b", launch="cudagraph", **kw)
+    assert (left_out["launch"], graphs["launch"]) == ("eager", "cudagraph")
+    assert left_out["best"]["tpot_s"] == pytest.approx(stated["best"]["tpot_s"], rel=1e-12)
+    assert "vllm-0.2-eager" in left_out["uncertainty"]

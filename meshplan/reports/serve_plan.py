@@ -178,7 +178,7 @@ def serve_plan_report(
     """Search, rank and explain: the best plans, the Pareto front, and why every other layout lost. Weights are
     searched below the model's published dtype only with ``allow_quantization`` (``searched_dtypes``). Every layout
     is timed with the prefix hit rate and the drafting head (eagle:K, mtp:K) given, and launched as ``launch`` says
-    (left out: the engine's replayed CUDA graphs)."""
+    (left out: the engine's own way, ``engine_launch``)."""
     start = time.perf_counter()
     engine, engine_source = stated_engine(engine)  # left out: TensorRT-LLM's constants, the band widened
     dtypes = searched_dtypes(model, dtypes, allow_quantization=allow_quantization)
@@ -210,7 +210,7 @@ def serve_plan_report(
         launch=launch,
     )
     searched = [w.value for w, _ in _weight_options(gpu_spec, dtypes)]
-    launched = Launch(launch or Launch.CUDAGRAPH).value
+    launched = engine_launch(engine, gpu_spec.name, launch).value
     family = band_family(engine, launched)
     return _answer(spec, gpu_spec, result, gpus=gpus, engine=engine, obj=obj, top=top, start=start) | {
         "input_len": input_len,
@@ -230,6 +230,12 @@ def serve_plan_report(
             *_quality_note(model, gpu_spec, allow_quantization, searched),
         ],
     }
+
+
+def engine_launch(engine: str, gpu: str, launch: str | None) -> Launch:
+    """How each layout's kernels launch: as stated, else the engine's own way (replayed CUDA graphs; vllm-0.2's op
+    by op)."""
+    return Launch(launch) if launch is not None else calibration(engine, gpu).launch
 
 
 def _quality_note(model: ModelSpec | str, gpu: GPU, allow_quantization: bool, searched: list[str]) -> list[str]:
@@ -272,7 +278,7 @@ def _search(
         gpu=gpu,
         scale_up=io.load_link(gpu.scale_up_link),
         scale_out=io.load_link(gpu.scale_out_link),
-        cal=dataclasses.replace(calibration(engine, gpu.name), launch=Launch(launch or Launch.CUDAGRAPH)),
+        cal=dataclasses.replace(calibration(engine, gpu.name), launch=engine_launch(engine, gpu.name, launch)),
     )
     req = Requests(
         input_len=input_len,
