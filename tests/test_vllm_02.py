@@ -83,7 +83,7 @@ def test_graph_padding_is_refused_where_the_engine_runs_op_by_op(capsys: pytest.
     argv = ["serve", "llama-2-70b", "--gpu", "h100-sxm", "--gpus", "2", "--input-len", "512", "--output-len", "128"]
     assert main([*argv, "--engine", "vllm-0.2", "--batch", "4", "--cuda-graph-padding"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--cuda-graph-padding" in err and "--launch eager" in err
+    assert len(err.splitlines()) == 1 and "--cuda-graph-padding" in err and "--launch cudagraph" in err
     assert main([*argv, "--engine", "vllm-0.2", "--batch", "4", "--launch", "cudagraph", "--cuda-graph-padding"]) == 0
 
 

@@ -144,7 +144,8 @@ def resolve(
     if launch is not None:  # left out: the engine's own (replayed CUDA graphs, but for vllm-0.2's op by op)
         cal = dataclasses.replace(cal, launch=Launch(launch))
     if cuda_graph_padding and cal.launch is not Launch.CUDAGRAPH:
-        raise ValueError(f"--cuda-graph-padding pads replayed CUDA graphs: drop it or --launch {cal.launch.value}")
+        fix = f"drop it or --launch {launch}" if launch is not None else "drop it or add --launch cudagraph"
+        raise ValueError(f"--cuda-graph-padding pads replayed CUDA graphs, and {engine} launches op by op here: {fix}")
     if gpu_memory_utilization is None:
         of = cal.memory_fraction_of.value
         defaults += (("gpu_memory_utilization", f"{cal.memory_fraction:g}", f"{engine}'s memory fraction (of {of})"),)
