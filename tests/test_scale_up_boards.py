@@ -109,3 +109,47 @@ def test_serve_states_its_node() -> None:
     assert _tpot_s("--tp 2 --node-size 4") > _tpot_s("--tp 2")
     assert _tpot_s("--tp 4 --node-size 4") == pytest.approx(_tpot_s("--tp 4"), rel=1e-12)
     assert _tpot_s("--tp 2 --node-size 2") == pytest.approx(_tpot_s("--tp 2"), rel=1e-12)
+
+
+def test_serve_plan_searches_the_fleets_own_node(tmp_path: object) -> None:
+    """`serve-plan --node-size 4` on H100: no layout wider than the 4-GPU board in TP, each timed on the board's own
+    links; its saved plan records the node and exports after the same recomputation; the API takes it too."""
+    from pathlib import Path
+
+    from meshplan.reports.serve_plan import serve_plan_report
+
+    kw = dict(gpu="h100-sxm", gpus=8, input_len=1024, output_len=256, engine="trtllm", top=50)
+    board = serve_plan_report("llama-3.1-8b", node_size=4, **kw)
+    switched = serve_plan_report("llama-3.1-8b", **kw)
+    assert board["node_size"] == 4 and switched["node_size"] is None
+    tps = {p["layout"]["tp"] for p in board["top"]}
+    assert max(tps) <= 4 and max(p["layout"]["tp"] for p in switched["top"]) == 8
+    by_layout = {(p["layout"]["tp"], p["layout"]["pp"], p["layout"]["weights_dtype"]): p for p in switched["top"]}
+    pairs = [p for p in board["top"] if p["layout"]["tp"] == 2 and p["layout"]["pp"] == 1]
+    assert pairs  # TP 2 rides one pair's 6 of 18 links: no faster than under NVSwitch
+    for p in pairs:
+        other = by_layout.get((2, 1, p["layout"]["weights_dtype"]))
+        assert other is None or p["tpot_s"] >= other["tpot_s"]
+    d = Path(str(tmp_path))  # Llama 3.1 70B on 2 GPUs: TP 2 wins, on one pair of the board
+    argv = ["serve-plan", "llama-3.1-70b", "--gpu", "h100-sxm", "--gpus", "2", "--input-len", "1024", "--output-len"]
+    argv += ["256", "--engine", "vllm", "--node-size", "4", "--top", "1", "--save", str(d / "plan.json")]
+    with contextlib.redirect_stdout(stdio.StringIO()), contextlib.redirect_stderr(stdio.StringIO()) as err:
+        assert main(argv) == 0
+        saved = json.loads((d / "plan.json").read_text())
+        assert saved["node_size"] == 4 and saved["best"]["layout"]["tp"] == 2
+        assert main(["export", "vllm", "--from-plan", str(d / "plan.json"), "--json"]) == 0
+        edited = saved | {"node_size": None}  # the same winner timed under NVSwitch is another plan
+        (d / "edited.json").write_text(json.dumps(edited))
+        assert main(["export", "vllm", "--from-plan", str(d / "edited.json")]) == 2
+    assert "serve-plan computes" in err.getvalue()
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from meshplan.server.app import create_app
+
+    query = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "gpus": 8, "input_len": 1024, "output_len": 256}
+    with TestClient(create_app(), base_url="http://127.0.0.1") as client:
+        r = client.get("/api/serve-plan", params=query | {"node_size": 4, "engine": "trtllm"})
+        assert r.status_code == 200 and r.json()["node_size"] == 4
+        bad = client.get("/api/serve-plan", params=query | {"node_size": 0})
+        assert bad.status_code in (400, 422) and "node" in bad.text

@@ -451,6 +451,7 @@ def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
         speculative=args.speculative,
         spec_acceptance=args.spec_acceptance,
         launch=args.launch,
+        node_size=args.node_size,
     )
     if args.save:
         save_json(args, result)

@@ -439,6 +439,7 @@ def _serving_commands(command: Command) -> None:
     p = command("serve-plan", "every serving layout, dtype and batch cap ranked under TTFT/TPOT targets")
     p.add_argument("model")
     _add_fleet(p)
+    add_fields(p, "node_size")
     add_fields(p, "input_len", "output_len", required=True)
     add_fields(p, "ttft_p99", "tpot_p99", "serve_objective", "concurrency", "engine", "weights_dtypes", "top")
     add_fields(p, "allow_quantization", "prefix_hit_rate", "speculative", "spec_acceptance", "launch")

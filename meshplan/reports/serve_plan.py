@@ -24,10 +24,10 @@ from meshplan.reports.inputs import choice
 from meshplan.reports.serve import calibration, engine_defaults, serving_band_text
 from meshplan.reports.serve_band import band_family
 from meshplan.reports.serve_coverage import coverage_warnings
-from meshplan.reports.serve_setup import stated_engine
+from meshplan.reports.serve_setup import fleet_node, stated_engine
 from meshplan.reports.serve_spec import head_speculation
 from meshplan.search.limits import check_deadline
-from meshplan.spec.cluster import GPU
+from meshplan.spec.cluster import GPU, Link
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
 
@@ -174,16 +174,18 @@ def serve_plan_report(
     speculative: str | None = None,
     spec_acceptance: float | None = None,
     launch: str | None = None,
+    node_size: int | None = None,
 ) -> dict[str, Any]:
     """Search, rank and explain: the best plans, the Pareto front, and why every other layout lost. Weights are
     searched below the model's published dtype only with ``allow_quantization`` (``searched_dtypes``). Every layout
     is timed with the prefix hit rate and the drafting head (eagle:K, mtp:K) given, and launched as ``launch`` says
-    (left out: the engine's own way, ``engine_launch``)."""
+    (left out: the engine's own way, ``engine_launch``), on nodes of ``node_size`` GPUs (left out: the kind's
+    scale-up domain; a 4-GPU board without a switch gives each group only its pairs' links)."""
     start = time.perf_counter()
     engine, engine_source = stated_engine(engine)  # left out: TensorRT-LLM's constants, the band widened
     dtypes = searched_dtypes(model, dtypes, allow_quantization=allow_quantization)
     spec = io.load_model(model) if isinstance(model, str) else model
-    gpu_spec = io.load_gpu(gpu)
+    gpu_spec, scale_up = fleet_node(io.load_gpu(gpu), node_size)
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
     obj = choice(Objective, objective, "objective")
@@ -208,6 +210,7 @@ def serve_plan_report(
         speculative=speculative,
         spec_acceptance=spec_acceptance,
         launch=launch,
+        scale_up=scale_up,
     )
     searched = [w.value for w, _ in _weight_options(gpu_spec, dtypes)]
     launched = engine_launch(engine, gpu_spec.name, launch).value
@@ -220,6 +223,7 @@ def serve_plan_report(
         "concurrency_total": concurrency,
         "engine_source": engine_source,
         "launch": launched,
+        "node_size": node_size,
         "uncertainty": serving_band_text(spec, engine=family, gpu=gpu_spec.name, stated=engine_source == "flag"),
         "weights_dtypes_searched": searched,
         "prefix_hit_rate": prefix_hit_rate,
@@ -270,13 +274,14 @@ def _search(
     speculative: str | None = None,
     spec_acceptance: float | None = None,
     launch: str | None = None,
+    scale_up: Link | None = None,
 ) -> SearchResult:
     if disaggregate and (prefix_hit_rate is not None or speculative is not None):
         given = "--prefix-hit-rate" if prefix_hit_rate is not None else "--speculative"
         raise ValueError(f"{given} is modelled on colocated replicas; drop --search-disaggregated")
     hw = Hardware(
         gpu=gpu,
-        scale_up=io.load_link(gpu.scale_up_link),
+        scale_up=io.load_link(gpu.scale_up_link) if scale_up is None else scale_up,
         scale_out=io.load_link(gpu.scale_out_link),
         cal=dataclasses.replace(calibration(engine, gpu.name), launch=engine_launch(engine, gpu.name, launch)),
     )
@@ -331,12 +336,15 @@ def plan_of_layout(
     speculative: str | None = None,
     spec_acceptance: float | None = None,
     launch: str | None = None,
+    node_size: int | None = None,
 ) -> dict[str, Any]:
     """The plan serve-plan ranks for one layout (split into ``prefill_replicas`` prefill replicas and the rest
-    decode, when above 0), as ``best`` holds it; ValueError with the reason when the layout yields none."""
+    decode, when above 0), as ``best`` holds it, on the catalog's ``gpu`` in nodes of ``node_size``; ValueError with
+    the reason when the layout yields none."""
+    node_gpu, scale_up = fleet_node(gpu, node_size)
     result = _search(
         spec,
-        gpu,
+        node_gpu,
         iter([layout]),
         gpus=gpus,
         input_len=input_len,
@@ -351,6 +359,7 @@ def plan_of_layout(
         speculative=speculative,
         spec_acceptance=spec_acceptance,
         launch=launch,
+        scale_up=scale_up,
     )
     for c in result.ranked:
         if c.prefill_replicas == prefill_replicas:

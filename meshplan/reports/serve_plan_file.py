@@ -49,6 +49,7 @@ FILE_KEYS = (
     "concurrency_total",
     "engine_source",
     "launch",
+    "node_size",
     "uncertainty",
     "weights_dtypes_searched",
     "prefix_hit_rate",
@@ -226,7 +227,7 @@ def serving_plan_of(data: Any, label: str) -> SavedServingPlan:
         where, ch = found
         raise ValueError(f"{label}: {where} holds the control character {ch!r}; a plan file holds none")
     r = _Reader(label)
-    data = {"engine_source": "flag", "launch": "cudagraph"} | data  # saved before they were written
+    data = {"engine_source": "flag", "launch": "cudagraph", "node_size": None} | data  # saved before they were written
     r.table(data, FILE_KEYS, "the file")
     spec, gpu = _fleet(r, data)
     request = _request(r, data)
@@ -316,6 +317,7 @@ def _request(r: _Reader, data: dict[str, Any]) -> dict[str, Any]:
         "concurrency": None if concurrency is None else float(concurrency),
         "engine": data["engine"],
         "launch": r.schema("launch", data["launch"], "launch"),
+        "node_size": r.schema("node_size", data["node_size"], "node_size", optional=True),
     }
 
 
@@ -385,10 +387,11 @@ def _recomputed(
             engine=request["engine"],
             context=context,
             launch=request["launch"],
+            node_size=request["node_size"],
         )
     except ValueError as exc:
         raise r.fail("best.layout", f"cannot be served: {exc}") from None
-    if setup.layout not in set(layouts(spec, gpu, gpus=data["gpus"], dtypes=None)):
+    if setup.layout not in set(layouts(spec, setup.hw.gpu, gpus=data["gpus"], dtypes=None)):
         fleet = f"{spec.name} on {data['gpus']} x {gpu.name}"
         raise r.fail("best.layout", f"is not a layout serve-plan searches for {fleet}")
     try:

@@ -25,7 +25,7 @@ from meshplan.core.serving.shape import (
 )
 from meshplan.core.time.host import Launch
 from meshplan.reports.inputs import choice, scale_up_switched
-from meshplan.spec.cluster import GPU
+from meshplan.spec.cluster import GPU, Link
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
 
@@ -64,6 +64,20 @@ def calibration(engine: str, gpu: str) -> ServeCalibration:
     if "launch" in data:
         data["launch"] = Launch(data["launch"])
     return ServeCalibration(engine=engine, **{k: v for k, v in data.items() if k != "engine"})
+
+
+def fleet_node(gpu: GPU, node_size: int | None) -> tuple[GPU, Link]:
+    """The catalog's GPU kind with the fleet's own node as its scale-up domain (``node_size``; None keeps the
+    kind's), and the scale-up link, without a switch where that node's board has none
+    (reports/inputs.py ``scale_up_switched``)."""
+    scale_up = io.load_link(gpu.scale_up_link)
+    if node_size is None:
+        return gpu, scale_up
+    if node_size < 1:
+        raise ValueError(f"node size must be >= 1, got {node_size}")
+    if not scale_up_switched(scale_up, domain=node_size, catalog_domain=gpu.scale_up_domain):
+        scale_up = dataclasses.replace(scale_up, switched=False)
+    return dataclasses.replace(gpu, scale_up_domain=node_size), scale_up
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,14 +122,7 @@ def resolve(
     (``engine_defaults``); the engine left out is TensorRT-LLM's (``stated_engine``)."""
     engine, engine_source = stated_engine(engine)
     spec = io.load_model(model) if isinstance(model, str) else model
-    gpu_spec = io.load_gpu(gpu)
-    scale_up = io.load_link(gpu_spec.scale_up_link)
-    if node_size is not None:  # the fleet's own node: its scale-up domain, and whether a switch joins it
-        if node_size < 1:
-            raise ValueError(f"node size must be >= 1, got {node_size}")
-        if not scale_up_switched(scale_up, domain=node_size, catalog_domain=gpu_spec.scale_up_domain):
-            scale_up = dataclasses.replace(scale_up, switched=False)
-        gpu_spec = dataclasses.replace(gpu_spec, scale_up_domain=node_size)
+    gpu_spec, scale_up = fleet_node(io.load_gpu(gpu), node_size)
     tp, replicas = _degrees(gpus, tp=tp, pp=pp, replicas=replicas, domain=gpu_spec.scale_up_domain)
     _check_experts(spec, tp=tp, ep=ep, dp_attention=dp_attention)
     cal = calibration(engine, gpu_spec.name)

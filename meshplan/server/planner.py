@@ -212,6 +212,7 @@ async def serve_plan(
         "speculative": plan["speculative"],
         "spec_acceptance": plan["spec_acceptance"],
         "launch": plan["launch"],
+        "node_size": plan["node_size"],
     }
     key = ("serve-plan", _model_key(model), *sorted((k, repr(v)) for k, v in kwargs.items()))
     gate: SearchGate = request.app.state.searches
