@@ -231,6 +231,8 @@ class ServePlanReport(TypedDict):
     """flag (--engine given) or default (none stated: trtllm's constants, the band widened as for an unseen engine)"""
     launch: str
     """cudagraph (the engines' default), eager or compile: how every layout was timed launching its kernels"""
+    node_size: int | None
+    """the fleet's node (--node-size; null: the GPU kind's own scale-up domain)"""
     uncertainty: str
     weights_dtypes_searched: list[str]
     prefix_hit_rate: float | None
