@@ -19,7 +19,6 @@ from meshplan.reports.serve_band import Band, band_family, band_for
 from meshplan.reports.serve_coverage import coverage_warnings
 from meshplan.reports.serve_load import finite_s, load_band, near_capacity, slower_machine
 from meshplan.reports.serve_setup import DEFAULT_ENGINE as DEFAULT_ENGINE
-from meshplan.reports.serve_setup import ENGINES as ENGINES
 from meshplan.reports.serve_setup import Setup as Setup
 from meshplan.reports.serve_setup import calibration as calibration
 from meshplan.reports.serve_setup import engine_defaults as engine_defaults

@@ -29,7 +29,6 @@ from meshplan.spec.cluster import GPU, Link
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
 
-ENGINES = ("trtllm", "vllm", "sglang", "gpt-fast", "vllm-0.2")
 DEFAULT_ENGINE = "trtllm"
 """The engine whose constants a question that states none is predicted with."""
 ENGINE_SOURCES = ("flag", "default")
