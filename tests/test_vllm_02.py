@@ -98,3 +98,19 @@ def test_serve_plan_times_the_engine_as_it_launches() -> None:
     assert (left_out["launch"], graphs["launch"]) == ("eager", "cudagraph")
     assert left_out["best"]["tpot_s"] == pytest.approx(stated["best"]["tpot_s"], rel=1e-12)
     assert "vllm-0.2-eager" in left_out["uncertainty"]
+
+
+def test_the_engine_flag_names_every_catalog_engine_and_each_states_its_prefill_forward() -> None:
+    """--engine's choices are the engine families of catalog/serving/engines.toml, no more and no fewer; an engine
+    that runs new prompts in a forward of their own says where its code does so."""
+    import tomllib
+    from importlib import resources
+
+    from meshplan.spec.requests import field
+
+    text = resources.files("meshplan").joinpath("catalog/serving/engines.toml").read_text()
+    catalog = set(tomllib.loads(text)["engine"])
+    assert set(field("engine").choices) == catalog
+    separate = {e for e in catalog if calibration(e, "h100-sxm").separate_prefill}
+    assert separate == {"sglang", "vllm-0.2"}
+    assert all(calibration(e, "h100-sxm").separate_prefill_source for e in separate)

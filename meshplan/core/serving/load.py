@@ -41,13 +41,6 @@ from meshplan.core.serving.tails import (
 )
 from meshplan.spec.model import ModelSpec
 
-SEPARATE_PREFILL_ENGINES = ("sglang", "vllm-0.2")
-"""Engines that run a batch of new prompts as a forward of its own, the decoding sequences waiting for it: SGLang's
-scheduler mixes prompt chunks into the decode batch only with --enable-mixed-chunk (server_args.py:
-enable_mixed_chunk False; scheduler.py, get_new_batch_prefill: 'Mixed-style chunked prefill' only where
-is_mixed_chunk), and its prefill budget does not count the running decodes then; vLLM 0.2's scheduler returns
-either a run of prompts or a decode step (core/scheduler.py, SchedulerOutputs prompt_run). vLLM (V1, chunked
-prefill always on) and TensorRT-LLM (in-flight batching) put both in one forward."""
 KNEE_SHARE = 0.9
 """The knee: the smallest batch whose throughput reaches this share of the throughput at the cap."""
 P99_TAIL = 0.01
@@ -181,7 +174,7 @@ def capacity(
 
 def _prompt_room(hw: Hardware, req: Requests, per_forward: Num) -> Num:
     """Tokens of max_num_tokens left for prompts beside ``per_forward`` decoding sequences (unclamped)."""
-    return hw.cal.max_num_tokens - (0.0 if hw.cal.engine in SEPARATE_PREFILL_ENGINES else per_forward * req.step_tokens)
+    return hw.cal.max_num_tokens - (0.0 if hw.cal.separate_prefill else per_forward * req.step_tokens)
 
 
 def _chunks(hw: Hardware, layout: ServeLayout, req: Requests, batch: object) -> tuple[Num, Num, Num]:
@@ -221,9 +214,9 @@ def _carrying(
     context: Num,
     chunk: Num,
 ) -> Forward:
-    """A decode step with a prompt chunk: in the same forward, or (SEPARATE_PREFILL_ENGINES) the chunk's own
+    """A decode step with a prompt chunk: in the same forward, or (``separate_prefill`` engines) the chunk's own
     prefill forward and then the decode step, which the decoding sequences wait through."""
-    if hw.cal.engine not in SEPARATE_PREFILL_ENGINES:
+    if not hw.cal.separate_prefill:
         return _decode(model, shape, hw, layout, req, batch=batch, context=context, prefill_tokens=chunk)
     p = float(req.prompt_tokens)
     alone = prefill(

@@ -92,6 +92,11 @@ class ServeCalibration:
     """Host seconds between two forwards for each sequence a step samples (scheduling, input preparation, the
     sampler's per-sequence loops, incremental detokenization, output processing), where the engine runs them in
     the loop that issues the forwards; 0 where they are priced in ``step_overhead_s`` or overlap the GPU."""
+    separate_prefill: bool = False
+    """Whether a batch of new prompts runs as a forward of its own, the decoding sequences waiting for it (its token
+    budget not counting them), where other engines put prompt chunks and decodes in one forward."""
+    separate_prefill_source: str = ""
+    """Where the engine's code says so."""
     worker_sequence_host_s: float = 0.0
     """What each of a replica's worker processes adds per sequence a step samples, where the driver sends every
     worker the step's per-sequence metadata and gathers each one's output (vLLM 0.2's Ray control plane)."""
