@@ -209,6 +209,12 @@ def attention_bytes_per_token(
     return replicated + qkv + out + core
 
 
+def busiest_rank_share(ep: Num, routing_imbalance: float) -> Num:
+    """The busiest expert-parallel rank's routed tokens over the mean: the stated imbalance under EP, 1 without it
+    (a rank holding every expert receives every routed copy)."""
+    return where(ep > 1, routing_imbalance, 1.0)
+
+
 def mlp_bytes_per_token(
     model: ModelSpec,
     *,

@@ -99,7 +99,7 @@ def module_savings_per_token(
                 act_bytes=beta,
                 kernels=workload.kernels,
                 framework=workload.framework,
-                routing_imbalance=where(lay.ep > 1, workload.conditions.routing_imbalance, 1.0),
+                routing_imbalance=act.busiest_rank_share(lay.ep, workload.conditions.routing_imbalance),
                 etp=lay.etp,
                 inputs=lin,
             )

@@ -191,7 +191,7 @@ def layer_activations(model: ModelSpec, lay: LayoutLike, workload: Workload) -> 
         act_bytes=workload.precision.activation_bytes,
         kernels=workload.kernels,
         framework=workload.framework,
-        routing_imbalance=where(lay.ep > 1, workload.conditions.routing_imbalance, 1.0),
+        routing_imbalance=act.busiest_rank_share(lay.ep, workload.conditions.routing_imbalance),
         etp=lay.etp,
         inputs=linear_inputs(workload),
     )
