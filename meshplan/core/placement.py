@@ -2,10 +2,15 @@
 
 Ranks are numbered with the first axis of ``order`` varying fastest, and
 consecutive ranks fill one scale-up domain (NVLink node) before the next.
-A group along an axis of size n whose ranks are ``stride`` apart keeps
-min(n, max(1, domain / stride)) members inside each domain it touches and
-spans the rest across domains. The default order puts the chattiest axis
-innermost, on the fastest link: tp, cp, ep, dp_shard, dp_replicate, pp.
+A group along an axis of size n whose ranks are ``stride`` apart is priced as
+its least contained member, since a collective waits for its slowest group:
+with g = gcd(D, stride x n) for domains of D ranks, the group keeps g / stride
+members inside each domain it touches where stride divides g, else 1, and spans
+the rest across domains. Where D and stride x n are powers of two this is
+min(n, max(1, D / stride)); where they are not (a node of 3 or 6 GPUs, an
+NVL72 rack under EP 16-64), some groups straddle two domains, and the worst of
+them crosses the fabric. The default order puts the chattiest axis innermost,
+on the fastest link: tp, cp, ep, dp_shard, dp_replicate, pp.
 
 EP is not a mesh factor. With expert TP equal to TP, expert groups take the
 innermost ``ep`` ranks of the cp x dp_shard x dp_replicate extent, in the
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.core.num import Num, maximum, minimum, where
+from meshplan.core.num import Num, gcd, where
 
 AXES = ("tp", "cp", "ep", "dp_shard", "dp_replicate", "pp")
 DEFAULT_ORDER = AXES
@@ -84,7 +89,8 @@ def place_axis(axis: str, *, sizes: dict[str, Num], order: tuple[str, ...], doma
     """Placement of one axis for a layout given by ``sizes`` (ints or arrays); ``etp`` is the experts' TP."""
     size = sizes[axis]
     stride = _expert_stride(axis, sizes, order) if axis in ("ep", "etp") else _stride_of(axis, sizes, order)
-    inner = where(stride >= domain, 1, minimum(size, maximum(1, domain // stride)))
+    shared = gcd(domain, stride * size)  # ranks of one group-block that always share a domain
+    inner = where(shared % stride == 0, shared // stride, 1)
     return AxisPlacement(axis=axis, size=size, stride=stride, inner=inner, outer=size // inner)
 
 

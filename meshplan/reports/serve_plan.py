@@ -24,7 +24,7 @@ from meshplan.reports.inputs import choice
 from meshplan.reports.serve import calibration, engine_defaults, serving_band_text
 from meshplan.reports.serve_band import band_family
 from meshplan.reports.serve_coverage import coverage_warnings
-from meshplan.reports.serve_setup import fleet_node, stated_engine
+from meshplan.reports.serve_setup import fleet_node, stated_engine, straddles
 from meshplan.reports.serve_spec import head_speculation
 from meshplan.search.limits import check_deadline
 from meshplan.spec.cluster import GPU, Link
@@ -81,6 +81,8 @@ def layouts(
             for ep, dp_attention in moe_options:
                 if tp > gpu.scale_up_domain and not dp_attention:
                     continue  # plain TP across the fabric: all-reduces on the NICs
+                if straddles(tp, gpus, gpu.scale_up_domain):
+                    continue  # groups that do not tile the node: some would straddle two
                 for w, q in _weight_options(gpu, dtypes):
                     for kv in KV_DTYPES if kv_of is None else kv_of(w):
                         yield ServeLayout(

@@ -191,13 +191,26 @@ def _degrees(gpus: int, *, tp: int | None, pp: int, replicas: int | None, domain
         raise ValueError(f"pp={pp} exceeds gpus={gpus}")
     if tp is None:
         room = max(gpus // (pp * (replicas or 1)), 1)
-        tp = room if replicas else max(d for d in range(1, min(room, domain) + 1) if room % d == 0)
+        fits = [d for d in range(1, min(room, domain) + 1) if room % d == 0 and not straddles(d, gpus, domain)]
+        tp = room if replicas else max(fits)
     if tp < 1 or gpus % (tp * pp):
         raise ValueError(f"tp x pp = {tp} x {pp} must divide gpus = {gpus}")
+    if straddles(tp, gpus, domain):
+        raise ValueError(
+            f"tp={tp} does not tile a node of {domain} GPUs: over {gpus} GPUs some TP groups would straddle two "
+            f"nodes; give a tp that divides {domain}, or --node-size for the GPUs each node gives the job"
+        )
     replicas = replicas if replicas is not None else gpus // (tp * pp)
     if replicas * tp * pp != gpus:
         raise ValueError(f"replicas x tp x pp = {replicas} x {tp} x {pp} must equal gpus = {gpus}")
     return tp, replicas
+
+
+def straddles(tp: int, gpus: int, domain: int) -> bool:
+    """Whether TP groups of ``tp`` GPUs, filled rank by rank into nodes of ``domain`` over a fleet of ``gpus``,
+    put some group across two nodes: a group no wider than a node that does not divide it, on more than one node
+    (core/placement.py prices the same straddle in training)."""
+    return tp <= domain < gpus and domain % tp != 0
 
 
 def _check_experts(spec: ModelSpec, *, tp: int, ep: int, dp_attention: bool) -> None:
