@@ -3,7 +3,7 @@
 Ranks are numbered with the first axis of ``order`` varying fastest, and
 consecutive ranks fill one scale-up domain (NVLink node) before the next.
 A group along an axis of size n whose ranks are ``stride`` apart is priced as
-its least contained member, since a collective waits for its slowest group:
+the least contained group of its axis, since a collective waits for the slowest:
 with g = gcd(D, stride x n) for domains of D ranks, the group keeps g / stride
 members inside each domain it touches where stride divides g, else 1, and spans
 the rest across domains. Where D and stride x n are powers of two this is
