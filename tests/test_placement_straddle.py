@@ -16,10 +16,10 @@ import math
 import numpy as np
 import pytest
 
+from meshplan import io
 from meshplan.cli import main
 from meshplan.core.placement import place_axis
 from meshplan.reports.serve import serve_report
-from meshplan import io
 
 ORDER = ("tp", "cp", "ep", "dp_shard", "dp_replicate", "pp")
 

@@ -43,10 +43,15 @@ class Plan:
     def warnings(self) -> list[str]:
         out = []
         if self.tp_crosses_domain:
+            domain, tp, spans = self.cluster.domain_size, self.layout.tp, int(self.placement["tp"].outer)
+            who = (
+                f"TP={tp} does not tile the scale-up domains of {domain} GPUs: the groups that straddle two run"
+                if tp <= domain
+                else f"TP={tp} spans {spans} scale-up domains of {domain} GPUs: its groups run"
+            )
             out.append(
-                f"TP={self.layout.tp} spans {int(self.placement['tp'].outer)} scale-up domains of "
-                f"{self.cluster.domain_size} GPUs: its per-layer collectives run over {self.cluster.scale_out.name} "
-                f"at {self.cluster.scale_out.bandwidth_bytes_per_s / 1e9:.0f} GB/s instead of "
+                f"{who} their per-layer collectives over {self.cluster.scale_out.name} at "
+                f"{self.cluster.scale_out.bandwidth_bytes_per_s / 1e9:.0f} GB/s instead of "
                 f"{self.cluster.scale_up.name} at {self.cluster.scale_up.bandwidth_bytes_per_s / 1e9:.0f} GB/s"
             )
         out += self._direct_board_warnings()
