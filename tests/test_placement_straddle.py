@@ -125,3 +125,17 @@ def test_serve_refuses_tp_groups_that_straddle_nodes_and_the_planner_skips_them(
         assert main(args) == 0
     plans = json.loads(buf.getvalue())["top"]
     assert plans and all(p["layout"]["tp"] in (1, 3) for p in plans)
+
+
+def test_estimate_names_an_expert_group_split_over_two_racks_and_the_node_size_that_keeps_it_whole() -> None:
+    args = ["deepseek-v3", "--gpu", "gb200", "--gpus", "256", "--pp", "4", "--ep", "64", "--expert-tp", "1"]
+    warned = [w for w in _estimate_of(args)["warnings"] if w.startswith("EP=64")]
+    assert len(warned) == 1 and "--node-size 64" in warned[0]
+    assert not [w for w in _estimate_of([*args, "--node-size", "64"])["warnings"] if w.startswith("EP=")]
+
+
+def _estimate_of(args: list[str]) -> dict:
+    buf = stdio.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["estimate", *args, "--json"]) == 0
+    return json.loads(buf.getvalue())

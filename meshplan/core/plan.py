@@ -54,6 +54,7 @@ class Plan:
                 f"{self.cluster.scale_out.bandwidth_bytes_per_s / 1e9:.0f} GB/s instead of "
                 f"{self.cluster.scale_up.name} at {self.cluster.scale_up.bandwidth_bytes_per_s / 1e9:.0f} GB/s"
             )
+        out += self._straddle_warnings()
         out += self._direct_board_warnings()
         if self.model.max_seq_len and self.workload.seq_len > self.model.max_seq_len:
             out.append(
@@ -72,6 +73,22 @@ class Plan:
                 f"does not fit: {self.memory.per_gpu.total_bytes / 1e9:.1f} GB needed on stage "
                 f"{self.memory.heaviest_stage}, {self.memory.hbm_bytes / 1e9:.1f} GB of HBM"
             )
+        return out
+
+    def _straddle_warnings(self) -> list[str]:
+        """Context- and expert-parallel groups whose ranks would fit one scale-up domain but which the fleet's
+        rank-by-rank filling splits over two (core/placement.py): named, with the node size that keeps them whole."""
+        domain, out = self.cluster.domain_size, []
+        for axis, name in (("cp", "CP"), ("ep", "EP")):
+            p = self.placement[axis]
+            span = int(p.stride) * int(p.size)
+            if int(p.size) > 1 and int(p.outer) > 1 and span <= domain:
+                keep = max(k for k in range(span, domain + 1, span))
+                out.append(
+                    f"{name}={int(p.size)} does not tile the scale-up domains of {domain} GPUs: the groups that "
+                    f"straddle two send over {self.cluster.scale_out.name}; a scheduler that gives the job {keep} "
+                    f"GPUs a domain (Slurm --segment) keeps each whole: --node-size {keep}"
+                )
         return out
 
     def _direct_board_warnings(self) -> list[str]:
