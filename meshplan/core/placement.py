@@ -4,12 +4,12 @@ Ranks are numbered with the first axis of ``order`` varying fastest, and
 consecutive ranks fill one scale-up domain (NVLink node) before the next.
 A group along an axis of size n whose ranks are ``stride`` apart is priced as
 the least contained group of its axis, since a collective waits for the slowest:
-with g = gcd(D, stride x n) for domains of D ranks, the group keeps g / stride
-members inside each domain it touches where stride divides g, else 1, and spans
-the rest across domains. Where D and stride x n are powers of two this is
-min(n, max(1, D / stride)); where they are not (a node of 3 or 6 GPUs, an
-NVL72 rack under EP 16-64), some groups straddle two domains, and the worst of
-them crosses the fabric. The default order puts the chattiest axis innermost,
+it touches ``domains_touched`` domains, priced as the fewest whole shares of its
+ranks that many or more (``outer``, each of ``inner`` = n / outer members).
+Where the domain D and stride x n are powers of two this is min(n, max(1,
+D / stride)) members in n / that domains; where they are not (a
+node of 3 or 6 GPUs, an NVL72 rack under EP 16-128), some groups straddle a
+domain boundary, and the worst of them crosses the fabric. The default order puts the chattiest axis innermost,
 on the fastest link: tp, cp, ep, dp_shard, dp_replicate, pp.
 
 EP is not a mesh factor. With expert TP equal to TP, expert groups take the
@@ -28,7 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.core.num import Num, gcd, where
+import numpy as np
+
+from meshplan.core.num import Num, gcd, minimum, where
 
 AXES = ("tp", "cp", "ep", "dp_shard", "dp_replicate", "pp")
 DEFAULT_ORDER = AXES
@@ -89,9 +91,36 @@ def place_axis(axis: str, *, sizes: dict[str, Num], order: tuple[str, ...], doma
     """Placement of one axis for a layout given by ``sizes`` (ints or arrays); ``etp`` is the experts' TP."""
     size = sizes[axis]
     stride = _expert_stride(axis, sizes, order) if axis in ("ep", "etp") else _stride_of(axis, sizes, order)
-    shared = gcd(domain, stride * size)  # ranks of one group-block that always share a domain
-    inner = where(shared % stride == 0, shared // stride, 1)
-    return AxisPlacement(axis=axis, size=size, stride=stride, inner=inner, outer=size // inner)
+    outer = divisor_at_least(size, domains_touched(size=size, stride=stride, domain=domain))
+    return AxisPlacement(axis=axis, size=size, stride=stride, inner=size // outer, outer=outer)
+
+
+def divisor_at_least(n: Num, least: Num) -> Num:
+    """The smallest divisor of ``n`` no less than ``least`` (1 <= least <= n): the domains a group's collectives
+    are priced over, as whole shares of its ranks (its ``inner`` members each)."""
+    if np.ndim(n) == 0 and np.ndim(least) == 0:
+        return next(k for k in range(int(least), int(n) + 1) if n % k == 0)
+    n, k = np.broadcast_arrays(np.asarray(n), np.asarray(least))
+    k = k.copy()
+    short = np.flatnonzero(n % k)  # the few layouts whose count of domains does not divide the group
+    while short.size:
+        k[short] += 1
+        short = short[(n[short] % k[short]) != 0]
+    return k
+
+
+def domains_touched(*, size: Num, stride: Num, domain: int) -> Num:
+    """Domains the least contained group of an axis touches, ranks filling domains of ``domain`` in turn.
+
+    The groups of one block of stride x size ranks interleave; block c starts at c x stride x size, whose offsets
+    in a domain are the multiples of g = gcd(stride x size, domain), so a group starts at most
+    r = domain - g + min(stride, g) - 1 ranks into a domain (a fleet of domain / g blocks or more reaches it).
+    Members less than a domain apart skip none: the group touches floor((r + (size - 1) stride) / domain) + 1
+    domains; members a domain or more apart touch one each."""
+    g = gcd(stride * size, domain)
+    start = domain - g + minimum(stride, g) - 1
+    touched = (start + (size - 1) * stride) // domain + 1
+    return where(stride >= domain, size, minimum(size, touched))
 
 
 def _expert_stride(axis: str, sizes: dict[str, Num], order: tuple[str, ...]) -> Num:
