@@ -143,3 +143,17 @@ def _estimate_of(args: list[str]) -> dict:
     with contextlib.redirect_stdout(buf):
         assert main(["estimate", *args, "--json"]) == 0
     return json.loads(buf.getvalue())
+
+
+def test_serve_plan_names_the_tp_degrees_it_left_out_for_straddling_and_the_node_size_that_keeps_them() -> None:
+    def warned(*extra: str) -> list[str]:
+        buf = stdio.StringIO()
+        args = ["serve-plan", "llama-2-70b", "--gpu", "gb200", "--gpus", "144", "--input-len", "222"]
+        args += ["--output-len", "290", "--ttft-p99", "2", "--tpot-p99", "0.2", "--json", *extra]
+        with contextlib.redirect_stdout(buf):
+            assert main(args) == 0
+        return [w for w in json.loads(buf.getvalue())["warnings"] if "not searched" in w]
+
+    note = warned()
+    assert len(note) == 1 and note[0].startswith("TP 16, 32, 64 not searched") and "--node-size 64" in note[0]
+    assert warned("--node-size", "64") == []

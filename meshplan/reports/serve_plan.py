@@ -60,6 +60,10 @@ def _weight_options(gpu: GPU, only: list[str] | None) -> list[tuple[DType, Quant
     return out
 
 
+TP_DEGREES = (1, 2, 4, 8, 16, 32, 64, 72)
+"""The TP (and attention-DP) degrees the search tries."""
+
+
 def layouts(
     model: ModelSpec,
     gpu: GPU,
@@ -70,7 +74,7 @@ def layouts(
 ) -> Iterator[ServeLayout]:
     """Every replica layout: TP within the scale-up domain (attention-DP groups may span it), PP, experts; the KV
     dtypes of each weight dtype ``kv_of`` gives (default: every one)."""
-    tps = [t for t in (1, 2, 4, 8, 16, 32, 64, 72) if t <= gpus]
+    tps = [t for t in TP_DEGREES if t <= gpus]
     for tp in tps:
         for pp in PP_DEGREES:
             if tp * pp > gpus or pp > model.num_layers:
@@ -234,8 +238,22 @@ def serve_plan_report(
         "warnings": [
             *coverage_warnings(spec, gpu_spec.name),
             *_quality_note(model, gpu_spec, allow_quantization, searched),
+            *_straddle_note(gpu_spec, gpus),
         ],
     }
+
+
+def _straddle_note(gpu: GPU, gpus: int) -> list[str]:
+    """The TP degrees the search left out because their groups would straddle two nodes of this fleet."""
+    domain = gpu.scale_up_domain
+    skipped = [t for t in TP_DEGREES if t <= gpus and straddles(t, gpus, domain)]
+    if not skipped:
+        return []
+    keep = max(k for k in range(max(skipped), domain + 1, max(skipped)))
+    return [
+        f"TP {', '.join(map(str, skipped))} not searched: over {gpus} GPUs some of their groups would straddle two "
+        f"{domain}-GPU nodes; a fleet that gives each replica {keep} GPUs a node types --node-size {keep}"
+    ]
 
 
 def engine_launch(engine: str, gpu: str, launch: str | None) -> Launch:
