@@ -3,14 +3,15 @@
 Ranks are numbered with the first axis of ``order`` varying fastest, and
 consecutive ranks fill one scale-up domain (NVLink node) before the next.
 A group along an axis of size n whose ranks are ``stride`` apart is priced as
-the least contained group of its axis, since a collective waits for the slowest:
-it touches ``domains_touched`` domains, priced as the fewest whole shares of its
-ranks that many or more (``outer``, each of ``inner`` = n / outer members).
-Where the domain D and stride x n are powers of two this is min(n, max(1,
-D / stride)) members in n / that domains; where they are not (a
+the least contained group of its axis, since a collective waits for the
+slowest: it touches ``domains_touched`` domains, priced as the fewest whole
+shares of its ranks that many or more (``outer``, each of ``inner`` = n / outer
+members). Where the domain D and stride x n are powers of two this is
+min(n, max(1, D / stride)) members in n / that domains; where they are not (a
 node of 3 or 6 GPUs, an NVL72 rack under EP 16-128), some groups straddle a
-domain boundary, and the worst of them crosses the fabric. The default order puts the chattiest axis innermost,
-on the fastest link: tp, cp, ep, dp_shard, dp_replicate, pp.
+domain boundary, and the worst of them crosses the fabric. The default order
+puts the chattiest axis innermost, on the fastest link: tp, cp, ep, dp_shard,
+dp_replicate, pp.
 
 EP is not a mesh factor. With expert TP equal to TP, expert groups take the
 innermost ``ep`` ranks of the cp x dp_shard x dp_replicate extent, in the
