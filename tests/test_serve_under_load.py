@@ -61,6 +61,13 @@ def test_the_warning_starts_at_the_share_of_capacity() -> None:
     assert not any("of what a replica serves" in w for w in below["warnings"])
     share = above["tokens_per_s_per_gpu"] / above["max_tokens_per_s_per_gpu"]
     assert share >= NEAR_CAPACITY and f"take {share:.0%} of" in " ".join(above["warnings"])
+    # the batch on a machine 5% slower: the same traffic 5% faster on the model's clock, re-solved
+    moved = serve_report("llama-2-70b", **kw | {"rate": 0.9 * top * 1.05})
+    grows = moved["batch_per_replica"] / above["batch_per_replica"]
+    assert grows > 1.1  # near capacity a few percent of step time moves the batch far more
+    assert f"holds {grows:.1f} times the sequences ({moved['batch_per_replica']:,.0f} a replica)" in " ".join(
+        above["warnings"]
+    )
     closed = serve_report("llama-2-70b", **{k: v for k, v in kw.items() if k != "rate"}, concurrency=4000.0)
     assert not any("of what a replica serves" in w for w in closed["warnings"])
 

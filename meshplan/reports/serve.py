@@ -196,7 +196,7 @@ def serve_report(
     pt = load_point(setup.model, setup.shape, setup.hw, setup.layout, req)
     out = head | point_dict(setup, req, pt) | {"calibration_source": setup.hw.cal.source}
     slower = slower_machine(setup, req, pt)
-    out["warnings"] = [*out["warnings"], *near_capacity(pt, req)]
+    out["warnings"] = [*out["warnings"], *near_capacity(pt, req, slower)]
     if spec is not None:
         out["speculative"] = spec_dict(setup, req, pt)
     if prefix_hit_rate is not None:

@@ -40,16 +40,28 @@ NEAR_CAPACITY = 0.8
 capacity's error: at 80%, a machine 10% slower than predicted runs at 88% (the batch in flight about doubles)."""
 
 
-def near_capacity(pt: LoadPoint, req: Requests) -> list[str]:
-    """A warning where Poisson arrivals take most of what a replica serves (none in a closed loop or a batch)."""
+SENSITIVITY_STEP = 1.05
+"""The slower machine ``near_capacity`` re-solves the queue on to say how far the batch in flight moves."""
+
+
+def near_capacity(pt: LoadPoint, req: Requests, slower: Callable[[float], LoadPoint]) -> list[str]:
+    """A warning where Poisson arrivals take most of what a replica serves (none in a closed loop or a batch),
+    with how much the batch in flight grows on a machine ``SENSITIVITY_STEP`` times slower (``slower``)."""
     if req.rate_per_s is None or pt.saturated:
         return []
     share = pt.output_tokens_per_s / pt.max_output_tokens_per_s
     if share < NEAR_CAPACITY:
         return []
+    moved = slower(SENSITIVITY_STEP)
+    grows = (
+        "cannot keep up"
+        if moved.saturated
+        else f"holds {moved.batch / pt.batch:.1f} times the sequences ({moved.batch:,.0f} a replica)"
+    )
     return [
-        f"the arrivals take {share:.0%} of what a replica serves at its batch cap: a step a few percent slower than "
-        "predicted multiplies the sequences in flight, and TPOT and TTFT with them (see their P10-P90)"
+        f"the arrivals take {share:.0%} of what a replica serves at its batch cap: a machine "
+        f"{SENSITIVITY_STEP - 1:.0%} slower than predicted {grows}, and TPOT and TTFT follow the batch (see their "
+        "P10-P90)"
     ]
 
 
