@@ -124,6 +124,12 @@ def domains_touched(*, size: Num, stride: Num, domain: int) -> Num:
     return where(stride >= domain, size, minimum(size, touched))
 
 
+def whole_node_size(span: int, domain: int) -> int:
+    """The most GPUs of a ``domain``-GPU node a job can take so that groups spanning ``span`` consecutive ranks
+    never straddle two nodes (the ``--node-size`` to type for a scheduler that gives the job that many a node)."""
+    return domain // span * span
+
+
 def _expert_stride(axis: str, sizes: dict[str, Num], order: tuple[str, ...]) -> Num:
     """Stride of the experts' EP or TP group: on the data axes and the TP axis when expert TP is TP; folded
     (expert TP below TP), the expert mesh fills the non-pipeline ranks from the innermost, expert TP first."""

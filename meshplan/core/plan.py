@@ -9,7 +9,7 @@ from meshplan.core.comm.call import scale_up_share
 from meshplan.core.constraints import check_layout
 from meshplan.core.memory.pressure import hbm_pressure, pressure_warning
 from meshplan.core.params import count_params
-from meshplan.core.placement import DEFAULT_ORDER, AxisPlacement, place
+from meshplan.core.placement import DEFAULT_ORDER, AxisPlacement, place, whole_node_size
 from meshplan.core.time.flops import megatron_core_flops, megatron_flops, model_flops_per_token, narayanan_flops
 from meshplan.core.time.step_time import StepTime, step_time
 from meshplan.core.training import TrainingMemory, training_memory
@@ -83,7 +83,7 @@ class Plan:
             p = self.placement[axis]
             span = int(p.stride) * int(p.size)
             if int(p.size) > 1 and int(p.outer) > 1 and span <= domain:
-                keep = max(k for k in range(span, domain + 1, span))
+                keep = whole_node_size(span, domain)
                 out.append(
                     f"{name}={int(p.size)} does not tile the scale-up domains of {domain} GPUs: the groups that "
                     f"straddle two send over {self.cluster.scale_out.name}; a scheduler that gives the job {keep} "

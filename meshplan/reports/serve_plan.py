@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from meshplan import io
+from meshplan.core.placement import whole_node_size
 from meshplan.core.serving.load import Requests
 from meshplan.core.serving.search import Candidate, Objective, SearchResult, Targets, search
 from meshplan.core.serving.shape import (
@@ -249,7 +250,7 @@ def _straddle_note(gpu: GPU, gpus: int) -> list[str]:
     skipped = [t for t in TP_DEGREES if t <= gpus and straddles(t, gpus, domain)]
     if not skipped:
         return []
-    keep = max(k for k in range(max(skipped), domain + 1, max(skipped)))
+    keep = whole_node_size(max(skipped), domain)
     return [
         f"TP {', '.join(map(str, skipped))} not searched: over {gpus} GPUs some of their groups would straddle two "
         f"{domain}-GPU nodes; a fleet that gives each replica {keep} GPUs a node types --node-size {keep}"

@@ -11,6 +11,7 @@ from importlib import resources
 from typing import Any
 
 from meshplan import io
+from meshplan.core.placement import domains_touched
 from meshplan.core.serving.bill import MemoryFraction
 from meshplan.core.serving.shape import (
     AllReduceKernel,
@@ -210,7 +211,7 @@ def straddles(tp: int, gpus: int, domain: int) -> bool:
     """Whether TP groups of ``tp`` GPUs, filled rank by rank into nodes of ``domain`` over a fleet of ``gpus``,
     put some group across two nodes: a group no wider than a node that does not divide it, on more than one node
     (core/placement.py prices the same straddle in training)."""
-    return tp <= domain < gpus and domain % tp != 0
+    return tp <= domain < gpus and bool(domains_touched(size=tp, stride=1, domain=domain) > 1)
 
 
 def _check_experts(spec: ModelSpec, *, tp: int, ep: int, dp_attention: bool) -> None:
