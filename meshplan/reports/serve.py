@@ -16,7 +16,7 @@ from meshplan.core.serving.phases import pipeline_factor
 from meshplan.core.serving.static import static_batch
 from meshplan.reports.cost import serve_cost
 from meshplan.reports.serve_band import Band, band_family, band_for
-from meshplan.reports.serve_coverage import coverage_warnings
+from meshplan.reports.serve_coverage import coverage_warnings, small_moe_decode_warnings
 from meshplan.reports.serve_load import finite_s, load_band, near_capacity, slower_machine
 from meshplan.reports.serve_setup import DEFAULT_ENGINE as DEFAULT_ENGINE
 from meshplan.reports.serve_setup import Setup as Setup
@@ -196,7 +196,8 @@ def serve_report(
     pt = load_point(setup.model, setup.shape, setup.hw, setup.layout, req)
     out = head | point_dict(setup, req, pt) | {"calibration_source": setup.hw.cal.source}
     slower = slower_machine(setup, req, pt)
-    out["warnings"] = [*out["warnings"], *near_capacity(pt, req, slower)]
+    small = small_moe_decode_warnings(setup.model, batch_per_replica=pt.batch, engine=engine)
+    out["warnings"] = [*out["warnings"], *near_capacity(pt, req, slower), *small]
     if spec is not None:
         out["speculative"] = spec_dict(setup, req, pt)
     if prefix_hit_rate is not None:

@@ -97,3 +97,27 @@ def coverage_warnings(spec: ModelSpec, gpu: str) -> list[str]:
             "those, unchecked on its own runs, and the serving band is the errors of those classes, not its own"
         )
     return out
+
+
+SMALL_MOE_DECODE_BATCH = 8
+"""Sequences a step per replica at or below which a MoE model's decode step is set by the engine release's own
+per-step host and dispatch costs more than by the GPU: InferenceX's automated runs of DeepSeek-R1 (NVFP4) on the same
+16 B200s at TP 4 / EP 4 moved 1.79 times in output per GPU at concurrency 4 (508 -> 907 tokens/s a GPU, 8K in / 1K
+out) when only the image changed from SGLang 0.5.5 to 0.5.6 (piecewise CUDA graphs for DeepSeek's MLA path, one
+event loop), and 1.03 times at concurrency 64 (SemiAnalysis, 'SGLang 0.5.6 on B200 DeepSeek R1 FP4: Up to 1.8x at
+Low Concurrency', InferenceX blog): concurrency 4 and 8 are the levels the source names."""
+
+
+def small_moe_decode_warnings(spec: ModelSpec, *, batch_per_replica: float, engine: str) -> list[str]:
+    """What the published runs say of a MoE model decoding a few sequences a step: its speed there is a property of
+    the engine's release, which meshplan's engine constants (one per family, none per release) do not carry."""
+    if spec.moe is None or batch_per_replica > SMALL_MOE_DECODE_BATCH:
+        return []
+    seqs = f"{batch_per_replica:.3g} sequence{'' if batch_per_replica == 1 else 's'}"
+    return [
+        f"{spec.name} decodes {seqs} a step per replica: at so few, a MoE model's step is set by the engine "
+        "release's host and dispatch costs (scheduler, graph replay, routing kernels), which meshplan prices once per "
+        "engine family, not per release; one image change (SGLang 0.5.5 -> 0.5.6, DeepSeek-R1 on the same 16 B200s) "
+        "moved output per GPU 1.79 times at concurrency 4 and 1.03 times at 64. The TPOT here takes "
+        f"{engine}'s family constants: time the release you run"
+    ]
