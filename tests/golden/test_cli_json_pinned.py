@@ -1,8 +1,10 @@
 """Every command's ``--json`` output, pinned to the bytes main printed before the package's layout changed.
 
 A move of code changes no number: these 46 commands across every subcommand print exactly what they printed
-(the search's own wall time, ``elapsed_s``, is the one value masked). tests/golden/cli_json_cases.py says how a
-deliberate change of a number rewrites them.
+(the search's own wall time, ``elapsed_s``, is the one value masked). Floats compare to 12 significant digits:
+past them, sums differ in their last bits between numpy releases (0.027554876600647843 against ...787 under numpy
+2.4.6), which is no change of a number. tests/golden/cli_json_cases.py says how a deliberate change of a number
+rewrites them.
 """
 
 from __future__ import annotations
@@ -25,10 +27,23 @@ from cli_json_cases import CASES
 HERE = Path(__file__).parent / "cli_json"
 ROOT = Path(__file__).parents[2]
 _ELAPSED = re.compile(r'"elapsed_s": [0-9.eE+-]+')
+_FLOAT = re.compile(r"(?<![\w.])-?\d+(?:\.\d+(?:[eE][+-]?\d+)?|[eE][+-]?\d+)(?![\w.])")
+SIGNIFICANT_DIGITS = 12
 
 
 def _masked(text: str) -> str:
-    return _ELAPSED.sub('"elapsed_s": "masked"', text)
+    """The wall time masked, every float literal rounded to ``SIGNIFICANT_DIGITS``."""
+    text = _ELAPSED.sub('"elapsed_s": "masked"', text)
+    return _FLOAT.sub(lambda m: format(float(m.group()), f".{SIGNIFICANT_DIGITS}g"), text)
+
+
+def test_masking_rounds_the_last_bits_only() -> None:
+    near = '{"a": 0.027554876600647843, "b": [1.5e-07, 12], "c": "v1.2.3", "elapsed_s": 0.91}'
+    far = '{"a": 0.027554876600647787, "b": [1.5e-07, 12], "c": "v1.2.3", "elapsed_s": 3.2}'
+    assert _masked(near) == _masked(far)
+    assert _masked(near) != _masked(near.replace("0.02755487660", "0.02755487661"))  # the 11th digit still counts
+    assert _masked(near) != _masked(near.replace("12]", "13]"))  # integers compare exactly
+    assert '"c": "v1.2.3"' in _masked(near)  # a version string inside quotes is left as it is
 
 
 def _run(args: list[str]) -> str:
