@@ -74,3 +74,29 @@ def test_the_runs_token_cap_sizes_the_prefill_activations() -> None:
     large = resolve("llama-3.1-70b", gpu="h100-sxm", gpus=8, context=2000, max_num_tokens=8192)
     assert small.shape.bill.activations_bytes == pytest.approx(large.shape.bill.activations_bytes / 4)
     assert small.shape.kv_budget_bytes > large.shape.kv_budget_bytes
+
+
+def test_max_utilization_admits_sequences_by_the_cache_they_hold_not_the_whole_sequence() -> None:
+    """TensorRT-LLM's GUARANTEED_NO_EVICT (its default) admits a request with KV room for I + O tokens; under
+    MAX_UTILIZATION it admits as the cache grows, I + O/2 on average. Llama-2-70B FP8 on one H200 at 222 in /
+    291 out: the same KV budget over 513 and over 367.5 tokens a sequence."""
+    from meshplan.reports.serve import serve_report
+
+    common = dict(gpu="h200", gpus=1, weights_dtype="fp8", input_len=222, output_len=291, concurrency=1)
+    full = serve_report("llama-2-70b", **common)
+    grow = serve_report("llama-2-70b", **common, capacity_scheduler="max-utilization")
+    stated = serve_report("llama-2-70b", **common, capacity_scheduler="guaranteed-no-evict")
+    assert stated["kv_sequences_per_replica"] == full["kv_sequences_per_replica"]
+    budget = full["kv_budget_bytes_per_gpu"]
+    per_token = full["kv_bytes_per_token_per_gpu"]
+    assert full["kv_sequences_per_replica"] == math.floor(budget / (per_token * (222 + 291)))
+    assert grow["kv_sequences_per_replica"] == math.floor(budget / (per_token * (222 + 291 / 2)))
+    assert grow["kv_sequences_per_replica"] > full["kv_sequences_per_replica"]
+
+
+def test_the_capacity_scheduler_is_tensorrt_llms_alone() -> None:
+    from meshplan.reports.serve import serve_report
+
+    with pytest.raises(ValueError, match="--capacity-scheduler is TensorRT-LLM's scheduler policy; vllm admits"):
+        serve_report("llama-3.1-8b", gpu="h100-sxm", gpus=1, input_len=128, output_len=128, concurrency=4,
+                     engine="vllm", capacity_scheduler="max-utilization")  # fmt: skip

@@ -405,7 +405,7 @@ def _cmd_serving(args: argparse.Namespace) -> dict[str, Any]:
 
 SERVE_KEYS: tuple[str, ...] = ("tp", "pp", "ep", "dp_attention", "replicas", "weights_dtype", "kv_dtype", "quant")
 SERVE_KEYS += ("engine", "max_batch", "max_num_tokens", "num_requests", "cuda_graph_padding", "disaggregate")
-SERVE_KEYS += ("batch", "int4_group_size", "launch")
+SERVE_KEYS += ("batch", "int4_group_size", "launch", "capacity_scheduler")
 SERVE_KEYS += ("speculative", "spec_acceptance", "draft_model", "prefix_hit_rate", "node_size")
 
 

@@ -127,7 +127,7 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_fields(p, "pp", "ep", "dp_attention", "weights_dtype")
     add_fields(p, "kv_dtype", default=None)  # unset: the engine's default for the weights
     add_fields(p, "quant", "int4_group_size", "engine")
-    add_fields(p, "max_batch", "max_num_tokens", "cuda_graph_padding", "launch")
+    add_fields(p, "max_batch", "max_num_tokens", "cuda_graph_padding", "launch", "capacity_scheduler")
     add_fields(p, "gpu_memory_utilization", default=None, default_text="the --engine's own")
 
 

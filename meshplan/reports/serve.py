@@ -105,6 +105,7 @@ def serve_report(
     batch: int | None = None,
     cuda_graph_padding: bool = False,
     launch: str | None = None,
+    capacity_scheduler: str | None = None,
     gpu_memory_utilization: float | None = None,
     disaggregate: str | None = None,
     price_per_gpu_hour: float | None = None,
@@ -155,6 +156,7 @@ def serve_report(
         max_num_tokens=max_num_tokens,
         cuda_graph_padding=cuda_graph_padding,
         launch=launch,
+        capacity_scheduler=capacity_scheduler,
         node_size=node_size,
     )
     engine = setup.hw.cal.engine

@@ -115,6 +115,7 @@ def resolve(
     max_num_tokens: int | None = None,
     cuda_graph_padding: bool = False,
     launch: str | None = None,
+    capacity_scheduler: str | None = None,
     node_size: int | None = None,
 ) -> Setup:
     """Check and resolve the inputs: TP defaults to what the replicas leave (within one scale-up domain),
@@ -153,6 +154,8 @@ def resolve(
     if cuda_graph_padding and cal.launch is not Launch.CUDAGRAPH:
         fix = f"drop it or --launch {launch}" if launch is not None else "drop it or add --launch cudagraph"
         raise ValueError(f"--cuda-graph-padding pads replayed CUDA graphs, and {engine} launches op by op here: {fix}")
+    if capacity_scheduler is not None:
+        cal = dataclasses.replace(cal, reserve_full_sequence=_reserves_full_sequence(engine, capacity_scheduler))
     if gpu_memory_utilization is None:
         of = cal.memory_fraction_of.value
         defaults += (("gpu_memory_utilization", f"{cal.memory_fraction:g}", f"{engine}'s memory fraction (of {of})"),)
@@ -163,6 +166,18 @@ def resolve(
     return Setup(
         model=spec, hw=hw, layout=layout, replicas=replicas, shape=shape, defaults=defaults, engine_source=engine_source
     )
+
+
+def _reserves_full_sequence(engine: str, policy: str) -> bool:
+    """Whether admission reserves a request's whole sequence under TensorRT-LLM's capacity scheduler ``policy``
+    (GUARANTEED_NO_EVICT) or only the cache it holds as it grows (MAX_UTILIZATION, which pauses requests when the
+    cache runs out); the policy is TensorRT-LLM's alone (the paging engines always grow)."""
+    if engine != "trtllm":
+        raise ValueError(
+            f"--capacity-scheduler is TensorRT-LLM's scheduler policy; {engine} admits requests as their cache grows "
+            "(drop it, or --engine trtllm)"
+        )
+    return policy == "guaranteed-no-evict"
 
 
 def engine_defaults(

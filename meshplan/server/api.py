@@ -431,7 +431,7 @@ def collectives(
 
 SERVE: tuple[str, ...] = ("input_len", "output_len", "concurrency", "rate", "dp_attention", "replicas")
 SERVE += ("weights_dtype", "kv_dtype", "quant", "engine", "max_batch", "max_num_tokens", "num_requests")
-SERVE += ("cuda_graph_padding", "disaggregate", "batch", "int4_group_size", "launch")
+SERVE += ("cuda_graph_padding", "disaggregate", "batch", "int4_group_size", "launch", "capacity_scheduler")
 SERVE += ("speculative", "spec_acceptance", "draft_model", "prefix_hit_rate", "node_size")
 SERVE_PLAN: tuple[str, ...] = ("input_len", "output_len", "ttft_p99", "tpot_p99", "serve_objective", "concurrency")
 SERVE_PLAN += ("engine", "weights_dtypes", "search_disaggregated", "allow_quantization")

@@ -50,6 +50,7 @@ def flags(row: dict[str, Any]) -> dict[str, Any]:
         "weights_dtype": "fp8",
         "max_batch": row["max_batch"],
         "max_num_tokens": 4096,
+        "capacity_scheduler": "max-utilization",
         "input_len": row["input_len"],
         "output_len": row["output_len"],
         "rate": row["rate_per_s"],

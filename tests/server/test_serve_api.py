@@ -85,3 +85,16 @@ def test_speculative_and_prefix_through_the_api(client: Any) -> None:
         "/api/serve", params={k: v for k, v in params.items() if k not in extra} | {"speculative": "eagle:2"}
     )
     assert bare.status_code == 400 and "--spec-acceptance" in bare.json()["error"]
+
+
+def test_the_capacity_scheduler_through_the_api(client: Any) -> None:
+    params = SERVE | {"tp": 2, "weights_dtype": "fp8", "rate": 5, "capacity_scheduler": "max-utilization"}
+    r = client.get("/api/serve", params=params)
+    assert r.status_code == 200, r.text
+    want = serve_report("llama-3.1-70b", gpu="h100-sxm", gpus=8, input_len=1000, output_len=200, tp=2,
+                        weights_dtype="fp8", rate=5, capacity_scheduler="max-utilization")  # fmt: skip
+    assert json.loads(json.dumps(want)) == r.json()
+    bad = client.get("/api/serve", params=params | {"capacity_scheduler": "fcfs"})
+    assert bad.status_code in (400, 422) and "capacity" in bad.text
+    other = client.get("/api/serve", params=params | {"engine": "sglang"})
+    assert other.status_code == 400 and "TensorRT-LLM's scheduler policy" in other.json()["error"]

@@ -216,6 +216,19 @@ SERVE_FIELDS: tuple[Field, ...] = (
         ),
     ),
     Field(
+        name="capacity_scheduler",
+        type=str,
+        default=None,
+        group=_V,
+        choices=("guaranteed-no-evict", "max-utilization"),
+        help=(
+            "TensorRT-LLM's capacity scheduler policy: guaranteed-no-evict admits a request only with KV room for "
+            "its whole sequence (trtllm-bench's and the LLM API's default), max-utilization as its cache grows, "
+            "pausing requests when it runs out (trtllm-bench --scheduler_policy, scheduler_config "
+            "capacity_scheduler_policy); unset: the engine's own (paging engines always grow)"
+        ),
+    ),
+    Field(
         name="speculative",
         type=str,
         default=None,
