@@ -26,8 +26,8 @@ def _section(text: str) -> str:
 
 def test_the_page_has_one_example_per_engine() -> None:
     kinds = {re.search(r"^read from \S+ \((\w+)\):", body, re.M).group(1) for _, body in EXAMPLES}  # type: ignore[union-attr]
-    assert kinds == {"torchtitan", "megatron", "nemo", "deepspeed", "accelerate", "vllm", "sglang"}
-    assert set(LAUNCHERS) == {"serve_vllm.sh", "serve_sglang.sh"}
+    assert kinds == {"torchtitan", "megatron", "nemo", "deepspeed", "accelerate", "vllm", "sglang", "trtllm"}
+    assert set(LAUNCHERS) == {"serve_vllm.sh", "serve_sglang.sh", "serve_trtllm.sh"}
 
 
 @pytest.mark.parametrize(("command", "shown"), EXAMPLES, ids=[c.split()[1] + ":" + c.split()[3] for c, _ in EXAMPLES])

@@ -159,6 +159,51 @@ def test_detect_kind() -> None:
     assert detect_kind("python pretrain_gpt.py --num-layers 2\n") == "megatron"
     assert detect_kind("vllm serve m\n") == "vllm"
     assert detect_kind("python -m sglang.launch_server --model-path m\n") == "sglang"
+    assert detect_kind("trtllm-serve m --tp_size 2\n") == "trtllm"
+    assert detect_kind("trtllm-bench --model m throughput\n") == "trtllm"
+
+
+def test_trtllm_serve_and_bench_commands() -> None:
+    """trtllm-serve's options (the ones exports/trtllm.py writes) and trtllm-bench throughput's spellings; the
+    LLM-API YAML named by --extra_llm_api_options is a second file, listed with the flags that type it."""
+    read = read_config_text(
+        "trtllm-serve serve meta-llama/Llama-3.1-70B --backend pytorch --tp_size 4 --pp_size 2 --ep_size 1 "
+        "--max_batch_size 256 --max_num_tokens 4096 --max_seq_len 8192 --kv_cache_free_gpu_memory_fraction 0.85 "
+        "--gpus_per_node 4 --extra_llm_api_options extra.yml\n",
+        "serve.sh",
+    )
+    assert read.kind == "trtllm" and read.model == "llama-3.1-70b"
+    assert read.values == {
+        "engine": "trtllm",
+        "tp": 4,
+        "pp": 2,
+        "ep": 1,
+        "max_batch": 256,
+        "max_num_tokens": 4096,
+        "context": 8192,
+        "gpu_memory_utilization": 0.85,
+        "node_size": 4,
+        "gpus": 8,
+    }
+    (options,) = [u for u in read.unread if u.key == "--extra_llm_api_options"]
+    assert "--capacity-scheduler" in options.effect and "--kv-dtype" in options.effect
+    bench = read_config_text(
+        "trtllm-bench --model Qwen/Qwen3-30B-A3B throughput --tp 2 --ep 2 --scheduler_policy max_utilization "
+        "--kv_cache_free_gpu_mem_fraction 0.95 --concurrency 64 --dataset d.jsonl\n",
+        "bench.sh",
+    )
+    assert bench.model == "qwen3-30b-a3b"
+    v = bench.values
+    assert (v["tp"], v["ep"], v["capacity_scheduler"], v["gpu_memory_utilization"], v["gpus"]) == (
+        2,
+        2,
+        "max-utilization",
+        0.95,
+        2,
+    )
+    assert {u.key for u in bench.unread} >= {"--concurrency", "--dataset"}  # the load is serve's own flags
+    with pytest.raises(ValueError, match=r"b\.sh: --scheduler_policy fcfs is not one of guaranteed_no_evict"):
+        read_config_text("trtllm-bench --model m throughput --scheduler_policy fcfs\n", "b.sh")
 
 
 def test_megatron_torch_fsdp2_and_layers_per_virtual_stage() -> None:

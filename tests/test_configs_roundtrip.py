@@ -17,6 +17,7 @@ from meshplan.exports import (
     export_megatron,
     export_sglang,
     export_torchtitan,
+    export_trtllm,
     export_vllm,
 )
 from meshplan.io import load_model
@@ -150,3 +151,37 @@ def test_serving_exports_read_back(
     expected |= {"kv_dtype": {DType.FP8: "fp8", DType.BF16: "bf16"}[kv]} if kv is not None else {}
     expected |= {"ep": 1} if engine == "sglang" else {}
     assert dict(read.values) == expected
+
+
+@given(
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([1, 2]),
+    st.sampled_from([4096, 8192, 32768]),
+    st.sampled_from([0.8, 0.9, 0.95]),
+    st.sampled_from([16, 64, 256]),
+)
+def test_trtllm_export_reads_back(tp: int, pp: int, context: int, share: float, seqs: int) -> None:
+    """One trtllm-serve process is one replica: the launch line reads back but for what its LLM-API YAML holds
+    (the KV dtype, attention data parallelism), which the reader lists as a second file."""
+    plan = ServingPlan(
+        model_path="meta-llama/Llama-3.1-8B",
+        tp=tp,
+        pp=pp,
+        dp=1,
+        max_model_len=context,
+        gpu_memory_utilization=share,
+        max_num_seqs=seqs,
+        kv_cache_dtype=DType.FP8,
+    )
+    read = read_config_text(export_trtllm(plan).command, "serve_trtllm.sh", "trtllm")
+    assert read.model == "llama-3.1-8b"
+    assert dict(read.values) == {
+        "engine": "trtllm",
+        "tp": tp,
+        "pp": pp,
+        "context": context,
+        "gpu_memory_utilization": share,
+        "max_batch": seqs,
+        "gpus": tp * pp,
+    }
+    assert [u.key for u in read.unread if u.key == "--extra_llm_api_options"] == ["--extra_llm_api_options"]

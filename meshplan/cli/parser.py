@@ -222,8 +222,8 @@ def _epilog(name: str) -> str | None:
 _COMMAND_PARSERS: dict[str, argparse.ArgumentParser] = {}
 FROM_HELP = (
     "read the run from an engine's config: a torchtitan TOML or config module, Megatron-LM flags (a launch script), "
-    "a NeMo / Megatron-Bridge YAML, a DeepSpeed JSON, an accelerate YAML, or a vLLM / SGLang launch command; flags "
-    "typed beside it override the file (docs/configs.md)"
+    "a NeMo / Megatron-Bridge YAML, a DeepSpeed JSON, an accelerate YAML, or a vLLM / SGLang / TensorRT-LLM launch "
+    "command; flags typed beside it override the file (docs/configs.md)"
 )
 
 

@@ -1,5 +1,5 @@
 """Engine configurations in: a torchtitan TOML or config module, Megatron-LM flags, a NeMo or Megatron-Bridge
-YAML, a DeepSpeed JSON, an accelerate YAML, a vLLM or SGLang launch command, read as request values.
+YAML, a DeepSpeed JSON, an accelerate YAML, a vLLM, SGLang or TensorRT-LLM launch command, read as request values.
 
 ``read_config`` reads a file through files.py's guarded reader (size, type, UTF-8), tells its kind from its
 content unless ``kind`` is given, and hands the text to that engine's reader (one module per engine). The
@@ -15,7 +15,7 @@ from pathlib import Path
 from meshplan.configs.reading import ConfigRead, Unread, catalog_match, check_shape
 from meshplan.files import read_text_file
 
-KINDS = ("torchtitan", "megatron", "nemo", "deepspeed", "accelerate", "vllm", "sglang")
+KINDS = ("torchtitan", "megatron", "nemo", "deepspeed", "accelerate", "vllm", "sglang", "trtllm")
 """What ``--from-kind`` accepts."""
 
 
@@ -38,6 +38,8 @@ def detect_kind(text: str, name: str = "") -> str:
         return "vllm"
     if re.search(r"sglang\.launch_server|\bsglang\s+serve\b", text):
         return "sglang"
+    if re.search(r"\btrtllm-(serve|bench)\b", text):
+        return "trtllm"
     if re.search(r"--(tensor-model-parallel-size|num-layers|micro-batch-size|seq-length)\b", text):
         return "megatron"
     if re.search(r"^(distributed_type|compute_environment|fsdp_config)\s*:", text, re.MULTILINE):

@@ -22,6 +22,10 @@ NO_EFFECT = "nothing meshplan bills (logging, data, checkpoints, learning rate a
 UNKNOWN = "not known to meshplan: whatever it changes is not in the estimate"
 
 
+SERVING_KINDS = ("vllm", "sglang", "trtllm")
+"""The kinds that launch a serving engine (``serve`` and ``serve-plan`` read them; the rest are training configs)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Unread:
     """A key of the file meshplan does not read, its value as written, and what it would change."""
@@ -56,7 +60,7 @@ class ConfigRead:
 
     @property
     def training(self) -> bool:
-        return self.kind not in ("vllm", "sglang")
+        return self.kind not in SERVING_KINDS
 
 
 def integer(value: Any, key: str, label: str, *, low: int = -1, high: int = 1 << 20) -> int:

@@ -1,14 +1,17 @@
-"""vLLM and SGLang launch commands (``vllm serve MODEL --tensor-parallel-size 8 ...``,
-``python -m sglang.launch_server --model-path MODEL --tp 8 ...``), in a file or a launch script.
+"""vLLM, SGLang and TensorRT-LLM launch commands (``vllm serve MODEL --tensor-parallel-size 8 ...``,
+``python -m sglang.launch_server --model-path MODEL --tp 8 ...``, ``trtllm-serve MODEL --tp_size 8 ...`` or
+``trtllm-bench --model MODEL throughput --tp 8 ...``), in a file or a launch script.
 
-Flag names and choices are those exports/vllm.py and exports/sglang.py write (vLLM 0.33.0's EngineArgs,
-SGLang 0.5.23's ServerArgs) and their short spellings. The GPU count is tp x pp x dp. A Hugging Face repository
+Flag names and choices are those exports/vllm.py, exports/sglang.py and exports/trtllm.py write (vLLM 0.33.0's
+EngineArgs, SGLang 0.5.23's ServerArgs, TensorRT-LLM's trtllm-serve options) and their short spellings, and
+trtllm-bench's throughput options (``--tp``, ``--kv_cache_free_gpu_mem_fraction``, ``--scheduler_policy``). The
+GPU count is tp x pp x dp (one trtllm-serve or trtllm-bench process runs one replica). A Hugging Face repository
 as the model is the catalog model of that repository; a local folder is read as the model's config.json.
 """
 
 from __future__ import annotations
 
-from meshplan.configs.reading import NO_EFFECT, UNKNOWN, ConfigRead, Reading, hf_repos
+from meshplan.configs.reading import NO_EFFECT, UNKNOWN, ConfigRead, Reading, hf_repos, short
 from meshplan.configs.shell import flag_pairs, script_words
 
 VLLM = {
@@ -37,9 +40,34 @@ SGLANG = {
     "--max-running-requests": "max_batch",
     "--chunked-prefill-size": "max_num_tokens",
 }
+TRTLLM = {
+    "--tp_size": "tp",
+    "--tp": "tp",
+    "--pp_size": "pp",
+    "--pp": "pp",
+    "--ep_size": "ep",
+    "--ep": "ep",
+    "--max_batch_size": "max_batch",
+    "--max_num_tokens": "max_num_tokens",
+    "--max_seq_len": "context",
+    "--kv_cache_free_gpu_memory_fraction": "gpu_memory_utilization",
+    "--kv_cache_free_gpu_mem_fraction": "gpu_memory_utilization",
+    "--gpus_per_node": "node_size",
+}
+"""trtllm-serve's options (tensorrt_llm/commands/serve.py) and trtllm-bench throughput's (its --tp, --pp, --ep and
+--kv_cache_free_gpu_mem_fraction spellings); the memory fraction is of the memory free after the weights, as
+serve's --gpu-memory-utilization reads it for trtllm."""
+SCHEDULER_POLICIES = {"guaranteed_no_evict": "guaranteed-no-evict", "max_utilization": "max-utilization"}
+"""trtllm-bench --scheduler_policy -> serve --capacity-scheduler."""
+TRTLLM_OPTIONS_FILE = (
+    "a second file, the LLM-API YAML: type what it sets with serve's flags (kv_cache_config.dtype: --kv-dtype; "
+    "enable_attention_dp: --dp-attention; scheduler_config.capacity_scheduler_policy: --capacity-scheduler; "
+    "cuda_graph_config.enable_padding: --cuda-graph-padding)"
+)
+TABLES = {"vllm": VLLM, "sglang": SGLANG, "trtllm": TRTLLM}
 KV_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "fp8": "fp8", "fp8_e4m3": "fp8"}
 WEIGHT_QUANT = {"fp8": "fp8", "fbgemm_fp8": "fp8", "modelopt": "fp8", "awq": "int4", "gptq": "int4"}
-WEIGHT_QUANT |= {"awq_marlin": "int4", "gptq_marlin": "int4", "modelopt_fp4": "fp4", "mxfp4": "fp4"}
+WEIGHT_QUANT |= {"awq_marlin": "int4", "gptq_marlin": "int4", "modelopt_fp4": "fp4", "mxfp4": "fp4", "nvfp4": "fp4"}
 NOTHING = frozenset(
     {
         "--host",
@@ -59,10 +87,20 @@ NOTHING = frozenset(
         "--enable-metrics",
         "--chat-template",
         "--load-format",
+        "--log_level",
+        "--trust_remote_code",
+        "--num_postprocess_workers",
+        "--backend",
+        "--workspace",
+        "--warmup",
+        "--streaming",
     }
 )
+LOAD = frozenset({"--concurrency", "--num_requests", "--dataset", "--target_input_len", "--target_output_len"})
+"""trtllm-bench's load and dataset: serve takes the load as its own flags (--concurrency, --num-requests) and the
+lengths as --input-len and --output-len."""
 SWITCHES = frozenset({"--enable-expert-parallel", "--enable-dp-attention", "--trust-remote-code"})
-SWITCHES |= {"--enforce-eager", "--disable-cuda-graph"}
+SWITCHES |= {"--enforce-eager", "--disable-cuda-graph", "--trust_remote_code", "--streaming"}
 EAGER = {"vllm": "--enforce-eager", "sglang": "--disable-cuda-graph"}
 """Each engine's switch that runs every forward op by op, without CUDA graphs (``--launch eager``)."""
 SHORT = frozenset({"-tp", "-pp", "-dp", "-q"})
@@ -70,7 +108,7 @@ SHORT = frozenset({"-tp", "-pp", "-dp", "-q"})
 
 def read_serving(text: str, label: str, kind: str) -> ConfigRead:
     words = script_words(text, label)
-    table = VLLM if kind == "vllm" else SGLANG
+    table = TABLES[kind]
     r = Reading(kind, label)
     r.take("engine", kind, f"the file's kind ({kind})")
     model = _model_word(words, kind)
@@ -80,8 +118,8 @@ def read_serving(text: str, label: str, kind: str) -> ConfigRead:
         if flag in seen and seen[flag] != value:
             raise ValueError(f"{label}: {flag} is given twice, as {seen[flag]!r} and {value!r}")
         seen[flag] = value
-    if "--model-path" in seen or "--model" in seen:
-        model = seen.pop("--model-path", None) or seen.pop("--model", None)
+    if {"--model-path", "--model", "--model_path"} & set(seen):
+        model = seen.pop("--model-path", None) or seen.pop("--model_path", None) or seen.pop("--model", None)
     if model is not None:
         name = hf_repos().get(model.lower())
         if name is not None:
@@ -108,8 +146,22 @@ def read_serving(text: str, label: str, kind: str) -> ConfigRead:
                 r.skip(flag, value, "a quantization method meshplan does not map: give --weights-dtype")
         elif flag == "--enable-dp-attention":
             r.take("dp_attention", True, flag)
-        elif flag == EAGER[kind]:
+        elif flag == EAGER.get(kind):
             r.take("launch", "eager", flag)
+        elif kind == "trtllm" and flag == "--scheduler_policy":
+            if str(value).lower() not in SCHEDULER_POLICIES:
+                raise ValueError(
+                    f"{label}: --scheduler_policy {short(value)} is not one of {', '.join(SCHEDULER_POLICIES)}"
+                )
+            r.take("capacity_scheduler", SCHEDULER_POLICIES[str(value).lower()], flag)
+        elif kind == "trtllm" and flag == "--extra_llm_api_options":
+            r.skip(flag, value, TRTLLM_OPTIONS_FILE)
+        elif kind == "trtllm" and flag in LOAD:
+            r.skip(
+                flag,
+                value,
+                "the load and its lengths: serve's --concurrency / --num-requests, --input-len, --output-len",
+            )
         elif flag in ("--enable-expert-parallel", "--moe-dp-size", "--dtype"):
             continue  # read below
         elif flag in NOTHING:
@@ -121,12 +173,15 @@ def read_serving(text: str, label: str, kind: str) -> ConfigRead:
 
 
 def _model_word(words: list[str], kind: str) -> str | None:
-    """The model after ``vllm serve`` (vLLM's positional), or None."""
-    if kind != "vllm":
-        return None
+    """The model after ``vllm serve`` or ``trtllm-serve [serve]`` (the engines' positional), or None."""
     for i, word in enumerate(words[:-1]):
-        if word == "serve" and i > 0 and words[i - 1].endswith("vllm") and not words[i + 1].startswith("-"):
-            return words[i + 1]
+        after = words[i + 1]
+        if kind == "vllm" and word == "serve" and i > 0 and words[i - 1].endswith("vllm"):
+            return None if after.startswith("-") else after
+        if kind == "trtllm" and word.endswith("trtllm-serve"):
+            if after == "serve" and i + 2 < len(words):
+                after = words[i + 2]
+            return None if after.startswith("-") else after
     return None
 
 

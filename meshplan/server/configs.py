@@ -2,9 +2,9 @@
 
 The body is JSON, ``{"text": FILE'S TEXT, "kind": ENGINE (optional)}`` (JSON, as every body the server takes:
 the guard refuses other bodies from other sites), the text being a torchtitan TOML or config module, Megatron-LM
-flags, a NeMo / Megatron-Bridge or accelerate YAML, a DeepSpeed JSON, or a vLLM / SGLang launch command. The
-answer holds the request values it gives (each with the key it came from), the model it names, and every key not
-read with what it would change; ``query`` is those values as the query parameters of ``/api/estimate``,
+flags, a NeMo / Megatron-Bridge or accelerate YAML, a DeepSpeed JSON, or a vLLM / SGLang / TensorRT-LLM launch
+command. The answer holds the request values it gives (each with the key it came from), the model it names, and
+every key not read with what it would change; ``query`` is those values as the query parameters of ``/api/estimate``,
 ``/api/memory`` or ``/api/serve``, to which the client adds what the file lacks (the GPU) and its own overrides.
 Nothing is kept on the server.
 """
