@@ -23,9 +23,10 @@ from tampered_plans import tampered  # noqa: E402
 from meshplan.cli import main  # noqa: E402
 
 BASES = {
-    "colocated": ["llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--input-len", "1024", "--output-len", "256"],
+    "colocated": ["llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--input-len", "1024", "--output-len", "256",
+                  "--allow-quantization"],
     "split": ["llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8", "--input-len", "8000", "--output-len", "300",
-              "--tpot-p99", "0.02", "--weights-dtypes", "fp8", "--search-disaggregated"],
+              "--tpot-p99", "0.02", "--weights-dtypes", "fp8", "--allow-quantization", "--search-disaggregated"],
 }  # fmt: skip
 
 

@@ -452,6 +452,7 @@ def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
         spec_acceptance=args.spec_acceptance,
         launch=args.launch,
         node_size=args.node_size,
+        capacity_scheduler=args.capacity_scheduler,
     )
     if args.save:
         save_json(args, result)

@@ -443,6 +443,7 @@ def _serving_commands(command: Command) -> None:
     add_fields(p, "input_len", "output_len", required=True)
     add_fields(p, "ttft_p99", "tpot_p99", "serve_objective", "concurrency", "engine", "weights_dtypes", "top")
     add_fields(p, "allow_quantization", "prefix_hit_rate", "speculative", "spec_acceptance", "launch")
+    add_fields(p, "capacity_scheduler")
     p.add_argument("--save", default=None, help="write the JSON result to this file (for meshplan export)")
     _add_force(p)
     add_fields(p, "search_disaggregated")

@@ -14,6 +14,7 @@ from enum import StrEnum
 from meshplan.spec.conditions import EpDispatch
 from meshplan.spec.layout import Layout, ZeroStage
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.requests import field as schema_field
 from meshplan.spec.workload import Workload
 from meshplan.units import DType
 
@@ -151,6 +152,11 @@ def check_experts(engine: Engine, model: ModelSpec, layout: Layout, workload: Wo
         raise UnsupportedByEngine(engine, "dispatch tokens through DeepEP", "ep_dispatch alltoall")
 
 
+CAPACITY_SCHEDULERS: tuple[str, ...] = schema_field("capacity_scheduler").choices or ()
+"""serve's --capacity-scheduler choices (TensorRT-LLM's CapacitySchedulerPolicy GUARANTEED_NO_EVICT and
+MAX_UTILIZATION)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServingPlan:
     """The handful of numbers a server needs: one plan feeds every serving engine, each maps it to its own flags.
@@ -184,6 +190,9 @@ class ServingPlan:
     """Attention data-parallel over the tp ranks of a replica, experts over all of them (MoE)."""
     enforce_eager: bool = False
     """Every forward launched op by op, no CUDA graphs (the plan was timed with ``--launch eager``)."""
+    capacity_scheduler: str | None = None
+    """TensorRT-LLM's admission policy the plan was timed with (guaranteed-no-evict or max-utilization); None: the
+    engine's own. The paging engines admit as the cache grows whatever it says."""
 
     def __post_init__(self) -> None:
         check_model_path(self.model_path, what="model_path")
@@ -200,6 +209,11 @@ class ServingPlan:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.gpu_memory_utilization, int | float) or not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.capacity_scheduler not in (None, *CAPACITY_SCHEDULERS):
+            raise ValueError(
+                f"capacity_scheduler must be one of {', '.join(CAPACITY_SCHEDULERS)} or None, "
+                f"got {self.capacity_scheduler!r}"
+            )
 
     @property
     def num_gpus(self) -> int:

@@ -2,10 +2,11 @@
 
 Target: TensorRT-LLM at commit 00209af1 (option names read from tensorrt_llm/commands/serve.py: --tp_size,
 --pp_size, --ep_size, --max_batch_size, --max_seq_len, --kv_cache_free_gpu_memory_fraction and
---extra_llm_api_options; `trtllm-serve MODEL` runs its default `serve` command). The KV-cache dtype and
-attention data parallelism are LLM-API arguments, written to the YAML file (kv_cache_config.dtype,
-enable_attention_dp). Weight quantization comes from the checkpoint (a ModelOpt FP8 or NVFP4 export), so
-the plan's quantization is a note, not a flag. One server runs one replica: dp replicas are dp servers.
+--extra_llm_api_options; `trtllm-serve MODEL` runs its default `serve` command). The KV-cache dtype,
+attention data parallelism and the capacity scheduler a plan was timed with are LLM-API arguments, written to
+the YAML file (kv_cache_config.dtype, enable_attention_dp, scheduler_config.capacity_scheduler_policy). Weight
+quantization comes from the checkpoint (a ModelOpt FP8 or NVFP4 export), so the plan's quantization is a note,
+not a flag. One server runs one replica: dp replicas are dp servers.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ OPTIONS = "extra_llm_api_options.yml"
 
 KV_CACHE_DTYPES: dict[DType, str] = {DType.FP8: "fp8"}
 """meshplan dtype -> kv_cache_config.dtype (unset: auto, the model's dtype)."""
+CAPACITY_SCHEDULER_POLICIES = {"guaranteed-no-evict": "GUARANTEED_NO_EVICT", "max-utilization": "MAX_UTILIZATION"}
+"""serve's --capacity-scheduler -> scheduler_config.capacity_scheduler_policy (the LLM API's CapacitySchedulerPolicy;
+unset: GUARANTEED_NO_EVICT, its default)."""
 
 
 def trtllm_args(plan: ServingPlan) -> list[str]:
@@ -45,6 +49,9 @@ def _options(plan: ServingPlan) -> str:
             raise UnsupportedByEngine(ENGINE, f"store the KV cache in {plan.kv_cache_dtype}", "kv_cache_dtype fp8")
         lines += ["kv_cache_config:", f"  dtype: {KV_CACHE_DTYPES[plan.kv_cache_dtype]}"]
     lines += [f"enable_attention_dp: {'true' if plan.dp_attention else 'false'}"]
+    if plan.capacity_scheduler is not None:
+        policy = CAPACITY_SCHEDULER_POLICIES[plan.capacity_scheduler]
+        lines += ["scheduler_config:", f"  capacity_scheduler_policy: {policy}"]
     return "\n".join(lines) + "\n"
 
 

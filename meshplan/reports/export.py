@@ -318,4 +318,5 @@ def _pool_plan(saved: SavedServingPlan, replicas: int, model_path: str) -> Servi
         kv_cache_dtype=None if lay.kv_dtype is DType.BF16 else lay.kv_dtype,
         quantization=SERVE_PLAN_QUANTIZATION.get(lay.weights_dtype.value),
         enforce_eager=saved.launch == "eager",
+        capacity_scheduler=saved.capacity_scheduler,
     )

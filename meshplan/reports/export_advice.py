@@ -6,6 +6,7 @@ in flags, the planner's command for a layout the engine runs, and the other engi
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from collections.abc import Mapping
@@ -137,7 +138,7 @@ def serve_with_advice(
     """``eng``'s launcher for ``plan``; a refusal names the flags of the closest plan the engine runs and the
     serving engines that run this one as it is."""
     try:
-        return SERVING_EXPORTERS[eng](plan, predicted=predicted)
+        export = SERVING_EXPORTERS[eng](plan, predicted=predicted)
     except UnsupportedByEngine as exc:
         others = [e.value for e, export in SERVING_EXPORTERS.items() if e is not eng and _serves(export, plan)]
         verb = "runs" if len(others) == 1 else "run"
@@ -147,6 +148,13 @@ def serve_with_advice(
             raise exc.with_advice(f"closest: {exc.closest}{elsewhere}") from None
         elsewhere = f"; {' and '.join(others)} {verb} it with the same flags" if others else ""
         raise exc.with_advice(f"closest: {as_flags(exc.closest)}{elsewhere}") from None
+    if plan.capacity_scheduler is not None and eng is not Engine.TRTLLM:
+        note = (
+            f"the plan was timed with TensorRT-LLM's {plan.capacity_scheduler} admission, which {eng.value} has no "
+            f"flag for: {eng.value} admits requests as their KV cache grows, up to the plan's batch cap"
+        )
+        export = dataclasses.replace(export, notes=(*export.notes, note))
+    return export
 
 
 def _serves(export: Any, plan: ServingPlan) -> bool:

@@ -376,6 +376,7 @@ def _head(
         "engine": engine,
         "engine_source": setup.engine_source,
         "launch": setup.hw.cal.launch.value,
+        "kv_admission": "whole-sequence" if setup.hw.cal.reserve_full_sequence else "growing",
         "layout": {
             "tp": lay.tp,
             "pp": lay.pp,

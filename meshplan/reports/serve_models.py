@@ -110,6 +110,9 @@ class ServeReport(TypedDict):
     """flag (--engine given) or default (none stated: trtllm's constants, the band widened as for an unseen engine)"""
     launch: str
     """cudagraph (the engines' default), eager or compile: how the host issues each layer's kernels (--launch)"""
+    kv_admission: str
+    """whole-sequence (TensorRT-LLM's GUARANTEED_NO_EVICT) or growing (the paging engines; --capacity-scheduler
+    max-utilization): what the KV cache reserves for a request, as the batch cap counts it"""
     layout: ServeLayoutJSON
     weights_dtype: str
     kv_dtype: str
@@ -233,6 +236,8 @@ class ServePlanReport(TypedDict):
     """cudagraph (the engines' default), eager or compile: how every layout was timed launching its kernels"""
     node_size: int | None
     """the fleet's node (--node-size; null: the GPU kind's own scale-up domain)"""
+    capacity_scheduler: str | None
+    """TensorRT-LLM's admission policy every layout was timed with (--capacity-scheduler; null: the engine's own)"""
     uncertainty: str
     weights_dtypes_searched: list[str]
     prefix_hit_rate: float | None

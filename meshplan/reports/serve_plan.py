@@ -25,7 +25,7 @@ from meshplan.reports.inputs import choice
 from meshplan.reports.serve import calibration, engine_defaults, serving_band_text
 from meshplan.reports.serve_band import band_family
 from meshplan.reports.serve_coverage import coverage_warnings
-from meshplan.reports.serve_setup import fleet_node, stated_engine, straddles
+from meshplan.reports.serve_setup import fleet_node, reserves_full_sequence, stated_engine, straddles
 from meshplan.reports.serve_spec import head_speculation
 from meshplan.search.limits import check_deadline
 from meshplan.spec.cluster import GPU, Link
@@ -182,11 +182,13 @@ def serve_plan_report(
     spec_acceptance: float | None = None,
     launch: str | None = None,
     node_size: int | None = None,
+    capacity_scheduler: str | None = None,
 ) -> dict[str, Any]:
     """Search, rank and explain: the best plans, the Pareto front, and why every other layout lost. Weights are
     searched below the model's published dtype only with ``allow_quantization`` (``searched_dtypes``). Every layout
-    is timed with the prefix hit rate and the drafting head (eagle:K, mtp:K) given, and launched as ``launch`` says
-    (left out: the engine's own way, ``engine_launch``), on nodes of ``node_size`` GPUs (left out: the kind's
+    is timed with the prefix hit rate and the drafting head (eagle:K, mtp:K) given, launched as ``launch`` says
+    (left out: the engine's own way, ``engine_launch``), admitted as TensorRT-LLM's ``capacity_scheduler`` says
+    (left out: the engine's own admission), on nodes of ``node_size`` GPUs (left out: the kind's
     scale-up domain; a 4-GPU board without a switch gives each group only its pairs' links)."""
     start = time.perf_counter()
     engine, engine_source = stated_engine(engine)  # left out: TensorRT-LLM's constants, the band widened
@@ -218,6 +220,7 @@ def serve_plan_report(
         spec_acceptance=spec_acceptance,
         launch=launch,
         scale_up=scale_up,
+        capacity_scheduler=capacity_scheduler,
     )
     searched = [w.value for w, _ in _weight_options(gpu_spec, dtypes)]
     launched = engine_launch(engine, gpu_spec.name, launch).value
@@ -231,6 +234,7 @@ def serve_plan_report(
         "engine_source": engine_source,
         "launch": launched,
         "node_size": node_size,
+        "capacity_scheduler": capacity_scheduler,
         "uncertainty": serving_band_text(spec, engine=family, gpu=gpu_spec.name, stated=engine_source == "flag"),
         "weights_dtypes_searched": searched,
         "prefix_hit_rate": prefix_hit_rate,
@@ -261,6 +265,14 @@ def engine_launch(engine: str, gpu: str, launch: str | None) -> Launch:
     """How each layout's kernels launch: as stated, else the engine's own way (replayed CUDA graphs; vllm-0.2's op
     by op)."""
     return Launch(launch) if launch is not None else calibration(engine, gpu).launch
+
+
+def _admission(cal: ServeCalibration, engine: str, capacity_scheduler: str | None) -> ServeCalibration:
+    """The engine's calibration admitting requests as TensorRT-LLM's ``capacity_scheduler`` says (left out: as
+    the engine does)."""
+    if capacity_scheduler is None:
+        return cal
+    return dataclasses.replace(cal, reserve_full_sequence=reserves_full_sequence(engine, capacity_scheduler))
 
 
 def _quality_note(model: ModelSpec | str, gpu: GPU, allow_quantization: bool, searched: list[str]) -> list[str]:
@@ -296,6 +308,7 @@ def _search(
     spec_acceptance: float | None = None,
     launch: str | None = None,
     scale_up: Link | None = None,
+    capacity_scheduler: str | None = None,
 ) -> SearchResult:
     if disaggregate and (prefix_hit_rate is not None or speculative is not None):
         given = "--prefix-hit-rate" if prefix_hit_rate is not None else "--speculative"
@@ -304,7 +317,11 @@ def _search(
         gpu=gpu,
         scale_up=io.load_link(gpu.scale_up_link) if scale_up is None else scale_up,
         scale_out=io.load_link(gpu.scale_out_link),
-        cal=dataclasses.replace(calibration(engine, gpu.name), launch=engine_launch(engine, gpu.name, launch)),
+        cal=_admission(
+            dataclasses.replace(calibration(engine, gpu.name), launch=engine_launch(engine, gpu.name, launch)),
+            engine,
+            capacity_scheduler,
+        ),
     )
     req = Requests(
         input_len=input_len,
@@ -358,6 +375,7 @@ def plan_of_layout(
     spec_acceptance: float | None = None,
     launch: str | None = None,
     node_size: int | None = None,
+    capacity_scheduler: str | None = None,
 ) -> dict[str, Any]:
     """The plan serve-plan ranks for one layout (split into ``prefill_replicas`` prefill replicas and the rest
     decode, when above 0), as ``best`` holds it, on the catalog's ``gpu`` in nodes of ``node_size``; ValueError with
@@ -381,6 +399,7 @@ def plan_of_layout(
         spec_acceptance=spec_acceptance,
         launch=launch,
         scale_up=scale_up,
+        capacity_scheduler=capacity_scheduler,
     )
     for c in result.ranked:
         if c.prefill_replicas == prefill_replicas:

@@ -50,6 +50,7 @@ FILE_KEYS = (
     "engine_source",
     "launch",
     "node_size",
+    "capacity_scheduler",
     "uncertainty",
     "weights_dtypes_searched",
     "prefix_hit_rate",
@@ -104,6 +105,9 @@ class SavedServingPlan:
     launch: str = "cudagraph"
     """How the plan was timed launching its kernels (serve-plan --launch): eager plans export an engine's eager
     switch."""
+    capacity_scheduler: str | None = None
+    """TensorRT-LLM's admission policy the plan was timed with (serve-plan --capacity-scheduler; None: the
+    engine's own), which the TensorRT-LLM export writes."""
 
 
 class _Reader:
@@ -227,7 +231,8 @@ def serving_plan_of(data: Any, label: str) -> SavedServingPlan:
         where, ch = found
         raise ValueError(f"{label}: {where} holds the control character {ch!r}; a plan file holds none")
     r = _Reader(label)
-    data = {"engine_source": "flag", "launch": "cudagraph", "node_size": None} | data  # saved before they were written
+    before = {"engine_source": "flag", "launch": "cudagraph", "node_size": None, "capacity_scheduler": None}
+    data = before | data  # a file saved before these keys were written
     r.table(data, FILE_KEYS, "the file")
     spec, gpu = _fleet(r, data)
     request = _request(r, data)
@@ -318,6 +323,9 @@ def _request(r: _Reader, data: dict[str, Any]) -> dict[str, Any]:
         "engine": data["engine"],
         "launch": r.schema("launch", data["launch"], "launch"),
         "node_size": r.schema("node_size", data["node_size"], "node_size", optional=True),
+        "capacity_scheduler": r.schema(
+            "capacity_scheduler", data["capacity_scheduler"], "capacity_scheduler", optional=True
+        ),
     }
 
 
@@ -387,6 +395,7 @@ def _recomputed(
             engine=request["engine"],
             context=context,
             launch=request["launch"],
+            capacity_scheduler=request["capacity_scheduler"],
             node_size=request["node_size"],
         )
     except ValueError as exc:
@@ -417,4 +426,5 @@ def _recomputed(
         max_model_len=context,
         predicted={key: float(computed[key]) for key in PREDICTED_KEYS},
         launch=request["launch"],
+        capacity_scheduler=request["capacity_scheduler"],
     )

@@ -155,7 +155,7 @@ def resolve(
         fix = f"drop it or --launch {launch}" if launch is not None else "drop it or add --launch cudagraph"
         raise ValueError(f"--cuda-graph-padding pads replayed CUDA graphs, and {engine} launches op by op here: {fix}")
     if capacity_scheduler is not None:
-        cal = dataclasses.replace(cal, reserve_full_sequence=_reserves_full_sequence(engine, capacity_scheduler))
+        cal = dataclasses.replace(cal, reserve_full_sequence=reserves_full_sequence(engine, capacity_scheduler))
     if gpu_memory_utilization is None:
         of = cal.memory_fraction_of.value
         defaults += (("gpu_memory_utilization", f"{cal.memory_fraction:g}", f"{engine}'s memory fraction (of {of})"),)
@@ -168,7 +168,7 @@ def resolve(
     )
 
 
-def _reserves_full_sequence(engine: str, policy: str) -> bool:
+def reserves_full_sequence(engine: str, policy: str) -> bool:
     """Whether admission reserves a request's whole sequence under TensorRT-LLM's capacity scheduler ``policy``
     (GUARANTEED_NO_EVICT) or only the cache it holds as it grows (MAX_UTILIZATION, which pauses requests when the
     cache runs out); the policy is TensorRT-LLM's alone (the paging engines always grow)."""

@@ -435,7 +435,7 @@ SERVE += ("cuda_graph_padding", "disaggregate", "batch", "int4_group_size", "lau
 SERVE += ("speculative", "spec_acceptance", "draft_model", "prefix_hit_rate", "node_size")
 SERVE_PLAN: tuple[str, ...] = ("input_len", "output_len", "ttft_p99", "tpot_p99", "serve_objective", "concurrency")
 SERVE_PLAN += ("engine", "weights_dtypes", "search_disaggregated", "allow_quantization")
-SERVE_PLAN += ("prefix_hit_rate", "speculative", "spec_acceptance", "launch", "node_size")
+SERVE_PLAN += ("prefix_hit_rate", "speculative", "spec_acceptance", "launch", "node_size", "capacity_scheduler")
 _ENGINE_SET = ("kv_dtype",)  # unset: the engine's default for the weights (as the CLI)
 LENGTHS = ("input_len", "output_len")
 """Required on the API as on the CLI: a request without its lengths has nothing to time."""

@@ -230,7 +230,10 @@ def _tp_with_gpus(tp: int) -> Callable[[dict[str, Any]], None]:
     return change
 
 
-DEFAULTED_BAD: dict[Path, dict[str, Any]] = {("launch",): STR_BAD | {"unknown": "graphs"}}
+DEFAULTED_BAD: dict[Path, dict[str, Any]] = {
+    ("launch",): STR_BAD | {"unknown": "graphs"},
+    ("capacity_scheduler",): {k: v for k, v in STR_BAD.items() if k != "null"} | {"unknown": "fcfs"},  # null: unset
+}
 """Fields a file saved before they were written may leave out (read as their default), but not hold wrong."""
 
 

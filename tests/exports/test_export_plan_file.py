@@ -270,3 +270,35 @@ def refused_cli(argv: list[str]) -> str:
     lines = err.getvalue().strip().splitlines()
     assert code == 2 and len(lines) == 1, err.getvalue()
     return lines[0]
+
+
+def test_a_plan_timed_with_max_utilization_exports_its_admission(tmp_path: Path) -> None:
+    """serve-plan --capacity-scheduler max-utilization counts a replica's KV cap over I + O/2 tokens a sequence;
+    its saved plan recomputes with it, TensorRT-LLM's export writes it (scheduler_config), the paging engines say
+    they have no flag for it, and a file edited to another policy is refused."""
+    args = dict(BASES["colocated"]) | {"capacity_scheduler": "max-utilization", "engine": "trtllm"}
+    model = args.pop("model")
+    report = serve_plan_report(model, **args)
+    plain = serve_plan_report(model, **{k: v for k, v in args.items() if k != "capacity_scheduler"})
+    assert report["capacity_scheduler"] == "max-utilization" and plain["capacity_scheduler"] is None
+    assert report["best"]["kv_sequences_per_replica"] > plain["best"]["kv_sequences_per_replica"]
+    path = _write(tmp_path, json.dumps(report))
+    assert load_serving_plan(path).capacity_scheduler == "max-utilization"
+    trt = export_serve_plan("trtllm", path)
+    assert (
+        "scheduler_config:\n  capacity_scheduler_policy: MAX_UTILIZATION\n" in trt["files"]["extra_llm_api_options.yml"]
+    )
+    vllm = export_serve_plan("vllm", path)
+    assert any("has no flag for" in note and "max-utilization" in note for note in vllm["notes"])
+    assert (
+        "scheduler_config"
+        not in export_serve_plan("trtllm", _write(tmp_path, json.dumps(plain), "plain.json"))["files"][
+            "extra_llm_api_options.yml"
+        ]
+    )
+    edited = _write(tmp_path, json.dumps(report | {"capacity_scheduler": "guaranteed-no-evict"}), "edited.json")
+    with pytest.raises(ValueError, match=r"best\.batch_cap_per_replica is \d+, but serve-plan computes"):
+        load_serving_plan(edited)
+    bad = _write(tmp_path, json.dumps(report | {"capacity_scheduler": "fcfs"}), "bad.json")
+    with pytest.raises(ValueError, match="capacity_scheduler is refused"):
+        load_serving_plan(bad)
