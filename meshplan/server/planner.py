@@ -213,6 +213,7 @@ async def serve_plan(
         "spec_acceptance": plan["spec_acceptance"],
         "launch": plan["launch"],
         "node_size": plan["node_size"],
+        "capacity_scheduler": plan["capacity_scheduler"],
     }
     key = ("serve-plan", _model_key(model), *sorted((k, repr(v)) for k, v in kwargs.items()))
     gate: SearchGate = request.app.state.searches

@@ -300,6 +300,26 @@ def test_the_serving_view_plans_kernels_launched_op_by_op_as_the_cli_does(page: 
     assert "--enforce-eager" in json.loads(Path(got.value.path()).read_text())["command"]
 
 
+def test_the_serving_view_admits_as_tensorrt_llms_capacity_scheduler_says(page: Any) -> None:
+    """KV admission as it grows: the command carries --capacity-scheduler max-utilization and gives the page's
+    plan, and the TensorRT-LLM export of that plan writes the policy to its LLM-API YAML."""
+    page.goto(f"{page.base}/#serving?model=llama-3.1-8b&gpus=2&output_len=128&engine=trtllm")
+    page.wait_for_selector("body[data-ready]")
+    page.wait_for_selector("#sv-command")
+    page.select_option("#sv-form select[name=capacity_scheduler]", "max-utilization")
+    page.wait_for_function(
+        "() => document.querySelector('#sv-command')?.textContent.includes('--capacity-scheduler max-utilization')"
+    )
+    page.wait_for_selector("#sv-results[aria-busy='false']")
+    _, shown, cli = _shown_and_run(page, "sv")
+    assert cli["capacity_scheduler"] == shown["capacity_scheduler"] == "max-utilization"
+    assert cli["best"] == shown["best"]
+    page.select_option("#sv-engine", "trtllm")
+    with page.expect_download() as got:
+        page.click("#sv-export")
+    assert "capacity_scheduler_policy: MAX_UTILIZATION" in Path(got.value.path()).read_text()
+
+
 def _shown_and_run(page: Any, bar: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """The bar's command, the answer the page downloads, and what that command prints when the CLI runs it."""
     import shlex

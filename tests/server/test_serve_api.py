@@ -98,3 +98,6 @@ def test_the_capacity_scheduler_through_the_api(client: Any) -> None:
     assert bad.status_code in (400, 422) and "capacity" in bad.text
     other = client.get("/api/serve", params=params | {"engine": "sglang"})
     assert other.status_code == 400 and "TensorRT-LLM's scheduler policy" in other.json()["error"]
+    plan = client.get("/api/serve-plan", params=SERVE | {"engine": "trtllm", "capacity_scheduler": "max-utilization"})
+    assert plan.status_code == 200, plan.text
+    assert plan.json()["capacity_scheduler"] == "max-utilization"

@@ -38,6 +38,7 @@ async function update() {
     model: v.model, gpu: v.gpu, gpus: v.gpus, input_len: v.input_len, output_len: v.output_len,
     ttft_p99: v.ttft_p99 || null, tpot_p99: v.tpot_p99 || null, engine: v.engine, top: 5,
     launch: v.launch === "cudagraph" ? null : v.launch,
+    capacity_scheduler: v.capacity_scheduler || null,
   };
   try {
     const r = await tracked($("#sv-results"), async () => {
@@ -57,7 +58,7 @@ async function update() {
         // --engine always written: the form always states one, and the CLI widens the band of an unstated engine
         command: cliCommand("serve-plan", [v.model], [["gpu", v.gpu], ["gpus", v.gpus], ["input_len", v.input_len],
           ["output_len", v.output_len], ["ttft_p99", v.ttft_p99], ["tpot_p99", v.tpot_p99], ["engine", v.engine], ["top", 5],
-          ["launch", v.launch, "cudagraph"]]),
+          ["launch", v.launch, "cudagraph"], ["capacity_scheduler", v.capacity_scheduler, ""]]),
       });
       await breakdown(answer, v);
       return answer;
@@ -134,6 +135,7 @@ async function breakdown(r, v) {
     concurrency: b.batch_cap_per_replica * b.replicas, tp: l.tp, pp: l.pp, ep: l.ep, dp_attention: l.dp_attention,
     replicas: b.replicas, weights_dtype: l.weights_dtype, kv_dtype: l.kv_dtype, quant: l.quant,
     launch: r.launch === "cudagraph" ? null : r.launch,
+    capacity_scheduler: r.capacity_scheduler,
   });
   const total = PHASES.reduce((acc, [k]) => acc + s.step_s[k], 0);
   const shown = PHASES.filter(([key]) => key !== "host_wait_s" || s.step_s[key] > 0); // the wait only where it is one
