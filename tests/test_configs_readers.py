@@ -213,3 +213,46 @@ def test_megatron_torch_fsdp2_and_layers_per_virtual_stage() -> None:
         "run.sh",
     )
     assert (read.values["vpp"], read.values["zero"]) == (4, 3)  # 32 layers / (4 stages x 2 per chunk)
+
+
+def test_trtllm_llm_api_options_yaml() -> None:
+    """The YAML trtllm-serve reads with --extra_llm_api_options (as meshplan export trtllm writes it, its comment
+    naming trtllm-serve, and as NVIDIA's recipes publish it): each LlmArgs key a serve field, or listed."""
+    from meshplan.exports import ServingPlan, export_trtllm
+    from meshplan.units import DType
+
+    plan = ServingPlan(
+        model_path="deepseek-ai/DeepSeek-V3",
+        tp=8,
+        ep=8,
+        dp_attention=True,
+        max_model_len=4096,
+        gpu_memory_utilization=0.9,
+        max_num_seqs=64,
+        kv_cache_dtype=DType.FP8,
+        capacity_scheduler="max-utilization",
+    )
+    yaml = export_trtllm(plan).files["extra_llm_api_options.yml"]
+    assert detect_kind(yaml, "extra_llm_api_options.yml") == "trtllm"
+    read = read_config_text(yaml, "extra_llm_api_options.yml")
+    assert read.values == {
+        "engine": "trtllm",
+        "kv_dtype": "fp8",
+        "dp_attention": True,
+        "capacity_scheduler": "max-utilization",
+    }
+    recipe = read_config_text(
+        "tensor_parallel_size: 4\npipeline_parallel_size: 2\nmax_batch_size: 128\nmax_seq_len: 8192\n"
+        "kv_cache_config:\n  free_gpu_memory_fraction: 0.8\n  enable_block_reuse: false\n"
+        "cuda_graph_config:\n  enable_padding: true\n  batch_sizes: [1, 2, 4]\n"
+        "speculative_config:\n  decoding_type: MTP\n  num_nextn_predict_layers: 1\n",
+        "recipe.yaml",
+    )
+    v = recipe.values
+    assert (v["tp"], v["pp"], v["gpus"], v["max_batch"], v["context"]) == (4, 2, 8, 128, 8192)
+    assert (v["gpu_memory_utilization"], v["cuda_graph_padding"]) == (0.8, True)
+    unread = {u.key: u.effect for u in recipe.unread}
+    assert "--prefix-hit-rate" in unread["kv_cache_config.enable_block_reuse"]
+    assert "--speculative" in unread["speculative_config"]
+    with pytest.raises(ValueError, match=r"s\.yaml: scheduler_config\.capacity_scheduler_policy STATIC_BATCH is not"):
+        read_config_text("scheduler_config:\n  capacity_scheduler_policy: STATIC_BATCH\n", "s.yaml")

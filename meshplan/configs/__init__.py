@@ -1,5 +1,6 @@
 """Engine configurations in: a torchtitan TOML or config module, Megatron-LM flags, a NeMo or Megatron-Bridge
-YAML, a DeepSpeed JSON, an accelerate YAML, a vLLM, SGLang or TensorRT-LLM launch command, read as request values.
+YAML, a DeepSpeed JSON, an accelerate YAML, a vLLM, SGLang or TensorRT-LLM launch command, or TensorRT-LLM's
+LLM-API options YAML, read as request values.
 
 ``read_config`` reads a file through files.py's guarded reader (size, type, UTF-8), tells its kind from its
 content unless ``kind`` is given, and hands the text to that engine's reader (one module per engine). The
@@ -15,6 +16,12 @@ from pathlib import Path
 from meshplan.configs.reading import ConfigRead, Unread, catalog_match, check_shape
 from meshplan.files import read_text_file
 
+TRTLLM_OPTIONS = (
+    r"^(kv_cache_config|enable_attention_dp|cuda_graph_config|scheduler_config|moe_expert_parallel_size)\s*:"
+)
+"""Top-level keys that only TensorRT-LLM's LLM-API options hold (the --extra_llm_api_options YAML)."""
+TRTLLM_COMMAND = r"^[^#\n]*\btrtllm-(serve|bench)\b"
+"""A line that runs trtllm-serve or trtllm-bench (a comment that names one does not)."""
 KINDS = ("torchtitan", "megatron", "nemo", "deepspeed", "accelerate", "vllm", "sglang", "trtllm")
 """What ``--from-kind`` accepts."""
 
@@ -38,7 +45,7 @@ def detect_kind(text: str, name: str = "") -> str:
         return "vllm"
     if re.search(r"sglang\.launch_server|\bsglang\s+serve\b", text):
         return "sglang"
-    if re.search(r"\btrtllm-(serve|bench)\b", text):
+    if re.search(TRTLLM_COMMAND, text, re.MULTILINE) or re.search(TRTLLM_OPTIONS, text, re.MULTILINE):
         return "trtllm"
     if re.search(r"--(tensor-model-parallel-size|num-layers|micro-batch-size|seq-length)\b", text):
         return "megatron"
@@ -81,6 +88,10 @@ def read_config_text(text: str, label: str, kind: str | None = None) -> ConfigRe
         from meshplan.configs.accelerate import read_accelerate
 
         return read_accelerate(text, label)
+    if kind == "trtllm" and not re.search(TRTLLM_COMMAND, text, re.MULTILINE):
+        from meshplan.configs.trtllm import read_trtllm_options
+
+        return read_trtllm_options(text, label)
     from meshplan.configs.serving import read_serving
 
     return read_serving(text, label, kind)

@@ -60,9 +60,9 @@ serve's --gpu-memory-utilization reads it for trtllm."""
 SCHEDULER_POLICIES = {"guaranteed_no_evict": "guaranteed-no-evict", "max_utilization": "max-utilization"}
 """trtllm-bench --scheduler_policy -> serve --capacity-scheduler."""
 TRTLLM_OPTIONS_FILE = (
-    "a second file, the LLM-API YAML: type what it sets with serve's flags (kv_cache_config.dtype: --kv-dtype; "
-    "enable_attention_dp: --dp-attention; scheduler_config.capacity_scheduler_policy: --capacity-scheduler; "
-    "cuda_graph_config.enable_padding: --cuda-graph-padding)"
+    "a second file, the LLM-API YAML (--from reads it on its own), or type what it sets with serve's flags "
+    "(kv_cache_config.dtype: --kv-dtype; enable_attention_dp: --dp-attention; scheduler_config."
+    "capacity_scheduler_policy: --capacity-scheduler; cuda_graph_config.enable_padding: --cuda-graph-padding)"
 )
 TABLES = {"vllm": VLLM, "sglang": SGLANG, "trtllm": TRTLLM}
 KV_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "fp8": "fp8", "fp8_e4m3": "fp8"}
