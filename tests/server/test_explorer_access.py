@@ -84,6 +84,14 @@ def test_axe_finds_no_serious_violation_and_text_and_targets_are_large_enough(si
     # folded groups (run conditions, schedule, adapters, the report's conditions) are checked open
     sized.eval_on_selector_all("section.view:not([hidden]) details", "ds => ds.forEach(d => { d.open = true; })")
     shot(sized, f"{view}-{sized.size_name}")
+    # the page makes each region that scrolls sideways focusable in a debounced pass after each render (app.js
+    # scrollCues): wait for that pass, so axe sees the page a keyboard user gets, not a render 60 ms old
+    sized.wait_for_function(
+        """() => Array.from(document.querySelectorAll('.table-wrap, .chart, .cli-row, .nest'))
+          .filter(n => n.getClientRects().length && n.scrollWidth > n.clientWidth + 2)
+          .every(n => n.getAttribute('tabindex') === '0')""",
+        timeout=5000,
+    )
     sized.add_script_tag(path=str(AXE))
     found = sized.evaluate(
         """async () => {
