@@ -161,6 +161,9 @@ def resolve(
         defaults += (("gpu_memory_utilization", f"{cal.memory_fraction:g}", f"{engine}'s memory fraction (of {of})"),)
     if max_num_tokens is None:
         defaults += (("max_num_tokens", str(cal.max_num_tokens), f"{engine}'s tokens per step"),)
+    if capacity_scheduler is None and engine == "trtllm":
+        why = "trtllm's admission: KV room for the whole sequence"
+        defaults += (("capacity_scheduler", "guaranteed-no-evict", why),)
     hw = Hardware(gpu=gpu_spec, scale_up=scale_up, scale_out=io.load_link(gpu_spec.scale_out_link), cal=cal)
     shape = replica_shape(spec, hw, layout, context=context)
     return Setup(
