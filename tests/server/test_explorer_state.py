@@ -320,6 +320,29 @@ def test_the_serving_view_admits_as_tensorrt_llms_capacity_scheduler_says(page: 
     assert "capacity_scheduler_policy: MAX_UTILIZATION" in Path(got.value.path()).read_text()
 
 
+def test_the_serving_view_reads_a_serving_launcher(page: Any, tmp_path: Path) -> None:
+    """A trtllm-bench line opened in the serving view sets its fleet, engine and admission as --from reads them (the
+    command then carries them); a training config is refused in one line, pointing at the Layout view."""
+    page.goto(f"{page.base}/#serving?model=llama-3.1-8b&gpus=8&output_len=128")
+    page.wait_for_selector("body[data-ready]")
+    page.wait_for_selector("#sv-command")
+    bench = tmp_path / "bench.sh"
+    line = "trtllm-bench --model meta-llama/Llama-3.1-8B throughput --tp 2 --scheduler_policy max_utilization"
+    bench.write_text(line + "\n")
+    page.set_input_files("#sv-config", str(bench))
+    page.wait_for_function(
+        "() => document.querySelector('#sv-command')?.textContent.includes('--capacity-scheduler max-utilization')"
+    )
+    command = page.inner_text("#sv-command")
+    assert "--gpus 2 " in command and "--engine trtllm" in command and "llama-3.1-8b" in command
+    assert "bench.sh (trtllm)" in page.inner_text("#sv-config-note")
+    toml = tmp_path / "train.toml"
+    toml.write_text("[training]\nseq_len = 4096\n")
+    page.set_input_files("#sv-config", str(toml))
+    page.wait_for_function("() => document.querySelector('#sv-error').textContent.includes('the Layout view plans it')")
+    assert "\n" not in page.inner_text("#sv-error").strip()
+
+
 def _shown_and_run(page: Any, bar: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """The bar's command, the answer the page downloads, and what that command prints when the CLI runs it."""
     import shlex

@@ -20,8 +20,46 @@ let ctx = null;
 export function init(context) {
   ctx = context;
   onFormChange($("#sv-form"), update);
+  $("#sv-config").addEventListener("change", openConfig);
   onResize(() => last && curve(last));
   update();
+}
+
+// A serving launcher read by POST /api/config (as --from reads it): the fleet, model, engine, kernels and admission
+// it sets become this page's address; the GPU kind, the lengths and the targets stay as the form has them, and the
+// layout flags it also sets (TP, memory share, batch cap) are not this search's (serve-plan searches them).
+async function openConfig(event) {
+  const file = event.target.files[0];
+  if (!file) return;
+  try {
+    const response = await fetch("/api/config", {
+      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ text: await file.text() }),
+    });
+    const body = await response.json().catch(() => ({ error: `the server answered ${response.status}` }));
+    if (!response.ok) throw new Error(`${file.name}: ${body.error}`);
+    if (body.training) throw new Error(`${file.name} is a ${body.kind} training config: the Layout view plans it`);
+    const form = $("#sv-form");
+    const v = formValues(form);
+    const q = { ...v, launch: "cudagraph", capacity_scheduler: "" }; // what the file leaves unset: the engine's own
+    const models = new Set(Array.from(form.elements.model.options, (o) => o.value));
+    const used = [];
+    for (const [k, x] of Object.entries(body.query)) {
+      if (!(k in q) || (k === "model" && !models.has(String(x)))) continue;
+      q[k] = String(x);
+      used.push(k);
+    }
+    const note = $("#sv-config-note");
+    note.hidden = false;
+    note.textContent = `Read ${file.name} (${body.kind}): ${used.length ? used.join(", ") : "nothing this search takes"} `
+      + `set here; ${fmtInt(body.not_read.length)} keys not read (meshplan serve-plan --from ${file.name} lists them and `
+      + "what the search does not take).";
+    showError($("#sv-error"), null);
+    location.hash = `#serving?${new URLSearchParams(Object.entries(q).filter(([, x]) => x !== "" && x !== null))}`;
+  } catch (err) {
+    showError($("#sv-error"), err);
+  } finally {
+    event.target.value = "";
+  }
 }
 
 export function layoutText(l) {
