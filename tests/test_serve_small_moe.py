@@ -42,3 +42,17 @@ def test_the_load_sets_the_batch_the_word_is_about() -> None:
     many = serve_report("mixtral-8x7b", gpu="h100-sxm", gpus=8, tp=2, input_len=128, output_len=256, concurrency=64)
     assert many["batch_per_replica"] > SMALL_MOE_DECODE_BATCH
     assert _small_moe(many) == []
+
+
+def test_serve_plan_says_it_of_its_best_plan() -> None:
+    """serve-plan asked for the lowest latency decodes one sequence a step: its best plan carries the word, and a
+    throughput search, whose best plan fills its batch, does not."""
+    from meshplan.reports.serve_plan import serve_plan_report
+
+    fast = serve_plan_report("mixtral-8x7b", gpu="h100-sxm", gpus=2, input_len=512, output_len=256, objective="latency")
+    assert fast["best"]["batch_cap_per_replica"] <= SMALL_MOE_DECODE_BATCH
+    (warning,) = [w for w in fast["warnings"] if "engine release's host and dispatch costs" in w]
+    assert warning.startswith(f"the best plan of mixtral-8x7b decodes {fast['best']['batch_cap_per_replica']} sequence")
+    busy = serve_plan_report("mixtral-8x7b", gpu="h100-sxm", gpus=2, input_len=512, output_len=256)
+    assert busy["best"]["batch_cap_per_replica"] > SMALL_MOE_DECODE_BATCH
+    assert not [w for w in busy["warnings"] if "engine release's host and dispatch costs" in w]

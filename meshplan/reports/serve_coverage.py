@@ -108,14 +108,17 @@ event loop), and 1.03 times at concurrency 64 (SemiAnalysis, 'SGLang 0.5.6 on B2
 Low Concurrency', InferenceX blog): concurrency 4 and 8 are the levels the source names."""
 
 
-def small_moe_decode_warnings(spec: ModelSpec, *, batch_per_replica: float, engine: str) -> list[str]:
+def small_moe_decode_warnings(
+    spec: ModelSpec, *, batch_per_replica: float, engine: str, who: str | None = None
+) -> list[str]:
     """What the published runs say of a MoE model decoding a few sequences a step: its speed there is a property of
-    the engine's release, which meshplan's engine constants (one per family, none per release) do not carry."""
+    the engine's release, which meshplan's engine constants (one per family, none per release) do not carry.
+    ``who`` names what decodes them (the model's name, or serve-plan's best plan of it)."""
     if spec.moe is None or batch_per_replica > SMALL_MOE_DECODE_BATCH:
         return []
     seqs = f"{batch_per_replica:.3g} sequence{'' if batch_per_replica == 1 else 's'}"
     return [
-        f"{spec.name} decodes {seqs} a step per replica: at so few, a MoE model's step is set by the engine "
+        f"{who or spec.name} decodes {seqs} a step per replica: at so few, a MoE model's step is set by the engine "
         "release's host and dispatch costs (scheduler, graph replay, routing kernels), which meshplan prices once per "
         "engine family, not per release; one image change (SGLang 0.5.5 -> 0.5.6, DeepSeek-R1 on the same 16 B200s) "
         "moved output per GPU 1.79 times at concurrency 4 and 1.03 times at 64. The TPOT here takes "

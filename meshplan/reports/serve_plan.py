@@ -24,7 +24,7 @@ from meshplan.core.time.host import Launch
 from meshplan.reports.inputs import choice
 from meshplan.reports.serve import calibration, engine_defaults, serving_band_text
 from meshplan.reports.serve_band import band_family
-from meshplan.reports.serve_coverage import coverage_warnings
+from meshplan.reports.serve_coverage import coverage_warnings, small_moe_decode_warnings
 from meshplan.reports.serve_setup import fleet_node, reserves_full_sequence, stated_engine, straddles
 from meshplan.reports.serve_spec import head_speculation
 from meshplan.search.limits import check_deadline
@@ -225,7 +225,13 @@ def serve_plan_report(
     searched = [w.value for w, _ in _weight_options(gpu_spec, dtypes)]
     launched = engine_launch(engine, gpu_spec.name, launch).value
     family = band_family(engine, launched)
-    return _answer(spec, gpu_spec, result, gpus=gpus, engine=engine, obj=obj, top=top, start=start) | {
+    answer = _answer(spec, gpu_spec, result, gpus=gpus, engine=engine, obj=obj, top=top, start=start)
+    best = answer["best"]
+    few = []
+    if best is not None:
+        who = f"the best plan of {spec.name}"
+        few = small_moe_decode_warnings(spec, batch_per_replica=best["batch_cap_per_replica"], engine=engine, who=who)
+    return answer | {
         "input_len": input_len,
         "output_len": output_len,
         "targets": {"ttft_s_p99": ttft_p99_s, "tpot_s_p99": tpot_p99_s},
@@ -244,6 +250,7 @@ def serve_plan_report(
             *coverage_warnings(spec, gpu_spec.name),
             *_quality_note(model, gpu_spec, allow_quantization, searched),
             *_straddle_note(gpu_spec, gpus),
+            *few,
         ],
     }
 
