@@ -7,7 +7,7 @@ import * as state from "./state.js";
 import { cliCommand, cliModel } from "./takeaway.js";
 import {
   $, PIECE_COLORS, TERM_COLORS, chartWidth, el, fmtBytes, fmtInt, fmtPct, fmtSeconds, formValues, inkOn, isAbort, latestOnly,
-  onFormChange, onResize, showError, svg, ticks, tracked,
+  onFormChange, onResize, readConfig, showError, svg, ticks, tracked,
 } from "./util.js";
 
 const call = latestOnly();
@@ -71,11 +71,7 @@ async function openConfig(event) {
   const file = event.target.files[0];
   if (!file) return;
   try {
-    const response = await fetch("/api/config", {
-      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ text: await file.text() }),
-    });
-    const body = await response.json().catch(() => ({ error: `the server answered ${response.status}` }));
-    if (!response.ok) throw new Error(`${file.name}: ${body.error}`);
+    const body = await readConfig(file);
     if (!body.training) throw new Error(`${file.name} is a ${body.kind} serving launcher: this page plans training`);
     const v = formValues($("#ly-form"));
     // what the file leaves unset is the engine's default (estimate's), not this page's example layout

@@ -1,7 +1,7 @@
 // View 8: serving: the serving planner's Pareto curve under latency targets, its chosen plan, and where a step goes.
 
 import { SERVE_PLAN_ENGINES, cliCommand, planName, takeaway } from "./takeaway.js";
-import { $, chartWidth, el, fmtInt, fmtNum, fmtSeconds, formValues, gpuName, isAbort, latestOnly, onFormChange, onResize, pressable, showError, svg, ticks, tracked } from "./util.js";
+import { $, chartWidth, el, fmtInt, fmtNum, fmtSeconds, formValues, gpuName, isAbort, latestOnly, onFormChange, onResize, pressable, readConfig, showError, svg, ticks, tracked } from "./util.js";
 
 const plan = latestOnly();
 const serve = latestOnly();
@@ -32,11 +32,7 @@ async function openConfig(event) {
   const file = event.target.files[0];
   if (!file) return;
   try {
-    const response = await fetch("/api/config", {
-      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ text: await file.text() }),
-    });
-    const body = await response.json().catch(() => ({ error: `the server answered ${response.status}` }));
-    if (!response.ok) throw new Error(`${file.name}: ${body.error}`);
+    const body = await readConfig(file);
     if (body.training) throw new Error(`${file.name} is a ${body.kind} training config: the Layout view plans it`);
     const form = $("#sv-form");
     const v = formValues(form);

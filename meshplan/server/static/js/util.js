@@ -132,6 +132,16 @@ export async function api(path, params = {}, options = {}) {
   return body;
 }
 
+// An engine's config file read by POST /api/config, as --from reads it; a refusal is an Error naming the file.
+export async function readConfig(file) {
+  const response = await fetch("/api/config", {
+    method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ text: await file.text() }),
+  });
+  const body = await response.json().catch(() => ({ error: `the server answered ${response.status}` }));
+  if (!response.ok) throw new Error(`${file.name}: ${body.error}`);
+  return body;
+}
+
 // Calls where only the last one matters: an input change aborts the request still in flight.
 export function latestOnly() {
   let controller = null;
