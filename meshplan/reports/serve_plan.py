@@ -25,7 +25,7 @@ from meshplan.reports.inputs import choice
 from meshplan.reports.serve import calibration, engine_defaults, serving_band_text
 from meshplan.reports.serve_band import band_family
 from meshplan.reports.serve_coverage import coverage_warnings, small_moe_decode_warnings
-from meshplan.reports.serve_setup import fleet_node, reserves_full_sequence, stated_engine, straddles
+from meshplan.reports.serve_setup import admitted, fleet_node, stated_engine, straddles
 from meshplan.reports.serve_spec import head_speculation
 from meshplan.search.limits import check_deadline
 from meshplan.spec.cluster import GPU, Link
@@ -274,14 +274,6 @@ def engine_launch(engine: str, gpu: str, launch: str | None) -> Launch:
     return Launch(launch) if launch is not None else calibration(engine, gpu).launch
 
 
-def _admission(cal: ServeCalibration, engine: str, capacity_scheduler: str | None) -> ServeCalibration:
-    """The engine's calibration admitting requests as TensorRT-LLM's ``capacity_scheduler`` says (left out: as
-    the engine does)."""
-    if capacity_scheduler is None:
-        return cal
-    return dataclasses.replace(cal, reserve_full_sequence=reserves_full_sequence(engine, capacity_scheduler))
-
-
 def _quality_note(model: ModelSpec | str, gpu: GPU, allow_quantization: bool, searched: list[str]) -> list[str]:
     """What a search at the model's published quality left out (the quantized weights this GPU runs)."""
     native = published_dtype(model).value
@@ -324,7 +316,7 @@ def _search(
         gpu=gpu,
         scale_up=io.load_link(gpu.scale_up_link) if scale_up is None else scale_up,
         scale_out=io.load_link(gpu.scale_out_link),
-        cal=_admission(
+        cal=admitted(
             dataclasses.replace(calibration(engine, gpu.name), launch=engine_launch(engine, gpu.name, launch)),
             engine,
             capacity_scheduler,

@@ -154,8 +154,7 @@ def resolve(
     if cuda_graph_padding and cal.launch is not Launch.CUDAGRAPH:
         fix = f"drop it or --launch {launch}" if launch is not None else "drop it or add --launch cudagraph"
         raise ValueError(f"--cuda-graph-padding pads replayed CUDA graphs, and {engine} launches op by op here: {fix}")
-    if capacity_scheduler is not None:
-        cal = dataclasses.replace(cal, reserve_full_sequence=reserves_full_sequence(engine, capacity_scheduler))
+    cal = admitted(cal, engine, capacity_scheduler)
     if gpu_memory_utilization is None:
         of = cal.memory_fraction_of.value
         defaults += (("gpu_memory_utilization", f"{cal.memory_fraction:g}", f"{engine}'s memory fraction (of {of})"),)
@@ -169,6 +168,14 @@ def resolve(
     return Setup(
         model=spec, hw=hw, layout=layout, replicas=replicas, shape=shape, defaults=defaults, engine_source=engine_source
     )
+
+
+def admitted(cal: ServeCalibration, engine: str, capacity_scheduler: str | None) -> ServeCalibration:
+    """The engine's calibration admitting requests as TensorRT-LLM's ``capacity_scheduler`` says (left out: as the
+    engine does)."""
+    if capacity_scheduler is None:
+        return cal
+    return dataclasses.replace(cal, reserve_full_sequence=reserves_full_sequence(engine, capacity_scheduler))
 
 
 def reserves_full_sequence(engine: str, policy: str) -> bool:
