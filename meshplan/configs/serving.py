@@ -119,7 +119,8 @@ def read_serving(text: str, label: str, kind: str) -> ConfigRead:
             raise ValueError(f"{label}: {flag} is given twice, as {seen[flag]!r} and {value!r}")
         seen[flag] = value
     if {"--model-path", "--model", "--model_path"} & set(seen):
-        model = seen.pop("--model-path", None) or seen.pop("--model_path", None) or seen.pop("--model", None)
+        # trtllm-bench's --model names the model (its Hugging Face repository) and --model_path its local checkpoint
+        model = seen.pop("--model-path", None) or seen.pop("--model", None) or seen.pop("--model_path", None)
     if model is not None:
         name = hf_repos().get(model.lower())
         if name is not None:
@@ -154,6 +155,8 @@ def read_serving(text: str, label: str, kind: str) -> ConfigRead:
                     f"{label}: --scheduler_policy {short(value)} is not one of {', '.join(SCHEDULER_POLICIES)}"
                 )
             r.take("capacity_scheduler", SCHEDULER_POLICIES[str(value).lower()], flag)
+        elif kind == "trtllm" and flag == "--model_path":
+            r.skip(flag, value, "the local checkpoint of --model: its weights, the model --model names")
         elif kind == "trtllm" and flag == "--extra_llm_api_options":
             r.skip(flag, value, TRTLLM_OPTIONS_FILE)
         elif kind == "trtllm" and flag in LOAD:
