@@ -20,7 +20,7 @@ from meshplan.exports import (
 )
 from meshplan.reports.bills import serving_report
 from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, workload_kwargs
-from meshplan.reports.export_advice import serve_with_advice, served_checkpoint, training_refusal
+from meshplan.reports.export_advice import serve_with_advice, served_checkpoint, training_refusal, with_admission_note
 from meshplan.reports.inputs import LayoutRequest, choice, resolve_cluster, resolve_layout, resolve_workload
 from meshplan.reports.serve_plan_file import SavedServingPlan, load_serving_plan, serving_plan_of
 from meshplan.spec import requests
@@ -294,7 +294,9 @@ def _export_saved(
         prefill=_pool_plan(saved, saved.prefill_replicas, model_path),
         decode=_pool_plan(saved, saved.replicas - saved.prefill_replicas, model_path),
     )
-    export = DISAGGREGATED_EXPORTERS[eng](pools, predicted=predicted)
+    export = with_admission_note(
+        eng, saved.capacity_scheduler, DISAGGREGATED_EXPORTERS[eng](pools, predicted=predicted)
+    )
     return _with_note(_export_dict(export) | {"predicted": predicted}, source)
 
 

@@ -148,13 +148,19 @@ def serve_with_advice(
             raise exc.with_advice(f"closest: {exc.closest}{elsewhere}") from None
         elsewhere = f"; {' and '.join(others)} {verb} it with the same flags" if others else ""
         raise exc.with_advice(f"closest: {as_flags(exc.closest)}{elsewhere}") from None
-    if plan.capacity_scheduler is not None and eng is not Engine.TRTLLM:
-        note = (
-            f"the plan was timed with TensorRT-LLM's {plan.capacity_scheduler} admission, which {eng.value} has no "
-            f"flag for: {eng.value} admits requests as their KV cache grows, up to the plan's batch cap"
-        )
-        export = dataclasses.replace(export, notes=(*export.notes, note))
-    return export
+    return with_admission_note(eng, plan.capacity_scheduler, export)
+
+
+def with_admission_note(eng: Engine, capacity_scheduler: str | None, export: Export) -> Export:
+    """``export`` with a note where the plan was timed with TensorRT-LLM's capacity scheduler and ``eng`` is a paging
+    engine, which has no flag for it."""
+    if capacity_scheduler is None or eng is Engine.TRTLLM:
+        return export
+    note = (
+        f"the plan was timed with TensorRT-LLM's {capacity_scheduler} admission, which {eng.value} has no flag for: "
+        f"{eng.value} admits requests as their KV cache grows, up to the plan's batch cap"
+    )
+    return dataclasses.replace(export, notes=(*export.notes, note))
 
 
 def _serves(export: Any, plan: ServingPlan) -> bool:

@@ -302,3 +302,8 @@ def test_a_plan_timed_with_max_utilization_exports_its_admission(tmp_path: Path)
     bad = _write(tmp_path, json.dumps(report | {"capacity_scheduler": "fcfs"}), "bad.json")
     with pytest.raises(ValueError, match="capacity_scheduler is refused"):
         load_serving_plan(bad)
+    split_args = dict(BASES["split"]) | {"capacity_scheduler": "max-utilization", "engine": "trtllm"}
+    split = serve_plan_report(split_args.pop("model"), **split_args)
+    assert split["best"]["prefill_replicas"] > 0  # the pools' launchers carry the same note
+    pools = export_serve_plan("sglang", _write(tmp_path, json.dumps(split), "split.json"))
+    assert any("has no flag for" in note for note in pools["notes"])
