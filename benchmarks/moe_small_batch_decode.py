@@ -14,12 +14,7 @@ implies (docs/validation.md, "A MoE model at a few sequences a step").
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-from typing import Any
-
-from meshplan.cli import main
+from typed_estimate import estimate_json
 
 COMMON = ["deepseek-v3", "--gpu", "h200", "--gpus", "8", "--tp", "8", "--engine", "sglang", "--weights-dtype", "fp8"]
 ROWS = (  # release, batch, published output tokens/s (all sequences), input and output tokens
@@ -29,18 +24,10 @@ ROWS = (  # release, batch, published output tokens/s (all sequences), input and
 )
 
 
-def serve_json(args: list[str]) -> dict[str, Any]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["serve", *args, "--json"]) == 0
-    report: dict[str, Any] = json.loads(out.getvalue())
-    return report
-
-
 def main_() -> None:
     print(f"{'release':24}  {'batch':>5}  {'published':>9}  {'predicted':>9}  {'step published':>14}  {'predicted':>9}")
     for release, batch, published, isl, osl in ROWS:
-        r = serve_json([*COMMON, "--input-len", str(isl), "--output-len", str(osl), "--batch", str(batch)])
+        r = estimate_json([*COMMON, "--input-len", str(isl), "--output-len", str(osl), "--batch", str(batch)], "serve")
         step_ms = 1e3 * r["tpot_s"]
         print(
             f"{release:24}  {batch:>5}  {published:>9,.1f}  {r['tokens_per_s_total']:>9,.1f}  "
