@@ -253,6 +253,39 @@ def test_trtllm_llm_api_options_yaml() -> None:
     assert (v["gpu_memory_utilization"], v["cuda_graph_padding"]) == (0.8, True)
     unread = {u.key: u.effect for u in recipe.unread}
     assert "--prefix-hit-rate" in unread["kv_cache_config.enable_block_reuse"]
-    assert "--speculative" in unread["speculative_config"]
+    assert v["speculative"] == "mtp:1"  # decoding_type MTP, num_nextn_predict_layers 1
     with pytest.raises(ValueError, match=r"s\.yaml: scheduler_config\.capacity_scheduler_policy STATIC_BATCH is not"):
         read_config_text("scheduler_config:\n  capacity_scheduler_policy: STATIC_BATCH\n", "s.yaml")
+
+
+def test_speculative_decoding_as_each_engine_states_it() -> None:
+    """vLLM's --speculative-config, SGLang's --speculative-algorithm and -num-steps, TensorRT-LLM's
+    speculative_config: each read as serve's --speculative METHOD:K (the acceptance rate stays the user's); a draft
+    model or a method serve does not price is listed with what would type it."""
+    eagle = read_config_text(
+        "vllm serve meta-llama/Llama-3.1-8B --speculative-config "
+        """'{"method": "eagle", "model": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 3}'\n""",
+        "v.sh",
+    )
+    assert eagle.values["speculative"] == "eagle:3"
+    mtp = read_config_text(
+        "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp 8 --speculative-algorithm NEXTN "
+        "--speculative-num-steps 2 --speculative-eagle-topk 4 --speculative-num-draft-tokens 4\n",
+        "s.sh",
+    )
+    assert mtp.values["speculative"] == "mtp:2"
+    assert any("a tree of drafts, priced as a chain 2 deep" in n for n in mtp.notes)
+    trt = read_config_text("speculative_config:\n  decoding_type: Eagle\n  max_draft_len: 4\n", "o.yaml", "trtllm")
+    assert trt.values["speculative"] == "eagle:4"
+    ngram = read_config_text(
+        """vllm serve m --speculative-config '{"method": "ngram", "num_speculative_tokens": 3}'\n""", "n.sh"
+    )
+    assert "speculative" not in ngram.values
+    assert "does not price" in {u.key: u.effect for u in ngram.unread}["--speculative-config"]
+    draft = read_config_text(
+        """vllm serve m --speculative-config '{"model": "meta-llama/Llama-3.2-1B", "num_speculative_tokens": 4}'\n""",
+        "d.sh",
+    )
+    assert "--draft-model" in {u.key: u.effect for u in draft.unread}["--speculative-config"]
+    with pytest.raises(ValueError, match=r"b\.sh: --speculative-config .* is not JSON"):
+        read_config_text("vllm serve m --speculative-config '{eagle'\n", "b.sh")

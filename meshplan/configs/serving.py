@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from meshplan.configs.reading import NO_EFFECT, UNKNOWN, ConfigRead, Reading, hf_repos, short
 from meshplan.configs.shell import flag_pairs, script_words
+from meshplan.configs.speculative import sglang_speculative, vllm_speculative
 
 VLLM = {
     "--tensor-parallel-size": "tp",
@@ -104,6 +105,9 @@ SWITCHES |= {"--enforce-eager", "--disable-cuda-graph", "--trust_remote_code", "
 EAGER = {"vllm": "--enforce-eager", "sglang": "--disable-cuda-graph"}
 """Each engine's switch that runs every forward op by op, without CUDA graphs (``--launch eager``)."""
 SHORT = frozenset({"-tp", "-pp", "-dp", "-q"})
+SGLANG_SPECULATIVE = frozenset(
+    {"--speculative-algorithm", "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens"}
+)
 
 
 def read_serving(text: str, label: str, kind: str) -> ConfigRead:
@@ -165,6 +169,10 @@ def read_serving(text: str, label: str, kind: str) -> ConfigRead:
                 value,
                 "the load and its lengths: serve's --concurrency / --num-requests, --input-len, --output-len",
             )
+        elif kind == "vllm" and flag == "--speculative-config":
+            vllm_speculative(r, value)
+        elif kind == "sglang" and flag in SGLANG_SPECULATIVE:
+            continue  # read below, together
         elif flag in ("--enable-expert-parallel", "--moe-dp-size", "--dtype"):
             continue  # read below
         elif flag in NOTHING:
@@ -172,6 +180,12 @@ def read_serving(text: str, label: str, kind: str) -> ConfigRead:
         else:
             r.skip(flag, value, UNKNOWN)
     _parallel(r, seen, kind)
+    if kind == "sglang":
+        sglang_speculative(r, seen)
+        r.account(
+            {k: v for k, v in seen.items() if k in SGLANG_SPECULATIVE},
+            "the draft tree's shape: priced as a chain as deep as the steps",
+        )
     return r.done()
 
 

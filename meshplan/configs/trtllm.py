@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.configs.reading import NO_EFFECT, UNKNOWN, ConfigRead, Reading, short
+from meshplan.configs.speculative import trtllm_speculative
 from meshplan.configs.yamlish import parse_yaml
 
 TOP = {
@@ -32,7 +33,6 @@ KV_DTYPES = {"fp8": "fp8", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "
 LOGGING = {"print_iter_log", "enable_iter_perf_stats", "enable_iter_req_stats", "return_perf_metrics", "backend"}
 LOGGING |= {"stream_interval", "num_postprocess_workers", "trust_remote_code", "skip_tokenizer_init"}
 EFFECTS = {
-    "speculative_config": "speculative decoding: type serve's --speculative mtp:K or eagle:K and --spec-acceptance",
     "moe_config": "the MoE kernels' backend: the engine family's expert share stands for them",
     "disable_overlap_scheduler": "the host's step work beside the GPU's: the engine family's constants stand for it",
     "enable_chunked_prefill": "prompts cut to the token budget: serve chunks them at --max-num-tokens",
@@ -60,6 +60,8 @@ def read_trtllm_options(text: str, label: str) -> ConfigRead:
             _graphs(r, value)
         elif key == "scheduler_config":
             _scheduler(r, _mapping(r, key, value))
+        elif key == "speculative_config":
+            trtllm_speculative(r, value)
         elif key in LOGGING:
             r.skip(key, value, NO_EFFECT)
         else:
