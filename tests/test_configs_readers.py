@@ -289,3 +289,6 @@ def test_speculative_decoding_as_each_engine_states_it() -> None:
     assert "--draft-model" in {u.key: u.effect for u in draft.unread}["--speculative-config"]
     with pytest.raises(ValueError, match=r"b\.sh: --speculative-config .* is not JSON"):
         read_config_text("vllm serve m --speculative-config '{eagle'\n", "b.sh")
+    deep = "[" * 100_000 + "]" * 100_000  # the guarded parser's depth limit, not a RecursionError
+    with pytest.raises(ValueError, match="nests arrays or objects too deeply"):
+        read_config_text(f"vllm serve m --speculative-config '{deep}'\n", "deep.sh")

@@ -11,10 +11,10 @@ and so is any method serve does not price (n-gram, Medusa). The acceptance rate 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from meshplan.configs.reading import UNKNOWN, Reading, integer, short
+from meshplan.files import parse_json
 
 DRAFT = "a separate draft model: type --speculative draft:K --draft-model NAME and --spec-acceptance"
 OTHER = "a drafting method serve does not price (eagle, mtp and draft only)"
@@ -37,9 +37,9 @@ def _method(name: str) -> str | None:
 def vllm_speculative(r: Reading, value: str | None) -> None:
     """``--speculative-config JSON``."""
     try:
-        cfg = json.loads(value or "")
-    except json.JSONDecodeError:
-        raise ValueError(f"{r.label}: --speculative-config {short(value)} is not JSON") from None
+        cfg = parse_json(value or "", "--speculative-config")
+    except ValueError as exc:
+        raise ValueError(f"{r.label}: --speculative-config {short(value)} is not JSON we read ({exc})") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{r.label}: --speculative-config must be a JSON object, got {short(cfg)}")
     method = _method(str(cfg.get("method", "")))
