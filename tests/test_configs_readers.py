@@ -292,3 +292,20 @@ def test_speculative_decoding_as_each_engine_states_it() -> None:
     deep = "[" * 100_000 + "]" * 100_000  # the guarded parser's depth limit, not a RecursionError
     with pytest.raises(ValueError, match="nests arrays or objects too deeply"):
         read_config_text(f"vllm serve m --speculative-config '{deep}'\n", "deep.sh")
+
+
+def test_vllm_serve_config_yaml() -> None:
+    """``vllm serve --config FILE``: the long option names as keys (dashes or underscores), a true switch on, a
+    false one listed, a mapping read as the JSON its option takes; told from a command by having none."""
+    text = (
+        "model: meta-llama/Llama-3.1-70B\ntensor-parallel-size: 4\ndata_parallel_size: 2\nmax-model-len: 8192\n"
+        "enforce-eager: true\nenable-prefix-caching: false\nport: 8000\n"
+        "speculative-config:\n  method: eagle\n  num_speculative_tokens: 3\n"
+    )
+    assert detect_kind(text, "v.yaml") == "vllm"
+    read = read_config_text(text, "v.yaml")
+    assert read.model == "llama-3.1-70b"
+    v = read.values
+    assert (v["tp"], v["replicas"], v["gpus"], v["context"]) == (4, 2, 8, 8192)
+    assert (v["launch"], v["speculative"]) == ("eager", "eagle:3")
+    assert {u.key for u in read.unread} == {"--enable-prefix-caching", "--port"}

@@ -1,6 +1,6 @@
 """Engine configurations in: a torchtitan TOML or config module, Megatron-LM flags, a NeMo or Megatron-Bridge
-YAML, a DeepSpeed JSON, an accelerate YAML, a vLLM, SGLang or TensorRT-LLM launch command, or TensorRT-LLM's
-LLM-API options YAML, read as request values.
+YAML, a DeepSpeed JSON, an accelerate YAML, a vLLM, SGLang or TensorRT-LLM launch command, vLLM's ``--config``
+YAML or TensorRT-LLM's LLM-API options YAML, read as request values.
 
 ``read_config`` reads a file through files.py's guarded reader (size, type, UTF-8), tells its kind from its
 content unless ``kind`` is given, and hands the text to that engine's reader (one module per engine). The
@@ -16,6 +16,8 @@ from pathlib import Path
 from meshplan.configs.reading import ConfigRead, Unread, catalog_match, check_shape
 from meshplan.files import read_text_file
 
+VLLM_OPTIONS = r"^(tensor-parallel-size|gpu-memory-utilization|max-model-len|max-num-seqs|max-num-batched-tokens)\s*:"
+"""Top-level keys of a ``vllm serve --config`` YAML (vLLM's long option names, as its docs write them)."""
 TRTLLM_OPTIONS = (
     r"^(kv_cache_config|enable_attention_dp|cuda_graph_config|scheduler_config|moe_expert_parallel_size)\s*:"
 )
@@ -41,7 +43,7 @@ def detect_kind(text: str, name: str = "") -> str:
         return "torchtitan"
     if suffix == ".toml" or re.search(r"^\s*\[[A-Za-z_][\w.-]*\]\s*(#.*)?$", text, re.MULTILINE):
         return "torchtitan"
-    if re.search(r"\bvllm\s+serve\b|vllm\.entrypoints", text):
+    if re.search(r"\bvllm\s+serve\b|vllm\.entrypoints", text) or re.search(VLLM_OPTIONS, text, re.MULTILINE):
         return "vllm"
     if re.search(r"sglang\.launch_server|\bsglang\s+serve\b", text):
         return "sglang"

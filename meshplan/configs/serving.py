@@ -5,15 +5,20 @@
 Flag names and choices are those exports/vllm.py, exports/sglang.py and exports/trtllm.py write (vLLM 0.33.0's
 EngineArgs, SGLang 0.5.23's ServerArgs, TensorRT-LLM's trtllm-serve options) and their short spellings, and
 trtllm-bench's throughput options (``--tp``, ``--kv_cache_free_gpu_mem_fraction``, ``--scheduler_policy``). The
-GPU count is tp x pp x dp (one trtllm-serve or trtllm-bench process runs one replica). A Hugging Face repository
+GPU count is tp x pp x dp (one trtllm-serve or trtllm-bench process runs one replica). A ``vllm serve --config``
+YAML is read as the command line it stands for (``_yaml_words``). A Hugging Face repository
 as the model is the catalog model of that repository; a local folder is read as the model's config.json.
 """
 
 from __future__ import annotations
 
+import json
+import re
+
 from meshplan.configs.reading import NO_EFFECT, UNKNOWN, ConfigRead, Reading, hf_repos, short
 from meshplan.configs.shell import flag_pairs, script_words
 from meshplan.configs.speculative import sglang_speculative, vllm_speculative
+from meshplan.configs.yamlish import parse_yaml
 
 VLLM = {
     "--tensor-parallel-size": "tp",
@@ -66,6 +71,8 @@ TRTLLM_OPTIONS_FILE = (
     "capacity_scheduler_policy: --capacity-scheduler; cuda_graph_config.enable_padding: --cuda-graph-padding)"
 )
 TABLES = {"vllm": VLLM, "sglang": SGLANG, "trtllm": TRTLLM}
+VLLM_COMMAND = r"^[^#\n]*(\bvllm\s+serve\b|vllm\.entrypoints)"
+"""A line that runs vLLM's server; a vLLM file without one is a ``vllm serve --config`` YAML."""
 KV_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "fp8": "fp8", "fp8_e4m3": "fp8"}
 WEIGHT_QUANT = {"fp8": "fp8", "fbgemm_fp8": "fp8", "modelopt": "fp8", "awq": "int4", "gptq": "int4"}
 WEIGHT_QUANT |= {"awq_marlin": "int4", "gptq_marlin": "int4", "modelopt_fp4": "fp4", "mxfp4": "fp4", "nvfp4": "fp4"}
@@ -111,11 +118,14 @@ SGLANG_SPECULATIVE = frozenset(
 
 
 def read_serving(text: str, label: str, kind: str) -> ConfigRead:
-    words = script_words(text, label)
+    yaml = kind == "vllm" and re.search(VLLM_COMMAND, text, re.MULTILINE) is None
+    words, off = _yaml_words(text, label) if yaml else (script_words(text, label), {})
     table = TABLES[kind]
     r = Reading(kind, label)
-    r.take("engine", kind, f"the file's kind ({kind})")
-    model = _model_word(words, kind)
+    r.take("engine", kind, f"the file's kind ({kind}{': a vllm serve --config YAML' if yaml else ''})")
+    for key, value in off.items():
+        r.skip(key, value, "a switch turned off or a value left unset: the engine's default")
+    model = None if yaml else _model_word(words, kind)
     pairs = flag_pairs(words, switches=SWITCHES, short=SHORT)
     seen: dict[str, str | None] = {}
     for flag, value in pairs:
@@ -187,6 +197,25 @@ def read_serving(text: str, label: str, kind: str) -> ConfigRead:
             "the draft tree's shape: priced as a chain as deep as the steps",
         )
     return r.done()
+
+
+def _yaml_words(text: str, label: str) -> tuple[list[str], dict[str, object]]:
+    """A ``vllm serve --config`` YAML as the command line it stands for: each key a long option (``--key value``; a
+    true switch bare; a mapping as the JSON the option takes), and the keys set false or null (no option: listed)."""
+    data = parse_yaml(text, label)
+    if not isinstance(data, dict):
+        raise ValueError(f"{label} must hold a YAML mapping (vllm serve --config: option names as keys)")
+    words: list[str] = []
+    off: dict[str, object] = {}
+    for key, value in data.items():
+        flag = "--" + str(key).lstrip("-").replace("_", "-")  # vLLM's parser takes either spelling
+        if value is True:
+            words.append(flag)
+        elif value is False or value is None:
+            off[flag] = value
+        else:
+            words += [flag, json.dumps(value) if isinstance(value, dict | list) else str(value)]
+    return words, off
 
 
 def _model_word(words: list[str], kind: str) -> str | None:
