@@ -202,7 +202,8 @@ def test_trtllm_serve_and_bench_commands() -> None:
         2,
     )
     assert {u.key for u in bench.unread} >= {"--concurrency", "--dataset"}  # the load is serve's own flags
-    with pytest.raises(ValueError, match=r"b\.sh: --scheduler_policy fcfs is not one of guaranteed_no_evict"):
+    refusal = r"b\.sh: --scheduler_policy fcfs is not one of GUARANTEED_NO_EVICT, MAX_UTILIZATION \(either case"
+    with pytest.raises(ValueError, match=refusal):
         read_config_text("trtllm-bench --model m throughput --scheduler_policy fcfs\n", "b.sh")
 
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import re
 
-from meshplan.configs.reading import NO_EFFECT, UNKNOWN, ConfigRead, Reading, hf_repos, short
+from meshplan.configs.reading import NO_EFFECT, UNKNOWN, ConfigRead, Reading, hf_repos
 from meshplan.configs.shell import flag_pairs, script_words
 from meshplan.configs.speculative import sglang_speculative, vllm_speculative
+from meshplan.configs.trtllm import take_policy
 from meshplan.configs.yamlish import parse_yaml
 
 VLLM = {
@@ -63,8 +64,6 @@ TRTLLM = {
 """trtllm-serve's options (tensorrt_llm/commands/serve.py) and trtllm-bench throughput's (its --tp, --pp, --ep and
 --kv_cache_free_gpu_mem_fraction spellings); the memory fraction is of the memory free after the weights, as
 serve's --gpu-memory-utilization reads it for trtllm."""
-SCHEDULER_POLICIES = {"guaranteed_no_evict": "guaranteed-no-evict", "max_utilization": "max-utilization"}
-"""trtllm-bench --scheduler_policy -> serve --capacity-scheduler."""
 TRTLLM_OPTIONS_FILE = (
     "a second file, the LLM-API YAML (--from reads it on its own), or type what it sets with serve's flags "
     "(kv_cache_config.dtype: --kv-dtype; enable_attention_dp: --dp-attention; scheduler_config."
@@ -164,11 +163,7 @@ def read_serving(text: str, label: str, kind: str) -> ConfigRead:
         elif flag == EAGER.get(kind):
             r.take("launch", "eager", flag)
         elif kind == "trtllm" and flag == "--scheduler_policy":
-            if str(value).lower() not in SCHEDULER_POLICIES:
-                raise ValueError(
-                    f"{label}: --scheduler_policy {short(value)} is not one of {', '.join(SCHEDULER_POLICIES)}"
-                )
-            r.take("capacity_scheduler", SCHEDULER_POLICIES[str(value).lower()], flag)
+            take_policy(r, value, flag)
         elif kind == "trtllm" and flag == "--model_path":
             r.skip(flag, value, "the local checkpoint of --model: its weights, the model --model names")
         elif kind == "trtllm" and flag == "--extra_llm_api_options":

@@ -16,6 +16,7 @@ from typing import Any
 from meshplan.configs.reading import NO_EFFECT, UNKNOWN, ConfigRead, Reading, short
 from meshplan.configs.speculative import trtllm_speculative
 from meshplan.configs.yamlish import parse_yaml
+from meshplan.spec.conditions import CapacityScheduler
 
 TOP = {
     "tensor_parallel_size": "tp",
@@ -26,9 +27,6 @@ TOP = {
     "max_seq_len": "context",
 }
 """Top-level keys read as one request field each."""
-POLICIES = {"GUARANTEED_NO_EVICT": "guaranteed-no-evict", "MAX_UTILIZATION": "max-utilization"}
-"""scheduler_config.capacity_scheduler_policy -> serve's --capacity-scheduler (STATIC_BATCH: static batches, serve's
---batch)."""
 KV_DTYPES = {"fp8": "fp8", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16"}
 LOGGING = {"print_iter_log", "enable_iter_perf_stats", "enable_iter_req_stats", "return_perf_metrics", "backend"}
 LOGGING |= {"stream_interval", "num_postprocess_workers", "trust_remote_code", "skip_tokenizer_init"}
@@ -113,16 +111,21 @@ def _graphs(r: Reading, value: Any) -> None:
             r.skip(where, item, "the captured batch sizes: serve pads to 1, 2, 4, ... under --cuda-graph-padding")
 
 
+def take_policy(r: Reading, value: Any, key: str) -> None:
+    """TensorRT-LLM's capacity scheduler policy, as the LLM API (MAX_UTILIZATION) or trtllm-bench
+    (max_utilization) names it, read as serve's --capacity-scheduler; STATIC_BATCH is serve's --batch."""
+    policy = CapacityScheduler.from_trtllm(str(value))
+    if policy is None:
+        names = ", ".join(p.trtllm for p in CapacityScheduler)
+        why = "either case; STATIC_BATCH: serve's --batch"
+        raise ValueError(f"{r.label}: {key} {short(value)} is not one of {names} ({why})")
+    r.take("capacity_scheduler", policy.value, key)
+
+
 def _scheduler(r: Reading, cfg: dict[str, Any]) -> None:
     for key, value in cfg.items():
         where = f"scheduler_config.{key}"
         if key == "capacity_scheduler_policy":
-            policy = str(value).upper()
-            if policy not in POLICIES:
-                raise ValueError(
-                    f"{r.label}: {where} {short(value)} is not one of {', '.join(POLICIES)} (STATIC_BATCH: serve's "
-                    "--batch)"
-                )
-            r.take("capacity_scheduler", POLICIES[policy], where)
+            take_policy(r, value, where)
         else:
             r.skip(where, value, UNKNOWN)

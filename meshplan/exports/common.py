@@ -11,10 +11,9 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from meshplan.spec.conditions import EpDispatch
+from meshplan.spec.conditions import CapacityScheduler, EpDispatch
 from meshplan.spec.layout import Layout, ZeroStage
 from meshplan.spec.model import ModelSpec
-from meshplan.spec.requests import field as schema_field
 from meshplan.spec.workload import Workload
 from meshplan.units import DType
 
@@ -152,11 +151,6 @@ def check_experts(engine: Engine, model: ModelSpec, layout: Layout, workload: Wo
         raise UnsupportedByEngine(engine, "dispatch tokens through DeepEP", "ep_dispatch alltoall")
 
 
-CAPACITY_SCHEDULERS: tuple[str, ...] = schema_field("capacity_scheduler").choices or ()
-"""serve's --capacity-scheduler choices (TensorRT-LLM's CapacitySchedulerPolicy GUARANTEED_NO_EVICT and
-MAX_UTILIZATION)."""
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServingPlan:
     """The handful of numbers a server needs: one plan feeds every serving engine, each maps it to its own flags.
@@ -209,9 +203,9 @@ class ServingPlan:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.gpu_memory_utilization, int | float) or not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.capacity_scheduler not in (None, *CAPACITY_SCHEDULERS):
+        if self.capacity_scheduler not in (None, *CapacityScheduler):
             raise ValueError(
-                f"capacity_scheduler must be one of {', '.join(CAPACITY_SCHEDULERS)} or None, "
+                f"capacity_scheduler must be one of {', '.join(CapacityScheduler)} or None, "
                 f"got {self.capacity_scheduler!r}"
             )
 

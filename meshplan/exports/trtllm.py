@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from meshplan.exports.common import Engine, Export, ServingPlan, UnsupportedByEngine, shell_join, shell_script
+from meshplan.spec.conditions import CapacityScheduler
 from meshplan.units import DType
 
 ENGINE_VERSION = "main@00209af1"
@@ -23,9 +24,6 @@ OPTIONS = "extra_llm_api_options.yml"
 
 KV_CACHE_DTYPES: dict[DType, str] = {DType.FP8: "fp8"}
 """meshplan dtype -> kv_cache_config.dtype (unset: auto, the model's dtype)."""
-CAPACITY_SCHEDULER_POLICIES = {"guaranteed-no-evict": "GUARANTEED_NO_EVICT", "max-utilization": "MAX_UTILIZATION"}
-"""serve's --capacity-scheduler -> scheduler_config.capacity_scheduler_policy (the LLM API's CapacitySchedulerPolicy;
-unset: GUARANTEED_NO_EVICT, its default)."""
 
 
 def trtllm_args(plan: ServingPlan) -> list[str]:
@@ -50,7 +48,7 @@ def _options(plan: ServingPlan) -> str:
         lines += ["kv_cache_config:", f"  dtype: {KV_CACHE_DTYPES[plan.kv_cache_dtype]}"]
     lines += [f"enable_attention_dp: {'true' if plan.dp_attention else 'false'}"]
     if plan.capacity_scheduler is not None:
-        policy = CAPACITY_SCHEDULER_POLICIES[plan.capacity_scheduler]
+        policy = CapacityScheduler(plan.capacity_scheduler).trtllm  # unset: GUARANTEED_NO_EVICT, its default
         lines += ["scheduler_config:", f"  capacity_scheduler_policy: {policy}"]
     return "\n".join(lines) + "\n"
 

@@ -27,6 +27,7 @@ from meshplan.core.serving.shape import (
 from meshplan.core.time.host import Launch
 from meshplan.reports.inputs import choice, scale_up_switched
 from meshplan.spec.cluster import GPU, Link
+from meshplan.spec.conditions import CapacityScheduler
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
 
@@ -162,7 +163,7 @@ def resolve(
         defaults += (("max_num_tokens", str(cal.max_num_tokens), f"{engine}'s tokens per step"),)
     if capacity_scheduler is None and engine == "trtllm":
         why = "trtllm's admission: KV room for the whole sequence"
-        defaults += (("capacity_scheduler", "guaranteed-no-evict", why),)
+        defaults += (("capacity_scheduler", CapacityScheduler.GUARANTEED_NO_EVICT.value, why),)
     hw = Hardware(gpu=gpu_spec, scale_up=scale_up, scale_out=io.load_link(gpu_spec.scale_out_link), cal=cal)
     shape = replica_shape(spec, hw, layout, context=context)
     return Setup(
@@ -187,7 +188,7 @@ def reserves_full_sequence(engine: str, policy: str) -> bool:
             f"--capacity-scheduler is TensorRT-LLM's scheduler policy; {engine} admits requests as their cache grows "
             "(drop it, or --engine trtllm)"
         )
-    return policy == "guaranteed-no-evict"
+    return CapacityScheduler(policy) is CapacityScheduler.GUARANTEED_NO_EVICT
 
 
 def engine_defaults(

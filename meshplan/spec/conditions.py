@@ -149,6 +149,27 @@ class EpDispatch(StrEnum):
     experts over RDMA, then on by NVLink to each GPU holding one, with a fixed budget of SMs taken from compute."""
 
 
+class CapacityScheduler(StrEnum):
+    """How TensorRT-LLM admits a request against its KV cache (its CapacitySchedulerPolicy: trtllm-bench
+    --scheduler_policy, the LLM API's scheduler_config.capacity_scheduler_policy)."""
+
+    GUARANTEED_NO_EVICT = "guaranteed-no-evict"
+    """Room for the whole sequence reserved before admission (TensorRT-LLM's default)."""
+    MAX_UTILIZATION = "max-utilization"
+    """Admitted as the cache grows; requests paused when it runs out."""
+
+    @property
+    def trtllm(self) -> str:
+        """TensorRT-LLM's own name: GUARANTEED_NO_EVICT, MAX_UTILIZATION."""
+        return self.name
+
+    @classmethod
+    def from_trtllm(cls, name: str) -> CapacityScheduler | None:
+        """The policy TensorRT-LLM names ``name`` (either case: the LLM API's MAX_UTILIZATION, trtllm-bench's
+        max_utilization), None for one serve does not take (STATIC_BATCH)."""
+        return cls.__members__.get(name.strip().upper())
+
+
 class CpRotate(StrEnum):
     """How PyTorch's ring attention (torch.distributed.tensor.experimental context_parallel) moves the K/V blocks
     (its ``_cp_options.rotate_method``; torchtitan's --experimental.context_parallel_rotate_method)."""

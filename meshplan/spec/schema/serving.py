@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from meshplan.spec.conditions import CapacityScheduler
 from meshplan.spec.schema.field import MAX_BATCH, MAX_CONTEXT, MAX_GPUS, Field, Group
 
 SERVING_FIELDS: tuple[Field, ...] = (
@@ -220,7 +221,7 @@ SERVE_FIELDS: tuple[Field, ...] = (
         type=str,
         default=None,
         group=_V,
-        choices=("guaranteed-no-evict", "max-utilization"),
+        choices=tuple(p.value for p in CapacityScheduler),
         help=(
             "TensorRT-LLM's capacity scheduler policy: guaranteed-no-evict admits a request only with KV room for "
             "its whole sequence (trtllm-bench's and the LLM API's default), max-utilization as its cache grows, "
