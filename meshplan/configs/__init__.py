@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from meshplan.configs.reading import ConfigRead, Unread, catalog_match, check_shape
+from meshplan.configs.reading import ConfigRead, Unread, catalog_match, check_shape, launches
 from meshplan.files import read_text_file
 
 VLLM_OPTIONS = r"^(tensor-parallel-size|gpu-memory-utilization|max-model-len|max-num-seqs|max-num-batched-tokens)\s*:"
@@ -22,8 +22,6 @@ TRTLLM_OPTIONS = (
     r"^(kv_cache_config|enable_attention_dp|cuda_graph_config|scheduler_config|moe_expert_parallel_size)\s*:"
 )
 """Top-level keys that only TensorRT-LLM's LLM-API options hold (the --extra_llm_api_options YAML)."""
-TRTLLM_COMMAND = r"^[^#\n]*\btrtllm-(serve|bench)\b"
-"""A line that runs trtllm-serve or trtllm-bench (a comment that names one does not)."""
 KINDS = ("torchtitan", "megatron", "nemo", "deepspeed", "accelerate", "vllm", "sglang", "trtllm")
 """What ``--from-kind`` accepts."""
 
@@ -43,11 +41,11 @@ def detect_kind(text: str, name: str = "") -> str:
         return "torchtitan"
     if suffix == ".toml" or re.search(r"^\s*\[[A-Za-z_][\w.-]*\]\s*(#.*)?$", text, re.MULTILINE):
         return "torchtitan"
-    if re.search(r"\bvllm\s+serve\b|vllm\.entrypoints", text) or re.search(VLLM_OPTIONS, text, re.MULTILINE):
+    if launches(text, "vllm") or re.search(VLLM_OPTIONS, text, re.MULTILINE):
         return "vllm"
-    if re.search(r"sglang\.launch_server|\bsglang\s+serve\b", text):
+    if launches(text, "sglang"):
         return "sglang"
-    if re.search(TRTLLM_COMMAND, text, re.MULTILINE) or re.search(TRTLLM_OPTIONS, text, re.MULTILINE):
+    if launches(text, "trtllm") or re.search(TRTLLM_OPTIONS, text, re.MULTILINE):
         return "trtllm"
     if re.search(r"--(tensor-model-parallel-size|num-layers|micro-batch-size|seq-length)\b", text):
         return "megatron"
@@ -90,7 +88,7 @@ def read_config_text(text: str, label: str, kind: str | None = None) -> ConfigRe
         from meshplan.configs.accelerate import read_accelerate
 
         return read_accelerate(text, label)
-    if kind == "trtllm" and not re.search(TRTLLM_COMMAND, text, re.MULTILINE):
+    if kind == "trtllm" and not launches(text, kind):
         from meshplan.configs.trtllm import read_trtllm_options
 
         return read_trtllm_options(text, label)

@@ -9,6 +9,7 @@ the file state differently is refused, never settled silently.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -24,6 +25,18 @@ UNKNOWN = "not known to meshplan: whatever it changes is not in the estimate"
 
 SERVING_KINDS = ("vllm", "sglang", "trtllm")
 """The kinds that launch a serving engine (``serve`` and ``serve-plan`` read them; the rest are training configs)."""
+COMMANDS = {
+    "vllm": r"\bvllm\s+serve\b|vllm\.entrypoints",
+    "sglang": r"sglang\.launch_server|\bsglang\s+serve\b",
+    "trtllm": r"\btrtllm-(serve|bench)\b",
+}
+"""What a line that starts each engine's server holds."""
+
+
+def launches(text: str, kind: str) -> bool:
+    """Whether a line of ``text`` (not a comment) starts ``kind``'s server: a vLLM file without one is a ``vllm serve
+    --config`` YAML, a TensorRT-LLM one the LLM-API options YAML."""
+    return re.search(rf"^[^#\n]*({COMMANDS[kind]})", text, re.MULTILINE) is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,8 @@ as the model is the catalog model of that repository; a local folder is read as 
 from __future__ import annotations
 
 import json
-import re
 
-from meshplan.configs.reading import NO_EFFECT, UNKNOWN, ConfigRead, Reading, hf_repos
+from meshplan.configs.reading import NO_EFFECT, UNKNOWN, ConfigRead, Reading, hf_repos, launches
 from meshplan.configs.shell import flag_pairs, script_words
 from meshplan.configs.speculative import sglang_speculative, vllm_speculative
 from meshplan.configs.trtllm import take_policy
@@ -70,8 +69,6 @@ TRTLLM_OPTIONS_FILE = (
     "capacity_scheduler_policy: --capacity-scheduler; cuda_graph_config.enable_padding: --cuda-graph-padding)"
 )
 TABLES = {"vllm": VLLM, "sglang": SGLANG, "trtllm": TRTLLM}
-VLLM_COMMAND = r"^[^#\n]*(\bvllm\s+serve\b|vllm\.entrypoints)"
-"""A line that runs vLLM's server; a vLLM file without one is a ``vllm serve --config`` YAML."""
 KV_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "fp8": "fp8", "fp8_e4m3": "fp8"}
 WEIGHT_QUANT = {"fp8": "fp8", "fbgemm_fp8": "fp8", "modelopt": "fp8", "awq": "int4", "gptq": "int4"}
 WEIGHT_QUANT |= {"awq_marlin": "int4", "gptq_marlin": "int4", "modelopt_fp4": "fp4", "mxfp4": "fp4", "nvfp4": "fp4"}
@@ -117,7 +114,7 @@ SGLANG_SPECULATIVE = frozenset(
 
 
 def read_serving(text: str, label: str, kind: str) -> ConfigRead:
-    yaml = kind == "vllm" and re.search(VLLM_COMMAND, text, re.MULTILINE) is None
+    yaml = kind == "vllm" and not launches(text, kind)
     words, off = _yaml_words(text, label) if yaml else (script_words(text, label), {})
     table = TABLES[kind]
     r = Reading(kind, label)
