@@ -296,3 +296,25 @@ def test_a_plans_tpot_is_serves_at_as_many_users_as_its_cap() -> None:
     assert r["batch_per_replica"] == cap
     assert best["tpot_s"] == pytest.approx(r["tpot_s"], rel=1e-9)
     assert best["tokens_per_s_per_gpu"] == pytest.approx(r["tokens_per_s_per_gpu"], rel=1e-9)
+
+
+def test_one_field_list_reaches_the_search_from_the_cli_and_the_api() -> None:
+    """serve-plan's request fields are listed once (reports/typed.py): each is a flag of the CLI's serve-plan, a
+    parameter of the API's /api/serve-plan, and a keyword of serve_plan_report (a field dropped on one way in, as
+    capacity_scheduler once was on the API's, fails here)."""
+    import inspect
+
+    from meshplan.cli.parser import build_parser
+    from meshplan.reports.serve_plan import serve_plan_report
+    from meshplan.reports.typed import SERVE_PLAN_FIELDS, serve_plan_kwargs
+
+    pytest.importorskip("fastapi", reason="the API needs the [web] extra")
+    from meshplan.server.api import SERVE_PLAN
+
+    args = build_parser().parse_args(["serve-plan", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "8",
+                                      "--input-len", "100", "--output-len", "100"])  # fmt: skip
+    assert set(SERVE_PLAN_FIELDS) <= set(vars(args))
+    assert SERVE_PLAN == SERVE_PLAN_FIELDS
+    keywords = set(serve_plan_kwargs(vars(args)))
+    assert keywords <= set(inspect.signature(serve_plan_report).parameters)
+    assert len(keywords) == len(SERVE_PLAN_FIELDS)  # no two fields onto one keyword

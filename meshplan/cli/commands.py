@@ -428,32 +428,12 @@ def _cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_serve_plan(args: argparse.Namespace) -> dict[str, Any]:
     from meshplan.reports.serve_plan import serve_plan_report
+    from meshplan.reports.typed import serve_plan_kwargs
 
     check_output(args, "save", "--save")
     if args.save and args.speculative:
         raise ValueError("--save writes a plan to export, and exports set no drafting flags: drop --speculative")
-    result = serve_plan_report(
-        args.model,
-        gpu=args.gpu,
-        gpus=args.gpus,
-        input_len=args.input_len,
-        output_len=args.output_len,
-        ttft_p99_s=args.ttft_p99,
-        tpot_p99_s=args.tpot_p99,
-        objective=args.serve_objective,
-        concurrency=args.concurrency,
-        engine=args.engine,
-        dtypes=args.weights_dtypes.split(",") if args.weights_dtypes else None,
-        top=args.top,
-        disaggregate=args.search_disaggregated,
-        allow_quantization=args.allow_quantization,
-        prefix_hit_rate=args.prefix_hit_rate,
-        speculative=args.speculative,
-        spec_acceptance=args.spec_acceptance,
-        launch=args.launch,
-        node_size=args.node_size,
-        capacity_scheduler=args.capacity_scheduler,
-    )
+    result = serve_plan_report(args.model, gpu=args.gpu, gpus=args.gpus, top=args.top, **serve_plan_kwargs(vars(args)))
     if args.save:
         save_json(args, result)
     return result

@@ -90,3 +90,26 @@ def estimate_from_values(values: Mapping[str, Any]) -> dict[str, Any]:
         timeline=bool(values.get("timeline")),
         **workload_kwargs(values),
     )
+
+
+SERVE_PLAN_FIELDS = ("input_len", "output_len", "ttft_p99", "tpot_p99", "serve_objective", "concurrency", "engine")
+SERVE_PLAN_FIELDS += ("weights_dtypes", "search_disaggregated", "allow_quantization", "prefix_hit_rate", "speculative")
+SERVE_PLAN_FIELDS += ("spec_acceptance", "launch", "node_size", "capacity_scheduler")
+"""The request fields serve-plan takes beside its model, fleet and ``top``: the CLI's flags and the API's query."""
+SERVE_PLAN_KEYWORDS = {
+    "ttft_p99": "ttft_p99_s",
+    "tpot_p99": "tpot_p99_s",
+    "serve_objective": "objective",
+    "search_disaggregated": "disaggregate",
+    "weights_dtypes": "dtypes",
+}
+"""serve_plan_report's name for a field where it is not the field's own."""
+
+
+def serve_plan_kwargs(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``serve_plan_report``'s keywords from the values of ``SERVE_PLAN_FIELDS`` by field name (the CLI's parsed
+    flags, the API's query): one mapping, so a field the CLI takes reaches the search from the API too."""
+    out = {SERVE_PLAN_KEYWORDS.get(name, name): values[name] for name in SERVE_PLAN_FIELDS}
+    dtypes = out["dtypes"]
+    out["dtypes"] = [field("weights_dtype").parse(d) for d in dtypes.split(",")] if dtypes else None
+    return out

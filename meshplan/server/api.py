@@ -20,6 +20,7 @@ from meshplan.reports import serve_models as sm
 from meshplan.reports.cost import CostRequest, cost_request
 from meshplan.reports.estimate import collectives_report, estimate_report
 from meshplan.reports.inputs import FinetuneRequest
+from meshplan.reports.typed import SERVE_PLAN_FIELDS
 from meshplan.server import parse
 from meshplan.server.catalog import catalog_dict
 from meshplan.server.content import serving_bill
@@ -433,9 +434,7 @@ SERVE: tuple[str, ...] = ("input_len", "output_len", "concurrency", "rate", "dp_
 SERVE += ("weights_dtype", "kv_dtype", "quant", "engine", "max_batch", "max_num_tokens", "num_requests")
 SERVE += ("cuda_graph_padding", "disaggregate", "batch", "int4_group_size", "launch", "capacity_scheduler")
 SERVE += ("speculative", "spec_acceptance", "draft_model", "prefix_hit_rate", "node_size")
-SERVE_PLAN: tuple[str, ...] = ("input_len", "output_len", "ttft_p99", "tpot_p99", "serve_objective", "concurrency")
-SERVE_PLAN += ("engine", "weights_dtypes", "search_disaggregated", "allow_quantization")
-SERVE_PLAN += ("prefix_hit_rate", "speculative", "spec_acceptance", "launch", "node_size", "capacity_scheduler")
+SERVE_PLAN = SERVE_PLAN_FIELDS
 _ENGINE_SET = ("kv_dtype",)  # unset: the engine's default for the weights (as the CLI)
 LENGTHS = ("input_len", "output_len")
 """Required on the API as on the CLI: a request without its lengths has nothing to time."""

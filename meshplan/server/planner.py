@@ -29,6 +29,7 @@ from meshplan.reports import serve_models as sm
 from meshplan.reports.models import PlanReport
 from meshplan.reports.plan import plan_report
 from meshplan.reports.recipes import list_report, recipe_report, recipes
+from meshplan.reports.typed import serve_plan_kwargs
 from meshplan.server import parse
 from meshplan.server.api import (
     ConditionsArg,
@@ -193,28 +194,7 @@ async def serve_plan(
 ) -> dict[str, Any]:
     from meshplan.reports.serve_plan import serve_plan_report
 
-    dtypes = plan["weights_dtypes"]
-    kwargs: dict[str, Any] = {
-        "gpu": gpu,
-        "gpus": gpus,
-        "input_len": plan["input_len"],
-        "output_len": plan["output_len"],
-        "ttft_p99_s": plan["ttft_p99"],
-        "tpot_p99_s": plan["tpot_p99"],
-        "objective": plan["serve_objective"],
-        "concurrency": plan["concurrency"],
-        "engine": plan["engine"],
-        "dtypes": None if not dtypes else [field("weights_dtype").parse(d) for d in dtypes.split(",")],
-        "top": top,
-        "disaggregate": plan["search_disaggregated"],
-        "allow_quantization": plan["allow_quantization"],
-        "prefix_hit_rate": plan["prefix_hit_rate"],
-        "speculative": plan["speculative"],
-        "spec_acceptance": plan["spec_acceptance"],
-        "launch": plan["launch"],
-        "node_size": plan["node_size"],
-        "capacity_scheduler": plan["capacity_scheduler"],
-    }
+    kwargs: dict[str, Any] = {"gpu": gpu, "gpus": gpus, "top": top, **serve_plan_kwargs(plan)}
     key = ("serve-plan", _model_key(model), *sorted((k, repr(v)) for k, v in kwargs.items()))
     gate: SearchGate = request.app.state.searches
     work = functools.partial(serve_plan_report, model, **kwargs)
