@@ -101,3 +101,15 @@ def test_the_capacity_scheduler_through_the_api(client: Any) -> None:
     plan = client.get("/api/serve-plan", params=SERVE | {"engine": "trtllm", "capacity_scheduler": "max-utilization"})
     assert plan.status_code == 200, plan.text
     assert plan.json()["capacity_scheduler"] == "max-utilization"
+
+
+def test_every_serve_flag_is_an_api_parameter() -> None:
+    """What `meshplan serve` passes to serve_report the API passes too (its load dict, or a parameter of its own)."""
+    import inspect
+
+    from meshplan.cli.commands import SERVE_KEYS
+    from meshplan.server.api import SERVE, serve
+
+    api = set(SERVE) | set(inspect.signature(serve).parameters)
+    cli = set(SERVE_KEYS) | {"input_len", "output_len", "concurrency", "rate", "gpu_memory_utilization"}
+    assert cli <= api, cli - api
