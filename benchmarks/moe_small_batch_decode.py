@@ -6,8 +6,10 @@ SGLang v0.4.1.post2's release notes (sgl-project/sglang pull request 2643, 2024-
 GEMM Tuning") give DeepSeek-V3 at TP 8, input 128, output 256: 30.29 tokens/s at batch 1, 206.32 at batch 8 and
 760.52 at batch 32. Pull request 3582 (2025-02-14) gives 77 tokens/s at batch 1 with MTP, 1.76 times its speed
 without (about 44). Neither names the GPU in the text read: 8 H200 with the FP8 weights is typed here as an
-assumption (a node that holds them at TP 8). These rows are no source of ``meshplan validate`` (one release each,
-the GPU unstated, and ``--engine sglang`` stands for today's SGLang): this prints each beside ``meshplan serve``'s
+assumption (a node that holds them at TP 8). They set no constant (one release each, the GPU unstated, and
+``--engine sglang`` stands for today's SGLang); the batch-1 and batch-8 rows are among the published steps whose
+spread is the band ``serve`` prints beside a MoE model at 8 or fewer sequences a step
+(catalog/serving/few_moe_decode.toml, ``meshplan validate --serving``). This prints each beside ``meshplan serve``'s
 answer for a static batch (output tokens over the batch's whole time, its prefill in), and the decode step each
 implies (docs/validation.md, "A MoE model at a few sequences a step").
 """

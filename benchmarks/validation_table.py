@@ -100,6 +100,9 @@ def write_serving_band() -> None:
         "# _engine_NAME_: the class's spread around that engine family's median, covering the class's band;\n"
         "# _gpu_NAME_, _moe_0/1_, _mla_0/1_: the sources that ran each; _unseen_AXIS_log: the width (in logs) a\n"
         "# question outside them adds to each side, in quadrature (meshplan/reports/serve_band.py).\n"
+        "# decode_few_moe_: a MoE model decoding 8 or fewer sequences a step, measured over predicted on the rows of\n"
+        "# catalog/serving/few_moe_decode.toml, not held out (no correction), each source weighing the same, widened\n"
+        "# for few sources (meshplan/validation/serving_few_moe.py); serve takes its union with the decode band.\n"
         + "".join(f"{line}\n" for line in lines),
         encoding="utf-8",
     )

@@ -96,6 +96,8 @@ def _validate_serving(r: dict[str, Any]) -> str:
             "",
             *_under_load(r["under_load"]),
             "",
+            *_few_moe(r["few_moe"]),
+            "",
             "not fitted:",
             *notes,
         ]
@@ -146,6 +148,33 @@ def _under_load(u: dict[str, Any]) -> list[str]:
         ),
         f"mean |error| {percent(u['offline_mean_abs_error'])} (best constant "
         f"{percent(u['offline_best_constant_mean_abs_error'])})",
+    ]
+
+
+def _few_moe(f: dict[str, Any]) -> list[str]:
+    """A MoE model decoding a few sequences a step: each published TPOT beside serve's, and the band they make."""
+    b = f["band"]
+    rows = [
+        (
+            x["case"],
+            f"{1e3 * x['measured_s']:,.2f}",
+            f"{1e3 * x['predicted_s']:,.2f}",
+            f"{100 * x['error']:+.1f}%",
+            f"{x['batch_per_replica']:.3g}",
+            "yes" if x["inside_band_without_source"] else "no",
+        )
+        for x in f["rows"]
+    ]
+    return [
+        "a MoE model decoding 8 or fewer sequences a step, TPOT in ms (catalog/serving/few_moe_decode.toml; nothing "
+        "set on these rows; the band serve prints there is its decode band's union with this one):",
+        table(rows, ["case", "published", "predicted", "error", "batch", "inside the band without its source"]),
+        f"measured over predicted, P10-P90 x{b['decode_few_moe_time_ratio_p10']:.2f}-"
+        f"{b['decode_few_moe_time_ratio_p90']:.2f} (median x{b['decode_few_moe_time_ratio_p50']:.2f}; "
+        f"{int(b['decode_few_moe_runs'])} runs of {int(b['decode_few_moe_sources'])} sources, widened "
+        f"x{b['decode_few_moe_widening']:.2f}); mean |error| {percent(f['mean_abs_error'])} (best constant "
+        f"{percent(f['best_constant_mean_abs_error'])}); inside the band built without their source: "
+        f"{percent(f['inside_band_without_source'])}",
     ]
 
 

@@ -15,8 +15,8 @@ from meshplan.core.serving.offline import offline_run
 from meshplan.core.serving.phases import pipeline_factor
 from meshplan.core.serving.static import static_batch
 from meshplan.reports.cost import serve_cost
-from meshplan.reports.serve_band import Band, band_family, band_for
-from meshplan.reports.serve_coverage import coverage_warnings, small_moe_decode_warnings
+from meshplan.reports.serve_band import Band, band_family, band_for, few_moe
+from meshplan.reports.serve_coverage import SMALL_MOE_DECODE_BATCH, coverage_warnings, small_moe_decode_warnings
 from meshplan.reports.serve_load import finite_s, load_band, near_capacity, slower_machine
 from meshplan.reports.serve_setup import DEFAULT_ENGINE as DEFAULT_ENGINE
 from meshplan.reports.serve_setup import Setup as Setup
@@ -227,6 +227,10 @@ def serving_band(
     engine = band_family(setup.hw.cal.engine, setup.hw.cal.launch.value)
     bands = _bands(band, setup.model, engine=engine, gpu=setup.hw.gpu.name, stated=stated)
     kind = "throughput-moe" if setup.model.moe is not None else "throughput-dense"
+    batch = point.get("batch_per_replica")
+    if setup.model.moe is not None and batch is not None and batch <= SMALL_MOE_DECODE_BATCH:
+        # a few sequences a step: the step, and the tokens/s it sets, move with the engine's release
+        bands |= {c: few_moe(band, bands[c], batch=batch) for c in ("decode", kind)}
     out: dict[str, Any] = {}
     for key, cls in (("tpot_s", "decode"), ("ttft_s_unloaded", "prefill")):
         b = bands[cls]

@@ -135,3 +135,24 @@ def band_for(
         widened=tuple(why) + (() if int(band[f"{c}_sources"]) != 1 else ("one source: its sibling class's spread",)),
         engine=engine,
     )
+
+
+FEW_MOE = "decode_few_moe"
+"""The band of a MoE model decoding a few sequences a step, in catalog/serving/held_out.toml
+(validation/serving_few_moe.py writes it from catalog/serving/few_moe_decode.toml)."""
+
+
+def few_moe(band: Mapping[str, float], base: Band, *, batch: float) -> Band:
+    """``base`` widened to cover the published steps of MoE models decoding a few sequences (``batch`` a step per
+    replica, at or below reports/serve_coverage.py's ``SMALL_MOE_DECODE_BATCH``): the union of both P10-P90 ranges,
+    since there the engine's release moves the step more than one family's constants follow. The file without
+    that band (none written yet) leaves ``base`` as it is."""
+    if f"{FEW_MOE}_time_ratio_p10" not in band:
+        return base
+    lo, hi = band[f"{FEW_MOE}_time_ratio_p10"], band[f"{FEW_MOE}_time_ratio_p90"]
+    runs, sources = int(band[f"{FEW_MOE}_runs"]), int(band[f"{FEW_MOE}_sources"])
+    why = (
+        f"a MoE model at {batch:.3g} sequence{'' if batch == 1 else 's'} a step: x{lo:.2f}-{hi:.2f} on {runs} "
+        f"published such steps of {sources} sources, engine release to release"
+    )
+    return dataclasses.replace(base, lo=min(base.lo, lo), hi=max(base.hi, hi), widened=(*base.widened, why))

@@ -117,10 +117,18 @@ def small_moe_decode_warnings(
     if spec.moe is None or batch_per_replica > SMALL_MOE_DECODE_BATCH:
         return []
     seqs = f"{batch_per_replica:.3g} sequence{'' if batch_per_replica == 1 else 's'}"
+    band = io.serving_held_out_band()
+    spread = ""
+    if "decode_few_moe_time_ratio_p10" in band:  # validation/serving_few_moe.py
+        spread = (
+            f"; serve's TPOT band at so few sequences spans the published such steps, x"
+            f"{band['decode_few_moe_time_ratio_p10']:.2f}-{band['decode_few_moe_time_ratio_p90']:.2f} of meshplan's "
+            f"figure over {int(band['decode_few_moe_sources'])} sources (validate --serving)"
+        )
     return [
         f"{who or spec.name} decodes {seqs} a step per replica: at so few, a MoE model's step is set by the engine "
         "release's host and dispatch costs (scheduler, graph replay, routing kernels), which meshplan prices once per "
         "engine family, not per release; one image change (SGLang 0.5.5 -> 0.5.6, DeepSeek-R1 on the same 16 B200s) "
-        "moved output per GPU 1.79 times at concurrency 4 and 1.03 times at 64. The TPOT here takes "
-        f"{engine}'s family constants: time the release you run"
+        "moved output per GPU 1.79 times at concurrency 4 and 1.03 times at 64. The TPOT takes "
+        f"{engine}'s family constants{spread}: time the release you run"
     ]

@@ -31,6 +31,7 @@ from meshplan.reports.serve import Setup, resolve
 from meshplan.reports.serve_band import band_family
 from meshplan.reports.serve_coverage import row_model, serving_rows
 from meshplan.validation.serving_band import held_out, held_out_band
+from meshplan.validation.serving_few_moe import few_moe
 from meshplan.validation.serving_load import under_load
 from meshplan.validation.serving_typed import (
     TYPED_BY_DEFAULTS,
@@ -439,10 +440,12 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
 def validate_serving() -> dict[str, Any]:
     rows = [p for r in reference_rows() for p in predict_rows(r)]
     summary = summarize(rows)
+    few = few_moe()
     return {
         "runs": [dataclasses.asdict(r) | {"error": r.error} for r in rows],
         **summary,
-        "band": held_out_band(rows),
+        "band": held_out_band(rows) | few["band"],
         "all_ok": all(c["ok"] for c in summary["classes"]),
         "under_load": under_load(),
+        "few_moe": few,
     }
