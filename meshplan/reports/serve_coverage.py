@@ -14,6 +14,7 @@ from importlib import resources
 from typing import Any
 
 from meshplan import io
+from meshplan.reports.serve_band import FEW_MOE
 from meshplan.spec.model import ModelSpec
 
 RUN_FILES = ("runs.json", "runs_moe.json")
@@ -119,11 +120,11 @@ def small_moe_decode_warnings(
     seqs = f"{batch_per_replica:.3g} sequence{'' if batch_per_replica == 1 else 's'}"
     band = io.serving_held_out_band()
     spread = ""
-    if "decode_few_moe_time_ratio_p10" in band:  # validation/serving_few_moe.py
+    if f"{FEW_MOE}_time_ratio_p10" in band:  # validation/serving_few_moe.py
         spread = (
             f"; serve's TPOT band at so few sequences spans the published such steps, x"
-            f"{band['decode_few_moe_time_ratio_p10']:.2f}-{band['decode_few_moe_time_ratio_p90']:.2f} of meshplan's "
-            f"figure over {int(band['decode_few_moe_sources'])} sources (validate --serving)"
+            f"{band[f'{FEW_MOE}_time_ratio_p10']:.2f}-{band[f'{FEW_MOE}_time_ratio_p90']:.2f} of meshplan's "
+            f"figure over {int(band[f'{FEW_MOE}_sources'])} sources (validate --serving)"
         )
     return [
         f"{who or spec.name} decodes {seqs} a step per replica: at so few, a MoE model's step is set by the engine "

@@ -25,10 +25,11 @@ from importlib import resources
 from typing import Any
 
 from meshplan.reports.serve import serve_report
+from meshplan.reports.serve_band import FEW_MOE
 from meshplan.validation.memory import best_constant_error
 from meshplan.validation.serving_band import weighted_quantile, widening
 
-KEY = "decode_few_moe"
+KEY = FEW_MOE
 """The band's keys in catalog/serving/held_out.toml (``KEY_time_ratio_p10`` ...)."""
 
 
