@@ -125,3 +125,29 @@ def test_check_answers_what_the_command_types() -> None:
     row = catalog()["row"][0]
     got = check(row)
     assert got.case == row["id"] and got.error == pytest.approx(got.predicted_s / got.measured_s - 1)
+
+
+def test_serve_plan_states_the_band_its_best_plan_takes_and_its_file_reads_it_back() -> None:
+    """A latency search for a MoE model lands on one sequence a step: the band serve-plan states beside its plans is
+    the one serve prints for that plan (the few-sequence union), and a saved plan file carrying it reads back; a
+    file whose band leaves the union out is refused."""
+    import json
+
+    from meshplan.reports.serve_plan import serve_plan_report
+    from meshplan.reports.serve_plan_file import serving_plan_of
+
+    kw = {"gpu": "h200", "gpus": 8, "input_len": 1024, "output_len": 256, "engine": "sglang"}
+    fast = serve_plan_report("deepseek-v3", **kw, objective="latency")  # type: ignore[arg-type]
+    assert fast["best"]["batch_cap_per_replica"] <= SMALL_MOE_DECODE_BATCH
+    held = io.serving_held_out_band()
+    hi = held[f"{KEY}_time_ratio_p90"]
+    assert f"-{hi:.2f} (" in fast["uncertainty"].split("TTFT")[0]  # TPOT's upper factor is the few-step band's
+    assert "published such steps of 4 sources" in fast["uncertainty"]
+    data = json.loads(json.dumps(fast))
+    assert serving_plan_of(data, "plan.json") is not None
+    busy = serve_plan_report("deepseek-v3", **kw)  # type: ignore[arg-type]
+    assert busy["best"]["batch_cap_per_replica"] > SMALL_MOE_DECODE_BATCH
+    assert "such steps" not in busy["uncertainty"]
+    data["uncertainty"] = busy["uncertainty"]
+    with pytest.raises(ValueError, match="uncertainty"):
+        serving_plan_of(data, "plan.json")

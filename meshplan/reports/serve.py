@@ -225,12 +225,9 @@ def serving_band(
     band = io.serving_held_out_band()
     stated = setup.engine_source == "flag"
     engine = band_family(setup.hw.cal.engine, setup.hw.cal.launch.value)
-    bands = _bands(band, setup.model, engine=engine, gpu=setup.hw.gpu.name, stated=stated)
+    gpu, batch = setup.hw.gpu.name, point.get("batch_per_replica")
+    bands = _bands(band, setup.model, engine=engine, gpu=gpu, stated=stated, batch=batch)
     kind = "throughput-moe" if setup.model.moe is not None else "throughput-dense"
-    batch = point.get("batch_per_replica")
-    if setup.model.moe is not None and batch is not None and batch <= SMALL_MOE_DECODE_BATCH:
-        # a few sequences a step: the step, and the tokens/s it sets, move with the engine's release
-        bands |= {c: few_moe(band, bands[c], batch=batch) for c in ("decode", kind)}
     out: dict[str, Any] = {}
     for key, cls in (("tpot_s", "decode"), ("ttft_s_unloaded", "prefill")):
         b = bands[cls]
@@ -265,21 +262,31 @@ def serving_band(
     return out
 
 
-def _bands(band: dict[str, float], model: ModelSpec, *, engine: str, gpu: str, stated: bool = True) -> dict[str, Band]:
+def _bands(
+    band: dict[str, float], model: ModelSpec, *, engine: str, gpu: str, stated: bool = True, batch: float | None = None
+) -> dict[str, Band]:
     """The band each metric class gives a question of ``engine`` (``stated`` or standing in) on ``gpu`` for
-    ``model``."""
+    ``model``, decoding ``batch`` sequences a step per replica: a MoE model at so few that its step is the engine
+    release's (``SMALL_MOE_DECODE_BATCH`` or fewer) takes the published such steps' spread beside its decode and
+    throughput bands (reports/serve_band.py, ``few_moe``)."""
     moe, mla = model.moe is not None, model.mla is not None
     kind = "throughput-moe" if moe else "throughput-dense"
-    return {
+    out = {
         c: band_for(band, c, engine=engine, gpu=gpu, moe=moe, mla=mla, stated=stated)
         for c in ("decode", "prefill", kind)
     }
+    if moe and batch is not None and batch <= SMALL_MOE_DECODE_BATCH:
+        out |= {c: few_moe(band, out[c], batch=batch) for c in ("decode", kind)}
+    return out
 
 
-def serving_band_text(model: ModelSpec, *, engine: str, gpu: str, stated: bool = True) -> str:
+def serving_band_text(
+    model: ModelSpec, *, engine: str, gpu: str, stated: bool = True, batch: float | None = None
+) -> str:
     """The serving band as factors on the model's figures, for a ranking of many plans (``serve-plan``);
-    ``stated``: whether the engine was given (else widened as for an unseen engine)."""
-    bands = _bands(io.serving_held_out_band(), model, engine=engine, gpu=gpu, stated=stated)
+    ``stated``: whether the engine was given (else widened as for an unseen engine); ``batch``: the sequences a
+    step the best plan decodes per replica."""
+    bands = _bands(io.serving_held_out_band(), model, engine=engine, gpu=gpu, stated=stated, batch=batch)
     kind = "throughput-moe" if model.moe is not None else "throughput-dense"
 
     def factors(cls: str, *, rate: bool = False) -> str:

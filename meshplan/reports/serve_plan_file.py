@@ -240,8 +240,9 @@ def serving_plan_of(data: Any, label: str) -> SavedServingPlan:
     _listings(r, data, best)
     plan = _recomputed(r, data, best, spec=spec, gpu=gpu, request=request)
     family = band_family(request["engine"], request["launch"])
+    stated, batch = data["engine_source"] == "flag", data["best"]["batch_cap_per_replica"]
     if not isinstance(data["uncertainty"], str) or data["uncertainty"] != serving_band_text(
-        spec, engine=family, gpu=gpu.name, stated=data["engine_source"] == "flag"
+        spec, engine=family, gpu=gpu.name, stated=stated, batch=batch
     ):
         raise r.fail("uncertainty", "is not the serving band serve-plan states for this model")
     _searched(r, data, best)
