@@ -126,6 +126,25 @@ def test_weight_only_int4_reads_a_quarter_and_computes_in_bf16() -> None:
     assert 0.25 < i.weights_read_s / b.weights_read_s < 0.5  # 4.25 bits per weight, at the kernel's share
 
 
+def test_fp4_weights_without_fp4_tensor_cores_run_weight_only_as_int4_does() -> None:
+    """An H100 has no FP4 tensor cores: FP4 weights (gpt-oss's MXFP4 experts, an NVFP4 checkpoint) are dequantized
+    inside the GEMM and computed in bf16, streamed at the engine's 4-bit weight-only share, NVFP4's 8-bit scale per
+    16 values on top of the 4 bits; asking for W4A4 there is refused in one line."""
+    int4, fp4 = setup(weights_dtype="int4", engine="vllm"), setup(weights_dtype="fp4", engine="vllm")
+    assert fp4.layout.quant.value == "weight-only" and fp4.hw.cal.weight_only_bandwidth_share["fp4"] == 0.8
+    a, b = (decode_step(x.model, x.shape, x.hw, x.layout, batch=1, context=1) for x in (int4, fp4))
+    # Llama 3.1 8B's matmul weights: all 8,030,261,248 but the embedding and head (128,256 x 4,096 each) and the
+    # norms (2 x 32 x 4,096 + 4,096), which stay 16-bit; a weight costs 1/16 byte of scale in NVFP4, 4/128 in int4
+    quantized = 8_030_261_248 - 2 * 128_256 * 4_096 - (2 * 32 + 1) * 4_096
+    extra_bytes = quantized * (1 / 16 - 4 / 128)
+    assert fp4.shape.bill.weights_bytes - int4.shape.bill.weights_bytes == pytest.approx(extra_bytes, rel=1e-9)
+    rate = fp4.hw.gpu.hbm_bandwidth_bytes_per_s * fp4.hw.cal.hbm_efficiency * 0.8  # both at the 4-bit share
+    assert float(b.weights_read_s - a.weights_read_s) == pytest.approx(extra_bytes / rate, rel=1e-6)
+    assert b.gemm_compute_s == pytest.approx(a.gemm_compute_s)  # both in bf16
+    with pytest.raises(ValueError, match="no fp4 tensor cores: use weight-only"):
+        setup(weights_dtype="fp4", quant="w-a")
+
+
 def test_moe_decode_reads_only_the_experts_its_tokens_pick() -> None:
     s = setup("mixtral-8x7b", gpus=2, tp=2)
     one = decode_step(s.model, s.shape, s.hw, s.layout, batch=1, context=100).weights_read_s

@@ -56,7 +56,7 @@ def test_serve_table(capsys: pytest.CaptureFixture[str]) -> None:
     ("extra", "message"),
     [
         (["--tp", "3", "--rate", "1"], "must divide gpus"),
-        (["--weights-dtype", "fp4", "--rate", "1"], "fp4"),
+        (["--weights-dtype", "fp4", "--quant", "w-a", "--rate", "1"], "no fp4 tensor cores: use weight-only"),
         (["--ep", "2", "--rate", "1"], "needs a MoE model"),
         (["--concurrency", "0"], "--concurrency: 0 is outside (0, 1e+07]"),
         ([], "one of the arguments --concurrency --rate --num-requests --batch is required"),

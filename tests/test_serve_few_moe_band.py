@@ -46,8 +46,8 @@ def test_tokens_per_second_rows_are_their_batch_over_the_rate() -> None:
 
 def test_the_band_is_the_sources_spread_each_weighing_the_same_widened_for_few(block: dict) -> None:
     """Re-derived without the module's helpers: each row at the middle of its weight (1 / its source's rows) on the
-    cumulative axis, the quantile linearly between them; t_0.90 with 3 degrees of freedom is 1.6377 (tables), so
-    f(4) = 1.6377 sqrt(1.25) / 1.2816."""
+    cumulative axis, the quantile linearly between them; t_0.90 with 4 degrees of freedom is 1.5332 (tables), so
+    f(5) = 1.5332 sqrt(1.2) / 1.2816."""
     by_source: dict[str, list[float]] = {}
     for r in block["rows"]:
         by_source.setdefault(r["source"], []).append(math.log(r["measured_s"] / r["predicted_s"]))
@@ -64,10 +64,10 @@ def test_the_band_is_the_sources_spread_each_weighing_the_same_widened_for_few(b
         i = next(i for i in range(1, len(pos)) if p <= pos[i])
         return pairs[i - 1][0] + (p - pos[i - 1]) / (pos[i] - pos[i - 1]) * (pairs[i][0] - pairs[i - 1][0])
 
-    f = 1.6377 * math.sqrt(1 + 1 / 4) / 1.2816
+    f = 1.5332 * math.sqrt(1 + 1 / 5) / 1.2816
     lo, mid, hi = q(0.1), q(0.5), q(0.9)
     b = block["band"]
-    assert len(by_source) == b[f"{KEY}_sources"] == 4
+    assert len(by_source) == b[f"{KEY}_sources"] == 5
     assert b[f"{KEY}_widening"] == pytest.approx(f, rel=1e-3)
     assert b[f"{KEY}_time_ratio_p50"] == pytest.approx(math.exp(mid), rel=1e-9)
     assert b[f"{KEY}_time_ratio_p10"] == pytest.approx(math.exp(mid - f * (mid - lo)), rel=1e-3)
@@ -110,7 +110,7 @@ def test_serve_widens_tpot_and_tokens_to_the_union_at_a_few_sequences() -> None:
     assert few["tpot_s_p90"] == pytest.approx(few["tpot_s"] * max(dec.hi, hi), rel=1e-9)
     rate = base["throughput-moe"]
     assert few["tokens_per_s_per_gpu_p10"] == pytest.approx(few["tokens_per_s_per_gpu"] / max(rate.hi, hi), rel=1e-9)
-    assert any("published such steps of 4 sources" in w for w in few["band_widened"])
+    assert any("published such steps of 5 sources" in w for w in few["band_widened"])
     assert "serve's TPOT band at so few sequences spans the published such steps" in few["warnings"][-1]
     # past the few sequences, and for a dense model, the decode band as before
     many = serve_report("deepseek-v3", **kw, output_len=256, concurrency=64)  # type: ignore[arg-type]
@@ -142,7 +142,7 @@ def test_serve_plan_states_the_band_its_best_plan_takes_and_its_file_reads_it_ba
     held = io.serving_held_out_band()
     hi = held[f"{KEY}_time_ratio_p90"]
     assert f"-{hi:.2f} (" in fast["uncertainty"].split("TTFT")[0]  # TPOT's upper factor is the few-step band's
-    assert "published such steps of 4 sources" in fast["uncertainty"]
+    assert "published such steps of 5 sources" in fast["uncertainty"]
     data = json.loads(json.dumps(fast))
     assert serving_plan_of(data, "plan.json") is not None
     busy = serve_plan_report("deepseek-v3", **kw)  # type: ignore[arg-type]

@@ -54,7 +54,7 @@ def _weight_options(gpu: GPU, only: list[str] | None) -> list[tuple[DType, Quant
         if only is not None and w.value not in only:
             continue
         if w is DType.FP4 and w not in gpu.peak_flops:
-            continue  # fp4 needs Blackwell tensor cores
+            continue  # weight-only fp4 without fp4 tensor cores is int4's twin (Marlin); keep the list short
         if w is DType.FP8 and w not in gpu.peak_flops:
             continue  # weight-only fp8 on Ampere is int8's twin; keep the list short
         out.append((w, default_quant(w, gpu)))

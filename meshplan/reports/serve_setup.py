@@ -254,8 +254,6 @@ def _dtypes(gpu: GPU, *, weights_dtype: str, kv_dtype: str, quant: str | None) -
     w = choice(DType, weights_dtype, "weights dtype")
     kv = choice(DType, kv_dtype, "kv dtype")
     kv_dtype_bytes(kv)
-    if w is DType.FP4 and DType.FP4 not in gpu.peak_flops:
-        raise ValueError(f"fp4 weights need fp4 tensor cores (Blackwell); {gpu.name} has none")
     q = default_quant(w, gpu) if quant is None else _quant(quant)
     if q is Quant.WEIGHT_ACTIVATION and w not in gpu.peak_flops:
         raise ValueError(f"{gpu.name} has no {w} tensor cores: use weight-only quantization")

@@ -209,7 +209,9 @@ class Hardware:
 
 
 def default_quant(weights: DType, gpu: GPU) -> Quant:
-    """W8A8/W4A4 where the GPU has tensor cores for the weight dtype (fp8, fp4), weight-only otherwise."""
+    """W8A8/W4A4 where the GPU has tensor cores for the weight dtype (fp8, fp4), weight-only otherwise: FP4 weights
+    on a GPU without FP4 tensor cores are dequantized inside the GEMM to 16 bits, as int4's are (Marlin's FP4 path:
+    vLLM runs gpt-oss's MXFP4 experts so on Hopper, VLLM_MXFP4_USE_MARLIN)."""
     if weights in (DType.BF16, DType.FP16):
         return Quant.NONE
     if weights in (DType.FP8, DType.FP4) and weights in gpu.peak_flops:
