@@ -145,6 +145,26 @@ def test_fp4_weights_without_fp4_tensor_cores_run_weight_only_as_int4_does() -> 
         setup(weights_dtype="fp4", quant="w-a")
 
 
+def test_weights_left_out_are_the_dtype_the_model_is_published_in() -> None:
+    """DeepSeek-V3 is released in FP8 and gpt-oss with MXFP4 experts: an engine loads them so, and serve's default
+    does too, listing it among the defaults it applied; a model released in 16 bits lists nothing, and a dtype typed
+    is kept."""
+    from meshplan.reports.serve import serve_report
+
+    kw = {"input_len": 128, "output_len": 256, "batch": 1}
+    ds = serve_report("deepseek-v3", gpu="h200", gpus=8, tp=8, engine="sglang", **kw)  # type: ignore[arg-type]
+    assert ds["weights_dtype"] == "fp8" and ds["quant"] == "w-a"
+    assert ("weights_dtype", "fp8") in {(d["setting"], d["value"]) for d in ds["defaults_applied"]}
+    oss = serve_report("gpt-oss-120b", gpu="h100-sxm", gpus=8, tp=8, engine="vllm", **kw)  # type: ignore[arg-type]
+    assert oss["weights_dtype"] == "fp4" and oss["quant"] == "weight-only"
+    llama = serve_report("llama-3.1-8b", gpu="h100-sxm", gpus=1, **kw)  # type: ignore[arg-type]
+    assert llama["weights_dtype"] == "bf16"
+    assert "weights_dtype" not in {d["setting"] for d in llama["defaults_applied"]}
+    typed = serve_report("gpt-oss-120b", gpu="h100-sxm", gpus=8, tp=8, weights_dtype="bf16", **kw)  # type: ignore[arg-type]
+    assert typed["weights_dtype"] == "bf16"
+    assert "weights_dtype" not in {d["setting"] for d in typed["defaults_applied"]}
+
+
 def test_moe_decode_reads_only_the_experts_its_tokens_pick() -> None:
     s = setup("mixtral-8x7b", gpus=2, tp=2)
     one = decode_step(s.model, s.shape, s.hw, s.layout, batch=1, context=100).weights_read_s

@@ -121,10 +121,14 @@ def _add_fleet_shape(p: argparse.ArgumentParser) -> None:
     _add_group(p, "fleet shape")
 
 
+PUBLISHED_WEIGHTS = "the dtype the model is published in: fp8 for DeepSeek-V3, fp4 for gpt-oss, else bf16"
+
+
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_fields(p, "input_len", "output_len", required=True)
     add_fields(p, "tp", default=None, default_text=SERVE_TP)
-    add_fields(p, "pp", "ep", "dp_attention", "weights_dtype")
+    add_fields(p, "pp", "ep", "dp_attention")
+    add_fields(p, "weights_dtype", default=None, default_text=PUBLISHED_WEIGHTS)  # unset: the dtype it is published in
     add_fields(p, "kv_dtype", default=None)  # unset: the engine's default for the weights
     add_fields(p, "quant", "int4_group_size", "engine")
     add_fields(p, "max_batch", "max_num_tokens", "cuda_graph_padding", "launch", "capacity_scheduler")

@@ -23,6 +23,7 @@ from meshplan.reports.conditions import WORKLOAD_SET_BY_STACK, condition_names, 
 from meshplan.reports.export_advice import serve_with_advice, served_checkpoint, training_refusal, with_admission_note
 from meshplan.reports.inputs import LayoutRequest, choice, resolve_cluster, resolve_layout, resolve_workload
 from meshplan.reports.serve_plan_file import SavedServingPlan, load_serving_plan, serving_plan_of
+from meshplan.reports.serve_setup import published_dtype
 from meshplan.spec import requests
 from meshplan.spec.model import ModelSpec
 from meshplan.units import DType
@@ -218,7 +219,7 @@ def export_serving(
             f"no {bill['context']}-token sequence fits beside the weights on {gpus} x {gpu}; "
             "add GPUs, quantize, or shorten the context"
         )
-    quant = {"fp8": "fp8", "int4": "awq", "int8": "compressed-tensors", "fp4": "modelopt_fp4"}.get(dtype)
+    quant = engine_quantization(model, dtype)
     kv = choice(DType, kv_dtype, "kv dtype")
     predicted = {
         "kv_capacity_tokens_per_replica": float(bill["kv_capacity_tokens_per_replica"]),
@@ -244,6 +245,15 @@ def export_serving(
 
 SERVE_PLAN_QUANTIZATION = {"fp8": "fp8", "int4": "awq", "int8": "compressed-tensors", "fp4": "modelopt_fp4"}
 """The plan's weight dtype -> the quantization method the serving engines load it with."""
+
+
+def engine_quantization(model: str, dtype: str) -> str | None:
+    """The quantization method an engine is told to load ``model``'s weights in ``dtype`` with: none where that is
+    the dtype the model is published in (its checkpoint carries its own quantization config, which the engines read
+    and refuse to see contradicted: gpt-oss's MXFP4 is no ModelOpt FP4), else ``SERVE_PLAN_QUANTIZATION``'s."""
+    if dtype == published_dtype(model).value:
+        return None
+    return SERVE_PLAN_QUANTIZATION.get(dtype)
 
 
 def export_serve_plan(engine: str, path: str, *, model_path: str | None = None) -> dict[str, Any]:
@@ -318,7 +328,7 @@ def _pool_plan(saved: SavedServingPlan, replicas: int, model_path: str) -> Servi
         gpu_memory_utilization=0.9,
         max_num_seqs=saved.batch_cap_per_replica // (lay.tp if lay.dp_attention else 1) or 1,
         kv_cache_dtype=None if lay.kv_dtype is DType.BF16 else lay.kv_dtype,
-        quantization=SERVE_PLAN_QUANTIZATION.get(lay.weights_dtype.value),
+        quantization=engine_quantization(saved.model, lay.weights_dtype.value),
         enforce_eager=saved.launch == "eager",
         capacity_scheduler=saved.capacity_scheduler,
     )

@@ -94,7 +94,7 @@ def serve_report(
     ep: int = 1,
     dp_attention: bool = False,
     replicas: int | None = None,
-    weights_dtype: str = "bf16",
+    weights_dtype: str | None = None,
     kv_dtype: str | None = None,
     quant: str | None = None,
     int4_group_size: int | None = None,

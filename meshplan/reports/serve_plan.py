@@ -25,7 +25,7 @@ from meshplan.reports.inputs import choice
 from meshplan.reports.serve import calibration, engine_defaults, serving_band_text
 from meshplan.reports.serve_band import band_family
 from meshplan.reports.serve_coverage import coverage_warnings, small_moe_decode_warnings
-from meshplan.reports.serve_setup import admitted, fleet_node, stated_engine, straddles
+from meshplan.reports.serve_setup import admitted, fleet_node, published_dtype, stated_engine, straddles
 from meshplan.reports.serve_spec import head_speculation
 from meshplan.search.limits import check_deadline
 from meshplan.spec.cluster import GPU, Link
@@ -53,8 +53,8 @@ def _weight_options(gpu: GPU, only: list[str] | None) -> list[tuple[DType, Quant
     for w in WEIGHT_DTYPES:
         if only is not None and w.value not in only:
             continue
-        if w is DType.FP4 and w not in gpu.peak_flops:
-            continue  # weight-only fp4 without fp4 tensor cores is int4's twin (Marlin); keep the list short
+        if w is DType.FP4 and w not in gpu.peak_flops and only is None:
+            continue  # weight-only fp4 there is int4's twin (Marlin): searched where asked for or published in
         if w is DType.FP8 and w not in gpu.peak_flops:
             continue  # weight-only fp8 on Ampere is int8's twin; keep the list short
         out.append((w, default_quant(w, gpu)))
@@ -120,14 +120,6 @@ def _spread(points: list[Any], n: int) -> list[Any]:
         return points
     step = (len(points) - 1) / (n - 1)
     return [points[round(i * step)] for i in range(n)]
-
-
-def published_dtype(model: ModelSpec | str) -> DType:
-    """The dtype a model's weights are published in: a catalog model's ``[meta] published_weights_dtype`` (FP8 for
-    DeepSeek-V3, trained and released in FP8), else bf16."""
-    if isinstance(model, str) and model in io.list_models():
-        return choice(DType, str(io.model_meta(model).get("published_weights_dtype", "bf16")), "weights dtype")
-    return DType.BF16
 
 
 def engine_kv(cal: ServeCalibration) -> Callable[[DType], tuple[DType, ...]]:

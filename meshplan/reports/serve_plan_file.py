@@ -401,7 +401,8 @@ def _recomputed(
         )
     except ValueError as exc:
         raise r.fail("best.layout", f"cannot be served: {exc}") from None
-    if setup.layout not in set(layouts(spec, setup.hw.gpu, gpus=data["gpus"], dtypes=None)):
+    searched = layouts(spec, setup.hw.gpu, gpus=data["gpus"], dtypes=[lay["weights_dtype"]])  # as asked for
+    if setup.layout not in set(searched):
         fleet = f"{spec.name} on {data['gpus']} x {gpu.name}"
         raise r.fail("best.layout", f"is not a layout serve-plan searches for {fleet}")
     try:

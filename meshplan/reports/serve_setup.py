@@ -106,7 +106,7 @@ def resolve(
     ep: int = 1,
     dp_attention: bool = False,
     replicas: int | None = None,
-    weights_dtype: str = "bf16",
+    weights_dtype: str | None = None,
     kv_dtype: str | None = None,
     quant: str | None = None,
     quant_group: int | None = None,
@@ -121,9 +121,12 @@ def resolve(
 ) -> Setup:
     """Check and resolve the inputs: TP defaults to what the replicas leave (within one scale-up domain),
     replicas to what TP x PP leaves; the KV dtype and the int4 group size left out are the engine's
-    (``engine_defaults``); the engine left out is TensorRT-LLM's (``stated_engine``)."""
+    (``engine_defaults``); the engine left out is TensorRT-LLM's (``stated_engine``); the weights left out are in the
+    dtype the model is published in (``published_dtype``), which the engines load."""
     engine, engine_source = stated_engine(engine)
     spec = io.load_model(model) if isinstance(model, str) else model
+    published = published_dtype(model).value if weights_dtype is None else None
+    weights_dtype = weights_dtype if published is None else published
     gpu_spec, scale_up = fleet_node(io.load_gpu(gpu), node_size)
     tp, replicas = _degrees(gpus, tp=tp, pp=pp, replicas=replicas, domain=gpu_spec.scale_up_domain)
     _check_experts(spec, tp=tp, ep=ep, dp_attention=dp_attention)
@@ -133,6 +136,8 @@ def resolve(
     kv_dtype, quant_group, defaults = engine_defaults(
         cal, weights_dtype=weights_dtype, kv_dtype=kv_dtype, quant_group=quant_group
     )
+    if published not in (None, DType.BF16.value):  # a 16-bit default says nothing; a quantized release does
+        defaults += (("weights_dtype", published, f"the dtype {spec.name} is published in"),)
     w, kv, q = _dtypes(gpu_spec, weights_dtype=weights_dtype, kv_dtype=kv_dtype, quant=quant)
     if quant is None and q is not Quant.NONE:
         why = "the GPU's tensor cores run it" if q is Quant.WEIGHT_ACTIVATION else "no tensor cores run it"
@@ -189,6 +194,15 @@ def reserves_full_sequence(engine: str, policy: str) -> bool:
             "(drop it, or --engine trtllm)"
         )
     return CapacityScheduler(policy) is CapacityScheduler.GUARANTEED_NO_EVICT
+
+
+def published_dtype(model: ModelSpec | str) -> DType:
+    """The dtype a model's weights are published in, which an engine loads unless told otherwise: a catalog model's
+    ``[meta] published_weights_dtype`` (FP8 for DeepSeek-V3, trained and released in FP8; FP4 for gpt-oss, its
+    experts released in MXFP4), else bf16."""
+    if isinstance(model, str) and model in io.list_models():
+        return choice(DType, str(io.model_meta(model).get("published_weights_dtype", "bf16")), "weights dtype")
+    return DType.BF16
 
 
 def engine_defaults(

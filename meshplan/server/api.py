@@ -435,7 +435,7 @@ SERVE += ("weights_dtype", "kv_dtype", "quant", "engine", "max_batch", "max_num_
 SERVE += ("cuda_graph_padding", "disaggregate", "batch", "int4_group_size", "launch", "capacity_scheduler")
 SERVE += ("speculative", "spec_acceptance", "draft_model", "prefix_hit_rate", "node_size")
 SERVE_PLAN = SERVE_PLAN_FIELDS
-_ENGINE_SET = ("kv_dtype",)  # unset: the engine's default for the weights (as the CLI)
+_ENGINE_SET = ("weights_dtype", "kv_dtype")  # unset: the dtype the model is published in, the engine's KV (as the CLI)
 LENGTHS = ("input_len", "output_len")
 """Required on the API as on the CLI: a request without its lengths has nothing to time."""
 ServeArg = Annotated[

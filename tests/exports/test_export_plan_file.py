@@ -307,3 +307,21 @@ def test_a_plan_timed_with_max_utilization_exports_its_admission(tmp_path: Path)
     assert split["best"]["prefill_replicas"] > 0  # the pools' launchers carry the same note
     pools = export_serve_plan("sglang", _write(tmp_path, json.dumps(split), "split.json"))
     assert any("has no flag for" in note for note in pools["notes"])
+
+
+def test_a_model_published_quantized_is_planned_and_exported_as_published(tmp_path: Path) -> None:
+    """gpt-oss is released with MXFP4 experts: serve-plan searches that dtype without --allow-quantization, on H100
+    as weight-only (no FP4 tensor cores), a llama it does not; the saved plan reads back and exports with no
+    --quantization flag, the checkpoint's own config saying MXFP4 (a ModelOpt FP4 flag would contradict it)."""
+    args = {"gpu": "h100-sxm", "gpus": 8, "input_len": 1024, "output_len": 1024, "engine": "vllm"}
+    oss = serve_plan_report("gpt-oss-120b", **args)  # type: ignore[arg-type]
+    assert oss["weights_dtypes_searched"] == ["bf16", "fp4"]
+    fp4 = [p for p in oss["top"] if p["layout"]["weights_dtype"] == "fp4"]
+    assert fp4 and all(p["layout"]["quant"] == "weight-only" for p in fp4)
+    llama = serve_plan_report("llama-3.1-8b", **args)  # type: ignore[arg-type]
+    assert "fp4" not in llama["weights_dtypes_searched"]
+    assert oss["best"]["layout"]["weights_dtype"] == "fp4"  # its own 4-bit experts serve the most tokens here
+    path = _write(tmp_path, json.dumps(oss))
+    assert load_serving_plan(path).layout.weights_dtype.value == "fp4"
+    command = export_serve_plan("vllm", path)["command"]
+    assert "vllm serve openai/gpt-oss-120b" in command and "--quantization" not in command

@@ -36,6 +36,17 @@ def test_a_static_batch_and_the_engines_kv_default_through_the_api(client: Any) 
     assert both.status_code == 400 and "--batch is a load of its own" in both.json()["error"]
 
 
+def test_the_published_weights_are_the_default_through_the_api(client: Any) -> None:
+    """Weights left out are in the dtype the model is published in, as on the command line: DeepSeek-V3's FP8."""
+    params = {"model": "deepseek-v3", "gpu": "h200", "gpus": 8, "input_len": 128, "output_len": 256, "batch": 1}
+    r = client.get("/api/serve", params=params | {"engine": "sglang"})
+    assert r.status_code == 200, r.text
+    assert r.json()["weights_dtype"] == "fp8"
+    assert {"setting": "weights_dtype", "value": "fp8"}.items() <= next(
+        d for d in r.json()["defaults_applied"] if d["setting"] == "weights_dtype"
+    ).items()
+
+
 def test_serve_disaggregated(client: Any) -> None:
     params = SERVE | {"gpus": 16, "tp": 4, "rate": 2, "disaggregate": "8:8"}
     r = client.get("/api/serve", params=params)
