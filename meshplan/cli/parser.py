@@ -404,7 +404,7 @@ def _search_commands(command: Command) -> None:
     add_fields(p, *EXPORT_CONDITIONS)
     p.set_defaults(tp=None)  # unset: 1 for a trainer, a server's TP fills one scale-up domain at most
     p.set_defaults(precision=None)  # unset: the stack's (the engine's, or the saved plan's)
-    _add_group(p, "serving")
+    _add_group(p, "serving", {"weights_dtype": PUBLISHED_WEIGHTS}, weights_dtype=None)
 
     p = command(
         "fit",
@@ -428,7 +428,7 @@ def _serving_commands(command: Command) -> None:
     add_fields(p, "node_size")
     add_fields(p, "tp", default=None, default_text=SERVING_TP)
     add_fields(p, "pp", "ep")
-    _add_group(p, "serving")
+    _add_group(p, "serving", {"weights_dtype": PUBLISHED_WEIGHTS}, weights_dtype=None)
 
     p = command("serve", "serving speed under load: TTFT p50/p99, TPOT, tokens/s per GPU and per user")
     p.add_argument("model")

@@ -38,6 +38,7 @@ from meshplan.reports.inputs import (
     resolve_workload,
 )
 from meshplan.reports.plan_fleet import SearchRules, fewest_that_fit, fits_on, tried_json, variants
+from meshplan.reports.serve_setup import published_dtype
 from meshplan.spec.cluster import GPU, check_gpus
 from meshplan.spec.layout import Layout
 from meshplan.spec.model import ModelSpec
@@ -282,19 +283,21 @@ def serving_report(
     tp: int | None = None,
     pp: int = 1,
     ep: int = 1,
-    dtype: str = "bf16",
+    dtype: str | None = None,
     kv_dtype: str = "bf16",
     context: int | None = None,
     gpu_memory_utilization: float = 0.9,
     node_size: int | None = None,
 ) -> dict[str, Any]:
-    """``meshplan serving``: weights, KV cache per token, and how many tokens and sequences fit.
+    """``meshplan serving``: weights, KV cache per token, and how many tokens and sequences fit; ``dtype`` left out
+    is the dtype the model is published in (reports/serve_setup.py ``published_dtype``).
 
     Without ``tp``, each replica's TP group fills one scale-up domain at most (replicas take the rest of the
     GPUs): TP across the fabric pays its per-layer all-reduces on the slow link. ``node_size`` replaces the GPU
     kind's scale-up domain (a PCIe box, an NVL72 rack).
     """
     check_gpus(gpus)
+    dtype = published_dtype(model).value if dtype is None else dtype
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
     if node_size is not None:

@@ -190,7 +190,7 @@ def export_serving(
     tp: int | None,
     pp: int,
     ep: int,
-    dtype: str,
+    dtype: str | None,
     kv_dtype: str,
     context: int | None,
     gpu_memory_utilization: float,
@@ -219,7 +219,7 @@ def export_serving(
             f"no {bill['context']}-token sequence fits beside the weights on {gpus} x {gpu}; "
             "add GPUs, quantize, or shorten the context"
         )
-    quant = engine_quantization(model, dtype)
+    quant = engine_quantization(model, bill["dtype"])  # left out: the dtype the model is published in
     kv = choice(DType, kv_dtype, "kv dtype")
     predicted = {
         "kv_capacity_tokens_per_replica": float(bill["kv_capacity_tokens_per_replica"]),

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from functools import cache
 from typing import Annotated, Any, Literal
 
@@ -234,9 +235,16 @@ FinetuneArg = Annotated[FinetuneRequest | None, Depends(finetune_arg)]
 FleetShapeArg = Annotated[dict[str, Any], Depends(fleet_shape_arg)]
 ServingArg = Annotated[
     dict[str, Any],
-    Depends(dependency(fields_of(Group.SERVING), lambda v: _renamed(v, weights_dtype="dtype"), "serving_arg")),
+    Depends(
+        dependency(
+            [replace(f, default=None) if f.name == "weights_dtype" else f for f in fields_of(Group.SERVING)],
+            lambda v: _renamed(v, weights_dtype="dtype"),
+            "serving_arg",
+        )
+    ),
 ]
-"""The serving fields as the serving reports' keywords (their weights' dtype is ``dtype``)."""
+"""The serving fields as the serving reports' keywords (their weights' dtype is ``dtype``; left out, the dtype the
+model is published in, as on the command line)."""
 CostArg = Annotated[CostRequest, Depends(dependency(fields_of(Group.COST), cost_request, "cost_arg"))]
 WeightsArg = Annotated[str, Depends(dependency([field("weights_dtype")], lambda v: v["weights_dtype"], "weights_arg"))]
 

@@ -325,3 +325,18 @@ def test_a_model_published_quantized_is_planned_and_exported_as_published(tmp_pa
     assert load_serving_plan(path).layout.weights_dtype.value == "fp4"
     command = export_serve_plan("vllm", path)["command"]
     assert "vllm serve openai/gpt-oss-120b" in command and "--quantization" not in command
+
+
+def test_serving_and_its_export_default_to_the_published_dtype() -> None:
+    """`serving` and `export vllm MODEL` left without --weights-dtype take the dtype the model is published in, as
+    `serve` does: DeepSeek-V3 in FP8, loaded as stored (no --quantization); a dtype typed is kept and named."""
+    from meshplan.reports.bills import serving_report
+    from meshplan.reports.export import export_serving
+
+    assert serving_report("deepseek-v3", gpu="h200", gpus=8)["dtype"] == "fp8"
+    assert serving_report("llama-3.1-8b", gpu="h100-sxm", gpus=1)["dtype"] == "bf16"
+    kw = {"gpu": "h200", "gpus": 8, "tp": None, "pp": 1, "ep": 1, "kv_dtype": "bf16", "context": 8192}
+    published = export_serving("vllm", "deepseek-v3", dtype=None, gpu_memory_utilization=0.9, **kw)  # type: ignore[arg-type]
+    assert "--quantization" not in published["command"]
+    int8 = export_serving("vllm", "llama-3.1-70b", dtype="int8", gpu_memory_utilization=0.9, **kw)  # type: ignore[arg-type]
+    assert "--quantization compressed-tensors" in int8["command"]
