@@ -327,3 +327,14 @@ def test_nemo_2407_70b_sft_fits_as_its_launcher_ran_it(capsys: pytest.CaptureFix
     assert fp32_adam["per_gpu"]["optimizer_moments_bytes"] == 8 * params
     assert launcher["fits"] and launcher["per_gpu"]["total_bytes"] < 80e9
     assert not fp32_adam["fits"]
+
+
+def test_fit_weights_left_out_are_the_published_dtype_but_bf16_under_fine_tuning() -> None:
+    """`fit deepseek-v3` without --weights-dtype splits the FP8 release (671B parameters in about 673 GB with its
+    16-bit embeddings and norms), which fits 8 H200; with --finetune lora the base is bf16, trained beside its
+    adapters; a typed dtype is kept."""
+    served = fit_report("deepseek-v3", gpu="h200", gpus=8)
+    assert served["dtype"] == "fp8" and served["weights_bytes_total"] == pytest.approx(673e9, rel=0.01)
+    lora = fit_report("deepseek-v3", gpu="h200", gpus=64, finetune=FinetuneRequest(mode="lora"))
+    assert lora["dtype"] == "bf16"
+    assert fit_report("deepseek-v3", gpu="h200", gpus=16, dtype="bf16")["dtype"] == "bf16"

@@ -413,7 +413,8 @@ def _search_commands(command: Command) -> None:
     )
     p.add_argument("model")
     _add_fleet(p)
-    add_fields(p, "weights_dtype", "seq", "headroom")
+    add_fields(p, "weights_dtype", default=None, default_text=f"{PUBLISHED_WEIGHTS}; bf16 with --finetune")
+    add_fields(p, "seq", "headroom")
     for name, text in _stack_set("precision", "kernels").items():
         add_fields(p, name, default=None, default_text=text)  # None: the stack's
     add_fields(p, "stack")

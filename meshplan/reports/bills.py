@@ -107,7 +107,7 @@ def fit_report(
     *,
     gpu: str,
     gpus: int,
-    dtype: str = "bf16",
+    dtype: str | None = None,
     finetune: FinetuneRequest | None = None,
     seq: int = 4096,
     precision: str | None = None,
@@ -117,9 +117,11 @@ def fit_report(
 ) -> dict[str, Any]:
     """``meshplan fit``: the weights-split playground, weights spread evenly over ``gpus``.
 
-    The verdict keeps ``headroom`` of HBM free, as the planner does. Under QLoRA the weights are NF4 (the base
-    is quantized whatever ``dtype`` says). The training state and the fine-tuning bills are the stack's
-    (``conditions``: ``stack`` and the conditions as given; precision and kernels left None are the stack's).
+    The verdict keeps ``headroom`` of HBM free, as the planner does. ``dtype`` left out is the dtype the model is
+    published in (served as stored), bf16 under fine-tuning (a base trained beside its adapters); under QLoRA the
+    weights are NF4 (the base is quantized whatever ``dtype`` says). The training state and the fine-tuning bills
+    are the stack's (``conditions``: ``stack`` and the conditions as given; precision and kernels left None are
+    the stack's).
 
     With ``finetune``, also the largest micro-batch at ``seq`` and the longest sequence at micro-batch 1 that
     fit, with and without full recompute, on FSDP over every GPU (ZeRO-3 over the frozen base, the common
@@ -128,6 +130,8 @@ def fit_report(
     spec = io.load_model(model) if isinstance(model, str) else model
     gpu_spec = io.load_gpu(gpu)
     check_gpus(gpus)
+    if dtype is None:
+        dtype = published_dtype(model).value if finetune is None else DType.BF16.value
     if finetune is not None and finetune.mode == "qlora":
         dtype = "nf4"
     weight_dtype = choice(DType, dtype, "dtype")

@@ -246,7 +246,10 @@ ServingArg = Annotated[
 """The serving fields as the serving reports' keywords (their weights' dtype is ``dtype``; left out, the dtype the
 model is published in, as on the command line)."""
 CostArg = Annotated[CostRequest, Depends(dependency(fields_of(Group.COST), cost_request, "cost_arg"))]
-WeightsArg = Annotated[str, Depends(dependency([field("weights_dtype")], lambda v: v["weights_dtype"], "weights_arg"))]
+WeightsArg = Annotated[
+    str | None,  # left out: the dtype the model is published in (bf16 under fine-tuning), as on the CLI
+    Depends(dependency([replace(field("weights_dtype"), default=None)], lambda v: v["weights_dtype"], "weights_arg")),
+]
 
 
 def _renamed(values: dict[str, Any], **names: str) -> dict[str, Any]:
