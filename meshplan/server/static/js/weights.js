@@ -29,7 +29,7 @@ async function update() {
     showError($("#w-error"), null);
     draw(r);
     takeaway($("#w-takeaway"), {
-      id: "w", command: cliCommand("fit", [cliModel(v.model)], [["gpu", v.gpu], ["gpus", v.gpus], ["dtype", v.dtype, "bf16"]]),
+      id: "w", command: cliCommand("fit", [cliModel(v.model)], [["gpu", v.gpu], ["gpus", v.gpus], ["weights_dtype", v.dtype]]),
       json: r, filename: `meshplan-fit-${r.model}-${r.gpus}x${r.gpu}.json`, engines: SERVING_ENGINES,
       exportQuery: () => ({ model: v.model, gpu: v.gpu, gpus: v.gpus, dtype: v.dtype }),
     });
