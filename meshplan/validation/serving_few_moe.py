@@ -29,9 +29,6 @@ from meshplan.reports.serve_band import FEW_MOE
 from meshplan.validation.memory import best_constant_error
 from meshplan.validation.serving_band import weighted_quantile, widening
 
-KEY = FEW_MOE
-"""The band's keys in catalog/serving/held_out.toml (``KEY_time_ratio_p10`` ...)."""
-
 
 def catalog() -> dict[str, Any]:
     """catalog/serving/few_moe_decode.toml: its sources and rows."""
@@ -81,9 +78,9 @@ def check(row: dict[str, Any]) -> FewMoeRow:
 
 
 def band(rows: list[FewMoeRow]) -> dict[str, float]:
-    """The band's numbers (module docstring) under ``KEY``: P10, median and P90 of measured over predicted time,
-    the rows and sources behind them and the widening applied. Fewer than two sources say nothing of how releases
-    differ: refused."""
+    """The band's numbers (module docstring) under ``FEW_MOE`` (catalog/serving/held_out.toml's ``decode_few_moe_``
+    keys): P10, median and P90 of measured over predicted time, the rows and sources behind them and the widening
+    applied. Fewer than two sources say nothing of how releases differ: refused."""
     by_source: dict[str, list[float]] = {}
     for r in rows:
         by_source.setdefault(r.source, []).append(math.log(r.ratio))
@@ -95,17 +92,17 @@ def band(rows: list[FewMoeRow]) -> dict[str, float]:
     lo, mid, hi = (weighted_quantile(logs, weights, q) for q in (0.1, 0.5, 0.9))
     f = widening(k)
     return {
-        f"{KEY}_time_ratio_p10": math.exp(mid - f * (mid - lo)),
-        f"{KEY}_time_ratio_p50": math.exp(mid),
-        f"{KEY}_time_ratio_p90": math.exp(mid + f * (hi - mid)),
-        f"{KEY}_runs": float(len(rows)),
-        f"{KEY}_sources": float(k),
-        f"{KEY}_widening": f,
+        f"{FEW_MOE}_time_ratio_p10": math.exp(mid - f * (mid - lo)),
+        f"{FEW_MOE}_time_ratio_p50": math.exp(mid),
+        f"{FEW_MOE}_time_ratio_p90": math.exp(mid + f * (hi - mid)),
+        f"{FEW_MOE}_runs": float(len(rows)),
+        f"{FEW_MOE}_sources": float(k),
+        f"{FEW_MOE}_widening": f,
     }
 
 
 def inside(r: FewMoeRow, numbers: dict[str, float]) -> bool:
-    return numbers[f"{KEY}_time_ratio_p10"] <= r.ratio <= numbers[f"{KEY}_time_ratio_p90"]
+    return numbers[f"{FEW_MOE}_time_ratio_p10"] <= r.ratio <= numbers[f"{FEW_MOE}_time_ratio_p90"]
 
 
 def few_moe() -> dict[str, Any]:
