@@ -122,6 +122,15 @@ def test_fit_equals_the_report(client: Any) -> None:
     assert got["fits"] and got["min_gpus_for_weights"] == 2
 
 
+def test_fit_and_serving_left_without_a_dtype_take_the_published_one_as_the_cli_does(client: Any) -> None:
+    """DeepSeek-V3 is released in FP8: /api/fit and /api/serving without weights_dtype answer in it, the same JSON as
+    the reports called without it."""
+    fit = ok(client, "/api/fit", model="deepseek-v3", gpu="h200", gpus=8)
+    same(fit_report("deepseek-v3", gpu="h200", gpus=8), fit)
+    assert fit["dtype"] == "fp8"
+    assert ok(client, "/api/serving", model="deepseek-v3", gpu="h200", gpus=8)["dtype"] == "fp8"
+
+
 def test_serving_adds_a_bill_of_the_report_terms(client: Any) -> None:
     got = ok(client, "/api/serving", model="llama-3.1-70b", gpu="h200", gpus=8, context=8192, sequences=4)
     want = serving_report("llama-3.1-70b", gpu="h200", gpus=8, context=8192)
